@@ -1,0 +1,44 @@
+"""loopbridge: record every Linen `sow` inside NNX loops under jit.
+
+`lb.ToNNX` is a loop-stable `flax.nnx.bridge.ToNNX`: after `lazy_init(..., capacity=N)` its
+state never changes shape, so the bridged model runs in `nnx.while_loop`, `nnx.fori_loop`
+and `nnx.scan`, recording every sown value into preallocated buffers.
+"""
+
+from ._buffers import Buffer as Buffer
+from ._buffers import Count as Count
+from ._errors import BufferOverflowError as BufferOverflowError
+from ._errors import CapacityError as CapacityError
+from ._errors import DroppedSowWarning as DroppedSowWarning
+from ._errors import LoopbridgeError as LoopbridgeError
+from ._errors import NotInitializedError as NotInitializedError
+from ._errors import SowMismatchError as SowMismatchError
+from ._errors import StructureChangeError as StructureChangeError
+from ._records import buffers as buffers
+from ._records import counts as counts
+from ._records import recorded as recorded
+from ._records import reset as reset
+from ._to_nnx import ToNNX as ToNNX
+from ._to_nnx import lazy_init as lazy_init
+from ._to_nnx import preallocate as preallocate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Buffer",
+    "BufferOverflowError",
+    "CapacityError",
+    "Count",
+    "DroppedSowWarning",
+    "LoopbridgeError",
+    "NotInitializedError",
+    "SowMismatchError",
+    "StructureChangeError",
+    "ToNNX",
+    "buffers",
+    "counts",
+    "lazy_init",
+    "preallocate",
+    "recorded",
+    "reset",
+]

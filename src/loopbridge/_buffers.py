@@ -1,0 +1,144 @@
+"""Preallocated record buffers: the Variable types, the O(1) in-place append, and read-back.
+
+One sow site owns a `Buffer` of shape `(capacity, *value_shape)` and a scalar `Count` of values
+sown since the last reset (it keeps counting past `capacity`, so overflow is visible). The
+overflow policy travels with the Buffer as static Variable metadata, so any code holding the
+pair can append or read without looking anything up.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from . import _compat
+from ._errors import BufferOverflowError, SowMismatchError
+
+COUNT_DTYPE = jnp.int32
+
+
+class Buffer(nnx.Variable):
+  """Preallocated storage of one sow site: shape `(capacity, *value_shape)`, the sown dtype.
+
+  Metadata: `overflow` (`"error"`, `"drop"` or `"wrap"`). Filter with
+  `nnx.state(model, lb.Buffer)`.
+  """
+
+
+class Count(nnx.Variable):
+  """Number of values sown into the paired `Buffer` since the last reset (may exceed capacity)."""
+
+
+def new_buffer(capacity: int, shape: tp.Sequence[int], dtype: tp.Any, overflow: str,
+               sharding: tp.Any = None) -> Buffer:
+  """A zero-filled Buffer for `capacity` values of `shape`/`dtype`."""
+  value = jnp.zeros((capacity, *shape), dtype)
+  if sharding is not None:
+    value = jax.device_put(value, sharding)
+  return Buffer(value, overflow=overflow)
+
+
+def new_count() -> Count:
+  return Count(jnp.zeros((), COUNT_DTYPE))
+
+
+def overflow_of(buffer: Buffer) -> str:
+  return buffer.overflow
+
+
+def capacity_of(buffer: Buffer) -> int:
+  return _compat.variable_value(buffer).shape[0]
+
+
+def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
+  """Raise if `value` cannot be stored in `buffer` (shape and dtype are fixed at declaration)."""
+  buf = _compat.variable_value(buffer)
+  shape, dtype = tuple(np.shape(value)), jnp.result_type(value)
+  if shape != tuple(buf.shape[1:]) or dtype != buf.dtype:
+    raise SowMismatchError(
+        f"sow site {label} received a value of shape {shape} and dtype {dtype}, but its buffer "
+        f"was declared for shape {tuple(buf.shape[1:])} and dtype {buf.dtype} (buffer shape "
+        f"{tuple(buf.shape)}). Why: buffers keep a fixed shape so the model can run inside "
+        "NNX loops. Fix: declare buffers for this call signature with "
+        "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (it leaves the "
+        "parameters untouched)."
+    )
+
+
+def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str) -> None:
+  """Write `values` (one call's sows at one site, in call order) after the recorded ones.
+
+  Each write touches one slot (`dynamic_update_index_in_dim`), never the whole buffer, and the
+  Variables are updated in place so NNX loops see the same structure before and after.
+  """
+  if not values:
+    return
+  for value in values:
+    check_value(buffer, value, label)
+  buf = _compat.variable_value(buffer)
+  start = _compat.variable_value(count)
+  capacity = buf.shape[0]
+  policy = overflow_of(buffer)
+  for offset, value in enumerate(values):
+    index = start + offset
+    if policy == "wrap":
+      buf = jax.lax.dynamic_update_index_in_dim(buf, value, index % capacity, 0)
+    else:
+      # "error"/"drop" keep the first `capacity` values: past the end, rewrite the last slot
+      # with what it already holds (a one-slot read, still O(1)) instead of branching.
+      slot = jnp.minimum(index, capacity - 1)
+      kept = jax.lax.dynamic_index_in_dim(buf, slot, 0, keepdims=False)
+      buf = jax.lax.dynamic_update_index_in_dim(
+          buf, jnp.where(index < capacity, value, kept), slot, 0)
+  _compat.set_variable_value(buffer, buf)
+  _compat.set_variable_value(count, start + jnp.asarray(len(values), COUNT_DTYPE))
+
+
+def reset(buffer: Buffer, count: Count) -> None:
+  """Count back to zero and slots cleared, without changing any shape (works inside loops)."""
+  buf = _compat.variable_value(buffer)
+  _compat.set_variable_value(buffer, jnp.zeros_like(buf))
+  _compat.set_variable_value(count, jnp.zeros((), COUNT_DTYPE))
+
+
+def _is_traced(x: tp.Any) -> bool:
+  return isinstance(x, jax.core.Tracer)
+
+
+def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
+  """The recorded values, oldest first.
+
+  Outside a trace: trimmed to the number recorded (at most `capacity`); under
+  `overflow="error"` reading an overflowed buffer raises `BufferOverflowError`.
+  Inside a trace (jit, loops): shapes must be static, so the full `(capacity, ...)` buffer is
+  returned (oldest first for `"wrap"`); slots past `count` hold zeros. Use `lb.counts` there.
+  """
+  buf = _compat.variable_value(buffer)
+  n = _compat.variable_value(count)
+  capacity = buf.shape[0]
+  policy = overflow_of(buffer)
+  if _is_traced(buf) or _is_traced(n):
+    if policy == "wrap":
+      shift = jnp.where(n > capacity, n % capacity, 0)
+      return jnp.roll(buf, -shift, axis=0)
+    return buf
+  n = int(n)
+  if n <= capacity:
+    return buf[:n]
+  if policy == "error":
+    raise BufferOverflowError(
+        f"sow site {label} recorded {n} values but its buffer holds capacity={capacity}; the "
+        f"first {capacity} were kept and the last {n - capacity} were not stored. Why: "
+        "overflow='error' (the default) refuses to hand back an incomplete record silently. "
+        "Fix: declare a larger capacity (lb.preallocate(model, *args, capacity=...)), call "
+        "lb.reset(model) between runs, or choose overflow='drop' (keep the first values) or "
+        "overflow='wrap' (keep the last values)."
+    )
+  if policy == "drop":
+    return buf
+  start = n % capacity
+  return jnp.concatenate([buf[start:], buf[:start]], axis=0)

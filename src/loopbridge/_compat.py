@@ -1,0 +1,166 @@
+"""Every difference between the supported flax versions, in one place.
+
+Supported: flax 0.10.2 + jax 0.5.3 (what openpi pins) through flax 0.12.8 + jax 0.10.2.
+Each function below hides exactly one difference; the comment says which versions
+differ and how. Code elsewhere in the package never checks a version itself.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import flax
+import jax
+from flax import nnx
+from flax.nnx.bridge import wrappers as _bridge_wrappers
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+  parts = []
+  for piece in version.split(".")[:3]:
+    digits = "".join(ch for ch in piece if ch.isdigit())
+    parts.append(int(digits) if digits else 0)
+  return tuple(parts)
+
+
+FLAX_VERSION: tuple[int, ...] = _version_tuple(flax.__version__)
+JAX_VERSION: tuple[int, ...] = _version_tuple(jax.__version__)
+
+# flax 0.11 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
+# `_object__state` to `_pytree__state`.
+_STATE_ATTR = "_pytree__state" if hasattr(nnx, "Pytree") else "_object__state"
+
+# flax >= 0.11 loops and transforms accept `graph=` (graph mode vs tree mode, FLIP 5310);
+# 0.10 has graph mode only.
+HAS_GRAPH_SWITCH: bool = "graph" in __import__("inspect").signature(nnx.while_loop).parameters
+
+# Prefixes of attributes on a bridge.ToNNX that are not Linen variables. flax 0.12 namespaces
+# its own (`to_nnx__module`, `to_nnx__rngs`); 0.10 uses plain `module`, `rngs`,
+# `linen_attributes` and records the Linen attribute names itself.
+_OWN_ATTR_PREFIXES = ("to_nnx__", "_pytree__", "_object__", "loopbridge__")
+
+
+def is_initializing(module: nnx.Module) -> bool:
+  """Whether `bridge.lazy_init` is running on `module` (attribute name differs, see above)."""
+  return bool(getattr(module, _STATE_ATTR).initializing)
+
+
+def set_initializing(module: nnx.Module, initializing: bool) -> None:
+  """Flip the lazy-init flag the same way `flax.nnx.bridge.lazy_init` does."""
+  # Both versions ship this private helper with the same signature.
+  _bridge_wrappers._set_initializing(module, initializing)
+
+
+def linen_module_of(model: nnx.bridge.ToNNX) -> flax.linen.Module:
+  """The wrapped Linen module: `to_nnx__module` (0.12) or `module` (0.10)."""
+  if "to_nnx__module" in vars(model):
+    return vars(model)["to_nnx__module"]
+  return vars(model)["module"]
+
+
+def rngs_of(model: nnx.bridge.ToNNX) -> tp.Any:
+  """The wrapper's rngs: `to_nnx__rngs` (0.12) or `rngs` (0.10)."""
+  if "to_nnx__module" in vars(model):
+    return vars(model)["to_nnx__rngs"]
+  return vars(model)["rngs"]
+
+
+def linen_attribute_names(model: nnx.bridge.ToNNX) -> list[str]:
+  """Names of the attributes holding Linen variables, as stock `ToNNX.__call__` reads them."""
+  if "to_nnx__module" in vars(model):
+    # 0.12: every attribute that is not the wrapper's own.
+    return [k for k in vars(model) if not k.startswith(_OWN_ATTR_PREFIXES)]
+  # 0.10: the wrapper keeps the list itself.
+  return [k for k in vars(model).get("linen_attributes", ()) if not k.startswith(_OWN_ATTR_PREFIXES)]
+
+
+def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) -> None:
+  """Keep 0.10's `linen_attributes` list in step when we add or remove Linen attributes."""
+  if "to_nnx__module" not in vars(model):
+    model.linen_attributes = tuple(sorted(names))
+
+
+def set_data_attribute(obj: tp.Any, name: str, value: tp.Any) -> None:
+  """Assign a container of Variables as an NNX data attribute.
+
+  flax 0.12 Pytrees refuse a dict holding Variables unless it is marked with `nnx.data`;
+  0.10 treats every attribute as a graph node and has no `nnx.data`.
+  """
+  if hasattr(nnx, "data"):
+    value = nnx.data(value)
+  setattr(obj, name, value)
+
+
+def bridge_call_rngs(rngs: tp.Any, *, initializing: bool) -> dict[str, jax.Array]:
+  """The `rngs=` dict stock `ToNNX.__call__` hands to Linen, consuming the streams the same way.
+
+  flax 0.12 calls every stream (advancing its count) and renames `default` to `params`.
+  flax 0.10 uses the raw keys without advancing them at init, calls the streams at apply, and
+  renames `default` only at init.
+  """
+  if rngs is None:
+    return {}
+  if isinstance(rngs, jax.Array):
+    return {"params": rngs}
+  if hasattr(nnx, "Pytree"):  # 0.12
+    out = {name: stream() for name, stream in rngs.items()}
+    if "params" not in out and "default" in out:
+      out["params"] = out.pop("default")
+    return out
+  if initializing:  # 0.10 init
+    out = {name: stream.key.raw_value for name, stream in rngs.items()}
+    if "params" not in out and "default" in out:
+      out["params"] = out.pop("default")
+    return out
+  return {name: stream() for name, stream in rngs.items()}  # 0.10 apply
+
+
+def collection_name(variable_type: type) -> str:
+  """Linen collection name of an NNX Variable type (the function moved between versions)."""
+  from flax.nnx import variablelib
+
+  if hasattr(variablelib, "variable_name_from_type"):  # 0.12
+    return variablelib.variable_name_from_type(variable_type)
+  from flax.nnx.bridge import variables as bridge_variables  # 0.10
+
+  return bridge_variables.variable_type_name(variable_type)
+
+
+def variable_value(variable: nnx.Variable) -> tp.Any:
+  """The array inside a Variable (`.value` works on both; `[...]` only on 0.12)."""
+  return variable.value
+
+
+def set_variable_value(variable: nnx.Variable, value: tp.Any) -> None:
+  """Write a Variable's value in place, keeping the Variable object (loops need identity)."""
+  variable.value = value
+
+
+def current_bridge_mutable() -> tp.Any:
+  """`mutable` inherited from an enclosing bridge/Linen module, as stock `ToNNX.__call__` does.
+
+  flax 0.12 reads it from `bridge.module.current_module()` or the Linen module stack;
+  0.10 has no such inheritance (its stock call never forwards `mutable` implicitly).
+  Returns None when there is no enclosing module.
+  """
+  try:
+    from flax.nnx.bridge import module as bridge_module  # 0.12 only
+  except ImportError:
+    bridge_module = None
+  if bridge_module is not None and (m := bridge_module.current_module()) is not None:
+    return m.scope.mutable
+  stack = flax.linen.module._context.module_stack  # pylint: disable=protected-access
+  if stack and stack[-1] is not None and stack[-1].scope is not None:
+    return stack[-1].scope.mutable
+  return None
+
+
+def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
+  """(path, node) for every node of an NNX graph, following shared references once.
+
+  flax 0.12's `nnx.iter_graph` takes `graph=` (tree mode would refuse shared references);
+  0.10's has graph semantics only.
+  """
+  if "graph" in __import__("inspect").signature(nnx.iter_graph).parameters:
+    return nnx.iter_graph(node, graph=True)
+  return nnx.iter_graph(node)

@@ -1,0 +1,176 @@
+"""Finding the sow sites of a Linen call without running its FLOPs.
+
+Two sources are combined:
+- `jax.eval_shape` of `module.apply(..., mutable=True)` gives what Linen itself returns for
+  every sow site (tuple length = sows per call; a sow inside `nn.scan`/`nn.vmap` comes back
+  stacked along the lifted axis). This is the ground truth for buffer shapes.
+- A short-lived wrapper around `flax.linen.Module.sow` tells us *how* each value was sown:
+  with the default tuple reduce (a recordable site) or a custom `reduce_fn`/`init_fn` (a
+  shape-stable accumulator that is state, not a record), and which sows Linen dropped because
+  an enclosing lifted transform does not carry their collection.
+The wrapper is installed only while discovery runs and records into a thread-local list, so
+other threads and ordinary calls see Linen's own `sow`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen
+from flax import traverse_util
+from flax.linen import module as linen_module_lib
+
+from ._capacity import SiteKey
+from ._errors import SowMismatchError
+
+
+@dataclasses.dataclass(frozen=True)
+class SowCall:
+  """One `Module.sow` call seen while tracing."""
+
+  collection: str
+  module_path: tuple[str, ...]
+  name: str
+  shape: tuple[int, ...] | None  # None when the sown value is not a single array
+  dtype: str | None
+  default_reduce: bool  # the tuple-append reduce/init of `Module.sow`
+  dropped: bool  # Linen discarded it: the collection was not mutable in this scope
+  module_type: str
+  init_fn: tp.Callable[[], tp.Any] | None = dataclasses.field(compare=False, default=None)
+
+  @property
+  def site(self) -> SiteKey:
+    return (self.collection, *self.module_path, self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class FoundSite:
+  """A recordable sow site as Linen returns it from one call."""
+
+  site: SiteKey
+  per_call: int  # tuple entries per call (k sows of the same name take k slots)
+  shape: tuple[int, ...]  # one entry's shape, including axes added by nn.scan / nn.vmap
+  dtype: np.dtype
+  sown_shape: tuple[int, ...] | None  # the shape passed to `sow` (before lifting)
+
+
+@dataclasses.dataclass
+class Discovery:
+  sites: dict[SiteKey, FoundSite]
+  accumulators: dict[SiteKey, SowCall]  # custom reduce_fn/init_fn sows (state, not records)
+  dropped: list[SowCall]
+  calls: list[SowCall]
+
+
+_local = threading.local()
+
+
+def _active_logs() -> list[list[SowCall]]:
+  if not hasattr(_local, "logs"):
+    _local.logs = []
+  return _local.logs
+
+
+_ORIGINAL_SOW = linen.Module.sow
+_install_lock = threading.Lock()
+_install_depth = 0
+
+
+def _observing_sow(self, col, name, value, reduce_fn=linen_module_lib.tuple_reduce,
+                   init_fn=linen_module_lib.tuple_init):
+  logs = _active_logs()
+  if logs and self.scope is not None:
+    if isinstance(value, (jax.Array, np.ndarray, np.generic, float, int, bool)) or hasattr(
+        value, "aval"):
+      shape, dtype = tuple(jnp.shape(value)), str(jnp.result_type(value))
+    else:
+      shape, dtype = None, None
+    logs[-1].append(SowCall(
+        collection=col,
+        module_path=tuple(self.scope.path),
+        name=name,
+        shape=shape,
+        dtype=dtype,
+        default_reduce=(reduce_fn is linen_module_lib.tuple_reduce
+                        and init_fn is linen_module_lib.tuple_init),
+        dropped=not self.scope.is_mutable_collection(col),
+        module_type=type(self).__name__,
+        init_fn=init_fn,
+    ))
+  return _ORIGINAL_SOW(self, col, name, value, reduce_fn, init_fn)
+
+
+@contextlib.contextmanager
+def observe_sows() -> tp.Iterator[list[SowCall]]:
+  """Collect every `Module.sow` call made by this thread inside the block."""
+  global _install_depth
+  with _install_lock:
+    if _install_depth == 0:
+      linen.Module.sow = _observing_sow
+    _install_depth += 1
+  log: list[SowCall] = []
+  _active_logs().append(log)
+  try:
+    yield log
+  finally:
+    _active_logs().pop()
+    with _install_lock:
+      _install_depth -= 1
+      if _install_depth == 0:
+        linen.Module.sow = _ORIGINAL_SOW
+
+
+def tuple_sow_paths(calls: tp.Iterable[SowCall]) -> set[SiteKey]:
+  """Sites written with the default tuple reduce (and not dropped)."""
+  return {c.site for c in calls if c.default_reduce and not c.dropped}
+
+
+def discover(
+    module: linen.Module,
+    variables: tp.Mapping[str, tp.Any],
+    args: tuple[tp.Any, ...],
+    kwargs: dict[str, tp.Any],
+    *,
+    method: tp.Any,
+    rngs: dict[str, jax.Array],
+) -> Discovery:
+  """Trace one `module.apply(..., mutable=True)` abstractly and describe its sows."""
+
+  def call():
+    return module.apply(variables, *args, rngs=rngs, method=method, mutable=True, **kwargs)[1]
+
+  with observe_sows() as calls:
+    # Closing over the (concrete) inputs is fine: under eval_shape every operation is staged,
+    # none is executed.
+    updates = jax.eval_shape(call)
+
+  recordable = tuple_sow_paths(calls)
+  custom = {c.site: c for c in calls if not c.default_reduce and not c.dropped}
+  sown_shapes = {c.site: c.shape for c in calls if c.default_reduce}
+  sites: dict[SiteKey, FoundSite] = {}
+  for path, value in traverse_util.flatten_dict(updates).items():
+    if path not in recordable or not isinstance(value, tuple):
+      continue
+    shapes = {(tuple(v.shape), np.dtype(v.dtype)) for v in value if hasattr(v, "shape")}
+    if len(shapes) != 1 or not all(hasattr(v, "shape") for v in value):
+      raise SowMismatchError(
+          f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
+          f"values within one call ({[getattr(v, 'shape', type(v).__name__) for v in value]}). "
+          "Why: one buffer holds one array shape. Fix: sow each kind of value under its own "
+          "name, and sow arrays (one `sow` per leaf of a pytree)."
+      )
+    (shape, dtype), = shapes
+    sites[path] = FoundSite(path, len(value), shape, dtype, sown_shapes.get(path))
+  dropped = []
+  seen = set()
+  for c in calls:
+    if c.dropped and c.site not in seen:
+      seen.add(c.site)
+      dropped.append(c)
+  return Discovery(sites=sites, accumulators=custom, dropped=dropped, calls=list(calls))

@@ -1,0 +1,32 @@
+"""Exception and warning types raised by loopbridge (all public, re-exported by the package)."""
+
+from __future__ import annotations
+
+
+class LoopbridgeError(Exception):
+  """Base class of every error loopbridge raises on purpose."""
+
+
+class CapacityError(LoopbridgeError, ValueError):
+  """A `capacity=` or `overflow=` declaration that cannot be used (bad type, value or key)."""
+
+
+class BufferOverflowError(LoopbridgeError, RuntimeError):
+  """Reading back a buffer under `overflow="error"` after more values were sown than it holds."""
+
+
+class SowMismatchError(LoopbridgeError, ValueError):
+  """A call sowed a value that its preallocated buffer cannot hold (new site, shape or dtype)."""
+
+
+class NotInitializedError(LoopbridgeError, RuntimeError):
+  """A loopbridge model used before `lazy_init` / `preallocate` declared its buffers."""
+
+
+class StructureChangeError(LoopbridgeError, ValueError):
+  """A call would change the model's variable structure, which NNX loops forbid."""
+
+
+class DroppedSowWarning(UserWarning):
+  """A `sow` that Linen silently discarded because an enclosing lifted transform
+  (`nn.scan`, `nn.vmap`, ...) does not carry its collection."""

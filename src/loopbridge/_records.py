@@ -1,0 +1,184 @@
+"""Reading back and resetting what a model recorded: `recorded`, `counts`, `reset`, `buffers`.
+
+A *recorder* is any graph node holding the two namespaced attributes `loopbridge__buffers` and
+`loopbridge__counts` (nested dicts of `Buffer` / `Count` with the same paths, Linen-shaped:
+collection first). `lb.ToNNX` is one; other recorders (native NNX modules) can plug in by
+holding the same attributes. Called on a recorder, these functions return its Linen-shaped
+tree; called on any other module they return one entry per recorder, keyed by its path from
+the root.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+from flax import nnx
+
+from . import _buffers
+from . import _compat
+
+BUFFERS_ATTR = "loopbridge__buffers"
+COUNTS_ATTR = "loopbridge__counts"
+
+
+def _is_recorder(node: tp.Any) -> bool:
+  return isinstance(node, nnx.Module) and BUFFERS_ATTR in vars(node)
+
+
+def _pairs(tree_b, tree_c, prefix=()):
+  """(path, Buffer, Count) for every buffer of one recorder, in sorted path order."""
+  if isinstance(tree_b, _buffers.Buffer):
+    yield prefix, tree_b, tree_c
+    return
+  for key in sorted(tree_b):
+    yield from _pairs(tree_b[key], tree_c[key], (*prefix, key))
+
+
+def iter_recorders(model: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], nnx.Module]]:
+  """Every recorder in `model`'s graph with its path from the root (the root itself: `()`)."""
+  if _is_recorder(model):
+    yield (), model
+    return
+  if not isinstance(model, nnx.Module):
+    raise TypeError(
+        f"expected an NNX module holding loopbridge buffers (e.g. lb.ToNNX), got "
+        f"{type(model).__name__}.")
+  for path, node in _compat.iter_graph(model):
+    if path and _is_recorder(node):
+      yield tuple(path), node
+
+
+def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffers.Count], tp.Any]
+                 ) -> dict:
+  result: dict = {}
+  found = False
+  for root_path, recorder in iter_recorders(model):
+    found = True
+    tree: dict = {}
+    for path, buffer, count in _pairs(getattr(recorder, BUFFERS_ATTR),
+                                      getattr(recorder, COUNTS_ATTR)):
+      node = tree
+      for key in path[:-1]:
+        node = node.setdefault(key, {})
+      node[path[-1]] = fn((*root_path, *path), buffer, count)
+    if not root_path:
+      return tree
+    node = result
+    for key in root_path[:-1]:
+      node = node.setdefault(key, {})
+    node[root_path[-1]] = tree
+  if not found:
+    raise TypeError(
+        f"{type(model).__name__} holds no loopbridge buffers. Fix: wrap Linen modules with "
+        "lb.ToNNX and call lb.lazy_init(model, *args, capacity=N) (or lb.preallocate).")
+  return result
+
+
+def recorded(model: tp.Any) -> dict:
+  """What the model recorded, Linen-shaped: each sow tuple becomes one array, index first.
+
+  For an `lb.ToNNX` the tree is the one `linen.apply(..., mutable=[...])` returns, e.g.
+  `{'intermediates': {'x': Array[n, ...], 'ScanBlock_0': {'carry': Array[n, L, ...]}}}`.
+
+  Outside a trace each array holds the `n` values recorded (at most `capacity`), oldest first.
+  Inside a trace (jit, loops) shapes must be static, so each array is the whole buffer,
+  `(capacity, ...)`, oldest first, with zeros past the count; read `lb.counts(model)` there.
+
+  Args:
+    model: an `lb.ToNNX`, or an NNX module holding some (then keyed by path from the root).
+
+  Returns:
+    A nested dict of arrays.
+
+  Raises:
+    BufferOverflowError: outside a trace, a buffer under `overflow="error"` received more
+      values than its capacity.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> for i in range(2):
+    ...   _ = model(jnp.full(2, i))
+    >>> lb.recorded(model)["intermediates"]["x"].tolist()
+    [[0.0, 0.0], [1.0, 1.0]]
+  """
+  return _map_records(model, lambda path, b, c: _buffers.read(b, c, "/".join(map(str, path))))
+
+
+def counts(model: tp.Any) -> dict:
+  """How many values each sow site received since the last reset (may exceed capacity).
+
+  Args:
+    model: as for `recorded`.
+
+  Returns:
+    A nested dict shaped like `recorded(model)` holding int32 scalars.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=1, overflow="drop")
+    >>> _ = model(jnp.ones(2)); _ = model(jnp.ones(2))
+    >>> int(lb.counts(model)["intermediates"]["x"])
+    2
+  """
+  return _map_records(model, lambda path, b, c: _compat.variable_value(c))
+
+
+def buffers(model: tp.Any) -> dict:
+  """The raw buffers, `(capacity, *value_shape)` each, shaped like `recorded(model)`.
+
+  Args:
+    model: as for `recorded`.
+
+  Returns:
+    A nested dict of arrays (no trimming, no reordering).
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=4)
+    >>> lb.buffers(model)["intermediates"]["x"].shape
+    (4, 2)
+  """
+  return _map_records(model, lambda path, b, c: _compat.variable_value(b))
+
+
+def reset(model: tp.Any) -> tp.Any:
+  """Set every count back to zero and clear the buffers, in place; shapes never change.
+
+  Usable inside jit and loop bodies (e.g. to record only the last step of each outer step).
+
+  Args:
+    model: as for `recorded`.
+
+  Returns:
+    `model`.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=4)
+    >>> _ = model(jnp.ones(2))
+    >>> lb.recorded(lb.reset(model))["intermediates"]["x"].shape
+    (0, 2)
+  """
+  _map_records(model, lambda path, b, c: _buffers.reset(b, c))
+  return model

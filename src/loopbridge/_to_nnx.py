@@ -1,0 +1,521 @@
+"""`lb.ToNNX`: a `flax.nnx.bridge.ToNNX` whose state never changes shape.
+
+Stock `ToNNX.__call__` rebuilds a new Variable for every updated collection value and appends
+every `sow` to a growing tuple, so NNX loops (which require the same Variables and the same
+structure before and after the body) reject it. This subclass:
+- keeps the Linen variables where stock `ToNNX` keeps them (same attribute paths, same types),
+  but writes updates into the *existing* Variables;
+- moves each call's sown values into preallocated `Buffer`s (one per sow site) and advances a
+  `Count`, so the structure is identical after every call.
+The design note in `src/loopbridge/README.md` explains the choices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import typing as tp
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen
+from flax import nnx
+from flax import traverse_util
+from flax.core import meta
+from flax.nnx import bridge
+from flax.nnx.bridge import variables as bridge_variables
+
+from . import _buffers
+from . import _capacity
+from . import _compat
+from . import _discovery
+from ._capacity import SiteKey, site_label
+from ._errors import (DroppedSowWarning, NotInitializedError, SowMismatchError,
+                      StructureChangeError)
+
+# Attribute names: namespaced, because `ToNNX.__getattr__` forwards unknown names to the Linen
+# module and users' Linen variables become attributes too.
+BUFFERS_ATTR = "loopbridge__buffers"
+COUNTS_ATTR = "loopbridge__counts"
+SITES_ATTR = "loopbridge__sites"
+SETTINGS_ATTR = "loopbridge__settings"
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteInfo:
+  """Static description of one declared sow site (kept in the GraphDef, hashable)."""
+
+  collection: str
+  path: tuple[str, ...]  # inside the collection
+  shape: tuple[int, ...]  # one recorded value
+  dtype: str
+  per_call: int  # values one call of the declared signature sows here
+  capacity: int
+  overflow: str
+  sown_shape: tuple[int, ...] | None  # shape passed to `sow` (differs when lifted by nn.scan/vmap)
+
+  @property
+  def site(self) -> SiteKey:
+    return (self.collection, *self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+  capacity: tp.Any  # hashable form of the capacity spec (int, tuple of items, or None)
+  overflow: str
+
+
+def _freeze_capacity(capacity):
+  if isinstance(capacity, tp.Mapping):
+    return tuple(sorted(capacity.items()))
+  return capacity
+
+
+def _thaw_capacity(capacity):
+  if isinstance(capacity, tuple):
+    return dict(capacity)
+  return capacity
+
+
+# Capacity/overflow handed from `lb.lazy_init(root, ...)` to every lb.ToNNX initialized inside
+# it (the root may be any NNX module holding bridged parts).
+_PENDING_DECLARATION: contextvars.ContextVar[tuple[tp.Any, tp.Any] | None] = (
+    contextvars.ContextVar("loopbridge_pending_declaration", default=None))
+
+
+@contextlib.contextmanager
+def pending_declaration(capacity, overflow):
+  token = _PENDING_DECLARATION.set((capacity, overflow))
+  try:
+    yield
+  finally:
+    _PENDING_DECLARATION.reset(token)
+
+
+def _get_nested(tree: tp.Any, path: tp.Sequence[str]) -> tp.Any:
+  for key in path:
+    if not isinstance(tree, tp.Mapping) or key not in tree:
+      return None
+    tree = tree[key]
+  return tree
+
+
+def _set_nested(tree: dict, path: tp.Sequence[str], value: tp.Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _iter_nested(tree: tp.Any, prefix: tuple[str, ...] = ()):
+  if isinstance(tree, tp.Mapping):
+    for key in sorted(tree):
+      yield from _iter_nested(tree[key], (*prefix, key))
+  else:
+    yield prefix, tree
+
+
+def _unbox(value: tp.Any) -> tp.Any:
+  if isinstance(value, meta.AxisMetadata):
+    return value.unbox()
+  if isinstance(value, bridge_variables.NNXMeta):
+    return value.value
+  return value
+
+
+def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.Any:
+  """The Linen `mutable=` filter for apply: the user's choice plus every recorded collection."""
+  if user_mutable is True or not record_cols:
+    return user_mutable if user_mutable is not None else False
+  if user_mutable in (None, False):
+    return sorted(record_cols)
+  if isinstance(user_mutable, str):
+    return sorted({user_mutable, *record_cols})
+  if isinstance(user_mutable, linen.module.DenyList):
+    deny = user_mutable.deny
+    deny = {deny} if isinstance(deny, str) else set(deny)
+    return linen.module.DenyList(tuple(sorted(deny - set(record_cols))))
+  if isinstance(user_mutable, (list, tuple, set, frozenset)):
+    return sorted({*user_mutable, *record_cols})
+  # A callable filter: Linen filters are `str | Sequence | bool | DenyList | callable`.
+  return lambda col: col in record_cols or user_mutable(col)
+
+
+class ToNNX(bridge.ToNNX):
+  """A loop-stable `flax.nnx.bridge.ToNNX`: records every `sow` into preallocated buffers.
+
+  Wrap a Linen module, call `lazy_init` with sample inputs and a `capacity`, and the result is
+  an NNX module whose state keeps the same Variables, shapes and structure on every call, so
+  it runs inside `nnx.while_loop`, `nnx.fori_loop` and `nnx.scan` under jit.
+
+  Args:
+    module: the Linen module to wrap.
+    rngs: `nnx.Rngs` or a key, as for `flax.nnx.bridge.ToNNX`.
+    capacity: default capacity for `lazy_init` (an int for every sow site or a mapping from a
+      collection name, a `/`-joined sow path or a glob to an int). `lazy_init(capacity=...)`
+      overrides it.
+    overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
+
+  Raises:
+    TypeError: `module` is not a Linen module.
+    CapacityError: a malformed `capacity` or `overflow`.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     h = nn.Dense(3)(x)
+    ...     self.sow("intermediates", "h", h)
+    ...     return h
+    >>> model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
+    >>> _ = lb.lazy_init(model, jnp.ones((1, 2)), capacity=4)
+    >>> _ = model(jnp.ones((1, 2)))
+    >>> lb.recorded(model)["intermediates"]["h"].shape
+    (1, 1, 3)
+  """
+
+  def __init__(self, module: linen.Module, rngs: tp.Any = None, *,
+               capacity: _capacity.CapacitySpec | None = None, overflow: str = "error"):
+    if not isinstance(module, linen.Module):
+      raise TypeError(
+          f"lb.ToNNX wraps a Linen module (an instance of flax.linen.Module), got "
+          f"{type(module).__name__}. "
+          + ("It is an NNX module: it needs no bridge; use lb.preallocate on it directly."
+             if isinstance(module, nnx.Module) else
+             "Fix: pass an instance, e.g. lb.ToNNX(MyLinenModule(...), rngs=nnx.Rngs(0))."
+             if isinstance(module, type) else
+             "Fix: pass a Linen module instance.")
+      )
+    capacity = _capacity.check_capacity_spec(capacity)
+    overflow = _capacity.check_overflow(overflow)
+    super().__init__(module, rngs)
+    self.loopbridge__settings = _Settings(_freeze_capacity(capacity), overflow)
+    self.loopbridge__sites: tuple[SiteInfo, ...] | None = None
+    _compat.set_data_attribute(self, BUFFERS_ATTR, {})
+    _compat.set_data_attribute(self, COUNTS_ATTR, {})
+
+  # ------------------------------------------------------------------ initialization
+  def lazy_init(self, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
+                overflow: str | None = None, **kwargs: tp.Any) -> "ToNNX":
+    """Initialize the Linen variables from sample inputs and declare the sow buffers.
+
+    Same as `lb.lazy_init(self, *args, capacity=..., overflow=..., **kwargs)`.
+    """
+    return lazy_init(self, *args, capacity=capacity, overflow=overflow, **kwargs)
+
+  def _loopbridge_initialize(self, args, kwargs, rngs, method):
+    """What `__call__` does while `bridge.lazy_init` runs: Linen init, then declare buffers."""
+    module = _compat.linen_module_of(self)
+    init_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
+                                         initializing=True)
+    kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
+    with _discovery.observe_sows() as init_sows:
+      out, variables = module.init_with_output(init_rngs, *args, method=method, **kwargs)
+    # Values sown with the default tuple reduce during init (collections other than
+    # 'intermediates' are mutable at init) are records, not state: keep them out of the
+    # Variables, or they would grow on every later call.
+    tuple_paths = _discovery.tuple_sow_paths(init_sows)
+    flat = {p: v for p, v in traverse_util.flatten_dict(dict(variables)).items()
+            if p not in tuple_paths}
+    variables = traverse_util.unflatten_dict(flat)
+    for name, value in bridge_variables.linen_vars_to_nnx_attrs(variables).items():
+      _compat.set_data_attribute(self, name, value)
+    _compat.set_linen_attribute_names(
+        self, set(_compat.linen_attribute_names(self)) | set(self._loopbridge_top_names(variables)))
+
+    pending = _PENDING_DECLARATION.get()
+    settings = self.loopbridge__settings
+    capacity, overflow = pending if pending is not None else (None, None)
+    if capacity is None:
+      capacity = _thaw_capacity(settings.capacity)
+    if overflow is None:
+      overflow = settings.overflow
+    self._loopbridge_declare(args, kwargs, method=method, capacity=capacity, overflow=overflow)
+    return out
+
+  @staticmethod
+  def _loopbridge_top_names(variables):
+    names = set()
+    for col in variables.values():
+      names.update(col.keys())
+    return names
+
+  def _loopbridge_linen_attrs(self) -> dict[str, tp.Any]:
+    return {name: getattr(self, name) for name in _compat.linen_attribute_names(self)}
+
+  def _loopbridge_declare(self, args, kwargs, *, method, capacity, overflow) -> None:
+    """Discover the sow sites of `apply(*args, **kwargs)` and (re)declare their buffers."""
+    capacity = _capacity.check_capacity_spec(capacity)
+    overflow = _capacity.check_overflow(overflow)
+    module = _compat.linen_module_of(self)
+    kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
+    variables = bridge_variables.nnx_attrs_to_linen_vars(self._loopbridge_linen_attrs())
+    rng_source = _compat.rngs_of(self)
+    # Placeholder keys with the same stream names: discovery must not advance the model's
+    # streams (that would shift every later random draw against a plain Linen reference).
+    rng_names = [n for n, _ in rng_source.items()] if isinstance(rng_source, nnx.Rngs) else []
+    if isinstance(rng_source, jax.Array) or "params" not in rng_names:
+      rng_names.append("params")
+    rngs = {name: jax.random.key(0) for name in rng_names if name != "default"}
+    try:
+      found = _discovery.discover(module, variables, tuple(args), dict(kwargs), method=method,
+                                  rngs=rngs)
+    except (SowMismatchError, TypeError, AttributeError):
+      raise
+    for call in found.dropped:
+      warnings.warn(
+          f"{call.module_type} at Linen path '{'/'.join(call.module_path) or '<root>'}' sows "
+          f"'{call.name}' into collection '{call.collection}', but Linen discarded it: an "
+          f"enclosing lifted transform (nn.scan, nn.vmap, ...) does not carry the "
+          f"'{call.collection}' collection, so the value is silently lost. Fix: add "
+          f"'{call.collection}': 0 to that transform's `variable_axes` (e.g. "
+          f"nn.scan(..., variable_axes={{'params': 0, '{call.collection}': 0}})).",
+          DroppedSowWarning, stacklevel=4)
+
+    self._loopbridge_add_accumulators(found.accumulators, variables)
+    sites = sorted(found.sites)
+    capacities = _capacity.resolve_capacities(capacity, sites,
+                                              model_name=type(module).__name__)
+    old_sites = {info.site: info for info in (self.loopbridge__sites or ())}
+    buffers = getattr(self, BUFFERS_ATTR)
+    counts = getattr(self, COUNTS_ATTR)
+    new_infos = dict(old_sites)
+    for site in sites:
+      f = found.sites[site]
+      info = SiteInfo(site[0], site[1:], f.shape, str(f.dtype), f.per_call, capacities[site],
+                      overflow, f.sown_shape)
+      old = old_sites.get(site)
+      same_storage = old is not None and (old.shape, old.dtype, old.capacity, old.overflow) == (
+          info.shape, info.dtype, info.capacity, info.overflow)
+      if not same_storage:
+        _set_nested(buffers, site, _buffers.new_buffer(info.capacity, info.shape, f.dtype,
+                                                       overflow))
+        _set_nested(counts, site, _buffers.new_count())
+      new_infos[site] = info
+    _compat.set_data_attribute(self, BUFFERS_ATTR, buffers)
+    _compat.set_data_attribute(self, COUNTS_ATTR, counts)
+    self.loopbridge__sites = tuple(new_infos[s] for s in sorted(new_infos))
+
+  def _loopbridge_add_accumulators(self, accumulators, variables) -> None:
+    """Give custom-reduce sows their `init_fn()` value now, so no call creates a Variable."""
+    missing = {}
+    for site, call in accumulators.items():
+      if _get_nested(variables, site) is not None:
+        continue
+      missing[site] = call
+    if not missing:
+      return
+    # One more abstract call tells the accumulator shapes as Linen stores them (lifted
+    # transforms add axes); init_fn() itself is cheap and concrete.
+    for site, call in missing.items():
+      initial = call.init_fn()
+      _set_nested(variables, site, initial)
+    for name, value in bridge_variables.linen_vars_to_nnx_attrs(
+        {col: variables[col] for col in {s[0] for s in missing}}).items():
+      existing = getattr(self, name, None) if name in _compat.linen_attribute_names(self) else None
+      if isinstance(existing, dict) and isinstance(value, dict):
+        merged = traverse_util.unflatten_dict({**traverse_util.flatten_dict(existing),
+                                               **traverse_util.flatten_dict(value)})
+        _compat.set_data_attribute(self, name, merged)
+      else:
+        _compat.set_data_attribute(self, name, value)
+    _compat.set_linen_attribute_names(
+        self, set(_compat.linen_attribute_names(self)) | {s[1] for s in missing})
+
+  # ------------------------------------------------------------------ calling
+  def __call__(self, *args: tp.Any, rngs: tp.Any = None, method: tp.Any = None,
+               mutable: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
+    """Apply the Linen module, recording its sows in place. Same signature as stock ToNNX.
+
+    Recording rule: collections that hold declared sow sites are always applied as mutable
+    (that is how values reach the buffers), whatever `mutable` says; `mutable` keeps its
+    Linen meaning for every other collection (`batch_stats`, `cache`, ...). Only the output
+    is returned, as in stock `ToNNX`.
+    """
+    if _compat.is_initializing(self):
+      return self._loopbridge_initialize(args, kwargs, rngs, method)
+    sites = self.loopbridge__sites
+    if sites is None:
+      raise NotInitializedError(
+          f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
+          "initialized. Why: the Linen variables and the sow buffers are created from sample "
+          "inputs. Fix: lb.lazy_init(model, *sample_args, capacity=N) first (or "
+          "model.lazy_init(...)).")
+    module = _compat.linen_module_of(self)
+    attrs = self._loopbridge_linen_attrs()
+    variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
+    record_cols = {info.collection for info in sites}
+    if mutable is None:
+      mutable = _compat.current_bridge_mutable()
+    apply_mutable = _merge_mutable(mutable, record_cols)
+    call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
+                                         initializing=False)
+    result = module.apply(variables, *args, rngs=call_rngs, method=method,
+                          mutable=apply_mutable, **kwargs)
+    if apply_mutable is False:
+      return result
+    out, updates = result
+    self._loopbridge_absorb(updates, attrs, variables)
+    return out
+
+  def _loopbridge_absorb(self, updates, attrs, variables_in) -> None:
+    """Write one call's updates into the existing Variables and buffers."""
+    buffers = getattr(self, BUFFERS_ATTR)
+    counts = getattr(self, COUNTS_ATTR)
+    flat_in = traverse_util.flatten_dict(dict(variables_in))
+    for path, value in traverse_util.flatten_dict(dict(updates)).items():
+      if isinstance(value, tuple):
+        buffer = _get_nested(buffers, path)
+        if not isinstance(buffer, _buffers.Buffer):
+          raise SowMismatchError(
+              f"this call sowed into '{site_label(path)}', a site with no buffer. Why: buffers "
+              "are declared for the sows of the call signature given to lazy_init/preallocate, "
+              "and this call makes a different one (other method, arguments or branch). Fix: "
+              "declare it before the loop with lb.preallocate(model, *args, capacity=..., "
+              "method=..., **kwargs); buffers already declared are kept.")
+        _buffers.append(buffer, _get_nested(counts, path), value, site_label(path))
+        continue
+      if path in flat_in and flat_in[path] is value:
+        continue  # unchanged (e.g. params under mutable=True): nothing to write
+      variable = _get_nested(attrs, path[1:])
+      if not isinstance(variable, nnx.Variable):
+        raise StructureChangeError(
+            f"this call created the variable '{'/'.join(path)}', which did not exist after "
+            "lazy_init. Why: NNX loops need every Variable to exist before the loop starts; a "
+            "call that adds one changes the model's structure. Fix: make lazy_init create it "
+            "(initialize with the same method and arguments the loop uses, or call "
+            "lb.preallocate with them), or keep the value out of Linen variables.")
+      new = _unbox(value)
+      old = _compat.variable_value(variable)
+      if np.shape(new) != np.shape(old) or jnp.result_type(new) != jnp.result_type(old):
+        raise StructureChangeError(
+            f"this call changed '{'/'.join(path)}' from shape {np.shape(old)} "
+            f"{jnp.result_type(old)} to {np.shape(new)} {jnp.result_type(new)}. Why: NNX loops "
+            "need every Variable to keep its shape and dtype. Fix: keep the collection's "
+            "shapes fixed (e.g. preallocate a cache at its full length).")
+      _compat.set_variable_value(variable, new)
+
+
+def _as_bridge_model(model: tp.Any, what: str) -> ToNNX:
+  if isinstance(model, ToNNX):
+    return model
+  if isinstance(model, bridge.ToNNX):
+    raise TypeError(
+        f"{what} needs a loopbridge.ToNNX, got a stock flax.nnx.bridge.ToNNX. Why: the stock "
+        "wrapper has no buffers. Fix: build it with lb.ToNNX(linen_module, rngs=...) instead.")
+  raise TypeError(f"{what} needs a loopbridge.ToNNX model, got {type(model).__name__}.")
+
+
+def lazy_init(model: tp.Any, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
+              overflow: str | None = None, **kwargs: tp.Any) -> tp.Any:
+  """Initialize a bridged model from sample inputs and preallocate a buffer per sow site.
+
+  Like `flax.nnx.bridge.lazy_init`, then finds every sow site that a call with these
+  arguments makes (by abstract evaluation: no FLOPs run a second time) and allocates one
+  `Buffer` of shape `(capacity, *value_shape)` plus a `Count` per site.
+
+  Args:
+    model: an `lb.ToNNX`, or any NNX module (or bound method) whose call initializes
+      `lb.ToNNX` submodules.
+    *args: sample inputs, as for the model's call.
+    capacity: an int for every sow site, or a mapping from collection name / `/`-joined sow
+      path / glob to an int. Overrides the one given to `lb.ToNNX`.
+    overflow: `"error"` (default), `"drop"` or `"wrap"`.
+    **kwargs: keyword arguments of the call (`method=` included).
+
+  Returns:
+    `model`, initialized.
+
+  Raises:
+    CapacityError: bad capacity/overflow, a site no key covers, or a key matching no site.
+    TypeError: `model` is not an NNX module or method.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return nn.Dense(2)(x)
+    >>> model = lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), jnp.ones((1, 3)), capacity=5)
+    >>> lb.recorded(model)["intermediates"]["x"].shape
+    (0, 1, 3)
+  """
+  capacity = _capacity.check_capacity_spec(capacity)
+  if overflow is not None:
+    _capacity.check_overflow(overflow)
+  if isinstance(model, bridge.ToNNX) and not isinstance(model, ToNNX):
+    _as_bridge_model(model, "lb.lazy_init")
+  if isinstance(model, nnx.Module):
+    root = model
+  elif hasattr(model, "__self__") and isinstance(model.__self__, nnx.Module):
+    root = model.__self__
+  else:
+    raise TypeError(
+        f"lb.lazy_init needs an NNX module (e.g. lb.ToNNX(linen_module, rngs=...)) or a bound "
+        f"method of one, got {type(model).__name__}. "
+        + ("Fix: wrap the Linen module first: lb.ToNNX(module, rngs=nnx.Rngs(0))."
+           if isinstance(model, linen.Module) else ""))
+  with pending_declaration(capacity, overflow):
+    _compat.set_initializing(root, True)
+    try:
+      model(*args, **kwargs)
+    finally:
+      _compat.set_initializing(root, False)
+  return model
+
+
+def preallocate(model: tp.Any, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
+                overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
+  """Declare (or re-declare) buffers for the sows that a call with these arguments makes.
+
+  Use it when the loop calls the model with another signature than `lazy_init` did (e.g.
+  initialized on 1-token inputs, sampled on longer ones). Parameters are untouched; buffers of
+  sites this call also makes are replaced if their shape, dtype, capacity or overflow changes
+  (their recorded values are dropped) and kept otherwise; other sites are kept as they are.
+  A call that sows nothing declares nothing.
+
+  Args:
+    model: an initialized `lb.ToNNX`.
+    *args: sample inputs of the call (only shapes and dtypes matter; nothing is computed).
+    capacity: as for `lazy_init`; defaults to the one given to `lb.ToNNX`.
+    overflow: as for `lazy_init`; defaults to the one given to `lb.ToNNX`.
+    method: the Linen method the loop will call (name or function), default `__call__`.
+    **kwargs: keyword arguments of the call.
+
+  Returns:
+    `model`.
+
+  Raises:
+    NotInitializedError: `model` was not initialized yet.
+    CapacityError: as for `lazy_init`.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones((1, 3)), capacity=2)
+    >>> _ = lb.preallocate(model, jnp.ones((4, 3)), capacity=8)
+    >>> lb.buffers(model)["intermediates"]["x"].shape
+    (8, 4, 3)
+  """
+  model = _as_bridge_model(model, "lb.preallocate")
+  if model.loopbridge__sites is None:
+    raise NotInitializedError(
+        "lb.preallocate needs an initialized model. Fix: lb.lazy_init(model, *sample_args, "
+        "capacity=...) first; preallocate then declares buffers for other call signatures.")
+  settings = model.loopbridge__settings
+  model._loopbridge_declare(
+      args, kwargs, method=method,
+      capacity=capacity if capacity is not None else _thaw_capacity(settings.capacity),
+      overflow=overflow if overflow is not None else settings.overflow)
+  return model

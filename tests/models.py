@@ -1,0 +1,62 @@
+"""Small Linen models shared by the tests (each mirrors a shape real users have)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class Block(nn.Module):
+  """The seed-000 scan body: Dense + relu, sows its carry."""
+
+  features: int = 8
+
+  @nn.compact
+  def __call__(self, carry, unused_inputs):
+    carry = nn.relu(nn.Dense(self.features)(carry))
+    self.sow("intermediates", "carry", carry)
+    return carry, None
+
+
+class MLP(nn.Module):
+  """The seed-000 model: a top-level sow and a sow inside an `nn.scan` body."""
+
+  depth: int = 3
+  features: int = 8
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "x", x)
+    scan_block = nn.scan(
+        Block,
+        variable_axes={"params": 0, "intermediates": 0},
+        split_rngs={"params": True},
+        length=self.depth,
+    )(self.features)
+    carry, _ = scan_block(x, None)
+    return carry
+
+
+def linen_step_reference(module: nn.Module, variables, inputs_per_step):
+  """Plain Linen, one `apply(mutable=['intermediates'])` per step: the independent reference.
+
+  Returns (outputs per step, list of intermediates dicts per step).
+  """
+  outs, inters = [], []
+  for x in inputs_per_step:
+    y, state = module.apply(variables, x, mutable=["intermediates"])
+    outs.append(y)
+    inters.append(state["intermediates"])
+  return outs, inters
+
+
+def stack_reference(inters, path):
+  """Stack the tuple entries found at `path` across steps, in call order: Array[n, ...]."""
+  values = []
+  for tree in inters:
+    node = tree
+    for key in path:
+      node = node[key]
+    values.extend(node)
+  return jnp.stack(values)
