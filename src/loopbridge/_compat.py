@@ -127,13 +127,21 @@ def collection_name(variable_type: type) -> str:
 
 
 def variable_value(variable: nnx.Variable) -> tp.Any:
-  """The array inside a Variable (`.value` works on both; `[...]` only on 0.12)."""
+  """The value inside a Variable: 0.12 deprecates `.value` for `get_value()`; 0.10 has only `.value`."""
+  if hasattr(variable, "get_value"):
+    return variable.get_value()
   return variable.value
 
 
 def set_variable_value(variable: nnx.Variable, value: tp.Any) -> None:
-  """Write a Variable's value in place, keeping the Variable object (loops need identity)."""
-  variable.value = value
+  """Write a Variable's value in place, keeping the Variable object (loops need identity).
+
+  0.12 deprecates assigning `.value` for `set_value()`; 0.10 has only `.value`.
+  """
+  if hasattr(variable, "set_value"):
+    variable.set_value(value)
+  else:
+    variable.value = value
 
 
 def current_bridge_mutable() -> tp.Any:

@@ -103,7 +103,7 @@ def recorded(model: tp.Any) -> dict:
     ...     return x
     >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
     >>> for i in range(2):
-    ...   _ = model(jnp.full(2, i))
+    ...   _ = model(jnp.full(2, float(i)))
     >>> lb.recorded(model)["intermediates"]["x"].tolist()
     [[0.0, 0.0], [1.0, 1.0]]
   """
