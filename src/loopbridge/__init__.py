@@ -13,11 +13,15 @@ from ._errors import DroppedSowWarning as DroppedSowWarning
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import SowMismatchError as SowMismatchError
+from ._errors import StackError as StackError
 from ._errors import StructureChangeError as StructureChangeError
 from ._records import buffers as buffers
 from ._records import counts as counts
 from ._records import recorded as recorded
 from ._records import reset as reset
+from ._stack import layer as layer
+from ._stack import stack as stack
+from ._stack import unstack as unstack
 from ._to_nnx import ToNNX as ToNNX
 from ._to_nnx import lazy_init as lazy_init
 from ._to_nnx import preallocate as preallocate
@@ -33,12 +37,16 @@ __all__ = [
     "LoopbridgeError",
     "NotInitializedError",
     "SowMismatchError",
+    "StackError",
     "StructureChangeError",
     "ToNNX",
     "buffers",
     "counts",
+    "layer",
     "lazy_init",
     "preallocate",
     "recorded",
     "reset",
+    "stack",
+    "unstack",
 ]

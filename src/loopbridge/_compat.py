@@ -172,3 +172,145 @@ def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
   if "graph" in __import__("inspect").signature(nnx.iter_graph).parameters:
     return nnx.iter_graph(node, graph=True)
   return nnx.iter_graph(node)
+
+
+# --- layer views (lb.layer) -------------------------------------------------------------------
+# A layer view is a Variable of the stacked Variable's own type whose value reads and writes
+# `parent[index]` (leading layer axis). flax 0.12 routes every read/write through
+# `get_value(index=)` / `set_value(index=)` (and deprecates Variable hooks in favor of
+# overriding those two); flax 0.10 routes them through the `.value` property. Both keep the
+# link in two slots, so the link is not Variable metadata and never reaches a graphdef.
+_VIEW_TYPES: dict[type, type] = {}
+_NO_INDEX = object()
+
+
+def _view_link(variable: tp.Any) -> tuple[tp.Any, tp.Any] | None:
+  try:
+    return (object.__getattribute__(variable, "_loopbridge_parent"),
+            object.__getattribute__(variable, "_loopbridge_index"))
+  except AttributeError:  # crossed a transform boundary (re-created from its pytree): a copy
+    return None
+
+
+def _take(leaf: tp.Any, index: tp.Any) -> tp.Any:
+  return jax.lax.dynamic_index_in_dim(leaf, index, 0, keepdims=False)
+
+
+def _put(leaf: tp.Any, index: tp.Any, value: tp.Any) -> tp.Any:
+  return jax.lax.dynamic_update_index_in_dim(leaf, jax.numpy.asarray(value, leaf.dtype), index, 0)
+
+
+def _view_type(var_type: type) -> type:
+  if var_type in _VIEW_TYPES:
+    return _VIEW_TYPES[var_type]
+  if hasattr(nnx.Variable, "get_value"):  # flax 0.12
+
+    def get_value(self, *, index=_NO_INDEX):
+      link = _view_link(self)
+      if link is None:
+        return var_type.get_value(self) if index is _NO_INDEX else var_type.get_value(self, index=index)
+      parent, i = link
+      value = jax.tree.map(lambda leaf: _take(leaf, i), parent.get_value())
+      return value if index is _NO_INDEX or index is Ellipsis else value[index]
+
+    def set_value(self, value, *, index=_NO_INDEX):
+      link = _view_link(self)
+      if link is not None and index is not _NO_INDEX and index is not Ellipsis:
+        value = self.get_value().at[index].set(value)
+      if link is not None:
+        parent, i = link
+        parent.set_value(jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(), value))
+      self.set_raw_value(value)  # keep the snapshot (shape, dtype, pytree leaves) current
+
+    namespace = {"__slots__": ("_loopbridge_parent", "_loopbridge_index"),
+                 "get_value": get_value, "set_value": set_value}
+  else:  # flax 0.10
+
+    def _get(self):
+      link = _view_link(self)
+      if link is None:
+        return var_type.value.fget(self)
+      parent, i = link
+      return jax.tree.map(lambda leaf: _take(leaf, i), parent.value)
+
+    def _set(self, value):
+      link = _view_link(self)
+      if link is not None:
+        parent, i = link
+        parent.value = jax.tree.map(lambda full, new: _put(full, i, new), parent.value, value)
+      var_type.value.fset(self, value)
+
+    namespace = {"__slots__": ("_loopbridge_parent", "_loopbridge_index"),
+                 "value": property(_get, _set)}
+  namespace["__module__"] = __name__
+  namespace["__doc__"] = f"A view of one layer of a stacked `{var_type.__name__}` (lb.layer)."
+  view_type = type(var_type.__name__, (var_type,), namespace)
+  _VIEW_TYPES[var_type] = view_type
+  return view_type
+
+
+def layer_view_variable(parent: nnx.Variable, index: tp.Any, snapshot: nnx.Variable) -> nnx.Variable:
+  """A Variable of `type(parent)` reading and writing `parent`'s value at `index` on axis 0.
+
+  `snapshot` is an ordinary Variable already holding that slice (e.g. from `nnx.merge`); its
+  value and metadata seed the view. Versions differ only inside `_view_type` (see above).
+  """
+  view_type = _view_type(type(parent))
+  metadata = dict(snapshot.get_metadata())
+  if hasattr(nnx.Variable, "get_value"):  # flax 0.12: constructor options live in metadata
+    view = view_type(variable_value(snapshot), **metadata)
+  else:
+    view = view_type(snapshot.raw_value, **metadata)
+  object.__setattr__(view, "_loopbridge_parent", parent)
+  object.__setattr__(view, "_loopbridge_index", index)
+  return view
+
+
+def get_raw_value(variable: nnx.Variable) -> tp.Any:
+  """A Variable's stored value without hooks or copies (what `nnx.split` puts in the state).
+
+  flax 0.12 has `get_raw_value()` (the `.raw_value` property warns); 0.10 has the attribute only.
+  """
+  if hasattr(variable, "get_raw_value"):
+    return variable.get_raw_value()
+  return variable.raw_value
+
+
+def set_raw_value(variable: nnx.Variable, value: tp.Any) -> None:
+  """Store a value in a Variable without hooks or copies (what `nnx.update` does with a state).
+
+  flax 0.12 has `set_raw_value()` (the `.raw_value` setter warns); 0.10 has the attribute only.
+  """
+  if hasattr(variable, "set_raw_value"):
+    variable.set_raw_value(value)
+  else:
+    variable.raw_value = value
+
+
+# --- loop carries (lb.while_loop, lb.fori_loop, lb.explain) -----------------------------------
+_SPLIT_TAKES_GRAPH = "graph" in __import__("inspect").signature(nnx.split).parameters
+
+
+def split_graph(node: tp.Any) -> tuple[tp.Any, tp.Any]:
+  """`nnx.split` with graph semantics: a shared Variable or module is split once and merged back
+  shared.
+
+  flax 0.12's `split` takes `graph=` and otherwise follows the configured mode (tree mode
+  refuses shared references, and a tree-mode transform may set it); 0.10 has graph mode only.
+  """
+  if _SPLIT_TAKES_GRAPH:
+    return nnx.split(node, graph=True)
+  return nnx.split(node)
+
+
+def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
+  """A graph node's children (attributes, or dict/list/tuple entries) without NNX bookkeeping.
+
+  flax 0.12 Pytrees also list `_pytree__state` and `_pytree__nodes`; 0.10 Objects list
+  `_object__state`.
+  """
+  from flax.nnx import graph as graph_lib  # same module and API name in 0.10 and 0.12
+
+  children = graph_lib.get_node_impl(node).node_dict(node)
+  return {k: v for k, v in children.items()
+          if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))}

@@ -30,3 +30,7 @@ class StructureChangeError(LoopbridgeError, ValueError):
 class DroppedSowWarning(UserWarning):
   """A `sow` that Linen silently discarded because an enclosing lifted transform
   (`nn.scan`, `nn.vmap`, ...) does not carry its collection."""
+
+
+class StackError(LoopbridgeError, ValueError):
+  """Modules that cannot be stacked (they differ), or a module that is not a layer stack."""
