@@ -606,3 +606,51 @@ def test_new_variable_on_later_call_is_an_error():
   lb.lazy_init(model, jnp.ones((1, 2)))
   with pytest.raises(lb.StructureChangeError, match=r"created the variable 'batch_stats/late'"):
     model(jnp.ones((1, 2)), extra=True, mutable=True)
+
+
+# The maintainer's workaround from seed 000: shape-stable accumulators via init_fn/reduce_fn.
+def _acc_init():
+  return dict(i=jnp.array(0), x=jnp.zeros((4, 1, 3)))
+
+
+def _acc_reduce(acc, x):
+  return dict(i=acc["i"] + 1, x=acc["x"].at[acc["i"]].set(x))
+
+
+class AccBlock(nn.Module):
+  @nn.compact
+  def __call__(self, c, _):
+    c = nn.relu(nn.Dense(3)(c))
+    self.sow("intermediates", "acc", c, init_fn=_acc_init, reduce_fn=_acc_reduce)
+    return c, None
+
+
+class AccModel(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "top", x, init_fn=_acc_init, reduce_fn=_acc_reduce)
+    return nn.scan(AccBlock, variable_axes={"params": 0, "intermediates": 0},
+                   split_rngs={"params": True}, length=2)()(x, None)[0]
+
+
+def test_custom_reduce_accumulators_exist_before_the_loop_and_update_in_place():
+  x = jax.random.normal(jax.random.key(0), (1, 3))
+  model = lb.ToNNX(AccModel(), rngs=nnx.Rngs(0))
+  lb.lazy_init(model, x)  # no tuple sows: no capacity needed
+  start = linen_variables(model)
+  assert start["intermediates"]["ScanAccBlock_0"]["acc"]["x"].shape == (2, 4, 1, 3)
+
+  nnx.jit(lambda m, x: nnx.fori_loop(
+      0, 3, lambda i, c: (c[0], c[0](c[1], mutable=True)), (m, x)))(model, x)
+
+  variables, h = {"params": start["params"]}, x
+  for _ in range(3):  # Linen from scratch: the accumulator starts from init_fn() on first call
+    h, upd = AccModel().apply(variables, h, mutable=["intermediates"])
+    variables = {"params": start["params"], "intermediates": upd["intermediates"]}
+  got = linen_variables(model)["intermediates"]
+  np.testing.assert_array_equal(got["top"]["i"], 3)
+  np.testing.assert_allclose(got["top"]["x"], variables["intermediates"]["top"]["x"],
+                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(got["ScanAccBlock_0"]["acc"]["x"],
+                             variables["intermediates"]["ScanAccBlock_0"]["acc"]["x"],
+                             rtol=RTOL, atol=ATOL)
