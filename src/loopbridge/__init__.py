@@ -23,8 +23,8 @@ from ._stack import layer as layer
 from ._stack import stack as stack
 from ._stack import unstack as unstack
 from ._to_nnx import ToNNX as ToNNX
-from ._to_nnx import lazy_init as lazy_init
-from ._to_nnx import preallocate as preallocate
+from ._native import lazy_init as lazy_init
+from ._native import preallocate as preallocate
 
 __version__ = "0.1.0"
 

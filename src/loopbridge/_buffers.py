@@ -102,7 +102,8 @@ def reset(buffer: Buffer, count: Count) -> None:
   """Count back to zero and slots cleared, without changing any shape (works inside loops)."""
   buf = _compat.variable_value(buffer)
   _compat.set_variable_value(buffer, jnp.zeros_like(buf))
-  _compat.set_variable_value(count, jnp.zeros((), COUNT_DTYPE))
+  # zeros_like: counts of stacked native layers have the stack axes (shape-stable reset).
+  _compat.set_variable_value(count, jnp.zeros_like(_compat.variable_value(count)))
 
 
 def _is_traced(x: tp.Any) -> bool:

@@ -314,3 +314,14 @@ def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
   children = graph_lib.get_node_impl(node).node_dict(node)
   return {k: v for k, v in children.items()
           if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))}
+
+
+def state_leaf_type(leaf: tp.Any) -> type:
+  """The Variable type of one leaf of an `nnx.State`.
+
+  flax 0.10 State leaves are `VariableState` objects naming their type in `.type`; flax 0.12
+  removed `VariableState` and State leaves are the Variables themselves.
+  """
+  if type(leaf).__name__ == "VariableState":
+    return leaf.type
+  return type(leaf)

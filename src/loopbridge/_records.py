@@ -16,6 +16,7 @@ from flax import nnx
 
 from . import _buffers
 from . import _compat
+from . import _native
 
 BUFFERS_ATTR = "loopbridge__buffers"
 COUNTS_ATTR = "loopbridge__counts"
@@ -38,7 +39,6 @@ def iter_recorders(model: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], nnx.M
   """Every recorder in `model`'s graph with its path from the root (the root itself: `()`)."""
   if _is_recorder(model):
     yield (), model
-    return
   if not isinstance(model, nnx.Module):
     raise TypeError(
         f"expected an NNX module holding loopbridge buffers (e.g. lb.ToNNX), got "
@@ -61,8 +61,9 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
       for key in path[:-1]:
         node = node.setdefault(key, {})
       node[path[-1]] = fn((*root_path, *path), buffer, count)
-    if not root_path:
-      return tree
+    if not root_path:  # the root records too (native sows): its tree sits at the top
+      result.update(tree)
+      continue
     node = result
     for key in root_path[:-1]:
       node = node.setdefault(key, {})
@@ -107,7 +108,8 @@ def recorded(model: tp.Any) -> dict:
     >>> lb.recorded(model)["intermediates"]["x"].tolist()
     [[0.0, 0.0], [1.0, 1.0]]
   """
-  return _map_records(model, lambda path, b, c: _buffers.read(b, c, "/".join(map(str, path))))
+  return _map_records(model, lambda path, b, c: _buffers.read(*_native.flat_view(b, c),
+                                                             "/".join(map(str, path))))
 
 
 def counts(model: tp.Any) -> dict:
@@ -131,7 +133,7 @@ def counts(model: tp.Any) -> dict:
     >>> int(lb.counts(model)["intermediates"]["x"])
     2
   """
-  return _map_records(model, lambda path, b, c: _compat.variable_value(c))
+  return _map_records(model, lambda path, b, c: _compat.variable_value(_native.flat_view(b, c)[1]))
 
 
 def buffers(model: tp.Any) -> dict:
