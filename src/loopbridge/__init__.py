@@ -15,10 +15,15 @@ from ._errors import NotInitializedError as NotInitializedError
 from ._errors import SowMismatchError as SowMismatchError
 from ._errors import StackError as StackError
 from ._errors import StructureChangeError as StructureChangeError
+from ._layout import layers_to_scanned as layers_to_scanned
+from ._layout import nnx_to_params as nnx_to_params
+from ._layout import params_to_nnx as params_to_nnx
+from ._layout import scanned_to_layers as scanned_to_layers
 from ._records import buffers as buffers
 from ._records import counts as counts
 from ._records import recorded as recorded
 from ._records import reset as reset
+from ._scan_layers import scan_layers as scan_layers
 from ._stack import layer as layer
 from ._stack import stack as stack
 from ._stack import unstack as unstack
@@ -43,10 +48,15 @@ __all__ = [
     "buffers",
     "counts",
     "layer",
+    "layers_to_scanned",
     "lazy_init",
+    "nnx_to_params",
+    "params_to_nnx",
     "preallocate",
     "recorded",
     "reset",
+    "scan_layers",
+    "scanned_to_layers",
     "stack",
     "unstack",
 ]

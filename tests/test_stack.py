@@ -1,0 +1,320 @@
+"""lb.stack / lb.unstack / lb.layer / lb.scan_layers against plain NNX references (seed 002)."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from hypothesis import given
+from hypothesis import settings
+
+import loopbridge as lb
+from loopbridge import _compat
+
+from conftest import graph_kw
+
+get = _compat.variable_value
+put = _compat.set_variable_value
+SLOPE = 0.01
+
+
+def _linears(depth: int, width: int = 8, seed: int = 0) -> list[nnx.Linear]:
+  rngs = nnx.Rngs(seed)
+  return [nnx.Linear(width, width, rngs=rngs) for _ in range(depth)]
+
+
+def _python_forward(layers, x):
+  """The seed's working forward: a Python loop over the list, leaky_relu between layers."""
+  for layer in layers[:-1]:
+    x = nnx.leaky_relu(layer(x), negative_slope=SLOPE)
+  return layers[-1](x)
+
+
+class Tagged(nnx.Variable):
+  """A custom Variable type carrying metadata, to check types and metadata survive."""
+
+
+class Block(nnx.Module):
+  """A layer with a Param, a batch statistic written on every call, and tagged metadata."""
+
+  def __init__(self, width: int, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(width, width, rngs=rngs)
+    self.calls = nnx.BatchStat(jnp.zeros((), jnp.int32))
+    self.last = nnx.BatchStat(jnp.zeros((width,)))
+    self.tag = Tagged(jnp.arange(3.0), note="kept", axes=("a",))
+
+  def __call__(self, x, scale=1.0):
+    put(self.calls, get(self.calls) + 1)
+    y = jnp.tanh(self.linear(x)) * scale
+    put(self.last, y.sum(0))
+    return y
+
+
+def _assert_same_module(a, b):
+  """Same class, same Variable paths, types, metadata and values (exact)."""
+  assert type(a) is type(b)
+  va, vb = lb._stack.variables_by_path(a), lb._stack.variables_by_path(b)
+  assert list(va) == list(vb)
+  for path in va:
+    assert type(va[path]) is type(vb[path]), path
+    assert va[path].get_metadata() == vb[path].get_metadata(), path
+    xa, xb = get(va[path]), get(vb[path])
+    assert jnp.result_type(xa) == jnp.result_type(xb), path
+    np.testing.assert_array_equal(np.asarray(xa), np.asarray(xb), err_msg=str(path))
+
+
+# --- the seed's intent ---------------------------------------------------------------------------
+
+
+class SeedMLP(nnx.Module):
+  """The seed's MLP with equal-width hidden layers kept as a stack, plus the output layer."""
+
+  def __init__(self, layers: list[nnx.Linear]):
+    self.hidden = lb.stack(layers[:-1])
+    self.out = layers[-1]
+
+  def forward_fori_loop(self, x, **kw):
+    def body(i, carry):
+      hidden, x = carry
+      x = nnx.leaky_relu(lb.layer(hidden, i)(x), negative_slope=SLOPE)
+      return hidden, x
+
+    _, x = nnx.fori_loop(0, 3, body, (self.hidden, x), **kw)
+    return self.out(x)
+
+
+def test_seed_forward_fori_loop_equals_python_loop_bit_exact(graph):
+  layers = _linears(4)
+  x = jax.random.normal(jax.random.key(1), (5, 8))
+  expected = _python_forward(layers, x)
+  model = SeedMLP(layers)
+  np.testing.assert_array_equal(model.forward_fori_loop(x, **graph_kw(graph)), expected)
+  jitted = nnx.jit(lambda m, x: m.forward_fori_loop(x, **graph_kw(graph)))
+  np.testing.assert_array_equal(jitted(model, x), expected)
+
+
+def test_seed_heterogeneous_mlp_gets_clear_error():
+  rngs = nnx.Rngs(0)
+  widths = [12, 26, 12, 6, 3]  # the seed's [in, 265, 128, 64, out], scaled down
+  layers = [nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])]
+  with pytest.raises(lb.StackError, match=r"layer 1 differs from layer 0 at `(bias|kernel)`: "
+                     r"layer 0 has Param float32\[\d+(,\d+)?\], layer 1 has Param float32"
+                     r"(.|\n)*Python(.|\n)*nnx.switch(.|\n)*group"):
+    lb.stack(layers)
+
+
+def test_seed_vmap_stack_is_a_stack_of_two():
+  """The seed's nnx.vmap-built 'single Linear' is a stack: unstack shows both layers."""
+
+  @nnx.vmap(in_axes=0, out_axes=0)
+  def create_layer(key):
+    return nnx.Linear(8, 8, rngs=nnx.Rngs(key))
+
+  stacked = create_layer(jax.random.split(jax.random.key(0), 2))
+  layers = lb.unstack(stacked)
+  assert len(layers) == 2
+  x = jnp.ones((3, 8))
+  np.testing.assert_array_equal(lb.scan_layers(stacked, x), layers[1](layers[0](x)))
+  _assert_same_module(lb.stack(layers), stacked)
+
+
+# --- stack / unstack -----------------------------------------------------------------------------
+
+
+def test_stack_layout_matches_manual_stack_and_round_trips():
+  blocks = [Block(4, nnx.Rngs(i)) for i in range(3)]
+  stacked = lb.stack(blocks)
+  assert type(stacked) is Block and type(stacked.tag) is Tagged
+  assert stacked.tag.get_metadata() == blocks[0].tag.get_metadata()
+  np.testing.assert_array_equal(get(stacked.linear.kernel),
+                                np.stack([np.asarray(get(b.linear.kernel)) for b in blocks]))
+  assert get(stacked.calls).shape == (3,)
+  for original, back in zip(blocks, lb.unstack(stacked), strict=True):
+    _assert_same_module(original, back)
+
+
+def test_stack_copies_values():
+  layers = _linears(2)
+  stacked = lb.stack(layers)
+  put(layers[0].kernel, jnp.zeros((8, 8)))
+  assert float(jnp.abs(get(stacked.kernel)[0]).sum()) > 0
+
+
+_DTYPES = [np.float32, np.float16, jnp.bfloat16, np.int32, np.uint8, np.bool_]
+
+
+class Leaves(nnx.Module):
+  """A layer whose Variables have arbitrary shapes and dtypes (for the property tests)."""
+
+  def __init__(self, specs, seed):
+    rng = np.random.default_rng(seed)  # numpy data: no compilation per random shape
+    params = [nnx.Param(jnp.asarray((rng.normal(size=s) * 3).astype(d))) for s, d in specs]
+    self.params = nnx.List(params) if hasattr(nnx, "List") else params
+    self.stat = nnx.BatchStat(jnp.full((), seed, jnp.int32))
+
+
+_specs = st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=3).map(tuple),
+                            st.sampled_from(_DTYPES)), min_size=1, max_size=3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(specs=_specs, depth=st.integers(1, 5))
+def test_property_unstack_inverts_stack(specs, depth):
+  layers = [Leaves(specs, seed) for seed in range(depth)]
+  stacked = lb.stack(layers)
+  for j, (shape, dtype) in enumerate(specs):
+    value = get(stacked.params[j])
+    assert value.shape == (depth, *shape) and value.dtype == dtype
+  back = lb.unstack(stacked)
+  assert len(back) == depth
+  for original, restored in zip(layers, back):
+    _assert_same_module(original, restored)
+  _assert_same_module(lb.stack(back), stacked)
+
+
+@settings(max_examples=25, deadline=None)
+@given(specs=_specs, which=st.integers(0, 2), change=st.sampled_from(["shape", "dtype"]))
+def test_property_differing_member_names_path_and_both_shapes(specs, which, change):
+  which = which % len(specs)
+  shape, dtype = specs[which]
+  other = list(specs)
+  if change == "shape":
+    other[which] = ((*shape, 2), dtype)
+  else:
+    other[which] = (shape, np.int8)
+  new_shape, new_dtype = other[which]
+  fmt = lambda s, d: rf"{jnp.dtype(d).name}\[{','.join(map(str, s))}\]"  # noqa: E731
+  with pytest.raises(lb.StackError, match=rf"layer 1 differs from layer 0 at `params/{which}`: "
+                     rf"layer 0 has Param {fmt(shape, dtype)}, layer 1 has Param "
+                     rf"{fmt(new_shape, new_dtype)}"):
+    lb.stack([Leaves(specs, 0), Leaves(other, 1)])
+
+
+def test_stack_errors():
+  with pytest.raises(lb.StackError, match="no modules"):
+    lb.stack([])
+  with pytest.raises(lb.StackError, match="item 1 is a dict, not an NNX module"):
+    lb.stack([nnx.Linear(2, 2, rngs=nnx.Rngs(0)), {"kernel": jnp.ones((2, 2))}])
+  with pytest.raises(lb.StackError, match=r"at `in_features`(.|\n)*static 2(.|\n)*static 3"):
+    # Same Variables, different static attribute: would silently keep layer 0's.
+    a, b = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    put(b.kernel, jnp.ones((2, 2)))
+    lb.stack([a, b])
+  with pytest.raises(lb.StackError, match="layer 1 differs from layer 0 at `bias`: layer 0 has "
+                     r"Param float32\[2\], layer 1 has (static|Param) None"):
+    lb.stack([nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
+              nnx.Linear(2, 2, use_bias=False, rngs=nnx.Rngs(0))])
+
+
+def test_unstack_errors():
+  with pytest.raises(lb.StackError, match="`calls` is a scalar, so this module is not a layer"):
+    lb.unstack(Block(4, nnx.Rngs(0)))
+  with pytest.raises(lb.StackError, match=r"leading axes disagree \(`bias` has 2 layers, "
+                     r"`kernel` has 3\)"):
+    lb.unstack(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+  with pytest.raises(lb.StackError, match="expects a stacked NNX module"):
+    lb.unstack([nnx.Linear(2, 2, rngs=nnx.Rngs(0))])
+
+
+# --- lb.layer ------------------------------------------------------------------------------------
+
+
+def test_layer_concrete_index_reads_like_the_layer():
+  layers = _linears(3)
+  stacked = lb.stack(layers)
+  x = jnp.ones((2, 8))
+  for i in (0, 2, -1):
+    view = lb.layer(stacked, i)
+    assert isinstance(view, nnx.Linear) and isinstance(view.kernel, nnx.Param)
+    np.testing.assert_array_equal(view(x), layers[i](x))
+  with pytest.raises(IndexError, match="layer index 3 is out of range for a stack of 3"):
+    lb.layer(stacked, 3)
+  with pytest.raises(lb.StackError, match=r"must be an integer scalar, got float32\[\]"):
+    lb.layer(stacked, jnp.float32(1))
+
+
+def test_layer_write_updates_only_that_layer():
+  layers = _linears(3)
+  stacked = lb.stack(layers)
+  put(lb.layer(stacked, 1).kernel, jnp.full((8, 8), 7.0))
+  expected = np.stack([np.asarray(get(l.kernel)) for l in layers])
+  expected[1] = 7.0
+  np.testing.assert_array_equal(get(stacked.kernel), expected)
+
+
+def test_layer_writes_in_fori_loop_land_in_the_stack(graph):
+  blocks = [Block(4, nnx.Rngs(i)) for i in range(3)]
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  ref = x
+  for b in blocks:  # plain NNX reference: each block updates its own statistics
+    ref = b(ref, 0.5)
+  stacked = lb.stack([Block(4, nnx.Rngs(i)) for i in range(3)])
+
+  def body(i, carry):
+    s, x = carry
+    return s, lb.layer(s, i)(x, 0.5)
+
+  _, y = nnx.fori_loop(0, 3, body, (stacked, x), **graph_kw(graph))
+  np.testing.assert_array_equal(y, ref)
+  np.testing.assert_array_equal(get(stacked.calls), [1, 1, 1])
+  np.testing.assert_array_equal(get(stacked.last), np.stack([get(b.last) for b in blocks]))
+
+
+def test_layer_with_lb_fori_loop_if_available():
+  fori_loop = getattr(lb, "fori_loop", None)
+  if fori_loop is None:
+    pytest.skip("lb.fori_loop is not in this build")
+  layers = _linears(3)
+  stacked = lb.stack(layers)
+  x = jnp.ones((2, 8))
+  _, y = fori_loop(0, 3, lambda i, c: (c[0], lb.layer(c[0], i)(c[1])), (stacked, x))
+  np.testing.assert_array_equal(y, layers[2](layers[1](layers[0](x))))
+
+
+# --- lb.scan_layers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_scan_layers_equals_python_loop_and_writes_land(remat):
+  blocks = [Block(4, nnx.Rngs(i)) for i in range(3)]
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  ref = x
+  for b in blocks:
+    ref = b(ref, 0.5)
+  stacked = lb.stack([Block(4, nnx.Rngs(i)) for i in range(3)])
+  y = nnx.jit(lambda s, x: lb.scan_layers(s, x, 0.5, remat=remat))(stacked, x)
+  np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(get(stacked.calls), [1, 1, 1])
+  np.testing.assert_allclose(get(stacked.last), np.stack([get(b.last) for b in blocks]),
+                             rtol=1e-6, atol=1e-6)
+
+
+def test_scan_layers_grad_with_and_without_remat_equals_python_loop():
+  layers = _linears(3, width=4)
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+
+  def loss_list(layers):
+    y = x
+    for layer in layers:
+      y = jnp.tanh(layer(y))
+    return (y ** 2).sum()
+
+  call = lambda layer, y: jnp.tanh(layer(y))  # noqa: E731
+  ref = nnx.grad(loss_list)(layers)
+  ref_kernel = np.stack([np.asarray(get(ref[i]["kernel"])) for i in range(3)])
+  for remat in (False, True):
+    grads = nnx.grad(lambda s: (lb.scan_layers(s, x, call=call, remat=remat) ** 2).sum())(
+        lb.stack(layers))
+    np.testing.assert_allclose(get(grads["kernel"]), ref_kernel, rtol=1e-5, atol=1e-6)
+
+
+def test_scan_layers_reverse_and_errors():
+  layers = _linears(3, width=4)
+  x = jnp.ones((1, 4))
+  np.testing.assert_allclose(lb.scan_layers(lb.stack(layers), x, reverse=True),
+                             layers[0](layers[1](layers[2](x))), rtol=1e-6)
+  with pytest.raises(lb.StackError, match="lb.scan_layers: `calls` is a scalar"):
+    lb.scan_layers(Block(4, nnx.Rngs(0)), x)
