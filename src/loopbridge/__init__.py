@@ -30,6 +30,7 @@ from ._stack import unstack as unstack
 from ._to_nnx import ToNNX as ToNNX
 from ._native import lazy_init as lazy_init
 from ._native import preallocate as preallocate
+from ._sites import sow_sites as sow_sites
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,7 @@ __all__ = [
     "reset",
     "scan_layers",
     "scanned_to_layers",
+    "sow_sites",
     "stack",
     "unstack",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import typing as tp
 
@@ -24,10 +25,23 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen
 from flax import traverse_util
+from flax.core import lift as core_lift
+from flax.core import scope as core_scope
 from flax.linen import module as linen_module_lib
 
 from ._capacity import SiteKey
 from ._errors import SowMismatchError
+
+
+@dataclasses.dataclass(frozen=True)
+class Lift:
+  """A Linen lifted transform (`nn.scan`, `nn.vmap`, `nn.remat`, ...) enclosing a sow."""
+
+  kind: str  # flax's name for it: "scan", "vmap", "remat", "jit", ...
+  path: tuple[str, ...]  # Linen path of the transformed module
+  carries: bool  # whether the transform carries the sow's collection out (else Linen drops it)
+  axis: int | None  # the axis it stacks the collection along (scan/vmap), None if not/unknown
+  reverse: bool = False  # nn.scan(reverse=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +57,7 @@ class SowCall:
   dropped: bool  # Linen discarded it: the collection was not mutable in this scope
   module_type: str
   init_fn: tp.Callable[[], tp.Any] | None = dataclasses.field(compare=False, default=None)
+  lifts: tuple[Lift, ...] = ()  # enclosing lifted transforms, outermost first
 
   @property
   def site(self) -> SiteKey:
@@ -58,6 +73,7 @@ class FoundSite:
   shape: tuple[int, ...]  # one entry's shape, including axes added by nn.scan / nn.vmap
   dtype: np.dtype
   sown_shape: tuple[int, ...] | None  # the shape passed to `sow` (before lifting)
+  lifts: tuple[Lift, ...] = ()  # enclosing lifted transforms, outermost first
 
 
 @dataclasses.dataclass
@@ -77,7 +93,58 @@ def _active_logs() -> list[list[SowCall]]:
   return _local.logs
 
 
+def _active_lifts() -> list[tuple[tp.Any, ...]]:
+  """Enclosing lifted transforms of this thread: (kind, path, out filters, axes, reverse)."""
+  if not hasattr(_local, "lifts"):
+    _local.lifts = []
+  return _local.lifts
+
+
 _ORIGINAL_SOW = linen.Module.sow
+_ORIGINAL_PACK = core_lift.pack
+
+
+def _observing_pack(fn, in_variable_filters, out_variable_filters, rng_filters, name=None,
+                    enable_kwargs=False):
+  """`flax.core.lift.pack` (the building block of every Linen lifted transform), noting while
+  the transformed function runs which transform encloses it and which collections it stacks
+  along which axis."""
+  packed = _ORIGINAL_PACK(fn, in_variable_filters, out_variable_filters, rng_filters, name=name,
+                          enable_kwargs=enable_kwargs)
+  # The stacking axes are not an argument of `pack`; scan and vmap keep them in the closure of
+  # their inner function (`variable_out_axes`, aligned with the last filters). Best effort: an
+  # unknown axis stays None and is derived from the shapes later.
+  closure = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+  axes = closure.get("variable_out_axes")
+  filters = tuple(out_variable_filters)
+  if isinstance(axes, tuple) and len(axes) <= len(filters) and name in ("scan", "vmap"):
+    axes = (None,) * (len(filters) - len(axes)) + axes
+  else:
+    axes = (None,) * len(filters)
+  reverse = closure.get("reverse") is True
+
+  @functools.wraps(packed)
+  def wrapper(scope_tree, *args, **kwargs):
+    scope = scope_tree[0] if isinstance(scope_tree, (list, tuple)) and scope_tree else scope_tree
+    path = tuple(getattr(scope, "path", ()))
+    frames = _active_lifts()
+    frames.append((name or "transform", path, filters, axes, reverse))
+    try:
+      return packed(scope_tree, *args, **kwargs)
+    finally:
+      frames.pop()
+
+  return wrapper
+
+
+def _lifts_for(col: str) -> tuple[Lift, ...]:
+  lifts = []
+  for kind, path, filters, axes, reverse in _active_lifts():
+    index = next((i for i, f in enumerate(filters) if core_scope.in_filter(f, col)), None)
+    axis = axes[index] if index is not None else None
+    lifts.append(Lift(kind, path, index is not None, axis if isinstance(axis, int) else None,
+                      reverse))
+  return tuple(lifts)
 _install_lock = threading.Lock()
 _install_depth = 0
 
@@ -102,6 +169,7 @@ def _observing_sow(self, col, name, value, reduce_fn=linen_module_lib.tuple_redu
         dropped=not self.scope.is_mutable_collection(col),
         module_type=type(self).__name__,
         init_fn=init_fn,
+        lifts=_lifts_for(col),
     ))
   return _ORIGINAL_SOW(self, col, name, value, reduce_fn, init_fn)
 
@@ -113,6 +181,7 @@ def observe_sows() -> tp.Iterator[list[SowCall]]:
   with _install_lock:
     if _install_depth == 0:
       linen.Module.sow = _observing_sow
+      core_lift.pack = _observing_pack
     _install_depth += 1
   log: list[SowCall] = []
   _active_logs().append(log)
@@ -124,6 +193,7 @@ def observe_sows() -> tp.Iterator[list[SowCall]]:
       _install_depth -= 1
       if _install_depth == 0:
         linen.Module.sow = _ORIGINAL_SOW
+        core_lift.pack = _ORIGINAL_PACK
 
 
 def tuple_sow_paths(calls: tp.Iterable[SowCall]) -> set[SiteKey]:
@@ -153,6 +223,7 @@ def discover(
   recordable = tuple_sow_paths(calls)
   custom = {c.site: c for c in calls if not c.default_reduce and not c.dropped}
   sown_shapes = {c.site: c.shape for c in calls if c.default_reduce}
+  lifts = {c.site: c.lifts for c in calls if c.default_reduce}
   sites: dict[SiteKey, FoundSite] = {}
   for path, value in traverse_util.flatten_dict(updates).items():
     if path not in recordable or not isinstance(value, tuple):
@@ -166,7 +237,8 @@ def discover(
           "name, and sow arrays (one `sow` per leaf of a pytree)."
       )
     (shape, dtype), = shapes
-    sites[path] = FoundSite(path, len(value), shape, dtype, sown_shapes.get(path))
+    sites[path] = FoundSite(path, len(value), shape, dtype, sown_shapes.get(path),
+                            lifts.get(path, ()))
   dropped = []
   seen = set()
   for c in calls:

@@ -42,6 +42,7 @@ BUFFERS_ATTR = "loopbridge__buffers"
 COUNTS_ATTR = "loopbridge__counts"
 SITES_ATTR = "loopbridge__sites"
 SETTINGS_ATTR = "loopbridge__settings"
+DROPPED_ATTR = "loopbridge__dropped"  # sows Linen discarded (static: tuple of SowCall)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,7 @@ class SiteInfo:
   capacity: int
   overflow: str
   sown_shape: tuple[int, ...] | None  # shape passed to `sow` (differs when lifted by nn.scan/vmap)
+  lifts: tuple[_discovery.Lift, ...] = ()  # enclosing Linen lifted transforms, outermost first
 
   @property
   def site(self) -> SiteKey:
@@ -195,6 +197,7 @@ class ToNNX(bridge.ToNNX):
     super().__init__(module, rngs)
     self.loopbridge__settings = _Settings(_freeze_capacity(capacity), overflow)
     self.loopbridge__sites: tuple[SiteInfo, ...] | None = None
+    self.loopbridge__dropped: tuple[_discovery.SowCall, ...] = ()
     _compat.set_data_attribute(self, BUFFERS_ATTR, {})
     _compat.set_data_attribute(self, COUNTS_ATTR, {})
 
@@ -267,14 +270,22 @@ class ToNNX(bridge.ToNNX):
     except (SowMismatchError, TypeError, AttributeError):
       raise
     for call in found.dropped:
+      # Name the transform that drops it when discovery saw it (innermost non-carrying one).
+      culprit = next((f"nn.{t.kind} at '{'/'.join(t.path) or '<root>'}'"
+                      for t in reversed(call.lifts) if not t.carries),
+                     "lifted transform (nn.scan, nn.vmap, ...)")
       warnings.warn(
           f"{call.module_type} at Linen path '{'/'.join(call.module_path) or '<root>'}' sows "
           f"'{call.name}' into collection '{call.collection}', but Linen discarded it: an "
-          f"enclosing lifted transform (nn.scan, nn.vmap, ...) does not carry the "
+          f"enclosing {culprit} does not carry the "
           f"'{call.collection}' collection, so the value is silently lost. Fix: add "
           f"'{call.collection}': 0 to that transform's `variable_axes` (e.g. "
           f"nn.scan(..., variable_axes={{'params': 0, '{call.collection}': 0}})).",
           DroppedSowWarning, stacklevel=4)
+    # Kept for lb.sow_sites; without init_fn, so the static attribute stays plain data.
+    known = {c.site for c in self.loopbridge__dropped}
+    self.loopbridge__dropped = self.loopbridge__dropped + tuple(
+        dataclasses.replace(c, init_fn=None) for c in found.dropped if c.site not in known)
 
     self._loopbridge_add_accumulators(found.accumulators, variables)
     sites = sorted(found.sites)
@@ -287,7 +298,7 @@ class ToNNX(bridge.ToNNX):
     for site in sites:
       f = found.sites[site]
       info = SiteInfo(site[0], site[1:], f.shape, str(f.dtype), f.per_call, capacities[site],
-                      overflow, f.sown_shape)
+                      overflow, f.sown_shape, f.lifts)
       old = old_sites.get(site)
       same_storage = old is not None and (old.shape, old.dtype, old.capacity, old.overflow) == (
           info.shape, info.dtype, info.capacity, info.overflow)
