@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 needs_capture = pytest.mark.skipif(
     not hasattr(nnx, "capture"),
-    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.capture (added in flax 0.12)")
+    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.capture (flax 0.12.8 has it)")
 
 
 class Act(nnx.Variable):

@@ -209,11 +209,13 @@ def discover(
     *,
     method: tp.Any,
     rngs: dict[str, jax.Array],
+    capture_intermediates: tp.Any = False,
 ) -> Discovery:
   """Trace one `module.apply(..., mutable=True)` abstractly and describe its sows."""
 
   def call():
-    return module.apply(variables, *args, rngs=rngs, method=method, mutable=True, **kwargs)[1]
+    return module.apply(variables, *args, rngs=rngs, method=method, mutable=True,
+                        capture_intermediates=capture_intermediates, **kwargs)[1]
 
   with observe_sows() as calls:
     # Closing over the (concrete) inputs is fine: under eval_shape every operation is staged,

@@ -68,6 +68,7 @@ class SiteInfo:
 class _Settings:
   capacity: tp.Any  # hashable form of the capacity spec (int, tuple of items, or None)
   overflow: str
+  capture_intermediates: tp.Any = False  # Linen apply(capture_intermediates=...): bool or filter
 
 
 def _freeze_capacity(capacity):
@@ -159,6 +160,9 @@ class ToNNX(bridge.ToNNX):
       collection name, a `/`-joined sow path or a glob to an int). `lazy_init(capacity=...)`
       overrides it.
     overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
+    capture_intermediates: Linen's `apply(capture_intermediates=...)`: `True` records every
+      submodule's `__call__` output (`'intermediates'/<path>/__call__`), a filter
+      `fn(module, method_name) -> bool` chooses; recorded with capacity like any sow.
 
   Raises:
     TypeError: `module` is not a Linen module.
@@ -181,7 +185,8 @@ class ToNNX(bridge.ToNNX):
   """
 
   def __init__(self, module: linen.Module, rngs: tp.Any = None, *,
-               capacity: _capacity.CapacitySpec | None = None, overflow: str = "error"):
+               capacity: _capacity.CapacitySpec | None = None, overflow: str = "error",
+               capture_intermediates: bool | tp.Callable[[linen.Module, str], bool] = False):
     if not isinstance(module, linen.Module):
       raise TypeError(
           f"lb.ToNNX wraps a Linen module (an instance of flax.linen.Module), got "
@@ -195,7 +200,8 @@ class ToNNX(bridge.ToNNX):
     capacity = _capacity.check_capacity_spec(capacity)
     overflow = _capacity.check_overflow(overflow)
     super().__init__(module, rngs)
-    self.loopbridge__settings = _Settings(_freeze_capacity(capacity), overflow)
+    self.loopbridge__settings = _Settings(_freeze_capacity(capacity), overflow,
+                                          capture_intermediates)
     self.loopbridge__sites: tuple[SiteInfo, ...] | None = None
     self.loopbridge__dropped: tuple[_discovery.SowCall, ...] = ()
     _compat.set_data_attribute(self, BUFFERS_ATTR, {})
@@ -265,8 +271,9 @@ class ToNNX(bridge.ToNNX):
       rng_names.append("params")
     rngs = {name: jax.random.key(0) for name in rng_names if name != "default"}
     try:
-      found = _discovery.discover(module, variables, tuple(args), dict(kwargs), method=method,
-                                  rngs=rngs)
+      found = _discovery.discover(
+          module, variables, tuple(args), dict(kwargs), method=method, rngs=rngs,
+          capture_intermediates=self.loopbridge__settings.capture_intermediates)
     except (SowMismatchError, TypeError, AttributeError):
       raise
     for call in found.dropped:
@@ -366,7 +373,9 @@ class ToNNX(bridge.ToNNX):
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
     result = module.apply(variables, *args, rngs=call_rngs, method=method,
-                          mutable=apply_mutable, **kwargs)
+                          mutable=apply_mutable,
+                          capture_intermediates=self.loopbridge__settings.capture_intermediates,
+                          **kwargs)
     if apply_mutable is False:
       return result
     out, updates = result
