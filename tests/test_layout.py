@@ -1,0 +1,161 @@
+"""Checkpoint layouts: Linen nn.scan params <-> per-layer params <-> NNX stacks / lists of layers."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+from loopbridge import _compat
+
+import models
+
+DEPTH, WIDTH = 3, 8
+
+
+class UnrolledMLP(nn.Module):
+  """The same network as models.MLP, unrolled in Python: per-layer params `layers_{i}`."""
+
+  depth: int = DEPTH
+  features: int = WIDTH
+
+  @nn.compact
+  def __call__(self, x):
+    for i in range(self.depth):
+      x, _ = models.Block(self.features, name=f"layers_{i}")(x, None)
+    return x
+
+
+class NNXBlock(nnx.Module):
+  """NNX port of models.Block; the attribute is named like the Linen submodule."""
+
+  def __init__(self, features: int, rngs: nnx.Rngs):
+    self.Dense_0 = nnx.Linear(features, features, rngs=rngs)
+
+  def __call__(self, x):
+    return nnx.relu(self.Dense_0(x))
+
+
+def _linen_scanned():
+  model = models.MLP(depth=DEPTH, features=WIDTH)
+  x = jax.random.normal(jax.random.key(1), (2, WIDTH))
+  variables = model.init(jax.random.key(0), x)
+  return model, variables, x
+
+
+def _assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    assert jnp.result_type(x) == jnp.result_type(y)
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_scanned_layers_round_trips_are_exact():
+  _, variables, _ = _linen_scanned()
+  scanned = variables["params"]["ScanBlock_0"]
+  per_layer = lb.scanned_to_layers(scanned)
+  assert sorted(per_layer) == [f"layers_{i}" for i in range(DEPTH)]
+  for i in range(DEPTH):  # independent reference: index the scanned leaves directly
+    np.testing.assert_array_equal(per_layer[f"layers_{i}"]["Dense_0"]["kernel"],
+                                  scanned["Dense_0"]["kernel"][i])
+  _assert_trees_equal(lb.layers_to_scanned(per_layer), scanned)
+  named = lb.scanned_to_layers(scanned, names="block{}")
+  _assert_trees_equal(lb.layers_to_scanned(named, names="block{}"), scanned)
+  as_list = lb.scanned_to_layers(scanned, names=None)
+  _assert_trees_equal(lb.layers_to_scanned(as_list), scanned)
+  by_fn = lb.scanned_to_layers(scanned, names=lambda i: f"h{i:02d}")
+  assert sorted(by_fn) == ["h00", "h01", "h02"]
+  _assert_trees_equal(lb.layers_to_scanned(by_fn, names=lambda i: f"h{i:02d}"), scanned)
+
+
+def test_mixed_dtypes_round_trip_exactly():
+  scanned = {"a": jnp.arange(6, dtype=jnp.bfloat16).reshape(3, 2),
+             "b": {"c": jnp.arange(3, dtype=jnp.int8)}}
+  _assert_trees_equal(lb.layers_to_scanned(lb.scanned_to_layers(scanned)), scanned)
+
+
+def test_linen_scanned_checkpoint_in_nnx_port_gives_linen_outputs(graph):
+  model, variables, x = _linen_scanned()
+  expected = model.apply(variables, x)
+  scanned = variables["params"]["ScanBlock_0"]
+
+  stacked = lb.params_to_nnx(scanned, lb.stack([NNXBlock(WIDTH, nnx.Rngs(i))
+                                               for i in range(DEPTH)]))
+  np.testing.assert_allclose(lb.scan_layers(stacked, x), expected, rtol=1e-6, atol=1e-6)
+
+  def body(i, carry):
+    s, y = carry
+    return s, lb.layer(s, i)(y)
+
+  kw = {"graph": graph} if _compat.HAS_GRAPH_SWITCH else {}
+  _, y = nnx.fori_loop(0, DEPTH, body, (stacked, x), **kw)
+  np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+  layers = lb.params_to_nnx(scanned, [NNXBlock(WIDTH, nnx.Rngs(9)) for _ in range(DEPTH)])
+  y = x
+  for layer in layers:
+    y = layer(y)
+  np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+
+  # Back out: exact round trips to both Linen layouts.
+  _assert_trees_equal(lb.nnx_to_params(stacked), scanned)
+  _assert_trees_equal(lb.nnx_to_params(layers), scanned)
+  _assert_trees_equal(lb.nnx_to_params(stacked, scanned=False), lb.scanned_to_layers(scanned))
+  _assert_trees_equal(lb.nnx_to_params(layers, scanned=False, names=None),
+                      lb.scanned_to_layers(scanned, names=None))
+
+
+def test_scanned_checkpoint_runs_in_unrolled_linen_model_and_back():
+  model, variables, x = _linen_scanned()
+  per_layer = lb.scanned_to_layers(variables["params"]["ScanBlock_0"])
+  unrolled = UnrolledMLP()
+  # The unrolled model's own init has exactly this structure.
+  reference_shapes = jax.eval_shape(unrolled.init, jax.random.key(0), x)["params"]
+  assert jax.tree.structure(reference_shapes) == jax.tree.structure(per_layer)
+  np.testing.assert_array_equal(unrolled.apply({"params": per_layer}, x),
+                                model.apply(variables, x))
+  # per-layer checkpoint straight into an NNX stack.
+  stacked = lb.params_to_nnx(per_layer, lb.stack([NNXBlock(WIDTH, nnx.Rngs(i))
+                                                 for i in range(DEPTH)]))
+  np.testing.assert_allclose(lb.scan_layers(stacked, x), model.apply(variables, x),
+                             rtol=1e-6, atol=1e-6)
+
+
+def test_boxed_linen_params_are_unboxed():
+  scanned = {"kernel": nn.Partitioned(jnp.ones((2, 3)), names=("layers", None))}
+  per_layer = lb.scanned_to_layers(scanned)
+  np.testing.assert_array_equal(per_layer["layers_1"]["kernel"], jnp.ones(3))
+
+
+def test_layout_errors():
+  scanned = {"Dense_0": {"kernel": jnp.ones((3, 4, 4)), "bias": jnp.zeros((3, 4))}}
+  with pytest.raises(lb.StackError, match=r"leading axes disagree"):
+    lb.scanned_to_layers({"a": jnp.ones((3, 2)), "b": jnp.ones((2, 2))})
+  with pytest.raises(lb.StackError, match=r"`\['a'\]` is a scalar"):
+    lb.scanned_to_layers({"a": jnp.ones(())})
+  with pytest.raises(lb.StackError, match=r"names='layers' must be a format string"):
+    lb.scanned_to_layers(scanned, names="layers")
+  with pytest.raises(lb.StackError, match=r"no per-layer entries 'layers_0', 'layers_1'"):
+    lb.layers_to_scanned({"block_0": {}})
+  with pytest.raises(lb.StackError, match=r"stop at 'layers_1' but 'layers_2' exists"):
+    lb.layers_to_scanned({"layers_0": {"k": jnp.ones(2)}, "layers_2": {"k": jnp.ones(2)}})
+  with pytest.raises(lb.StackError, match=r"layer 1 differs from layer 0 at `\['k'\]`: layer 0 "
+                     r"has float32\[2\], layer 1 has float32\[3\]"):
+    lb.layers_to_scanned([{"k": jnp.ones(2)}, {"k": jnp.ones(3)}])
+
+  stacked = lb.stack([NNXBlock(4, nnx.Rngs(i)) for i in range(3)])
+  with pytest.raises(lb.StackError, match=r"has a Param at `Dense_0/(bias|kernel)` that the checkpoint "
+                     r"lacks(.|\n)*self.Dense_0 = nnx.Linear"):
+    lb.params_to_nnx({"Dense_1": scanned["Dense_0"]}, stacked)
+  with pytest.raises(lb.StackError, match=r"checkpoint has 2 layers, the NNX stack 3"):
+    lb.params_to_nnx(jax.tree.map(lambda a: a[:2], scanned), stacked)
+  with pytest.raises(lb.StackError, match=r"`Dense_0/kernel` is float32\[3, 4, 5\] in the "
+                     r"checkpoint but float32\[3, 4, 4\] in the NNX module"):
+    lb.params_to_nnx({"Dense_0": {"kernel": jnp.ones((3, 4, 5)), "bias": jnp.zeros((3, 4))}},
+                     stacked)
+  with pytest.raises(lb.StackError, match=r"checkpoint has 3 layers, the list of NNX layers 2"):
+    lb.params_to_nnx(scanned, [NNXBlock(4, nnx.Rngs(0)), NNXBlock(4, nnx.Rngs(1))])
