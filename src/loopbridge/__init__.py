@@ -19,6 +19,10 @@ from ._layout import layers_to_scanned as layers_to_scanned
 from ._layout import nnx_to_params as nnx_to_params
 from ._layout import params_to_nnx as params_to_nnx
 from ._layout import scanned_to_layers as scanned_to_layers
+from ._explain import StructureReport as StructureReport
+from ._explain import explain as explain
+from ._loops import fori_loop as fori_loop
+from ._loops import while_loop as while_loop
 from ._records import buffers as buffers
 from ._records import counts as counts
 from ._records import recorded as recorded
@@ -45,9 +49,12 @@ __all__ = [
     "SowMismatchError",
     "StackError",
     "StructureChangeError",
+    "StructureReport",
     "ToNNX",
     "buffers",
     "counts",
+    "explain",
+    "fori_loop",
     "layer",
     "layers_to_scanned",
     "lazy_init",
@@ -61,4 +68,5 @@ __all__ = [
     "sow_sites",
     "stack",
     "unstack",
+    "while_loop",
 ]

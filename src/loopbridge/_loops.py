@@ -1,0 +1,230 @@
+"""`lb.while_loop` / `lb.fori_loop`: NNX-aware loops that work on every supported flax.
+
+How they work: the carry is flattened into its NNX graph objects (modules, Variables) and its
+other leaves (arrays, Python scalars). All graph objects are split *once*, together, in graph
+mode, so modules that share a submodule (or the same module passed twice) keep sharing. The
+pure state runs through `jax.lax.while_loop` / `jax.lax.fori_loop`; the body merges it back
+into fresh objects, calls the user's body, and splits the result. After the loop the caller's
+own objects are updated in place (`nnx.update`), as the `nnx` loops do.
+
+Why not `nnx.fori_loop`: on flax 0.10 its bookkeeping of references across the body rejects
+two different modules in one carry (seed 001). Splitting the whole carry as one graph has no
+such bookkeeping to get wrong, and a structure change is caught at trace time and explained
+with `lb.explain`'s report instead of a GraphDef dump.
+
+Called outside any trace, the loop (split state in, state out) is compiled once per body
+function and carry structure and reused, so an eager call does not re-trace the body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from . import _compat
+from . import _explain
+from ._errors import StructureChangeError
+
+T = tp.TypeVar("T")
+
+# Compiled eager loops kept alive (each holds its body function); older ones are dropped.
+_CACHE_SIZE = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Everything static about one loop: hashable, so an eager call can reuse its compilation."""
+
+  kind: str  # "while" or "fori"
+  cond_fn: tp.Any
+  body_fn: tp.Any
+  graphdef: tp.Any
+  treedef: tp.Any
+  node_mask: tuple[bool, ...]
+  bounds: tuple[int, int] | None  # fori_loop bounds when both are Python ints (kept static)
+  unroll: tp.Any
+
+
+def _flatten(carry: tp.Any) -> tuple[list[tp.Any], tp.Any, tuple[bool, ...]]:
+  leaves, treedef = jax.tree_util.tree_flatten(carry, is_leaf=_explain.is_graph_object)
+  return leaves, treedef, tuple(_explain.is_graph_object(leaf) for leaf in leaves)
+
+
+def _join(plan: _Plan, nodes: tp.Sequence[tp.Any], values: tp.Sequence[tp.Any]) -> tp.Any:
+  nodes_it, values_it = iter(nodes), iter(values)
+  return plan.treedef.unflatten(
+      [next(nodes_it) if is_node else next(values_it) for is_node in plan.node_mask])
+
+
+def _avals(tree: tp.Any) -> list[tuple[tuple[int, ...], tp.Any]]:
+  return [(jnp.shape(x), jax.dtypes.result_type(x)) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def _structure_error(loop_name: str, plan: _Plan, body: tp.Callable[[tp.Any], tp.Any],
+                     state: tp.Any, values: tp.Any, detail: str) -> StructureChangeError:
+  """The readable error: `lb.explain`'s report of one step from the same carry."""
+  carry = _join(plan, nnx.merge(plan.graphdef, state), values)
+  report = _explain.explain_step(body, carry, name=_explain._body_name(plan.body_fn))
+  text = str(report) if not report.ok else (
+      f"{detail}. (lb.explain found no difference in paths, shapes, dtypes, identity or "
+      "sharing, so the difference is in Variable metadata or in the GraphDef itself.)")
+  return StructureChangeError(
+      f"{loop_name}: the body changes the structure of the loop carry, so the loop cannot carry "
+      f"it from one step to the next.\n{text}")
+
+
+def _step(loop_name: str, plan: _Plan, body: tp.Callable[[tp.Any], tp.Any], state: tp.Any,
+          values: list[tp.Any]) -> tuple[tp.Any, list[tp.Any]]:
+  """One traced step: merge, call the body, split, and check the structure is unchanged."""
+  carry = _join(plan, nnx.merge(plan.graphdef, state), values)
+  out = body(carry)
+  leaves, treedef, node_mask = _flatten(out)
+  if treedef != plan.treedef or node_mask != plan.node_mask:
+    raise _structure_error(loop_name, plan, body, state, values,
+                           f"the carry's pytree changed from {plan.treedef} to {treedef}")
+  nodes_out = [leaf for leaf, is_node in zip(leaves, node_mask) if is_node]
+  values_out = [leaf for leaf, is_node in zip(leaves, node_mask) if not is_node]
+  graphdef_out, state_out = _compat.split_graph(nodes_out)
+  if graphdef_out != plan.graphdef:
+    raise _structure_error(loop_name, plan, body, state, values, "the GraphDef changed")
+  if (jax.tree_util.tree_structure(state_out) != jax.tree_util.tree_structure(state)
+      or _avals(state_out) != _avals(state) or _avals(values_out) != _avals(values)):
+    raise _structure_error(loop_name, plan, body, state, values,
+                           "a Variable or array changed its structure, shape or dtype")
+  return state_out, values_out
+
+
+def _run(plan: _Plan, state: tp.Any, values: list[tp.Any], lower: tp.Any,
+         upper: tp.Any) -> tuple[tp.Any, list[tp.Any]]:
+  if plan.kind == "while":
+
+    def cond(val):
+      state, values = val
+      return plan.cond_fn(_join(plan, nnx.merge(plan.graphdef, state), values))
+
+    def body(val):
+      return _step("lb.while_loop", plan, plan.body_fn, *val)
+
+    return jax.lax.while_loop(cond, body, (state, values))
+
+  def fori_body(i, val):
+    return _step("lb.fori_loop", plan, lambda carry: plan.body_fn(i, carry), *val)
+
+  if plan.bounds is not None:
+    lower, upper = plan.bounds
+  return jax.lax.fori_loop(lower, upper, fori_body, (state, values), unroll=plan.unroll)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _compiled(plan: _Plan) -> tp.Callable[..., tp.Any]:
+  return jax.jit(functools.partial(_run, plan))
+
+
+def _is_traced(tree: tp.Any) -> bool:
+  return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.Any = None,
+          upper: tp.Any = None, unroll: tp.Any = None) -> tp.Any:
+  leaves, treedef, node_mask = _flatten(carry)
+  nodes = [leaf for leaf, is_node in zip(leaves, node_mask) if is_node]
+  values = [leaf for leaf, is_node in zip(leaves, node_mask) if not is_node]
+  graphdef, state = _compat.split_graph(nodes)
+  static_bounds = (kind == "fori" and type(lower) is int and type(upper) is int)  # noqa: E721
+  plan = _Plan(kind, cond_fn, body_fn, graphdef, treedef, node_mask,
+               (lower, upper) if static_bounds else None, unroll)
+  run: tp.Callable[..., tp.Any] = functools.partial(_run, plan)
+  if not _is_traced((state, values, lower, upper)):
+    try:
+      run = _compiled(plan)
+    except TypeError:  # an unhashable body or cond: run the loop without the cache
+      pass
+  state_out, values_out = run(state, values, None if static_bounds else lower,
+                              None if static_bounds else upper)
+  nnx.update(nodes, state_out)
+  return _join(plan, nodes, values_out)
+
+
+def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], carry: T, *,
+               graph: bool | None = None) -> T:
+  """`nnx.while_loop` for any carry of NNX modules and arrays, on every supported flax.
+
+  The carry may mix `lb.ToNNX` models, stock and native NNX modules (several different ones,
+  shared submodules, the same module twice), Variables, arrays and Python scalars in nested
+  tuples/lists/dicts. The caller's modules are updated in place, as with `nnx.while_loop`.
+  Outside a trace the loop is compiled once per body/condition and carry structure and
+  reused (as with `jax.jit`, values the body reads from globals are fixed at that trace).
+
+  Args:
+    cond_fn: `carry -> bool` scalar; the loop runs while it is true.
+    body_fn: `carry -> carry`, keeping the carry's structure.
+    carry: the initial carry.
+    graph: accepted so calls written for flax 0.11+'s `nnx.while_loop(..., graph=...)` run
+      unchanged; the carry is always split as one graph (shared references kept), so True and
+      False behave the same.
+
+  Returns:
+    The final carry (its modules are the caller's objects, updated).
+
+  Raises:
+    StructureChangeError: the body changes the carry's structure (paths, shapes, dtypes,
+      sharing, sow tuples growing); the message is `lb.explain`'s report with the fix.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import nnx
+    >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    >>> def body(carry):
+    ...   model, x, n = carry
+    ...   return model, model(x), n + 1
+    >>> _, y, n = lb.while_loop(lambda c: c[2] < 3, body, (model, jnp.ones((1, 2)), 0))
+    >>> int(n), y.shape
+    (3, (1, 2))
+  """
+  del graph  # documented above: both modes give the same result here
+  return _loop("while", cond_fn, body_fn, carry)
+
+
+def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
+              body_fn: tp.Callable[[tp.Any, T], T], carry: T, *,
+              unroll: int | bool | None = None, graph: bool | None = None) -> T:
+  """`nnx.fori_loop` for any carry of NNX modules and arrays, on every supported flax.
+
+  Works where `nnx.fori_loop` of flax 0.10 fails, e.g. two different models in one carry. The
+  carry may mix `lb.ToNNX` models, stock and native NNX modules, shared submodules, Variables,
+  arrays and Python scalars; the caller's modules are updated in place. With Python-int bounds
+  the trip count is static (as in `jax.lax.fori_loop`). Outside a trace the loop is compiled
+  once per body and carry structure and reused.
+
+  Args:
+    lower: first index (inclusive).
+    upper: last index (exclusive).
+    body_fn: `(i, carry) -> carry`, keeping the carry's structure.
+    carry: the initial carry.
+    unroll: as for `jax.lax.fori_loop`.
+    graph: accepted so calls written for flax 0.11+'s `nnx.fori_loop(..., graph=...)` run
+      unchanged; the carry is always split as one graph, so True and False behave the same.
+
+  Returns:
+    The final carry (its modules are the caller's objects, updated).
+
+  Raises:
+    StructureChangeError: the body changes the carry's structure; the message is
+      `lb.explain`'s report with the fix.
+
+  Example:
+    >>> import jax, loopbridge as lb
+    >>> from flax import nnx
+    >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(jax.random.PRNGKey(0)))
+    >>> model2 = nnx.Linear(2, 2, rngs=nnx.Rngs(jax.random.PRNGKey(1)))
+    >>> out = lb.fori_loop(0, 10, lambda i, x: x, (model, model2))
+    >>> out[0] is model and out[1] is model2
+    True
+  """
+  del graph  # documented above: both modes give the same result here
+  return _loop("fori", None, body_fn, carry, lower, upper, unroll)
