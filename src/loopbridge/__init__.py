@@ -12,6 +12,7 @@ from ._errors import CapacityError as CapacityError
 from ._errors import DroppedSowWarning as DroppedSowWarning
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotInitializedError as NotInitializedError
+from ._errors import ShardingError as ShardingError
 from ._errors import SowMismatchError as SowMismatchError
 from ._errors import StackError as StackError
 from ._errors import StructureChangeError as StructureChangeError
@@ -28,6 +29,7 @@ from ._records import counts as counts
 from ._records import recorded as recorded
 from ._records import reset as reset
 from ._scan_layers import scan_layers as scan_layers
+from ._sharding import shard_buffers as shard_buffers
 from ._stack import layer as layer
 from ._stack import stack as stack
 from ._stack import unstack as unstack
@@ -46,6 +48,7 @@ __all__ = [
     "DroppedSowWarning",
     "LoopbridgeError",
     "NotInitializedError",
+    "ShardingError",
     "SowMismatchError",
     "StackError",
     "StructureChangeError",
@@ -65,6 +68,7 @@ __all__ = [
     "reset",
     "scan_layers",
     "scanned_to_layers",
+    "shard_buffers",
     "sow_sites",
     "stack",
     "unstack",

@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from . import _compat
+from . import _sharding
 from ._errors import BufferOverflowError, SowMismatchError
 
 COUNT_DTYPE = jnp.int32
@@ -39,7 +40,9 @@ def new_buffer(capacity: int, shape: tp.Sequence[int], dtype: tp.Any, overflow: 
   value = jnp.zeros((capacity, *shape), dtype)
   if sharding is not None:
     value = jax.device_put(value, sharding)
-  return Buffer(value, overflow=overflow)
+  # A NamedSharding is also kept as NNX partitioning metadata: writes re-apply it (see
+  # `_sharding`), and `nnx.get_partition_spec` sees it like a param's.
+  return Buffer(value, overflow=overflow, **_sharding.buffer_metadata(sharding))
 
 
 def new_count() -> Count:
@@ -79,7 +82,7 @@ def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str
     return
   for value in values:
     check_value(buffer, value, label)
-  buf = _compat.variable_value(buffer)
+  buf = _sharding.constrain(buffer, _compat.variable_value(buffer))
   start = _compat.variable_value(count)
   capacity = buf.shape[0]
   policy = overflow_of(buffer)
@@ -94,14 +97,14 @@ def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str
       kept = jax.lax.dynamic_index_in_dim(buf, slot, 0, keepdims=False)
       buf = jax.lax.dynamic_update_index_in_dim(
           buf, jnp.where(index < capacity, value, kept), slot, 0)
-  _compat.set_variable_value(buffer, buf)
+  _compat.set_variable_value(buffer, _sharding.constrain(buffer, buf))
   _compat.set_variable_value(count, start + jnp.asarray(len(values), COUNT_DTYPE))
 
 
 def reset(buffer: Buffer, count: Count) -> None:
   """Count back to zero and slots cleared, without changing any shape (works inside loops)."""
   buf = _compat.variable_value(buffer)
-  _compat.set_variable_value(buffer, jnp.zeros_like(buf))
+  _compat.set_variable_value(buffer, _sharding.constrain(buffer, jnp.zeros_like(buf)))
   # zeros_like: counts of stacked native layers have the stack axes (shape-stable reset).
   _compat.set_variable_value(count, jnp.zeros_like(_compat.variable_value(count)))
 

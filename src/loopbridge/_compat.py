@@ -325,3 +325,35 @@ def state_leaf_type(leaf: tp.Any) -> type:
   if type(leaf).__name__ == "VariableState":
     return leaf.type
   return type(leaf)
+
+
+# flax 0.12 stores a Variable's partitioning under the metadata key `out_sharding` (and warns
+# that `sharding` is deprecated); flax 0.10 stores it under `sharding`. Both read it back in
+# `nnx.get_partition_spec`, so buffers carrying it are sharded by the standard NNX recipe.
+_SHARDING_KEY = "out_sharding" if hasattr(nnx, "use_eager_sharding") else "sharding"
+
+
+def sharding_metadata(names: tp.Sequence[tp.Any], mesh: tp.Any) -> dict[str, tp.Any]:
+  """Variable metadata that records a partitioning (mesh axis names per axis) and its mesh."""
+  return {_SHARDING_KEY: tuple(names), "mesh": mesh}
+
+
+def variable_sharding(variable: nnx.Variable) -> tuple[tuple[tp.Any, ...] | None, tp.Any]:
+  """(mesh axis names per axis, mesh) recorded in a Variable's metadata, or (None, None)."""
+  if hasattr(variable, "get_metadata"):  # 0.12
+    metadata = variable.get_metadata()
+  else:  # 0.10 keeps metadata as plain instance attributes
+    metadata = vars(variable)
+  names = metadata.get(_SHARDING_KEY)
+  return (tuple(names) if names is not None else None), metadata.get("mesh")
+
+
+def mesh_context(mesh: tp.Any) -> tp.ContextManager[tp.Any]:
+  """Make `mesh` the current mesh (what Linen's `nn.Partitioned` and flax's eager sharding read).
+
+  jax >= 0.7 has `jax.set_mesh`; jax 0.5 uses the mesh itself as the (legacy) context that
+  `flax.core.meta` 0.10 checks before constraining partitioned params.
+  """
+  if hasattr(jax, "set_mesh"):
+    return jax.set_mesh(mesh)
+  return mesh

@@ -34,3 +34,7 @@ class DroppedSowWarning(UserWarning):
 
 class StackError(LoopbridgeError, ValueError):
   """Modules that cannot be stacked (they differ), or a module that is not a layer stack."""
+
+
+class ShardingError(LoopbridgeError, ValueError):
+  """A buffer sharding that cannot be used (a mesh axis that does not divide the axis, ...)."""

@@ -32,6 +32,7 @@ from . import _buffers
 from . import _capacity
 from . import _compat
 from . import _discovery
+from . import _sharding
 from ._capacity import SiteKey, site_label
 from ._errors import (DroppedSowWarning, NotInitializedError, SowMismatchError,
                       StructureChangeError)
@@ -302,6 +303,8 @@ class ToNNX(bridge.ToNNX):
     buffers = getattr(self, BUFFERS_ATTR)
     counts = getattr(self, COUNTS_ATTR)
     new_infos = dict(old_sites)
+    shardings = _sharding.infer_buffer_shardings(
+        args, kwargs, {s: (found.sites[s].shape, found.sites[s].sown_shape) for s in sites})
     for site in sites:
       f = found.sites[site]
       info = SiteInfo(site[0], site[1:], f.shape, str(f.dtype), f.per_call, capacities[site],
@@ -311,7 +314,7 @@ class ToNNX(bridge.ToNNX):
           info.shape, info.dtype, info.capacity, info.overflow)
       if not same_storage:
         _set_nested(buffers, site, _buffers.new_buffer(info.capacity, info.shape, f.dtype,
-                                                       overflow))
+                                                       overflow, shardings.get(site)))
         _set_nested(counts, site, _buffers.new_count())
       new_infos[site] = info
     _compat.set_data_attribute(self, BUFFERS_ATTR, buffers)

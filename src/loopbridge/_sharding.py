@@ -1,0 +1,248 @@
+"""How record buffers are laid out on a device mesh: chosen at declaration, kept in loops.
+
+A buffer is `(capacity, *value_shape)`; it is sharded like the value it records, with the
+capacity axis never sharded, so per-device buffer bytes shrink with the mesh. The layout is
+stored on the `Buffer` Variable as standard NNX partitioning metadata (the same key
+`nnx.get_partition_spec` reads for params), and every in-place write re-applies it as a
+sharding constraint, so XLA's propagation inside a jitted loop cannot move it.
+
+How a layout is chosen, in order:
+1. By inference when `lb.lazy_init` / `lb.preallocate` declares a buffer: if a sample argument
+   is a concrete `jax.Array` whose leading (batch) axis is sharded by a `NamedSharding`, every
+   sown value whose own leading axis has the same size is sharded the same way along that axis
+   (axes added by `nn.scan`/`nn.vmap` are skipped). Everything else stays unsharded. A value
+   whose leading axis merely happens to have the batch size is sharded too; that changes the
+   layout only, never a recorded value.
+2. Explicitly, after declaration, with `lb.shard_buffers(model, spec, mesh=mesh)`, which
+   overrides the inferred layout for the buffers it names. Re-declaring a buffer with
+   `lb.preallocate` (new shape/capacity) infers again: call `shard_buffers` after it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import typing as tp
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from . import _compat
+from ._errors import ShardingError
+
+SpecLike = tp.Union[PartitionSpec, NamedSharding, None]
+ShardingSpec = tp.Union[SpecLike, tp.Mapping[str, SpecLike],
+                        tp.Callable[[str, tp.Tuple[int, ...]], SpecLike]]
+
+
+def _batch_axes(args: tp.Any, kwargs: tp.Any) -> dict[int, tuple[tp.Any, tp.Any]]:
+  """{leading-axis size: (mesh axes, mesh)} for every concrete arg sharded along axis 0."""
+  found: dict[int, tuple[tp.Any, tp.Any]] = {}
+  for leaf in jax.tree_util.tree_leaves((args, kwargs)):
+    if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer) or leaf.ndim == 0:
+      continue
+    sharding = getattr(leaf, "sharding", None)
+    if not isinstance(sharding, NamedSharding) or len(sharding.spec) == 0:
+      continue
+    axes = sharding.spec[0]
+    if axes is None or _axes_size(sharding.mesh, axes) == 1:
+      continue
+    found.setdefault(int(leaf.shape[0]), (axes, sharding.mesh))
+  return found
+
+
+def _axes_size(mesh: tp.Any, axes: tp.Any) -> int:
+  names = axes if isinstance(axes, tuple) else (axes,)
+  return math.prod(mesh.shape[n] for n in names)
+
+
+def _leading_axis_position(shape: tuple[int, ...], sown_shape: tuple[int, ...] | None) -> int | None:
+  """Where the sown value's axis 0 sits in the recorded value (lifted transforms add axes)."""
+  if not sown_shape or not shape:
+    return None
+  lifted = len(shape) - len(sown_shape)
+  if lifted >= 0 and tuple(shape[lifted:]) == tuple(sown_shape):
+    return lifted  # lifted axes in front (nn.scan/nn.vmap with axis 0)
+  if shape[0] == sown_shape[0]:
+    return 0
+  return None
+
+
+def infer_buffer_shardings(args: tp.Any, kwargs: tp.Any,
+                           sites: tp.Mapping[tp.Any, tuple[tuple[int, ...], tuple[int, ...] | None]]
+                           ) -> dict[tp.Any, NamedSharding]:
+  """Buffer shardings inferred from batch-sharded sample args (rule 1 of the module doc).
+
+  `sites` maps a site to (recorded value shape, shape passed to `sow`). Sites left out of the
+  result stay unsharded.
+  """
+  batch = _batch_axes(args, kwargs)
+  if not batch:
+    return {}
+  out = {}
+  for site, (shape, sown_shape) in sites.items():
+    position = _leading_axis_position(tuple(shape), sown_shape)
+    if position is None or sown_shape[0] not in batch:
+      continue
+    axes, mesh = batch[sown_shape[0]]
+    spec = [None] * len(shape)
+    spec[position] = axes
+    out[site] = NamedSharding(mesh, PartitionSpec(None, *spec))
+  return out
+
+
+def buffer_metadata(sharding: tp.Any) -> dict[str, tp.Any]:
+  """Variable metadata recording a buffer's NamedSharding (empty for other shardings)."""
+  if not isinstance(sharding, NamedSharding):
+    return {}
+  return _compat.sharding_metadata(tuple(sharding.spec), sharding.mesh)
+
+
+def constrain(variable: tp.Any, value: tp.Any) -> tp.Any:
+  """`value` constrained to the layout recorded on `variable` (unchanged if it has none)."""
+  names, mesh = _compat.variable_sharding(variable)
+  if names is None or mesh is None:
+    return value
+  return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, PartitionSpec(*names)))
+
+
+def _value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: tp.Any
+                    ) -> NamedSharding:
+  """The buffer sharding for a value-level spec: capacity axis prepended, unsharded."""
+  if isinstance(spec, NamedSharding):
+    mesh, spec = spec.mesh, spec.spec
+  elif spec is None:
+    spec = PartitionSpec()
+  elif not isinstance(spec, PartitionSpec):
+    raise ShardingError(
+        f"the sharding given for buffer {label} is a {type(spec).__name__}; loopbridge takes a "
+        "jax.sharding.PartitionSpec or NamedSharding of the recorded value (without the "
+        "capacity axis), or None for replicated. Fix: e.g. PartitionSpec('data', None).")
+  if mesh is None:
+    raise ShardingError(
+        f"a PartitionSpec was given for buffer {label} but no mesh. Why: a PartitionSpec names "
+        "mesh axes, so the mesh must be known to place the buffer. Fix: pass "
+        "lb.shard_buffers(model, spec, mesh=mesh), or give a NamedSharding(mesh, spec).")
+  if len(spec) > len(value_shape):
+    raise ShardingError(
+        f"the spec {spec} for buffer {label} has {len(spec)} entries but the recorded value has "
+        f"shape {value_shape} ({len(value_shape)} axes). Why: the spec describes the recorded "
+        "value; loopbridge adds the (unsharded) capacity axis itself. Fix: one entry per value "
+        "axis at most, e.g. PartitionSpec('data').")
+  for axis, axes in enumerate(spec):
+    if axes is None:
+      continue
+    names = axes if isinstance(axes, tuple) else (axes,)
+    unknown = [n for n in names if n not in mesh.shape]
+    if unknown:
+      raise ShardingError(
+          f"buffer {label}: mesh axis {unknown[0]!r} in {spec} is not an axis of the mesh "
+          f"{dict(mesh.shape)}. Fix: use one of {list(mesh.shape)}.")
+    size = _axes_size(mesh, axes)
+    if value_shape[axis] % size:
+      raise ShardingError(
+          f"buffer {label} records values of shape {value_shape}; axis {axis} (size "
+          f"{value_shape[axis]}) is split over mesh axes {axes!r} of total size {size}, which "
+          f"does not divide {value_shape[axis]}. Why: every device must hold an equal slice of "
+          f"the buffer. Fix: make that axis (e.g. the batch) a multiple of {size}, use a mesh "
+          "whose axes divide it, or leave the axis unsharded (None in the spec).")
+  return NamedSharding(mesh, PartitionSpec(None, *spec))
+
+
+def _key_matches(key: str, site: tuple[str, ...]) -> bool:
+  path = "/".join(site[1:])
+  if key == path or key == site[0]:
+    return True
+  return any(c in key for c in "*?[") and fnmatch.fnmatchcase(path, key)
+
+
+def shard_buffers(model: tp.Any, sharding: ShardingSpec, *, mesh: tp.Any = None) -> tp.Any:
+  """Place a model's record buffers on a device mesh, overriding the inferred layout.
+
+  Each spec describes the *recorded value's* axes (what one `sow` stores, including axes
+  added by `nn.scan`); loopbridge prepends the unsharded capacity axis. The layout is kept
+  as the buffer's NNX partitioning metadata (so `nnx.get_partition_spec(nnx.state(model))`
+  agrees) and re-applied on every write, so it survives jitted loops.
+
+  Args:
+    model: an `lb.ToNNX` (or an NNX module holding some) after `lazy_init`/`preallocate`.
+    sharding: one of
+      - a `PartitionSpec` / `NamedSharding` (or `None`: replicated) for every buffer;
+      - a mapping whose keys are a collection name, a `/`-joined sow path or a glob of one
+        (as for `capacity=`) to such a spec; buffers no key names keep their layout;
+      - a callable `(site, value_shape) -> spec`, `site` like `"intermediates/x"`.
+    mesh: the mesh a `PartitionSpec` refers to (not needed for `NamedSharding`s).
+
+  Returns:
+    `model`, with its buffers moved (recorded values and counts are kept).
+
+  Raises:
+    ShardingError: no mesh for a `PartitionSpec`, an unknown mesh axis, a spec longer than
+      the value, a mesh axis that does not divide the axis it splits, or a mapping key that
+      names no buffer.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, numpy as np, loopbridge as lb
+    >>> from jax.sharding import Mesh, PartitionSpec as P
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones((4, 2)), capacity=3)
+    >>> _ = lb.shard_buffers(model, {"x": P("data")}, mesh=mesh)
+    >>> tuple(lb.buffers(model)["intermediates"]["x"].sharding.spec)
+    (None, 'data')
+  """
+  from . import _buffers
+  from . import _records
+
+  keys_used: set[str] = set()
+  found_any = False
+  for root_path, recorder in _records.iter_recorders(model):
+    buffers = getattr(recorder, _records.BUFFERS_ATTR)
+    for site, buffer, _ in _records._pairs(buffers, getattr(recorder, _records.COUNTS_ATTR)):
+      found_any = True
+      label = "/".join(map(str, (*root_path, *site)))
+      value = _compat.variable_value(buffer)
+      value_shape = tuple(value.shape[1:])
+      if isinstance(sharding, tp.Mapping):
+        keys = [k for k in sharding if _key_matches(k, site)]
+        if not keys:
+          continue
+        # The most specific key wins, as for capacity: exact path, then glob, then collection.
+        path = "/".join(site[1:])
+        key = (path if path in keys else
+               next((k for k in keys if k != site[0]), keys[0]))
+        keys_used.update(keys)
+        spec = sharding[key]
+      elif callable(sharding) and not isinstance(sharding, (PartitionSpec, NamedSharding)):
+        spec = sharding("/".join(site), value_shape)
+      else:
+        spec = sharding
+      target = _value_sharding(label, value_shape, spec, mesh)
+      new = _buffers.Buffer(jax.device_put(value, target), overflow=buffer.overflow,
+                            **buffer_metadata(target))
+      node = buffers
+      for key_ in site[:-1]:
+        node = node[key_]
+      node[site[-1]] = new
+    _compat.set_data_attribute(recorder, _records.BUFFERS_ATTR, buffers)
+  if isinstance(sharding, tp.Mapping):
+    unused = [k for k in sharding if k not in keys_used]
+    if unused or not found_any:
+      raise ShardingError(
+          f"buffer sharding key(s) {unused} name no buffer of this model. Why: a key that "
+          "matches nothing is usually a typo and would leave a buffer on the wrong devices. "
+          "Keys are a collection name, a '/'-joined sow path inside it, or a glob; the buffers "
+          f"are: {sorted('/'.join(s) for s in _all_sites(model))}.")
+  return model
+
+
+def _all_sites(model: tp.Any) -> list[tuple[str, ...]]:
+  from . import _records
+
+  return [site for _, rec in _records.iter_recorders(model)
+          for site, _, _ in _records._pairs(getattr(rec, _records.BUFFERS_ATTR),
+                                            getattr(rec, _records.COUNTS_ATTR))]

@@ -1,0 +1,270 @@
+"""Sharded recording on a device mesh: buffers laid out like the values they record.
+
+Needs 8 devices, so it runs in its own process (see `SHARDING_COMMAND` in conftest.py):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m pytest -q -m sharding \
+      tests/test_sharding.py tests/test_bad_inputs.py
+In the default single-device run every test here is skipped with that command as the reason.
+
+Reference: the same Linen module applied step by step on one device with plain
+`apply(mutable=['intermediates'])`. The sharded run partitions matmuls differently, so floats
+are compared with rtol=atol=1e-5 (float32 round-off); counts exactly.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import loopbridge as lb
+from loopbridge import _compat
+
+from conftest import SHARDING_COMMAND, SHARDING_DEVICES, graph_kw
+
+pytestmark = [
+    pytest.mark.sharding,
+    pytest.mark.skipif(jax.device_count() < SHARDING_DEVICES,
+                       reason=f"needs {SHARDING_DEVICES} devices, found {jax.device_count()}; "
+                       f"run: {SHARDING_COMMAND}"),
+]
+
+BATCH, FEATURES, DEPTH, STEPS, CAPACITY = 8, 8, 2, 3, 4
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _partitioned(init, names, logical):
+  return nn.with_logical_partitioning(init, names) if logical else nn.with_partitioning(init, names)
+
+
+def _dense(logical):
+  """Dense with every param annotated: Linen pins annotated params under the mesh; params
+  without metadata are laid out by XLA's propagation, as in plain Linen."""
+  names = ("embed", "mlp") if logical else (None, "model")
+  return nn.Dense(FEATURES,
+                  kernel_init=_partitioned(nn.initializers.lecun_normal(), names, logical),
+                  bias_init=_partitioned(nn.initializers.zeros_init(), names[1:], logical))
+
+
+class Block(nn.Module):
+  logical: bool = False
+
+  @nn.compact
+  def __call__(self, carry, _):
+    carry = nn.relu(_dense(self.logical)(carry))
+    self.sow("intermediates", "carry", carry)
+    return carry, None
+
+
+class Net(nn.Module):
+  """Partitioned params (mesh axes or logical names), a top-level sow and one in nn.scan."""
+
+  logical: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "x", x)
+    h = _dense(self.logical)(x)
+    self.sow("intermediates", "h", h)
+    carry, _ = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
+                       split_rngs={"params": True}, length=DEPTH,
+                       metadata_params={nn.PARTITION_NAME: None})(self.logical)(h, None)
+    return carry
+
+
+LOGICAL_RULES = (("batch", "data"), ("embed", None), ("mlp", "model"))
+
+
+@pytest.fixture(scope="module")
+def mesh():
+  return Mesh(np.array(jax.devices()[:SHARDING_DEVICES]).reshape(4, 2), ("data", "model"))
+
+
+def _context(mesh, logical):
+  import contextlib
+
+  stack = contextlib.ExitStack()
+  stack.enter_context(_compat.mesh_context(mesh))
+  if logical:
+    stack.enter_context(nn.logical_axis_rules(LOGICAL_RULES))
+  return stack
+
+
+def _shard_params(model, mesh, logical):
+  """Place every Variable by its partitioning metadata (what `nnx.get_partition_spec` does;
+  done by hand because flax 0.10's version fails on bridged logical params)."""
+  for _, node in _compat.iter_graph(model):
+    if not isinstance(node, nnx.Variable):
+      continue
+    names, _ = _compat.variable_sharding(node)
+    if names is None:
+      spec = P()
+    elif logical and isinstance(node, nnx.Param):
+      spec = nn.logical_to_mesh_axes(names, LOGICAL_RULES)
+    else:
+      spec = P(*names)
+    value = _compat.variable_value(node)
+    _compat.set_variable_value(node, jax.device_put(value, NamedSharding(mesh, spec)))
+
+
+def _array_shardings(tree):
+  return {jax.tree_util.keystr(path): leaf.sharding
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _spec_equal(array, mesh, spec):
+  return array.sharding.is_equivalent_to(NamedSharding(mesh, spec), array.ndim)
+
+
+def _inputs():
+  return jax.random.normal(jax.random.key(1), (STEPS, BATCH, 4))
+
+
+def _reference(logical, params, xs):
+  """Single device, plain Linen, one apply per step (the params copied to host first)."""
+  params = jax.device_get(params)
+  inters = []
+  for x in np.asarray(xs):
+    _, state = Net(logical).apply({"params": params}, jnp.asarray(x), mutable=["intermediates"])
+    inters.append(state["intermediates"])
+  return {
+      "x": np.stack([t["x"][0] for t in inters]),
+      "h": np.stack([t["h"][0] for t in inters]),
+      "carry": np.stack([t["ScanBlock_0"]["carry"][0] for t in inters]),
+  }
+
+
+def _build(mesh, logical):
+  x_sharding = NamedSharding(mesh, P("data", None))
+  xs = _inputs()
+  with _context(mesh, logical):
+    model = lb.ToNNX(Net(logical), rngs=nnx.Rngs(0))
+    lb.lazy_init(model, jax.device_put(xs[0], x_sharding), capacity=CAPACITY)
+  _shard_params(model, mesh, logical)
+  return model, jax.device_put(xs, NamedSharding(mesh, P(None, "data", None)))
+
+
+def _loop(model, xs, mesh, logical, graph):
+  @nnx.jit(**graph_kw(graph))
+  def run(model, xs):
+    def cond(carry):
+      return carry[2] < STEPS
+
+    def body(carry):
+      m, xs, i = carry
+      m(xs[i], mutable=True)
+      return m, xs, i + 1
+
+    # The model is updated in place (tree mode: returning it again would be an alias).
+    _, _, steps = nnx.while_loop(cond, body, (model, xs, 0), **graph_kw(graph))
+    return steps
+
+  with _context(mesh, logical):
+    assert int(run(model, xs)) == STEPS
+
+
+@pytest.mark.parametrize("logical", [False, True], ids=["mesh-axes", "logical-rules"])
+def test_inferred_buffer_sharding_survives_jitted_while_loop(mesh, logical, graph):
+  model, xs = _build(mesh, logical)
+  params_before = _array_shardings(nnx.state(model, nnx.Param))
+  bufs = lb.buffers(model)["intermediates"]
+  # Sharded like the recorded value along the batch axis; capacity (and nn.scan) axes not.
+  expected = {"x": P(None, "data", None), "h": P(None, "data", None),
+              "carry": P(None, None, "data", None)}
+  got = {"x": bufs["x"], "h": bufs["h"], "carry": bufs["ScanBlock_0"]["carry"]}
+  for name, spec in expected.items():
+    assert _spec_equal(got[name], mesh, spec), (name, got[name].sharding)
+    # Per-device bytes shrink with the 4-way data axis.
+    assert got[name].addressable_shards[0].data.nbytes * 4 == got[name].nbytes
+
+  _loop(model, xs, mesh, logical, graph)
+
+  bufs = lb.buffers(model)["intermediates"]
+  got = {"x": bufs["x"], "h": bufs["h"], "carry": bufs["ScanBlock_0"]["carry"]}
+  for name, spec in expected.items():
+    assert _spec_equal(got[name], mesh, spec), (name, got[name].sharding)
+  params_after = _array_shardings(nnx.state(model, nnx.Param))
+  assert params_after.keys() == params_before.keys()
+  for key, sharding in params_before.items():
+    if logical and "ScanBlock_0" in key:
+      # Linen constrains logically partitioned params per nn.scan slice only; on flax 0.10
+      # XLA then may lay the stacked array out differently. Records are still checked below.
+      continue
+    assert params_after[key].is_equivalent_to(sharding, 3), (key, params_after[key], sharding)
+  kernel = nnx.state(model, nnx.Param)["Dense_0"]["kernel"]
+  kernel = _compat.variable_value(kernel) if isinstance(kernel, nnx.Variable) else kernel.value
+  assert _spec_equal(kernel, mesh, P(None, "model"))
+
+  counts = lb.counts(model)["intermediates"]
+  assert int(counts["x"]) == int(counts["ScanBlock_0"]["carry"]) == STEPS
+  rec = lb.recorded(model)["intermediates"]
+  ref = _reference(logical, nnx.state(model, nnx.Param).to_pure_dict(), xs)
+  np.testing.assert_allclose(rec["x"], ref["x"], **TOL)
+  np.testing.assert_allclose(rec["h"], ref["h"], **TOL)
+  np.testing.assert_allclose(rec["ScanBlock_0"]["carry"], ref["carry"], **TOL)
+
+
+def test_partition_spec_of_state_includes_buffers(mesh):
+  """`nnx.get_partition_spec` sees the buffer layout, so the standard recipe keeps it."""
+  model, _ = _build(mesh, logical=False)
+  specs = nnx.get_partition_spec(nnx.state(model, lb.Buffer)).to_pure_dict()
+  assert tuple(specs["loopbridge__buffers"]["intermediates"]["x"]) == (None, "data", None)
+  assert tuple(specs["loopbridge__buffers"]["intermediates"]["ScanBlock_0"]["carry"]) == (
+      None, None, "data", None)
+
+
+def test_replicated_inputs_leave_buffers_unsharded(mesh):
+  with _compat.mesh_context(mesh):
+    model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
+    lb.lazy_init(model, _inputs()[0], capacity=CAPACITY)
+  buf = lb.buffers(model)["intermediates"]["x"]
+  assert buf.addressable_shards[0].data.nbytes == buf.nbytes
+
+
+def test_shard_buffers_override_mapping(mesh, graph):
+  model, xs = _build(mesh, logical=False)
+  lb.shard_buffers(model, {"h": P("data", "model"), "ScanBlock_0/*": P(None, None, "model")},
+                   mesh=mesh)
+  bufs = lb.buffers(model)["intermediates"]
+  assert _spec_equal(bufs["h"], mesh, P(None, "data", "model"))
+  assert _spec_equal(bufs["ScanBlock_0"]["carry"], mesh, P(None, None, None, "model"))
+  assert _spec_equal(bufs["x"], mesh, P(None, "data", None))  # no key: inferred layout kept
+  assert bufs["h"].addressable_shards[0].data.nbytes * 8 == bufs["h"].nbytes
+
+  _loop(model, xs, mesh, False, graph)
+  bufs = lb.buffers(model)["intermediates"]
+  assert _spec_equal(bufs["h"], mesh, P(None, "data", "model"))
+  assert _spec_equal(bufs["ScanBlock_0"]["carry"], mesh, P(None, None, None, "model"))
+  rec = lb.recorded(model)["intermediates"]
+  ref = _reference(False, nnx.state(model, nnx.Param).to_pure_dict(), xs)
+  np.testing.assert_allclose(rec["h"], ref["h"], **TOL)
+  np.testing.assert_allclose(rec["ScanBlock_0"]["carry"], ref["carry"], **TOL)
+
+
+def test_shard_buffers_callable_and_reset_keep_layout(mesh):
+  model, xs = _build(mesh, logical=False)
+
+  def rule(site, value_shape):
+    # Shard the feature axis of every value; `site` is e.g. "intermediates/ScanBlock_0/carry".
+    return P(*([None] * (len(value_shape) - 1)), "model")
+
+  lb.shard_buffers(model, rule, mesh=mesh)
+  with _compat.mesh_context(mesh):
+    model(xs[0])
+    lb.reset(model)
+  buf = lb.buffers(model)["intermediates"]["x"]
+  assert _spec_equal(buf, mesh, P(None, None, None)) is False
+  assert _spec_equal(buf, mesh, P(None, None, "model"))
+  assert int(lb.counts(model)["intermediates"]["x"]) == 0
+
+
+def test_shard_buffers_rejects_uneven_split(mesh):
+  with _compat.mesh_context(mesh):
+    model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
+    lb.lazy_init(model, jnp.ones((6, 4)), capacity=CAPACITY)
+  with pytest.raises(lb.ShardingError, match=r"axis 0 \(size 6\).*'data'.*does not divide"):
+    lb.shard_buffers(model, {"x": P("data")}, mesh=mesh)
