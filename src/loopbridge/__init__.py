@@ -7,6 +7,8 @@ and `nnx.scan`, recording every sown value into preallocated buffers.
 
 from ._buffers import Buffer as Buffer
 from ._buffers import Count as Count
+from ._compiled import CompiledStep as CompiledStep
+from ._compiled import compile_step as compile_step
 from ._errors import BufferOverflowError as BufferOverflowError
 from ._errors import CapacityError as CapacityError
 from ._errors import DroppedSowWarning as DroppedSowWarning
@@ -44,6 +46,7 @@ __all__ = [
     "Buffer",
     "BufferOverflowError",
     "CapacityError",
+    "CompiledStep",
     "Count",
     "DroppedSowWarning",
     "LoopbridgeError",
@@ -55,6 +58,7 @@ __all__ = [
     "StructureReport",
     "ToNNX",
     "buffers",
+    "compile_step",
     "counts",
     "explain",
     "fori_loop",

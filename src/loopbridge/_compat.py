@@ -266,25 +266,38 @@ def layer_view_variable(parent: nnx.Variable, index: tp.Any, snapshot: nnx.Varia
   return view
 
 
+# flax 0.12 keeps the value in the slot `_raw_value` and checks the trace level in
+# `__setattr__` (even under `set_raw_value(..., _unsafe_bypass_check=True)`); 0.10 keeps it in
+# the instance attribute `raw_value` and checks in `_setattr`.
+_RAW_SLOT = "_raw_value" if "_raw_value" in getattr(nnx.Variable, "__slots__", ()) else None
+
+
 def get_raw_value(variable: nnx.Variable) -> tp.Any:
   """A Variable's stored value without hooks or copies (what `nnx.split` puts in the state).
 
   flax 0.12 has `get_raw_value()` (the `.raw_value` property warns); 0.10 has the attribute only.
   """
-  if hasattr(variable, "get_raw_value"):
-    return variable.get_raw_value()
+  if _RAW_SLOT is not None:
+    return object.__getattribute__(variable, _RAW_SLOT)
   return variable.raw_value
 
 
-def set_raw_value(variable: nnx.Variable, value: tp.Any) -> None:
+def set_raw_value(variable: nnx.Variable, value: tp.Any, *, check: bool = True) -> None:
   """Store a value in a Variable without hooks or copies (what `nnx.update` does with a state).
 
   flax 0.12 has `set_raw_value()` (the `.raw_value` setter warns); 0.10 has the attribute only.
+  Both check the trace level on every write (~10 µs on 0.12); `check=False` skips that, for
+  callers that know they run outside any trace (concrete values).
   """
-  if hasattr(variable, "set_raw_value"):
-    variable.set_raw_value(value)
-  else:
+  if _RAW_SLOT is not None:
+    if check:
+      variable.set_raw_value(value)
+    else:
+      object.__setattr__(variable, _RAW_SLOT, value)
+  elif check:
     variable.raw_value = value
+  else:
+    object.__setattr__(variable, "raw_value", value)
 
 
 # --- loop carries (lb.while_loop, lb.fori_loop, lb.explain) -----------------------------------

@@ -1,0 +1,209 @@
+"""`lb.compile_step`: split a model once, then call one `jax.jit` executable on its state.
+
+Why it exists: `nnx.jit` walks the whole module graph on every call (split before, update after),
+which costs hundreds of microseconds even on a tiny model — many times the compiled step — and
+unless told to donate it copies every record buffer the step writes (a whole-buffer copy per
+call, O(capacity)). `compile_step` walks the graph once, when built: it keeps the GraphDef and
+the flat list of the model's Variables. A call reads the leaves straight out of those Variables,
+runs one `jax.jit` executable and stores the changed leaves back into the same Variables, so the
+model stays the source of truth between calls. The leaves the function changes (buffers,
+counts, rng counters, ...) are donated: XLA updates them in place.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import numpy as np
+from flax import nnx
+
+from . import _compat
+from ._errors import StructureChangeError
+
+SITES_ATTR = "loopbridge__sites"
+
+_T = tp.TypeVar("_T")
+
+
+class _NewWrites(Exception):
+  """Raised while tracing when the function writes leaves not yet marked as written."""
+
+  def __init__(self, indices: frozenset[int]):
+    super().__init__(sorted(indices))
+    self.indices = indices
+
+
+def _path_keys(path: tp.Sequence[tp.Any]) -> tuple[tp.Any, ...]:
+  """The NNX graph path of a state leaf (dict keys; the trailing `.value` attribute dropped)."""
+  keys = []
+  for key in path:
+    if isinstance(key, jax.tree_util.DictKey):
+      keys.append(key.key)
+    elif isinstance(key, jax.tree_util.SequenceKey):
+      keys.append(key.idx)
+  return tuple(keys)
+
+
+class CompiledStep(tp.Generic[_T]):
+  """A `jax.jit`-compiled function of an NNX model that updates the model in place.
+
+  Built by `lb.compile_step`; calling it runs `fn(model, *args, **kwargs)` compiled and returns
+  its output. See `compile_step` for the rules.
+  """
+
+  def __init__(self, fn: tp.Callable[..., _T], model: nnx.Module, *, donate: bool = True):
+    if not isinstance(model, nnx.Module):
+      raise TypeError(
+          f"lb.compile_step needs an NNX module (e.g. an lb.ToNNX), got {type(model).__name__}. "
+          "Fix: wrap Linen modules with lb.ToNNX(module, rngs=...) and lb.lazy_init them first.")
+    self._fn = fn
+    self._model = model
+    self._donate = donate
+    self._split()
+
+  # ---------------------------------------------------------------- the one graph traversal
+  def _split(self) -> None:
+    model = self._model
+    graphdef, state = nnx.split(model)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+    by_path = {tuple(path): node for path, node in _compat.iter_graph(model)
+               if isinstance(node, nnx.Variable)}
+    variables = []
+    for path, leaf in flat:
+      variable = by_path.get(_path_keys(path))
+      if variable is None or _compat.get_raw_value(variable) is not leaf:
+        raise TypeError(
+            f"lb.compile_step cannot follow the state leaf at {jax.tree_util.keystr(path)}: "
+            "it is not the single array held by one Variable. Why: the compiled step reads and "
+            "writes Variables directly to skip the per-call graph traversal. Fix: keep one "
+            "array per Variable, or use nnx.jit for this model.")
+      variables.append(variable)
+    self._graphdef = graphdef
+    self._treedef = treedef
+    self._variables = tuple(variables)
+    # `lb.preallocate` re-declares buffers by replacing Variables and the sites tuple; a
+    # changed tuple tells the next call to split again.
+    self._sites = tuple((vars(node), vars(node)[SITES_ATTR]) for _, node in _compat.iter_graph(model)
+                        if isinstance(node, nnx.Module) and SITES_ATTR in vars(node))
+    self._set_written(frozenset())
+
+  def _set_written(self, written: frozenset[int]) -> None:
+    self._written = written
+    self._moved_idx = tuple(sorted(written))
+    self._kept_idx = tuple(i for i in range(len(self._variables)) if i not in written)
+    self._moved_vars = tuple(self._variables[i] for i in self._moved_idx)
+    self._kept_vars = tuple(self._variables[i] for i in self._kept_idx)
+    self._jitted = jax.jit(self._pure, donate_argnums=(1,) if self._donate else ())
+
+  def _stale(self) -> bool:
+    return any(attrs.get(SITES_ATTR) is not sites for attrs, sites in self._sites)
+
+  # ---------------------------------------------------------------- traced
+  def _pure(self, kept, moved, args, kwargs):
+    leaves: list[tp.Any] = [None] * len(self._variables)
+    for i, leaf in zip(self._kept_idx, kept):
+      leaves[i] = leaf
+    for i, leaf in zip(self._moved_idx, moved):
+      leaves[i] = leaf
+    model = nnx.merge(self._graphdef, jax.tree_util.tree_unflatten(self._treedef, leaves))
+    out = self._fn(model, *args, **kwargs)
+    if any(isinstance(x, nnx.Module)
+           for x in jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, nnx.Module))):
+      raise TypeError(
+          "the function given to lb.compile_step returned an NNX module. Why: the step updates "
+          "the model in place and returns arrays only. Fix: return the outputs (arrays) and "
+          "read the model itself after the call.")
+    new_leaves, new_treedef = jax.tree_util.tree_flatten(nnx.state(model))
+    if new_treedef != self._treedef or any(
+        np.shape(a) != np.shape(b) or a.dtype != b.dtype for a, b in zip(leaves, new_leaves)):
+      raise StructureChangeError(
+          "the function given to lb.compile_step changed the model's structure (added or "
+          "removed a Variable, or changed a shape or dtype). Why: the compiled step keeps the "
+          "model's state layout fixed, as NNX loops do. Fix: create every Variable before "
+          "building the step (lb.lazy_init / lb.preallocate) and keep shapes fixed.")
+    changed = frozenset(i for i, (a, b) in enumerate(zip(leaves, new_leaves)) if a is not b)
+    if not changed <= self._written:
+      raise _NewWrites(changed | self._written)
+    return out, [new_leaves[i] for i in self._moved_idx]
+
+  # ---------------------------------------------------------------- calling
+  def _inputs(self):
+    if self._stale():
+      self._split()
+    get = _compat.get_raw_value
+    return [get(v) for v in self._kept_vars], [get(v) for v in self._moved_vars]
+
+  def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> _T:
+    """Run the compiled function on the model's current state; store what it changed."""
+    kept, moved = self._inputs()
+    try:
+      out, new = self._jitted(kept, moved, args, kwargs)
+    except _NewWrites as e:  # first trace: learn which leaves are written, then donate them
+      self._set_written(e.indices)
+      return self(*args, **kwargs)
+    # Concrete results (the usual case: called from Python) cannot belong to another trace,
+    # so the per-Variable trace-level check is skipped; under an outer trace it runs.
+    check = bool(new) and isinstance(new[0], jax.core.Tracer)
+    for variable, value in zip(self._moved_vars, new):
+      _compat.set_raw_value(variable, value, check=check)
+    return out
+
+  def lower(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+    """`jax.stages.Lowered` of a call with these arguments (e.g. `.compile().memory_analysis()`)."""
+    while True:
+      kept, moved = self._inputs()
+      try:
+        return self._jitted.lower(kept, moved, args, kwargs)
+      except _NewWrites as e:
+        self._set_written(e.indices)
+
+
+def compile_step(fn: tp.Callable[..., _T], model: nnx.Module, *,
+                 donate: bool = True) -> CompiledStep[_T]:
+  """Compile `fn(model, *args, **kwargs)` with `jax.jit`, splitting the model only once.
+
+  The fast way to call a model (or a whole loop over it) many times from Python: `nnx.jit`
+  traverses the module graph on every call, this does it once when built. Each call reads
+  the model's current values, runs the compiled function and writes the values it changed
+  back into the model's Variables (records, counts, rng counters, caches...). Those values are
+  donated, so record buffers are updated in place with no per-call copy; arrays previously
+  read from them (e.g. `lb.buffers(model)`) are invalid after a call — read again instead.
+  Inside `fn` the model is an ordinary NNX module: call it, loop over it with
+  `nnx.while_loop`/`nnx.fori_loop`, read `lb.recorded(model)`. Repeated calls with the same
+  argument shapes reuse one executable (Python numbers are traced, not static).
+
+  Args:
+    fn: `fn(model, *args, **kwargs)` returning a pytree of arrays (not the model).
+    model: an NNX module, e.g. an initialized `lb.ToNNX` or a module holding some.
+    donate: donate the values `fn` changes (default True). With False each call copies them.
+
+  Returns:
+    A `CompiledStep`: call it with `*args, **kwargs`; `.lower(*args, **kwargs)` lowers it.
+
+  Raises:
+    TypeError: `model` is not an NNX module, `fn` returns a module, or a Variable holds more
+      than one array.
+    StructureChangeError: `fn` adds or removes Variables or changes their shapes.
+
+  The step follows the Variables the model held when it was built; it notices buffers
+  re-declared by `lb.preallocate`. After replacing Variables any other way, build a new step.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x + 1
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.zeros((2,)), capacity=8)
+    >>> def run(model, x, n):
+    ...   return nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x))[1]
+    >>> run_fast = lb.compile_step(run, model)
+    >>> run_fast(jnp.zeros((2,)), 3)
+    Array([3., 3.], dtype=float32)
+    >>> lb.recorded(model)["intermediates"]["x"][:, 0]
+    Array([0., 1., 2.], dtype=float32)
+  """
+  return CompiledStep(fn, model, donate=donate)

@@ -1,0 +1,217 @@
+"""Performance regression guards that do not time anything.
+
+Recording must cost O(1) per step: each sown value is written into one slot of its buffer
+(`dynamic-update-slice`), never by copying the whole buffer. These tests read the optimized HLO
+that XLA compiles for a recording loop and check that no instruction reachable from a `while`
+body copies a buffer-shaped array, that the write itself is there, and that the recommended
+path (`lb.compile_step`) donates the buffers (input/output aliasing), so no call copies them
+either. They also check that calling again does not retrace.
+
+Buffers get a capacity no other dimension uses (CAPACITY), so a buffer-shaped array is any
+array whose leading dimension is CAPACITY.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+from conftest import graph_kw
+from models import MLP
+
+CAPACITY = 37  # leading dimension of every buffer; no other array has it
+FEATURES, DEPTH = 4, 2
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)")
+_SHAPE_OP = re.compile(r"=\s*\w+\[([\d,]*)\][^ ]*\s+([\w\-]+)\(")
+
+
+def parse_hlo(text: str) -> dict[str, list[str]]:
+  """Computation name -> instruction lines, from `compiled.as_text()`."""
+  comps: dict[str, list[str]] = {}
+  current = None
+  for line in text.splitlines():
+    if current is None:
+      m = _COMPUTATION.match(line)
+      if m and "=" not in line.split("(")[0]:
+        current = m.group(1)
+        comps[current] = []
+        if line.startswith("ENTRY"):
+          comps["__entry__"] = comps[current]
+      continue
+    if line.strip() == "}":
+      current = None
+      continue
+    comps[current].append(line)
+  return comps
+
+
+def called(line: str) -> list[str]:
+  names = []
+  for group in _CALLED.findall(line):
+    names += [n.strip().lstrip("%") for n in group.split(",")]
+  return names
+
+
+def reachable(comps: dict[str, list[str]], roots: list[str]) -> set[str]:
+  seen, todo = set(), list(roots)
+  while todo:
+    name = todo.pop()
+    if name in seen or name not in comps:
+      continue
+    seen.add(name)
+    for line in comps[name]:
+      todo += called(line)
+  return seen
+
+
+def while_bodies(comps: dict[str, list[str]]) -> list[str]:
+  bodies = []
+  for lines in comps.values():
+    for line in lines:
+      if " while(" in line:
+        bodies += re.findall(r"body=%?([\w.\-]+)", line)
+  return bodies
+
+
+def ops_on_buffers(comps, names, op: str) -> list[str]:
+  """Lines in computations `names` whose op is `op` and whose result is buffer-shaped."""
+  found = []
+  for name in names:
+    for line in comps[name]:
+      m = _SHAPE_OP.search(line)
+      if m and m.group(2) == op and m.group(1).split(",")[0] == str(CAPACITY):
+        found.append(line.strip())
+  return found
+
+
+def new_model():
+  x = jax.random.normal(jax.random.key(1), (1, FEATURES))
+  model = lb.ToNNX(MLP(DEPTH, FEATURES), rngs=nnx.Rngs(0))
+  lb.lazy_init(model, x, capacity=CAPACITY)
+  return model, x
+
+
+def loop(graph):
+  def body(c):
+    model, h, i = c
+    return model, model(h), i + 1
+
+  def run(model, x, n):
+    return nnx.while_loop(lambda c: c[2] < n, body, (model, x, 0), **graph_kw(graph))[1]
+
+  return run
+
+
+def nnx_jit_equivalent(model, run):
+  """What `nnx.jit(run)` compiles: the function of the split state, nothing donated."""
+  graphdef, state = nnx.split(model)
+
+  def pure(state, x, n):
+    m = nnx.merge(graphdef, state)
+    return run(m, x, n), nnx.state(m)
+
+  return jax.jit(pure), state
+
+
+def buffer_bytes(model) -> int:
+  return sum(int(np.prod(b.shape)) * b.dtype.itemsize
+             for b in jax.tree_util.tree_leaves(lb.buffers(model)))
+
+
+# --------------------------------------------------------------------------- the loop body
+def test_hlo_parser_sees_a_whole_buffer_copy():
+  """The guard can fail: a loop that copies its buffer every step is caught."""
+
+  def bad(buf, n):
+    def body(c):
+      i, b, acc = c
+      acc = acc + jnp.sum(b)  # reads the old buffer after it is overwritten below
+      b = b.at[i % CAPACITY].set(jnp.full(b.shape[1:], i, b.dtype))
+      return i + 1, b, acc + jnp.sum(b)
+
+    return jax.lax.while_loop(lambda c: c[0] < n, body, (0, buf, 0.0))
+
+  text = jax.jit(bad).lower(jnp.zeros((CAPACITY, 3)), 5).compile().as_text()
+  comps = parse_hlo(text)
+  inside = reachable(comps, while_bodies(comps))
+  assert while_bodies(comps)
+  assert ops_on_buffers(comps, inside, "dynamic-update-slice")
+  assert ops_on_buffers(comps, inside, "copy"), text
+
+
+def test_recording_loop_writes_one_slot_and_never_copies_a_buffer(graph):
+  """lb.compile_step: O(1) writes in the body, and donated buffers, so no call copies them."""
+  model, x = new_model()
+  compiled = lb.compile_step(loop(graph), model).lower(x, 3).compile()
+  comps = parse_hlo(compiled.as_text())
+  inside = reachable(comps, while_bodies(comps))
+  assert inside, "no while loop in the compiled recording loop"
+  assert len(ops_on_buffers(comps, inside, "dynamic-update-slice")) >= 2  # x and carry
+  assert ops_on_buffers(comps, list(comps), "copy") == []  # not in the body, not per call
+  assert compiled.memory_analysis().alias_size_in_bytes >= buffer_bytes(model)
+
+
+def test_nnx_jit_loop_body_never_copies_a_buffer(graph):
+  """Under plain nnx.jit (no donation) the per-step body is O(1) as well."""
+  model, x = new_model()
+  jitted, state = nnx_jit_equivalent(model, loop(graph))
+  comps = parse_hlo(jitted.lower(state, x, 3).compile().as_text())
+  inside = reachable(comps, while_bodies(comps))
+  assert len(ops_on_buffers(comps, inside, "dynamic-update-slice")) >= 2
+  assert ops_on_buffers(comps, inside, "copy") == []
+
+
+# --------------------------------------------------------------------------- per call
+def test_single_step_is_in_place_too():
+  model, x = new_model()
+  compiled = lb.compile_step(lambda m, x: m(x), model).lower(x).compile()
+  comps = parse_hlo(compiled.as_text())
+  assert ops_on_buffers(comps, list(comps), "dynamic-update-slice")
+  assert ops_on_buffers(comps, list(comps), "copy") == []
+  assert compiled.memory_analysis().alias_size_in_bytes >= buffer_bytes(model)
+
+
+# --------------------------------------------------------------------------- retracing
+def test_compile_step_does_not_retrace():
+  model, x = new_model()
+  traces = []
+
+  def run(model, x, n):
+    traces.append(None)
+    return loop(True)(model, x, n)
+
+  step = lb.compile_step(run, model)
+  step(x, 2)
+  first = len(traces)
+  step(x, 3)
+  step(x + 1.0, 5)
+  lb.reset(model)
+  step(x, 1)
+  assert len(traces) == first
+  assert int(lb.counts(model)["intermediates"]["x"]) == 1
+
+
+def test_nnx_jit_of_the_bridged_model_does_not_retrace(graph):
+  """Calls keep the model's graph (static site info, Linen module) identical."""
+  model, x = new_model()
+  traces = []
+
+  def run(model, x, n):
+    traces.append(None)
+    return loop(graph)(model, x, n)
+
+  jitted = nnx.jit(run, **graph_kw(graph))
+  jitted(model, x, 2)
+  first = len(traces)
+  jitted(model, x, 3)
+  jitted(model, x * 2.0, 4)
+  assert len(traces) == first
+  assert int(lb.counts(model)["intermediates"]["x"]) == 9
