@@ -82,6 +82,8 @@ class Discovery:
   accumulators: dict[SiteKey, SowCall]  # custom reduce_fn/init_fn sows (state, not records)
   dropped: list[SowCall]
   calls: list[SowCall]
+  # What Linen stores for each accumulator after the call (lifted transforms add axes).
+  accumulator_shapes: dict[SiteKey, tp.Any] = dataclasses.field(default_factory=dict)
 
 
 _local = threading.local()
@@ -247,4 +249,11 @@ def discover(
     if c.dropped and c.site not in seen:
       seen.add(c.site)
       dropped.append(c)
-  return Discovery(sites=sites, accumulators=custom, dropped=dropped, calls=list(calls))
+  accumulator_shapes = {}
+  for site in custom:
+    node = updates
+    for key in site:
+      node = node.get(key) if isinstance(node, dict) else None
+    accumulator_shapes[site] = node
+  return Discovery(sites=sites, accumulators=custom, dropped=dropped, calls=list(calls),
+                   accumulator_shapes=accumulator_shapes)

@@ -295,7 +295,7 @@ class ToNNX(bridge.ToNNX):
     self.loopbridge__dropped = self.loopbridge__dropped + tuple(
         dataclasses.replace(c, init_fn=None) for c in found.dropped if c.site not in known)
 
-    self._loopbridge_add_accumulators(found.accumulators, variables)
+    self._loopbridge_add_accumulators(found.accumulators, found.accumulator_shapes, variables)
     sites = sorted(found.sites)
     capacities = _capacity.resolve_capacities(capacity, sites,
                                               model_name=type(module).__name__)
@@ -321,22 +321,43 @@ class ToNNX(bridge.ToNNX):
     _compat.set_data_attribute(self, COUNTS_ATTR, counts)
     self.loopbridge__sites = tuple(new_infos[s] for s in sorted(new_infos))
 
-  def _loopbridge_add_accumulators(self, accumulators, variables) -> None:
-    """Give custom-reduce sows their `init_fn()` value now, so no call creates a Variable."""
-    missing = {}
-    for site, call in accumulators.items():
-      if _get_nested(variables, site) is not None:
-        continue
-      missing[site] = call
+  def _loopbridge_add_accumulators(self, accumulators, shapes, variables) -> None:
+    """Give custom-reduce sows their `init_fn()` value now, so no call creates a Variable.
+
+    Linen's `sow` starts an accumulator from `init_fn()` when it does not exist yet; storing
+    that value before the first call is therefore equivalent, and keeps the structure fixed.
+    Inside `nn.scan`/`nn.vmap` Linen stores the accumulator stacked, so the initial value is
+    broadcast to the shape discovery saw.
+    """
+    missing = {site: call for site, call in accumulators.items()
+               if _get_nested(variables, site) is None}
     if not missing:
       return
-    # One more abstract call tells the accumulator shapes as Linen stores them (lifted
-    # transforms add axes); init_fn() itself is cheap and concrete.
     for site, call in missing.items():
+      target = shapes.get(site)
+
+      def fit(init, want, site=site):
+        init = jnp.asarray(init)
+        if want is None or init.shape == tuple(want.shape):
+          return init
+        try:
+          return jnp.broadcast_to(init, want.shape).astype(want.dtype)
+        except ValueError:
+          raise StructureChangeError(
+              f"the accumulator sown at '{site_label(site)}' starts as init_fn() of shape "
+              f"{init.shape} but Linen stores it as {tuple(want.shape)} (a lifted transform "
+              "stacks it on a non-leading axis). Why: loopbridge must create it before the "
+              "loop. Fix: stack it on axis 0 (variable_axes={'intermediates': 0}) or sow it "
+              "outside the transform.") from None
+
       initial = call.init_fn()
+      if target is not None:
+        initial = jax.tree.map(fit, initial, target)
       _set_nested(variables, site, initial)
-    for name, value in bridge_variables.linen_vars_to_nnx_attrs(
-        {col: variables[col] for col in {s[0] for s in missing}}).items():
+    only_new: dict = {}  # convert just the new accumulators; existing Variables stay as they are
+    for site in missing:
+      _set_nested(only_new, site, _get_nested(variables, site))
+    for name, value in bridge_variables.linen_vars_to_nnx_attrs(only_new).items():
       existing = getattr(self, name, None) if name in _compat.linen_attribute_names(self) else None
       if isinstance(existing, dict) and isinstance(value, dict):
         merged = traverse_util.unflatten_dict({**traverse_util.flatten_dict(existing),
