@@ -27,11 +27,35 @@ class Buffer(nnx.Variable):
 
   Metadata: `overflow` (`"error"`, `"drop"` or `"wrap"`). Filter with
   `nnx.state(model, lb.Buffer)`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> [b.shape for b in jax.tree.leaves(nnx.state(model, lb.Buffer))]
+    [(3, 2)]
   """
 
 
 class Count(nnx.Variable):
-  """Number of values sown into the paired `Buffer` since the last reset (may exceed capacity)."""
+  """Number of values sown into the paired `Buffer` since the last reset (may exceed capacity).
+
+  Example:
+    >>> import jax, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> _ = model(jnp.ones(2)); _ = model(jnp.ones(2))
+    >>> [int(c) for c in jax.tree.leaves(nnx.state(model, lb.Count))]
+    [2]
+  """
 
 
 def new_buffer(capacity: int, shape: tp.Sequence[int], dtype: tp.Any, overflow: str,

@@ -50,6 +50,19 @@ class CompiledStep(tp.Generic[_T]):
 
   Built by `lb.compile_step`; calling it runs `fn(model, *args, **kwargs)` compiled and returns
   its output. See `compile_step` for the rules.
+
+  Args:
+    fn: `fn(model, *args, **kwargs)` returning a pytree of arrays (not the model).
+    model: an NNX module, e.g. an initialized `lb.ToNNX` or a module holding some.
+    donate: donate the values `fn` changes (default True). With False each call copies them.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import nnx
+    >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+    >>> step = lb.compile_step(lambda m, x: m(x), model)
+    >>> isinstance(step, lb.CompiledStep), step(jnp.ones((1, 2))).shape
+    (True, (1, 2))
   """
 
   def __init__(self, fn: tp.Callable[..., _T], model: nnx.Module, *, donate: bool = True):

@@ -240,6 +240,12 @@ class StructureReport:
   `ok` is True when nothing changed: then the carry can go through `nnx.while_loop`,
   `nnx.fori_loop`, `nnx.scan`, `lb.while_loop` and `lb.fori_loop`. `str(report)` is the
   readable text; `to_dict()` a JSON-ready form.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> report = lb.explain(lambda carry: (carry[0] + 1, carry[1]), (jnp.zeros(2), 0))
+    >>> report.ok, report.changes
+    (True, [])
   """
 
   changes: list[Change]
