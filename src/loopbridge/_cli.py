@@ -1,0 +1,556 @@
+"""`loopbridge inspect`: what a Linen model sows, what recording it costs, and a live loop check.
+
+The command wraps the model with `lb.ToNNX`, initializes it on sample inputs, and prints the
+sow-site table (`lb.sow_sites`), sows Linen drops, buffer memory, parameter sizes, and then
+runs the model in a jitted `nnx.while_loop` twice: wrapped with stock `flax.nnx.bridge.ToNNX`
+(which fails on any model that sows; `lb.explain` says why) and with `lb.ToNNX` (which
+records every step). Everything the text shows is also available as one JSON document.
+
+Exit status: 0 success; 1 the target or the model failed (import, attribute, inputs, loop);
+2 a malformed command line (TARGET or --arg syntax, option values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import inspect as pyinspect
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+import typing as tp
+import warnings
+
+USAGE_ERROR = 2
+FAILURE = 1
+PROGRESS_DELAY = 0.5  # seconds of silence before a progress note appears on stderr
+
+_ARG_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
+
+
+class CliError(Exception):
+  """A failure reported as one line on stderr (with `code` as exit status)."""
+
+  def __init__(self, message: str, code: int = FAILURE):
+    super().__init__(message)
+    self.code = code
+
+
+# ----------------------------------------------------------------------------- parsing
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+      prog="loopbridge",
+      description="Tools for moving Flax Linen models to NNX loops with loopbridge.")
+  commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+  commands.required = True
+  p = commands.add_parser(
+      "inspect", help="show a Linen model's sow sites, buffer memory and a live loop check",
+      description=(
+          "Wrap a Linen model with lb.ToNNX, list its sow sites (shapes, sows per call, "
+          "enclosing nn.scan/nn.vmap), sows Linen drops, buffer memory and parameter sizes, "
+          "then run it in a jitted nnx.while_loop with stock flax.nnx.bridge.ToNNX (and "
+          "explain why that fails) and with lb.ToNNX (counting what it recorded)."),
+      epilog=(
+          "TARGET is package.module:attribute where attribute is a Linen module instance, a "
+          "Linen module class with no required fields, or a function taking no arguments "
+          "that returns one. Without TARGET: the seed-000 model (a sow at the top level and "
+          "inside nn.scan; width 100, depth 3; input float32[1,100]). Inputs: floats are "
+          "standard normal (seeded), integers zeros, bools True. Exit status: 0 ok, 1 the "
+          "target or model failed, 2 malformed command line."))
+  p.add_argument("target", nargs="?", metavar="TARGET",
+                 help="package.module:attribute (default: the embedded seed-000 model)")
+  p.add_argument("--arg", action="append", default=None, metavar="SPEC", dest="args",
+                 help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]', "
+                      "'int32[1,16]', 'bool[]'; repeat for each input")
+  p.add_argument("--method", default=None,
+                 help="the Linen method to call (default: __call__)")
+  p.add_argument("--capacity", type=_positive_int, default=None,
+                 help="values each sow buffer holds (default: --steps)")
+  p.add_argument("--steps", type=_positive_int, default=5,
+                 help="loop steps of the live check (default: 5)")
+  p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
+  p.add_argument("--json", action="store_true", help="print one JSON document instead")
+  p.add_argument("--debug", action="store_true", help="show tracebacks of failures")
+  return parser
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgSpec:
+  """One `--arg`: a dtype name and a shape."""
+
+  dtype: str
+  shape: tuple[int, ...]
+
+  def __str__(self) -> str:
+    return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+def parse_arg_spec(text: str) -> ArgSpec:
+  """`'float32[1,100]'` -> ArgSpec('float32', (1, 100)); CliError (usage) if malformed."""
+  import jax
+  import numpy as np
+  from jax import numpy as jnp
+
+  match = _ARG_RE.match(text)
+  if match is None:
+    raise CliError(
+        f"--arg {text!r}: expected DTYPE[DIM,...] such as 'float32[1,100]', 'int32[1,16]' "
+        "or 'bool[]' (a scalar)", USAGE_ERROR)
+  name, dims = match.groups()
+  try:
+    dtype = jnp.dtype(name)
+  except TypeError:
+    raise CliError(
+        f"--arg {text!r}: unknown dtype {name!r}; use a NumPy/JAX dtype name such as "
+        "float32, bfloat16, int32 or bool", USAGE_ERROR) from None
+  if dtype.itemsize == 8 and dtype.kind in "fiuc" and not jax.config.jax_enable_x64:
+    raise CliError(
+        f"--arg {text!r}: {name} needs 64-bit JAX (set JAX_ENABLE_X64=1), or use the 32-bit "
+        "type", USAGE_ERROR)
+  pieces = [d.strip() for d in dims.split(",")] if dims.strip() else []
+  if any(not p for p in pieces):
+    raise CliError(f"--arg {text!r}: empty dimension; write e.g. 'float32[1,100]'",
+                   USAGE_ERROR)
+  del np
+  return ArgSpec(dtype.name, tuple(int(p) for p in pieces))
+
+
+def sample_inputs(specs: tp.Sequence[ArgSpec], seed: int) -> list[tp.Any]:
+  """Arrays for the specs: floats standard normal, integers zeros, bools True."""
+  import jax
+  from jax import numpy as jnp
+
+  key = jax.random.key(seed)
+  values = []
+  for spec in specs:
+    key, sub = jax.random.split(key)
+    dtype = jnp.dtype(spec.dtype)
+    if jnp.issubdtype(dtype, jnp.inexact):
+      values.append(jax.random.normal(sub, spec.shape, dtype))
+    elif dtype == jnp.bool_:
+      values.append(jnp.ones(spec.shape, dtype))
+    else:
+      values.append(jnp.zeros(spec.shape, dtype))
+  return values
+
+
+# ----------------------------------------------------------------------------- target
+def _required_fields(cls: type) -> list[str]:
+  return [f.name for f in dataclasses.fields(cls)
+          if f.init and f.name not in ("parent", "name")
+          and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def load_target(target: str) -> tp.Any:
+  """Resolve `package.module:attr` to a Linen module instance (CliError otherwise)."""
+  from flax import linen, nnx
+
+  module_name, sep, attr = target.partition(":")
+  if not sep or not module_name or not attr or not all(
+      part.isidentifier() for part in module_name.split(".") + attr.split(".")):
+    raise CliError(
+        f"TARGET {target!r} is not of the form package.module:attribute "
+        "(e.g. mypackage.models:MLP)", USAGE_ERROR)
+  # Like `python -m`: modules of the current directory are importable.
+  if os.getcwd() not in sys.path and "" not in sys.path:
+    sys.path.insert(0, os.getcwd())
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    if e.name and module_name.startswith(e.name):
+      raise CliError(
+          f"cannot import module {module_name!r} ({e}); is its directory on PYTHONPATH "
+          "or the current directory?") from e
+    raise CliError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from e
+  except Exception as e:  # the module itself raised while importing
+    raise CliError(f"importing {module_name!r} failed: {type(e).__name__}: "
+                   f"{_first_line(e)}") from e
+  obj: tp.Any = module
+  for part in attr.split("."):
+    if not hasattr(obj, part):
+      raise CliError(f"module {module_name!r} has no attribute {attr!r}")
+    obj = getattr(obj, part)
+  where = f"{target!r}"
+  if isinstance(obj, linen.Module):
+    return obj
+  if isinstance(obj, type) and issubclass(obj, linen.Module):
+    missing = _required_fields(obj)
+    if missing:
+      raise CliError(
+          f"{where} is the Linen module class {obj.__name__}, which has required fields "
+          f"({', '.join(missing)}); point TARGET at an instance or at a function taking no "
+          "arguments that builds one")
+    try:
+      return obj()
+    except Exception as e:
+      raise CliError(f"{where}: {obj.__name__}() failed: {type(e).__name__}: "
+                     f"{_first_line(e)}") from e
+  if isinstance(obj, nnx.Module) or (isinstance(obj, type) and issubclass(obj, nnx.Module)):
+    raise CliError(
+        f"{where} is an NNX module; loopbridge inspect takes a Linen module (the model it "
+        "wraps with lb.ToNNX)")
+  if callable(obj) and not isinstance(obj, type):
+    try:
+      signature = pyinspect.signature(obj)
+    except (TypeError, ValueError):
+      signature = None
+    if signature is not None:
+      required = [p.name for p in signature.parameters.values()
+                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
+                                                         p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+      if required:
+        raise CliError(
+            f"{where} is a function with required parameters ({', '.join(required)}); "
+            "TARGET must be a Linen module, a Linen module class, or a function taking no "
+            "arguments")
+    try:
+      result = obj()
+    except Exception as e:
+      raise CliError(f"{where}: calling it failed: {type(e).__name__}: {_first_line(e)}") from e
+    if not isinstance(result, linen.Module):
+      raise CliError(f"{where} returned a {type(result).__name__}, not a Linen module")
+    return result
+  raise CliError(
+      f"{where} is a {type(obj).__name__}, not a Linen module, a Linen module class or a "
+      "function taking no arguments")
+
+
+def _first_line(error: BaseException, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  line = text[0] if text else ""
+  return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+# ----------------------------------------------------------------------------- progress
+@contextlib.contextmanager
+def progress(label: str, stream: tp.TextIO | None = None,
+             delay: float | None = None) -> tp.Iterator[None]:
+  """Note on stderr what is running if it takes longer than `delay` seconds.
+
+  On a terminal the note is a live timer erased when done; otherwise one line.
+  """
+  stream = stream if stream is not None else sys.stderr
+  delay = PROGRESS_DELAY if delay is None else delay
+  done = threading.Event()
+  start = time.perf_counter()
+  tty = hasattr(stream, "isatty") and stream.isatty()
+  shown = []
+
+  def run():
+    if done.wait(delay):
+      return
+    if not tty:
+      stream.write(f"loopbridge: {label}...\n")
+      stream.flush()
+      return
+    while not done.wait(0.1):
+      text = f"\rloopbridge: {label}... {time.perf_counter() - start:.1f}s"
+      shown.append(len(text))
+      stream.write(text)
+      stream.flush()
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+  try:
+    yield
+  finally:
+    done.set()
+    thread.join()
+    if shown:
+      stream.write("\r" + " " * max(shown) + "\r")
+      stream.flush()
+
+
+# ----------------------------------------------------------------------------- inspection
+def _parameter_sizes(model: tp.Any) -> dict[str, dict[str, int]]:
+  """Arrays, values and bytes per Linen collection (buffers, counts and RNG state excluded)."""
+  from flax import nnx
+
+  from . import _buffers, _compat
+
+  sizes: dict[str, dict[str, int]] = {}
+  seen: set[int] = set()
+  for _, node in _compat.iter_graph(model):
+    if not isinstance(node, nnx.Variable) or id(node) in seen:
+      continue
+    seen.add(id(node))
+    if isinstance(node, (_buffers.Buffer, _buffers.Count, nnx.RngState)):
+      continue
+    value = _compat.variable_value(node)
+    if not hasattr(value, "shape"):
+      continue
+    entry = sizes.setdefault(_compat.collection_name(type(node)),
+                             {"arrays": 0, "values": 0, "bytes": 0})
+    entry["arrays"] += 1
+    entry["values"] += int(math.prod(value.shape))
+    entry["bytes"] += int(math.prod(value.shape)) * value.dtype.itemsize
+  return dict(sorted(sizes.items()))
+
+
+def _loop_runner(steps: int, call: tp.Callable[[tp.Any, tp.Sequence[tp.Any]], tp.Any]):
+  """A jitted `nnx.while_loop` of `steps` calls; returns (body, run)."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  def make_body(inputs):
+    def body(carry):
+      model, i = carry
+      call(model, inputs)
+      return model, i + 1
+    return body
+
+  @nnx.jit
+  def run(model, *inputs):
+    def cond(carry):
+      return carry[1] < steps
+    return nnx.while_loop(cond, make_body(inputs), (model, jnp.asarray(0, jnp.int32)))
+
+  return make_body, run
+
+
+def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any],
+                 steps: int, seed: int) -> dict[str, tp.Any]:
+  """Stock `flax.nnx.bridge.ToNNX` in the loop (sows kept with `mutable=True`, as in seed 000)."""
+  import jax.numpy as jnp
+  from flax import nnx
+  from flax.nnx import bridge
+
+  import loopbridge as lb
+
+  stock = bridge.ToNNX(module, rngs=nnx.Rngs(seed))
+  bridge.lazy_init(stock, *inputs, **call_kwargs)
+
+  def call(model, args):
+    return model(*args, mutable=True, **call_kwargs)
+
+  make_body, run = _loop_runner(steps, call)
+  # Explain first, on the untouched model (explain copies the carry; it runs no FLOPs).
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    report = lb.explain(make_body(inputs), (stock, jnp.asarray(0, jnp.int32)))
+  result: dict[str, tp.Any] = {"wrapper": "flax.nnx.bridge.ToNNX", "ok": False, "error": None,
+                               "explain": report.to_dict(), "explain_text": str(report)}
+  try:
+    with progress("compiling the loop with stock flax.nnx.bridge.ToNNX"):
+      _, count = run(stock, *inputs)
+      result["steps_run"] = int(count)
+    result["ok"] = True
+  except Exception as e:  # the expected failure: structure change inside the loop
+    result["error"] = f"{type(e).__name__}: {_first_line(e, 240)}"
+  return result
+
+
+def _loopbridge_check(model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any],
+                      steps: int) -> dict[str, tp.Any]:
+  """`lb.ToNNX` in the same loop: timings and what each site recorded."""
+  import loopbridge as lb
+
+  def call(m, args):
+    return m(*args, **call_kwargs)
+
+  _, run = _loop_runner(steps, call)
+  result: dict[str, tp.Any] = {"wrapper": "lb.ToNNX", "ok": False, "error": None}
+  try:
+    with progress("compiling the loop with lb.ToNNX"):
+      start = time.perf_counter()
+      _, count = run(model, *inputs)
+      int(count)  # waits for the device
+      first = time.perf_counter() - start
+    lb.reset(model)
+    start = time.perf_counter()
+    _, count = run(model, *inputs)
+    steps_run = int(count)
+    again = time.perf_counter() - start
+  except Exception as e:
+    result["error"] = f"{type(e).__name__}: {_first_line(e, 240)}"
+    return result
+  recorded = {}
+  for site in lb.sow_sites(model):
+    n = _nested(lb.counts(model), (site.collection, *site.path))
+    n = int(n)
+    recorded[f"{site.collection}/{site.name}"] = {
+        "sown": n, "kept": min(n, site.capacity), "capacity": site.capacity,
+        "value_shape": list(site.shape)}
+  result.update(ok=True, steps_run=steps_run, first_call_s=first, next_call_s=again,
+                recorded=recorded)
+  return result
+
+
+def _nested(tree: tp.Any, path: tp.Sequence[str]) -> tp.Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | None,
+                  capacity: int, steps: int, seed: int, target: str,
+                  description: str | None) -> dict[str, tp.Any]:
+  """Everything `loopbridge inspect` reports, as one JSON-ready dict."""
+  import flax
+  import jax
+  from flax import nnx
+
+  import loopbridge as lb
+
+  if method is not None and not callable(getattr(module, method, None)):
+    raise CliError(f"{type(module).__name__} has no method {method!r} (--method)")
+  call_kwargs = {"method": method} if method is not None else {}
+  inputs = sample_inputs(specs, seed)
+  model = lb.ToNNX(module, rngs=nnx.Rngs(seed))
+  try:
+    with progress("initializing the model"), warnings.catch_warnings():
+      # Dropped sows are listed in the report itself.
+      warnings.simplefilter("ignore", lb.DroppedSowWarning)
+      lb.lazy_init(model, *inputs, capacity=capacity, **call_kwargs)
+  except Exception as e:
+    given = " ".join(f"--arg {s}" for s in specs) or "no inputs"
+    raise CliError(
+        f"{type(module).__name__} cannot run on the given inputs ({given}"
+        f"{f', --method {method}' if method else ''}): {type(e).__name__}: {_first_line(e)}"
+        + ("" if specs else "; pass its inputs with --arg, e.g. --arg 'float32[1,16]'")) from e
+  sites = lb.sow_sites(model)
+  counts_bytes = 4 * len(sites)
+  doc: dict[str, tp.Any] = {
+      "target": target, "description": description, "model": type(module).__name__,
+      "inputs": [str(s) for s in specs], "method": method, "capacity": capacity,
+      "steps": steps, "versions": {"flax": flax.__version__, "jax": jax.__version__},
+      "sow_sites": sites.to_dict(),
+      "buffer_memory": {"buffers_bytes": sites.buffer_bytes, "counts_bytes": counts_bytes,
+                        "total_bytes": sites.buffer_bytes + counts_bytes},
+      "parameters": _parameter_sizes(model),
+  }
+  doc["live_check"] = {
+      "stock": _stock_check(module, inputs, call_kwargs, steps, seed),
+      "loopbridge": _loopbridge_check(model, inputs, call_kwargs, steps),
+  }
+  doc["sow_sites_table"] = sites.table()
+  return doc
+
+
+# ----------------------------------------------------------------------------- rendering
+def render_text(doc: dict[str, tp.Any]) -> str:
+  from ._sites import format_bytes, format_table
+
+  out = []
+  what = doc["target"] or "(default)"
+  out.append(f"loopbridge inspect {what}: {doc['model']}"
+             + (f" — {doc['description']}" if doc["description"] else ""))
+  out.append(f"inputs: {', '.join(doc['inputs']) or 'none'}"
+             + (f"; method: {doc['method']}" if doc["method"] else "")
+             + f"; capacity {doc['capacity']}; flax {doc['versions']['flax']}, "
+             f"jax {doc['versions']['jax']}")
+  out.append("")
+  out.append("Sow sites")
+  out.extend("  " + line if i == 0 else line
+             for i, line in enumerate(doc["sow_sites_table"].splitlines()))
+  if not doc["sow_sites"]["dropped"]:
+    out.append("  dropped sows: none")
+  mem = doc["buffer_memory"]
+  n = len(doc["sow_sites"]["sites"])
+  out.append("")
+  out.append(f"Buffer memory at capacity {doc['capacity']}: {format_bytes(mem['total_bytes'])} "
+             f"({n} buffer(s) {format_bytes(mem['buffers_bytes'])} + counts "
+             f"{format_bytes(mem['counts_bytes'])})")
+  out.append("")
+  out.append("Parameters and other variables")
+  rows = [(col, str(v["arrays"]), f"{v['values']:,}", format_bytes(v["bytes"]))
+          for col, v in doc["parameters"].items()]
+  out.append(format_table(("collection", "arrays", "values", "bytes"), rows) if rows
+             else "  none")
+  live = doc["live_check"]
+  out.append("")
+  out.append(f"Live check: {doc['steps']} steps of a jitted nnx.while_loop calling the model "
+             "on the sample inputs")
+  stock = live["stock"]
+  if stock["ok"]:
+    out.append(f"  stock flax.nnx.bridge.ToNNX: ran {stock.get('steps_run')} steps")
+  else:
+    out.append(f"  stock flax.nnx.bridge.ToNNX: FAILED  {stock['error']}")
+  if not stock["explain"]["ok"] or not stock["ok"]:
+    out.append("  why (lb.explain of one loop step):")
+    out.extend("    " + line for line in stock["explain_text"].splitlines())
+  ours = live["loopbridge"]
+  if ours["ok"]:
+    out.append(f"  lb.ToNNX: ran {ours['steps_run']} steps; first call "
+               f"{ours['first_call_s']:.2f} s (trace + compile + run), next call "
+               f"{ours['next_call_s'] * 1e3:.1f} ms (run)")
+    rows = [(path, str(r["sown"]), str(r["kept"]), str(r["capacity"]),
+             "(" + ", ".join(map(str, r["value_shape"])) + ")")
+            for path, r in ours["recorded"].items()]
+    if rows:
+      out.append(format_table(("recorded site", "sown", "kept", "capacity", "value shape"),
+                              rows, indent="    "))
+      if any(r["sown"] > r["kept"] for r in ours["recorded"].values()):
+        out.append("    some sites sowed more than their capacity; raise --capacity to keep "
+                   "every value")
+    else:
+      out.append("    (the model sows nothing)")
+  else:
+    out.append(f"  lb.ToNNX: FAILED  {ours['error']}")
+  return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- entry point
+def run_inspect(ns: argparse.Namespace) -> int:
+  from . import _default_model
+
+  if ns.target is None:
+    target, description = None, _default_model.DESCRIPTION
+    arg_texts = ns.args if ns.args else list(_default_model.DEFAULT_ARGS)
+  else:
+    target, description = ns.target, None
+    arg_texts = ns.args or []
+  specs = [parse_arg_spec(t) for t in arg_texts]
+  with progress("importing the model"):
+    module = _default_model.default_model() if target is None else load_target(target)
+  capacity = ns.capacity if ns.capacity is not None else ns.steps
+  doc = inspect_model(module, specs, method=ns.method, capacity=capacity, steps=ns.steps,
+                      seed=ns.seed, target=target, description=description)
+  if ns.json:
+    doc = {k: v for k, v in doc.items() if k != "sow_sites_table"}
+    print(json.dumps(doc, indent=2))
+  else:
+    print(render_text(doc))
+  return 0 if doc["live_check"]["loopbridge"]["ok"] else FAILURE
+
+
+def main(argv: tp.Sequence[str] | None = None) -> int:
+  """Run the `loopbridge` command line; returns the exit status."""
+  parser = build_parser()
+  ns = parser.parse_args(argv)
+  try:
+    if ns.command == "inspect":
+      return run_inspect(ns)
+    parser.error(f"unknown command {ns.command!r}")
+  except CliError as e:
+    if ns.debug:
+      traceback.print_exc()
+    print(f"loopbridge {ns.command}: error: {e}", file=sys.stderr)
+    return e.code
+  except KeyboardInterrupt:
+    print(f"loopbridge {ns.command}: interrupted", file=sys.stderr)
+    return 130
+  except Exception as e:  # a bug or an unforeseen failure: still one line unless --debug
+    if ns.debug:
+      raise
+    print(f"loopbridge {ns.command}: error: unexpected {type(e).__name__}: {_first_line(e)} "
+          "(run again with --debug for the traceback)", file=sys.stderr)
+    return FAILURE
+  return 0

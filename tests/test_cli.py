@@ -1,0 +1,344 @@
+"""`loopbridge inspect`: every error path (exit status + one stderr line), the report content on
+a small target (checked against plain Linen), and the command end to end in two subprocesses."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from loopbridge import _cli
+from loopbridge.__main__ import main
+
+TARGET_SOURCE = '''
+import flax.linen as nn
+from flax import nnx
+
+
+class Block(nn.Module):
+  @nn.compact
+  def __call__(self, c, _):
+    c = nn.relu(nn.Dense(4)(c))
+    self.sow("intermediates", "h", c)
+    return c, None
+
+
+class Net(nn.Module):
+  """Top-level sow (twice per call), a sow inside nn.scan, and one nn.scan drops."""
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "x", x)
+    self.sow("intermediates", "x", x * 2)
+    x, _ = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
+                   split_rngs={"params": True}, length=2)(name="kept")(x, None)
+    x, _ = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True},
+                   length=2)(name="dropper")(x, None)
+    return x
+
+  def other(self, x, flag):
+    self.sow("intermediates", "flag", flag)
+    return x
+
+
+class NeedsFields(nn.Module):
+  depth: int
+
+  def __call__(self, x):
+    return x
+
+
+class Picky(nn.Module):
+  def __call__(self, x):
+    if x.ndim != 2:
+      raise ValueError(f"expected a (batch, features) input, got shape {x.shape}")
+    return x
+
+
+class Small(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(3)(x)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+instance = Net()
+not_a_model = 42
+
+
+def factory():
+  return Net()
+
+
+def factory_with_param(width):
+  return Net()
+
+
+def factory_raises():
+  raise RuntimeError("no weights here")
+
+
+def factory_wrong_type():
+  return "Net"
+
+
+nnx_model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+'''
+
+
+@pytest.fixture
+def target_module(tmp_path, monkeypatch):
+  """A uniquely named module holding TARGET_SOURCE, importable from tmp_path."""
+  name = f"lb_cli_target_{uuid.uuid4().hex[:8]}"
+  (tmp_path / f"{name}.py").write_text(TARGET_SOURCE)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield name
+  sys.modules.pop(name, None)
+
+
+def run_main(capsys, *argv):
+  code = main(list(argv))
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def assert_one_line_error(capsys, argv, code, pattern):
+  got, out, err = run_main(capsys, *argv)
+  assert got == code
+  assert out == ""
+  lines = err.strip().splitlines()
+  # A progress note may precede the error; the error itself is one line, no traceback.
+  assert lines[-1].startswith("loopbridge inspect: error: ")
+  assert "Traceback" not in err
+  import re
+  assert re.search(pattern, lines[-1]), lines[-1]
+
+
+# ----------------------------------------------------------------------------- error paths
+@pytest.mark.parametrize("target", ["nocolon", "pkg.mod:", ":Net", "pkg mod:Net", "a:b-c"])
+def test_malformed_target(capsys, target):
+  assert_one_line_error(capsys, ["inspect", target], 2,
+                        r"TARGET .* is not of the form package\.module:attribute")
+
+
+def test_unimportable_module(capsys):
+  assert_one_line_error(capsys, ["inspect", "lb_no_such_module_xyz:Net", "--arg", "float32[1]"],
+                        1, r"cannot import module 'lb_no_such_module_xyz'.*PYTHONPATH")
+
+
+def test_module_raising_on_import(capsys, tmp_path, monkeypatch):
+  name = f"lb_cli_broken_{uuid.uuid4().hex[:8]}"
+  (tmp_path / f"{name}.py").write_text("raise RuntimeError('boom at import')\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert_one_line_error(capsys, ["inspect", f"{name}:Net"], 1,
+                        rf"importing '{name}' failed: RuntimeError: boom at import")
+
+
+@pytest.mark.parametrize("attr,pattern", [
+    ("Missing", r"has no attribute 'Missing'"),
+    ("NeedsFields", r"Linen module class NeedsFields, which has required fields \(depth\)"),
+    ("not_a_model", r"is a int, not a Linen module"),
+    ("factory_with_param", r"function with required parameters \(width\)"),
+    ("factory_raises", r"calling it failed: RuntimeError: no weights here"),
+    ("factory_wrong_type", r"returned a str, not a Linen module"),
+    ("nnx_model", r"is an NNX module; loopbridge inspect takes a Linen module"),
+])
+def test_bad_attribute(capsys, target_module, attr, pattern):
+  assert_one_line_error(capsys, ["inspect", f"{target_module}:{attr}", "--arg", "float32[1,4]"],
+                        1, pattern)
+
+
+@pytest.mark.parametrize("spec,pattern", [
+    ("float32(1,100)", r"expected DTYPE\[DIM,\.\.\.\] such as 'float32\[1,100\]'"),
+    ("float32[1,x]", r"expected DTYPE\[DIM,\.\.\.\]"),
+    ("flot32[1]", r"unknown dtype 'flot32'"),
+    ("float32[1,,2]", r"empty dimension"),
+    ("float64[2]", r"float64 needs 64-bit JAX \(set JAX_ENABLE_X64=1\)"),
+])
+def test_bad_arg_spec(capsys, spec, pattern):
+  assert_one_line_error(capsys, ["inspect", "--arg", spec], 2, pattern)
+
+
+def test_model_cannot_run_on_inputs(capsys, target_module):
+  assert_one_line_error(
+      capsys, ["inspect", f"{target_module}:Picky", "--arg", "float32[3]"], 1,
+      r"Picky cannot run on the given inputs \(--arg float32\[3\]\): ValueError: expected a "
+      r"\(batch, features\) input")
+
+
+def test_no_inputs_for_a_model_that_needs_some(capsys, target_module):
+  assert_one_line_error(capsys, ["inspect", f"{target_module}:Net"], 1,
+                        r"cannot run on the given inputs \(no inputs\).*pass its inputs with --arg")
+
+
+def test_unknown_method(capsys, target_module):
+  assert_one_line_error(
+      capsys, ["inspect", f"{target_module}:Net", "--arg", "float32[1,4]", "--method", "nope"],
+      1, r"Net has no method 'nope' \(--method\)")
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["inspect", "--capacity", "0"], r"--capacity: expected a positive integer, got 0"),
+    (["inspect", "--steps", "many"], r"--steps: expected a positive integer, got 'many'"),
+    ([], r"the following arguments are required: COMMAND"),
+])
+def test_malformed_options(capsys, argv, pattern):
+  with pytest.raises(SystemExit) as exit_info:
+    main(argv)
+  assert exit_info.value.code == 2
+  import re
+  assert re.search(pattern, capsys.readouterr().err)
+
+
+def test_debug_shows_the_traceback(capsys):
+  code, _, err = run_main(capsys, "inspect", "lb_no_such_module_xyz:Net", "--debug")
+  assert code == 1
+  assert "Traceback" in err and "ModuleNotFoundError" in err
+  assert err.strip().splitlines()[-1].startswith("loopbridge inspect: error: cannot import")
+
+
+def test_unexpected_failure_is_one_line_unless_debug(capsys, monkeypatch):
+  def broken(*args, **kwargs):
+    raise KeyError("internal")
+
+  monkeypatch.setattr(_cli, "inspect_model", broken)
+  code, _, err = run_main(capsys, "inspect")
+  assert code == 1
+  assert err.strip().splitlines()[-1] == (
+      "loopbridge inspect: error: unexpected KeyError: 'internal' (run again with --debug "
+      "for the traceback)")
+  with pytest.raises(KeyError):
+    main(["inspect", "--debug"])
+
+
+# ----------------------------------------------------------------------------- pieces
+def test_parse_arg_spec():
+  assert _cli.parse_arg_spec("float32[1,100]") == _cli.ArgSpec("float32", (1, 100))
+  assert _cli.parse_arg_spec(" int32[ 2 , 3 ] ") == _cli.ArgSpec("int32", (2, 3))
+  assert _cli.parse_arg_spec("bool[]") == _cli.ArgSpec("bool", ())
+  assert _cli.parse_arg_spec("bfloat16[4]").dtype == "bfloat16"
+  assert str(_cli.parse_arg_spec("uint8[2,2]")) == "uint8[2,2]"
+
+
+def test_sample_inputs_kinds():
+  specs = [_cli.parse_arg_spec(s) for s in ("float32[2,3]", "int32[4]", "bool[2]")]
+  x, ids, mask = _cli.sample_inputs(specs, seed=0)
+  assert (x.shape, x.dtype) == ((2, 3), jnp.float32) and float(jnp.abs(x).sum()) > 0
+  assert ids.dtype == jnp.int32 and not ids.any()
+  assert mask.dtype == jnp.bool_ and mask.all()
+
+
+def test_progress_note_only_when_slow():
+  slow, fast = io.StringIO(), io.StringIO()
+  with _cli.progress("compiling the thing", stream=slow, delay=0.0):
+    time.sleep(0.05)
+  with _cli.progress("compiling the thing", stream=fast, delay=60.0):
+    pass
+  assert slow.getvalue() == "loopbridge: compiling the thing...\n"
+  assert fast.getvalue() == ""
+
+
+# ----------------------------------------------------------------------------- content
+def test_json_report_on_a_target(capsys, target_module):
+  code, out, _ = run_main(capsys, "inspect", f"{target_module}:factory", "--arg", "float32[1,4]",
+                          "--steps", "3", "--capacity", "4", "--json")
+  assert code == 0
+  doc = json.loads(out)
+  assert doc["model"] == "Net" and doc["inputs"] == ["float32[1,4]"]
+  assert (doc["capacity"], doc["steps"]) == (4, 3)
+
+  # Reference: plain Linen on the same input shape.
+  net = sys.modules[target_module].Net()
+  x = jnp.ones((1, 4))
+  variables = net.init(jax.random.key(0), x)
+  _, state = net.apply(variables, x, mutable=["intermediates"])
+  inter = state["intermediates"]
+  sites = {s["path"]: s for s in doc["sow_sites"]["sites"]}
+  assert set(sites) == {"x", "kept/h"} and "dropper" not in inter
+  assert sites["x"]["per_call"] == len(inter["x"]) == 2
+  assert sites["kept/h"]["shape"] == list(inter["kept"]["h"][0].shape) == [2, 1, 4]
+  assert sites["kept/h"]["transforms"][0] == {"kind": "scan", "path": "kept", "axis": 0,
+                                              "length": 2, "reverse": False}
+  (dropped,) = doc["sow_sites"]["dropped"]
+  assert (dropped["module_path"], dropped["name"]) == ("dropper", "h")
+  assert doc["buffer_memory"]["buffers_bytes"] == 4 * (1 * 4 + 2 * 1 * 4) * 4
+  assert doc["buffer_memory"]["counts_bytes"] == 8
+
+  leaves = jax.tree_util.tree_leaves(variables["params"])
+  assert doc["parameters"] == {"params": {
+      "arrays": len(leaves), "values": sum(int(np.prod(l.shape)) for l in leaves),
+      "bytes": sum(l.nbytes for l in leaves)}}
+
+  stock = doc["live_check"]["stock"]
+  assert not stock["ok"] and stock["error"].startswith("ValueError: ")
+  assert not stock["explain"]["ok"]
+  assert {c["kind"] for c in stock["explain"]["changes"]} >= {"sow"}
+  ours = doc["live_check"]["loopbridge"]
+  assert ours["ok"] and ours["steps_run"] == 3
+  # 3 steps: `x` is sown twice per call (6 values, 4 kept), `kept/h` once (3 values).
+  assert ours["recorded"]["intermediates/x"] == {"sown": 6, "kept": 4, "capacity": 4,
+                                                 "value_shape": [1, 4]}
+  assert ours["recorded"]["intermediates/kept/h"]["sown"] == 3
+  assert ours["first_call_s"] > 0 and ours["next_call_s"] > 0
+
+
+def test_text_report_with_method(capsys, target_module):
+  code, out, _ = run_main(capsys, "inspect", f"{target_module}:instance", "--arg", "float32[1,4]",
+                          "--arg", "bool[]", "--method", "other", "--steps", "2")
+  assert code == 0
+  assert "inputs: float32[1,4], bool[]; method: other; capacity 2" in out
+  assert "intermediates  flag  ()" in out
+  assert "stock flax.nnx.bridge.ToNNX: FAILED  ValueError" in out
+  assert "lb.ToNNX: ran 2 steps" in out
+  assert "intermediates/flag  2     2     2" in out
+
+
+# ----------------------------------------------------------------------------- end to end
+def _run(argv, cwd, extra_path=None):
+  env = dict(os.environ)
+  if extra_path:
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, env.get("PYTHONPATH")) if p)
+  return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_end_to_end_default_model(tmp_path):
+  result = _run([sys.executable, "-m", "loopbridge", "inspect"], cwd=tmp_path)
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert "seed-000 model" in out and "inputs: float32[1,100]; capacity 5" in out
+  assert "intermediates  ScanBlock_0/carry  (3, 1, 100)  float32  1         scan(axis=0, len=3)" in out
+  assert "dropped sows: none" in out
+  assert "params      2       30,300  118.4 KiB" in out
+  assert "stock flax.nnx.bridge.ToNNX: FAILED  ValueError: nnx.while_loop requires" in out
+  assert "[sow] carry[0].x: new sow tuple" in out
+  assert "lb.ToNNX: ran 5 steps" in out
+  assert "intermediates/ScanBlock_0/carry  5     5     5         (3, 1, 100)" in out
+  assert "Traceback" not in result.stderr
+
+
+def test_end_to_end_target_module_json(tmp_path):
+  (tmp_path / "user_models.py").write_text(TARGET_SOURCE)
+  script = os.path.join(os.path.dirname(sys.executable), "loopbridge")
+  command = [script] if os.path.exists(script) else [sys.executable, "-m", "loopbridge"]
+  result = _run([*command, "inspect", "user_models:Small", "--arg", "float32[2,4]", "--steps",
+                 "2", "--json"], cwd=tmp_path.parent, extra_path=str(tmp_path))
+  assert result.returncode == 0, result.stderr
+  doc = json.loads(result.stdout)
+  assert doc["target"] == "user_models:Small"
+  (site,) = doc["sow_sites"]["sites"]
+  assert (site["path"], site["shape"], site["per_call"]) == ("h", [2, 3], 1)
+  assert doc["parameters"]["params"] == {"arrays": 2, "values": 4 * 3 + 3, "bytes": 60}
+  assert doc["live_check"]["loopbridge"]["recorded"]["intermediates/h"]["sown"] == 2
+  assert not doc["live_check"]["stock"]["ok"]
