@@ -27,7 +27,6 @@ import functools
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 import typing as tp
@@ -168,55 +167,68 @@ class Stateful:
 
 
 # ------------------------------------------------------------------------------ timing
-def timed(fn: tp.Callable[[], tp.Any], calls: int = 1) -> float:
-  start = time.perf_counter()
+# Every sample is taken on two clocks: wall time, and this process's CPU time (all threads).
+# On a shared machine other processes stretch wall time by whole scheduler slices; CPU time
+# only counts the work this process did, so its ratios are the stable ones (see README).
+CLOCKS = ("cpu", "wall")
+
+
+def timed(fn: tp.Callable[[], tp.Any], calls: int = 1) -> np.ndarray:
+  """Seconds per call as [cpu, wall] (calls run back to back, then one block)."""
+  wall, cpu = time.perf_counter(), time.process_time()
   for _ in range(calls):
     out = fn()
   jax.block_until_ready(out)
-  return (time.perf_counter() - start) / calls
+  return np.array([time.process_time() - cpu, time.perf_counter() - wall]) / calls
 
 
 def calls_for(fn: tp.Callable[[], tp.Any], target_s: float, max_calls: int = 1000) -> int:
   """How many back-to-back calls make one sample last about `target_s` (at least one)."""
-  one = timed(fn)
+  one = timed(fn)[1]
   return max(1, min(max_calls, int(target_s / max(one, 1e-6))))
 
 
-def run_rounds(cases: dict[str, tp.Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+def run_rounds(cases: dict[str, tp.Callable[[], np.ndarray]], rounds: int
+               ) -> dict[str, list[np.ndarray]]:
   """Run every case once per round, rotating the order each round; return all samples."""
   names = list(cases)
-  samples: dict[str, list[float]] = {name: [] for name in names}
-  for r in range(rounds):
+  samples: dict[str, list[np.ndarray]] = {name: [] for name in names}
+  for r in range(rounds if names else 0):
     order = names[r % len(names):] + names[:r % len(names)]
     for name in order:
       samples[name].append(cases[name]())
   return samples
 
 
-def med(values: tp.Sequence[float]) -> float:
-  return float(statistics.median(values))
+def per_clock(values: tp.Sequence[np.ndarray], scale: float = 1.0) -> dict[str, float]:
+  """Median per clock."""
+  arr = np.asarray(values) * scale
+  return {clock: float(np.median(arr[:, k])) for k, clock in enumerate(CLOCKS)}
 
 
-def paired_ratio(num: tp.Sequence[float], den: tp.Sequence[float]) -> float:
-  return med([a / b for a, b in zip(num, den)])
+def paired_ratio(num: tp.Sequence[np.ndarray], den: tp.Sequence[np.ndarray]) -> dict[str, float]:
+  """Median over rounds of num/den, per clock (samples of the same round are paired)."""
+  r = np.asarray(num) / np.asarray(den)
+  return {clock: float(np.median(r[:, k])) for k, clock in enumerate(CLOCKS)}
 
 
 def loop_case(fn):
-  """Sample = (t_short, t_long) of one executable; per step = marginal cost."""
+  """Sample = marginal per-step cost [cpu, wall] and the two totals, of one executable."""
 
   def sample():
-    return (timed(lambda: fn(SHORT)), timed(lambda: fn(LONG)))
+    short, long = timed(lambda: fn(SHORT)), timed(lambda: fn(LONG))
+    return np.stack([(long - short) / (LONG - SHORT), short, long])
 
   return sample
 
 
-def marginal(samples):
-  return [(long - short) / (LONG - SHORT) for short, long in samples]
-
-
 # ------------------------------------------------------------------------------ sections
 def bench_loops(args, module, params, x) -> dict:
-  """A, B, C, D at capacity 64, then C/D at capacities 16/256/4096 (one model per capacity)."""
+  """A, B, C, D at capacity 64, then C/D at capacities 16/256/4096 (one model per capacity).
+
+  Loops that copy their buffers on every call (no donation) allocate up to 2 GB per call at
+  capacity 4096, which disturbs whatever runs next; they are timed in their own rounds.
+  """
   loop_a, loop_b = functional_loops(module)
   rec_b = Stateful(loop_b, params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
   models = {cap: new_model(module, x, cap) for cap in (MAIN_CAPACITY, *CAPACITIES)}
@@ -224,41 +236,60 @@ def bench_loops(args, module, params, x) -> dict:
       "A": lambda n: loop_a(params, x, n),
       "B": lambda n: rec_b(x, n),
   }
+  copying: dict[str, tp.Callable] = {}
   for cap, model in models.items():
     suffix = "" if cap == MAIN_CAPACITY else f"@{cap}"
     for graph in GRAPH_MODES:
       if cap != MAIN_CAPACITY and not graph:
         continue
       jitted = nnx.jit(nnx_loop(graph), **graph_kw(graph))
-      cases[f"C-{mode_name(graph)}{suffix}"] = functools.partial(
-          lambda n, jitted=jitted, model=model: jitted(model, x, n))
+      (cases if cap == MAIN_CAPACITY else copying)[f"C-{mode_name(graph)}{suffix}"] = (
+          functools.partial(lambda n, jitted=jitted, model=model: jitted(model, x, n)))
     step = lb.compile_step(nnx_loop(True), model)
     cases[f"D{suffix}"] = functools.partial(lambda n, step=step: step(x, n))
+  if hasattr(lb, "while_loop"):
+    model = models[MAIN_CAPACITY]
+
+    def eager(n):
+      return lb.while_loop(_cond_n, _body_n, (model, x, 0, n))[1]
+
+    copying["lb.while_loop (eager)"] = eager
   t0 = time.perf_counter()
-  for name, fn in cases.items():  # compile (and settle donation) outside the timed rounds
+  for fn in (*cases.values(), *copying.values()):  # compile and settle donation, untimed
     jax.block_until_ready(fn(SHORT))
-  print(f"  compiled {len(cases)} loops in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+  print(f"  compiled {len(cases) + len(copying)} loops in {time.perf_counter() - t0:.1f}s",
+        file=sys.stderr)
   samples = run_rounds({name: loop_case(fn) for name, fn in cases.items()}, args.rounds)
-  out = {}
-  for name, s in samples.items():
-    m = marginal(s)
-    out[name] = {
-        "per_step_us": med(m) * 1e6,
-        "per_step_samples_us": [v * 1e6 for v in m],
-        f"t{SHORT}_ms": med([a for a, _ in s]) * 1e3,
-        f"t{LONG}_ms": med([b for _, b in s]) * 1e3,
-    }
-  return out
+  samples.update(run_rounds({name: loop_case(fn) for name, fn in copying.items()},
+                            max(3, args.rounds // 3)))
+  return {name: {"per_step_us": per_clock([x[0] for x in v], 1e6),
+                 f"t{SHORT}_ms": per_clock([x[1] for x in v], 1e3),
+                 f"t{LONG}_ms": per_clock([x[2] for x in v], 1e3),
+                 "samples": [x[0] for x in v]}
+          for name, v in samples.items()}
+
+
+def _cond_n(c):
+  return c[2] < c[3]
+
+
+def _body_n(c):
+  model, h, i, n = c
+  return model, model(h), i + 1, n
 
 
 def bench_calls(args, module, x, *, capacities, tiny: bool) -> dict:
-  """Per-call time of one jitted step: functional apply vs nnx.jit vs lb.compile_step."""
+  """Per-call time of one jitted step: functional apply vs nnx.jit vs lb.compile_step.
+
+  Steps that copy a large buffer on every call are timed in their own rounds (see bench_loops).
+  """
   key = jax.random.key(1)
   params = module.init(key, x)
   params = {"params": params["params"]}
   step_a, step_b = functional_steps(module)
   depth, batch, width = module.depth, x.shape[0], x.shape[1]
   cases: dict[str, tp.Callable] = {"jax.jit apply": lambda: step_a(params, x)}
+  copying: dict[str, tp.Callable] = {}
   for cap in capacities:
     suffix = f"@{cap}"
     rec = Stateful(step_b, params, new_records(cap, depth, batch, width))
@@ -266,7 +297,7 @@ def bench_calls(args, module, x, *, capacities, tiny: bool) -> dict:
     model = new_model(module, x, cap)
     for graph in GRAPH_MODES:
       jitted = nnx.jit(nnx_step, **graph_kw(graph))
-      cases[f"C-{mode_name(graph)}{suffix}"] = functools.partial(
+      (cases if tiny else copying)[f"C-{mode_name(graph)}{suffix}"] = functools.partial(
           lambda jitted, model: jitted(model, x), jitted, model)
       if not tiny:
         break  # tree mode costs the same per call on the wide model; once is enough
@@ -275,13 +306,14 @@ def bench_calls(args, module, x, *, capacities, tiny: bool) -> dict:
         lambda jitted, model: jitted(model, x), donating, model)
     step = lb.compile_step(nnx_step, model)
     cases[f"D{suffix}"] = functools.partial(lambda step: step(x), step)
-  timers = {}
-  for name, fn in cases.items():
-    jax.block_until_ready(fn())
-    timers[name] = functools.partial(timed, fn, calls_for(fn, args.sample_s))
+  timers, copy_timers = {}, {}
+  for group, timer_group in ((cases, timers), (copying, copy_timers)):
+    for name, fn in group.items():
+      jax.block_until_ready(fn())
+      timer_group[name] = functools.partial(timed, fn, calls_for(fn, args.sample_s))
   samples = run_rounds(timers, args.rounds)
-  return {name: {"per_call_us": med(s) * 1e6, "samples_us": [v * 1e6 for v in s]}
-          for name, s in samples.items()}
+  samples.update(run_rounds(copy_timers, max(3, args.rounds // 3)))
+  return {name: {"per_call_us": per_clock(v, 1e6), "samples": v} for name, v in samples.items()}
 
 
 def memory_stats(compiled) -> dict:
@@ -331,8 +363,7 @@ def bench_lazy_init(args, module, x) -> dict:
   for fn in cases.values():
     fn()
   samples = run_rounds(cases, max(3, args.rounds // 3))
-  return {name: {"wall_ms": med(s) * 1e3, "samples_ms": [v * 1e3 for v in s]}
-          for name, s in samples.items()}, samples
+  return {name: {"ms": per_clock(v, 1e3), "samples": v} for name, v in samples.items()}
 
 
 # ------------------------------------------------------------------------------ report
@@ -342,8 +373,10 @@ def check(value: float, target: float) -> str:
 
 def main(argv: tp.Sequence[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true", help="fewer rounds (about 1-2 minutes)")
+  parser.add_argument("--quick", action="store_true", help="fewer rounds (about 2 minutes)")
   parser.add_argument("--rounds", type=int, default=None, help="timed rounds per scenario")
+  parser.add_argument("--judge", choices=CLOCKS, default="cpu",
+                      help="clock whose ratios are checked against the targets (default cpu)")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                     "results", "recording.json"))
   args = parser.parse_args(argv)
@@ -366,54 +399,54 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   print("memory ...", file=sys.stderr)
   memory = bench_memory(module, params, x)
   print("lazy_init ...", file=sys.stderr)
-  lazy, lazy_samples = bench_lazy_init(args, module, x)
-
-  def steps(name):
-    return loops[name]["per_step_samples_us"]
+  lazy = bench_lazy_init(args, module, x)
 
   ratios = {}
 
-  def ratio(name, value, target):
-    ratios[name] = {"value": value, "target": target, "status": check(value, target)}
+  def ratio(name, num, den, target):
+    value = paired_ratio(num["samples"], den["samples"])
+    ratios[name] = {"value": value, "target": target,
+                    "status": "info" if target is None else check(value[args.judge], target)}
 
-  b_over_a = paired_ratio(steps("B"), steps("A"))
+  b_over_a = paired_ratio(loops["B"]["samples"], loops["A"]["samples"])[args.judge]
   for graph in GRAPH_MODES:
-    ratio(f"C-{mode_name(graph)}/B step", paired_ratio(steps(f"C-{mode_name(graph)}"),
-                                                        steps("B")), 1.05)
-  ratio("D/B step", paired_ratio(steps("D"), steps("B")), 1.05)
-  ratios["B/A step"] = {"value": b_over_a, "target": None, "status": "info"}
-  ratio("D/A step (cap 64)", paired_ratio(steps("D"), steps("A")), max(1.15, b_over_a))
-  for name in ("C-graph", "D"):
-    ratio(f"{name} step cap 4096/16", paired_ratio(steps(f"{name}@4096"), steps(f"{name}@16")),
-          1.10)
-  tiny_ref = dispatch["jax.jit apply+buffers@16"]["samples_us"]
-  ratio("D dispatch / jax.jit apply+buffers", paired_ratio(dispatch["D@16"]["samples_us"],
-                                                           tiny_ref), 2.0)
-  ratio("D dispatch / jax.jit apply", paired_ratio(dispatch["D@16"]["samples_us"],
-                                                   dispatch["jax.jit apply"]["samples_us"]), 2.0)
+    ratio(f"C-{mode_name(graph)}/B step", loops[f"C-{mode_name(graph)}"], loops["B"], 1.05)
+  ratio("D/B step", loops["D"], loops["B"], 1.05)
+  ratio("B/A step", loops["B"], loops["A"], None)
+  ratio("D/A step (cap 64)", loops["D"], loops["A"], max(1.15, b_over_a))
+  for name in ("D", "C-graph"):
+    ratio(f"{name} step cap 4096/16", loops[f"{name}@4096"], loops[f"{name}@16"], 1.10)
+  ratio("D dispatch / jax.jit apply+buffers", dispatch["D@16"],
+        dispatch["jax.jit apply+buffers@16"], 2.0)
+  ratio("D dispatch / jax.jit apply", dispatch["D@16"], dispatch["jax.jit apply"], 2.0)
+  ratio("C-graph dispatch / jax.jit apply+buffers", dispatch["C-graph@16"],
+        dispatch["jax.jit apply+buffers@16"], None)
   for name in ("D", "C-graph donate", "C-graph"):
-    ratio(f"{name} per call cap 4096/16", paired_ratio(per_call[f"{name}@4096"]["samples_us"],
-                                                       per_call[f"{name}@16"]["samples_us"]),
+    ratio(f"{name} per call cap 4096/16", per_call[f"{name}@4096"], per_call[f"{name}@16"],
           1.10)
+  ratio("lb.lazy_init / bridge.lazy_init", lazy["lb.lazy_init"], lazy["bridge.lazy_init"], 1.5)
   for name in ("C", "D"):
-    ratios[f"{name} temp - A temp <= buffer bytes"] = {
-        "value": memory[name]["temp_minus_A"], "target": memory["buffer_bytes"],
-        "status": check(memory[name]["temp_minus_A"], memory["buffer_bytes"])}
-  ratio("lb.lazy_init / bridge.lazy_init",
-        paired_ratio(lazy_samples["lb.lazy_init"], lazy_samples["bridge.lazy_init"]), 1.5)
+    extra = memory[name]["temp_minus_A"]
+    ratios[f"{name} temp - A temp (bytes) vs buffer bytes"] = {
+        "value": {clock: extra for clock in CLOCKS}, "target": memory["buffer_bytes"],
+        "status": check(extra, memory["buffer_bytes"])}
+
+  def strip(section):
+    return {name: {k: v for k, v in d.items() if k != "samples"} for name, d in section.items()}
 
   result = {
       "command": "python benchmarks/bench_recording.py" + (" --quick" if args.quick else ""),
-      "rounds": args.rounds,
+      "rounds": args.rounds, "judge": args.judge,
       "versions": {"python": platform.python_version(), "jax": jax.__version__,
                    "jaxlib": getattr(__import__("jaxlib"), "__version__", "?"),
                    "flax": flax.__version__, "loopbridge": lb.__version__},
       "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                  "device": str(jax.devices()[0])},
+                  "device": str(jax.devices()[0]),
+                  "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
       "model": {"width": WIDTH, "depth": DEPTH, "batch": BATCH, "steps": [SHORT, LONG],
                 "capacity": MAIN_CAPACITY},
-      "loops": loops, "dispatch_tiny": dispatch, "per_call_wide": per_call, "memory": memory,
-      "lazy_init": lazy, "ratios": ratios,
+      "loops": strip(loops), "dispatch_tiny": strip(dispatch), "per_call_wide": strip(per_call),
+      "memory": memory, "lazy_init": strip(lazy), "ratios": ratios,
       "seconds": time.perf_counter() - started,
   }
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -423,45 +456,54 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   return result
 
 
+def _cw(d: dict[str, float], fmt: str) -> str:
+  return f"{d['cpu']:{fmt}} | {d['wall']:{fmt}}"
+
+
 def render(r: dict) -> str:
   v = r["versions"]
+  load = r["machine"]["load_average"]
   lines = [
-      f"`{r['command']}` — jax {v['jax']}, flax {v['flax']}, {r['machine']['cpus']} CPUs, "
-      f"{r['rounds']} rounds, {r['seconds']:.0f}s. Model: seed-000 MLP, width {WIDTH}, "
-      f"depth {DEPTH}, batch {BATCH}.",
+      f"`{r['command']}` — jax {v['jax']}, flax {v['flax']}, {r['machine']['cpus']} CPUs"
+      + (f" (load average {load[0]:.1f} at the end)" if load else "")
+      + f", {r['rounds']} rounds, {r['seconds']:.0f} s. Model: seed-000 MLP, width {WIDTH}, "
+      f"depth {DEPTH}, batch {BATCH}. Medians; cpu = this process's CPU time, wall = elapsed.",
       "",
-      f"Loops (per step = (t{LONG} - t{SHORT}) / {LONG - SHORT}, median; capacity "
-      f"{MAIN_CAPACITY} unless @cap)",
+      f"Loops: per step = (t{LONG} - t{SHORT}) / {LONG - SHORT} of one executable; capacity "
+      f"{MAIN_CAPACITY} unless @capacity",
       "",
-      f"| scenario | per step µs | t{SHORT} ms | t{LONG} ms |",
-      "|---|---:|---:|---:|",
+      f"| scenario | per step µs cpu | wall | t{SHORT} ms cpu | wall | t{LONG} ms cpu | wall |",
+      "|---|---:|---:|---:|---:|---:|---:|",
   ]
   for name, d in r["loops"].items():
-    lines.append(f"| {name} | {d['per_step_us']:.1f} | {d[f't{SHORT}_ms']:.2f} | "
-                 f"{d[f't{LONG}_ms']:.2f} |")
-  lines += ["", "Per call of one jitted step (µs, median)", "",
-            "| step | tiny model (width 8, depth 3, batch 1) | wide model |", "|---|---:|---:|"]
-  names = list(dict.fromkeys([*r["dispatch_tiny"], *r["per_call_wide"]]))
-  for name in names:
-    tiny = r["dispatch_tiny"].get(name)
-    wide = r["per_call_wide"].get(name)
-    lines.append(f"| {name} | {tiny['per_call_us']:.0f} | " if tiny else f"| {name} | | ")
-    lines[-1] += f"{wide['per_call_us']:.0f} |" if wide else " |"
+    lines.append(f"| {name} | {_cw(d['per_step_us'], '.0f')} | {_cw(d[f't{SHORT}_ms'], '.1f')} "
+                 f"| {_cw(d[f't{LONG}_ms'], '.1f')} |")
+  lines += ["", "Per call of one jitted step, µs", "",
+            "| step | tiny model cpu | wall | wide model cpu | wall |", "|---|---:|---:|---:|---:|"]
+  for name in dict.fromkeys([*r["dispatch_tiny"], *r["per_call_wide"]]):
+    cells = []
+    for section in (r["dispatch_tiny"], r["per_call_wide"]):
+      cells.append(_cw(section[name]["per_call_us"], ".0f") if name in section else " | ")
+    lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
   mem = r["memory"]
-  lines += ["", f"Compiled memory of the capacity-{MAIN_CAPACITY} loop (bytes; buffers: "
+  lines += ["", f"Compiled memory of the capacity-{MAIN_CAPACITY} loop, bytes (buffers: "
             f"{mem['buffer_bytes']})", "",
             "| loop | argument | output | alias | temp |", "|---|---:|---:|---:|---:|"]
   for name in ("A", "B", "C", "D"):
     m = mem[name]
     lines.append(f"| {name} | {m['argument']} | {m['output']} | {m['alias']} | {m['temp']} |")
-  lines += ["", "lazy_init wall time (ms, median): " + ", ".join(
-      f"{k} {d['wall_ms']:.0f}" for k, d in r["lazy_init"].items()), "",
-            "| ratio (paired medians) | value | target | |", "|---|---:|---:|---|"]
+  lines += ["", "lazy_init, ms: " + "; ".join(
+      f"{k} {_cw(d['ms'], '.0f').replace(' | ', ' cpu, ')} wall" for k, d in r["lazy_init"].items()),
+            "", f"| ratio (median of paired ratios) | cpu | wall | target | status ({r['judge']}) |",
+            "|---|---:|---:|---:|---|"]
   for name, d in r["ratios"].items():
     value, target = d["value"], d["target"]
-    fmt = (lambda z: f"{z:.3f}") if isinstance(value, float) else str
-    lines.append(f"| {name} | {fmt(value)} | "
-                 f"{'' if target is None else ('≤ ' + fmt(target))} | {d['status']} |")
+    if isinstance(target, int) and not isinstance(target, bool) and target > 1000:
+      cells, tgt = f"{value['cpu']} | ", f"≤ {target}"
+    else:
+      cells = _cw(value, ".3f")
+      tgt = "" if target is None else f"≤ {target:.3f}"
+    lines.append(f"| {name} | {cells} | {tgt} | {d['status']} |")
   return "\n".join(lines)
 
 
