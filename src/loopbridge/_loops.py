@@ -81,8 +81,13 @@ def _structure_error(loop_name: str, plan: _Plan, body: tp.Callable[[tp.Any], tp
 def _step(loop_name: str, plan: _Plan, body: tp.Callable[[tp.Any], tp.Any], state: tp.Any,
           values: list[tp.Any]) -> tuple[tp.Any, list[tp.Any]]:
   """One traced step: merge, call the body, split, and check the structure is unchanged."""
+  # On flax 0.12 `merge` puts the state's own Variables into the modules, so the body mutates
+  # `state`; keep an untouched copy (new Variable objects around the same arrays) to compare
+  # with and to explain from.
+  state_in = jax.tree_util.tree_map(lambda leaf: leaf, state)
   carry = _join(plan, nnx.merge(plan.graphdef, state), values)
   out = body(carry)
+  state = state_in
   leaves, treedef, node_mask = _flatten(out)
   if treedef != plan.treedef or node_mask != plan.node_mask:
     raise _structure_error(loop_name, plan, body, state, values,
