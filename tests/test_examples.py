@@ -21,6 +21,8 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 # The line of output that says the example did what it claims (a substring of one stdout line).
 KEY_LINES = {
     "seed_000_sow_in_while_loop.py": "last step, last layer carry equals the loop output: True",
+    "seed_001_two_models_fori_loop.py": "returned the caller's models: True",
+    "seed_002_layer_stacks.py": "fori_loop forward == Python-loop forward (bit-exact)",
     "decoding_with_cache.py": "matches step-by-step Linen: True",
 }
 
