@@ -8,6 +8,7 @@ and print something; list it here so its result is checked, not just its exit co
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -51,3 +52,43 @@ def test_readme_python_blocks_run():
     example.evaluate()
   namespace = document.namespace
   assert "lb" in namespace and "model" in namespace
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor for a markdown heading."""
+  text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+  return text.replace(" ", "-")
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+  anchors, fenced = set(), False
+  for line in path.read_text().splitlines():
+    if line.startswith("```"):
+      fenced = not fenced
+    elif not fenced and line.startswith("#"):
+      anchors.add(_slug(line.lstrip("#")))
+  return anchors
+
+
+DOCS = sorted([ROOT / "README.md", ROOT / "docs" / "api.md",
+               *(ROOT / "migration_guides").glob("*.md")])
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: pathlib.Path):
+  """Every relative link in the guides, README and API page names a file (and heading) that exists."""
+  if not page.exists():
+    pytest.skip(f"{page.name} does not exist")
+  prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)  # code blocks
+  prose = re.sub(r"`[^`\n]*`", "", prose)  # inline code
+  broken = []
+  for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+    if re.match(r"[a-z]+://", target) or target.startswith("mailto:"):
+      continue
+    file_part, _, anchor = target.partition("#")
+    linked = (page.parent / file_part).resolve() if file_part else page
+    if not linked.exists():
+      broken.append(f"{target}: no file {file_part}")
+    elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+      broken.append(f"{target}: no heading #{anchor} in {linked.name}")
+  assert not broken, f"{page.name}: " + "; ".join(broken)
