@@ -6,13 +6,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,7 +121,6 @@ def assert_one_line_error(capsys, argv, code, pattern):
   # A progress note may precede the error; the error itself is one line, no traceback.
   assert lines[-1].startswith("loopbridge inspect: error: ")
   assert "Traceback" not in err
-  import re
   assert re.search(pattern, lines[-1]), lines[-1]
 
 
@@ -198,7 +196,6 @@ def test_malformed_options(capsys, argv, pattern):
   with pytest.raises(SystemExit) as exit_info:
     main(argv)
   assert exit_info.value.code == 2
-  import re
   assert re.search(pattern, capsys.readouterr().err)
 
 

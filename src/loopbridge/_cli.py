@@ -105,7 +105,6 @@ class ArgSpec:
 def parse_arg_spec(text: str) -> ArgSpec:
   """`'float32[1,100]'` -> ArgSpec('float32', (1, 100)); CliError (usage) if malformed."""
   import jax
-  import numpy as np
   from jax import numpy as jnp
 
   match = _ARG_RE.match(text)
@@ -128,7 +127,6 @@ def parse_arg_spec(text: str) -> ArgSpec:
   if any(not p for p in pieces):
     raise CliError(f"--arg {text!r}: empty dimension; write e.g. 'float32[1,100]'",
                    USAGE_ERROR)
-  del np
   return ArgSpec(dtype.name, tuple(int(p) for p in pieces))
 
 
