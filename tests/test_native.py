@@ -8,6 +8,7 @@ RTOL/ATOL (float32 round-off); counts and shapes are exact.
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -381,3 +382,72 @@ def test_method_by_name_and_bound_method():
   for m in (a, b):
     m.other(X)
     np.testing.assert_allclose(lb.recorded(m)["intermediates"]["o"], X[None])
+
+
+# ----------------------------------------------------------------- bridged parts in the graph
+class LinenSow(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "x", x)
+    return x
+
+
+def test_error_uninitialized_bridge_in_graph():
+  class Holder(nnx.Module):
+    def __init__(self):
+      self.part = lb.ToNNX(LinenSow())
+
+    def __call__(self, x):
+      return self.part(x)
+
+  with pytest.raises(lb.NotInitializedError, match="'part' is not initialized.*lb.lazy_init"):
+    lb.preallocate(Holder(), X, capacity=2)
+
+
+def test_error_bridge_called_inside_an_nnx_transform():
+  class Ensemble(nnx.Module):
+    def __init__(self):
+      self.part = lb.lazy_init(lb.ToNNX(LinenSow()), X[0], capacity=2)
+
+    def __call__(self, xs):
+      return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.part, xs)
+
+  with pytest.raises(TypeError, match="inside an NNX transform.*lb.preallocate on that lb.ToNNX"):
+    lb.preallocate(Ensemble(), X, capacity=2)
+
+
+def test_bridged_and_native_capacity_keys_resolve_from_the_root():
+  class Holder(nnx.Module):
+    def __init__(self):
+      self.part = lb.lazy_init(lb.ToNNX(LinenSow()), X, capacity=1)
+
+    def __call__(self, x):
+      self.sow(nnx.Intermediate, "y", self.part(x))
+      return x
+
+  model = lb.preallocate(Holder(), X, capacity={"part/x": 3, "y": 2})
+  shapes = jax.tree.map(jnp.shape, lb.buffers(model))
+  assert shapes == {"intermediates": {"y": (2, 2, 3)}, "part": {"intermediates": {"x": (3, 2, 3)}}}
+  model, _ = nnx.fori_loop(0, 2, lambda i, c: (c[0], c[0](c[1])), (model, X))
+  rec = lb.recorded(model)
+  np.testing.assert_allclose(rec["part"]["intermediates"]["x"], jnp.stack([X, X]))
+  np.testing.assert_allclose(rec["intermediates"]["y"], jnp.stack([X, X]))
+
+
+def test_reset_inside_loop_keeps_stacked_counts_shape():
+  x = jnp.linspace(-1, 1, 8).reshape(2, 4)
+  model = lb.preallocate(ScanStack(nnx.Rngs(0)), x, capacity=2)
+
+  def body(i, carry):
+    model, x = carry
+    lb.reset(model)  # keep only the last step
+    return model, model(x)
+
+  model, _ = nnx.fori_loop(0, 3, body, (model, x))
+  ref, h = ScanStack(nnx.Rngs(0)), x
+  for _ in range(3):
+    h = ref(h)
+  last = val(ref.layers.h)[-1]
+  rec = lb.recorded(model)["layers"]["intermediates"]["h"]
+  assert rec.shape == (1, 3, 2, 4)
+  np.testing.assert_allclose(rec[0], last, rtol=RTOL, atol=ATOL)
