@@ -258,6 +258,42 @@ def test_eager_call_is_traced_once():
   np.testing.assert_allclose(y1, y2)
 
 
+def test_same_module_twice_and_numpy_bounds():
+  model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+  kernel = value(model.kernel)
+
+  def body(i, carry):
+    a, b, x = carry
+    _compat.set_variable_value(a.kernel, _compat.variable_value(a.kernel) + 1.0)
+    return a, b, x + _compat.variable_value(b.kernel).sum()
+
+  a, b, x = lb.fori_loop(np.int64(0), np.int64(3), body, (model, model, jnp.zeros(())))
+  assert a is b is model
+  np.testing.assert_allclose(value(model.kernel), kernel + 3.0)
+  expected = sum(float((kernel + k).sum()) for k in (1.0, 2.0, 3.0))  # b is a: sees each update
+  np.testing.assert_allclose(x, expected, rtol=1e-6)
+
+
+def test_grad_through_lb_fori_loop_matches_python_loop():
+  model = nnx.Linear(3, 3, rngs=nnx.Rngs(0))
+  x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+
+  def loss_lb(m):
+    _, y = lb.fori_loop(0, 3, lambda i, c: (c[0], jnp.tanh(c[0](c[1]))), (m, x))
+    return (y ** 2).sum()
+
+  def loss_python(m):
+    y = x
+    for _ in range(3):
+      y = jnp.tanh(m(y))
+    return (y ** 2).sum()
+
+  grads = nnx.grad(loss_lb)(model)
+  grads_ref = nnx.grad(loss_python)(nnx.clone(model))
+  np.testing.assert_allclose(value(grads["kernel"]), value(grads_ref["kernel"]), rtol=1e-5,
+                             atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- structure errors
 # flax 0.12 deprecates `Module.sow` outside `nnx.capture` (0.10 has no capture); a native sow
 # growing in a loop is exactly the failure these tests explain.

@@ -24,6 +24,7 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from . import _compat
@@ -130,6 +131,10 @@ def _compiled(plan: _Plan) -> tp.Callable[..., tp.Any]:
   return jax.jit(functools.partial(_run, plan))
 
 
+def _is_static_int(x: tp.Any) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
 def _is_traced(tree: tp.Any) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
@@ -140,9 +145,11 @@ def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.
   nodes = [leaf for leaf, is_node in zip(leaves, node_mask) if is_node]
   values = [leaf for leaf, is_node in zip(leaves, node_mask) if not is_node]
   graphdef, state = _compat.split_graph(nodes)
-  static_bounds = (kind == "fori" and type(lower) is int and type(upper) is int)  # noqa: E721
+  # Python/NumPy integer bounds stay static, as `jax.lax.fori_loop` keeps them (a scan with a
+  # known trip count, reverse-differentiable); anything else is traced.
+  static_bounds = kind == "fori" and _is_static_int(lower) and _is_static_int(upper)
   plan = _Plan(kind, cond_fn, body_fn, graphdef, treedef, node_mask,
-               (lower, upper) if static_bounds else None, unroll)
+               (int(lower), int(upper)) if static_bounds else None, unroll)
   run: tp.Callable[..., tp.Any] = functools.partial(_run, plan)
   if not _is_traced((state, values, lower, upper)):
     try:
