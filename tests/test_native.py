@@ -451,3 +451,24 @@ def test_reset_inside_loop_keeps_stacked_counts_shape():
   rec = lb.recorded(model)["layers"]["intermediates"]["h"]
   assert rec.shape == (1, 3, 2, 4)
   np.testing.assert_allclose(rec[0], last, rtol=RTOL, atol=ATOL)
+
+
+def test_bridge_called_twice_with_different_sites():
+  class TwoCalls(nn.Module):
+    @nn.compact
+    def __call__(self, x, first):
+      self.sow("intermediates", "first" if first else "second", x)
+      return x
+
+  class Holder(nnx.Module):
+    def __init__(self):
+      self.part = lb.lazy_init(lb.ToNNX(TwoCalls()), X, True, capacity=1)
+
+    def __call__(self, x):
+      return self.part(self.part(x, True), False)
+
+  model = lb.preallocate(Holder(), X, capacity={"part/first": 2, "part/second": 3})
+  shapes = jax.tree.map(jnp.shape, lb.buffers(model))
+  assert shapes == {"part": {"intermediates": {"first": (2, 2, 3), "second": (3, 2, 3)}}}
+  model(X)
+  assert int(lb.counts(model)["part"]["intermediates"]["second"]) == 1

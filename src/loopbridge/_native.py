@@ -329,10 +329,10 @@ def _resolve(capacity, native_sites, bridge_calls, bridges, model_name):
       global_keys[(site[0], *map(str, path), *site[1:])] = (path, site)
   resolved = _capacity.resolve_capacities(capacity, sorted({*native_keys, *global_keys}),
                                           model_name=model_name)
+  # Per lb.ToNNX: its own site paths -> capacity (exact keys); each call declares its subset.
   per_bridge: dict = {path: {} for path in bridge_sites}
   for key, (path, site) in global_keys.items():
-    per_bridge[path][_capacity.site_path_str(site)] = resolved[key]
-  per_bridge = {p: (spec or None) for p, spec in per_bridge.items()}
+    per_bridge[path][site] = resolved[key]
   return {k: resolved[k] for k in native_keys}, per_bridge
 
 
@@ -409,9 +409,11 @@ def preallocate_graph(model: tp.Any, args: tuple, kwargs: dict, *, capacity, ove
     variable = _new_state_variable(var_type, abstract, sows)
     if isinstance(module, nnx.Module) and variable is not None:
       setattr(module, path[-1], variable)
-  for path, a_args, a_kwargs, method_, _ in bridge_calls:
+  for path, a_args, a_kwargs, method_, sites in bridge_calls:
     node = bridges[path]
     spec = per_bridge[path]
+    if capacity is not None:  # resolved over the whole graph: this call's sites only
+      spec = {_capacity.site_path_str(site): spec[site] for site in sites} or None
     node._loopbridge_declare(
         _concrete(a_args), _concrete(a_kwargs), method=method_, capacity=spec,
         overflow=overflow if overflow is not None else node.loopbridge__settings.overflow)
