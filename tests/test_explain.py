@@ -159,6 +159,17 @@ def test_variable_replaced():
   assert "write into the existing Variable" in str(report)
 
 
+def test_module_replaced_is_one_change():
+  def step(carry):
+    model, x = carry
+    model.linear = nnx.merge(*nnx.split(model.linear))  # an equal copy, but a new object
+    return model, x
+
+  report = lb.explain(step, (Sower(), jnp.ones((1, 3))))
+  assert kinds(report) == [("replaced", "carry[0].linear")]
+  assert report.changes[0].message == "carry[0].linear: module replaced by a new Linear object"
+
+
 def test_shape_change():
   def step(carry):
     model, x = carry

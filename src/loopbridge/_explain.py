@@ -178,9 +178,9 @@ class Change:
     return dataclasses.asdict(self)
 
 
-_WHY = ("A JAX loop carries exactly the same structure through every step, and NNX loops also "
-        "need the same Variable objects and the same shared references, so nnx.while_loop / "
-        "nnx.fori_loop / nnx.scan reject this body.")
+_WHY = ("A JAX loop carries exactly the same structure through every step; NNX loops "
+        "(nnx.while_loop / nnx.fori_loop / nnx.scan) also need the same shared references and, "
+        "on flax 0.10 and in tree mode, the same Variable and module objects.")
 
 _FIXES: dict[str, str] = {
     "sow:" + _BRIDGE: (
@@ -202,8 +202,8 @@ _FIXES: dict[str, str] = {
         "Variables on every call. lb.ToNNX(linen_module, rngs=...) writes them in place."),
     "replaced": (
         "replaced objects: write into the existing Variable (var.value = new, or "
-        "var[...] = new) instead of assigning a new Variable or module; NNX loops track them "
-        "by identity."),
+        "var[...] = new) instead of assigning a new Variable or module; NNX loops on flax "
+        "0.10 and in tree mode track them by identity."),
     "sharing": (
         "sharing: keep shared submodules and Variables shared; do not copy or rebuild them inside "
         "the body (nnx.clone, nnx.merge, copy.deepcopy), and assign one object to every place "
@@ -387,6 +387,7 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
 
   type_changed: set[str] = set()
   grown: set[str] = set()
+  replaced_modules: set[str] = set()
   for path, x in b.items():
     y = a.get(path)
     if (y is None or _under_any(path, skip) or _under_any(path, type_changed)
@@ -404,7 +405,10 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
           f"{path}: sow tuple grew from {x.tuple_len} to {y.tuple_len} values "
           f"({_sow_text(after, path)}); every call appends, so the carry changes on every step", _describe(x), _describe(y), y.owner))
       continue
-    if x.kind in (_VARIABLE, _MODULE) and x.ident != y.ident and path not in no_identity:
+    if (x.kind in (_VARIABLE, _MODULE) and x.ident != y.ident and path not in no_identity
+        and not _under_any(path, replaced_modules)):
+      if x.kind == _MODULE:
+        replaced_modules.add(path)  # its Variables are new too: one change says it
       what = "Variable" if x.kind == _VARIABLE else "module"
       changes.append(Change("replaced", path,
                             f"{path}: {what} replaced by a new {y.type_name} object",

@@ -169,6 +169,8 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
   The carry may mix `lb.ToNNX` models, stock and native NNX modules (several different ones,
   shared submodules, the same module twice), Variables, arrays and Python scalars in nested
   tuples/lists/dicts. The caller's modules are updated in place, as with `nnx.while_loop`.
+  The check is on structure (GraphDef, paths, shapes, dtypes), not identity: a body that
+  assigns a new Variable of the same type and shape is carried (its value is kept).
   Outside a trace the loop is compiled once per body/condition and carry structure and
   reused (as with `jax.jit`, values the body reads from globals are fixed at that trace).
 
@@ -211,7 +213,8 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
   carry may mix `lb.ToNNX` models, stock and native NNX modules, shared submodules, Variables,
   arrays and Python scalars; the caller's modules are updated in place. With Python-int bounds
   the trip count is static (as in `jax.lax.fori_loop`). Outside a trace the loop is compiled
-  once per body and carry structure and reused.
+  once per body and carry structure and reused. As for `while_loop`, the check is on
+  structure, not Variable identity.
 
   Args:
     lower: first index (inclusive).
