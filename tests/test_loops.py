@@ -204,6 +204,21 @@ def test_shared_submodule_carry(graph):
   np.testing.assert_allclose(value(a.scale), 1.0)
 
 
+@pytest.mark.parametrize("graph_arg", [True, False, None])
+def test_graph_argument_is_accepted_on_every_flax(graph_arg):
+  """`graph=` is accepted for drop-in use; shared references work whatever it says."""
+  shared = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+  a, b = Holder(shared), Holder(shared)
+  ref_a, ref_b = nnx.clone((a, b))
+  x = jnp.ones((1, 2))
+  _, _, y = lb.fori_loop(0, 2, shared_body, (a, b, x), graph=graph_arg)
+  y_ref = x
+  for i in range(2):
+    _, _, y_ref = shared_body(i, (ref_a, ref_b, y_ref))
+  np.testing.assert_allclose(y, y_ref, rtol=RTOL, atol=ATOL)
+  assert a.sub is b.sub
+
+
 def test_mixed_carry_stock_native_bridged_and_scalars():
   """lb.ToNNX, a native module, a dict, a Python int and a float array in one carry."""
   module, bridged, variables, x = seed_000()
@@ -240,6 +255,16 @@ def test_rngs_in_carry_advance_like_eager_calls():
   expected = sum(float(jax.random.uniform(ref())) for _ in range(3))
   np.testing.assert_allclose(total, expected, rtol=1e-6)
   assert int(value(rngs.default.count)) == int(value(ref.default.count)) == 3
+
+
+def test_structure_error_is_the_explain_report():
+  def body(i, x):
+    return jnp.concatenate([x, x])
+
+  expected = str(lb.explain(lambda x: body(0, x), jnp.ones(2)))
+  with pytest.raises(lb.StructureChangeError) as info:
+    lb.fori_loop(0, 2, body, jnp.ones(2))
+  assert str(info.value).endswith(expected.replace("lb.explain(<lambda>)", "lb.explain(body)"))
 
 
 def test_eager_call_is_traced_once():
