@@ -60,9 +60,13 @@ def lazy_init_collecting(model, *args, **kwargs):
 
 
 def linen_intermediates(module, x):
-  variables = module.init(jax.random.key(0), x)
-  _, state = module.apply(variables, x, mutable=["intermediates"])
-  return state.get("intermediates", {})
+  """What plain Linen returns in 'intermediates' (abstractly: shapes only, no FLOPs)."""
+
+  def init_and_apply():
+    variables = module.init(jax.random.key(0), x)
+    return module.apply(variables, x, mutable=["intermediates"])[1]
+
+  return jax.eval_shape(init_and_apply).get("intermediates", {})
 
 
 def test_gemma_like_scan_of_remat_in_setup_warns():

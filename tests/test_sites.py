@@ -108,9 +108,13 @@ class Vmap(nn.Module):
 
 
 def linen_reference(module, x):
-  """{path: (entry shape, entries per call, dtype)} from plain Linen."""
-  variables = module.init(jax.random.key(0), x)
-  _, state = module.apply(variables, x, mutable=["intermediates"])
+  """{path: (entry shape, entries per call, dtype)} from plain Linen (abstractly: shapes only)."""
+
+  def init_and_apply():
+    variables = module.init(jax.random.key(0), x)
+    return module.apply(variables, x, mutable=["intermediates"])[1]
+
+  state = jax.eval_shape(init_and_apply)
   return {path: (tuple(v[0].shape), len(v), str(v[0].dtype))
           for path, v in traverse_util.flatten_dict(dict(state["intermediates"])).items()}
 
