@@ -5,12 +5,14 @@ repeated calls (after a warm-up call that compiles), in milliseconds, results bl
 "jit" wraps the loop in `nnx.jit` (the usual way to run it); "eager" calls the loop directly.
 Rows where the installed flax's nnx loop cannot run the carry (seed 001 on flax 0.10) say so.
 
-Run: python benchmarks/bench_loops.py  [--repeats N]   (well under 2 minutes on a laptop CPU)
+Run: python benchmarks/bench_loops.py  [--repeats N] [--json PATH]   (under 2 minutes on CPU)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 import typing as tp
@@ -145,6 +147,7 @@ def nnx_runner_or_note(build: tp.Callable[[], tp.Callable[[], tp.Any]]):
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=30, help="timed calls per cell (jit)")
+  parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
   args = parser.parse_args()
   jit_repeats, eager_repeats = args.repeats, max(3, args.repeats // 6)
 
@@ -176,6 +179,18 @@ def main() -> None:
     nnx_text = f"{nnx_ms:.3f}" if nnx_ms is not None else note
     ratio = f"{nnx_ms / lb_ms:.2f}x" if nnx_ms is not None else "-"
     print(f"| {name} | {how} | {lb_ms:.3f} | {nnx_text} | {ratio} |")
+  if args.json:
+    result = {
+        "command": "python benchmarks/bench_loops.py" + f" --repeats {args.repeats}",
+        "flax": flax.__version__, "jax": jax.__version__, "platform": jax.devices()[0].platform,
+        "load_average": list(os.getloadavg()), "cpus": os.cpu_count(),
+        "steps_per_call": STEPS, "width": WIDTH,
+        "repeats": {"jit": jit_repeats, "eager": eager_repeats},
+        "rows": [{"case": name, "call": how, "lb_ms": lb_ms, "nnx_ms": nnx_ms, "note": note}
+                 for name, how, lb_ms, nnx_ms, note in rows],
+    }
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":
