@@ -73,6 +73,16 @@ class Small(nn.Module):
     return h
 
 
+class WithStats(nn.Module):
+  """batch_stats update on every call (needs mutable=True, as in the seed program)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.BatchNorm(use_running_average=False)(nn.Dense(3)(x))
+    self.sow("intermediates", "normed", x)
+    return x
+
+
 instance = Net()
 not_a_model = 42
 
@@ -300,6 +310,17 @@ def test_text_report_with_method(capsys, target_module):
   assert "stock flax.nnx.bridge.ToNNX: FAILED  ValueError" in out
   assert "lb.ToNNX: ran 2 steps" in out
   assert "intermediates/flag  2     2     2" in out
+
+
+def test_live_check_updates_other_collections(capsys, target_module):
+  code, out, _ = run_main(capsys, "inspect", f"{target_module}:WithStats", "--arg",
+                          "float32[4,2]", "--steps", "2", "--json")
+  assert code == 0
+  doc = json.loads(out)
+  assert doc["parameters"]["batch_stats"] == {"arrays": 2, "values": 6, "bytes": 24}
+  ours = doc["live_check"]["loopbridge"]
+  assert ours["ok"], ours["error"]
+  assert ours["recorded"]["intermediates/normed"]["sown"] == 2
 
 
 # ----------------------------------------------------------------------------- end to end

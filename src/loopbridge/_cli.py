@@ -361,7 +361,8 @@ def _loopbridge_check(model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str
   import loopbridge as lb
 
   def call(m, args):
-    return m(*args, **call_kwargs)
+    # mutable=True as for the stock wrapper: other collections (batch_stats, a cache) update.
+    return m(*args, mutable=True, **call_kwargs)
 
   _, run = _loop_runner(steps, call)
   result: dict[str, tp.Any] = {"wrapper": "lb.ToNNX", "ok": False, "error": None}
