@@ -332,19 +332,27 @@ def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp
 
   import loopbridge as lb
 
-  stock = bridge.ToNNX(module, rngs=nnx.Rngs(seed))
-  bridge.lazy_init(stock, *inputs, **call_kwargs)
+  result: dict[str, tp.Any] = {"wrapper": "flax.nnx.bridge.ToNNX", "ok": False, "error": None,
+                               "explain": None, "explain_text": None}
+  try:
+    stock = bridge.ToNNX(module, rngs=nnx.Rngs(seed))
+    bridge.lazy_init(stock, *inputs, **call_kwargs)
+  except Exception as e:
+    result["error"] = f"lazy_init failed: {type(e).__name__}: {_first_line(e, 240)}"
+    return result
 
   def call(model, args):
     return model(*args, mutable=True, **call_kwargs)
 
   make_body, run = _loop_runner(steps, call)
   # Explain first, on the untouched model (explain copies the carry; it runs no FLOPs).
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    report = lb.explain(make_body(inputs), (stock, jnp.asarray(0, jnp.int32)))
-  result: dict[str, tp.Any] = {"wrapper": "flax.nnx.bridge.ToNNX", "ok": False, "error": None,
-                               "explain": report.to_dict(), "explain_text": str(report)}
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      report = lb.explain(make_body(inputs), (stock, jnp.asarray(0, jnp.int32)))
+    result.update(explain=report.to_dict(), explain_text=str(report))
+  except Exception as e:  # keep the rest of the report
+    result["explain_text"] = f"lb.explain failed: {type(e).__name__}: {_first_line(e, 240)}"
   try:
     with progress("compiling the loop with stock flax.nnx.bridge.ToNNX"):
       _, count = run(stock, *inputs)
@@ -482,7 +490,8 @@ def render_text(doc: dict[str, tp.Any]) -> str:
     out.append(f"  stock flax.nnx.bridge.ToNNX: ran {stock.get('steps_run')} steps")
   else:
     out.append(f"  stock flax.nnx.bridge.ToNNX: FAILED  {stock['error']}")
-  if not stock["explain"]["ok"] or not stock["ok"]:
+  explained = stock["explain"]
+  if stock["explain_text"] and (not stock["ok"] or (explained and not explained["ok"])):
     out.append("  why (lb.explain of one loop step):")
     out.extend("    " + line for line in stock["explain_text"].splitlines())
   ours = live["loopbridge"]
