@@ -7,10 +7,15 @@ and `nnx.scan`, recording every sown value into preallocated buffers.
 
 from ._buffers import Buffer as Buffer
 from ._buffers import Count as Count
+from ._checkpoint import from_linen_variables as from_linen_variables
+from ._checkpoint import load_linen_variables as load_linen_variables
+from ._checkpoint import restore_checkpoint as restore_checkpoint
+from ._checkpoint import save_checkpoint as save_checkpoint
 from ._compiled import CompiledStep as CompiledStep
 from ._compiled import compile_step as compile_step
 from ._errors import BufferOverflowError as BufferOverflowError
 from ._errors import CapacityError as CapacityError
+from ._errors import CheckpointError as CheckpointError
 from ._errors import DroppedSowWarning as DroppedSowWarning
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotInitializedError as NotInitializedError
@@ -46,6 +51,7 @@ __all__ = [
     "Buffer",
     "BufferOverflowError",
     "CapacityError",
+    "CheckpointError",
     "CompiledStep",
     "Count",
     "DroppedSowWarning",
@@ -62,14 +68,18 @@ __all__ = [
     "counts",
     "explain",
     "fori_loop",
+    "from_linen_variables",
     "layer",
     "layers_to_scanned",
     "lazy_init",
+    "load_linen_variables",
     "nnx_to_params",
     "params_to_nnx",
     "preallocate",
     "recorded",
     "reset",
+    "restore_checkpoint",
+    "save_checkpoint",
     "scan_layers",
     "scanned_to_layers",
     "shard_buffers",

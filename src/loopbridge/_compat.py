@@ -370,3 +370,16 @@ def mesh_context(mesh: tp.Any) -> tp.ContextManager[tp.Any]:
   if hasattr(jax, "set_mesh"):
     return jax.set_mesh(mesh)
   return mesh
+
+
+def no_eager_sharding() -> tp.ContextManager[tp.Any]:
+  """Create Variables from existing arrays as they are, keeping partitioning as metadata only.
+
+  flax 0.12 shards a Variable with partitioning metadata eagerly at creation (which needs a
+  mesh); `nnx.use_eager_sharding(False)` turns that off. flax 0.10 never shards eagerly.
+  """
+  import contextlib
+
+  if hasattr(nnx, "use_eager_sharding"):
+    return nnx.use_eager_sharding(False)
+  return contextlib.nullcontext()

@@ -38,3 +38,7 @@ class StackError(LoopbridgeError, ValueError):
 
 class ShardingError(LoopbridgeError, ValueError):
   """A buffer sharding that cannot be used (a mesh axis that does not divide the axis, ...)."""
+
+
+class CheckpointError(LoopbridgeError, ValueError):
+  """Saved state (an orbax checkpoint or a Linen variables dict) that does not fit the model."""
