@@ -86,6 +86,14 @@ def test_native_sow_tuple_growing():
   assert len(_compat.variable_value(model.y)) == 1
 
 
+def test_native_sow_fixed_by_preallocate():
+  """The fix the report names for native sows: after lb.preallocate the step is ok."""
+  model, x = Sower(), jnp.ones((1, 3))
+  assert not lb.explain(model_step, (model, x)).ok
+  lb.preallocate(model, x, capacity=4)
+  assert lb.explain(model_step, (model, x)).ok
+
+
 def test_native_first_sow_is_a_new_tuple():
   report = lb.explain(model_step, (Sower(), jnp.ones((1, 3))))
   assert kinds(report) == [("sow", "carry[0].y")]

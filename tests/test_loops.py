@@ -319,7 +319,6 @@ def test_grad_through_lb_fori_loop_matches_python_loop():
                              atol=1e-6)
 
 
-# ----------------------------------------------------------------------------- structure errors
 # flax 0.12 deprecates `Module.sow` outside `nnx.capture` (0.10 has no capture); a native sow
 # growing in a loop is exactly the failure these tests explain.
 native_sow_warning = pytest.mark.filterwarnings(
@@ -336,6 +335,21 @@ class Sower(nnx.Module):
     return y
 
 
+@native_sow_warning
+def test_native_sows_preallocated_in_lb_fori_loop_match_eager_calls():
+  model, x = Sower(), jnp.ones((1, 2))
+  ref = nnx.clone(model)
+  lb.preallocate(model, x, capacity=4)
+  _, y = lb.fori_loop(0, 3, lambda i, c: (c[0], c[0](c[1])), (model, x))
+  y_ref = x
+  for _ in range(3):
+    y_ref = ref(y_ref)  # plain NNX: appends to the sow tuple
+  np.testing.assert_allclose(y, y_ref, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["y"],
+                             jnp.stack(_compat.variable_value(ref.y)), rtol=RTOL, atol=ATOL)
+
+
+# ----------------------------------------------------------------------------- structure errors
 @native_sow_warning
 def test_native_sow_growing_raises_readable_error():
   model, x = Sower(), jnp.ones((1, 2))

@@ -269,7 +269,8 @@ class StructureReport:
     return out
 
   def __str__(self) -> str:
-    checked = ", ".join(f"{n} {what}" for what, n in self.checked.items())
+    checked = ", ".join(f"{n} {what if n != 1 else what[:-1]}"
+                        for what, n in self.checked.items())
     if self.ok:
       return (f"lb.explain({self.body}): one step keeps the loop carry's structure: same "
               f"paths, shapes, dtypes, Variables and sharing ({checked} checked).")
