@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -344,6 +345,11 @@ def test_end_to_end_default_model(tmp_path):
   assert "lb.ToNNX: ran 5 steps" in out
   assert "intermediates/ScanBlock_0/carry  5     5     5         (3, 1, 100)" in out
   assert "Traceback" not in result.stderr
+  # The README's excerpt of this output is current.
+  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  excerpt = readme.split("An excerpt of the default output:")[1].split("```text\n")[1]
+  excerpt = excerpt.split("```")[0]
+  assert excerpt.strip() and excerpt in out + "\n"
 
 
 def test_end_to_end_target_module_json(tmp_path):
