@@ -22,7 +22,10 @@ from flax.nnx import graph as graph_lib
 from . import _compat
 from ._errors import StructureChangeError
 
-_MODULE, _CONTAINER, _VARIABLE, _ARRAY, _STATIC = "module", "container", "variable", "array", "static"
+# Kinds of snapshot items: graph objects (modules, Rngs), pytree containers (dict/list/tuple),
+# Variables, arrays, and static (non-array) attributes.
+_MODULE, _CONTAINER, _VARIABLE = "module", "container", "variable"
+_ARRAY, _STATIC = "array", "static"
 
 # Owner flavors: which kind of module holds a path (chooses the fix we suggest).
 _LB, _BRIDGE, _NNX = "lb.ToNNX", "flax.nnx.bridge.ToNNX", "nnx"
@@ -404,7 +407,8 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
       changes.append(Change(
           "sow", path,
           f"{path}: sow tuple grew from {x.tuple_len} to {y.tuple_len} values "
-          f"({_sow_text(after, path)}); every call appends, so the carry changes on every step", _describe(x), _describe(y), y.owner))
+          f"({_sow_text(after, path)}); every call appends, so the carry changes on every step",
+          _describe(x), _describe(y), y.owner))
       continue
     if (x.kind in (_VARIABLE, _MODULE) and x.ident != y.ident and path not in no_identity
         and not _under_any(path, replaced_modules)):
@@ -445,9 +449,8 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
       changes.append(Change(
           "sow", p,
           f"{p}: new sow tuple of {a[p].tuple_len} value{'s' if a[p].tuple_len != 1 else ''} "
-          f"({_sow_text(after, p)}); every later "
-          "call appends to it, so the carry changes on every step", None, _describe(a[p]),
-          a[p].owner))
+          f"({_sow_text(after, p)}); every later call appends to it, so the carry changes on "
+          "every step", None, _describe(a[p]), a[p].owner))
     payload = [p for p in group if a[p].kind != _CONTAINER and p not in sows
                and not _under_any(p, sows)]
     if payload or not sows:
