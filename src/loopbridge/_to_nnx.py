@@ -259,6 +259,7 @@ class ToNNX(bridge.ToNNX):
 
   def _loopbridge_declare(self, args, kwargs, *, method, capacity, overflow) -> None:
     """Discover the sow sites of `apply(*args, **kwargs)` and (re)declare their buffers."""
+    _check_method(_compat.linen_module_of(self), method)
     capacity = _capacity.check_capacity_spec(capacity)
     overflow = _capacity.check_overflow(overflow)
     module = _compat.linen_module_of(self)
@@ -378,6 +379,7 @@ class ToNNX(bridge.ToNNX):
     Linen meaning for every other collection (`batch_stats`, `cache`, ...). Only the output
     is returned, as in stock `ToNNX`.
     """
+    _check_method(_compat.linen_module_of(self), method)
     if _compat.is_initializing(self):
       return self._loopbridge_initialize(args, kwargs, rngs, method)
     sites = self.loopbridge__sites
@@ -442,6 +444,20 @@ class ToNNX(bridge.ToNNX):
             "need every Variable to keep its shape and dtype. Fix: keep the collection's "
             "shapes fixed (e.g. preallocate a cache at its full length).")
       _compat.set_variable_value(variable, new)
+
+
+def _check_method(module: linen.Module, method: tp.Any) -> None:
+  """A `method=` name must name a method of the Linen module (Linen's own error says less)."""
+  if not isinstance(method, str) or callable(getattr(type(module), method, None)):
+    return
+  methods = sorted(n for n, v in vars(type(module)).items()
+                   if callable(v) and (not n.startswith("_") or n == "__call__")
+                   and n != "setup")
+  raise AttributeError(
+      f"method={method!r} is not a method of the Linen module {type(module).__name__} "
+      f"(its methods: {', '.join(methods) or 'none'}). Why: lb.ToNNX calls the Linen module "
+      "with module.apply(..., method=...), which needs a method defined on its class. Fix: "
+      "pass one of those names, or the function itself (e.g. method=MyModule.decode).")
 
 
 def _as_bridge_model(model: tp.Any, what: str) -> ToNNX:

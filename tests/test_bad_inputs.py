@@ -1,0 +1,196 @@
+"""The bad-input catalog: every way to misuse the public API gets a clear error.
+
+One parametrized test. Each case: what the user does, the exception type, and a `match=` on
+the message covering what went wrong and the fix (and, where the message gives one, why).
+The case needing a device mesh that does not divide the batch is marked `sharding`; it runs in
+the 8-device process (see SHARDING_COMMAND in conftest.py) and is skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+
+from conftest import SHARDING_COMMAND, SHARDING_DEVICES
+
+
+class Inner(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(3)(x)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+class Net(nn.Module):
+  """Two sow sites: intermediates/x and intermediates/Inner_0/h."""
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "x", x)
+    return Inner()(x)
+
+  def encode(self, x):
+    return x
+
+
+class GrowsCache(nn.Module):
+  """Creates a 'cache' variable only for batches larger than one: a later call adds state."""
+
+  @nn.compact
+  def __call__(self, x):
+    if x.shape[0] > 1:
+      self.variable("cache", "seen", jnp.zeros, x.shape)
+    return x
+
+
+X = jnp.ones((1, 2))
+
+
+def _model(capacity: tp.Any = 2, overflow: str = "error", module: nn.Module | None = None):
+  model = lb.ToNNX(module or Net(), rngs=nnx.Rngs(0))
+  return lb.lazy_init(model, X, capacity=capacity, overflow=overflow)
+
+
+def _overflowed_read():
+  model = _model(capacity=1)
+  model(X)
+  model(X)
+  return lb.recorded(model)
+
+
+def _traced_capacity():
+  return jax.jit(lambda c: lb.ToNNX(Net(), capacity=c) and 0)(3)
+
+
+def _checkpoint_mismatch(tmp_path):
+  path = lb.save_checkpoint(tmp_path / "c", _model(capacity=2))
+  return lb.restore_checkpoint(path, _model(capacity=3))
+
+
+def _uneven_mesh():
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
+  model = lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), jnp.ones((6, 2)), capacity=2)
+  return lb.shard_buffers(model, P("data"), mesh=mesh)
+
+
+def _dtype_drift():
+  model = _model()
+  return model(X.astype(jnp.bfloat16))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  run: tp.Callable[..., tp.Any]
+  error: type[BaseException]
+  match: str
+  needs_tmp: bool = False
+
+
+CASES: dict[str, Case] = {
+    "capacity-zero": Case(lambda: _model(capacity=0), lb.CapacityError,
+                          r"capacity must be a positive int, got 0.*Pass a positive int"),
+    "capacity-float": Case(lambda: _model(capacity=2.5), lb.CapacityError,
+                           r"got 2\.5 of type float.*Pass a positive int"),
+    "capacity-bool": Case(lambda: _model(capacity=True), lb.CapacityError,
+                          r"got True of type bool"),
+    "capacity-negative-in-mapping": Case(
+        lambda: _model(capacity={"intermediates": -1}), lb.CapacityError,
+        r"capacity\['intermediates'\] must be a positive int, got -1"),
+    "capacity-key-matches-nothing": Case(
+        lambda: _model(capacity={"intermediates": 2, "Innr_0/h": 3}), lb.CapacityError,
+        r"\['Innr_0/h'\] match no sow site.*usually a typo.*sites of this call are"),
+    "capacity-glob-matches-nothing": Case(
+        lambda: _model(capacity={"intermediates": 2, "Decoder_*/*": 3}), lb.CapacityError,
+        r"\['Decoder_\*/\*'\] match no sow site"),
+    "capacity-site-not-covered": Case(
+        lambda: _model(capacity={"x": 2}), lb.CapacityError,
+        r"no capacity key covers sow site\(s\) intermediates/Inner_0/h.*Fix: add a key"),
+    "capacity-traced": Case(_traced_capacity, lb.CapacityError,
+                            r"traced value.*outside jit.*Fix: pass a plain Python int"),
+    "overflow-unknown-name": Case(lambda: _model(overflow="ring"), lb.CapacityError,
+                                  r"overflow='ring' is not a policy.*'wrap'"),
+    "call-before-init": Case(lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X),
+                             lb.NotInitializedError,
+                             r"called before it was initialized.*Why.*Fix: lb\.lazy_init"),
+    "preallocate-before-init": Case(lambda: lb.preallocate(lb.ToNNX(Net()), X, capacity=2),
+                                    lb.NotInitializedError, r"Fix: lb\.lazy_init"),
+    "sown-shape-drift": Case(lambda: _model()(jnp.ones((4, 2))), lb.SowMismatchError,
+                             r"received a value of shape \(4, 2\).*declared for shape \(1, 2\)"
+                             r".*Why.*Fix.*lb\.preallocate"),
+    "sown-dtype-drift": Case(_dtype_drift, lb.SowMismatchError,
+                             r"dtype bfloat16.*declared for shape \(1, 2\) and dtype float32"),
+    "new-variable-on-later-call": Case(
+        lambda: _model(module=GrowsCache())(jnp.ones((2, 2)), mutable=True),
+        lb.StructureChangeError,
+        r"created the variable 'cache/seen', which did not exist after lazy_init.*Why.*Fix"),
+    "not-a-linen-module-nnx": Case(lambda: lb.ToNNX(nnx.Linear(2, 2, rngs=nnx.Rngs(0))),
+                                   TypeError, r"got Linear\. It is an NNX module.*preallocate"),
+    "not-a-linen-module-class": Case(lambda: lb.ToNNX(Net), TypeError,
+                                     r"Fix: pass an instance"),
+    "not-a-linen-module-function": Case(lambda: lb.ToNNX(lambda x: x), TypeError,
+                                        r"wraps a Linen module.*got function"),
+    "lazy-init-on-raw-linen": Case(lambda: lb.lazy_init(Net(), X, capacity=2), TypeError,
+                                   r"Fix: wrap the Linen module first"),
+    "method-does-not-exist": Case(
+        lambda: _model_method("decode"), AttributeError,
+        r"method='decode' is not a method of the Linen module Net \(its methods: __call__, "
+        r"encode\).*Why.*Fix: pass one of those names"),
+    "read-after-overflow-error-policy": Case(
+        _overflowed_read, lb.BufferOverflowError,
+        r"recorded 2 values but its buffer holds capacity=1.*Why.*Fix.*overflow='wrap'"),
+    "checkpoint-structure-mismatch": Case(
+        _checkpoint_mismatch, lb.CheckpointError,
+        r"does not match the model's structure.*saved \(2, 1, 2\) float32 vs model \(3, 1, 2\)"
+        r".*Why.*Fix", needs_tmp=True),
+    "linen-variables-bare-params": Case(
+        lambda: lb.from_linen_variables(Net(), Net().init(jax.random.key(0), X)["params"], X,
+                                        capacity=2),
+        lb.CheckpointError, r"bare params tree: pass \{'params': params\}.*Fix"),
+    "shard-spec-without-mesh": Case(
+        lambda: lb.shard_buffers(_model(), jax.sharding.PartitionSpec("data")),
+        lb.ShardingError, r"no mesh.*Fix: pass lb\.shard_buffers\(model, spec, mesh=mesh\)"),
+    "shard-key-matches-nothing": Case(
+        lambda: lb.shard_buffers(_model(), {"y": None}), lb.ShardingError,
+        r"key\(s\) \['y'\] name no buffer.*are: \['intermediates/Inner_0/h', 'intermediates/x'\]"),
+    "mesh-does-not-divide-batch": Case(
+        _uneven_mesh, lb.ShardingError,
+        r"axis 0 \(size 6\) is split over mesh axes 'data' of total size 4, which does not "
+        r"divide 6.*Fix: make that axis \(e\.g\. the batch\) a multiple of 4"),
+}
+
+NEEDS_MESH = {"mesh-does-not-divide-batch"}
+
+
+def _model_method(name):
+  model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
+  return lb.lazy_init(model, X, capacity=2, method=name)
+
+
+def _params():
+  for name, case in CASES.items():
+    marks = []
+    if name in NEEDS_MESH:
+      marks = [pytest.mark.sharding,
+               pytest.mark.skipif(jax.device_count() < SHARDING_DEVICES,
+                                  reason=f"needs {SHARDING_DEVICES} devices; run: "
+                                  f"{SHARDING_COMMAND}")]
+    yield pytest.param(case, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("case", list(_params()))
+def test_bad_input_raises_a_clear_error(case: Case, tmp_path):
+  with pytest.raises(case.error, match=case.match):
+    case.run(tmp_path) if case.needs_tmp else case.run()
