@@ -244,6 +244,13 @@ class StructureReport:
   `nnx.fori_loop`, `nnx.scan`, `lb.while_loop` and `lb.fori_loop`. `str(report)` is the
   readable text; `to_dict()` a JSON-ready form.
 
+  Attributes:
+    changes: one `Change` per difference (`kind`, `path`, `message`, `before`, `after`,
+      `owner`); kinds: sow, added, removed, shape, dtype, type, replaced, sharing, static,
+      container.
+    checked: how many distinct modules and Variables, and how many arrays, the carry holds.
+    body: the body function's name, for the text.
+
   Example:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> report = lb.explain(lambda carry: (carry[0] + 1, carry[1]), (jnp.zeros(2), 0))
