@@ -7,6 +7,7 @@ and print something; list it here so its result is checked, not just its exit co
 
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 import subprocess
@@ -52,6 +53,11 @@ def test_readme_python_blocks_run():
     example.evaluate()
   namespace = document.namespace
   assert "lb" in namespace and "model" in namespace
+  # A line `expr  # (shape...)` in a block states a result: check it.
+  claims = re.findall(r"^(\S.*?\.shape)\s+#\s*(\([\d, ]*\))", (ROOT / "README.md").read_text(),
+                      flags=re.M)
+  for expr, shape in claims:
+    assert tuple(eval(expr, namespace)) == ast.literal_eval(shape), expr
 
 
 def _slug(heading: str) -> str:
