@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from flax.nnx import graph as nnx_graph
 
 from . import _compat
 from ._errors import StackError
@@ -74,7 +75,9 @@ def _signature(node: tp.Any) -> tuple[str, tp.Any]:
     metadata = {k: v for k, v in node.get_metadata().items() if not callable(v)}
     key = ("variable", type(node), treedef, shapes, tuple(sorted(metadata.items(), key=str)))
     return (f"{type(node).__name__} {_describe_value(value)}", key)
-  if isinstance(node, (nnx.Module, list, tuple, dict)) or type(node).__name__ in ("List", "Dict"):
+  if node is None:  # e.g. `bias` of a layer built with use_bias=False
+    return ("None", ("static", None))
+  if isinstance(node, (nnx.Module, list, tuple, dict)) or nnx_graph.is_node(node):
     return (f"a {type(node).__name__}", ("node", type(node)))
   return (f"static {node!r}", ("static", node))
 
