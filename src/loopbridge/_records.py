@@ -5,7 +5,10 @@ A *recorder* is any graph node holding the two namespaced attributes `loopbridge
 collection first). `lb.ToNNX` is one; other recorders (native NNX modules) can plug in by
 holding the same attributes. Called on a recorder, these functions return its Linen-shaped
 tree; called on any other module they return one entry per recorder, keyed by its path from
-the root.
+the root. Every module that sows natively is a recorder (`_native`), so the root can be one
+and hold recorders below it: its own tree then sits at the top, next to its children's paths.
+A native module stacked by `nnx.vmap` keeps its buffers stack axes first (that is how
+`nnx.scan` slices a layer); `recorded`/`counts` read them record index first.
 """
 
 from __future__ import annotations
@@ -138,6 +141,8 @@ def counts(model: tp.Any) -> dict:
 
 def buffers(model: tp.Any) -> dict:
   """The raw buffers, `(capacity, *value_shape)` each, shaped like `recorded(model)`.
+
+  Buffers of native modules stacked with `nnx.vmap` are `(*stack, capacity, *value_shape)`.
 
   Args:
     model: as for `recorded`.
