@@ -294,6 +294,14 @@ def test_capture_inside_loop_still_returns_this_calls_sows():
   np.testing.assert_allclose(last_x, outs[-2], rtol=RTOL, atol=ATOL)
 
 
+@needs_capture
+def test_capture_method_outputs_on_a_preallocated_model_goes_to_the_capture_only():
+  model = lb.preallocate(NativeMLP(nnx.Rngs(0)), X, capacity=4)
+  y, sown = nnx.capture(model, nnx.Intermediate, method_outputs=nnx.Intermediate)(X)
+  np.testing.assert_allclose(sown["__call__"][0], y)  # the capture saw the method output
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["x"], X[None])  # declared: kept
+
+
 # ----------------------------------------------------------------- custom reduce, re-declare
 class Summing(nnx.Module):
   def __call__(self, x):

@@ -112,6 +112,10 @@ def _recording_sow(self, variable_type, name, value, reduce_fn=_DEFAULT_REDUCE,
     buffer = getattr(self, BUFFERS_ATTR).get(collection, {}).get(name)
     label = f"{type(self).__name__}: {collection}/{name}"
     if not isinstance(buffer, _buffers.Buffer):
+      if hasattr(self, "__captures__"):
+        # Inside `nnx.capture` (flax 0.12) an undeclared sow (e.g. `method_outputs=`) goes
+        # to the capture only, which changes no module state: nothing to record, no error.
+        return _ORIGINAL_SOW(self, variable_type, name, value, reduce_fn, init_fn)
       raise SowMismatchError(
           f"{label} was sown, but this module has no buffer for it. Why: buffers are declared "
           "for the sows of the call given to lb.preallocate/lb.lazy_init, and this call makes "
