@@ -7,6 +7,7 @@ from existing variables (float32, rtol=atol=1e-6: eager Linen vs the bridged cal
 
 from __future__ import annotations
 
+import functools
 import os
 
 import flax.linen as nn
@@ -58,8 +59,10 @@ def _fresh(capacity=CAPACITY, overflow="wrap"):
   return nnx.clone(_TEMPLATES[key])
 
 
+@functools.lru_cache(maxsize=None)
 def _steps(graph):
-  """One jitted loop for every segment: steps lo..hi-1 of the same compiled body."""
+  """One jitted loop for every segment: steps lo..hi-1 of the same compiled body (one
+  compilation per mode, shared by the tests)."""
   @nnx.jit(**graph_kw(graph))
   def run(model, x, lo, hi):
     def body(i, carry):
@@ -120,15 +123,13 @@ def test_mid_loop_round_trip_records_exactly_the_uninterrupted_run(tmp_path, gra
 
 def test_restore_is_needed_for_the_rng_state(tmp_path):
   """The test above can fail: without restoring, the resumed records differ."""
-  x = jnp.ones((2, FEATURES))
+  run, x = _steps(True), jnp.ones((2, FEATURES))
   model = _fresh()
-  for _ in range(2):
-    model(x)
+  run(model, x, 0, 2)
   path = lb.save_checkpoint(tmp_path / "c", model)
   restored, unrestored = lb.restore_checkpoint(path, _fresh()), _fresh()
-  restored(x)
-  unrestored(x)
-  model(x)
+  for m in (restored, unrestored, model):
+    run(m, x, 2, 3)
   np.testing.assert_array_equal(lb.recorded(restored)["intermediates"]["x"],
                                 lb.recorded(model)["intermediates"]["x"])
   assert lb.recorded(unrestored)["intermediates"]["x"].shape[0] == 1
