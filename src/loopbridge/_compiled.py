@@ -183,8 +183,10 @@ def compile_step(fn: tp.Callable[..., _T], model: nnx.Module, *,
   donated, so record buffers are updated in place with no per-call copy; arrays previously
   read from them (e.g. `lb.buffers(model)`) are invalid after a call — read again instead.
   Inside `fn` the model is an ordinary NNX module: call it, loop over it with
-  `nnx.while_loop`/`nnx.fori_loop`, read `lb.recorded(model)`. Repeated calls with the same
-  argument shapes reuse one executable (Python numbers are traced, not static).
+  `nnx.while_loop`/`nnx.fori_loop`/`lb.while_loop`, read `lb.recorded(model)`. Arguments
+  are traced (arrays, Python numbers, pytrees of them; close over static settings in `fn`),
+  so repeated calls with the same argument shapes reuse one executable. The first call traces
+  `fn` twice (once to learn which values it changes, so that only those are donated).
 
   Args:
     fn: `fn(model, *args, **kwargs)` returning a pytree of arrays (not the model).
