@@ -548,6 +548,26 @@ def test_preallocate_redeclares_for_another_signature_and_keeps_params():
   assert int(model(tokens, method="prefix").sum()) == 0
 
 
+class TwoMethods(nn.Module):
+  def setup(self):
+    self.embed = nn.Embed(11, 4)
+
+  def encode(self, tokens):  # no sow
+    return self.embed(tokens)
+
+  def __call__(self, tokens):
+    h = self.embed(tokens)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+def test_sow_without_a_buffer_is_reported_even_with_mutable_false():
+  model = lb.ToNNX(TwoMethods(), rngs=nnx.Rngs(0))
+  lb.lazy_init(model, jnp.zeros((1, 1), jnp.int32), method="encode")  # sows nothing
+  with pytest.raises(lb.SowMismatchError, match=r"sowed into 'intermediates/h', a site with no buffer.*lb.preallocate"):
+    model(jnp.zeros((1, 1), jnp.int32))
+
+
 # --------------------------------------------------------------------------- bad inputs
 
 

@@ -374,8 +374,9 @@ class ToNNX(bridge.ToNNX):
                mutable: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
     """Apply the Linen module, recording its sows in place. Same signature as stock ToNNX.
 
-    Recording rule: collections that hold declared sow sites are always applied as mutable
-    (that is how values reach the buffers), whatever `mutable` says; `mutable` keeps its
+    Recording rule: collections that hold declared sow sites, and `intermediates`, are always
+    applied as mutable (that is how values reach the buffers, and how a sow without a buffer
+    is reported rather than lost), whatever `mutable` says; `mutable` keeps its
     Linen meaning for every other collection (`batch_stats`, `cache`, ...). Only the output
     is returned, as in stock `ToNNX`.
     """
@@ -392,7 +393,9 @@ class ToNNX(bridge.ToNNX):
     module = _compat.linen_module_of(self)
     attrs = self._loopbridge_linen_attrs()
     variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
-    record_cols = {info.collection for info in sites}
+    # 'intermediates' (where `sow` writes by default) is always recorded too, so a sow this
+    # call makes without a declared buffer is reported instead of silently dropped.
+    record_cols = {info.collection for info in sites} | {"intermediates"}
     if mutable is None:
       mutable = _compat.current_bridge_mutable()
     apply_mutable = _merge_mutable(mutable, record_cols)
