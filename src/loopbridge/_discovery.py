@@ -238,7 +238,10 @@ def discover(
           f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
           f"values within one call ({[getattr(v, 'shape', type(v).__name__) for v in value]}). "
           "Why: one buffer holds one array shape. Fix: sow each kind of value under its own "
-          "name, and sow arrays (one `sow` per leaf of a pytree)."
+          "name, and sow arrays (one `sow` per leaf of a pytree). If the site is "
+          "'__call__' (or another method name) it comes from capture_intermediates capturing a "
+          "method that returns a tuple/pytree: pass capture_intermediates=filter_fn that "
+          "selects modules returning arrays, e.g. lambda mdl, name: not isinstance(mdl, Block)."
       )
     (shape, dtype), = shapes
     sites[path] = FoundSite(path, len(value), shape, dtype, sown_shapes.get(path),
