@@ -475,39 +475,10 @@ def _as_bridge_model(model: tp.Any, what: str) -> ToNNX:
 
 def lazy_init(model: tp.Any, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
               overflow: str | None = None, **kwargs: tp.Any) -> tp.Any:
-  """Initialize a bridged model from sample inputs and preallocate a buffer per sow site.
+  """`lb.lazy_init` for an `lb.ToNNX` (the public entry point, with docs, is `_native.lazy_init`).
 
-  Like `flax.nnx.bridge.lazy_init`, then finds every sow site that a call with these
-  arguments makes (by abstract evaluation: no FLOPs run a second time) and allocates one
-  `Buffer` of shape `(capacity, *value_shape)` plus a `Count` per site.
-
-  Args:
-    model: an `lb.ToNNX`, or any NNX module (or bound method) whose call initializes
-      `lb.ToNNX` submodules.
-    *args: sample inputs, as for the model's call.
-    capacity: an int for every sow site, or a mapping from collection name / `/`-joined sow
-      path / glob to an int. Overrides the one given to `lb.ToNNX`.
-    overflow: `"error"` (default), `"drop"` or `"wrap"`.
-    **kwargs: keyword arguments of the call (`method=` included).
-
-  Returns:
-    `model`, initialized.
-
-  Raises:
-    CapacityError: bad capacity/overflow, a site no key covers, or a key matching no site.
-    TypeError: `model` is not an NNX module or method.
-
-  Example:
-    >>> import jax.numpy as jnp, loopbridge as lb
-    >>> from flax import linen as nn, nnx
-    >>> class Net(nn.Module):
-    ...   @nn.compact
-    ...   def __call__(self, x):
-    ...     self.sow("intermediates", "x", x)
-    ...     return nn.Dense(2)(x)
-    >>> model = lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), jnp.ones((1, 3)), capacity=5)
-    >>> lb.recorded(model)["intermediates"]["x"].shape
-    (0, 1, 3)
+  Runs the Linen init through `__call__` in initializing mode, handing `capacity`/`overflow` to
+  every `lb.ToNNX` initialized by the call.
   """
   capacity = _capacity.check_capacity_spec(capacity)
   if overflow is not None:
@@ -535,41 +506,10 @@ def lazy_init(model: tp.Any, *args: tp.Any, capacity: _capacity.CapacitySpec | N
 
 def preallocate(model: tp.Any, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
                 overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
-  """Declare (or re-declare) buffers for the sows that a call with these arguments makes.
+  """`lb.preallocate` for an `lb.ToNNX` (the public entry point, with docs, is `_native.preallocate`).
 
-  Use it when the loop calls the model with another signature than `lazy_init` did (e.g.
-  initialized on 1-token inputs, sampled on longer ones). Parameters are untouched; buffers of
-  sites this call also makes are replaced if their shape, dtype, capacity or overflow changes
-  (their recorded values are dropped) and kept otherwise; other sites are kept as they are.
-  A call that sows nothing declares nothing.
-
-  Args:
-    model: an initialized `lb.ToNNX`.
-    *args: sample inputs of the call (only shapes and dtypes matter; nothing is computed).
-    capacity: as for `lazy_init`; defaults to the one given to `lb.ToNNX`.
-    overflow: as for `lazy_init`; defaults to the one given to `lb.ToNNX`.
-    method: the Linen method the loop will call (name or function), default `__call__`.
-    **kwargs: keyword arguments of the call.
-
-  Returns:
-    `model`.
-
-  Raises:
-    NotInitializedError: `model` was not initialized yet.
-    CapacityError: as for `lazy_init`.
-
-  Example:
-    >>> import jax.numpy as jnp, loopbridge as lb
-    >>> from flax import linen as nn, nnx
-    >>> class Net(nn.Module):
-    ...   @nn.compact
-    ...   def __call__(self, x):
-    ...     self.sow("intermediates", "x", x)
-    ...     return x
-    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones((1, 3)), capacity=2)
-    >>> _ = lb.preallocate(model, jnp.ones((4, 3)), capacity=8)
-    >>> lb.buffers(model)["intermediates"]["x"].shape
-    (8, 4, 3)
+  Re-runs discovery for this call signature; sites it makes get new buffers when their shape,
+  dtype, capacity or overflow changed, every other site keeps its buffer and values.
   """
   model = _as_bridge_model(model, "lb.preallocate")
   if model.loopbridge__sites is None:
