@@ -18,7 +18,6 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 import loopbridge as lb

@@ -21,6 +21,13 @@ from ._errors import BufferOverflowError, SowMismatchError
 
 COUNT_DTYPE = jnp.int32
 
+# Attributes of a *recorder* (any NNX module that records sows): Linen-shaped nested dicts of
+# Buffer / Count with the same paths, and (lb.ToNNX) the static per-site facts. Namespaced
+# because `ToNNX.__getattr__` forwards unknown names to the Linen module.
+BUFFERS_ATTR = "loopbridge__buffers"
+COUNTS_ATTR = "loopbridge__counts"
+SITES_ATTR = "loopbridge__sites"
+
 
 class Buffer(nnx.Variable):
   """Preallocated storage of one sow site: shape `(capacity, *value_shape)`, the sown dtype.

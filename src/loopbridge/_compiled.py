@@ -18,10 +18,11 @@ import jax
 import numpy as np
 from flax import nnx
 
+from . import _buffers
 from . import _compat
 from ._errors import StructureChangeError
 
-SITES_ATTR = "loopbridge__sites"
+SITES_ATTR = _buffers.SITES_ATTR
 
 _T = tp.TypeVar("_T")
 

@@ -21,8 +21,8 @@ from . import _buffers
 from . import _compat
 from . import _native
 
-BUFFERS_ATTR = "loopbridge__buffers"
-COUNTS_ATTR = "loopbridge__counts"
+BUFFERS_ATTR = _buffers.BUFFERS_ATTR
+COUNTS_ATTR = _buffers.COUNTS_ATTR
 
 
 def _is_recorder(node: tp.Any) -> bool:

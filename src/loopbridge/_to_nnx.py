@@ -39,10 +39,8 @@ from ._errors import (DroppedSowWarning, NotInitializedError, SowMismatchError,
 
 # Attribute names: namespaced, because `ToNNX.__getattr__` forwards unknown names to the Linen
 # module and users' Linen variables become attributes too.
-BUFFERS_ATTR = "loopbridge__buffers"
-COUNTS_ATTR = "loopbridge__counts"
-SITES_ATTR = "loopbridge__sites"
-SETTINGS_ATTR = "loopbridge__settings"
+BUFFERS_ATTR = _buffers.BUFFERS_ATTR
+COUNTS_ATTR = _buffers.COUNTS_ATTR
 DROPPED_ATTR = "loopbridge__dropped"  # sows Linen discarded (static: tuple of SowCall)
 
 
@@ -111,14 +109,6 @@ def _set_nested(tree: dict, path: tp.Sequence[str], value: tp.Any) -> None:
   for key in path[:-1]:
     tree = tree.setdefault(key, {})
   tree[path[-1]] = value
-
-
-def _iter_nested(tree: tp.Any, prefix: tuple[str, ...] = ()):
-  if isinstance(tree, tp.Mapping):
-    for key in sorted(tree):
-      yield from _iter_nested(tree[key], (*prefix, key))
-  else:
-    yield prefix, tree
 
 
 def _unbox(value: tp.Any) -> tp.Any:
@@ -272,12 +262,9 @@ class ToNNX(bridge.ToNNX):
     if isinstance(rng_source, jax.Array) or "params" not in rng_names:
       rng_names.append("params")
     rngs = {name: jax.random.key(0) for name in rng_names if name != "default"}
-    try:
-      found = _discovery.discover(
-          module, variables, tuple(args), dict(kwargs), method=method, rngs=rngs,
-          capture_intermediates=self.loopbridge__settings.capture_intermediates)
-    except (SowMismatchError, TypeError, AttributeError):
-      raise
+    found = _discovery.discover(
+        module, variables, tuple(args), dict(kwargs), method=method, rngs=rngs,
+        capture_intermediates=self.loopbridge__settings.capture_intermediates)
     for call in found.dropped:
       # Name the transform that drops it when discovery saw it (innermost non-carrying one).
       culprit = next((f"nn.{t.kind} at '{'/'.join(t.path) or '<root>'}'"
