@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from flax.nnx.bridge import variables as bridge_variables
 
 import loopbridge as lb
 from conftest import graph_kw
@@ -25,7 +24,7 @@ val = _compat.variable_value  # Variable contents on every flax (0.12 deprecates
 
 
 def linen_variables(model: lb.ToNNX) -> dict:
-  return bridge_variables.nnx_attrs_to_linen_vars(model._loopbridge_linen_attrs())
+  return lb.linen_variables(model)
 
 
 class CapNet(nn.Module):

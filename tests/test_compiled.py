@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from flax.nnx.bridge import variables as bridge_variables
 
 import loopbridge as lb
 from conftest import graph_kw
@@ -30,7 +29,7 @@ def seed_model(capacity=8, features=4, depth=2):
 def reference_chain(model, x, steps):
   """The seed loop (output fed back as input) in plain Linen: final output, sows per step."""
   module = lb._compat.linen_module_of(model)
-  variables = bridge_variables.nnx_attrs_to_linen_vars(model._loopbridge_linen_attrs())
+  variables = lb.linen_variables(model)
   inters, h = [], x
   for _ in range(steps):
     (h,), (inter,) = linen_step_reference(module, variables, [h])

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from flax.nnx.bridge import variables as bridge_variables
 
 import loopbridge as lb
 
@@ -127,7 +126,7 @@ def inputs():
 
 def linen_reference(model: Pi0, obs, noise, num_steps):
   """Plain Linen step by step; returns (x_0, resid per step (n, L, B, S, W), velocities)."""
-  params = bridge_variables.nnx_attrs_to_linen_vars(model.llm._loopbridge_linen_attrs())["params"]
+  params = lb.linen_variables(model.llm)["params"]
   # jit only to keep the test fast (an eager nn.scan retraces on every apply).
   apply = jax.jit(TinyLM().apply, static_argnames=("mode", "mutable"))
   _, state = apply({"params": params}, obs, mode="prefix", mutable=("cache",))
@@ -164,8 +163,7 @@ def test_pi0_sampling_loop_records_every_step(capacity, pi0_template):
   np.testing.assert_allclose(rec["intermediates"]["velocity"], want_vel, rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(x_0, want_x, rtol=RTOL, atol=ATOL)
   # The prefix pass filled the cache in place (same Variables, fixed shape) and sowed nothing.
-  cache_k = bridge_variables.nnx_attrs_to_linen_vars(
-      model.llm._loopbridge_linen_attrs())["cache"]["layers"]["cached_k"]
+  cache_k = lb.linen_variables(model.llm)["cache"]["layers"]["cached_k"]
   assert cache_k.shape == (DEPTH, BATCH, PREFIX, WIDTH)
   assert float(jnp.abs(cache_k).sum()) > 0
 

@@ -17,6 +17,7 @@ from flax import nnx
 from flax import traverse_util
 
 import loopbridge as lb
+from loopbridge import _site
 from loopbridge import _sites
 
 from models import MLP
@@ -265,9 +266,8 @@ def test_not_initialized_raises():
     lb.sow_sites(lb.ToNNX(TopLevel(), rngs=nnx.Rngs(0)))
 
 
-class _Lift:
-  def __init__(self, kind, axis, carries=True):
-    self.kind, self.path, self.axis, self.carries, self.reverse = kind, ("t",), axis, carries, False
+def _Lift(kind, axis, carries=True):
+  return _site.Transform(kind, ("t",), axis, carries=carries)
 
 
 @pytest.mark.parametrize("shape,sown,axis,length", [
@@ -275,12 +275,12 @@ class _Lift:
     ((3, 3, 4), (3, 4), None, 3),  # adjacent equal sizes: position ambiguous, length known
 ])
 def test_axis_from_shapes_when_discovery_did_not_see_it(shape, sown, axis, length):
-  (t,) = _sites._stacking([_Lift("scan", None)], shape, sown)
+  (t,) = _site.with_lengths([_Lift("scan", None)], shape, sown)
   assert (t.axis, t.length) == (axis, length)
 
 
 def test_inconsistent_shapes_leave_length_unknown():
-  (t,) = _sites._stacking([_Lift("vmap", 0)], (2, 5), (7,))
+  (t,) = _site.with_lengths([_Lift("vmap", 0)], (2, 5), (7,))
   assert (t.axis, t.length) == (0, None)
   assert t.label() == "vmap(axis=0, len=?)"
 

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from flax import nnx
 from flax.nnx import bridge
-from flax.nnx.bridge import variables as bridge_variables
 
 import loopbridge as lb
 from conftest import graph_kw
@@ -26,7 +25,7 @@ RTOL, ATOL = 1e-5, 1e-6  # float32 round-off between a compiled loop and eager L
 
 def linen_variables(model: lb.ToNNX) -> dict:
   """The bridged model's Linen variables (params etc.), to feed the plain-Linen reference."""
-  return bridge_variables.nnx_attrs_to_linen_vars(model._loopbridge_linen_attrs())
+  return lb.linen_variables(model)
 
 
 def seed_model(capacity=5, overflow="error", depth=3, features=8):
@@ -318,7 +317,7 @@ def test_capacity_from_constructor_and_method_form():
   model = lb.ToNNX(MLP(3, 8), rngs=nnx.Rngs(0), capacity=3, overflow="wrap")
   assert model.lazy_init(x) is model
   assert lb.buffers(model)["intermediates"]["x"].shape == (3, 1, 8)
-  assert model.loopbridge__sites[0].overflow == "wrap"
+  assert lb.sow_sites(model)["x"].overflow == "wrap"
   # Stock bridge.lazy_init goes through the same path.
   model2 = lb.ToNNX(MLP(3, 8), rngs=nnx.Rngs(0), capacity=2)
   bridge.lazy_init(model2, x)
@@ -364,7 +363,7 @@ def test_setup_submodules_remat_and_repeated_names():
   x = jnp.arange(8.0).reshape(2, 4)
   model = lb.ToNNX(SetupParent(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, x, capacity=6)
-  infos = {info.path: info for info in model.loopbridge__sites}
+  infos = {info.path: info for info in lb.sow_sites(model)}
   assert infos[("child", "y")].per_call == 2
 
   @nnx.jit
@@ -425,7 +424,7 @@ def test_vmap_nested_scan_axis1_and_reverse_scan():
   x = jax.random.normal(jax.random.key(0), (5, 2, 3))
   model = lb.ToNNX(Lifted(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, x, capacity=2)
-  shapes = {info.path: info.shape for info in model.loopbridge__sites}
+  shapes = {info.path: info.shape for info in lb.sow_sites(model)}
   assert shapes[("VmapVmapBody_0", "y")] == (5, 2, 3)
   assert shapes[("ScanOuter_0", "c")] == (3, 2, 3)
   assert shapes[("ScanOuter_0", "ScanInner_0", "c")] == (3, 2, 2, 3)

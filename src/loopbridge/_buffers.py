@@ -21,13 +21,6 @@ from ._errors import BufferOverflowError, SowMismatchError
 
 COUNT_DTYPE = jnp.int32
 
-# Attributes of a *recorder* (any NNX module that records sows): Linen-shaped nested dicts of
-# Buffer / Count with the same paths, and (lb.ToNNX) the static per-site facts. Namespaced
-# because `ToNNX.__getattr__` forwards unknown names to the Linen module.
-BUFFERS_ATTR = "loopbridge__buffers"
-COUNTS_ATTR = "loopbridge__counts"
-SITES_ATTR = "loopbridge__sites"
-
 
 class Buffer(nnx.Variable):
   """Preallocated storage of one sow site: shape `(capacity, *value_shape)`, the sown dtype.
@@ -66,14 +59,21 @@ class Count(nnx.Variable):
 
 
 def new_buffer(capacity: int, shape: tp.Sequence[int], dtype: tp.Any, overflow: str,
-               sharding: tp.Any = None) -> Buffer:
-  """A zero-filled Buffer for `capacity` values of `shape`/`dtype`."""
-  value = jnp.zeros((capacity, *shape), dtype)
+               sharding: tp.Any = None, stack: tp.Sequence[int] = ()) -> Buffer:
+  """A zero-filled Buffer for `capacity` values of `shape`/`dtype`.
+
+  `stack`: leading axes of a module stacked with `nnx.vmap` (its buffer is
+  `(*stack, capacity, *shape)`, so NNX transforms slice it like the module's parameters).
+  """
+  value = jnp.zeros((*stack, capacity, *shape), dtype)
   if sharding is not None:
     value = jax.device_put(value, sharding)
   # A NamedSharding is also kept as NNX partitioning metadata: writes re-apply it (see
   # `_sharding`), and `nnx.get_partition_spec` sees it like a param's.
-  return Buffer(value, overflow=overflow, **_sharding.buffer_metadata(sharding))
+  metadata = _sharding.buffer_metadata(sharding)
+  if stack:
+    metadata["stack_axes"] = len(stack)
+  return Buffer(value, overflow=overflow, **metadata)
 
 
 def new_count() -> Count:
@@ -177,3 +177,17 @@ def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
     return buf
   start = n % capacity
   return jnp.concatenate([buf[start:], buf[:start]], axis=0)
+
+
+def flat_view(buffer: Buffer, count: Count) -> tuple[Buffer, Count]:
+  """A stacked buffer `(*stack, capacity, ...)` seen as `(capacity, *stack, ...)`.
+
+  Every layer of a stack sows once per call, so the counts agree; their maximum is used.
+  """
+  k = getattr(buffer, "stack_axes", 0) or 0
+  if not k:
+    return buffer, count
+  value = _compat.variable_value(buffer)
+  moved = jnp.moveaxis(value, k, 0)
+  n = jnp.max(_compat.variable_value(count))
+  return Buffer(moved, overflow=buffer.overflow), Count(n)

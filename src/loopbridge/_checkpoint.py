@@ -32,7 +32,13 @@ from flax.core import meta
 from flax.nnx.bridge import variables as bridge_variables
 
 from . import _compat
-from ._errors import CheckpointError
+from . import _linen_vars
+from . import _observe_linen
+from . import _pipeline
+from . import _recorder
+from . import _session
+from ._errors import CheckpointError, NotInitializedError
+from ._to_nnx import ToNNX
 
 _FIX_DECLARE = (
     "Fix: build the fresh model from the same Linen module and declare it like the saved one "
@@ -206,12 +212,6 @@ def _plain_variables(variables: tp.Any, what: str) -> dict:
   return variables
 
 
-def _abstract_linen_variables(module: tp.Any, args, kwargs, method, rng_names) -> dict:
-  rngs = {name: jax.random.key(0) for name in {"params", *rng_names}}
-  return jax.eval_shape(
-      lambda: module.init(rngs, *args, method=method, **kwargs))
-
-
 def _unbox(value: tp.Any) -> tp.Any:
   """The raw value of a boxed Linen variable, without applying a sharding constraint."""
   if isinstance(value, meta.Partitioned):  # includes LogicallyPartitioned
@@ -301,31 +301,37 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
     >>> bool((model(jnp.ones((1, 3))) == Net().apply(variables, jnp.ones((1, 3)))).all())
     True
   """
-  from ._to_nnx import ToNNX
-
   model = ToNNX(module, rngs=rngs, capacity=capacity, overflow=overflow)
   variables = _plain_variables(variables, "lb.from_linen_variables")
   rng_source = _compat.rngs_of(model)
   rng_names = [n for n, _ in rng_source.items()] if isinstance(rng_source, nnx.Rngs) else []
-  expected = _abstract_linen_variables(module, args, kwargs, method,
-                                       [n for n in rng_names if n != "default"])
+  rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
+  # One abstract init (no FLOPs): its variables check the given ones' structure, and what it
+  # sowed (intermediates included, hence mutable=True) declares the buffers.
+  capture = model._loopbridge_settings().capture_intermediates
+  with _observe_linen.observe() as calls:
+    expected = jax.eval_shape(lambda: module.init(
+        rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs))
+  found = _observe_linen.classify(expected, calls)
+  expected = _without(expected, found.record_paths)
   # Collections linen.init returns but the user may have dropped (e.g. sown 'intermediates'
   # records) are not state; compare only collections that hold state.
+  variables = _without(variables, found.record_paths)
+  variables = {col: tree for col, tree in variables.items() if tree}
   _check_linen_structure(variables, expected, "lb.from_linen_variables", type(module).__name__)
-  variables = {col: tree for col, tree in variables.items()
-               if not any(isinstance(v, tuple) for v in
-                          traverse_util.flatten_dict(dict(tree), is_leaf=lambda _, v:
-                                                     isinstance(v, tuple)).values())}
   # The arrays are used as given (e.g. host-loaded): partitioning stays metadata, and the
   # standard NNX recipe (nnx.get_partition_spec + device_put) places them.
   with _compat.no_eager_sharding():
-    attrs = bridge_variables.linen_vars_to_nnx_attrs(variables)
-  for name, value in attrs.items():
-    _compat.set_data_attribute(model, name, value)
-  names = {key for tree in variables.values() for key in tree}
-  _compat.set_linen_attribute_names(model, set(_compat.linen_attribute_names(model)) | names)
-  model._loopbridge_declare(args, kwargs, method=method, capacity=capacity, overflow=overflow)
+    _linen_vars.set_variables(model, variables)
+  report = _session.BridgeReport(model, type(module).__name__, found.sites, found.dropped, {})
+  _pipeline.declare_alone(model, report, args, kwargs)
   return model
+
+
+def _without(variables: tp.Mapping[str, tp.Any], paths: set[tuple[str, ...]]) -> dict:
+  """`variables` minus the given leaf paths (sown records are not state)."""
+  flat = traverse_util.flatten_dict(dict(variables), is_leaf=lambda _, v: isinstance(v, tuple))
+  return traverse_util.unflatten_dict({p: v for p, v in flat.items() if p not in paths})
 
 
 def load_linen_variables(model: tp.Any, variables: tp.Mapping[str, tp.Any]) -> tp.Any:
@@ -355,16 +361,13 @@ def load_linen_variables(model: tp.Any, variables: tp.Mapping[str, tp.Any]) -> t
     >>> bool((out == nn.Dense(2).apply(variables, jnp.ones((1, 3)))).all())
     True
   """
-  from ._errors import NotInitializedError
-  from ._to_nnx import ToNNX
-
-  if not isinstance(model, ToNNX) or model.loopbridge__sites is None:
+  if not isinstance(model, ToNNX) or _recorder.sites_of(model) is None:
     raise NotInitializedError(
         "lb.load_linen_variables needs an lb.ToNNX after lb.lazy_init (it writes into the "
         "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
         "build the model directly with lb.from_linen_variables(module, variables, *args).")
   variables = _plain_variables(variables, "lb.load_linen_variables")
-  attrs = model._loopbridge_linen_attrs()
+  attrs = _linen_vars.attrs(model)
   current = bridge_variables.nnx_attrs_to_linen_vars(attrs)
   have, want = _unboxed_leaves(variables), _unboxed_leaves(current)
   unknown = sorted(set(have) - set(want))

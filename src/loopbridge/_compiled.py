@@ -18,11 +18,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from . import _buffers
 from . import _compat
+from . import _recorder
 from ._errors import StructureChangeError
-
-SITES_ATTR = _buffers.SITES_ATTR
 
 _T = tp.TypeVar("_T")
 
@@ -93,13 +91,17 @@ class CompiledStep(tp.Generic[_T]):
             "writes Variables directly to skip the per-call graph traversal. Fix: keep one "
             "array per Variable, or use nnx.jit for this model.")
       variables.append(variable)
+    self._generation = _recorder.generation()
+    old = getattr(self, "_variables", None)
+    if (old is not None and len(old) == len(variables)
+        and all(a is b for a, b in zip(old, variables))
+        and self._treedef == treedef and self._graphdef == graphdef):
+      return  # a declaration elsewhere left this model as it was: keep the executable
     self._graphdef = graphdef
     self._treedef = treedef
     self._variables = tuple(variables)
-    # `lb.preallocate` re-declares buffers by replacing Variables and the sites tuple; a
-    # changed tuple tells the next call to split again.
-    self._sites = tuple((vars(node), vars(node)[SITES_ATTR]) for _, node in _compat.iter_graph(model)
-                        if isinstance(node, nnx.Module) and SITES_ATTR in vars(node))
+    # `lb.preallocate` / `lb.lazy_init` re-declare buffers by replacing Variables (on any
+    # module of the graph, native ones included); each declaration bumps the generation.
     self._set_written(frozenset())
 
   def _set_written(self, written: frozenset[int]) -> None:
@@ -111,7 +113,7 @@ class CompiledStep(tp.Generic[_T]):
     self._jitted = jax.jit(self._pure, donate_argnums=(1,) if self._donate else ())
 
   def _stale(self) -> bool:
-    return any(attrs.get(SITES_ATTR) is not sites for attrs, sites in self._sites)
+    return self._generation != _recorder.generation()
 
   # ---------------------------------------------------------------- traced
   def _pure(self, kept, moved, args, kwargs):

@@ -5,7 +5,7 @@ A *recorder* is any graph node holding the two namespaced attributes `loopbridge
 collection first). `lb.ToNNX` is one; other recorders (native NNX modules) can plug in by
 holding the same attributes. Called on a recorder, these functions return its Linen-shaped
 tree; called on any other module they return one entry per recorder, keyed by its path from
-the root. Every module that sows natively is a recorder (`_native`), so the root can be one
+the root. Every module that sows natively is a recorder (see `_recorder`), so the root can be one
 and hold recorders below it: its own tree then sits at the top, next to its children's paths.
 A native module stacked by `nnx.vmap` keeps its buffers stack axes first (that is how
 `nnx.scan` slices a layer); `recorded`/`counts` read them record index first.
@@ -15,51 +15,38 @@ from __future__ import annotations
 
 import typing as tp
 
-from flax import nnx
-
 from . import _buffers
 from . import _compat
-from . import _native
-
-BUFFERS_ATTR = _buffers.BUFFERS_ATTR
-COUNTS_ATTR = _buffers.COUNTS_ATTR
+from . import _recorder
+from ._errors import NotInitializedError
 
 
-def _is_recorder(node: tp.Any) -> bool:
-  return isinstance(node, nnx.Module) and BUFFERS_ATTR in vars(node)
+_NOT_INITIALIZED = (
+    "{what} has not declared its buffers yet, so there is nothing to read. Why: buffers are "
+    "created by lb.lazy_init / lb.preallocate from sample inputs. Fix: "
+    "lb.lazy_init(model, *sample_args, capacity=N) first.")
 
 
-def _pairs(tree_b, tree_c, prefix=()):
-  """(path, Buffer, Count) for every buffer of one recorder, in sorted path order."""
-  if isinstance(tree_b, _buffers.Buffer):
-    yield prefix, tree_b, tree_c
-    return
-  for key in sorted(tree_b):
-    yield from _pairs(tree_b[key], tree_c[key], (*prefix, key))
-
-
-def iter_recorders(model: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], nnx.Module]]:
-  """Every recorder in `model`'s graph with its path from the root (the root itself: `()`)."""
-  if _is_recorder(model):
-    yield (), model
-  if not isinstance(model, nnx.Module):
-    raise TypeError(
-        f"expected an NNX module holding loopbridge buffers (e.g. lb.ToNNX), got "
-        f"{type(model).__name__}.")
-  for path, node in _compat.iter_graph(model):
-    if path and _is_recorder(node):
-      yield tuple(path), node
+def _describe(path: tuple, node: tp.Any) -> str:
+  where = f" at '{'/'.join(map(str, path))}'" if path else ""
+  if hasattr(node, "to_nnx__module") or "module" in vars(node):
+    try:
+      return f"lb.ToNNX({type(_compat.linen_module_of(node)).__name__}){where}"
+    except KeyError:
+      pass
+  return f"{type(node).__name__}{where}"
 
 
 def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffers.Count], tp.Any]
                  ) -> dict:
   result: dict = {}
   found = False
-  for root_path, recorder in iter_recorders(model):
+  for root_path, recorder in _recorder.iter_recorders(model):
     found = True
+    if _recorder.sites_of(recorder) is None:
+      raise NotInitializedError(_NOT_INITIALIZED.format(what=_describe(root_path, recorder)))
     tree: dict = {}
-    for path, buffer, count in _pairs(getattr(recorder, BUFFERS_ATTR),
-                                      getattr(recorder, COUNTS_ATTR)):
+    for path, buffer, count in _recorder.pairs(recorder):
       node = tree
       for key in path[:-1]:
         node = node.setdefault(key, {})
@@ -111,7 +98,7 @@ def recorded(model: tp.Any) -> dict:
     >>> lb.recorded(model)["intermediates"]["x"].tolist()
     [[0.0, 0.0], [1.0, 1.0]]
   """
-  return _map_records(model, lambda path, b, c: _buffers.read(*_native.flat_view(b, c),
+  return _map_records(model, lambda path, b, c: _buffers.read(*_buffers.flat_view(b, c),
                                                              "/".join(map(str, path))))
 
 
@@ -136,7 +123,7 @@ def counts(model: tp.Any) -> dict:
     >>> int(lb.counts(model)["intermediates"]["x"])
     2
   """
-  return _map_records(model, lambda path, b, c: _compat.variable_value(_native.flat_view(b, c)[1]))
+  return _map_records(model, lambda path, b, c: _compat.variable_value(_buffers.flat_view(b, c)[1]))
 
 
 def buffers(model: tp.Any) -> dict:

@@ -20,7 +20,6 @@ How a layout is chosen, in order:
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import typing as tp
 
@@ -106,7 +105,7 @@ def constrain(variable: tp.Any, value: tp.Any) -> tp.Any:
   return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, PartitionSpec(*names)))
 
 
-def _value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: tp.Any
+def value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: tp.Any
                     ) -> NamedSharding:
   """The buffer sharding for a value-level spec: capacity axis prepended, unsharded."""
   if isinstance(spec, NamedSharding):
@@ -147,102 +146,3 @@ def _value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, me
           f"the buffer. Fix: make that axis (e.g. the batch) a multiple of {size}, use a mesh "
           "whose axes divide it, or leave the axis unsharded (None in the spec).")
   return NamedSharding(mesh, PartitionSpec(None, *spec))
-
-
-def _key_matches(key: str, site: tuple[str, ...]) -> bool:
-  path = "/".join(site[1:])
-  if key == path or key == site[0]:
-    return True
-  return any(c in key for c in "*?[") and fnmatch.fnmatchcase(path, key)
-
-
-def shard_buffers(model: tp.Any, sharding: ShardingSpec, *, mesh: tp.Any = None) -> tp.Any:
-  """Place a model's record buffers on a device mesh, overriding the inferred layout.
-
-  Each spec describes the *recorded value's* axes (what one `sow` stores, including axes
-  added by `nn.scan`); loopbridge prepends the unsharded capacity axis. The layout is kept
-  as the buffer's NNX partitioning metadata (so `nnx.get_partition_spec(nnx.state(model))`
-  agrees) and re-applied on every write, so it survives jitted loops.
-
-  Args:
-    model: an `lb.ToNNX` (or an NNX module holding some) after `lazy_init`/`preallocate`.
-    sharding: one of
-      - a `PartitionSpec` / `NamedSharding` (or `None`: replicated) for every buffer;
-      - a mapping whose keys are a collection name, a `/`-joined sow path or a glob of one
-        (as for `capacity=`) to such a spec; buffers no key names keep their layout;
-      - a callable `(site, value_shape) -> spec`, `site` like `"intermediates/x"`.
-    mesh: the mesh a `PartitionSpec` refers to (not needed for `NamedSharding`s).
-
-  Returns:
-    `model`, with its buffers moved (recorded values and counts are kept).
-
-  Raises:
-    ShardingError: no mesh for a `PartitionSpec`, an unknown mesh axis, a spec longer than
-      the value, a mesh axis that does not divide the axis it splits, or a mapping key that
-      names no buffer.
-
-  Example:
-    >>> import jax, jax.numpy as jnp, numpy as np, loopbridge as lb
-    >>> from jax.sharding import Mesh, PartitionSpec as P
-    >>> from flax import linen as nn
-    >>> class Net(nn.Module):
-    ...   def __call__(self, x):
-    ...     self.sow("intermediates", "x", x)
-    ...     return x
-    >>> mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
-    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones((4, 2)), capacity=3)
-    >>> _ = lb.shard_buffers(model, {"x": P("data")}, mesh=mesh)
-    >>> tuple(lb.buffers(model)["intermediates"]["x"].sharding.spec)
-    (None, 'data')
-  """
-  from . import _buffers
-  from . import _records
-
-  keys_used: set[str] = set()
-  found_any = False
-  for root_path, recorder in _records.iter_recorders(model):
-    buffers = getattr(recorder, _records.BUFFERS_ATTR)
-    for site, buffer, _ in _records._pairs(buffers, getattr(recorder, _records.COUNTS_ATTR)):
-      found_any = True
-      label = "/".join(map(str, (*root_path, *site)))
-      value = _compat.variable_value(buffer)
-      value_shape = tuple(value.shape[1:])
-      if isinstance(sharding, tp.Mapping):
-        keys = [k for k in sharding if _key_matches(k, site)]
-        if not keys:
-          continue
-        # The most specific key wins, as for capacity: exact path, then glob, then collection.
-        path = "/".join(site[1:])
-        key = (path if path in keys else
-               next((k for k in keys if k != site[0]), keys[0]))
-        keys_used.update(keys)
-        spec = sharding[key]
-      elif callable(sharding) and not isinstance(sharding, (PartitionSpec, NamedSharding)):
-        spec = sharding("/".join(site), value_shape)
-      else:
-        spec = sharding
-      target = _value_sharding(label, value_shape, spec, mesh)
-      new = _buffers.Buffer(jax.device_put(value, target), overflow=buffer.overflow,
-                            **buffer_metadata(target))
-      node = buffers
-      for key_ in site[:-1]:
-        node = node[key_]
-      node[site[-1]] = new
-    _compat.set_data_attribute(recorder, _records.BUFFERS_ATTR, buffers)
-  if isinstance(sharding, tp.Mapping):
-    unused = [k for k in sharding if k not in keys_used]
-    if unused or not found_any:
-      raise ShardingError(
-          f"buffer sharding key(s) {unused} name no buffer of this model. Why: a key that "
-          "matches nothing is usually a typo and would leave a buffer on the wrong devices. "
-          "Keys are a collection name, a '/'-joined sow path inside it, or a glob; the buffers "
-          f"are: {sorted('/'.join(s) for s in _all_sites(model))}.")
-  return model
-
-
-def _all_sites(model: tp.Any) -> list[tuple[str, ...]]:
-  from . import _records
-
-  return [site for _, rec in _records.iter_recorders(model)
-          for site, _, _ in _records._pairs(getattr(rec, _records.BUFFERS_ATTR),
-                                            getattr(rec, _records.COUNTS_ATTR))]

@@ -1,6 +1,6 @@
 """`lb.sow_sites`: what a bridged model sows, where, in which shape, and what its buffers cost.
 
-Everything here is read from the static site description `lb.lazy_init` leaves on the model
+Everything here is read from the declared sites `lb.lazy_init` leaves on the model
 (`loopbridge__sites`, `loopbridge__dropped`): no tracing, no FLOPs, usable on any initialized
 `lb.ToNNX`. The report prints as a table and converts to plain (JSON-serializable) dicts.
 """
@@ -8,114 +8,16 @@ Everything here is read from the static site description `lb.lazy_init` leaves o
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing as tp
 
-import numpy as np
+from flax.nnx import bridge
 
 from . import _compat
+from . import _recorder
 from ._errors import NotInitializedError
+from ._site import DroppedSow, SowSite, Transform, with_lengths
 
-# Lifted transforms that add an axis to the collections they carry.
-_STACKING = ("scan", "vmap")
-
-
-@dataclasses.dataclass(frozen=True)
-class Transform:
-  """One Linen lifted transform enclosing a sow site (outermost first in `SowSite.transforms`).
-
-  `axis`/`length` describe the axis it stacks the sown values along in the recorded value
-  (`None` for transforms that add none, such as `nn.remat`, or when it cannot be told apart).
-  """
-
-  kind: str  # "scan", "vmap", "remat", "jit", ...
-  path: tuple[str, ...]  # Linen path of the transformed module
-  axis: int | None
-  length: int | None
-  reverse: bool = False
-
-  def label(self) -> str:
-    if self.kind not in _STACKING:
-      return self.kind
-    axis = "?" if self.axis is None else self.axis
-    length = "?" if self.length is None else self.length
-    return f"{self.kind}(axis={axis}, len={length}{', reverse' if self.reverse else ''})"
-
-  def to_dict(self) -> dict[str, tp.Any]:
-    return {"kind": self.kind, "path": "/".join(self.path), "axis": self.axis,
-            "length": self.length, "reverse": self.reverse}
-
-
-@dataclasses.dataclass(frozen=True)
-class SowSite:
-  """One recorded sow site of an `lb.ToNNX`: what one value looks like and what its buffer holds."""
-
-  collection: str
-  path: tuple[str, ...]  # inside the collection, as in `lb.recorded(model)[collection]`
-  shape: tuple[int, ...]  # one recorded value (including axes added by nn.scan / nn.vmap)
-  dtype: str
-  sown_shape: tuple[int, ...] | None  # the shape passed to `sow` inside the module
-  per_call: int  # values one call adds
-  transforms: tuple[Transform, ...]  # enclosing lifted transforms, outermost first
-  capacity: int
-  overflow: str
-  buffer_bytes: int  # capacity * value size
-
-  @property
-  def name(self) -> str:
-    """The `/`-joined path inside the collection (the key `capacity=` mappings use)."""
-    return "/".join(self.path)
-
-  @property
-  def lifted(self) -> bool:
-    """Whether the site lies inside an `nn.scan` / `nn.vmap` that stacks its values."""
-    return any(t.kind in _STACKING for t in self.transforms)
-
-  @property
-  def calls_to_fill(self) -> int:
-    """Calls the buffer holds before it is full."""
-    return self.capacity // self.per_call if self.per_call else self.capacity
-
-  def to_dict(self) -> dict[str, tp.Any]:
-    return {
-        "collection": self.collection, "path": self.name, "shape": list(self.shape),
-        "dtype": self.dtype,
-        "sown_shape": None if self.sown_shape is None else list(self.sown_shape),
-        "per_call": self.per_call, "lifted": self.lifted,
-        "in_scan": any(t.kind == "scan" for t in self.transforms),
-        "in_vmap": any(t.kind == "vmap" for t in self.transforms),
-        "transforms": [t.to_dict() for t in self.transforms], "capacity": self.capacity,
-        "overflow": self.overflow, "calls_to_fill": self.calls_to_fill,
-        "buffer_bytes": self.buffer_bytes,
-    }
-
-
-@dataclasses.dataclass(frozen=True)
-class DroppedSow:
-  """A `sow` Linen discarded: an enclosing lifted transform does not carry its collection."""
-
-  collection: str
-  module_path: tuple[str, ...]  # Linen path of the module calling `sow`
-  name: str
-  module_type: str
-  shape: tuple[int, ...] | None
-  dtype: str | None
-  dropped_by: Transform | None  # the innermost transform not carrying the collection
-
-  @property
-  def fix(self) -> str:
-    where = (f"the nn.{self.dropped_by.kind} at '{'/'.join(self.dropped_by.path) or '<root>'}'"
-             if self.dropped_by is not None else "the enclosing lifted transform")
-    return f"add '{self.collection}': 0 to the variable_axes of {where}"
-
-  def to_dict(self) -> dict[str, tp.Any]:
-    return {
-        "collection": self.collection, "module_path": "/".join(self.module_path),
-        "name": self.name, "module_type": self.module_type,
-        "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
-        "dropped_by": None if self.dropped_by is None else self.dropped_by.to_dict(),
-        "fix": self.fix,
-    }
+__all__ = ["DroppedSow", "SowSite", "SowSites", "Transform", "sow_sites", "with_lengths"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,41 +100,6 @@ def _shape_str(shape: tp.Sequence[int]) -> str:
   return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _stacking(lifts: tp.Sequence[tp.Any], shape: tuple[int, ...],
-              sown_shape: tuple[int, ...] | None) -> tuple[Transform, ...]:
-  """Transforms with the length of each stacked axis (and the axis, where discovery missed it)."""
-  stacking = [i for i, t in enumerate(lifts) if t.kind in _STACKING and t.carries]
-  axes: dict[int, int | None] = {i: lifts[i].axis for i in stacking}
-  lengths: dict[int, int | None] = {i: None for i in stacking}
-  if sown_shape is not None and len(shape) == len(sown_shape) + len(stacking):
-    rest = list(shape)
-    if all(axes[i] is not None for i in stacking):
-      # Outermost transform first: its axis indexes the final value; removing it gives the
-      # value as the next transform inward produced it.
-      ok = True
-      for i in stacking:
-        axis = axes[i] % len(rest) if rest else 0
-        if axis >= len(rest):
-          ok = False
-          break
-        lengths[i] = rest.pop(axis)
-      if not ok or tuple(rest) != tuple(sown_shape):
-        lengths = {i: None for i in stacking}
-    elif len(stacking) == 1:
-      # Axis unknown (e.g. a transform discovery did not see): where one axis can be removed
-      # to give the sown shape. Adjacent equal sizes leave the position ambiguous (None).
-      (i,) = stacking
-      candidates = [a for a in range(len(shape))
-                    if shape[:a] + shape[a + 1:] == tuple(sown_shape)]
-      if candidates:
-        lengths[i] = shape[candidates[0]]
-        axes[i] = candidates[0] if len(candidates) == 1 else None
-  return tuple(
-      Transform(t.kind, tuple(t.path), axes.get(i) if i in axes else None, lengths.get(i),
-                bool(t.reverse) if t.kind == "scan" else False)
-      for i, t in enumerate(lifts))
-
-
 def sow_sites(model: tp.Any) -> SowSites:
   """Describe every sow site of an initialized `lb.ToNNX`: shapes, lifting, capacity, memory.
 
@@ -265,35 +132,17 @@ def sow_sites(model: tp.Any) -> SowSites:
     >>> site.shape, site.per_call, site.buffer_bytes
     ((1, 3), 1, 48)
   """
-  from ._to_nnx import ToNNX  # late: _to_nnx is the heavier module and does not need this one
-
-  if not isinstance(model, ToNNX):
+  if not isinstance(model, bridge.ToNNX) or _recorder.BUFFERS_ATTR not in vars(model):
     raise TypeError(
         f"lb.sow_sites needs an lb.ToNNX, got {type(model).__name__}. Fix: wrap the Linen module "
         "with lb.ToNNX(module, rngs=nnx.Rngs(0)) and call lb.lazy_init(model, *sample_args, "
         "capacity=N) first.")
-  infos = model.loopbridge__sites
+  sites = _recorder.sites_of(model)
   name = type(_compat.linen_module_of(model)).__name__
-  if infos is None:
+  if sites is None:
     raise NotInitializedError(
         f"lb.sow_sites: lb.ToNNX({name}) is not initialized, so its sow sites are not known "
         "yet. Why: sites are found from a call with sample inputs. Fix: "
         "lb.lazy_init(model, *sample_args, capacity=N) first.")
-  sites = []
-  for info in infos:
-    size = math.prod(info.shape) * np.dtype(info.dtype).itemsize
-    sites.append(SowSite(
-        collection=info.collection, path=tuple(info.path), shape=tuple(info.shape),
-        dtype=str(info.dtype), sown_shape=None if info.sown_shape is None else tuple(info.sown_shape),
-        per_call=info.per_call, transforms=_stacking(info.lifts, tuple(info.shape),
-                                                     info.sown_shape),
-        capacity=info.capacity, overflow=info.overflow, buffer_bytes=info.capacity * size))
-  dropped = []
-  for call in getattr(model, "loopbridge__dropped", ()):
-    culprit = next((t for t in reversed(call.lifts) if not t.carries), None)
-    dropped.append(DroppedSow(
-        collection=call.collection, module_path=tuple(call.module_path), name=call.name,
-        module_type=call.module_type, shape=call.shape, dtype=call.dtype,
-        dropped_by=None if culprit is None else Transform(culprit.kind, tuple(culprit.path),
-                                                          None, None, culprit.reverse)))
-  return SowSites(model=name, sites=tuple(sites), dropped=tuple(dropped))
+  return SowSites(model=name, sites=tuple(sites),
+                  dropped=tuple(vars(model).get(_recorder.DROPPED_ATTR, ())))

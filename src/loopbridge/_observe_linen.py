@@ -1,0 +1,203 @@
+"""Discover stage, Linen side: what one Linen `init`/`apply` sowed, and how.
+
+What Linen returns from a call with its collections mutable (`init` makes every collection
+mutable; discovery applies with `mutable=True`) is the ground truth for the recorded shapes: a
+tuple per default-reduce sow site, stacked along the lifted axis inside `nn.scan`/`nn.vmap`.
+Two facts are not in that tree, so `observe()` watches the call itself:
+- *how* each value was sown: with the default tuple reduce (a record) or a custom
+  `reduce_fn`/`init_fn` (a shape-stable accumulator: state, not a record), and which sows Linen
+  dropped because an enclosing lifted transform does not carry their collection;
+- which lifted transforms enclose each sow, and along which axis they stack it.
+
+How the call is watched: `flax.linen.Module.sow` and `flax.core.lift.pack` (the building block
+of every Linen lifted transform) are wrapped only while at least one `observe()` block is open.
+The wrappers chain to the functions installed when the first block opened (so a patch someone
+else made survives), log only into the log of the current context (a `ContextVar`: other
+threads and other calls pass straight through), and are removed when the last block closes,
+unless someone replaced them in the meantime (then theirs stays and ours passes through).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import threading
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen
+from flax import traverse_util
+from flax.core import lift as core_lift
+from flax.core import scope as core_scope
+from flax.linen import module as linen_module_lib
+
+from ._errors import SowMismatchError
+from ._site import DroppedSow, SowCall, SowSite, Transform, with_lengths
+
+_SOW_LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
+    "loopbridge_linen_sow_log", default=None)
+# Enclosing lifted transforms of the current context: (kind, path, out filters, axes, reverse).
+_LIFTS: contextvars.ContextVar[tuple[tuple[tp.Any, ...], ...]] = contextvars.ContextVar(
+    "loopbridge_linen_lifts", default=())
+
+
+def _is_array(value: tp.Any) -> bool:
+  return isinstance(value, (jax.Array, np.ndarray, np.generic, float, int, bool)) or hasattr(
+      value, "aval")
+
+
+def _transforms_for(col: str) -> tuple[Transform, ...]:
+  out = []
+  for kind, path, filters, axes, reverse in _LIFTS.get():
+    index = next((i for i, f in enumerate(filters) if core_scope.in_filter(f, col)), None)
+    axis = axes[index] if index is not None else None
+    out.append(Transform(kind, path, axis if isinstance(axis, int) else None, None, reverse,
+                         carries=index is not None))
+  return tuple(out)
+
+
+class _Installed:
+  """The process-wide install state of the two wrappers (guarded by `lock`)."""
+
+  lock = threading.Lock()
+  depth = 0
+  sow: tp.Any = None  # what `linen.Module.sow` was when the first block opened
+  pack: tp.Any = None  # what `flax.core.lift.pack` was then
+
+
+def _observing_sow(self, col, name, value, reduce_fn=linen_module_lib.tuple_reduce,
+                   init_fn=linen_module_lib.tuple_init):
+  log = _SOW_LOG.get()
+  if log is not None and self.scope is not None:
+    shape, dtype = ((tuple(jnp.shape(value)), str(jnp.result_type(value)))
+                    if _is_array(value) else (None, None))
+    log.append(SowCall(
+        collection=col, module_path=tuple(self.scope.path), name=name, shape=shape,
+        dtype=dtype,
+        default_reduce=(reduce_fn is linen_module_lib.tuple_reduce
+                        and init_fn is linen_module_lib.tuple_init),
+        dropped=not self.scope.is_mutable_collection(col), module_type=type(self).__name__,
+        init_fn=init_fn, transforms=_transforms_for(col)))
+  return _Installed.sow(self, col, name, value, reduce_fn, init_fn)
+
+
+def _observing_pack(fn, in_variable_filters, out_variable_filters, rng_filters, name=None,
+                    enable_kwargs=False):
+  packed = _Installed.pack(fn, in_variable_filters, out_variable_filters, rng_filters,
+                           name=name, enable_kwargs=enable_kwargs)
+  if _SOW_LOG.get() is None:
+    return packed
+  # The stacking axes are not an argument of `pack`; scan and vmap keep them in the closure of
+  # their inner function (`variable_out_axes`, aligned with the last filters). Best effort: an
+  # unknown axis stays None and is derived from the shapes later.
+  closure = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+  axes = closure.get("variable_out_axes")
+  filters = tuple(out_variable_filters)
+  if isinstance(axes, tuple) and len(axes) <= len(filters) and name in ("scan", "vmap"):
+    axes = (None,) * (len(filters) - len(axes)) + axes
+  else:
+    axes = (None,) * len(filters)
+  reverse = closure.get("reverse") is True
+
+  @functools.wraps(packed)
+  def wrapper(scope_tree, *args, **kwargs):
+    scope = scope_tree[0] if isinstance(scope_tree, (list, tuple)) and scope_tree else scope_tree
+    frame = (name or "transform", tuple(getattr(scope, "path", ())), filters, axes, reverse)
+    token = _LIFTS.set((*_LIFTS.get(), frame))
+    try:
+      return packed(scope_tree, *args, **kwargs)
+    finally:
+      _LIFTS.reset(token)
+
+  return wrapper
+
+
+@contextlib.contextmanager
+def observe() -> tp.Iterator[list[SowCall]]:
+  """Collect every Linen `Module.sow` call made in the current context inside the block."""
+  with _Installed.lock:
+    if _Installed.depth == 0:
+      _Installed.sow, _Installed.pack = linen.Module.sow, core_lift.pack
+      linen.Module.sow = _observing_sow
+      core_lift.pack = _observing_pack
+    _Installed.depth += 1
+  log: list[SowCall] = []
+  token = _SOW_LOG.set(log)
+  try:
+    yield log
+  finally:
+    _SOW_LOG.reset(token)
+    with _Installed.lock:
+      _Installed.depth -= 1
+      if _Installed.depth == 0:
+        # Put back what was there, unless someone installed their own on top meanwhile: theirs
+        # stays, and ours (which it may call) passes straight through outside a block.
+        if linen.Module.sow is _observing_sow:
+          linen.Module.sow = _Installed.sow
+        if core_lift.pack is _observing_pack:
+          core_lift.pack = _Installed.pack
+
+
+@dataclasses.dataclass
+class LinenFindings:
+  """What one Linen call sowed, sorted into records, accumulators and dropped sows."""
+
+  sites: list[SowSite]
+  record_paths: set[tuple[str, ...]]  # tuple-reduce sites: (collection, *path)
+  accumulators: dict[tuple[str, ...], tuple[SowCall, tp.Any]]  # custom reduce: (call, value)
+  dropped: list[DroppedSow]
+
+
+_NON_ARRAY_HELP = (
+    "Why: one buffer holds one array shape. Fix: sow each kind of value under its own name, "
+    "and sow arrays (one `sow` per leaf of a pytree). If the site is '__call__' (or another "
+    "method name) it comes from capture_intermediates capturing a method that returns a "
+    "tuple/pytree: pass capture_intermediates=filter_fn that selects modules returning arrays, "
+    "e.g. lambda mdl, name: not isinstance(mdl, Block).")
+
+
+def classify(collections: tp.Mapping[str, tp.Any], calls: tp.Sequence[SowCall]) -> LinenFindings:
+  """Sort the collections a Linen call returned (concrete or abstract) using its sow log."""
+  recordable = {c.site for c in calls if c.default_reduce and not c.dropped}
+  custom = {c.site: c for c in calls if not c.default_reduce and not c.dropped}
+  first_call = {}
+  for c in calls:
+    first_call.setdefault(c.site, c)
+  flat = traverse_util.flatten_dict(dict(collections), is_leaf=lambda _, v: isinstance(v, tuple))
+  sites, record_paths, accumulators = [], set(), {}
+  for path, value in flat.items():
+    if path in custom:
+      accumulators[path] = (custom[path], value)
+      continue
+    if path not in recordable or not isinstance(value, tuple):
+      continue
+    record_paths.add(path)
+    if not value:
+      continue
+    shapes = {(tuple(v.shape), np.dtype(v.dtype)) for v in value if hasattr(v, "shape")}
+    if len(shapes) != 1 or not all(hasattr(v, "shape") for v in value):
+      raise SowMismatchError(
+          f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
+          f"values within one call ({[getattr(v, 'shape', type(v).__name__) for v in value]}). "
+          + _NON_ARRAY_HELP)
+    (shape, dtype), = shapes
+    call = first_call[path]
+    sites.append(SowSite(path[0], path[1:], shape, str(dtype), call.shape, len(value),
+                         with_lengths(call.transforms, shape, call.shape)))
+  # Custom-reduce sows nested in a path (not a leaf of `flat`): look them up directly.
+  for site, call in custom.items():
+    if site not in accumulators:
+      node: tp.Any = collections
+      for key in site:
+        node = node.get(key) if isinstance(node, tp.Mapping) else None
+      accumulators[site] = (call, node)
+  dropped, seen = [], set()
+  for c in calls:
+    if c.dropped and c.site not in seen:
+      seen.add(c.site)
+      dropped.append(DroppedSow.from_call(c))
+  return LinenFindings(sorted(sites, key=lambda s: s.key), record_paths, accumulators, dropped)

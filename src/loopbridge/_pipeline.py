@@ -1,0 +1,368 @@
+"""The one declaration pipeline: `lb.lazy_init` and `lb.preallocate` for any NNX graph.
+
+Both entries validate `capacity`/`overflow` once, open one discovery session for the root, run
+one call of it, and hand everything found to the declare stage:
+- `lazy_init` runs the real initializing call: every `lb.ToNNX` it reaches runs its Linen
+  `init` once and reports the values that very trace sowed; native sows of the same call are
+  read from the graph's state.
+- `preallocate` (a new call signature on an initialized model) runs one abstract call
+  (`jax.eval_shape`, no FLOPs) on a clone, so nothing of the model changes but its buffers.
+The sample arguments' shardings are kept to choose the buffers' layout, whatever the root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing as tp
+
+import jax
+from flax import nnx
+from flax.nnx import bridge
+
+from . import _capacity
+from . import _compat
+from . import _declare
+from . import _linen_vars
+from . import _observe_native
+from . import _recorder
+from . import _session
+from ._errors import NotInitializedError, SowMismatchError
+
+SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
+
+_T = tp.TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True)
+class BridgeSettings:
+  """An `lb.ToNNX`'s constructor options (static, hashable)."""
+
+  capacity: tp.Any  # hashable form of the capacity spec (int, tuple of items, or None)
+  overflow: str
+  capture_intermediates: tp.Any = False  # Linen apply(capture_intermediates=...): bool or filter
+
+  @property
+  def capacity_spec(self) -> _capacity.CapacitySpec | None:
+    return dict(self.capacity) if isinstance(self.capacity, tuple) else self.capacity
+
+
+def settings_of(node: tp.Any) -> BridgeSettings | None:
+  """The settings of an `lb.ToNNX` (None for any other node)."""
+  return vars(node).get(SETTINGS_ATTR) if isinstance(node, bridge.ToNNX) else None
+
+
+def _is_bridge(node: tp.Any) -> bool:
+  return settings_of(node) is not None
+
+
+def _model_name(root: tp.Any) -> str:
+  if _is_bridge(root):
+    return type(_compat.linen_module_of(root)).__name__
+  return type(root).__name__
+
+
+# --------------------------------------------------------------------------------- targets
+def _rebind(fn: tp.Any, root: nnx.Module) -> tp.Callable[..., tp.Any]:
+  """`fn` (the root, a bound method of it, or a partial of either) as `call(module, ...)`."""
+  if fn is root:
+    return lambda m, *a, **k: m(*a, **k)
+  if inspect.ismethod(fn) and fn.__self__ is root:
+    func = fn.__func__
+    return lambda m, *a, **k: func(m, *a, **k)
+  if isinstance(fn, functools.partial):
+    inner = _rebind(fn.func, root)
+    return lambda m, *a, **k: inner(m, *fn.args, *a, **{**fn.keywords, **k})
+  raise TypeError(f"cannot call {fn!r} on a copy of the model")
+
+
+def _root_of(fn: tp.Any) -> nnx.Module | None:
+  if isinstance(fn, nnx.Module):
+    return fn
+  owner = getattr(fn, "__self__", None)  # bound methods; flax's ToNNX method partials too
+  if isinstance(owner, nnx.Module):
+    return owner
+  if isinstance(fn, functools.partial):
+    return _root_of(fn.func)
+  return None
+
+
+def target(model: tp.Any, method: tp.Any, what: str
+           ) -> tuple[nnx.Module, tp.Callable[..., tp.Any]]:
+  """(root module, function called as call(root, *args, **kwargs))."""
+  root = _root_of(model)
+  if root is None:
+    from flax import linen
+
+    raise TypeError(
+        f"{what} needs an NNX module (e.g. lb.ToNNX(linen_module, rngs=...)) or a bound method "
+        f"of one, got {type(model).__name__}. "
+        + ("Fix: wrap the Linen module first: lb.ToNNX(module, rngs=nnx.Rngs(0))."
+           if isinstance(model, linen.Module) else
+           "Fix: pass the model, or a method of it (model.method or method='name')."))
+  if isinstance(root, bridge.ToNNX) and not _is_bridge(root) and model is root:
+    raise TypeError(
+        f"{what} needs a loopbridge.ToNNX, got a stock flax.nnx.bridge.ToNNX. Why: the stock "
+        "wrapper has no buffers. Fix: build it with lb.ToNNX(linen_module, rngs=...) instead.")
+  call = _rebind(model, root)
+  if method is None:
+    return root, call
+  if model is not root:
+    raise TypeError(f"{what}: pass either a bound method or method=, not both.")
+  if _is_bridge(root):  # a Linen method of the wrapped module
+    return root, lambda m, *a, **k: m(*a, method=method, **k)
+  if isinstance(method, str):
+    return root, lambda m, *a, **k: getattr(m, method)(*a, **k)
+  if callable(method):
+    return root, method
+  raise TypeError(f"{what}: method= must be a method name or a function taking the module "
+                  f"first, got {type(method).__name__}.")
+
+
+# ------------------------------------------------------------------------- collecting parts
+def _merge_reports(items: list[tuple[tp.Any, _session.BridgeReport]]
+                   ) -> list[tuple[tp.Any, _session.BridgeReport]]:
+  """One report per bridged node: a node called k times per call sows k times per site."""
+  merged: dict[tp.Any, _session.BridgeReport] = {}
+  for path, r in items:
+    key = path if path is not None else ("<transient>", id(r))
+    into = merged.get(key)
+    if into is None:
+      merged[key] = dataclasses.replace(r, sites=list(r.sites), dropped=list(r.dropped),
+                                        new_accumulators=dict(r.new_accumulators))
+      continue
+    by_key = {s.key: i for i, s in enumerate(into.sites)}
+    for s in r.sites:
+      if s.key not in by_key:
+        into.sites.append(s)
+        continue
+      old = into.sites[by_key[s.key]]
+      if (old.shape, old.dtype) != (s.shape, s.dtype):
+        raise SowMismatchError(
+            f"sow site {'/'.join(s.key)} of lb.ToNNX({r.label}) receives {old.shape} "
+            f"{old.dtype} in one call and {s.shape} {s.dtype} in another, within one call of "
+            "the model. Why: one buffer holds one value shape. Fix: sow the two under "
+            "different names, or declare and run the two call signatures separately.")
+      into.sites[by_key[s.key]] = dataclasses.replace(old, per_call=old.per_call + s.per_call)
+    into.dropped.extend(d for d in r.dropped if d not in into.dropped)
+    into.new_accumulators.update(r.new_accumulators)
+  return [(None if isinstance(k, tuple) and k[:1] == ("<transient>",) else k, r)
+          for k, r in merged.items()]
+
+
+def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: dict[tuple, tp.Any],
+                  what: str) -> list[_declare.Part]:
+  """Declaration parts of the bridged nodes a call reached; `items` are (path or None, report)."""
+  parts = []
+  for path, report in _merge_reports(items):
+    if path is None:
+      if not report.sites and not report.new_accumulators:
+        continue  # a part that sows nothing needs no buffers, wherever it runs
+      raise TypeError(
+          f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
+          "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
+          "lb.preallocate on that lb.ToNNX directly with the arguments it receives there.")
+    node = node_at[path]
+    settings = settings_of(node)
+    _linen_vars.add_accumulators(node, report.new_accumulators)
+    parts.append(_declare.Part(path, node, report.sites, settings.capacity_spec,
+                               settings.overflow, report.dropped))
+  return parts
+
+
+def _native_parts(findings: _observe_native.NativeFindings, node_at) -> list[_declare.Part]:
+  parts = []
+  for path, sites in sorted(findings.sites.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    parts.append(_declare.Part(path, node_at(path), sorted(sites, key=lambda s: s.key)))
+  return parts
+
+
+def _remove_tuples(node_at, paths) -> None:
+  """Delete the tuples flax's own `sow` left during discovery: buffers replace them."""
+  for path in paths:
+    module = node_at(tuple(path[:-1]))
+    if isinstance(module, nnx.Module) and path[-1] in vars(module):
+      delattr(module, path[-1])
+
+
+def _graph_index(root: nnx.Module) -> tuple[dict[int, tuple], dict[tuple, tp.Any]]:
+  path_of, node_at = {}, {}
+  for path, node in _compat.iter_graph(root):
+    path_of.setdefault(id(node), tuple(path))
+    node_at[tuple(path)] = node
+  return path_of, node_at
+
+
+def _flat_state(root: nnx.Module) -> dict[tuple, tp.Any]:
+  return _observe_native.flat_state(_compat.split_graph(root)[1])
+
+
+# ------------------------------------------------------------------------------- the entries
+def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
+              overflow: str | None = None, **kwargs: tp.Any) -> _T:
+  """Initialize bridged parts from sample inputs and preallocate a buffer per sow site.
+
+  On an `lb.ToNNX`: `flax.nnx.bridge.lazy_init` plus buffers for its Linen sows, found in the
+  values the Linen `init` trace itself sowed (the model is not applied a second time). On any
+  other NNX module (or bound method): the call initializes every `lb.ToNNX` it reaches and
+  declares buffers for every sow of that same call, native and bridged, with `capacity`
+  resolved over the whole graph. Buffers of batch-sharded sample inputs are sharded alike.
+
+  Args:
+    model: an `lb.ToNNX`, or any NNX module (or bound method of one).
+    *args: sample inputs, as for the model's call.
+    capacity: an int for every sow site, or a mapping from a collection name, a `/`-joined
+      path from the root inside the collection (e.g. `"ScanBlock_0/carry"`, `"llm/Block_0/x"`)
+      or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`.
+    overflow: `"error"` (default), `"drop"` or `"wrap"`.
+    **kwargs: keyword arguments of the call (`method=` included for an `lb.ToNNX`).
+
+  Returns:
+    `model`, initialized.
+
+  Raises:
+    CapacityError: bad capacity/overflow, a site no key covers, or a key matching no site.
+    TypeError: `model` is not an NNX module or method.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return nn.Dense(2)(x)
+    >>> model = lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), jnp.ones((1, 3)), capacity=5)
+    >>> lb.recorded(model)["intermediates"]["x"].shape
+    (0, 1, 3)
+  """
+  capacity = _capacity.check_capacity_spec(capacity)
+  if overflow is not None:
+    _capacity.check_overflow(overflow)
+  root, _ = target(model, None, "lb.lazy_init")
+  before = _flat_state(root)
+  with _session.open_session("init") as session, _observe_native.observe(root) as calls:
+    _compat.set_initializing(root, True)
+    try:
+      tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
+    finally:
+      _compat.set_initializing(root, False)
+  path_of, node_at = _graph_index(root)
+  findings = _observe_native.diff(before, _flat_state(root), calls)
+  _remove_tuples(node_at.get, findings.tuple_paths)
+  parts = (_bridge_parts([(path_of.get(id(r.node)), r) for r in session.reports], node_at,
+                         "lb.lazy_init")
+           + _native_parts(findings, node_at.__getitem__))
+  _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
+                   model_name=_model_name(root))
+  return model
+
+
+def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
+                  kwargs: dict) -> None:
+  """Declare one `lb.ToNNX` initialized without a loopbridge entry (stock `bridge.lazy_init`),
+  with the capacity and overflow given to its constructor."""
+  settings = settings_of(node)
+  part = _declare.Part((), node, report.sites, settings.capacity_spec, settings.overflow,
+                       report.dropped)
+  _declare.declare([part], capacity=None, overflow=None, shardings_from=(args, kwargs),
+                   model_name=_model_name(node))
+
+
+def _abstract(tree: tp.Any) -> tp.Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+                      if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
+
+
+def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
+                overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> _T:
+  """Declare buffers for every sow a call makes, anywhere in an NNX module graph.
+
+  Runs the call once abstractly (`jax.eval_shape`, no FLOPs) on a copy of the model and
+  declares a buffer for every sow it makes: the Linen sows of every `lb.ToNNX` it reaches and
+  every native `Module.sow` with the default tuple reduce (any `nnx.Variable` type; inside
+  `nnx.scan` / `nnx.vmap` over stacked modules too). Sites whose storage is unchanged keep
+  their buffers and records; sites the call does not make keep theirs. Perturbation Variables
+  (`Module.perturb`) and custom-reduce accumulators the call would create are created now
+  (zeros / `init_fn()`). Parameters are untouched.
+
+  Args:
+    model: an NNX module (or a bound method of one), e.g. an initialized `lb.ToNNX`.
+    *args: sample inputs of the call (only shapes, dtypes and shardings matter).
+    capacity: as for `lb.lazy_init`; required for native sows.
+    overflow: `"error"` (default), `"drop"` or `"wrap"`.
+    method: the method the loop calls: a name, a function taking the module first, or (for
+      an `lb.ToNNX`) a Linen method. Default `__call__`.
+    **kwargs: keyword arguments of the call.
+
+  Returns:
+    `model`.
+
+  Raises:
+    CapacityError: a malformed capacity/overflow, a site no key covers, a key matching no site.
+    NotInitializedError: an `lb.ToNNX` in the graph was not initialized yet.
+    SowMismatchError: a site receives values of different shapes within one call.
+    TypeError: `model` is not an NNX module.
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import nnx
+    >>> class Net(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.lin = nnx.Linear(2, 3, rngs=rngs)
+    ...   def __call__(self, x):
+    ...     h = self.lin(x)
+    ...     self.sow(nnx.Intermediate, "h", h)
+    ...     return h
+    >>> model = lb.preallocate(Net(nnx.Rngs(0)), jnp.ones((1, 2)), capacity=4)
+    >>> _ = model(jnp.ones((1, 2)))
+    >>> lb.recorded(model)["intermediates"]["h"].shape
+    (1, 1, 3)
+  """
+  capacity = _capacity.check_capacity_spec(capacity)
+  if overflow is not None:
+    _capacity.check_overflow(overflow)
+  root, call = target(model, method, "lb.preallocate")
+  for path, node in _compat.iter_graph(root):
+    if _is_bridge(node) and _recorder.sites_of(node) is None:
+      where = f" at '{'/'.join(map(str, path))}'" if path else ""
+      raise NotInitializedError(
+          f"lb.preallocate needs an initialized model: the lb.ToNNX("
+          f"{type(_compat.linen_module_of(node)).__name__}){where} is not initialized. Why: its "
+          "Linen parameters are created from sample inputs. Fix: lb.lazy_init(model, "
+          "*sample_args, capacity=...) first (preallocate then declares buffers for other "
+          "call signatures).")
+  graphdef, state = _compat.split_graph(root)
+  before = _observe_native.flat_state(state)
+  found: dict[str, tp.Any] = {}
+
+  def run(state):
+    clone = nnx.merge(graphdef, state)
+    clone_paths, _ = _graph_index(clone)
+    with _session.open_session("apply") as session, _observe_native.observe(clone) as calls:
+      call(clone, *args, **kwargs)
+    # Nothing traced may leave the trace: keep shapes and paths only.
+    found["reports"] = [
+        (clone_paths.get(id(r.node)), dataclasses.replace(
+            r, node=None, new_accumulators={k: (f, _abstract(v))
+                                            for k, (f, v) in r.new_accumulators.items()}))
+        for r in session.reports]
+    found["calls"] = list(calls)
+    return _compat.split_graph(clone)[1]
+
+  # Closing over the (concrete) inputs is fine: under eval_shape nothing is executed.
+  after = _observe_native.flat_state(jax.eval_shape(run, state))
+  _, node_at = _graph_index(root)
+  findings = _observe_native.diff(before, after, found["calls"])
+  parts = _bridge_parts(found["reports"], node_at, "lb.preallocate")
+  _remove_tuples(node_at.get, [p for p in findings.tuple_paths if p in before])
+  for path, var_type, abstract, these in findings.created:
+    module = node_at.get(tuple(path[:-1]))
+    variable = _observe_native.new_state_variable(var_type, abstract, these)
+    if isinstance(module, nnx.Module) and variable is not None:
+      setattr(module, path[-1], variable)
+  parts += _native_parts(findings, node_at.__getitem__)
+  _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
+                   model_name=_model_name(root))
+  return model

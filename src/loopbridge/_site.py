@@ -1,0 +1,225 @@
+"""The records the pipeline passes along: one observed `sow` call, one sow site, one dropped sow.
+
+Stage 0 of the data path (discover -> declare -> append -> read): plain frozen dataclasses and
+no behaviour, so every later stage can import them. A `SowSite` is the single description of a
+site from discovery to the `lb.sow_sites` report: discovery fills what one call sows, the
+declaration adds `capacity` and `overflow`, and the declared tuple is kept on the recorder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing as tp
+
+import numpy as np
+
+# Lifted transforms that add an axis to the collections they carry.
+STACKING_KINDS = ("scan", "vmap")
+
+
+@dataclasses.dataclass(frozen=True)
+class Transform:
+  """A Linen lifted transform (`nn.scan`, `nn.vmap`, `nn.remat`, ...) enclosing a sow.
+
+  `axis`/`length` describe the axis it stacks the sown values along in the recorded value
+  (`None` for transforms that add none, such as `nn.remat`, or when it cannot be told apart).
+  `carries` says whether it carries the sow's collection out (if not, Linen drops the sow).
+  """
+
+  kind: str  # flax's name for it: "scan", "vmap", "remat", "jit", ...
+  path: tuple[str, ...]  # Linen path of the transformed module
+  axis: int | None = None
+  length: int | None = None
+  reverse: bool = False  # nn.scan(reverse=True)
+  carries: bool = True
+
+  def label(self) -> str:
+    if self.kind not in STACKING_KINDS:
+      return self.kind
+    axis = "?" if self.axis is None else self.axis
+    length = "?" if self.length is None else self.length
+    return f"{self.kind}(axis={axis}, len={length}{', reverse' if self.reverse else ''})"
+
+  def to_dict(self) -> dict[str, tp.Any]:
+    return {"kind": self.kind, "path": "/".join(self.path), "axis": self.axis,
+            "length": self.length, "reverse": self.reverse}
+
+
+@dataclasses.dataclass(frozen=True)
+class SowCall:
+  """One `sow` call seen while discovering (Linen `Module.sow` or native `nnx.Module.sow`)."""
+
+  collection: str
+  module_path: tuple[str, ...]  # Linen scope path (native: empty, the state diff locates it)
+  name: str
+  shape: tuple[int, ...] | None  # None when the sown value is not a single array
+  dtype: str | None
+  default_reduce: bool  # the tuple-append reduce/init of `sow`: a record, not state
+  dropped: bool = False  # Linen discarded it: the collection was not mutable in this scope
+  module_type: str = ""
+  init_fn: tp.Callable[[], tp.Any] | None = dataclasses.field(compare=False, default=None)
+  transforms: tuple[Transform, ...] = ()  # enclosing lifted transforms, outermost first
+
+  @property
+  def site(self) -> tuple[str, ...]:
+    return (self.collection, *self.module_path, self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class SowSite:
+  """One recorded sow site: what one value looks like and what its buffer holds.
+
+  Attributes:
+    collection: the collection sown into (`"intermediates"`, ...).
+    path: the path inside the collection, as in `lb.recorded(model)[collection]`.
+    shape: one recorded value, including axes added by `nn.scan` / `nn.vmap`.
+    dtype: the recorded dtype.
+    sown_shape: the shape passed to `sow` inside the module (`None` if unknown).
+    per_call: values one call adds.
+    transforms: enclosing Linen lifted transforms, outermost first.
+    capacity: buffer slots (`None` before the declaration).
+    overflow: `"error"`, `"drop"` or `"wrap"` (`None` before the declaration).
+    stack_axes: leading axes of the buffer added by stacking the sowing module (`nnx.vmap`
+      layer stacks keep their buffers `(*stack, capacity, *value)`); 0 for most sites.
+  """
+
+  collection: str
+  path: tuple[str, ...]
+  shape: tuple[int, ...]
+  dtype: str
+  sown_shape: tuple[int, ...] | None = None
+  per_call: int = 1
+  transforms: tuple[Transform, ...] = ()
+  capacity: int | None = None
+  overflow: str | None = None
+  stack_axes: int = 0
+
+  @property
+  def key(self) -> tuple[str, ...]:
+    """`(collection, *path)`: where the buffer sits in the recorder's buffer tree."""
+    return (self.collection, *self.path)
+
+  @property
+  def name(self) -> str:
+    """The `/`-joined path inside the collection (the key `capacity=` mappings use)."""
+    return "/".join(self.path)
+
+  @property
+  def value_shape(self) -> tuple[int, ...]:
+    """One recorded value without the stack axes."""
+    return self.shape[self.stack_axes:]
+
+  @property
+  def buffer_shape(self) -> tuple[int, ...]:
+    """`(*stack, capacity, *value)`."""
+    return (*self.shape[:self.stack_axes], self.capacity or 0, *self.value_shape)
+
+  @property
+  def lifted(self) -> bool:
+    """Whether the site lies inside an `nn.scan` / `nn.vmap` that stacks its values."""
+    return any(t.kind in STACKING_KINDS for t in self.transforms)
+
+  @property
+  def calls_to_fill(self) -> int:
+    """Calls the buffer holds before it is full."""
+    capacity = self.capacity or 0
+    return capacity // self.per_call if self.per_call else capacity
+
+  @property
+  def buffer_bytes(self) -> int:
+    """Bytes of the buffer (capacity times one value; stacked layers count each layer)."""
+    return math.prod(self.buffer_shape) * np.dtype(self.dtype).itemsize
+
+  def to_dict(self) -> dict[str, tp.Any]:
+    return {
+        "collection": self.collection, "path": self.name, "shape": list(self.shape),
+        "dtype": self.dtype,
+        "sown_shape": None if self.sown_shape is None else list(self.sown_shape),
+        "per_call": self.per_call, "lifted": self.lifted,
+        "in_scan": any(t.kind == "scan" for t in self.transforms),
+        "in_vmap": any(t.kind == "vmap" for t in self.transforms),
+        "transforms": [t.to_dict() for t in self.transforms], "capacity": self.capacity,
+        "overflow": self.overflow, "calls_to_fill": self.calls_to_fill,
+        "buffer_bytes": self.buffer_bytes,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class DroppedSow:
+  """A `sow` Linen discarded: an enclosing lifted transform does not carry its collection."""
+
+  collection: str
+  module_path: tuple[str, ...]  # Linen path of the module calling `sow`
+  name: str
+  module_type: str
+  shape: tuple[int, ...] | None
+  dtype: str | None
+  dropped_by: Transform | None  # the innermost transform not carrying the collection
+
+  @classmethod
+  def from_call(cls, call: SowCall) -> "DroppedSow":
+    culprit = next((t for t in reversed(call.transforms) if not t.carries), None)
+    return cls(call.collection, tuple(call.module_path), call.name, call.module_type,
+               call.shape, call.dtype, culprit)
+
+  @property
+  def fix(self) -> str:
+    where = (f"the nn.{self.dropped_by.kind} at '{'/'.join(self.dropped_by.path) or '<root>'}'"
+             if self.dropped_by is not None else "the enclosing lifted transform")
+    return f"add '{self.collection}': 0 to the variable_axes of {where}"
+
+  def warning_text(self) -> str:
+    culprit = (f"nn.{self.dropped_by.kind} at '{'/'.join(self.dropped_by.path) or '<root>'}'"
+               if self.dropped_by is not None else "lifted transform (nn.scan, nn.vmap, ...)")
+    return (
+        f"{self.module_type} at Linen path '{'/'.join(self.module_path) or '<root>'}' sows "
+        f"'{self.name}' into collection '{self.collection}', but Linen discarded it: an "
+        f"enclosing {culprit} does not carry the '{self.collection}' collection, so the value "
+        f"is silently lost. Fix: add '{self.collection}': 0 to that transform's `variable_axes` "
+        f"(e.g. nn.scan(..., variable_axes={{'params': 0, '{self.collection}': 0}})).")
+
+  def to_dict(self) -> dict[str, tp.Any]:
+    return {
+        "collection": self.collection, "module_path": "/".join(self.module_path),
+        "name": self.name, "module_type": self.module_type,
+        "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
+        "dropped_by": None if self.dropped_by is None else self.dropped_by.to_dict(),
+        "fix": self.fix,
+    }
+
+
+def with_lengths(transforms: tp.Sequence[Transform], shape: tuple[int, ...],
+                 sown_shape: tuple[int, ...] | None) -> tuple[Transform, ...]:
+  """Transforms with the length of each stacked axis (and the axis, where discovery missed it)."""
+  transforms = list(transforms)
+  stacking = [i for i, t in enumerate(transforms) if t.kind in STACKING_KINDS and t.carries]
+  axes: dict[int, int | None] = {i: transforms[i].axis for i in stacking}
+  lengths: dict[int, int | None] = {i: None for i in stacking}
+  if sown_shape is not None and len(shape) == len(sown_shape) + len(stacking):
+    rest = list(shape)
+    if all(axes[i] is not None for i in stacking):
+      # Outermost transform first: its axis indexes the final value; removing it gives the
+      # value as the next transform inward produced it.
+      ok = True
+      for i in stacking:
+        axis = tp.cast(int, axes[i]) % len(rest) if rest else 0
+        if axis >= len(rest):
+          ok = False
+          break
+        lengths[i] = rest.pop(axis)
+      if not ok or tuple(rest) != tuple(sown_shape):
+        lengths = {i: None for i in stacking}
+    elif len(stacking) == 1:
+      # Axis unknown (e.g. a transform discovery did not see): where one axis can be removed
+      # to give the sown shape. Adjacent equal sizes leave the position ambiguous (None).
+      (i,) = stacking
+      candidates = [a for a in range(len(shape))
+                    if shape[:a] + shape[a + 1:] == tuple(sown_shape)]
+      if candidates:
+        lengths[i] = shape[candidates[0]]
+        axes[i] = candidates[0] if len(candidates) == 1 else None
+  return tuple(
+      dataclasses.replace(t, axis=axes.get(i) if i in axes else None, length=lengths.get(i),
+                          reverse=bool(t.reverse) if t.kind == "scan" else False)
+      for i, t in enumerate(transforms))
