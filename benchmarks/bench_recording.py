@@ -25,6 +25,7 @@ Writes benchmarks/results/recording.json (medians and ratios) and prints a markd
 from __future__ import annotations
 
 import argparse
+import subprocess
 import functools
 import gc
 import json
@@ -366,23 +367,75 @@ def bench_memory(module, params, x) -> dict:
   return out
 
 
-def bench_lazy_init(args, module, x) -> dict:
-  def ours():
-    model = lb.ToNNX(module, rngs=nnx.Rngs(0))
-    lb.lazy_init(model, x, capacity=MAIN_CAPACITY)
-    return jax.tree_util.tree_leaves(nnx.state(model))
+class SowingBlock(nn.Module):
+  """A block with two sow sites (attention-like and MLP-like outputs)."""
 
-  def stock():
-    model = bridge.ToNNX(module, rngs=nnx.Rngs(0))
-    bridge.lazy_init(model, x)
-    return jax.tree_util.tree_leaves(nnx.state(model))
+  features: int
 
-  cases = {"lb.lazy_init": functools.partial(timed, ours),
-           "bridge.lazy_init": functools.partial(timed, stock)}
+  @nn.compact
+  def __call__(self, x):
+    h = x + nn.Dense(self.features)(nn.LayerNorm()(x))
+    self.sow("intermediates", "attn", h)
+    h = h + nn.Dense(self.features)(nn.relu(nn.Dense(2 * self.features)(nn.LayerNorm()(h))))
+    self.sow("intermediates", "mlp", h)
+    return h
+
+
+class ManySites(nn.Module):
+  """12 blocks built in setup, 24 sow sites: the shape of a real decoder stack."""
+
+  blocks: int = 12
+  features: int = 64
+
+  def setup(self):
+    self.layers = [SowingBlock(self.features) for _ in range(self.blocks)]
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+
+
+def bench_lazy_init(args, cases_by_model: dict[str, tuple[nn.Module, tp.Any]]) -> dict:
+  """lb.lazy_init vs bridge.lazy_init, paired per round, for each model."""
+  cases = {}
+  for label, (module, x) in cases_by_model.items():
+
+    def ours(module=module, x=x):
+      model = lb.ToNNX(module, rngs=nnx.Rngs(0))
+      lb.lazy_init(model, x, capacity=MAIN_CAPACITY)
+      return jax.tree_util.tree_leaves(nnx.state(model))
+
+    def stock(module=module, x=x):
+      model = bridge.ToNNX(module, rngs=nnx.Rngs(0))
+      bridge.lazy_init(model, x)
+      return jax.tree_util.tree_leaves(nnx.state(model))
+
+    cases[f"lb.lazy_init {label}"] = functools.partial(timed, ours)
+    cases[f"bridge.lazy_init {label}"] = functools.partial(timed, stock)
   for fn in cases.values():
     fn()
-  samples = run_rounds(cases, max(3, args.rounds // 3))
+  samples = run_rounds(cases, max(5, args.rounds // 2))
   return {name: {"ms": per_clock(v, 1e3), "samples": v} for name, v in samples.items()}
+
+
+def bench_plain_sow(args) -> dict:
+  """Flax's own sow on a plain NNX module: loopbridge never imported vs imported and recording
+  another module, each in a fresh process, alternated round by round."""
+  worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plain_sow_worker.py")
+
+  def run(mode):
+    def sample():
+      out = subprocess.run([sys.executable, worker, mode], capture_output=True, text=True,
+                           check=True, timeout=600)
+      d = json.loads(out.stdout.strip().splitlines()[-1])
+      return np.array([d["cpu"], d["wall"]])
+    return sample
+
+  cases = {"plain sow, loopbridge recording elsewhere": run("loopbridge"),
+           "plain sow, loopbridge not imported": run("plain")}
+  samples = run_rounds(cases, max(3, args.rounds // 4))
+  return {name: {"us": per_clock(v, 1e6), "samples": v} for name, v in samples.items()}
 
 
 # ------------------------------------------------------------------------------ report
@@ -396,6 +449,9 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   parser.add_argument("--rounds", type=int, default=None, help="timed rounds per scenario")
   parser.add_argument("--judge", choices=CLOCKS, default="cpu",
                       help="clock whose ratios are checked against the targets (default cpu)")
+  parser.add_argument("--only", default=None,
+                      help="comma-separated sections to run: loops,calls,memory,lazy_init,"
+                      "plain_sow (default: all); ratios of sections not run are left out")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                     "results", "recording.json"))
   args = parser.parse_args(argv)
@@ -408,17 +464,29 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   x = jax.random.normal(jax.random.key(0), (BATCH, WIDTH))
   params = {"params": module.init(jax.random.key(1), x)["params"]}
 
-  print("loops ...", file=sys.stderr)
-  loops = bench_loops(args, module, params, x)
-  print("per-call, tiny model ...", file=sys.stderr)
-  tiny_module, tiny_x = MLP(depth=3, features=8), jnp.ones((1, 8))
-  dispatch = bench_calls(args, tiny_module, tiny_x, capacities=(16,), tiny=True)
-  print("per-call, wide model ...", file=sys.stderr)
-  per_call = bench_calls(args, module, x, capacities=(16, 4096), tiny=False)
-  print("memory ...", file=sys.stderr)
-  memory = bench_memory(module, params, x)
-  print("lazy_init ...", file=sys.stderr)
-  lazy = bench_lazy_init(args, module, x)
+  only = set(args.only.split(",")) if args.only else {"loops", "calls", "memory", "lazy_init",
+                                                        "plain_sow"}
+  loops = dispatch = per_call = memory = lazy = plain_sow = {}
+  if "loops" in only:
+    print("loops ...", file=sys.stderr)
+    loops = bench_loops(args, module, params, x)
+  if "calls" in only:
+    print("per-call, tiny model ...", file=sys.stderr)
+    tiny_module, tiny_x = MLP(depth=3, features=8), jnp.ones((1, 8))
+    dispatch = bench_calls(args, tiny_module, tiny_x, capacities=(16,), tiny=True)
+    print("per-call, wide model ...", file=sys.stderr)
+    per_call = bench_calls(args, module, x, capacities=(16, 4096), tiny=False)
+  if "memory" in only:
+    print("memory ...", file=sys.stderr)
+    memory = bench_memory(module, params, x)
+  if "lazy_init" in only:
+    print("lazy_init ...", file=sys.stderr)
+    lazy = bench_lazy_init(args, {
+        "2 sites": (module, x),
+        "24 sites": (ManySites(), jax.random.normal(jax.random.key(2), (BATCH, 64)))})
+  if "plain_sow" in only:
+    print("plain NNX sow ...", file=sys.stderr)
+    plain_sow = bench_plain_sow(args)
 
   ratios = {}
 
@@ -427,27 +495,36 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
     ratios[name] = {"value": value, "target": target,
                     "status": "info" if target is None else check(value[args.judge], target)}
 
-  b_over_a = paired_ratio(loops["B"]["samples"], loops["A"]["samples"])[args.judge]
-  for graph in GRAPH_MODES:
-    ratio(f"C-{mode_name(graph)}/B step", loops[f"C-{mode_name(graph)}"], loops["B"], 1.05)
-  ratio("D/B step", loops["D"], loops["B"], 1.05)
-  ratio("B/A step", loops["B"], loops["A"], None)
-  ratio("D/A step (cap 64)", loops["D"], loops["A"], max(1.15, b_over_a))
-  for name in ("D", "C-graph donate"):
-    ratio(f"{name} step cap 4096/16", loops[f"{name}@4096"], loops[f"{name}@16"], 1.10)
-  # Without donation each call of C copies the buffers (0.6 s at 4096); that per-call time
-  # dominates both loop lengths, so their difference is too noisy to check against 1.10.
-  ratio("C-graph step cap 4096/16", loops["C-graph@4096"], loops["C-graph@16"], None)
-  ratio("D dispatch / jax.jit apply+buffers", dispatch["D@16"],
-        dispatch["jax.jit apply+buffers@16"], 2.0)
-  ratio("D dispatch / jax.jit apply", dispatch["D@16"], dispatch["jax.jit apply"], 2.0)
-  ratio("C-graph dispatch / jax.jit apply+buffers", dispatch["C-graph@16"],
-        dispatch["jax.jit apply+buffers@16"], None)
-  for name in ("D", "C-graph donate", "C-graph"):
-    ratio(f"{name} per call cap 4096/16", per_call[f"{name}@4096"], per_call[f"{name}@16"],
-          1.10)
-  ratio("lb.lazy_init / bridge.lazy_init", lazy["lb.lazy_init"], lazy["bridge.lazy_init"], 1.5)
-  for name in ("C", "D"):
+  if loops:
+    b_over_a = paired_ratio(loops["B"]["samples"], loops["A"]["samples"])[args.judge]
+    for graph in GRAPH_MODES:
+      ratio(f"C-{mode_name(graph)}/B step", loops[f"C-{mode_name(graph)}"], loops["B"], 1.05)
+    ratio("D/B step", loops["D"], loops["B"], 1.05)
+    ratio("B/A step", loops["B"], loops["A"], None)
+    ratio("D/A step (cap 64)", loops["D"], loops["A"], max(1.15, b_over_a))
+    for name in ("D", "C-graph donate"):
+      ratio(f"{name} step cap 4096/16", loops[f"{name}@4096"], loops[f"{name}@16"], 1.10)
+    # Without donation each call of C copies the buffers (0.6 s at 4096); that per-call time
+    # dominates both loop lengths, so their difference is too noisy to check against 1.10.
+    ratio("C-graph step cap 4096/16", loops["C-graph@4096"], loops["C-graph@16"], None)
+  if dispatch:
+    ratio("D dispatch / jax.jit apply+buffers", dispatch["D@16"],
+          dispatch["jax.jit apply+buffers@16"], 2.0)
+    ratio("D dispatch / jax.jit apply", dispatch["D@16"], dispatch["jax.jit apply"], 2.0)
+    ratio("C-graph dispatch / jax.jit apply+buffers", dispatch["C-graph@16"],
+          dispatch["jax.jit apply+buffers@16"], None)
+    for name in ("D", "C-graph donate", "C-graph"):
+      ratio(f"{name} per call cap 4096/16", per_call[f"{name}@4096"], per_call[f"{name}@16"],
+            1.10)
+  for label in ("2 sites", "24 sites"):
+    if lazy:
+      ratio(f"lb.lazy_init / bridge.lazy_init ({label})", lazy[f"lb.lazy_init {label}"],
+            lazy[f"bridge.lazy_init {label}"], 1.2)
+  if plain_sow:
+    ratio("plain NNX sow, loopbridge recording elsewhere / loopbridge not imported",
+          plain_sow["plain sow, loopbridge recording elsewhere"],
+          plain_sow["plain sow, loopbridge not imported"], 1.05)
+  for name in ("C", "D") if memory else ():
     extra = memory[name]["temp_minus_A"]
     ratios[f"{name} temp - A temp (bytes) vs buffer bytes"] = {
         "value": {clock: extra for clock in CLOCKS}, "target": memory["buffer_bytes"],
@@ -457,7 +534,8 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
     return {name: {k: v for k, v in d.items() if k != "samples"} for name, d in section.items()}
 
   result = {
-      "command": "python benchmarks/bench_recording.py" + (" --quick" if args.quick else ""),
+      "command": "python benchmarks/bench_recording.py" + (" --quick" if args.quick else "")
+                 + (f" --only {args.only}" if args.only else ""),
       "rounds": args.rounds, "judge": args.judge,
       "versions": {"python": platform.python_version(), "jax": jax.__version__,
                    "jaxlib": getattr(__import__("jaxlib"), "__version__", "?"),
@@ -468,7 +546,8 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
       "model": {"width": WIDTH, "depth": DEPTH, "batch": BATCH, "steps": [SHORT, LONG],
                 "capacity": MAIN_CAPACITY},
       "loops": strip(loops), "dispatch_tiny": strip(dispatch), "per_call_wide": strip(per_call),
-      "memory": memory, "lazy_init": strip(lazy), "ratios": ratios,
+      "memory": memory, "lazy_init": strip(lazy), "plain_sow": strip(plain_sow),
+      "ratios": ratios,
       "seconds": time.perf_counter() - started,
   }
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -490,33 +569,45 @@ def render(r: dict) -> str:
       + (f" (load average {load[0]:.1f} at the end)" if load else "")
       + f", {r['rounds']} rounds, {r['seconds']:.0f} s. Model: seed-000 MLP, width {WIDTH}, "
       f"depth {DEPTH}, batch {BATCH}. Medians; cpu = this process's CPU time, wall = elapsed.",
-      "",
-      f"Loops: per step = (t{LONG} - t{SHORT}) / {LONG - SHORT} of one executable; capacity "
-      f"{MAIN_CAPACITY} unless @capacity",
-      "",
-      f"| scenario | per step µs cpu | wall | t{SHORT} ms cpu | wall | t{LONG} ms cpu | wall |",
-      "|---|---:|---:|---:|---:|---:|---:|",
   ]
-  for name, d in r["loops"].items():
-    lines.append(f"| {name} | {_cw(d['per_step_us'], '.0f')} | {_cw(d[f't{SHORT}_ms'], '.1f')} "
-                 f"| {_cw(d[f't{LONG}_ms'], '.1f')} |")
-  lines += ["", "Per call of one jitted step, µs", "",
-            "| step | tiny model cpu | wall | wide model cpu | wall |", "|---|---:|---:|---:|---:|"]
-  for name in dict.fromkeys([*r["dispatch_tiny"], *r["per_call_wide"]]):
-    cells = []
-    for section in (r["dispatch_tiny"], r["per_call_wide"]):
-      cells.append(_cw(section[name]["per_call_us"], ".0f") if name in section else " | ")
-    lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+  if r["loops"]:
+    lines += [
+        "",
+        f"Loops: per step = (t{LONG} - t{SHORT}) / {LONG - SHORT} of one executable; capacity "
+        f"{MAIN_CAPACITY} unless @capacity",
+        "",
+        f"| scenario | per step µs cpu | wall | t{SHORT} ms cpu | wall | t{LONG} ms cpu | wall |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, d in r["loops"].items():
+      lines.append(f"| {name} | {_cw(d['per_step_us'], '.0f')} | "
+                   f"{_cw(d[f't{SHORT}_ms'], '.1f')} | {_cw(d[f't{LONG}_ms'], '.1f')} |")
+  if r["dispatch_tiny"]:
+    lines += ["", "Per call of one jitted step, µs", "",
+              "| step | tiny model cpu | wall | wide model cpu | wall |",
+              "|---|---:|---:|---:|---:|"]
+    for name in dict.fromkeys([*r["dispatch_tiny"], *r["per_call_wide"]]):
+      cells = []
+      for section in (r["dispatch_tiny"], r["per_call_wide"]):
+        cells.append(_cw(section[name]["per_call_us"], ".0f") if name in section else " | ")
+      lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
   mem = r["memory"]
-  lines += ["", f"Compiled memory of the capacity-{MAIN_CAPACITY} loop, bytes (buffers: "
-            f"{mem['buffer_bytes']})", "",
-            "| loop | argument | output | alias | temp |", "|---|---:|---:|---:|---:|"]
-  for name in ("A", "B", "C", "D"):
-    m = mem[name]
-    lines.append(f"| {name} | {m['argument']} | {m['output']} | {m['alias']} | {m['temp']} |")
-  lines += ["", "lazy_init, ms: " + "; ".join(
-      f"{k} {_cw(d['ms'], '.0f').replace(' | ', ' cpu, ')} wall" for k, d in r["lazy_init"].items()),
-            "", f"| ratio (median of paired ratios) | cpu | wall | target | status ({r['judge']}) |",
+  if mem:
+    lines += ["", f"Compiled memory of the capacity-{MAIN_CAPACITY} loop, bytes (buffers: "
+              f"{mem['buffer_bytes']})", "",
+              "| loop | argument | output | alias | temp |", "|---|---:|---:|---:|---:|"]
+    for name in ("A", "B", "C", "D"):
+      m = mem[name]
+      lines.append(f"| {name} | {m['argument']} | {m['output']} | {m['alias']} | {m['temp']} |")
+  if r["lazy_init"]:
+    lines += ["", "lazy_init, ms: " + "; ".join(
+        f"{k} {_cw(d['ms'], '.1f').replace(' | ', ' cpu, ')} wall"
+        for k, d in r["lazy_init"].items())]
+  if r["plain_sow"]:
+    lines += ["", "plain NNX sow, µs per call: " + "; ".join(
+        f"{k} {_cw(d['us'], '.2f').replace(' | ', ' cpu, ')} wall"
+        for k, d in r["plain_sow"].items())]
+  lines += ["", f"| ratio (median of paired ratios) | cpu | wall | target | status ({r['judge']}) |",
             "|---|---:|---:|---:|---|"]
   for name, d in r["ratios"].items():
     value, target = d["value"], d["target"]

@@ -268,3 +268,42 @@ def test_shard_buffers_rejects_uneven_split(mesh):
     lb.lazy_init(model, jnp.ones((6, 4)), capacity=CAPACITY)
   with pytest.raises(lb.ShardingError, match=r"axis 0 \(size 6\).*'data'.*does not divide"):
     lb.shard_buffers(model, {"x": P("data")}, mesh=mesh)
+
+
+class _Plain(nn.Module):
+  """No partitioned params: buffer layouts come from the sample input's sharding alone."""
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "x", x)
+    h = nn.Dense(FEATURES)(x)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+class _Root(nnx.Module):
+  def __init__(self):
+    self.part = lb.ToNNX(_Plain(), rngs=nnx.Rngs(0))
+
+  def __call__(self, x):
+    return self.part(x)
+
+
+@pytest.mark.parametrize("entry", ["lazy_init", "preallocate"])
+def test_buffer_shardings_are_the_same_for_a_bridged_part_alone_and_inside_a_root(mesh, entry):
+  x = jax.device_put(jnp.ones((BATCH, 4)), NamedSharding(mesh, P("data")))
+  alone = lb.ToNNX(_Plain(), rngs=nnx.Rngs(0))
+  root = _Root()
+  if entry == "lazy_init":
+    lb.lazy_init(alone, x, capacity=3)
+    lb.lazy_init(root, x, capacity=3)
+  else:  # initialized unsharded, then declared for the sharded signature
+    lb.lazy_init(alone, jnp.ones((BATCH, 4)), capacity=3)
+    lb.lazy_init(root, jnp.ones((BATCH, 4)), capacity=3)
+    lb.preallocate(alone, x, capacity=3)
+    lb.preallocate(root, x, capacity=3)
+  got_alone = lb.buffers(alone)["intermediates"]
+  got_root = lb.buffers(root)["part"]["intermediates"]
+  for name in ("x", "h"):
+    assert _spec_equal(got_alone[name], mesh, P(None, "data", None)), got_alone[name].sharding
+    assert got_root[name].sharding.is_equivalent_to(got_alone[name].sharding, 3)

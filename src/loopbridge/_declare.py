@@ -13,6 +13,7 @@ import dataclasses
 import typing as tp
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -97,11 +98,20 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict) -> None:
                                                    _buffers.Buffer)
                     and (old.buffer_shape, old.dtype, old.overflow)
                     == (site.buffer_shape, site.dtype, site.overflow))
+    layout = layouts.get(site.key)
+    if same_storage and layout is not None:
+      # Same storage, a new layout inferred from these sample arguments: move what it holds.
+      buffer = _recorder.get_nested(buffers, site.key)
+      names, _ = _compat.variable_sharding(buffer)
+      if names != tuple(layout.spec):
+        _recorder.set_nested(buffers, site.key, _buffers.Buffer(
+            jax.device_put(_compat.variable_value(buffer), layout), overflow=site.overflow,
+            **_sharding.buffer_metadata(layout)))
     if not same_storage:
       stack = site.shape[:site.stack_axes]
       _recorder.set_nested(buffers, site.key, _buffers.new_buffer(
           site.capacity, site.value_shape, np.dtype(site.dtype), site.overflow,
-          layouts.get(site.key), stack=stack))
+          layout, stack=stack))
       _recorder.set_nested(counts, site.key, _buffers.Count(jnp.zeros(stack, _buffers.COUNT_DTYPE)))
     declared[site.key] = site
   _compat.set_data_attribute(node, _recorder.BUFFERS_ATTR, buffers)

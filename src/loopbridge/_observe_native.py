@@ -75,16 +75,20 @@ def _observable(node: tp.Any) -> bool:
           and not getattr(type(node), "__loopbridge_observer__", False))
 
 
+def observable_modules(root: nnx.Module) -> list[nnx.Module]:
+  """The modules of `root`'s graph whose native sows `observe` would log (not `lb.ToNNX`)."""
+  return [node for _, node in _compat.iter_graph(root) if _observable(node)]
+
+
 @contextlib.contextmanager
-def observe(root: nnx.Module) -> tp.Iterator[list[SowCall]]:
-  """Log every native `sow` made by modules of `root`'s graph inside the block."""
+def observe(modules: tp.Sequence[nnx.Module]) -> tp.Iterator[list[SowCall]]:
+  """Log every native `sow` the given modules (and NNX's copies of them) make in the block."""
   swapped = []
   try:
-    for _, node in _compat.iter_graph(root):
-      if _observable(node):
-        original = type(node)
-        object.__setattr__(node, "__class__", _observing_class(original))
-        swapped.append((node, original))
+    for node in modules:
+      original = type(node)
+      object.__setattr__(node, "__class__", _observing_class(original))
+      swapped.append((node, original))
     log: list[SowCall] = []
     token = _LOG.set(log)
     try:

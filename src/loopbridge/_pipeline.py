@@ -241,16 +241,21 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
   if overflow is not None:
     _capacity.check_overflow(overflow)
   root, _ = target(model, None, "lb.lazy_init")
-  before = _flat_state(root)
-  with _session.open_session("init") as session, _observe_native.observe(root) as calls:
+  native = _observe_native.observable_modules(root)
+  before = _flat_state(root) if native else {}
+  with _session.open_session("init") as session, _observe_native.observe(native) as calls:
     _compat.set_initializing(root, True)
     try:
       tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
     finally:
       _compat.set_initializing(root, False)
-  path_of, node_at = _graph_index(root)
-  findings = _observe_native.diff(before, _flat_state(root), calls)
-  _remove_tuples(node_at.get, findings.tuple_paths)
+  if native:
+    path_of, node_at = _graph_index(root)
+    findings = _observe_native.diff(before, _flat_state(root), calls)
+    _remove_tuples(node_at.get, findings.tuple_paths)
+  else:  # a bare lb.ToNNX (or only bridged parts): nothing native to look for
+    path_of, node_at = ({id(root): ()}, {(): root}) if _is_bridge(root) else _graph_index(root)
+    findings = _observe_native.NativeFindings({}, [], [])
   parts = (_bridge_parts([(path_of.get(id(r.node)), r) for r in session.reports], node_at,
                          "lb.lazy_init")
            + _native_parts(findings, node_at.__getitem__))
@@ -340,7 +345,8 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
   def run(state):
     clone = nnx.merge(graphdef, state)
     clone_paths, _ = _graph_index(clone)
-    with _session.open_session("apply") as session, _observe_native.observe(clone) as calls:
+    with (_session.open_session("apply") as session,
+          _observe_native.observe(_observe_native.observable_modules(clone)) as calls):
       call(clone, *args, **kwargs)
     # Nothing traced may leave the trace: keep shapes and paths only.
     found["reports"] = [
