@@ -56,6 +56,15 @@ _FLOAT16_TOLERANCES = (1e-3, 1e-3)
 
 _MAX_LISTED = 12  # calls listed in an error message before "... and N more"
 
+# Among calls with equal output shapes, order alignment prefers pairs whose outputs also agree
+# on a sample of values (loosely: a tie-break, not the comparison).
+_SAMPLE_SIZE = 32
+_SAMPLE_RTOL, _SAMPLE_ATOL = 1e-3, 1e-3
+# Linen layers whose NNX counterpart has another class name (a weaker tie-break than values).
+_SAME_LAYER = {"Dense": "Linear", "DenseGeneral": "LinearGeneral",
+               "MultiHeadDotProductAttention": "MultiHeadAttention",
+               "SelfAttention": "MultiHeadAttention", "MultiHeadAttention": "MultiHeadAttention"}
+
 _RECORDER: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar(
     "loopbridge_compare_recorder", default=None)
 
@@ -331,6 +340,8 @@ class _Call:
   occurrence: int = 0  # how many earlier calls had the same path
   leaves: list[tuple[str, tp.Any]] = dataclasses.field(default_factory=list)
   signature: tuple[tuple[int, ...], ...] = ()
+  sample: np.ndarray | None = None  # a few values at fixed positions (alignment tie-break)
+  kind: str = ""  # the module's class name, Linen names mapped to their NNX counterparts
 
 
 def _join(*parts: str) -> str:
@@ -362,11 +373,12 @@ class _Recorder:
     self._nnx_paths = nnx_paths
     self._stack: list[tuple[str, str]] = []  # NNX modules being called, innermost last
 
-  def add(self, path: str, key: str, output: tp.Any) -> None:
+  def add(self, path: str, key: str, output: tp.Any, module: tp.Any) -> None:
     if _has_tracer(output):
       self.not_recorded.append(path)
     else:
-      self.calls.append(_Call(path, key, output))
+      name = type(module).__name__
+      self.calls.append(_Call(path, key, output, kind=_SAME_LAYER.get(name, name)))
 
   def enter(self, module: tp.Any) -> tuple[str, str]:
     where = self._nnx_paths.get(id(module))
@@ -383,7 +395,7 @@ class _Recorder:
     if not names and self._stack:
       return  # a bridge's top-level Linen call: recorded as the bridge module's own call
     shown, key = self._stack[-1] if self._stack else ("", "")
-    self.add(_join(shown, *names), _join(key, *names), output)
+    self.add(_join(shown, *names), _join(key, *names), output, module)
 
 
 def _linen_interceptor(next_fun, args, kwargs, context):
@@ -416,7 +428,7 @@ def _recording_type(cls: type) -> type:
       output = cls.__call__(self, *args, **kwargs)
     finally:
       recorder.exit()
-    recorder.add(*where, output)
+    recorder.add(*where, output, self)
     return output
 
   namespace = {"__call__": __call__, "__slots__": (), "__module__": cls.__module__,
@@ -587,7 +599,8 @@ def _leaf_diff(leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None,
     diff = np.where(same, 0.0, np.abs(y - x))
     diff = np.where(np.isnan(diff), np.inf, diff)  # NaN on one side only
     scale = np.abs(x)
-    rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0), np.where(diff > 0, np.inf, 0.0))
+    rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0),
+                   np.where(diff > 0, np.inf, 0.0))
     within = bool(np.all(diff <= at + rt * scale))
   max_abs = float(diff.max()) if diff.size else 0.0
   max_rel = float(rel.max()) if rel.size else 0.0
@@ -633,6 +646,20 @@ def _prepare(calls: list[_Call]) -> None:
     call.leaves = [(jax.tree_util.keystr(k), v)
                    for k, v in jax.tree_util.tree_leaves_with_path(call.output)]
     call.signature = tuple(tuple(np.shape(v)) for _, v in call.leaves)
+    call.sample = _sample(call.leaves)
+
+
+def _sample(leaves: list[tuple[str, tp.Any]]) -> np.ndarray:
+  """Up to `_SAMPLE_SIZE` values per leaf at evenly spaced positions (same shapes, same places)."""
+  parts = []
+  for _, leaf in leaves:
+    array = _as_numpy(leaf)
+    if not _numeric(array) or array.dtype.kind == "c" or array.size == 0:
+      continue
+    flat = array.reshape(-1)
+    positions = np.linspace(0, flat.size - 1, min(_SAMPLE_SIZE, flat.size)).astype(np.int64)
+    parts.append(flat[positions].astype(np.float64))
+  return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def _call_list(calls: tp.Sequence[_Call]) -> str:
@@ -700,7 +727,17 @@ def _align(ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | N
   signature_ids: dict[tuple, int] = {}
   sig_c = np.array([signature_ids.setdefault(c.signature, len(signature_ids)) for c in cand],
                    np.int64)
-  big = n + m + 1  # a forced pair outweighs any number of pairs by shape
+  # Weights: a pair by shape counts `unit`, plus 2 when sampled values agree and 1 when the
+  # layer types agree (bonuses only break ties between equally long alignments); a forced
+  # pair outweighs them all.
+  unit = 3 * (n + m) + 1
+  kind_c = np.array([c.kind for c in cand], object)
+  big = unit * (n + m + 1)
+  groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+  for sid in set(sig_c.tolist()):
+    members = np.flatnonzero((sig_c == sid) & free_c)
+    if members.size:
+      groups[sid] = (members, np.stack([cand[j].sample for j in members]))
 
   def weights(i: int) -> np.ndarray:
     w = np.zeros(m, np.int64)
@@ -708,8 +745,13 @@ def _align(ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | N
       w[partners[i][0]] = big
     elif i not in excluded_r:
       sid = signature_ids.get(ref[i].signature)
-      if sid is not None:
-        w[free_c & (sig_c == sid)] = 1
+      if sid in groups:
+        members, samples = groups[sid]
+        x = ref[i].sample
+        with np.errstate(invalid="ignore"):
+          agree = np.all(np.abs(samples - x) <= _SAMPLE_ATOL + _SAMPLE_RTOL * np.abs(x), axis=1)
+        same_kind = kind_c[members] == ref[i].kind
+        w[members] = unit + 2 * agree.astype(np.int64) + same_kind.astype(np.int64)
     return w
 
   # Weighted longest common subsequence, one row at a time: row[j] is the best total weight
