@@ -348,7 +348,7 @@ def _join(*parts: str) -> str:
   return "/".join(p for p in parts if p)
 
 
-def _path_strings(path: tp.Sequence[tp.Any]) -> tuple[str, str]:
+def path_strings(path: tp.Sequence[tp.Any]) -> tuple[str, str]:
   """(display path, Linen-style match key) of an NNX graph path."""
   shown, key = [], []
   for part in path:
@@ -446,7 +446,7 @@ def _instrumented_copy(model: nnx.Module) -> tuple[nnx.Module, dict[int, tuple[s
   paths: dict[int, tuple[str, str]] = {}
   for path, node in _compat.iter_graph(copy):
     if isinstance(node, nnx.Module) and id(node) not in paths:
-      paths[id(node)] = _path_strings(path)
+      paths[id(node)] = path_strings(path)
       if _defines_call(type(node)):
         object.__setattr__(node, "__class__", _recording_type(type(node)))
   return copy, paths
