@@ -88,6 +88,44 @@ class StackedPort(nnx.Module):
     return x
 
 
+class Cell(nn.Module):
+  @nn.compact
+  def __call__(self, c, _):
+    return nn.tanh(nn.Dense(4, name="Dense_0")(c)), None
+
+
+class Scanned(nn.Module):
+  depth: int = 3
+
+  @nn.compact
+  def __call__(self, x):
+    x, _ = nn.scan(Cell, variable_axes={"params": 0}, split_rngs={"params": True},
+                   length=self.depth)(name="cells")(x, None)
+    return x
+
+
+class CellPort(nnx.Module):
+  def __init__(self, rngs):
+    self.Dense_0 = nnx.Linear(4, 4, rngs=rngs)
+
+  def __call__(self, c):
+    return nnx.tanh(self.Dense_0(c))
+
+
+class ScannedPort(nnx.Module):
+  def __init__(self, rngs, depth=3):
+    self.cells = nnx_list([CellPort(rngs) for _ in range(depth)])
+
+  def __call__(self, x):
+    for cell in self.cells:
+      x = cell(x)
+    return x
+
+
+def shallow(rngs):
+  return ScannedPort(rngs, depth=2)
+
+
 def needs_width(width):
   return None
 
@@ -145,6 +183,17 @@ def test_list_of_layers_matches_linen_names(capsys, target):
                        "--arg", "float32[1,4]")
   assert code == 0, out + err
   assert re.search(r"layers_0 +layers/0 +name", out), out
+
+
+def test_scanned_linen_params_load_into_a_list_of_layers(capsys, target):
+  code, out, err = run(capsys, "compare", f"{target}:Scanned", f"{target}:ScannedPort",
+                       "--arg", "float32[2,4]")
+  assert code == 0, out + err
+  # inside nn.scan Linen sees tracers: only the whole model is compared
+  assert "not recorded in the reference" in out and "cells/0/Dense_0" in out
+  assert_error(capsys, ["compare", f"{target}:Scanned", f"{target}:shallow", "--arg",
+                        "float32[2,4]"], 1,
+               r"'cells/Dense_0/\w+' stacks 3 layers \(nn.scan\) but the port's list has 2")
 
 
 def test_random_weights_compare_structure_only(capsys, target):

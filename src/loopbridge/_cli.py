@@ -619,12 +619,49 @@ def _linen_flat(tree: tp.Any, prefix: tuple[str, ...] = ()) -> dict[str, tp.Any]
   return flat
 
 
+def _split_scanned(flat: dict[str, tp.Any], wanted: tp.Iterable[str]) -> None:
+  """Add per-layer entries for a port holding a list where Linen used `nn.scan`, in place.
+
+  Linen stores an `nn.scan` of layers as one subtree with a leading layer axis
+  (`cells/Dense_0/kernel`: (L, i, o)); a port holding a list `self.cells[i]` wants
+  `cells_i/Dense_0/kernel` (`lb.scanned_to_layers` layout). The scanned entries that were
+  split are removed, so they are not reported as params the port lacks.
+  """
+  import numpy as np
+
+  used: dict[str, set[int]] = {}
+  for key in wanted:
+    if key in flat:
+      continue
+    parts = key.split("/")
+    for at, part in enumerate(parts):
+      match = re.fullmatch(r"(.+)_(\d+)", part)
+      if match is None:
+        continue
+      scanned = "/".join([*parts[:at], match.group(1), *parts[at + 1:]])
+      index = int(match.group(2))
+      value = flat.get(scanned)
+      if value is not None and np.ndim(value) >= 1 and index < np.shape(value)[0]:
+        flat[key] = value[index]
+        used.setdefault(scanned, set()).add(index)
+        break
+  for key, indices in used.items():
+    depth = np.shape(flat[key])[0]
+    if len(indices) != depth:
+      raise CliError(
+          f"cannot load the Linen params into NEW_TARGET: the Linen param {key!r} stacks "
+          f"{depth} layers (nn.scan) but the port's list has {len(indices)}; build the port "
+          "with as many layers")
+    del flat[key]
+
+
 def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
   """Write the Linen variables into the port's Variables at the same paths; returns how many.
 
   Paths correspond when the port's attributes are named like the Linen submodules, an NNX
-  list index `layers/0` standing for Linen's `layers_0`. Every `nnx.Param` must find its value;
-  other collections (batch statistics, ...) are loaded where present.
+  list index `layers/0` standing for Linen's `layers_0` (or for layer 0 of an `nn.scan` named
+  `layers`). Every `nnx.Param` must find its value; other collections (batch statistics, ...)
+  are loaded where present.
   """
   import jax.numpy as jnp
   import numpy as np
@@ -650,6 +687,8 @@ def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
     if _compat.variable_value(node) is None:
       continue  # flax 0.10 keeps a disabled bias as a Param holding None
     targets[(collection, key)] = (shown, node)
+  for collection, flat in reference.items():
+    _split_scanned(flat, [key for col, key in targets if col == collection])
   params = reference.get("params", {})
   missing = [shown for (col, key), (shown, _) in targets.items()
              if col == "params" and key not in params]
