@@ -336,8 +336,7 @@ class _Call:
   path: str  # display path: '/'-joined, '' for the top level
   key: str  # the same with list indices written Linen-style: layers/0 -> layers_0
   output: tp.Any
-  index: int = 0
-  occurrence: int = 0  # how many earlier calls had the same path
+  index: int = 0  # position in this side's call order
   leaves: list[tuple[str, tp.Any]] = dataclasses.field(default_factory=list)
   signature: tuple[tuple[int, ...], ...] = ()
   sample: np.ndarray | None = None  # a few values at fixed positions (alignment tie-break)
@@ -638,11 +637,8 @@ def _tree_text(tree: tp.Any, limit: int = 120) -> str:
 
 # ----------------------------------------------------------------------------- aligning
 def _prepare(calls: list[_Call]) -> None:
-  seen: dict[str, int] = {}
   for index, call in enumerate(calls):
     call.index = index
-    call.occurrence = seen.get(call.path, 0)
-    seen[call.path] = call.occurrence + 1
     call.leaves = [(jax.tree_util.keystr(k), v)
                    for k, v in jax.tree_util.tree_leaves_with_path(call.output)]
     call.signature = tuple(tuple(np.shape(v)) for _, v in call.leaves)
