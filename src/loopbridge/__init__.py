@@ -11,11 +11,14 @@ from ._checkpoint import from_linen_variables as from_linen_variables
 from ._checkpoint import load_linen_variables as load_linen_variables
 from ._checkpoint import restore_checkpoint as restore_checkpoint
 from ._checkpoint import save_checkpoint as save_checkpoint
+from ._compare import ParityReport as ParityReport
+from ._compare import compare as compare
 from ._compiled import CompiledStep as CompiledStep
 from ._compiled import compile_step as compile_step
 from ._errors import BufferOverflowError as BufferOverflowError
 from ._errors import CapacityError as CapacityError
 from ._errors import CheckpointError as CheckpointError
+from ._errors import CompareError as CompareError
 from ._errors import DroppedSowWarning as DroppedSowWarning
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotInitializedError as NotInitializedError
@@ -53,11 +56,13 @@ __all__ = [
     "BufferOverflowError",
     "CapacityError",
     "CheckpointError",
+    "CompareError",
     "CompiledStep",
     "Count",
     "DroppedSowWarning",
     "LoopbridgeError",
     "NotInitializedError",
+    "ParityReport",
     "ShardingError",
     "SowMismatchError",
     "StackError",
@@ -65,6 +70,7 @@ __all__ = [
     "StructureReport",
     "ToNNX",
     "buffers",
+    "compare",
     "compile_step",
     "counts",
     "explain",

@@ -1,4 +1,5 @@
-"""`python -m loopbridge` / the `loopbridge` script: see `loopbridge inspect --help`."""
+"""`python -m loopbridge` / the `loopbridge` script: see `loopbridge inspect --help` and
+`loopbridge compare --help`."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
     argv: the arguments after the program name; default `sys.argv[1:]`.
 
   Returns:
-    0 on success, 1 when the target or the model failed, 2 for a malformed command line (an
-    error is one line on stderr; `--debug` adds the traceback).
+    0 on success, 1 when the target or the model failed (or `compare` found a divergence), 2
+    for a malformed command line (an error is one line on stderr; `--debug` adds the
+    traceback).
 
   Raises:
     SystemExit: from argparse, for `--help` and for unknown options (status 2).

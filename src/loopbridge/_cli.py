@@ -1,4 +1,6 @@
-"""`loopbridge inspect`: what a Linen model sows, what recording it costs, and a live loop check.
+"""The `loopbridge` command line: `inspect` a Linen model, `compare` an NNX port with it.
+
+`loopbridge inspect`: what a Linen model sows, what recording it costs, and a live loop check.
 
 The command wraps the model with `lb.ToNNX`, initializes it on sample inputs, and prints the
 sow-site table (`lb.sow_sites`), sows Linen drops, buffer memory, parameter sizes, and then
@@ -8,6 +10,10 @@ records every step). Everything the text shows is also available as one JSON doc
 
 Exit status: 0 success; 1 the target or the model failed (import, attribute, inputs, loop);
 2 a malformed command line (TARGET or --arg syntax, option values).
+
+`loopbridge compare OLD NEW`: `lb.compare` of a Linen model and its NNX port on sample inputs,
+the port loaded with the Linen params where the paths correspond. Exit status: 0 the port
+agrees; 1 a divergence, or a target or model that failed; 2 a malformed command line.
 """
 
 from __future__ import annotations
@@ -78,7 +84,48 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
   p.add_argument("--json", action="store_true", help="print one JSON document instead")
   p.add_argument("--debug", action="store_true", help="show tracebacks of failures")
+  c = commands.add_parser(
+      "compare", help="find the first module where an NNX port diverges from its Linen original",
+      description=(
+          "Run a Linen model (OLD_TARGET) and its NNX port (NEW_TARGET) on the same sample "
+          "inputs, record every module call on both sides, align them and print where the "
+          "port first diverges (lb.compare)."),
+      epilog=(
+          "OLD_TARGET is package.module:attribute naming a Linen module instance, a Linen "
+          "module class with no required fields, or a function taking no arguments that "
+          "returns one; its params are initialized with --seed. NEW_TARGET names an NNX "
+          "module instance, or a class or function building one from no arguments or from "
+          "`rngs` alone. With --weights linen (default) the port receives the Linen params: "
+          "its attributes must be named like the Linen submodules (self.Dense_0 = "
+          "nnx.Linear(...); a list self.layers[0] matches Linen's layers_0). --weights random "
+          "keeps the port's own initialization (to check structure and shapes only). Exit "
+          "status: 0 the port agrees; 1 a divergence was found, or a target or model failed "
+          "(the message says which); 2 malformed command line."))
+  c.add_argument("old", metavar="OLD_TARGET", help="the Linen original: package.module:attribute")
+  c.add_argument("new", metavar="NEW_TARGET", help="the NNX port: package.module:attribute")
+  c.add_argument("--arg", action="append", default=None, metavar="SPEC", dest="args",
+                 help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]'; "
+                      "repeat for each input")
+  c.add_argument("--weights", choices=("linen", "random"), default="linen",
+                 help="the port's params: the Linen model's (default) or its own")
+  c.add_argument("--rtol", type=_non_negative_float, default=None,
+                 help="relative tolerance (default: per dtype, float32 1e-5)")
+  c.add_argument("--atol", type=_non_negative_float, default=None,
+                 help="absolute tolerance (default: per dtype, float32 1e-5)")
+  c.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
+  c.add_argument("--json", action="store_true", help="print the report as one JSON document")
+  c.add_argument("--debug", action="store_true", help="show tracebacks of failures")
   return parser
+
+
+def _non_negative_float(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+  if not value >= 0:
+    raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+  return value
 
 
 def _positive_int(text: str) -> int:
@@ -156,15 +203,13 @@ def _required_fields(cls: type) -> list[str]:
           and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
 
 
-def load_target(target: str) -> tp.Any:
-  """Resolve `package.module:attr` to a Linen module instance (CliError otherwise)."""
-  from flax import linen, nnx
-
+def _resolve(target: str, what: str = "TARGET") -> tp.Any:
+  """Import `package.module:attr` and return the attribute (CliError otherwise)."""
   module_name, sep, attr = target.partition(":")
   if not sep or not module_name or not attr or not all(
       part.isidentifier() for part in module_name.split(".") + attr.split(".")):
     raise CliError(
-        f"TARGET {target!r} is not of the form package.module:attribute "
+        f"{what} {target!r} is not of the form package.module:attribute "
         "(e.g. mypackage.models:MLP)", USAGE_ERROR)
   # Like `python -m`: modules of the current directory are importable.
   if os.getcwd() not in sys.path and "" not in sys.path:
@@ -185,6 +230,14 @@ def load_target(target: str) -> tp.Any:
     if not hasattr(obj, part):
       raise CliError(f"module {module_name!r} has no attribute {attr!r}")
     obj = getattr(obj, part)
+  return obj
+
+
+def load_target(target: str, command: str = "inspect", what: str = "TARGET") -> tp.Any:
+  """Resolve `package.module:attr` to a Linen module instance (CliError otherwise)."""
+  from flax import linen, nnx
+
+  obj = _resolve(target, what)
   where = f"{target!r}"
   if isinstance(obj, linen.Module):
     return obj
@@ -202,8 +255,9 @@ def load_target(target: str) -> tp.Any:
                      f"{_first_line(e)}") from e
   if isinstance(obj, nnx.Module) or (isinstance(obj, type) and issubclass(obj, nnx.Module)):
     raise CliError(
-        f"{where} is an NNX module; loopbridge inspect takes a Linen module (the model it "
-        "wraps with lb.ToNNX)")
+        f"{where} is an NNX module; loopbridge {command} takes a Linen module"
+        + (" (the model it wraps with lb.ToNNX)" if command == "inspect" else
+           f" as {what}"))
   if callable(obj) and not isinstance(obj, type):
     try:
       signature = pyinspect.signature(obj)
@@ -515,6 +569,188 @@ def render_text(doc: dict[str, tp.Any]) -> str:
   return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------- compare
+def load_nnx_target(target: str, seed: int) -> tp.Any:
+  """Resolve NEW_TARGET to an NNX module instance, building it with `rngs` if needed."""
+  from flax import linen, nnx
+
+  obj = _resolve(target, "NEW_TARGET")
+  where = f"NEW_TARGET {target!r}"
+  if isinstance(obj, nnx.Module):
+    return obj
+  if isinstance(obj, linen.Module) or (isinstance(obj, type) and issubclass(obj, linen.Module)):
+    raise CliError(f"{where} is a Linen module; loopbridge compare takes the NNX port as "
+                   "NEW_TARGET (the Linen original is OLD_TARGET)")
+  if not callable(obj):
+    raise CliError(f"{where} is a {type(obj).__name__}, not an NNX module, an NNX module class "
+                   "or a function building one")
+  try:
+    # NNX module classes construct through a metaclass taking (*args, **kwargs): read __init__.
+    signature = pyinspect.signature(obj.__init__ if isinstance(obj, type) else obj)
+  except (TypeError, ValueError):
+    signature = None
+  required = [] if signature is None else [
+      p.name for p in signature.parameters.values()
+      if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                             p.KEYWORD_ONLY)]
+  if isinstance(obj, type) and required[:1] == ["self"]:
+    required = required[1:]
+  if required and required != ["rngs"]:
+    raise CliError(f"{where} needs arguments ({', '.join(required)}); point NEW_TARGET at an "
+                   "instance, or at a class or function taking no arguments or only `rngs`")
+  try:
+    result = obj(rngs=nnx.Rngs(seed)) if required else obj()
+  except Exception as e:
+    raise CliError(f"{where}: building it failed: {type(e).__name__}: {_first_line(e)}") from e
+  if not isinstance(result, nnx.Module):
+    raise CliError(f"{where} returned a {type(result).__name__}, not an NNX module")
+  return result
+
+
+def _linen_flat(tree: tp.Any, prefix: tuple[str, ...] = ()) -> dict[str, tp.Any]:
+  from flax.linen import meta
+
+  flat: dict[str, tp.Any] = {}
+  for key, value in meta.unbox(tree).items():
+    if isinstance(value, tp.Mapping):
+      flat.update(_linen_flat(value, (*prefix, str(key))))
+    else:
+      flat["/".join((*prefix, str(key)))] = value
+  return flat
+
+
+def _split_scanned(flat: dict[str, tp.Any], wanted: tp.Iterable[str]) -> None:
+  """Add per-layer entries for a port holding a list where Linen used `nn.scan`, in place.
+
+  Linen stores an `nn.scan` of layers as one subtree with a leading layer axis
+  (`cells/Dense_0/kernel`: (L, i, o)); a port holding a list `self.cells[i]` wants
+  `cells_i/Dense_0/kernel` (`lb.scanned_to_layers` layout). The scanned entries that were
+  split are removed, so they are not reported as params the port lacks.
+  """
+  import numpy as np
+
+  used: dict[str, set[int]] = {}
+  for key in wanted:
+    if key in flat:
+      continue
+    parts = key.split("/")
+    for at, part in enumerate(parts):
+      match = re.fullmatch(r"(.+)_(\d+)", part)
+      if match is None:
+        continue
+      scanned = "/".join([*parts[:at], match.group(1), *parts[at + 1:]])
+      index = int(match.group(2))
+      value = flat.get(scanned)
+      if value is not None and np.ndim(value) >= 1 and index < np.shape(value)[0]:
+        flat[key] = value[index]
+        used.setdefault(scanned, set()).add(index)
+        break
+  for key, indices in used.items():
+    depth = np.shape(flat[key])[0]
+    if len(indices) != depth:
+      raise CliError(
+          f"cannot load the Linen params into NEW_TARGET: the Linen param {key!r} stacks "
+          f"{depth} layers (nn.scan) but the port's list has {len(indices)}; build the port "
+          "with as many layers")
+    del flat[key]
+
+
+def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
+  """Write the Linen variables into the port's Variables at the same paths; returns how many.
+
+  Paths correspond when the port's attributes are named like the Linen submodules, an NNX
+  list index `layers/0` standing for Linen's `layers_0` (or for layer 0 of an `nn.scan` named
+  `layers`). Every `nnx.Param` must find its value; other collections (batch statistics, ...)
+  are loaded where present.
+  """
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from . import _compare, _compat
+
+  reference = {name: _linen_flat(tree) for name, tree in variables.items()
+               if isinstance(tree, tp.Mapping)}
+  hint = ("Name the port's attributes like the Linen submodules (self.Dense_0 = "
+          "nnx.Linear(...); a list self.layers[0] for Linen's layers_0), or run with --weights "
+          "random to compare structure and shapes only.")
+  seen: set[int] = set()
+  targets: dict[tuple[str, str], tuple[str, tp.Any]] = {}
+  for path, node in _compat.iter_graph(port):
+    if not isinstance(node, nnx.Variable) or id(node) in seen:
+      continue
+    seen.add(id(node))
+    collection = _compat.collection_name(type(node))
+    if collection not in reference:
+      continue
+    shown, key = _compare.path_strings(path)
+    if _compat.variable_value(node) is None:
+      continue  # flax 0.10 keeps a disabled bias as a Param holding None
+    targets[(collection, key)] = (shown, node)
+  for collection, flat in reference.items():
+    _split_scanned(flat, [key for col, key in targets if col == collection])
+  params = reference.get("params", {})
+  missing = [shown for (col, key), (shown, _) in targets.items()
+             if col == "params" and key not in params]
+  if missing:
+    raise CliError(
+        f"cannot load the Linen params into NEW_TARGET: the port has a Param at "
+        f"{missing[0]!r} that the Linen model lacks ({len(missing)} such; Linen params: "
+        f"{', '.join(sorted(params)[:8])}{', ...' if len(params) > 8 else ''}). {hint}")
+  extra = [k for k in params if ("params", k) not in targets]
+  if extra:
+    raise CliError(
+        f"cannot load the Linen params into NEW_TARGET: the Linen param {extra[0]!r} has no "
+        f"Param in the port ({len(extra)} such). {hint}")
+  loaded = 0
+  for (collection, key), (shown, variable) in targets.items():
+    if key not in reference[collection]:
+      continue
+    old, new = _compat.variable_value(variable), reference[collection][key]
+    if np.shape(old) != np.shape(new):
+      raise CliError(
+          f"cannot load the Linen params into NEW_TARGET: {collection} {key!r} is "
+          f"{list(np.shape(new))} in the Linen model but {shown!r} is {list(np.shape(old))} in "
+          "the port; build the port with the same widths and depths (a transposed layout, "
+          "such as a kernel stored (out, in), has to be converted by hand).")
+    _compat.set_variable_value(variable, jnp.asarray(new, getattr(old, "dtype", None)))
+    loaded += 1
+  return loaded
+
+
+def run_compare(ns: argparse.Namespace) -> int:
+  import jax
+
+  import loopbridge as lb
+
+  specs = [parse_arg_spec(t) for t in (ns.args or [])]
+  with progress("importing the models"):
+    module = load_target(ns.old, command="compare", what="OLD_TARGET")
+    port = load_nnx_target(ns.new, ns.seed)
+  inputs = sample_inputs(specs, ns.seed)
+  given = " ".join(f"--arg {s}" for s in specs) or "no inputs"
+  try:
+    with progress("initializing the Linen model"):
+      variables = module.init(jax.random.key(ns.seed), *inputs)
+  except Exception as e:
+    raise CliError(
+        f"OLD_TARGET {type(module).__name__} cannot run on the given inputs ({given}): "
+        f"{type(e).__name__}: {_first_line(e)}"
+        + ("" if specs else "; pass its inputs with --arg, e.g. --arg 'float32[1,16]'")) from e
+  if ns.weights == "linen":
+    load_linen_params(port, variables)
+  try:
+    with progress("running both models"):
+      report = lb.compare((module, variables), port, *inputs, rtol=ns.rtol, atol=ns.atol)
+  except lb.CompareError as e:
+    raise CliError(str(e).removeprefix("lb.compare: ")) from e
+  if ns.json:
+    print(json.dumps(report.to_dict(), indent=2))
+  else:
+    print(str(report))
+  return 0 if report.ok else FAILURE
+
+
 # ----------------------------------------------------------------------------- entry point
 def run_inspect(ns: argparse.Namespace) -> int:
   from . import _default_model
@@ -546,6 +782,8 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
   try:
     if ns.command == "inspect":
       return run_inspect(ns)
+    if ns.command == "compare":
+      return run_compare(ns)
     parser.error(f"unknown command {ns.command!r}")
   except CliError as e:
     if ns.debug:

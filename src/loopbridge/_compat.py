@@ -383,3 +383,18 @@ def no_eager_sharding() -> tp.ContextManager[tp.Any]:
   if hasattr(nnx, "use_eager_sharding"):
     return nnx.use_eager_sharding(False)
   return contextlib.nullcontext()
+
+
+_CLONE_TAKES_GRAPH = "graph" in __import__("inspect").signature(nnx.clone).parameters
+
+
+def clone_graph(node: tp.Any) -> tp.Any:
+  """A copy of an NNX graph with new Variables (shared references kept shared), arrays shared.
+
+  flax 0.12's `nnx.clone` takes `graph=` (tree mode would refuse shared references); its
+  `split`/`merge` round trip keeps the *same* Variables, so it is no copy. flax 0.10's
+  `nnx.clone` has graph semantics only and creates new Variables.
+  """
+  if _CLONE_TAKES_GRAPH:
+    return nnx.clone(node, graph=True)
+  return nnx.clone(node)

@@ -42,3 +42,8 @@ class ShardingError(LoopbridgeError, ValueError):
 
 class CheckpointError(LoopbridgeError, ValueError):
   """Saved state (an orbax checkpoint or a Linen variables dict) that does not fit the model."""
+
+
+class CompareError(LoopbridgeError, ValueError):
+  """`lb.compare` inputs it cannot use (wrong kinds of models, a mapping path that names no
+  call, a model that fails to run), or two models whose module calls cannot be aligned."""

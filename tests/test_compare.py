@@ -1,0 +1,507 @@
+"""`lb.compare`: a correct port agrees; each planted porting bug is reported at the first module
+whose output differs (checked against plain Linen `apply` of the submodules, not against
+`compare` itself); bad inputs get errors saying what, why and the fix; the user's model and
+classes are left untouched."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from flax.nnx import bridge
+
+import loopbridge as lb
+from loopbridge import _compat
+
+D, H = 8, 16  # model width, block hidden width
+
+
+class Block(nn.Module):
+  hidden: int
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.LayerNorm(epsilon=1e-6)(x)  # LayerNorm_0
+    h = nn.Dense(self.hidden)(h)  # Dense_0
+    h = nn.gelu(h)
+    h = nn.Dense(x.shape[-1])(h)  # Dense_1
+    return x + h
+
+
+class Net(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(D, name="Dense_0")(x)
+    x = Block(H)(x)  # Block_0
+    x = Block(H)(x)  # Block_1
+    x = nn.LayerNorm(epsilon=1e-6, name="LayerNorm_0")(x)
+    return nn.Dense(D, name="Dense_1")(x)  # square: a transposed kernel keeps its shape
+
+
+def nnx_list(items):
+  # flax 0.12 modules hold lists of submodules as nnx.List; 0.10 as plain lists.
+  return nnx.List(items) if hasattr(nnx, "List") else items
+
+
+class PortBlock(nnx.Module):
+  def __init__(self, d, hidden, *, rngs, act=nnx.gelu, epsilon=1e-6, up_bias=True):
+    self.norm = nnx.LayerNorm(d, epsilon=epsilon, rngs=rngs)
+    self.up = nnx.Linear(d, hidden, use_bias=up_bias, rngs=rngs)
+    self.down = nnx.Linear(hidden, d, rngs=rngs)
+    self.act = act
+
+  def __call__(self, x):
+    return x + self.down(self.act(self.up(self.norm(x))))
+
+
+class Port(nnx.Module):
+  """The NNX port, with its own names (so alignment is by call order and shape)."""
+
+  def __init__(self, *, rngs, blocks=None, head_dtype=None):
+    self.embed = nnx.Linear(D, D, rngs=rngs)
+    self.blocks = nnx_list(blocks if blocks is not None else
+                           [PortBlock(D, H, rngs=rngs) for _ in range(2)])
+    self.norm = nnx.LayerNorm(D, epsilon=1e-6, rngs=rngs)
+    self.head = nnx.Linear(D, D, rngs=rngs, **({"dtype": head_dtype} if head_dtype else {}))
+
+  def __call__(self, x):
+    x = self.embed(x)
+    for block in self.blocks:
+      x = block(x)
+    return self.head(self.norm(x))
+
+
+# Which Linen submodule each Port module ports (the test's own table, independent of compare),
+# in call order.
+PORT_PATHS = {
+    "embed": "Dense_0",
+    **{f"blocks/{i}/{a}": f"Block_{i}/{b}" for i in range(2)
+       for a, b in (("norm", "LayerNorm_0"), ("up", "Dense_0"), ("down", "Dense_1"))},
+    "norm": "LayerNorm_0", "head": "Dense_1",
+}
+
+
+def _get(tree, path):
+  for key in path.split("/"):
+    tree = tree[int(key)] if isinstance(tree, list) or key.isdigit() and not isinstance(
+        tree, dict) else (tree[key] if isinstance(tree, dict) else getattr(tree, key))
+  return tree
+
+
+def _module(port, path):
+  node = port
+  for key in path.split("/"):
+    node = node[int(key)] if key.isdigit() else getattr(node, key)
+  return node
+
+
+def load(port, params, *, transpose=(), skip=()):
+  """Copy Linen params into the port by PORT_PATHS (kernel transposed where asked)."""
+  for port_path, linen_path in PORT_PATHS.items():
+    if port_path in skip:
+      continue
+    module, source = _module(port, port_path), _get(params, linen_path)
+    for name, value in source.items():
+      variable = getattr(module, name, None)
+      # a planted missing bias: no attribute (flax 0.12) or a Param holding None (0.10)
+      if variable is None or _compat.variable_value(variable) is None:
+        continue
+      if name == "kernel" and port_path in transpose:
+        value = value.T
+      dtype = _compat.variable_value(variable).dtype
+      _compat.set_variable_value(variable, jnp.asarray(value, dtype))
+  return port
+
+
+@pytest.fixture(scope="module")
+def setup():
+  x = 0.5 * jax.random.normal(jax.random.key(1), (2, D))
+  variables = Net().init(jax.random.key(0), x)
+  # Random biases and scales: Linen initializes biases to zero, which would hide a missing one.
+  leaves, treedef = jax.tree.flatten(variables)
+  keys = jax.random.split(jax.random.key(2), len(leaves))
+  variables = jax.tree.unflatten(treedef, [
+      leaf + 0.1 * jax.random.normal(k, leaf.shape) for leaf, k in zip(leaves, keys)])
+  return x, variables
+
+
+def make_port(variables, **kwargs):
+  blocks_kwargs = kwargs.pop("block_kwargs", ({}, {}))
+  transpose = kwargs.pop("transpose", ())
+  rngs = nnx.Rngs(0)
+  blocks = [PortBlock(D, H, rngs=rngs, **kw) for kw in blocks_kwargs]
+  return load(Port(rngs=rngs, blocks=blocks, **kwargs), variables["params"], transpose=transpose)
+
+
+def linen_outputs(variables, x):
+  """Every Linen submodule output, by path, from plain `apply(capture_intermediates=True)`."""
+  _, state = Net().apply(variables, x, capture_intermediates=True, mutable=["intermediates"])
+  flat = {}
+
+  def walk(tree, prefix):
+    for key, value in tree.items():
+      if key == "__call__":
+        flat["/".join(prefix)] = value[0]
+      else:
+        walk(value, (*prefix, key))
+
+  walk(state["intermediates"], ())
+  return flat
+
+
+def port_outputs(port, x):
+  """Every port submodule output, recomputed by hand in the port's own order."""
+  out = {}
+  h = out["embed"] = port.embed(x)
+  for i, block in enumerate(port.blocks):
+    n = out[f"blocks/{i}/norm"] = block.norm(h)
+    u = out[f"blocks/{i}/up"] = block.up(n)
+    d = out[f"blocks/{i}/down"] = block.down(block.act(u))
+    h = h + d
+  n = out["norm"] = port.norm(h)
+  out["head"] = port.head(n)
+  return out
+
+
+def first_differing(variables, port, x, rtol=1e-5, atol=1e-5):
+  """The first port path (in call order) whose output differs from its Linen counterpart."""
+  ref, cand = linen_outputs(variables, x), port_outputs(port, x)
+  for port_path, linen_path in PORT_PATHS.items():
+    a, b = np.asarray(ref[linen_path]), np.asarray(cand[port_path])
+    if a.shape != b.shape or not np.allclose(b, a, rtol=rtol, atol=atol):
+      return port_path
+  return None
+
+
+ORDER = ["embed", "blocks/0/norm", "blocks/0/up", "blocks/0/down", "blocks/0",
+         "blocks/1/norm", "blocks/1/up", "blocks/1/down", "blocks/1", "norm", "head", ""]
+
+
+# ----------------------------------------------------------------------------- agreement
+def test_correct_port_agrees(setup):
+  x, variables = setup
+  port = make_port(variables)
+  assert first_differing(variables, port, x) is None  # the test's loader is right
+  np.testing.assert_allclose(port(x), Net().apply(variables, x), rtol=1e-6, atol=1e-6)
+  report = lb.compare((Net(), variables), port, x)
+  assert report.ok and report.first_divergence is None, str(report)
+  assert [p.candidate_path for p in report.pairs] == ORDER
+  assert [p.reference_path for p in report.pairs] == [
+      "Dense_0", "Block_0/LayerNorm_0", "Block_0/Dense_0", "Block_0/Dense_1", "Block_0",
+      "Block_1/LayerNorm_0", "Block_1/Dense_0", "Block_1/Dense_1", "Block_1", "LayerNorm_0",
+      "Dense_1", ""]
+  assert not report.unmatched_reference and not report.unmatched_candidate
+  assert "lb.compare: OK" in str(report)
+
+
+def test_port_named_like_linen_aligns_by_name(setup):
+  x, variables = setup
+
+  class Named(nnx.Module):
+    def __init__(self, rngs):
+      self.Dense_1 = nnx.Linear(D, D, rngs=rngs)  # defined first: names, not order, pair it
+      self.Dense_0 = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, x):
+      return self.Dense_1(self.Dense_0(x))
+
+  class Linen(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(D, name="Dense_1")(nn.Dense(D, name="Dense_0")(x))
+
+  linen_vars = Linen().init(jax.random.key(0), x)
+  port = Named(nnx.Rngs(0))
+  lb.params_to_nnx([linen_vars["params"]], [port])
+  report = lb.compare((Linen(), linen_vars), port, x)
+  assert report.ok, str(report)
+  assert [(p.reference_path, p.candidate_path, p.aligned_by) for p in report.pairs] == [
+      ("Dense_0", "Dense_0", "name"), ("Dense_1", "Dense_1", "name"), ("", "", "name")]
+
+
+# ----------------------------------------------------------------------------- planted bugs
+TIGHT = {"rtol": 1e-6, "atol": 1e-6}
+BUGS = {
+    # name: (port options, compare tolerances, expected first differing port path)
+    "missing bias": (dict(block_kwargs=({}, {"up_bias": False})), {}, "blocks/1/up"),
+    "transposed kernel": (dict(transpose=("head",)), {}, "head"),
+    # the activation is not a module: the first module whose output differs is the next one
+    "wrong activation": (dict(block_kwargs=({"act": nnx.relu}, {})), {}, "blocks/0/down"),
+    "layer-norm epsilon": (dict(block_kwargs=({}, {"epsilon": 1e-3})), {}, "blocks/1/norm"),
+    # PyTorch's default epsilon: a 1e-5 relative change on unit-variance inputs, inside the
+    # float32 default tolerance, found with tighter ones
+    "layer-norm epsilon 1e-5": (dict(block_kwargs=({}, {"epsilon": 1e-5})), TIGHT,
+                                "blocks/1/norm"),
+}
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_planted_bug_is_reported_at_the_first_differing_module(setup, bug):
+  x, variables = setup
+  options, tolerances, expected = BUGS[bug]
+  port = make_port(variables, **options)
+  # the independent reference: plain Linen capture against the port's layers called by hand
+  assert first_differing(variables, port, x, **(tolerances or {})) == expected
+  report = lb.compare((Net(), variables), port, x, **tolerances)
+  assert not report.ok
+  divergence = report.first_divergence
+  assert divergence is not None and divergence.kind == "values"
+  assert divergence.candidate_path == expected, str(report)
+  assert divergence.reference_path == PORT_PATHS[expected]
+  assert divergence.max_abs_err > tolerances.get("atol", 1e-5) and divergence.max_rel_err > 0
+  # not earlier: every pair before it agrees; the pair itself and the top level differ
+  statuses = {p.candidate_path: p.status for p in report.pairs}
+  for path in ORDER[:ORDER.index(expected)]:
+    assert statuses[path] == "ok", (path, str(report))
+  assert statuses[expected] == "values" and statuses[""] == "values"
+  text = str(report)
+  marked = [line for line in text.splitlines() if line.startswith(">>")]
+  assert len(marked) == 1 and f" {expected} " in marked[0] and "first divergence" in marked[0]
+
+
+def test_report_to_dict_is_json(setup):
+  x, variables = setup
+  report = lb.compare((Net(), variables), make_port(variables, transpose=("head",)), x)
+  data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+  assert data["ok"] is False
+  assert data["first_divergence"]["reference_path"] == "Dense_1"
+  assert data["first_divergence"]["candidate_path"] == "head"
+  assert len(data["pairs"]) == len(ORDER) and data["pairs"][0]["aligned_by"] == "order"
+
+
+def test_shape_and_dtype_mismatches_are_listed(setup):
+  x, variables = setup
+  rngs = nnx.Rngs(0)
+  narrow = [PortBlock(D, 12, rngs=rngs), PortBlock(D, H, rngs=rngs)]
+  port = Port(rngs=rngs, blocks=narrow, head_dtype=jnp.bfloat16)
+  load(port, variables["params"], skip=("blocks/0/up", "blocks/0/down"))
+  report = lb.compare((Net(), variables), port, x)
+  divergence = report.first_divergence
+  assert divergence.kind == "shape" and divergence.candidate_path == "blocks/0/up"
+  assert (divergence.reference, divergence.candidate) == ("float32[2,16]", "float32[2,12]")
+  kinds = {p.candidate_path: p.status for p in report.mismatches}
+  assert kinds["blocks/0/up"] == "shape"
+  assert any(d.candidate == "bfloat16[2,8]" for p in report.mismatches for d in p.leaves)
+  assert "shape/dtype mismatches:" in str(report)
+  assert "float32[2,16] vs blocks/0/up: float32[2,12]" in str(report)
+
+
+def test_dtype_only_difference_within_the_looser_tolerance(setup):
+  x, variables = setup
+  port = make_port(variables, head_dtype=jnp.bfloat16)
+  report = lb.compare((Net(), variables), port, x)
+  assert report.first_divergence.kind == "dtype"
+  assert report.first_divergence.candidate_path == "head"
+
+
+# ----------------------------------------------------------------------------- other sides
+def test_lb_to_nnx_reference_and_candidate(setup):
+  x, variables = setup
+  model = lb.from_linen_variables(Net(), variables, x, capacity=1)
+  assert lb.compare(model, make_port(variables), x).ok
+  report = lb.compare((Net(), variables), model, x)
+  assert report.ok and all(p.aligned_by == "name" for p in report.pairs)
+  bad = lb.compare(model, make_port(variables, transpose=("head",)), x)
+  assert bad.first_divergence.reference_path == "Dense_1"
+
+
+def test_bridged_part_of_a_candidate_is_recorded_inside(setup):
+  """Half-way through a migration: block 1 still Linen (bridged), the rest ported."""
+  x, variables = setup
+  port = make_port(variables, block_kwargs=({"act": nnx.relu}, {}))
+  port.blocks[1] = lb.from_linen_variables(
+      Block(H), {"params": variables["params"]["Block_1"]}, x, capacity=1)
+  report = lb.compare((Net(), variables), port, x)
+  paths = [p.candidate_path for p in report.pairs]
+  assert "blocks/1/Dense_0" in paths and "blocks/1" in paths, str(report)
+  assert report.first_divergence.candidate_path == "blocks/0/down"
+
+
+def test_nn_scan_calls_are_listed_as_not_recorded():
+  class Cell(nn.Module):
+    @nn.compact
+    def __call__(self, c, _):
+      return nn.tanh(nn.Dense(4)(c)), None
+
+  class Scanned(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x, _ = nn.scan(Cell, variable_axes={"params": 0}, split_rngs={"params": True},
+                     length=3)(name="cells")(x, None)
+      return nn.Dense(2)(x)
+
+  x = jnp.ones((1, 4))
+  variables = Scanned().init(jax.random.key(0), x)
+  report = lb.compare((Scanned(), variables), (Scanned(), variables), x)
+  assert report.ok
+  assert "cells/Dense_0" in report.not_recorded_reference
+  assert "not recorded in the reference" in str(report)
+
+
+def test_mapping_pairs_and_excludes(setup):
+  x, variables = setup
+  port = make_port(variables)
+  report = lb.compare((Net(), variables), port, x,
+                      mapping={"Dense_1": "head", "LayerNorm_0": None})
+  how = {p.reference_path: p.aligned_by for p in report.pairs}
+  assert how["Dense_1"] == "mapping" and "LayerNorm_0" not in how
+  assert [c.path for c in report.unmatched_reference] == ["LayerNorm_0"]
+  assert [c.path for c in report.unmatched_candidate] == ["norm"]
+  assert report.ok
+
+
+def test_extra_candidate_call_is_unmatched_not_misaligned(setup):
+  x, variables = setup
+
+  class WithDropout(Port):
+    def __init__(self, *, rngs):
+      super().__init__(rngs=rngs)
+      self.drop = nnx.Dropout(0.5, deterministic=True)
+
+    def __call__(self, x):
+      x = self.embed(x)
+      for block in self.blocks:
+        x = block(x)
+      return self.head(self.drop(self.norm(x)))
+
+  port = load(WithDropout(rngs=nnx.Rngs(0)), variables["params"])
+  report = lb.compare((Net(), variables), port, x)
+  assert report.ok, str(report)
+  assert [c.path for c in report.unmatched_candidate] == ["drop"]
+
+
+def test_concurrent_compares_do_not_mix(setup):
+  x, variables = setup
+  ports = {"ok": make_port(variables), "bug": make_port(variables, transpose=("head",))}
+  results = {}
+
+  def run(name):
+    results[name] = lb.compare((Net(), variables), ports[name], x)
+
+  threads = [threading.Thread(target=run, args=(n,)) for n in ports]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert results["ok"].ok and len(results["ok"].pairs) == len(ORDER)
+  assert results["bug"].first_divergence.candidate_path == "head"
+  assert len(results["bug"].pairs) == len(ORDER)
+
+
+# ----------------------------------------------------------------------------- untouched
+def _snapshot(model):
+  return [(path, type(node), id(node), np.asarray(_compat.variable_value(node)).copy()
+           if isinstance(node, nnx.Variable) else None)
+          for path, node in _compat.iter_graph(model)]
+
+
+def test_users_model_and_classes_are_untouched(setup):
+  x, variables = setup
+  port = make_port(variables, block_kwargs=({"act": nnx.relu}, {}))
+  before = _snapshot(port)
+  calls = {cls: vars(cls)["__call__"] for cls in (nnx.Linear, nnx.LayerNorm, Port, PortBlock)}
+  bases = (Port.__bases__, PortBlock.__bases__, nnx.Linear.__mro__)
+  for _ in range(2):
+    lb.compare((Net(), variables), port, x)
+  with pytest.raises(lb.CompareError):
+    lb.compare((Net(), variables), port, jnp.ones((2, 3)))  # fails inside the candidate
+  after = _snapshot(port)
+  assert [(p, t, i) for p, t, i, _ in after] == [(p, t, i) for p, t, i, _ in before]
+  for (_, _, _, a), (_, _, _, b) in zip(before, after):
+    if a is not None:
+      np.testing.assert_array_equal(a, b)
+  assert {cls: vars(cls)["__call__"] for cls in calls} == calls
+  assert (Port.__bases__, PortBlock.__bases__, nnx.Linear.__mro__) == bases
+  assert "__call__" not in vars(nnx.Module) or nnx.Module.__call__ is vars(nnx.Module)["__call__"]
+  # the model still runs as before, unrecorded
+  np.testing.assert_allclose(port(x), port_outputs(port, x)["head"])
+
+
+# ----------------------------------------------------------------------------- bad inputs
+def test_unalignable_pair_is_a_clear_error(setup):
+  x, variables = setup
+
+  class Other(nnx.Module):
+    def __init__(self, rngs):
+      self.a = nnx.Linear(D, 5, rngs=rngs)
+      self.b = nnx.Linear(5, 3, rngs=rngs)
+
+    def __call__(self, x):
+      return self.b(self.a(x))
+
+  with pytest.raises(lb.CompareError, match=r"no module call of the reference could be aligned"
+                     r".*Reference calls: Dense_0 .*Candidate calls: a .*mapping="):
+    lb.compare((Net(), variables), Other(nnx.Rngs(0)), x)
+
+
+@pytest.mark.parametrize("reference, match", [
+    (Net(), r"the reference is a Linen module without its variables.*Pass `\(Net\(\.\.\.\), "
+            r"variables\)`"),
+    (Net, r"the reference is the class Net, not a model: build an instance"),
+    ((Net(), [1, 2]), r"second item must be the module's variables"),
+    ("model", r"the reference is a str; it must be a Linen module with its variables"),
+])
+def test_wrong_kind_of_reference(setup, reference, match):
+  x, variables = setup
+  with pytest.raises(lb.CompareError, match=match):
+    lb.compare(reference, make_port(variables), x)
+
+
+def test_params_without_their_collection(setup):
+  x, variables = setup
+  with pytest.raises(lb.CompareError, match=r"running the reference .* failed.*no 'params' "
+                     r"collection.*pass the whole dict"):
+    lb.compare((Net(), variables["params"]), make_port(variables), x)
+
+
+def test_uninitialized_to_nnx(setup):
+  x, variables = setup
+  with pytest.raises(lb.CompareError, match=r"It has no variables: initialize an lb.ToNNX with "
+                     r"lb.lazy_init"):
+    lb.compare(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), make_port(variables), x)
+
+
+def test_candidate_that_fails_on_the_inputs(setup):
+  x, variables = setup
+  with pytest.raises(lb.CompareError, match=r"running the candidate on the given inputs failed"):
+    lb.compare((Net(), variables), nnx.Linear(3, D, rngs=nnx.Rngs(0)), x)
+
+
+def test_bad_mapping(setup):
+  x, variables = setup
+  port = make_port(variables)
+  with pytest.raises(lb.CompareError, match=r"mapping key 'Dense_9' names no module call of the "
+                     r"reference.*The reference called: Dense_0 "):
+    lb.compare((Net(), variables), port, x, mapping={"Dense_9": "head"})
+  with pytest.raises(lb.CompareError, match=r"mapping value 'tail' \(for 'Dense_1'\) names no "
+                     r"module call of the candidate.*The candidate called: embed "):
+    lb.compare((Net(), variables), port, x, mapping={"Dense_1": "tail"})
+  with pytest.raises(lb.CompareError, match=r"mapping=a list must be a dict"):
+    lb.compare((Net(), variables), port, x, mapping=["Dense_1", "head"])
+  with pytest.raises(lb.CompareError, match=r"is not a pair of paths"):
+    lb.compare((Net(), variables), port, x, mapping={("Dense_1",): "head"})
+
+
+def test_bad_tolerance_and_traced_inputs(setup):
+  x, variables = setup
+  port = make_port(variables)
+  with pytest.raises(lb.CompareError, match=r"rtol=-1 must be a number >= 0"):
+    lb.compare((Net(), variables), port, x, rtol=-1)
+  with pytest.raises(lb.CompareError, match=r"the inputs are JAX tracers.*runs eagerly"):
+    jax.jit(lambda x: lb.compare((Net(), variables), port, x))(x)
+
+
+def test_tolerances_are_used(setup):
+  x, variables = setup
+  port = make_port(variables, block_kwargs=({}, {"epsilon": 1e-5}))
+  assert lb.compare((Net(), variables), port, x).ok  # within the float32 default
+  assert not lb.compare((Net(), variables), port, x, **TIGHT).ok
+  port = make_port(variables, block_kwargs=({}, {"epsilon": 1e-3}))
+  assert not lb.compare((Net(), variables), port, x).ok
+  assert lb.compare((Net(), variables), port, x, rtol=1.0, atol=1.0).ok
