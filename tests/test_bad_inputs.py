@@ -121,6 +121,11 @@ def _dtype_drift():
   return model(X.astype(jnp.bfloat16))
 
 
+def _loop_writes_outside_carry():
+  model = _model()
+  return lb.fori_loop(0, 2, lambda i, x: model(x), X)
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
   run: tp.Callable[..., tp.Any]
@@ -206,6 +211,10 @@ CASES: dict[str, Case] = {
     "checkpoint-path-does-not-exist": Case(
         lambda: lb.restore_checkpoint("/nonexistent/checkpoint", _model()), lb.CheckpointError,
         r"no checkpoint at /nonexistent/checkpoint: the path does not exist.*Fix"),
+    "loop-body-writes-outside-carry": Case(
+        _loop_writes_outside_carry, lb.StructureChangeError,
+        r"lb.fori_loop: the body writes to a module it reaches outside the loop carry "
+        r"\(ToNNX.*Why.*Fix: pass that module in the carry"),
     "linen-variables-bare-params": Case(
         lambda: lb.from_linen_variables(Net(), Net().init(jax.random.key(0), X)["params"], X,
                                         capacity=2),
