@@ -126,6 +126,22 @@ def _loop_writes_outside_carry():
   return lb.fori_loop(0, 2, lambda i, x: model(x), X)
 
 
+class _CliExit(Exception):
+  """The command line's exit status and stderr, raised so the catalog can match them."""
+
+
+def _cli_exit_code(*argv):
+  import contextlib
+  import io
+
+  from loopbridge._cli import main
+
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    code = main(list(argv))
+  raise _CliExit(f"exit {code}: {err.getvalue().strip()}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
   run: tp.Callable[..., tp.Any]
@@ -215,6 +231,9 @@ CASES: dict[str, Case] = {
         _loop_writes_outside_carry, lb.StructureChangeError,
         r"lb.fori_loop: the body writes to a module it reaches outside the loop carry "
         r"\(ToNNX.*Why.*Fix: pass that module in the carry"),
+    "cli-arg-dtype-jax-cannot-hold": Case(
+        lambda: _cli_exit_code("inspect", "--arg", "object[1]"), _CliExit,
+        r"exit 2: .*--arg 'object\[1\]': JAX arrays cannot have dtype 'object'.*use a number"),
     "linen-variables-bare-params": Case(
         lambda: lb.from_linen_variables(Net(), Net().init(jax.random.key(0), X)["params"], X,
                                         capacity=2),
