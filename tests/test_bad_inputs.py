@@ -123,7 +123,7 @@ def _dtype_drift():
 
 def _loop_writes_outside_carry():
   model = _model()
-  return lb.fori_loop(0, 2, lambda i, x: model(x), X)
+  return lb.fori_loop(0, 2, lambda i, x: (model(x), x)[1], X)
 
 
 class _CliExit(Exception):

@@ -267,6 +267,9 @@ def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.
       raise
     _restore(outside, before)
     raise _closure_write_error(loop_name, reach, error) from error
+  except BaseException:  # e.g. a structure error: leave no traced value outside the carry
+    _restore(outside, before)
+    raise
   if any(_compat.get_raw_value(v) is not b for v, b in zip(outside, before)):
     _restore(outside, before)  # a traced value written outside the carry (flax 0.10)
     raise _closure_write_error(loop_name, reach, None)
