@@ -39,6 +39,10 @@ def pytest_configure(config):
       "markers",
       f"sharding: needs {SHARDING_DEVICES} (simulated) devices; runs in its own process: "
       f"{SHARDING_COMMAND}")
+  config.addinivalue_line(
+      "markers",
+      "multihost: starts 2 JAX processes (gloo CPU collectives, 2 devices each) that run as "
+      "one multi-host job; deselect with -m 'not multihost'")
 
 
 def _register_hypothesis_profiles() -> None:

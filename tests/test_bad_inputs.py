@@ -74,7 +74,37 @@ def _traced_capacity():
 
 def _checkpoint_mismatch(tmp_path):
   path = lb.save_checkpoint(tmp_path / "c", _model(capacity=2))
-  return lb.restore_checkpoint(path, _model(capacity=3))
+  return lb.restore_checkpoint(path, _model(module=GrowsCache()))  # another module
+
+
+def _checkpoint_other_policy(tmp_path):
+  path = lb.save_checkpoint(tmp_path / "c", _model(capacity=2))
+  return lb.restore_checkpoint(path, _model(capacity=2, overflow="wrap"))
+
+
+def _checkpoint_smaller(tmp_path):
+  path = lb.save_checkpoint(tmp_path / "c", _model(capacity=3))
+  return lb.restore_checkpoint(path, _model(capacity=2))
+
+
+def _checkpoint_grown_after_overflow(tmp_path):
+  model = _model(capacity=1, overflow="wrap")
+  model(X)
+  model(X)
+  path = lb.save_checkpoint(tmp_path / "c", model)
+  return lb.restore_checkpoint(path, _model(capacity=4, overflow="wrap"))
+
+
+def _checkpoint_damaged(tmp_path):
+  path = lb.save_checkpoint(tmp_path / "c", _model())
+  with open(f"{path}/_CHECKPOINT_METADATA", "wb") as f:
+    f.write(b"\xff\xfe")
+  return lb.restore_checkpoint(path, _model())
+
+
+def _checkpoint_empty_directory(tmp_path):
+  (tmp_path / "empty").mkdir()
+  return lb.restore_checkpoint(tmp_path / "empty", _model())
 
 
 def _uneven_mesh():
@@ -89,6 +119,27 @@ def _uneven_mesh():
 def _dtype_drift():
   model = _model()
   return model(X.astype(jnp.bfloat16))
+
+
+def _loop_writes_outside_carry():
+  model = _model()
+  return lb.fori_loop(0, 2, lambda i, x: (model(x), x)[1], X)
+
+
+class _CliExit(Exception):
+  """The command line's exit status and stderr, raised so the catalog can match them."""
+
+
+def _cli_exit_code(*argv):
+  import contextlib
+  import io
+
+  from loopbridge._cli import main
+
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    code = main(list(argv))
+  raise _CliExit(f"exit {code}: {err.getvalue().strip()}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +204,36 @@ CASES: dict[str, Case] = {
         r"recorded 2 values but its buffer holds capacity=1.*Why.*Fix.*overflow='wrap'"),
     "checkpoint-structure-mismatch": Case(
         _checkpoint_mismatch, lb.CheckpointError,
-        r"does not match the model's structure.*saved \(2, 1, 2\) float32 vs model \(3, 1, 2\)"
-        r".*Why.*Fix", needs_tmp=True),
+        r"does not match the model's structure: saved but not in the model: "
+        r"Inner_0/Dense_0/bias.*Why.*Fix", needs_tmp=True),
+    "checkpoint-other-overflow-policy": Case(
+        _checkpoint_other_policy, lb.CheckpointError,
+        r"declared differently from the model: .*intermediates/x: overflow saved 'error' vs "
+        r"model 'wrap'.*Why.*Fix", needs_tmp=True),
+    "checkpoint-smaller-capacity": Case(
+        _checkpoint_smaller, lb.CheckpointError,
+        r"capacity saved 3 vs model 2 \(smaller.*Why.*Fix", needs_tmp=True),
+    "checkpoint-larger-capacity-after-overflow": Case(
+        _checkpoint_grown_after_overflow, lb.CheckpointError,
+        r"cannot be restored into a larger capacity: .*had 2 values sown into capacity 1.*Fix",
+        needs_tmp=True),
+    "checkpoint-damaged-metadata": Case(
+        _checkpoint_damaged, lb.CheckpointError,
+        r"cannot restore the checkpoint at .*/c: its step metadata.*UnicodeDecodeError.*Why.*"
+        r"Fix", needs_tmp=True),
+    "checkpoint-empty-directory": Case(
+        _checkpoint_empty_directory, lb.CheckpointError,
+        r"no checkpoint at .*empty: the directory is empty.*Fix", needs_tmp=True),
+    "checkpoint-path-does-not-exist": Case(
+        lambda: lb.restore_checkpoint("/nonexistent/checkpoint", _model()), lb.CheckpointError,
+        r"no checkpoint at /nonexistent/checkpoint: the path does not exist.*Fix"),
+    "loop-body-writes-outside-carry": Case(
+        _loop_writes_outside_carry, lb.StructureChangeError,
+        r"lb.fori_loop: the body writes to a module it reaches outside the loop carry "
+        r"\(ToNNX.*Why.*Fix: pass that module in the carry"),
+    "cli-arg-dtype-jax-cannot-hold": Case(
+        lambda: _cli_exit_code("inspect", "--arg", "object[1]"), _CliExit,
+        r"exit 2: .*--arg 'object\[1\]': JAX arrays cannot have dtype 'object'.*use a number"),
     "linen-variables-bare-params": Case(
         lambda: lb.from_linen_variables(Net(), Net().init(jax.random.key(0), X)["params"], X,
                                         capacity=2),

@@ -149,14 +149,265 @@ def test_restore_keeps_variable_identity_and_loops_still_run(tmp_path, graph):
   assert int(lb.counts(fresh)["intermediates"]["x"]) == 3
 
 
-def test_restore_into_a_differently_declared_model_names_the_difference(tmp_path):
+def test_restore_into_a_model_with_other_shapes_names_the_difference(tmp_path):
   path = lb.save_checkpoint(tmp_path / "c", _fresh(capacity=3))
+  model = lb.ToNNX(Noisy(), rngs=nnx.Rngs(0, dropout=1))
+  lb.lazy_init(model, jnp.ones((3, FEATURES)), capacity=3, overflow="wrap")
   with pytest.raises(lb.CheckpointError,
-                     match=r"loopbridge__buffers/intermediates/x saved \(3, 2, 4\) float32 vs "
-                     r"model \(4, 2, 4\) float32.*Fix: .*lb.lazy_init"):
-    lb.restore_checkpoint(path, _fresh(capacity=4))
-  with pytest.raises(lb.CheckpointError, match=r"no checkpoint at .*Fix"):
-    lb.restore_checkpoint(tmp_path / "missing", _fresh())
+                     match=r"declared differently from the model: .*"
+                     r"loopbridge__buffers/intermediates/x: value_shape saved \[2, 4\] vs model "
+                     r"\[3, 4\].*Why.*Fix: .*lb.lazy_init"):
+    lb.restore_checkpoint(path, model)
+
+
+# ---------------------------------------------------------------- the saved declaration
+
+class Sow(nn.Module):
+  """Deterministic records (no rng), so every value can be checked against plain Linen."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(3)(x)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+X0 = jnp.ones((2, 2))
+SOW_VARIABLES = Sow().init(jax.random.key(0), X0)
+
+
+def _xs(n):
+  return [jnp.arange(4.0).reshape(2, 2) * (i + 1) - 1.5 for i in range(n)]
+
+
+def _sow_model(capacity, overflow, calls=0):
+  model = lb.from_linen_variables(Sow(), SOW_VARIABLES, X0, capacity=capacity,
+                                  overflow=overflow)
+  for x in _xs(calls):
+    model(x)
+  return model
+
+
+def _linen_hs(xs):
+  """Plain Linen, one apply per step: the value each call sows."""
+  return np.stack([Sow().apply(SOW_VARIABLES, x, mutable=["intermediates"])[1]
+                   ["intermediates"]["h"][0] for x in xs])
+
+
+def _values(model):
+  return {k: np.asarray(v) for k, v in _snapshot(model)[2].items()}
+
+
+def _assert_untouched(model, before):
+  after = _values(model)
+  assert after.keys() == before.keys()
+  for key in before:
+    np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+
+@pytest.mark.parametrize("saved,wanted", [("error", "wrap"), ("wrap", "drop"), ("drop", "error")])
+def test_another_overflow_policy_is_refused_and_the_model_untouched(tmp_path, saved, wanted):
+  # Five calls into capacity 3: read as another policy the slots would mean other values
+  # (error -> wrap used to read [2, 0, 1] where the last three were 2, 3, 4).
+  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, saved, calls=5))
+  model = _sow_model(3, wanted, calls=1)
+  before = _values(model)
+  with pytest.raises(lb.CheckpointError,
+                     match=rf"at {path}.*loopbridge__buffers/intermediates/h: overflow saved "
+                     rf"'{saved}' vs model '{wanted}'.*Why: .*overflow policy.*Fix: .*overflow="):
+    lb.restore_checkpoint(path, model)
+  _assert_untouched(model, before)
+
+
+def test_a_smaller_capacity_is_refused(tmp_path):
+  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, "wrap", calls=1))
+  model = _sow_model(2, "wrap")
+  before = _values(model)
+  with pytest.raises(lb.CheckpointError,
+                     match=r"intermediates/h: capacity saved 3 vs model 2 \(smaller: the saved "
+                     r"values would not fit\).*Fix"):
+    lb.restore_checkpoint(path, model)
+  _assert_untouched(model, before)
+
+
+@pytest.mark.parametrize("overflow", ["error", "drop", "wrap"])
+def test_a_larger_capacity_keeps_every_value_in_order(tmp_path, overflow):
+  """Two values saved at capacity 3, restored at capacity 6, then five more calls: the
+  records are what one model of capacity 6 records over the seven calls, per policy."""
+  xs = _xs(7)
+  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, overflow, calls=2))
+  model = lb.restore_checkpoint(path, _sow_model(6, overflow))
+  assert _compat.variable_value(_variables(model)["loopbridge__buffers/intermediates/h"]).shape \
+      == (6, 2, 3)
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], _linen_hs(xs[:2]), **TOL)
+  for x in xs[2:]:
+    model(x)
+  assert int(lb.counts(model)["intermediates"]["h"]) == 7
+  if overflow == "error":
+    with pytest.raises(lb.BufferOverflowError, match="recorded 7 values.*capacity=6"):
+      lb.recorded(model)
+  else:
+    want = _linen_hs(xs[:6] if overflow == "drop" else xs[1:])
+    np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], want, **TOL)
+
+
+@pytest.mark.parametrize("overflow", ["error", "drop", "wrap"])
+def test_a_larger_capacity_after_an_overflow_is_refused(tmp_path, overflow):
+  path = lb.save_checkpoint(tmp_path / "c", _sow_model(2, overflow, calls=3))
+  model = _sow_model(4, overflow)
+  before = _values(model)
+  with pytest.raises(lb.CheckpointError,
+                     match=rf"cannot be restored into a larger capacity: buffer "
+                     rf"loopbridge__buffers/intermediates/h \(overflow='{overflow}'\) had 3 values "
+                     r"sown into capacity 2, so 1 of them are not in the checkpoint.*Fix: restore "
+                     r"into a model declared with capacity 2"):
+    lb.restore_checkpoint(path, model)
+  _assert_untouched(model, before)
+
+
+# ---------------------------------------------------------------- damaged checkpoints
+
+def _data_files(path):
+  return [os.path.join(root, f) for root, _, files in os.walk(os.path.join(path, "d"))
+          for f in files]
+
+
+def _truncate_data(path):
+  for f in _data_files(path):
+    with open(f, "r+b") as handle:
+      handle.truncate(os.path.getsize(f) // 2)
+
+
+def _delete_a_data_file(path):
+  os.remove(sorted(_data_files(path))[0])
+
+
+def _garbage(name):
+  def damage(path):
+    with open(os.path.join(path, name), "wb") as handle:
+      handle.write(b"\xff\xfe not metadata")
+  return damage
+
+
+def _empty(path):
+  import shutil
+
+  shutil.rmtree(path)
+  os.makedirs(path)
+
+
+def _nothing_there(path):
+  import shutil
+
+  shutil.rmtree(path)
+
+
+def _a_file(path):
+  import shutil
+
+  shutil.rmtree(path)
+  with open(path, "w") as handle:
+    handle.write("not a checkpoint")
+
+
+def _plain_orbax(path):
+  """A checkpoint orbax wrote without lb.save_checkpoint (no declaration)."""
+  import shutil
+
+  import orbax.checkpoint as ocp
+
+  shutil.rmtree(path)
+  state = jax.tree.map(np.asarray, nnx.state(_sow_model(3, "wrap"), nnx.Param).to_pure_dict())
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(path, state)
+
+
+DAMAGE = {
+    "truncated-data": (_truncate_data, r"cannot restore the checkpoint at {path}: .*Why: .*"
+                       r"truncated.*untouched\. Fix: restore an earlier complete checkpoint"),
+    "deleted-data-file": (_delete_a_data_file, r"cannot restore the checkpoint at {path}: .*Why"),
+    "garbage-array-metadata": (_garbage("_METADATA"),
+                               r"cannot restore the checkpoint at {path}: .*metadata.*Why"),
+    "garbage-step-metadata": (_garbage("_CHECKPOINT_METADATA"),
+                              r"cannot restore the checkpoint at {path}: its step metadata \(the "
+                              r"buffers' declaration\) cannot be read: UnicodeDecodeError.*Why"),
+    "empty-directory": (_empty, r"no checkpoint at {path}: the directory is empty.*Fix"),
+    "path-does-not-exist": (_nothing_there,
+                            r"no checkpoint at {path}: the path does not exist.*Fix"),
+    "path-is-a-file": (_a_file, r"no checkpoint at {path}: it is a file.*Fix"),
+    "no-declaration": (_plain_orbax, r"the checkpoint at {path} holds no loopbridge declaration"
+                       r".*Why: it was not written by lb.save_checkpoint.*Fix"),
+}
+
+
+# orbax 0.12, failing to read damaged files, leaves a callback for its closed asyncio loop;
+# Python reports it as an unraisable "Event loop is closed" later (only printed outside
+# pytest). It is orbax's, not a loopbridge error: collected here and not made an error.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("damage", list(DAMAGE), ids=list(DAMAGE))
+def test_a_damaged_checkpoint_is_a_checkpoint_error_and_the_model_untouched(tmp_path, damage):
+  import gc
+  import re
+
+  damage_fn, match = DAMAGE[damage]
+  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, "wrap", calls=2))
+  damage_fn(path)
+  model = _sow_model(3, "wrap", calls=1)
+  before = _values(model)
+  with pytest.raises(lb.CheckpointError, match=match.format(path=re.escape(path))):
+    lb.restore_checkpoint(path, model)
+  _assert_untouched(model, before)
+  gc.collect()
+
+
+def test_the_undamaged_checkpoint_restores(tmp_path):
+  """The damage cases above can fail: the same checkpoint, undamaged, restores."""
+  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, "wrap", calls=2))
+  model = lb.restore_checkpoint(path, _sow_model(3, "wrap", calls=1))
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], _linen_hs(_xs(2)), **TOL)
+
+
+# ---------------------------------------------------------------- across flax versions
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+
+
+def _fixture_dirs():
+  return sorted(d for d in os.listdir(FIXTURES) if d.startswith("checkpoint_flax_"))
+
+
+def test_a_fixture_exists_for_each_end_of_the_supported_range():
+  assert _fixture_dirs() == ["checkpoint_flax_0.10.2", "checkpoint_flax_0.12.8"]
+
+
+@pytest.mark.parametrize("fixture", _fixture_dirs())
+def test_a_checkpoint_saved_on_any_supported_flax_restores_here(fixture, tmp_path):
+  """Saved by tests/fixtures/make_checkpoint_fixture.py on each end of the range (the rng
+  attribute is `rngs` on flax 0.10 and `to_nnx__rngs` on 0.12); restored on this flax."""
+  import shutil
+  import sys
+
+  sys.path.insert(0, FIXTURES)
+  try:
+    import make_checkpoint_fixture as fx
+  finally:
+    sys.path.remove(FIXTURES)
+  path = shutil.copytree(os.path.join(FIXTURES, fixture, "ckpt"), tmp_path / "ckpt")
+  model = lb.restore_checkpoint(path, fx.fresh_model())
+  saved = np.load(os.path.join(FIXTURES, fixture, "state.npz"))
+  values = {k.replace("rngs/", "to_nnx__rngs/") if k.startswith("rngs/") else k: v
+            for k, v in _values(model).items()}
+  assert sorted(values) == sorted(saved.files)
+  for key in saved.files:  # params, buffer, count, rng keys and counts
+    np.testing.assert_array_equal(values[key], saved[key], err_msg=key)
+  # The records against plain Linen with the restored params: the last 3 of 5 (wrap).
+  variables = {"params": jax.tree.map(np.asarray, nnx.state(model, nnx.Param).to_pure_dict())}
+  hs = [fx.FixtureNet().apply(variables, fx.inputs(i), mutable=["intermediates"],
+                              rngs={"dropout": jax.random.key(0)})[1]["intermediates"]["h"][0]
+        for i in range(fx.STEPS + 1)]
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[2:5]), **TOL)
+  model(fx.inputs(fx.STEPS))  # and records on from there
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[3:6]), **TOL)
 
 
 def test_overwrite(tmp_path):

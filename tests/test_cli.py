@@ -155,6 +155,16 @@ def test_module_raising_on_import(capsys, tmp_path, monkeypatch):
                         rf"importing '{name}' failed: RuntimeError: boom at import")
 
 
+@pytest.mark.parametrize("code", [0, 3, None])
+def test_module_exiting_on_import(capsys, tmp_path, monkeypatch, code):
+  """A script with an unguarded sys.exit: an error (exit 1), not a silent success."""
+  name = f"lb_cli_exits_{uuid.uuid4().hex[:8]}"
+  (tmp_path / f"{name}.py").write_text(f"import sys\nsys.exit({code!r})\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert_one_line_error(capsys, ["inspect", f"{name}:Net", "--json"], 1,
+                        rf"importing '{name}' called sys.exit\({code!r}\).*Fix: guard")
+
+
 @pytest.mark.parametrize("attr,pattern", [
     ("Missing", r"has no attribute 'Missing'"),
     ("NeedsFields", r"Linen module class NeedsFields, which has required fields \(depth\)"),
@@ -175,6 +185,8 @@ def test_bad_attribute(capsys, target_module, attr, pattern):
     ("flot32[1]", r"unknown dtype 'flot32'"),
     ("float32[1,,2]", r"empty dimension"),
     ("float64[2]", r"float64 needs 64-bit JAX \(set JAX_ENABLE_X64=1\)"),
+    ("object[1]", r"JAX arrays cannot have dtype 'object'.*use a number or bool dtype"),
+    ("str[2]", r"JAX arrays cannot have dtype 'str'"),
 ])
 def test_bad_arg_spec(capsys, spec, pattern):
   assert_one_line_error(capsys, ["inspect", "--arg", spec], 2, pattern)
@@ -366,3 +378,36 @@ def test_end_to_end_target_module_json(tmp_path):
   assert doc["parameters"]["params"] == {"arrays": 2, "values": 4 * 3 + 3, "bytes": 60}
   assert doc["live_check"]["loopbridge"]["recorded"]["intermediates/h"]["sown"] == 2
   assert not doc["live_check"]["stock"]["ok"]
+
+
+PRINTING_SOURCE = """
+import flax.linen as nn
+import jax
+
+print("hello from the import")
+
+
+class Chatty(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    print("tracing Chatty")
+    jax.debug.print("step value {}", x.sum())
+    h = nn.Dense(3)(x)
+    self.sow("intermediates", "h", h)
+    return h
+"""
+
+
+def test_json_is_the_only_stdout_when_the_model_prints(tmp_path):
+  (tmp_path / "chatty_models.py").write_text(PRINTING_SOURCE)
+  result = _run([sys.executable, "-m", "loopbridge", "inspect", "chatty_models:Chatty", "--arg",
+                 "float32[1,4]", "--steps", "2", "--json"], cwd=tmp_path.parent,
+                extra_path=str(tmp_path))
+  assert result.returncode == 0, result.stderr
+  doc = json.loads(result.stdout)  # nothing else on stdout
+  assert doc["live_check"]["loopbridge"]["recorded"]["intermediates/h"]["sown"] == 2
+  for line in ("hello from the import", "tracing Chatty", "step value"):
+    assert line in result.stderr  # the model's output is kept, on stderr
+  text = _run([sys.executable, "-m", "loopbridge", "inspect", "chatty_models:Chatty", "--arg",
+               "float32[1,4]", "--steps", "2"], cwd=tmp_path.parent, extra_path=str(tmp_path))
+  assert "hello from the import" in text.stdout  # without --json, stdout is left alone

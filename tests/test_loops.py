@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -396,3 +397,104 @@ def test_sharing_broken_raises_readable_error():
   with pytest.raises(lb.StructureChangeError,
                      match=r"carry\[0\]\.sub and carry\[1\]\.sub were one shared Linear"):
     lb.fori_loop(0, 2, body, (Holder(shared), Holder(shared)))
+
+
+# ---------------------------------------------------------------- modules outside the carry
+
+CLOSED = nnx.Linear(2, 2, rngs=nnx.Rngs(3))  # reached through the body's globals
+
+
+def _global_body(i, x):
+  return jnp.tanh(CLOSED(x))
+
+
+class _Sampler:
+  def __init__(self, model):
+    self.model = model
+
+  def step(self, i, x):
+    return jnp.tanh(self.model(x))
+
+
+def _bodies(model):
+  """The ways a body reaches a module outside its carry."""
+  def closure(i, x):
+    return jnp.tanh(model(x))
+
+  def default(i, x, m=model):
+    return jnp.tanh(m(x))
+
+  return {
+      "closure": (model, closure),
+      "default-argument": (model, default),
+      "bound-method-self": (model, _Sampler(model).step),
+      "functools-partial": (model, functools.partial(lambda m, i, x: jnp.tanh(m(x)), model)),
+      "global": (CLOSED, _global_body),
+  }
+
+
+def _loops(name):
+  """(lb loop, nnx loop) running the fori body 3 times; the while one counts in the carry."""
+  if name == "fori":
+    return (lambda body, x: lb.fori_loop(0, 3, body, x),
+            lambda body, x: nnx.fori_loop(0, 3, body, x))
+
+  def as_while(loop):
+    return lambda body, x: loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, body(c[0], c[1])),
+                                (0, x))[1]
+  return as_while(lb.while_loop), as_while(nnx.while_loop)
+
+
+@pytest.mark.parametrize("kind", ["fori", "while"])
+@pytest.mark.parametrize("how", list(_bodies(None)))
+def test_a_module_outside_the_carry_is_read_at_each_call(kind, how):
+  """Its params change between calls: every call sees the current ones, as nnx loops do."""
+  model, body = _bodies(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))[how]
+  ours, theirs = _loops(kind)
+  x = jnp.array([[0.5, -1.0]])
+  kernel = _compat.variable_value(model.kernel)
+  try:
+    for scale in (1.0, 2.0, -0.5):
+      _compat.set_variable_value(model.kernel, kernel * scale)
+      want = x
+      for _ in range(3):  # plain Python: the reference
+        want = jnp.tanh(want @ (kernel * scale) + _compat.variable_value(model.bias))
+      np.testing.assert_allclose(ours(body, x), want, rtol=1e-6, atol=1e-6)
+      np.testing.assert_allclose(ours(body, x), theirs(body, x), rtol=1e-6, atol=1e-6)
+  finally:
+    _compat.set_variable_value(model.kernel, kernel)
+
+
+def test_a_body_reaching_nothing_outside_the_carry_is_still_compiled_once():
+  """The test above can fail: a cached loop over a closed-over module reads stale params."""
+  from loopbridge import _loops
+
+  model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+  assert _loops._closure_state(lambda i, c: (c[0], c[0](c[1]))).dynamic is False
+  assert _loops._closure_state(lambda i, x: model(x)).nodes == [model]
+  assert _loops._closure_state(lambda i, x: x + jnp.ones(2)).dynamic is False  # jnp: a module
+  arr = jnp.ones(2)
+  assert _loops._closure_state(lambda i, x: x + arr).dynamic is True
+
+
+@pytest.mark.parametrize("kind", ["fori", "while"])
+def test_a_body_writing_to_a_module_outside_the_carry_is_refused(kind):
+  class Net(nn.Module):
+    def __call__(self, x):
+      self.sow("intermediates", "x", x)
+      return x + 1
+
+  x = jnp.ones((1, 2))
+  model = lb.lazy_init(lb.ToNNX(Net()), x, capacity=4)
+  raw = {path: _compat.get_raw_value(v) for path, v in _compat.iter_graph(model)
+         if isinstance(v, nnx.Variable)}
+  ours, _ = _loops(kind)
+  with pytest.raises(lb.StructureChangeError,
+                     match=rf"lb.{kind}_loop: the body writes to a module it reaches outside the "
+                     r"loop carry \(ToNNX, .*Why: .*Fix: pass that module in the carry"):
+    ours(lambda i, x: model(x), x)
+  for path, v in _compat.iter_graph(model):  # untouched: no traced value left behind
+    if isinstance(v, nnx.Variable):
+      assert _compat.get_raw_value(v) is raw[path]
+  lb.fori_loop(0, 2, lambda i, c: (c[0], c[0](c[1])), (model, x))  # in the carry: records
+  assert int(lb.counts(model)["intermediates"]["x"]) == 2

@@ -5,13 +5,22 @@ batch_stats, ...), the record `Buffer`s and `Count`s, and the rng streams (keys 
 `save_checkpoint` writes every one of them with orbax (the checkpoint library flax uses);
 `restore_checkpoint` writes them back *into the existing Variables* of a model declared the
 same way, so a loop can stop mid-way and go on in another process and record exactly what an
-uninterrupted run records. Before orbax reads anything the saved tree is compared with the
-model's (paths, shapes, dtypes): orbax alone would silently pad or truncate a differently
-shaped buffer.
+uninterrupted run records.
 
-Checkpoints hold raw arrays keyed by the model's attribute paths; typed PRNG keys are stored
-as their key data and re-wrapped with the target key's implementation. Paths follow the
-installed flax's attribute names, so restore with the flax version that saved.
+The saved format (version 1) is the same on every supported flax:
+- arrays keyed by the model's attribute paths, except that a bridge's rng attribute (`rngs`
+  on flax 0.10, `to_nnx__rngs` from 0.11 on) is always saved as `to_nnx__rngs`; typed PRNG
+  keys are stored as their key data and re-wrapped with the target key's implementation;
+- the declaration, in orbax's custom metadata: per Buffer its capacity, overflow policy,
+  value shape, dtype and leading stack shape, read from the Buffer and Count Variables only.
+
+Restore reads both before writing anything. A different overflow policy, value shape or
+dtype, a smaller capacity or another set of Variables is a `CheckpointError` listing each
+difference (orbax alone would silently pad or truncate a differently shaped buffer). A larger
+capacity is restored when no saved buffer has overflowed: every value sown is then in the
+saved buffer, in sowing order from slot 0 under every policy, and lands in the same slots of
+the larger buffer. Anything orbax cannot read (a damaged or partial checkpoint) is a
+`CheckpointError` too; the model is written only once everything was read and checked.
 
 `from_linen_variables` builds an `lb.ToNNX` around variables that already exist (from
 `linen.init` or a Linen checkpoint) without initializing anything; `load_linen_variables`
@@ -20,6 +29,7 @@ writes such variables into an initialized model in place.
 
 from __future__ import annotations
 
+import json
 import os
 import typing as tp
 
@@ -31,6 +41,7 @@ from flax import traverse_util
 from flax.core import meta
 from flax.nnx.bridge import variables as bridge_variables
 
+from . import _buffers
 from . import _compat
 from . import _linen_vars
 from . import _observe_linen
@@ -40,10 +51,24 @@ from . import _session
 from ._errors import CheckpointError, NotInitializedError
 from ._to_nnx import ToNNX
 
+FORMAT = 1
+# Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
+# version saves under (the newest flax's own name).
+_METADATA_KEY = "loopbridge"
+_SAVED_RNGS_ATTR = "to_nnx__rngs"
+# orbax's step metadata file: orbax 0.11 has no public reader for its custom metadata.
+_ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
+
 _FIX_DECLARE = (
     "Fix: build the fresh model from the same Linen module and declare it like the saved one "
     "before restoring: lb.lazy_init(model, *sample_args, capacity=..., overflow=...) with the "
-    "same sample shapes and capacities (and lb.preallocate for any signature declared later).")
+    "same sample shapes, capacities and overflow policies (and lb.preallocate for any "
+    "signature declared later).")
+_WHY_DAMAGED = (
+    "Why: a checkpoint whose files were truncated, deleted or overwritten (e.g. a save "
+    "interrupted mid-way, or a partial copy) cannot be restored, and the model was left "
+    "untouched. Fix: restore an earlier complete checkpoint, or pass the path "
+    "lb.save_checkpoint returned.")
 
 
 def _key_str(key: tp.Any) -> str:
@@ -51,13 +76,29 @@ def _key_str(key: tp.Any) -> str:
 
 
 def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
-  """Every Variable of the model's graph by its attribute path (shared ones once)."""
+  """Every Variable of the model's graph by its saved path (shared ones once).
+
+  A bridge's rng attribute is renamed to `to_nnx__rngs` whatever the installed flax calls it,
+  so checkpoints move between flax versions.
+  """
   if not isinstance(model, nnx.Module):
     raise TypeError(
         f"expected an NNX module (e.g. an lb.ToNNX after lb.lazy_init), got "
         f"{type(model).__name__}.")
-  return {tuple(_key_str(k) for k in path): node
-          for path, node in _compat.iter_graph(model) if isinstance(node, nnx.Variable)}
+  nodes = [(tuple(_key_str(k) for k in path), node) for path, node in _compat.iter_graph(model)]
+  renames = {}
+  for path, node in nodes:
+    if isinstance(node, nnx.bridge.ToNNX):
+      local = "to_nnx__rngs" if "to_nnx__rngs" in vars(node) else "rngs"
+      renames[path + (local,)] = path + (_SAVED_RNGS_ATTR,)
+
+  def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
+    for prefix, new in renames.items():
+      if path[:len(prefix)] == prefix:
+        return new + path[len(prefix):]
+    return path
+
+  return {saved_path(path): node for path, node in nodes if isinstance(node, nnx.Variable)}
 
 
 def _is_key(value: tp.Any) -> bool:
@@ -78,11 +119,41 @@ def _describe(shape: tp.Any, dtype: tp.Any) -> str:
   return f"{tuple(shape)} {np.dtype(dtype).name if not isinstance(dtype, str) else dtype}"
 
 
+def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, dict[str, tp.Any]]:
+  """Per Buffer (by saved path): capacity, overflow, value shape, dtype, stack shape.
+
+  Read from the Variables alone. A Buffer's paired Count sits at the same path under the
+  counts attribute; its shape is the buffer's leading stack axes (native layers stacked with
+  `nnx.vmap`), so the capacity is the buffer axis right after them.
+  """
+  out = {}
+  for key, variable in variables.items():
+    if not isinstance(variable, _buffers.Buffer):
+      continue
+    i = key.index(_buffers.BUFFERS_ATTR) if _buffers.BUFFERS_ATTR in key else -1
+    count = variables.get(key[:i] + (_buffers.COUNTS_ATTR,) + key[i + 1:]) if i >= 0 else None
+    stack = np.ndim(_compat.variable_value(count)) if count is not None else 0
+    value = _compat.variable_value(variable)
+    shape = tuple(int(d) for d in np.shape(value))
+    out["/".join(key)] = {
+        "capacity": shape[stack],
+        "overflow": _buffers.overflow_of(variable),
+        "value_shape": list(shape[stack + 1:]),
+        "stack_shape": list(shape[:stack]),
+        "dtype": np.dtype(value.dtype).name,
+    }
+  return out
+
+
 def save_checkpoint(directory: str | os.PathLike, model: tp.Any, *,
                     overwrite: bool = False) -> str:
   """Save a model's full state (params, buffers, counts, rng streams) with orbax.
 
-  Safe mid-loop: call it between loop segments on the model the loop updates in place.
+  Safe mid-loop: call it between loop segments on the model the loop updates in place. The
+  checkpoint also holds the buffers' declaration (capacity, overflow policy, value shape and
+  dtype), which `restore_checkpoint` compares with the model's, and restores on every
+  supported flax version (0.10.2 through 0.12.8), whichever one saved it. With several JAX
+  processes, every process calls it with the same path (as with orbax).
 
   Args:
     directory: where to write the checkpoint (a new directory; made absolute).
@@ -91,6 +162,9 @@ def save_checkpoint(directory: str | os.PathLike, model: tp.Any, *,
 
   Returns:
     The absolute checkpoint path.
+
+  Raises:
+    TypeError: `model` is not an NNX module.
 
   Example:
     >>> import tempfile, jax.numpy as jnp, loopbridge as lb
@@ -107,38 +181,131 @@ def save_checkpoint(directory: str | os.PathLike, model: tp.Any, *,
     1
   """
   path = os.path.abspath(os.fspath(directory))
-  tree: dict = {}
-  for key, variable in _model_variables(model).items():
-    tree[key] = _saved_form(_compat.variable_value(variable))
+  variables = _model_variables(model)
+  tree = {key: _saved_form(_compat.variable_value(v)) for key, v in variables.items()}
+  declaration = {"format": FORMAT, "buffers": _declaration(variables)}
   checkpointer = _checkpointer()
-  checkpointer.save(path, traverse_util.unflatten_dict(tree), force=overwrite)
+  checkpointer.save(path, traverse_util.unflatten_dict(tree), force=overwrite,
+                    custom_metadata={_METADATA_KEY: declaration})
   checkpointer.wait_until_finished()
   return path
 
 
-def _saved_shapes(checkpointer: tp.Any, path: str) -> dict[tuple[str, ...], tuple[tp.Any, tp.Any]]:
-  metadata = checkpointer.metadata(path)
-  # orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`); 0.11 returns the tree.
-  metadata = getattr(metadata, "item_metadata", metadata)
-  metadata = getattr(metadata, "tree", metadata)
-  flat = traverse_util.flatten_dict(dict(metadata))
-  return {tuple(map(str, k)): (tuple(v.shape), np.dtype(v.dtype)) for k, v in flat.items()}
+def _damaged(path: str, what: str, error: BaseException | None = None) -> CheckpointError:
+  cause = f": {type(error).__name__}: {error}" if error is not None else ""
+  return CheckpointError(f"cannot restore the checkpoint at {path}: {what}{cause}. "
+                         + _WHY_DAMAGED)
+
+
+def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
+  """(saved shapes and dtypes by path, the saved declaration); CheckpointError if unreadable."""
+  if not os.path.exists(path):
+    raise CheckpointError(
+        f"no checkpoint at {path}: the path does not exist. Fix: pass the path "
+        "lb.save_checkpoint returned.")
+  if not os.path.isdir(path):
+    raise CheckpointError(
+        f"no checkpoint at {path}: it is a file, not a checkpoint directory. Fix: pass the "
+        "directory lb.save_checkpoint returned.")
+  if not os.listdir(path):
+    raise CheckpointError(
+        f"no checkpoint at {path}: the directory is empty. Why: a save that never ran or was "
+        "interrupted before writing, or the wrong directory. Fix: pass the path "
+        "lb.save_checkpoint returned.")
+  try:
+    metadata = checkpointer.metadata(path)
+    # orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`); 0.11 returns the tree.
+    tree = getattr(metadata, "item_metadata", metadata)
+    tree = getattr(tree, "tree", tree)
+  except Exception as error:  # orbax/tensorstore raise many types for unreadable files
+    raise _damaged(path, "its array metadata cannot be read", error) from error
+  if tree is None:  # orbax 0.12 logs why and returns nothing
+    raise _damaged(path, "orbax found no readable array metadata (its log says which file)")
+  try:
+    flat = traverse_util.flatten_dict(dict(tree))
+    saved = {tuple(map(str, k)): (tuple(v.shape), np.dtype(v.dtype)) for k, v in flat.items()}
+  except Exception as error:  # orbax/tensorstore raise many types for unreadable files
+    raise _damaged(path, "its array metadata cannot be read", error) from error
+  try:
+    custom = getattr(metadata, "custom_metadata", None)
+    if not isinstance(custom, dict) or _METADATA_KEY not in custom:
+      # orbax 0.11 does not return it; 0.12 returns None for an unreadable file (and logs).
+      with open(os.path.join(path, _ORBAX_STEP_METADATA), encoding="utf-8") as f:
+        custom = json.load(f).get("custom_metadata")
+    declaration = (custom or {}).get(_METADATA_KEY)
+  except (OSError, ValueError, AttributeError) as error:
+    raise _damaged(path, "its step metadata (the buffers' declaration) cannot be read",
+                   error) from error
+  if not isinstance(declaration, dict) or "buffers" not in declaration:
+    raise CheckpointError(
+        f"the checkpoint at {path} holds no loopbridge declaration (capacity and overflow "
+        "of each buffer). Why: it was not written by lb.save_checkpoint (e.g. a plain orbax "
+        "checkpoint, or one from loopbridge before the format carried the declaration), so "
+        "restoring cannot check that the records mean the same thing. Fix: save it with "
+        "lb.save_checkpoint; for a Linen variables dict use lb.load_linen_variables.")
+  if declaration.get("format") != FORMAT:
+    raise CheckpointError(
+        f"the checkpoint at {path} has loopbridge format {declaration.get('format')!r}, this "
+        f"loopbridge reads format {FORMAT}. Fix: restore it with the loopbridge version that "
+        "saved it.")
+  return saved, declaration["buffers"]
+
+
+def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[str]]:
+  """(what differs in words, buffers restorable into a larger capacity)."""
+  lines, grown = [], set()
+  for key in sorted(set(saved) & set(model)):
+    was, now = saved[key], model[key]
+    diffs = [f"{field} saved {was[field]!r} vs model {now[field]!r}"
+             for field in ("overflow", "value_shape", "dtype", "stack_shape")
+             if was[field] != now[field]]
+    if was["capacity"] > now["capacity"]:
+      diffs.append(f"capacity saved {was['capacity']} vs model {now['capacity']} (smaller: "
+                   "the saved values would not fit)")
+    elif was["capacity"] < now["capacity"] and not diffs:
+      grown.add(key)
+    elif was["capacity"] != now["capacity"]:
+      diffs.append(f"capacity saved {was['capacity']} vs model {now['capacity']}")
+    if diffs:
+      lines.append(f"{key}: " + ", ".join(diffs))
+  return lines, grown
+
+
+def _host_max(value: tp.Any) -> int:
+  """Largest element of an array that may span several JAX processes."""
+  if not getattr(value, "is_fully_addressable", True):
+    from jax.experimental import multihost_utils
+
+    value = multihost_utils.process_allgather(value, tiled=True)
+  return int(np.max(np.asarray(value))) if np.size(value) else 0
 
 
 def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
   """Restore a `save_checkpoint` into a model declared like the saved one, in place.
 
+  Works across the supported flax range (a checkpoint saved on flax 0.10.2 restores on
+  0.12.8 and back). The saved declaration is compared with the model's before anything is
+  read: each buffer must have the same overflow policy, value shape and dtype, and at least
+  the saved capacity. A larger capacity keeps every value when no saved buffer has
+  overflowed (count <= saved capacity): the values stay in their slots, oldest first, and
+  the model records on from there. On any error the model is left untouched.
+
   Args:
     directory: the checkpoint path `save_checkpoint` returned.
     model: a fresh `lb.ToNNX` of the same Linen module, `lb.lazy_init`-ed (and
-      `lb.preallocate`-d) with the same sample shapes, capacities and overflow policies.
+      `lb.preallocate`-d) with the same sample shapes and overflow policies, and capacities
+      at least the saved ones.
 
   Returns:
     `model`, holding the saved params, buffers, counts and rng state (same Variables).
 
   Raises:
-    CheckpointError: no checkpoint at `directory`, or its tree (paths, shapes, dtypes)
-      differs from the model's; the message lists the differences.
+    CheckpointError: no checkpoint at `directory` (missing path, empty directory); a
+      damaged checkpoint (truncated or deleted data, unreadable metadata), naming the path
+      and orbax's error; a checkpoint without loopbridge's declaration; a buffer declared
+      with another overflow policy, value shape, dtype or a smaller capacity; a larger
+      capacity for a buffer that overflowed; or other Variables (paths, shapes, dtypes).
+      The message lists the differences.
 
   Example:
     >>> import tempfile, jax.numpy as jnp, loopbridge as lb
@@ -147,21 +314,34 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
     ...   def __call__(self, x):
     ...     self.sow("intermediates", "x", x)
     ...     return x
-    >>> path = lb.save_checkpoint(tempfile.mkdtemp() + "/c",
-    ...                           lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3))
-    >>> _ = lb.restore_checkpoint(path, lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3))
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> _ = model(jnp.arange(2.0))
+    >>> path = lb.save_checkpoint(tempfile.mkdtemp() + "/c", model)
+    >>> larger = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=10)
+    >>> lb.recorded(lb.restore_checkpoint(path, larger))["intermediates"]["x"]
+    Array([[0., 1.]], dtype=float32)
   """
   path = os.path.abspath(os.fspath(directory))
-  if not os.path.isdir(path):
-    raise CheckpointError(
-        f"no checkpoint at {path}. Fix: pass the path lb.save_checkpoint returned.")
   variables = _model_variables(model)
   checkpointer = _checkpointer()
-  saved = _saved_shapes(checkpointer, path)
-  expected = {}
+  saved, saved_declaration = _read_metadata(checkpointer, path)
+  declaration_lines, grown = _declaration_differences(saved_declaration,
+                                                      _declaration(variables))
+  if declaration_lines:
+    raise CheckpointError(
+        f"the checkpoint at {path} was declared differently from the model: "
+        + "; ".join(declaration_lines[:8]) + (" ..." if len(declaration_lines) > 8 else "")
+        + ". Why: a buffer's overflow policy, value shape and dtype say what its slots mean, "
+        "so the saved records would read back wrong in this model (a larger capacity is "
+        f"fine, a smaller one would lose values). {_FIX_DECLARE}")
+  expected, target = {}, {}
   for key, variable in variables.items():
     value = _saved_form(_compat.variable_value(variable))
-    expected[key] = (tuple(np.shape(value)), np.dtype(jnp.result_type(value)))
+    shape, dtype = tuple(np.shape(value)), np.dtype(jnp.result_type(value))
+    if "/".join(key) in grown:  # read at the saved capacity, padded below
+      shape = saved[key][0]
+    expected[key] = (shape, dtype)
+    target[key] = jax.ShapeDtypeStruct(shape, dtype, sharding=getattr(value, "sharding", None))
   missing = sorted(set(expected) - set(saved))
   extra = sorted(set(saved) - set(expected))
   differ = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])
@@ -182,17 +362,41 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
         + "; ".join(lines) + ". Why: restoring writes into the model's existing Variables "
         "(NNX loops need them unchanged), so every saved array must find a Variable of the "
         f"same shape and dtype. {_FIX_DECLARE}")
-  target = {}
-  for key, variable in variables.items():
-    value = _saved_form(_compat.variable_value(variable))
-    target[key] = jax.ShapeDtypeStruct(np.shape(value), jnp.result_type(value),
-                                       sharding=getattr(value, "sharding", None))
-  restored = traverse_util.flatten_dict(
-      checkpointer.restore(path, traverse_util.unflatten_dict(target)))
+  try:
+    restored = traverse_util.flatten_dict(
+        checkpointer.restore(path, traverse_util.unflatten_dict(target)))
+  except Exception as error:  # orbax/tensorstore raise many types for damaged data
+    raise _damaged(path, "orbax cannot read its arrays", error) from error
   restored = {tuple(map(str, k)): v for k, v in restored.items()}
+  unread = sorted("/".join(k) for k in expected
+                  if restored.get(k) is None or tuple(np.shape(restored[k])) != expected[k][0])
+  if unread:
+    raise _damaged(path, "orbax returned no data for " + ", ".join(unread[:8]))
+  for key in sorted(grown):
+    saved_capacity = saved_declaration[key]["capacity"]
+    buffer_key = tuple(key.split("/"))
+    i = buffer_key.index(_buffers.BUFFERS_ATTR)
+    count_key = buffer_key[:i] + (_buffers.COUNTS_ATTR,) + buffer_key[i + 1:]
+    count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
+    if count > saved_capacity:
+      raise CheckpointError(
+          f"the checkpoint at {path} cannot be restored into a larger capacity: buffer {key} "
+          f"(overflow={saved_declaration[key]['overflow']!r}) had {count} values sown into "
+          f"capacity {saved_capacity}, so {count - saved_capacity} of them are not in the "
+          f"checkpoint, and a buffer of capacity {_declaration(variables)[key]['capacity']} "
+          "would present the missing ones as recorded. Fix: restore into a model declared "
+          f"with capacity {saved_capacity} for this site (then lb.preallocate a larger one, "
+          "or lb.reset between runs).")
   for key, variable in variables.items():
     value = restored[key]
     current = _compat.variable_value(variable)
+    if "/".join(key) in grown:  # same slots, zeros after them (as an unwritten buffer holds)
+      axis = len(saved_declaration["/".join(key)]["stack_shape"])
+      padded = jnp.zeros(current.shape, current.dtype)
+      value = jax.lax.dynamic_update_slice_in_dim(padded, value, 0, axis)
+      sharding = getattr(current, "sharding", None)
+      if sharding is not None:
+        value = jax.device_put(value, sharding)
     if _is_key(current):
       value = jax.random.wrap_key_data(value, impl=jax.random.key_impl(current))
     _compat.set_variable_value(variable, value)

@@ -8,8 +8,10 @@ runs the model in a jitted `nnx.while_loop` twice: wrapped with stock `flax.nnx.
 (which fails on any model that sows; `lb.explain` says why) and with `lb.ToNNX` (which
 records every step). Everything the text shows is also available as one JSON document.
 
-Exit status: 0 success; 1 the target or the model failed (import, attribute, inputs, loop);
-2 a malformed command line (TARGET or --arg syntax, option values).
+Exit status: 0 success; 1 the target or the model failed (import, attribute, inputs, loop,
+including a target that calls `sys.exit` while importing); 2 a malformed command line (TARGET
+or --arg syntax, a dtype JAX arrays cannot have, option values). With `--json`, stdout holds
+the JSON document only: whatever the model prints goes to stderr.
 
 `loopbridge compare OLD NEW`: `lb.compare` of a Linen model and its NNX port on sample inputs,
 the port loaded with the Linen params where the paths correspond. Exit status: 0 the port
@@ -170,6 +172,14 @@ def parse_arg_spec(text: str) -> ArgSpec:
     raise CliError(
         f"--arg {text!r}: {name} needs 64-bit JAX (set JAX_ENABLE_X64=1), or use the 32-bit "
         "type", USAGE_ERROR)
+  try:  # e.g. object, str, datetime: NumPy dtypes no JAX array can have
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      jnp.zeros((0,), dtype)
+  except TypeError as e:
+    raise CliError(
+        f"--arg {text!r}: JAX arrays cannot have dtype {name!r} ({_first_line(e)}); use a "
+        "number or bool dtype such as float32, bfloat16, int32 or bool", USAGE_ERROR) from None
   pieces = [d.strip() for d in dims.split(",")] if dims.strip() else []
   if any(not p for p in pieces):
     raise CliError(f"--arg {text!r}: empty dimension; write e.g. 'float32[1,100]'",
@@ -225,6 +235,12 @@ def _resolve(target: str, what: str = "TARGET") -> tp.Any:
   except Exception as e:  # the module itself raised while importing
     raise CliError(f"importing {module_name!r} failed: {type(e).__name__}: "
                    f"{_first_line(e)}") from e
+  except SystemExit as e:  # e.g. a script's unguarded `sys.exit(main())`: not a model
+    raise CliError(
+        f"importing {module_name!r} called sys.exit({e.code!r}), so it defines no model to "
+        "inspect. Fix: guard the script part of that module with "
+        "`if __name__ == \"__main__\":`, or point TARGET at a module that only defines the "
+        "model") from None
   obj: tp.Any = module
   for part in attr.split("."):
     if not hasattr(obj, part):
@@ -752,6 +768,28 @@ def run_compare(ns: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- entry point
+@contextlib.contextmanager
+def _stdout_to_stderr() -> tp.Iterator[None]:
+  """Send what the model prints (Python `print`, `jax.debug.print`, C extensions writing to
+  file descriptor 1) to stderr, so stdout holds only the `--json` document."""
+  sys.stdout.flush()
+  try:
+    fd, saved = sys.__stdout__.fileno(), os.dup(sys.__stdout__.fileno())
+  except (AttributeError, OSError, ValueError):  # no real stdout (embedded, captured)
+    fd, saved = None, None
+  if saved is not None:
+    sys.__stdout__.flush()
+    os.dup2(sys.__stderr__.fileno(), fd)
+  try:
+    with contextlib.redirect_stdout(sys.stderr):
+      yield
+  finally:
+    sys.stderr.flush()
+    if saved is not None:
+      os.dup2(saved, fd)
+      os.close(saved)
+
+
 def run_inspect(ns: argparse.Namespace) -> int:
   from . import _default_model
 
@@ -762,11 +800,12 @@ def run_inspect(ns: argparse.Namespace) -> int:
     target, description = ns.target, None
     arg_texts = ns.args or []
   specs = [parse_arg_spec(t) for t in arg_texts]
-  with progress("importing the model"):
-    module = _default_model.default_model() if target is None else load_target(target)
-  capacity = ns.capacity if ns.capacity is not None else ns.steps
-  doc = inspect_model(module, specs, method=ns.method, capacity=capacity, steps=ns.steps,
-                      seed=ns.seed, target=target, description=description)
+  with _stdout_to_stderr() if ns.json else contextlib.nullcontext():
+    with progress("importing the model"):
+      module = _default_model.default_model() if target is None else load_target(target)
+    capacity = ns.capacity if ns.capacity is not None else ns.steps
+    doc = inspect_model(module, specs, method=ns.method, capacity=capacity, steps=ns.steps,
+                        seed=ns.seed, target=target, description=description)
   if ns.json:
     doc = {k: v for k, v in doc.items() if k != "sow_sites_table"}
     print(json.dumps(doc, indent=2))

@@ -39,6 +39,7 @@ from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
 from . import _compat
+from . import _linen_vars
 from ._errors import CompareError
 
 # Per-pair and per-leaf statuses, mildest first (a pair takes the worst of its leaves).
@@ -453,9 +454,8 @@ def _instrumented_copy(model: nnx.Module) -> tuple[nnx.Module, dict[int, tuple[s
 
 def bridged_linen(model: bridge.ToNNX) -> tuple[nn.Module, dict[str, tp.Any]]:
   """The Linen module a bridge wraps and its variables as a Linen variables dict."""
-  module = _compat.linen_module_of(model)
-  attributes = {name: getattr(model, name) for name in _compat.linen_attribute_names(model)}
-  return module, bridge_variables.nnx_attrs_to_linen_vars(attributes)
+  return _compat.linen_module_of(model), bridge_variables.nnx_attrs_to_linen_vars(
+      _linen_vars.attrs(model))
 
 
 _LINEN, _NNX = "linen", "nnx"

@@ -8,6 +8,12 @@ the flat list of the model's Variables. A call reads the leaves straight out of 
 runs one `jax.jit` executable and stores the changed leaves back into the same Variables, so the
 model stays the source of truth between calls. The leaves the function changes (buffers,
 counts, rng counters, ...) are donated: XLA updates them in place.
+
+"Changes" is decided on the function's jaxpr, not on object identity: a loop (flax 0.10's
+`nnx.fori_loop` carries every Variable) hands back a new tracer for a param it never writes.
+`_forwarded` follows such values through `jit`, `while` and `scan` bodies, so a leaf that
+comes out equal to the one that went in is not donated (the caller's arrays, e.g. Linen
+variables given to `lb.load_linen_variables`, stay valid).
 """
 
 from __future__ import annotations
@@ -31,6 +37,45 @@ class _NewWrites(Exception):
   def __init__(self, indices: frozenset[int]):
     super().__init__(sorted(indices))
     self.indices = indices
+
+
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint")
+
+
+def _inner(jaxpr: tp.Any) -> tp.Any:
+  return getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's Jaxpr
+
+
+def _forwarded(jaxpr: tp.Any) -> list[int | None]:
+  """For each output of `jaxpr`, the index of the input it provably equals (or None)."""
+  source: dict[tp.Any, int] = {v: i for i, v in enumerate(jaxpr.invars)}
+
+  def origin(var: tp.Any) -> int | None:
+    # A Literal (a constant, `.val`) is no input; `jax.core.Var` moved between jax versions.
+    return None if hasattr(var, "val") else source.get(var)
+
+  for eqn in jaxpr.eqns:
+    name, params = eqn.primitive.name, eqn.params
+    links: list[int | None] = [None] * len(eqn.outvars)  # outvar -> eqn input index
+    if name in _CALLS and "jaxpr" in params:
+      links = _forwarded(_inner(params["jaxpr"]))
+    elif name == "while":
+      body, skip = _inner(params["body_jaxpr"]), params["body_nconsts"]
+      first = params["cond_nconsts"] + skip  # carry starts here among the eqn inputs
+      links = [first + j if f == skip + j else None
+               for j, f in enumerate(_forwarded(body))]
+    elif name == "scan":
+      body, skip = _inner(params["jaxpr"]), params["num_consts"]
+      links = [skip + j if j < params["num_carry"] and f == skip + j else None
+               for j, f in enumerate(_forwarded(body))]
+    elif name == "copy":
+      links = [0]
+    for out, link in zip(eqn.outvars, links):
+      if link is not None:
+        found = origin(eqn.invars[link])
+        if found is not None:
+          source[out] = found
+  return [origin(v) for v in jaxpr.outvars]
 
 
 def _path_keys(path: tp.Sequence[tp.Any]) -> tuple[tp.Any, ...]:
@@ -102,7 +147,9 @@ class CompiledStep(tp.Generic[_T]):
     self._variables = tuple(variables)
     # `lb.preallocate` / `lb.lazy_init` re-declare buffers by replacing Variables (on any
     # module of the graph, native ones included); each declaration bumps the generation.
+    self._unchanged: frozenset[int] = frozenset()  # new objects, provably the same values
     self._set_written(frozenset())
+    self._analysed = False
 
   def _set_written(self, written: frozenset[int]) -> None:
     self._written = written
@@ -122,6 +169,28 @@ class CompiledStep(tp.Generic[_T]):
       leaves[i] = leaf
     for i, leaf in zip(self._moved_idx, moved):
       leaves[i] = leaf
+    out, new_leaves, changed = self._trace(leaves, args, kwargs)
+    if not changed <= self._written | self._unchanged:
+      raise _NewWrites(changed)
+    return out, [new_leaves[i] for i in self._moved_idx]
+
+  def _analyse(self, args, kwargs) -> None:
+    """Learn which leaves the function writes, from its jaxpr (see the module docstring)."""
+    seen: dict[str, frozenset[int]] = {}
+
+    def state_fn(leaves, args, kwargs):
+      _, new_leaves, seen["changed"] = self._trace(leaves, args, kwargs)
+      return new_leaves
+
+    leaves = [_compat.get_raw_value(v) for v in self._variables]
+    closed = jax.make_jaxpr(state_fn)(leaves, args, kwargs)
+    forwarded = _forwarded(closed.jaxpr)  # the leaves are the first inputs and the outputs
+    same = frozenset(i for i in seen["changed"] if forwarded[i] == i)
+    self._unchanged = (self._unchanged | same) - (seen["changed"] - same)
+    self._set_written(self._written | (seen["changed"] - same))
+    self._analysed = True
+
+  def _trace(self, leaves, args, kwargs):
     model = nnx.merge(self._graphdef, jax.tree_util.tree_unflatten(self._treedef, leaves))
     out = self._fn(model, *args, **kwargs)
     if any(isinstance(x, nnx.Module)
@@ -139,9 +208,7 @@ class CompiledStep(tp.Generic[_T]):
           "model's state layout fixed, as NNX loops do. Fix: create every Variable before "
           "building the step (lb.lazy_init / lb.preallocate) and keep shapes fixed.")
     changed = frozenset(i for i, (a, b) in enumerate(zip(leaves, new_leaves)) if a is not b)
-    if not changed <= self._written:
-      raise _NewWrites(changed | self._written)
-    return out, [new_leaves[i] for i in self._moved_idx]
+    return out, new_leaves, changed
 
   # ---------------------------------------------------------------- calling
   def _inputs(self):
@@ -152,11 +219,14 @@ class CompiledStep(tp.Generic[_T]):
 
   def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> _T:
     """Run the compiled function on the model's current state; store what it changed."""
+    if not self._analysed:  # first call: learn which leaves are written, then donate them
+      self._inputs()
+      self._analyse(args, kwargs)
     kept, moved = self._inputs()
     try:
       out, new = self._jitted(kept, moved, args, kwargs)
-    except _NewWrites as e:  # first trace: learn which leaves are written, then donate them
-      self._set_written(e.indices)
+    except _NewWrites:  # new argument shapes made the function write more: learn again
+      self._analyse(args, kwargs)
       return self(*args, **kwargs)
     # Concrete results (the usual case: called from Python) cannot belong to another trace,
     # so the per-Variable trace-level check is skipped; under an outer trace it runs.
@@ -168,11 +238,14 @@ class CompiledStep(tp.Generic[_T]):
   def lower(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
     """`jax.stages.Lowered` of a call with these arguments (e.g. `.compile().memory_analysis()`)."""
     while True:
+      if not self._analysed:
+        self._inputs()
+        self._analyse(args, kwargs)
       kept, moved = self._inputs()
       try:
         return self._jitted.lower(kept, moved, args, kwargs)
-      except _NewWrites as e:
-        self._set_written(e.indices)
+      except _NewWrites:
+        self._analyse(args, kwargs)
 
 
 def compile_step(fn: tp.Callable[..., _T], model: nnx.Module, *,

@@ -13,18 +13,26 @@ such bookkeeping to get wrong, and a structure change is caught at trace time an
 with `lb.explain`'s report instead of a GraphDef dump.
 
 Called outside any trace, the loop (split state in, state out) is compiled once per body
-function and carry structure and reused, so an eager call does not re-trace the body.
+function and carry structure and reused, so an eager call does not re-trace the body. A
+compiled loop bakes in whatever the body reads from outside its carry, so it is reused only
+when the body and condition provably reach no NNX module, Variable or array through their
+closures, defaults, bound `self`, `functools.partial` arguments or the globals they name
+(`_closure_state`). Otherwise the loop is traced on every call, as `nnx.fori_loop` is, so it
+reads the current values; a body that *writes* to a module outside the carry is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
+import types
 import typing as tp
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import errors as flax_errors
 from flax import nnx
 
 from . import _compat
@@ -131,6 +139,93 @@ def _compiled(plan: _Plan) -> tp.Callable[..., tp.Any]:
   return jax.jit(functools.partial(_run, plan))
 
 
+_STATIC_ATOMS = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
+                 types.BuiltinFunctionType, np.dtype, np.generic, enum.Enum, range)
+_WALK_DEPTH = 8
+_WALK_WIDTH = 256
+
+
+@dataclasses.dataclass
+class _Reach:
+  """What the loop functions reach outside the carry."""
+
+  nodes: list[tp.Any] = dataclasses.field(default_factory=list)  # NNX graph objects
+  dynamic: bool = False  # arrays, graph objects, or something not looked into
+
+
+def _closure_state(*fns: tp.Any) -> _Reach:
+  """The NNX graph objects the functions reach outside their arguments, and whether a
+  compiled loop could depend on any value that may change between calls."""
+  reach, seen = _Reach(), set()
+
+  def code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions and lambdas read globals too
+      if isinstance(const, types.CodeType):
+        names |= code_names(const)
+    return names
+
+  def walk(obj: tp.Any, depth: int) -> None:
+    # A tracer kept from an earlier trace (e.g. appended to a list for debugging) is no value
+    # a later call could read.
+    if isinstance(obj, (*_STATIC_ATOMS, jax.core.Tracer)) or id(obj) in seen:
+      return
+    seen.add(id(obj))
+    if _explain.is_graph_object(obj):
+      reach.nodes.append(obj)
+      reach.dynamic = True
+      return
+    if isinstance(obj, (jax.Array, np.ndarray)) or depth > _WALK_DEPTH:
+      reach.dynamic = True
+      return
+    children: list[tp.Any]
+    if isinstance(obj, functools.partial):
+      children = [obj.func, *obj.args, *obj.keywords.values()]
+    elif isinstance(obj, types.MethodType):
+      children = [obj.__func__, obj.__self__]
+    elif isinstance(obj, types.FunctionType):
+      cells = [cell.cell_contents for cell in obj.__closure__ or ()
+               if cell.cell_contents is not None]
+      globals_ = [obj.__globals__[name] for name in code_names(obj.__code__)
+                  if name in obj.__globals__]
+      children = [*cells, *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values(),
+                  *globals_]
+    elif isinstance(obj, (tuple, list, set, frozenset)):
+      children = list(obj)
+    elif isinstance(obj, dict):
+      children = [*obj.keys(), *obj.values()]
+    elif hasattr(obj, "__dict__"):  # a plain object, e.g. the `self` of a bound method
+      children = list(vars(obj).values())
+      call = getattr(type(obj), "__call__", None)
+      if isinstance(call, types.FunctionType):
+        children.append(call)
+    else:  # no way to look inside (slots, C extension objects)
+      reach.dynamic = True
+      return
+    if len(children) > _WALK_WIDTH:
+      reach.dynamic = True
+      return
+    for child in children:
+      walk(child, depth + 1)
+
+  for fn in fns:
+    if fn is not None:
+      walk(fn, 0)
+  return reach
+
+
+def _closure_write_error(loop_name: str, reach: _Reach, cause: BaseException | None
+                         ) -> StructureChangeError:
+  names = ", ".join(sorted({type(node).__name__ for node in reach.nodes}))
+  detail = f" ({type(cause).__name__}: {str(cause).splitlines()[0]})" if cause else ""
+  return StructureChangeError(
+      f"{loop_name}: the body writes to a module it reaches outside the loop carry ({names}, "
+      f"from its closure, defaults or globals){detail}. Why: the loop carries only the state "
+      "in its carry, so a write anywhere else would be lost or leak a traced value. Fix: "
+      "pass that module in the carry, e.g. lb.fori_loop(lo, hi, lambda i, c: (c[0], "
+      "c[0](c[1])), (model, x)), and read it from the carry inside the body.")
+
+
 def _is_static_int(x: tp.Any) -> bool:
   return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
@@ -151,15 +246,41 @@ def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.
   plan = _Plan(kind, cond_fn, body_fn, graphdef, treedef, node_mask,
                (int(lower), int(upper)) if static_bounds else None, unroll)
   run: tp.Callable[..., tp.Any] = functools.partial(_run, plan)
-  if not _is_traced((state, values, lower, upper)):
+  reach = _closure_state(cond_fn, body_fn)
+  # A cached compilation would keep the values it read from outside the carry (e.g. the
+  # params of a module the body closes over) after they change; without the cache the loop
+  # is traced on each call and reads the current ones.
+  if not reach.dynamic and not _is_traced((state, values, lower, upper)):
     try:
       run = _compiled(plan)
     except TypeError:  # an unhashable body or cond: run the loop without the cache
       pass
-  state_out, values_out = run(state, values, None if static_bounds else lower,
-                              None if static_bounds else upper)
+  outside = [v for node in reach.nodes for _, v in _compat.iter_graph(node)
+             if isinstance(v, nnx.Variable)]
+  before = [_compat.get_raw_value(v) for v in outside]
+  loop_name = f"lb.{kind}_loop"
+  try:
+    state_out, values_out = run(state, values, None if static_bounds else lower,
+                                None if static_bounds else upper)
+  except (flax_errors.TraceContextError, jax.errors.UnexpectedTracerError) as error:
+    if not outside:
+      raise
+    _restore(outside, before)
+    raise _closure_write_error(loop_name, reach, error) from error
+  except BaseException:  # e.g. a structure error: leave no traced value outside the carry
+    _restore(outside, before)
+    raise
+  if any(_compat.get_raw_value(v) is not b for v, b in zip(outside, before)):
+    _restore(outside, before)  # a traced value written outside the carry (flax 0.10)
+    raise _closure_write_error(loop_name, reach, None)
   nnx.update(nodes, state_out)
   return _join(plan, nodes, values_out)
+
+
+def _restore(variables: list[nnx.Variable], raw_values: list[tp.Any]) -> None:
+  for variable, raw in zip(variables, raw_values):
+    if _compat.get_raw_value(variable) is not raw:
+      _compat.set_raw_value(variable, raw, check=False)
 
 
 def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], carry: T, *,
@@ -172,7 +293,9 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
   The check is on structure (GraphDef, paths, shapes, dtypes), not identity: a body that
   assigns a new Variable of the same type and shape is carried (its value is kept).
   Outside a trace the loop is compiled once per body/condition and carry structure and
-  reused (as with `jax.jit`, values the body reads from globals are fixed at that trace).
+  reused when the body and condition reach no NNX module or array outside the carry; when
+  they do (a closed-over model, a global array), the loop is traced on every call, as
+  `nnx.while_loop` is, so it always reads their current values.
 
   Args:
     cond_fn: `carry -> bool` scalar; the loop runs while it is true.
@@ -187,7 +310,8 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
 
   Raises:
     StructureChangeError: the body changes the carry's structure (paths, shapes, dtypes,
-      sharing, sow tuples growing); the message is `lb.explain`'s report with the fix.
+      sharing, sow tuples growing); the message is `lb.explain`'s report with the fix. Or
+      the body writes to a module outside the carry (put it in the carry).
 
   Example:
     >>> import jax.numpy as jnp, loopbridge as lb
@@ -213,8 +337,10 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
   carry may mix `lb.ToNNX` models, stock and native NNX modules, shared submodules, Variables,
   arrays and Python scalars; the caller's modules are updated in place. With Python-int bounds
   the trip count is static (as in `jax.lax.fori_loop`). Outside a trace the loop is compiled
-  once per body and carry structure and reused. As for `while_loop`, the check is on
-  structure, not Variable identity.
+  once per body and carry structure and reused, unless the body reaches an NNX module or
+  array outside the carry (then it is traced on every call and reads their current values,
+  as `nnx.fori_loop` does). As for `while_loop`, the check is on structure, not Variable
+  identity.
 
   Args:
     lower: first index (inclusive).
@@ -229,8 +355,8 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
     The final carry (its modules are the caller's objects, updated).
 
   Raises:
-    StructureChangeError: the body changes the carry's structure; the message is
-      `lb.explain`'s report with the fix.
+    StructureChangeError: the body changes the carry's structure (the message is
+      `lb.explain`'s report with the fix), or writes to a module outside the carry.
 
   Example:
     >>> import jax, loopbridge as lb
