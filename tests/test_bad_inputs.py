@@ -126,6 +126,60 @@ def _loop_writes_outside_carry():
   return lb.fori_loop(0, 2, lambda i, x: (model(x), x)[1], X)
 
 
+def _second_site_mismatch():
+  class Branchy(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      self.sow("intermediates", "a", x[:1])  # the same shape for every batch size
+      self.sow("intermediates", "b", x)
+      return x
+
+  model = lb.lazy_init(lb.ToNNX(Branchy(), rngs=nnx.Rngs(0)), X, capacity=2)
+  return model(jnp.ones((2, 2)))
+
+
+def _count_at_int32_limit():
+  from loopbridge import _buffers, _compat
+
+  model = _model(capacity=2, overflow="wrap")
+  _compat.set_variable_value(model.loopbridge__counts["intermediates"]["x"],
+                             jnp.asarray(_buffers.COUNT_LIMIT, jnp.int32))
+  return lb.recorded(model)
+
+
+def _two_shapes_in_one_bridged_call():
+  class Twice(nnx.Module):
+    def __init__(self):
+      self.part = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+      self.part(x)
+      return self.part(jnp.concatenate([x, x]))
+
+  root = Twice()
+  lb.lazy_init(root.part, X, capacity=2)
+  return lb.preallocate(root, X, capacity=2)
+
+
+def _native_sow_without_buffer():
+  class Switch(nnx.Module):
+    def __call__(self, x, other=False):
+      self.sow(nnx.Intermediate, "other" if other else "h", x)
+      return x
+
+  model = lb.preallocate(Switch(), X, capacity=2)
+  return model(X, other=True)
+
+
+def _native_without_capacity():
+  class Sows(nnx.Module):
+    def __call__(self, x):
+      self.sow(nnx.Intermediate, "h", x)
+      return x
+
+  return lb.preallocate(Sows(), X)
+
+
 class _CliExit(Exception):
   """The command line's exit status and stderr, raised so the catalog can match them."""
 
@@ -244,6 +298,31 @@ CASES: dict[str, Case] = {
     "shard-key-matches-nothing": Case(
         lambda: lb.shard_buffers(_model(), {"y": None}), lb.ShardingError,
         r"key\(s\) \['y'\] name no buffer.*are: \['intermediates/Inner_0/h', 'intermediates/x'\]"),
+    "call-fails-at-second-site": Case(
+        _second_site_mismatch, lb.SowMismatchError,
+        r"sow site intermediates/b received a value of shape \(2, 2\).*Fix: declare buffers"),
+    "count-at-int32-limit": Case(
+        _count_at_int32_limit, lb.BufferOverflowError,
+        r"largest count an int32 holds.*Fix: call lb.reset\(model\)"),
+    "read-before-declaring": Case(
+        lambda: lb.recorded(lb.ToNNX(Net(), rngs=nnx.Rngs(0))), lb.NotInitializedError,
+        r"lb.ToNNX\(Net\) has not declared its buffers yet.*Fix: lb.lazy_init"),
+    "read-a-plain-nnx-module": Case(
+        lambda: lb.counts(nnx.Linear(2, 2, rngs=nnx.Rngs(0))), lb.NotInitializedError,
+        r"Linear holds no loopbridge buffers.*Fix:.*lb.preallocate"),
+    "capacity-beyond-memory": Case(
+        lambda: _model(capacity=10**13), lb.CapacityError,
+        r"need [\d,]+ bytes per device but only [\d,]+ bytes.*Fix: a smaller capacity"),
+    "bridged-part-sows-two-shapes-in-one-call": Case(
+        _two_shapes_in_one_bridged_call, lb.SowMismatchError,
+        r"Inner_0/h of lb.ToNNX\(Net\) receives \(1, 3\) float32 in one call and \(2, 3\) "
+        r"float32 in another.*Fix"),
+    "native-sow-without-buffer": Case(
+        _native_sow_without_buffer, lb.SowMismatchError,
+        r"Switch: intermediates/other was sown, but this module has no buffer.*Fix: declare it"),
+    "native-sows-without-capacity": Case(
+        _native_without_capacity, lb.CapacityError,
+        r"Sows sows at 1 site\(s\) \(intermediates/h\) but no capacity was declared.*Fix"),
     "mesh-does-not-divide-batch": Case(
         _uneven_mesh, lb.ShardingError,
         r"axis 0 \(size 6\) is split over mesh axes 'data' of total size 4, which does not "

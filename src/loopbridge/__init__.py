@@ -22,6 +22,7 @@ from ._errors import CompareError as CompareError
 from ._errors import DroppedSowWarning as DroppedSowWarning
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotInitializedError as NotInitializedError
+from ._errors import RecordsDiscardedWarning as RecordsDiscardedWarning
 from ._errors import ShardingError as ShardingError
 from ._errors import SowMismatchError as SowMismatchError
 from ._errors import StackError as StackError
@@ -63,6 +64,7 @@ __all__ = [
     "LoopbridgeError",
     "NotInitializedError",
     "ParityReport",
+    "RecordsDiscardedWarning",
     "ShardingError",
     "SowMismatchError",
     "StackError",

@@ -20,6 +20,9 @@ from . import _sharding
 from ._errors import BufferOverflowError, SowMismatchError
 
 COUNT_DTYPE = jnp.int32
+# A count stops here instead of wrapping around to negative numbers (which would read back as
+# an empty record); reading a buffer whose count reached it is an error.
+COUNT_LIMIT = int(np.iinfo(np.int32).max)
 
 
 class Buffer(nnx.Variable):
@@ -129,7 +132,9 @@ def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str
       buf = jax.lax.dynamic_update_index_in_dim(
           buf, jnp.where(index < capacity, value, kept), slot, 0)
   _compat.set_variable_value(buffer, _sharding.constrain(buffer, buf))
-  _compat.set_variable_value(count, start + jnp.asarray(len(values), COUNT_DTYPE))
+  added = len(values)
+  _compat.set_variable_value(count, jnp.where(start > COUNT_LIMIT - added, COUNT_LIMIT,
+                                              start + jnp.asarray(added, COUNT_DTYPE)))
 
 
 def reset(buffer: Buffer, count: Count) -> None:
@@ -162,6 +167,12 @@ def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
       return jnp.roll(buf, -shift, axis=0)
     return buf
   n = int(n)
+  if n >= COUNT_LIMIT:
+    raise BufferOverflowError(
+        f"sow site {label} was sown {COUNT_LIMIT} times or more since the last reset, the "
+        "largest count an int32 holds; the count stopped there, so where the latest values "
+        "sit is no longer known. Why: counts are int32 on every device. Fix: call "
+        "lb.reset(model) between runs (it is shape-stable and works inside loops).")
   if n <= capacity:
     return buf[:n]
   if policy == "error":
@@ -191,3 +202,33 @@ def flat_view(buffer: Buffer, count: Count) -> tuple[Buffer, Count]:
   moved = jnp.moveaxis(value, k, 0)
   n = jnp.max(_compat.variable_value(count))
   return Buffer(moved, overflow=buffer.overflow), Count(n)
+
+
+def kept_values(buffer: Buffer, count: Count) -> tuple[jax.Array, int]:
+  """(the values a buffer holds, oldest first; how many sown values it no longer holds).
+
+  Outside a trace only (a re-declaration copies records from the old buffer with it).
+  """
+  buf = _compat.variable_value(buffer)
+  n = min(int(_compat.variable_value(count)), COUNT_LIMIT)
+  capacity = buf.shape[0]
+  if n <= capacity:
+    return buf[:n], 0
+  if overflow_of(buffer) == "wrap":
+    start = n % capacity
+    return jnp.concatenate([buf[start:], buf[:start]], axis=0), n - capacity
+  return buf, n - capacity
+
+
+def refill(buffer: Buffer, count: Count, values: jax.Array) -> None:
+  """Append `values` (oldest first) to an empty buffer under its own policy."""
+  buf = _compat.variable_value(buffer)
+  capacity, k = buf.shape[0], values.shape[0]
+  if overflow_of(buffer) == "wrap" and k > capacity:
+    # The last `capacity` values, each in the slot a ring of this capacity would have used.
+    buf = jnp.roll(values[k - capacity:], k % capacity, axis=0)
+  else:
+    take = min(k, capacity)
+    buf = buf.at[:take].set(values[:take].astype(buf.dtype))
+  _compat.set_variable_value(buffer, _sharding.constrain(buffer, buf))
+  _compat.set_variable_value(count, jnp.asarray(k, COUNT_DTYPE))

@@ -130,8 +130,8 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
   for key, variable in variables.items():
     if not isinstance(variable, _buffers.Buffer):
       continue
-    i = key.index(_buffers.BUFFERS_ATTR) if _buffers.BUFFERS_ATTR in key else -1
-    count = variables.get(key[:i] + (_buffers.COUNTS_ATTR,) + key[i + 1:]) if i >= 0 else None
+    i = key.index(_recorder.BUFFERS_ATTR) if _recorder.BUFFERS_ATTR in key else -1
+    count = variables.get(key[:i] + (_recorder.COUNTS_ATTR,) + key[i + 1:]) if i >= 0 else None
     stack = np.ndim(_compat.variable_value(count)) if count is not None else 0
     value = _compat.variable_value(variable)
     shape = tuple(int(d) for d in np.shape(value))
@@ -375,8 +375,8 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
   for key in sorted(grown):
     saved_capacity = saved_declaration[key]["capacity"]
     buffer_key = tuple(key.split("/"))
-    i = buffer_key.index(_buffers.BUFFERS_ATTR)
-    count_key = buffer_key[:i] + (_buffers.COUNTS_ATTR,) + buffer_key[i + 1:]
+    i = buffer_key.index(_recorder.BUFFERS_ATTR)
+    count_key = buffer_key[:i] + (_recorder.COUNTS_ATTR,) + buffer_key[i + 1:]
     count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
     if count > saved_capacity:
       raise CheckpointError(

@@ -4,12 +4,17 @@ One declaration covers one root and one call: the capacity spec is resolved once
 site the call makes (keys are paths from the root, so a bare `lb.ToNNX` uses its own paths), the
 overflow policy and the buffer layouts are chosen, and each recorder gets a `Buffer`/`Count`
 pair per site. A site whose storage (shape, dtype, capacity, policy) is unchanged keeps its
-buffer and what it recorded; sites the call does not make keep theirs too.
+buffer and what it recorded; sites the call does not make keep theirs too. A site re-declared
+with another capacity or policy keeps its records (copied under the new policy); one whose
+value shape changed starts empty, with a `RecordsDiscardedWarning` if it held records. Buffers
+that cannot fit in memory are refused before anything is allocated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import typing as tp
 import warnings
 
@@ -23,7 +28,7 @@ from . import _compat
 from . import _native_hook
 from . import _recorder
 from . import _sharding
-from ._errors import DroppedSowWarning
+from ._errors import CapacityError, DroppedSowWarning, RecordsDiscardedWarning
 from ._site import DroppedSow, SowSite
 
 
@@ -71,7 +76,8 @@ def _capacities(parts: list[Part], capacity: _capacity.CapacitySpec | None,
 
 
 def declare(parts: list[Part], *, capacity: _capacity.CapacitySpec | None,
-            overflow: str | None, shardings_from: tuple[tp.Any, tp.Any], model_name: str) -> None:
+            overflow: str | None, shardings_from: tuple[tp.Any, tp.Any], model_name: str,
+            entry: str = "lazy_init") -> None:
   """(Re)declare the buffers of every part. `capacity`/`overflow` were validated by the entry."""
   capacities = _capacities(parts, capacity, model_name)
   for i, part in enumerate(parts):
@@ -82,44 +88,123 @@ def declare(parts: list[Part], *, capacity: _capacity.CapacitySpec | None,
              for s in part.sites]
     layouts = _sharding.infer_buffer_shardings(
         *shardings_from, {s.key: (s.shape, s.sown_shape) for s in sites if not s.stack_axes})
-    _declare_part(part, sites, layouts)
+    _declare_part(part, sites, layouts, entry)
   _recorder.bump_generation()
 
 
-def _declare_part(part: Part, sites: list[SowSite], layouts: dict) -> None:
+_RECORDS_DISCARDED = (
+    "lb.{entry}: the buffer of sow site {label} held {n} recorded value(s) that cannot be kept: "
+    "{why}. Why: a buffer holds values of one shape. Fix: read them (lb.recorded) before "
+    "declaring the new signature, or call lb.reset(model) first to say they are not needed.")
+_RECORDS_LOST = (
+    "lb.{entry}: sow site {label} was sown {n} times into capacity {capacity}, so {lost} value(s) "
+    "were already not stored; the {kept} it holds move to the new buffer and its count restarts "
+    "at {kept}. Fix: declare the larger capacity before the loop runs.")
+
+
+def _keep_records(site: SowSite, old: tp.Any, old_count: tp.Any, buffer: tp.Any, count: tp.Any,
+                  label: str, entry: str) -> None:
+  """Move what `old` recorded into the re-declared `buffer`, or say why it cannot."""
+  n = int(np.max(_compat.variable_value(old_count)))
+  if n == 0:
+    return
+  old_value = _compat.variable_value(old)
+  k = getattr(old, "stack_axes", 0) or 0
+  if (tuple(old_value.shape[:k]) + tuple(old_value.shape[k + 1:]) != tuple(site.shape)
+      or str(old_value.dtype) != site.dtype or k != site.stack_axes or k):
+    why = ("stacked layers are re-declared empty" if k and k == site.stack_axes else
+           f"its values were {tuple(old_value.shape[k + 1:])} {old_value.dtype} and this call "
+           f"sows {site.value_shape} {site.dtype}")
+    warnings.warn(_RECORDS_DISCARDED.format(entry=entry, label=label, n=n, why=why),
+                  RecordsDiscardedWarning, stacklevel=6)
+    return
+  values, lost = _buffers.kept_values(old, old_count)
+  if lost:
+    warnings.warn(_RECORDS_LOST.format(entry=entry, label=label, n=n, capacity=old_value.shape[0],
+                                       lost=lost, kept=values.shape[0]),
+                  RecordsDiscardedWarning, stacklevel=6)
+  _buffers.refill(buffer, count, values)
+
+
+def _available_bytes() -> tuple[int | None, str]:
+  """Free memory of the default device, or of the host when the device does not say."""
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except Exception:  # noqa: BLE001 - some backends do not implement it
+    stats = None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), "device memory free"
+  try:
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "host memory available"
+  except (ValueError, OSError, AttributeError):
+    return None, ""
+
+
+def _check_fits(new: list[tuple[str, SowSite, tp.Any]]) -> None:
+  """Refuse buffers that cannot be allocated, before allocating any (no raw XLA error)."""
+  per_device = 0
+  for _, site, layout in new:
+    shape = site.buffer_shape
+    if layout is not None:
+      shape = layout.shard_shape(shape)
+    per_device += math.prod(shape) * np.dtype(site.dtype).itemsize
+  available, what = _available_bytes()
+  if available is not None and per_device > available:
+    biggest = sorted(new, key=lambda t: -t[1].buffer_bytes)[:3]
+    raise CapacityError(
+        f"the buffers declared need {per_device:,} bytes per device but only {available:,} "
+        f"bytes of {what} are left (largest: "
+        + ", ".join(f"{label} {site.buffer_shape} {site.dtype}" for label, site, _ in biggest)
+        + "). Why: every slot of every buffer is allocated up front. Fix: a smaller capacity "
+        "(a mapping gives each site its own, e.g. capacity={'intermediates': 64, "
+        "'ScanBlock_0/*': 8}), record fewer sites, or shard the buffers over devices.")
+
+
+def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -> None:
   node = part.node
   _recorder.make_recorder(node)
   buffers = getattr(node, _recorder.BUFFERS_ATTR)
   counts = getattr(node, _recorder.COUNTS_ATTR)
   declared = {s.key: s for s in (_recorder.sites_of(node) or ())}
+  prefix = "/".join(map(str, part.path))
+  new = []
   for site in sites:
     old = declared.get(site.key)
-    same_storage = (old is not None and isinstance(_recorder.get_nested(buffers, site.key),
-                                                   _buffers.Buffer)
+    existing = _recorder.get_nested(buffers, site.key)
+    same_storage = (old is not None and isinstance(existing, _buffers.Buffer)
                     and (old.buffer_shape, old.dtype, old.overflow)
                     == (site.buffer_shape, site.dtype, site.overflow))
     layout = layouts.get(site.key)
     if same_storage and layout is not None:
       # Same storage, a new layout inferred from these sample arguments: move what it holds.
-      buffer = _recorder.get_nested(buffers, site.key)
-      names, _ = _compat.variable_sharding(buffer)
+      names, _ = _compat.variable_sharding(existing)
       if names != tuple(layout.spec):
         _recorder.set_nested(buffers, site.key, _buffers.Buffer(
-            jax.device_put(_compat.variable_value(buffer), layout), overflow=site.overflow,
+            jax.device_put(_compat.variable_value(existing), layout), overflow=site.overflow,
             **_sharding.buffer_metadata(layout)))
     if not same_storage:
-      stack = site.shape[:site.stack_axes]
-      _recorder.set_nested(buffers, site.key, _buffers.new_buffer(
-          site.capacity, site.value_shape, np.dtype(site.dtype), site.overflow,
-          layout, stack=stack))
-      _recorder.set_nested(counts, site.key, _buffers.Count(jnp.zeros(stack, _buffers.COUNT_DTYPE)))
+      label = "/".join(filter(None, (prefix, *site.key)))
+      new.append((label, site, layout))
     declared[site.key] = site
+  _check_fits(new)
+  for label, site, layout in new:
+    existing = _recorder.get_nested(buffers, site.key)
+    stack = site.shape[:site.stack_axes]
+    buffer = _buffers.new_buffer(site.capacity, site.value_shape, np.dtype(site.dtype),
+                                 site.overflow, layout, stack=stack)
+    count = _buffers.Count(jnp.zeros(stack, _buffers.COUNT_DTYPE))
+    if isinstance(existing, _buffers.Buffer):  # re-declared: keep what it recorded if it can
+      _keep_records(site, existing, _recorder.get_nested(counts, site.key), buffer, count,
+                    label, entry)
+    _recorder.set_nested(buffers, site.key, buffer)
+    _recorder.set_nested(counts, site.key, count)
   _compat.set_data_attribute(node, _recorder.BUFFERS_ATTR, buffers)
   _compat.set_data_attribute(node, _recorder.COUNTS_ATTR, counts)
   setattr(node, _recorder.SITES_ATTR, tuple(declared[k] for k in sorted(declared)))
   if part.dropped:
     known = {(d.collection, d.module_path, d.name) for d in vars(node).get(_recorder.DROPPED_ATTR, ())}
-    new = tuple(d for d in part.dropped if (d.collection, d.module_path, d.name) not in known)
-    setattr(node, _recorder.DROPPED_ATTR, vars(node).get(_recorder.DROPPED_ATTR, ()) + new)
+    new_dropped = tuple(d for d in part.dropped
+                        if (d.collection, d.module_path, d.name) not in known)
+    setattr(node, _recorder.DROPPED_ATTR, vars(node).get(_recorder.DROPPED_ATTR, ()) + new_dropped)
   if sites:
     _native_hook.install(type(node))

@@ -32,6 +32,11 @@ class DroppedSowWarning(UserWarning):
   (`nn.scan`, `nn.vmap`, ...) does not carry its collection."""
 
 
+class RecordsDiscardedWarning(UserWarning):
+  """A re-declaration (`lb.preallocate`, `lb.lazy_init`) could not keep some recorded values:
+  a site's value shape changed, or its buffer had already overflowed."""
+
+
 class StackError(LoopbridgeError, ValueError):
   """Modules that cannot be stacked (they differ), or a module that is not a layer stack."""
 

@@ -370,5 +370,5 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
       setattr(module, path[-1], variable)
   parts += _native_parts(findings, node_at.__getitem__)
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
-                   model_name=_model_name(root))
+                   model_name=_model_name(root), entry="preallocate")
   return model

@@ -59,9 +59,11 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
       node = node.setdefault(key, {})
     node[root_path[-1]] = tree
   if not found:
-    raise TypeError(
-        f"{type(model).__name__} holds no loopbridge buffers. Fix: wrap Linen modules with "
-        "lb.ToNNX and call lb.lazy_init(model, *args, capacity=N) (or lb.preallocate).")
+    raise NotInitializedError(
+        f"{type(model).__name__} holds no loopbridge buffers: nothing was declared on it. Why: "
+        "buffers are created by lb.lazy_init / lb.preallocate from sample inputs. Fix: wrap "
+        "Linen modules with lb.ToNNX and call lb.lazy_init(model, *args, capacity=N), or "
+        "lb.preallocate(model, *args, capacity=N) for native NNX sows.")
   return result
 
 

@@ -1,0 +1,144 @@
+"""Nothing lost, nothing silently wrong: calls are all-or-nothing, re-declarations keep records,
+counts never wrap, reads before a declaration and impossible capacities are clear errors.
+
+References: plain Linen `apply(mutable=['intermediates'])` step by step for recorded values.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+from loopbridge import _buffers
+from loopbridge import _compat
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+class TwoSites(nn.Module):
+  @nn.compact
+  def __call__(self, x, branch=False):
+    self.sow("intermediates", "a", x)
+    h = nn.Dense(4)(x)
+    # The second site sows another shape on the branch: that call must fail as a whole.
+    self.sow("intermediates", "b", jnp.concatenate([h, h], -1) if branch else h)
+    return h
+
+
+def _linen_steps(variables, xs):
+  """{site: Array[n, ...]} of plain Linen, one apply per input."""
+  got = {"a": [], "b": []}
+  for x in xs:
+    _, upd = TwoSites().apply(variables, x, mutable=["intermediates"])
+    for k in got:
+      got[k].append(upd["intermediates"][k][0])
+  return {k: jnp.stack(v) for k, v in got.items()}
+
+
+def _model(capacity=4, overflow="error"):
+  model = lb.ToNNX(TwoSites(), rngs=nnx.Rngs(0))
+  return lb.lazy_init(model, jnp.ones((1, 3)), capacity=capacity, overflow=overflow)
+
+
+def test_a_call_that_fails_at_its_second_site_writes_no_site():
+  model = _model()
+  x = jnp.arange(3.0)[None]
+  model(x)
+  with pytest.raises(lb.SowMismatchError, match="intermediates/b received a value of shape"):
+    model(x + 1, branch=True)
+  counts = lb.counts(model)["intermediates"]
+  assert {k: int(v) for k, v in counts.items()} == {"a": 1, "b": 1}
+  model(x + 2)
+  want = _linen_steps(lb.linen_variables(model), [x, x + 2])
+  for k in ("a", "b"):
+    np.testing.assert_allclose(lb.recorded(model)["intermediates"][k], want[k], rtol=RTOL,
+                               atol=ATOL)
+
+
+@pytest.mark.parametrize("old_policy,new_policy", [("error", "error"), ("error", "wrap"),
+                                                   ("wrap", "drop"), ("drop", "wrap")])
+def test_preallocate_with_a_larger_capacity_or_another_policy_keeps_the_records(
+    old_policy, new_policy):
+  model = _model(capacity=3, overflow=old_policy)
+  xs = [jnp.full((1, 3), float(i)) for i in range(5)]
+  for x in xs[:2]:
+    model(x)
+  lb.preallocate(model, xs[0], capacity=4, overflow=new_policy)  # grows: nothing is lost
+  for x in xs[2:]:
+    model(x)
+  want = _linen_steps(lb.linen_variables(model), xs)
+  if new_policy == "wrap":  # 5 values into 4 slots: the last 4
+    want = {k: v[1:] for k, v in want.items()}
+  elif new_policy == "drop":
+    want = {k: v[:4] for k, v in want.items()}
+  else:
+    with pytest.raises(lb.BufferOverflowError):
+      lb.recorded(model)
+    return
+  got = lb.recorded(model)["intermediates"]
+  for k in ("a", "b"):
+    np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=ATOL)
+
+
+def test_preallocate_after_an_overflow_says_how_many_values_were_already_lost():
+  model = _model(capacity=2, overflow="wrap")
+  xs = [jnp.full((1, 3), float(i)) for i in range(3)]
+  for x in xs:
+    model(x)
+  with pytest.warns(lb.RecordsDiscardedWarning, match=r"sown 3 times into capacity 2, so 1 "):
+    lb.preallocate(model, xs[0], capacity=8)
+  want = _linen_steps(lb.linen_variables(model), xs[1:])
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["a"], want["a"])
+
+
+def test_preallocate_for_a_new_value_shape_warns_that_records_are_discarded():
+  model = _model(capacity=3)
+  model(jnp.ones((1, 3)))
+  with pytest.warns(lb.RecordsDiscardedWarning) as caught:
+    lb.preallocate(model, jnp.ones((2, 3)), capacity=3)
+  texts = sorted(str(w.message) for w in caught)
+  assert len(texts) == 2  # one per site that held records
+  assert "intermediates/a held 1 recorded value(s)" in texts[0] and "(2, 3) float32" in texts[0]
+  assert "intermediates/b held 1 recorded value(s)" in texts[1]
+  assert lb.recorded(model)["intermediates"]["a"].shape == (0, 2, 3)
+
+
+def test_preallocate_of_empty_buffers_for_a_new_shape_is_silent(recwarn):
+  model = _model(capacity=3)
+  lb.preallocate(model, jnp.ones((2, 3)), capacity=3)
+  assert not [w for w in recwarn if issubclass(w.category, lb.RecordsDiscardedWarning)]
+
+
+def test_a_count_at_the_int32_limit_stops_there_and_reading_is_an_error():
+  model = _model(capacity=2, overflow="wrap")
+  model(jnp.ones((1, 3)))
+  count = model.loopbridge__counts["intermediates"]["a"]
+  _compat.set_variable_value(count, jnp.asarray(_buffers.COUNT_LIMIT - 1, jnp.int32))
+  model(jnp.ones((1, 3)))
+  model(jnp.ones((1, 3)))
+  assert int(lb.counts(model)["intermediates"]["a"]) == _buffers.COUNT_LIMIT  # not negative
+  with pytest.raises(lb.BufferOverflowError, match="largest count an int32 holds.*lb.reset"):
+    lb.recorded(model)
+  lb.reset(model)
+  assert lb.recorded(model)["intermediates"]["a"].shape == (0, 1, 3)
+
+
+@pytest.mark.parametrize("read", [lb.recorded, lb.counts, lb.buffers, lb.reset])
+def test_reading_a_model_that_declared_nothing_is_not_initialized(read):
+  with pytest.raises(lb.NotInitializedError, match="lb.ToNNX\\(TwoSites\\) has not declared"):
+    read(lb.ToNNX(TwoSites(), rngs=nnx.Rngs(0)))
+  with pytest.raises(lb.NotInitializedError, match="Linear holds no loopbridge buffers"):
+    read(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+
+
+def test_a_capacity_that_cannot_fit_is_refused_before_allocating():
+  model = lb.ToNNX(TwoSites(), rngs=nnx.Rngs(0))
+  with pytest.raises(lb.CapacityError, match=r"need [\d,]+ bytes per device but only .* Fix: a "
+                     r"smaller capacity"):
+    lb.lazy_init(model, jnp.ones((1, 3)), capacity=10**12)
+  assert lb.preallocate(_model(), jnp.ones((1, 3)), capacity=8) is not None
