@@ -328,10 +328,6 @@ def test_submodule_of_nnx_module(impl):
 # =============================================================== methods other than __call__
 @pytest.mark.skipif(not HAS_LINEN_METHOD_ATTRS, reason=(
     f"flax {FLAX}: ToNNX has no __getattr__ forwarding Linen methods (added in flax 0.11)"))
-@ours_xfail(
-    "lb.lazy_init rejects the functools.partial that ToNNX.__getattr__ returns for a Linen "
-    "method: TypeError: lb.preallocate needs an NNX module (or a bound method of one), got "
-    "partial")
 def test_lazy_init_through_bound_linen_method(impl):
   model = impl.ToNNX(Foo(), rngs=nnx.Rngs(0))
   impl.lazy_init(model.dot, X)
@@ -560,9 +556,9 @@ def test_bridge_module_mutable_collection_inherited(impl):
 
 # ============================================================== NNX transforms over a child
 TRANSFORM_XFAIL = (
-    "lb.lazy_init on a parent whose call runs a ToNNX child inside nnx.vmap/nnx.scan/nnx.remat: "
-    "TypeError: lb.preallocate found lb.ToNNX(...) called inside an NNX transform ... where it "
-    "cannot tell which submodule it is (even when the child does not sow)")
+    "lb.lazy_init on a parent whose call runs a sowing ToNNX child inside "
+    "nnx.vmap/nnx.scan/nnx.remat: TypeError: lb.lazy_init found lb.ToNNX(...) called inside an "
+    "NNX transform ... where it cannot tell which submodule it is")
 
 N = 3  # transform axis size
 
@@ -615,7 +611,6 @@ def member(params, i):
   return jax.tree.map(lambda a: a[i], params)
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_vmap_over_child_stacks_params_and_matches_linen(impl, graph):
   model = VmapParent(impl, nn.Dense(3), rngs=nnx.Rngs(0))
   impl.lazy_init(model, X)
@@ -630,7 +625,6 @@ def test_vmap_over_child_stacks_params_and_matches_linen(impl, graph):
     assert_close(y[i], nn.Dense(3).apply({"params": member(params, i)}, X))
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_scan_over_child_matches_linen_chain(impl, graph):
   model = ScanParent(impl, nn.Dense(4), rngs=nnx.Rngs(0))
   impl.lazy_init(model.init_stack, X)
@@ -645,7 +639,6 @@ def test_scan_over_child_matches_linen_chain(impl, graph):
   assert_close(model(X, graph=graph), h)
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_remat_over_child_matches_linen_value_and_grad(impl):
   model = impl.lazy_init(RematParent(impl, Foo(), rngs=nnx.Rngs(0)), X)
   params = linen_variables(model.inner)["params"]

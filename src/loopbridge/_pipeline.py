@@ -171,6 +171,29 @@ def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: di
   return parts
 
 
+def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
+                       node_at: dict[tuple, tp.Any]) -> list[_declare.Part]:
+  """Empty parts for the lb.ToNNX nodes initialized by a copy inside an NNX transform.
+
+  Such a copy reports with no path (`nnx.vmap`/`nnx.scan`/`nnx.remat` call a merged copy), and
+  its static attributes do not leave the transform; its Variables do. A node of the model that
+  is still undeclared after the call, of a class a path-less report names, is such a node (one
+  that sows would have raised in `_bridge_parts`): it needs no buffers, only to be marked
+  initialized.
+  """
+  labels = {r.label for path, r in items if path is None}
+  if not labels:
+    return []
+  reached = {id(r.node) for path, r in items if path is not None}
+  parts = []
+  for path, node in node_at.items():
+    if (_is_bridge(node) and id(node) not in reached and _recorder.sites_of(node) is None
+        and type(_compat.linen_module_of(node)).__name__ in labels):
+      parts.append(_declare.Part(path, node, [], settings_of(node).capacity_spec,
+                                 settings_of(node).overflow))
+  return parts
+
+
 def _native_parts(findings: _observe_native.NativeFindings, node_at) -> list[_declare.Part]:
   parts = []
   for path, sites in sorted(findings.sites.items(), key=lambda kv: tuple(map(str, kv[0]))):
@@ -256,8 +279,9 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
   else:  # a bare lb.ToNNX (or only bridged parts): nothing native to look for
     path_of, node_at = ({id(root): ()}, {(): root}) if _is_bridge(root) else _graph_index(root)
     findings = _observe_native.NativeFindings({}, [], [])
-  parts = (_bridge_parts([(path_of.get(id(r.node)), r) for r in session.reports], node_at,
-                         "lb.lazy_init")
+  items = [(path_of.get(id(r.node)), r) for r in session.reports]
+  parts = (_bridge_parts(items, node_at, "lb.lazy_init")
+           + _transformed_parts(items, node_at)
            + _native_parts(findings, node_at.__getitem__))
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
                    model_name=_model_name(root))
