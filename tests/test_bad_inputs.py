@@ -176,6 +176,9 @@ CASES: dict[str, Case] = {
     "call-before-init": Case(lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X),
                              lb.NotInitializedError,
                              r"called before it was initialized.*Why.*Fix: lb\.lazy_init"),
+    "mutable-call-before-init-without-capacity": Case(
+        lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X, mutable=True), lb.CapacityError,
+        r"Net sows at 2 site\(s\).*no capacity was declared.*Why.*Fix"),
     "preallocate-before-init": Case(lambda: lb.preallocate(lb.ToNNX(Net()), X, capacity=2),
                                     lb.NotInitializedError, r"Fix: lb\.lazy_init"),
     "sown-shape-drift": Case(lambda: _model()(jnp.ones((4, 2))), lb.SowMismatchError,

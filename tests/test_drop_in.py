@@ -502,14 +502,20 @@ def test_to_nnx_inside_to_linen_inside_to_nnx(impl):
 needs_bridge_module = pytest.mark.skipif(not HAS_BRIDGE_MODULE, reason=(
     f"flax {FLAX} has no nnx.bridge.Module (added in flax 0.11)"))
 
-BRIDGE_MODULE_XFAIL = (
-    "inside nnx.bridge.Module.init the wrapper is called un-initialized (bridge.Module only "
-    "passes mutable=True, it never lazy_inits); stock then creates the variables through "
-    "Linen apply, ours raises NotInitializedError")
+@pytest.mark.skipif(_compat.FLAX_VERSION < (0, 11), reason=(
+    f"flax {FLAX}: stock ToNNX passes no 'params' rng outside lazy_init (InvalidRngError)"))
+def test_mutable_call_before_lazy_init_creates_the_variables(impl):
+  """What nnx.bridge.Module.init relies on: an un-initialized wrapper called with
+  mutable=True creates its variables through Linen, and later calls use them."""
+  model = impl.ToNNX(nn.Dense(3), rngs=nnx.Rngs(0))
+  y = model(X, mutable=True)
+  params = linen_variables(model)["params"]
+  assert jax.tree.map(jnp.shape, params) == {"bias": (3,), "kernel": (4, 3)}
+  assert_close(y, nn.Dense(3).apply({"params": params}, X))
+  assert_close(model(X * 2), nn.Dense(3).apply({"params": params}, X * 2))
 
 
 @needs_bridge_module
-@ours_xfail(BRIDGE_MODULE_XFAIL)
 @pytest.mark.parametrize("style", ["setup", "compact"])
 def test_bridge_module_submodule(impl, style):
   if style == "setup":
@@ -534,7 +540,6 @@ def test_bridge_module_submodule(impl, style):
 
 
 @needs_bridge_module
-@ours_xfail(BRIDGE_MODULE_XFAIL)
 def test_bridge_module_mutable_collection_inherited(impl):
   """A bridge.Module's `mutable=` reaches the wrapped Linen module (no `mutable` on the call)."""
 

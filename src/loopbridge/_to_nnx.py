@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import typing as tp
 
+import flax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen
@@ -212,6 +213,17 @@ class ToNNX(bridge.ToNNX):
     if session is not None and session.mode == "apply":
       return self._loopbridge_discover(args, kwargs, rngs, method, session)
     sites = _recorder.sites_of(self)
+    if mutable is None:
+      mutable = _compat.current_bridge_mutable()
+    if sites is None and _creates_params(mutable):
+      # As stock: a call that may create parameters (e.g. inside nnx.bridge.Module.init, whose
+      # scope passes mutable=True) initializes the wrapper instead of failing.
+      return self._loopbridge_initialize(args, kwargs, rngs, method)
+    attrs = _linen_vars.attrs(self)
+    if sites is None and attrs:
+      # Variables set from outside without a declaration (e.g. nnx.bridge.Module.apply builds
+      # the wrapper anew and fills them in): applied as stock does, with no buffers.
+      sites = ()
     if sites is None:
       raise NotInitializedError(
           f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
@@ -219,13 +231,10 @@ class ToNNX(bridge.ToNNX):
           "inputs. Fix: lb.lazy_init(model, *sample_args, capacity=N) first (or "
           "model.lazy_init(...)).")
     module = _compat.linen_module_of(self)
-    attrs = _linen_vars.attrs(self)
     variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
     # 'intermediates' (where `sow` writes by default) is always recorded too, so a sow this
     # call makes without a declared buffer is reported instead of silently dropped.
     record_cols = {site.collection for site in sites} | {"intermediates"}
-    if mutable is None:
-      mutable = _compat.current_bridge_mutable()
     apply_mutable = _merge_mutable(mutable, record_cols)
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
@@ -282,6 +291,13 @@ class ToNNX(bridge.ToNNX):
       _buffers.append(buffer, count, values, label)
     for variable, new in writes:
       _compat.set_variable_value(variable, new)
+
+
+def _creates_params(mutable: tp.Any) -> bool:
+  """Whether a Linen `mutable=` filter lets a call create parameters (`params` mutable)."""
+  if mutable in (None, False):
+    return False
+  return bool(flax.core.scope.in_filter(mutable, "params"))
 
 
 def _check_method(module: linen.Module, method: tp.Any) -> None:
