@@ -363,9 +363,6 @@ def test_mutable_counter_updates_only_when_mutable(impl):
   assert value_of(nnx.state(model)["count"]) == 2
 
 
-@ours_xfail(
-    "a call that creates a Linen variable lazy_init did not create raises "
-    "StructureChangeError ('this call created the variable cache/x ...') even outside a loop")
 def test_mutable_call_may_add_a_variable(impl):
   """flax's own test: a cache entry created by a later mutable call is kept and read back."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import typing as tp
 
 import flax
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen
@@ -257,7 +258,7 @@ class ToNNX(bridge.ToNNX):
     buffers = getattr(self, BUFFERS_ATTR)
     counts = getattr(self, COUNTS_ATTR)
     flat_in = traverse_util.flatten_dict(dict(variables_in))
-    records, writes = [], []
+    records, writes, created = [], [], {}
     for path, value in traverse_util.flatten_dict(dict(updates)).items():
       label = "/".join(path)
       if isinstance(value, tuple):
@@ -272,12 +273,17 @@ class ToNNX(bridge.ToNNX):
         continue  # unchanged (e.g. params under mutable=True): nothing to write
       variable = _recorder.get_nested(attrs, path[1:])
       if not isinstance(variable, nnx.Variable):
-        raise StructureChangeError(
-            f"this call created the variable '{label}', which did not exist after "
-            "lazy_init. Why: NNX loops need every Variable to exist before the loop starts; a "
-            "call that adds one changes the model's structure. Fix: make lazy_init create it "
-            "(initialize with the same method and arguments the loop uses, or call "
-            "lb.preallocate with them), or keep the value out of Linen variables.")
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
+          raise StructureChangeError(
+              f"this call created the variable '{label}', which did not exist after "
+              "lazy_init, inside a traced function (jit, an NNX loop or transform). Why: NNX "
+              "loops and transforms need every Variable to exist before they start; a call "
+              "that adds one changes the model's structure. Fix: make lazy_init create it "
+              "(initialize with the same method and arguments the loop uses, or call "
+              "lb.preallocate with them), make one such call before tracing, or keep the "
+              "value out of Linen variables.")
+        created[path] = value  # as stock: outside a trace a call may add a Variable
+        continue
       new = _linen_vars.unbox(value)
       old = _compat.variable_value(variable)
       if np.shape(new) != np.shape(old) or jnp.result_type(new) != jnp.result_type(old):
@@ -291,6 +297,8 @@ class ToNNX(bridge.ToNNX):
       _buffers.append(buffer, count, values, label)
     for variable, new in writes:
       _compat.set_variable_value(variable, new)
+    if created:
+      _linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
 
 
 def _creates_params(mutable: tp.Any) -> bool:
