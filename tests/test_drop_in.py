@@ -557,11 +557,6 @@ def test_bridge_module_mutable_collection_inherited(impl):
 
 
 # ============================================================== NNX transforms over a child
-TRANSFORM_XFAIL = (
-    "lb.lazy_init on a parent whose call runs a sowing ToNNX child inside "
-    "nnx.vmap/nnx.scan/nnx.remat: TypeError: lb.lazy_init found lb.ToNNX(...) called inside an "
-    "NNX transform ... where it cannot tell which submodule it is")
-
 N = 3  # transform axis size
 
 
@@ -674,7 +669,6 @@ def sower_reference(params_stack, xs_per_step, chain: bool):
   return outs, sown
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 @pytest.mark.parametrize("transform", ["vmap", "scan"])
 def test_sowing_child_inside_transform_records_stacked(impl, transform, graph):
   """Sows inside nnx.vmap/nnx.scan are stacked along the transform axis, as Linen stacks them.
@@ -703,7 +697,6 @@ def test_sowing_child_inside_transform_records_stacked(impl, transform, graph):
     assert_close(lb.recorded(model.inner)["intermediates"]["h"], jnp.stack(sown))
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_sowing_child_inside_remat_records_like_linen(impl):
   model = RematParent(impl, Sower(), rngs=nnx.Rngs(0))
   impl.lazy_init(model, X, sows=True)

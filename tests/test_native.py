@@ -424,6 +424,19 @@ def test_error_bridge_called_inside_an_nnx_transform():
     lb.preallocate(Ensemble(), X, capacity=2)
 
 
+def test_error_lazy_init_of_a_sowing_bridge_broadcast_by_nnx_vmap():
+  class Ensemble(nnx.Module):
+    def __init__(self):
+      self.part = lb.ToNNX(LinenSow(), rngs=nnx.Rngs(0))
+
+    def __call__(self, xs):
+      return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.part, xs)
+
+  with pytest.raises(TypeError, match=r"sows inside an NNX transform which does not stack it"
+                                      r".*Why.*Fix: give the module the transform axis"):
+    lb.lazy_init(Ensemble(), jnp.stack([X, X]), capacity=2)
+
+
 def test_bridged_and_native_capacity_keys_resolve_from_the_root():
   class Holder(nnx.Module):
     def __init__(self):

@@ -172,6 +172,7 @@ class ToNNX(bridge.ToNNX):
     session = _session.current()
     if session is not None:
       session.reports.append(report)
+      _leave_probes(self, found.sites, flat)
     else:  # stock `bridge.lazy_init(model, ...)`: declare with the constructor's capacity
       _pipeline.declare_alone(self, report, args, kwargs)
     return out
@@ -299,6 +300,34 @@ class ToNNX(bridge.ToNNX):
       _compat.set_variable_value(variable, new)
     if created:
       _linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
+
+
+PROBES_ATTR = "loopbridge__probes"
+
+
+class SiteProbe(nnx.Variable):
+  """A zero value of one sow site's shape, left on the node during `lb.lazy_init`.
+
+  Called by a copy inside an NNX transform (`nnx.vmap`, `nnx.scan`, `nnx.remat`), the node's
+  static attributes stay in the transform but its Variables come out, stacked along the
+  transform axis: the probe tells the pipeline which node sowed and the stacked shape.
+  """
+
+
+def _probe_value(site: tp.Any, sown: tp.Any) -> tp.Any:
+  """Zeros of the site's shape, computed from the sown value so that they are batched (under
+  `nnx.vmap`) exactly when the value is: a transform that does not stack the node then fails
+  on the probe at lazy_init instead of on the buffers at a later call."""
+  if isinstance(sown, tuple) and sown and np.shape(sown[0]) == tuple(site.shape):
+    return jnp.asarray(sown[0]) * 0
+  return jnp.zeros(site.shape, site.dtype)
+
+
+def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping) -> None:
+  if sites:
+    _compat.set_data_attribute(node, PROBES_ATTR, {
+        "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.key)))
+        for site in sites})
 
 
 def _creates_params(mutable: tp.Any) -> bool:
