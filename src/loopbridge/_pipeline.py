@@ -190,9 +190,11 @@ def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
   if not transient:
     return []
   reached = {id(r.node) for path, r in items if path is not None}
+  # Only nodes the call did initialize: they hold Linen variables (or probes) now.
   candidates = [(path, node) for path, node in node_at.items()
                 if _is_bridge(node) and id(node) not in reached
-                and _recorder.sites_of(node) is None]
+                and _recorder.sites_of(node) is None
+                and (_linen_vars.attrs(node) or id(node) in probes_of)]
   parts, used = [], set()
   for path, node in candidates:
     label = type(_compat.linen_module_of(node)).__name__
