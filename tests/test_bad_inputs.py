@@ -230,6 +230,9 @@ CASES: dict[str, Case] = {
     "call-before-init": Case(lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X),
                              lb.NotInitializedError,
                              r"called before it was initialized.*Why.*Fix: lb\.lazy_init"),
+    "mutable-call-before-init-without-capacity": Case(
+        lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X, mutable=True), lb.CapacityError,
+        r"Net sows at 2 site\(s\).*no capacity was declared.*Why.*Fix"),
     "preallocate-before-init": Case(lambda: lb.preallocate(lb.ToNNX(Net()), X, capacity=2),
                                     lb.NotInitializedError, r"Fix: lb\.lazy_init"),
     "sown-shape-drift": Case(lambda: _model()(jnp.ones((4, 2))), lb.SowMismatchError,
@@ -237,10 +240,12 @@ CASES: dict[str, Case] = {
                              r".*Why.*Fix.*lb\.preallocate"),
     "sown-dtype-drift": Case(_dtype_drift, lb.SowMismatchError,
                              r"dtype bfloat16.*declared for shape \(1, 2\) and dtype float32"),
-    "new-variable-on-later-call": Case(
-        lambda: _model(module=GrowsCache())(jnp.ones((2, 2)), mutable=True),
+    "new-variable-on-later-traced-call": Case(
+        lambda: nnx.jit(lambda m, x: m(x, mutable=True))(_model(module=GrowsCache()),
+                                                         jnp.ones((2, 2))),
         lb.StructureChangeError,
-        r"created the variable 'cache/seen', which did not exist after lazy_init.*Why.*Fix"),
+        r"created the variable 'cache/seen', which did not exist after lazy_init, inside a "
+        r"traced function.*Why.*Fix"),
     "not-a-linen-module-nnx": Case(lambda: lb.ToNNX(nnx.Linear(2, 2, rngs=nnx.Rngs(0))),
                                    TypeError, r"got Linear\. It is an NNX module.*preallocate"),
     "not-a-linen-module-class": Case(lambda: lb.ToNNX(Net), TypeError,

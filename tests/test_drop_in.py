@@ -328,10 +328,6 @@ def test_submodule_of_nnx_module(impl):
 # =============================================================== methods other than __call__
 @pytest.mark.skipif(not HAS_LINEN_METHOD_ATTRS, reason=(
     f"flax {FLAX}: ToNNX has no __getattr__ forwarding Linen methods (added in flax 0.11)"))
-@ours_xfail(
-    "lb.lazy_init rejects the functools.partial that ToNNX.__getattr__ returns for a Linen "
-    "method: TypeError: lb.preallocate needs an NNX module (or a bound method of one), got "
-    "partial")
 def test_lazy_init_through_bound_linen_method(impl):
   model = impl.ToNNX(Foo(), rngs=nnx.Rngs(0))
   impl.lazy_init(model.dot, X)
@@ -367,9 +363,6 @@ def test_mutable_counter_updates_only_when_mutable(impl):
   assert value_of(nnx.state(model)["count"]) == 2
 
 
-@ours_xfail(
-    "a call that creates a Linen variable lazy_init did not create raises "
-    "StructureChangeError ('this call created the variable cache/x ...') even outside a loop")
 def test_mutable_call_may_add_a_variable(impl):
   """flax's own test: a cache entry created by a later mutable call is kept and read back."""
 
@@ -506,14 +499,20 @@ def test_to_nnx_inside_to_linen_inside_to_nnx(impl):
 needs_bridge_module = pytest.mark.skipif(not HAS_BRIDGE_MODULE, reason=(
     f"flax {FLAX} has no nnx.bridge.Module (added in flax 0.11)"))
 
-BRIDGE_MODULE_XFAIL = (
-    "inside nnx.bridge.Module.init the wrapper is called un-initialized (bridge.Module only "
-    "passes mutable=True, it never lazy_inits); stock then creates the variables through "
-    "Linen apply, ours raises NotInitializedError")
+@pytest.mark.skipif(_compat.FLAX_VERSION < (0, 11), reason=(
+    f"flax {FLAX}: stock ToNNX passes no 'params' rng outside lazy_init (InvalidRngError)"))
+def test_mutable_call_before_lazy_init_creates_the_variables(impl):
+  """What nnx.bridge.Module.init relies on: an un-initialized wrapper called with
+  mutable=True creates its variables through Linen, and later calls use them."""
+  model = impl.ToNNX(nn.Dense(3), rngs=nnx.Rngs(0))
+  y = model(X, mutable=True)
+  params = linen_variables(model)["params"]
+  assert jax.tree.map(jnp.shape, params) == {"bias": (3,), "kernel": (4, 3)}
+  assert_close(y, nn.Dense(3).apply({"params": params}, X))
+  assert_close(model(X * 2), nn.Dense(3).apply({"params": params}, X * 2))
 
 
 @needs_bridge_module
-@ours_xfail(BRIDGE_MODULE_XFAIL)
 @pytest.mark.parametrize("style", ["setup", "compact"])
 def test_bridge_module_submodule(impl, style):
   if style == "setup":
@@ -538,7 +537,6 @@ def test_bridge_module_submodule(impl, style):
 
 
 @needs_bridge_module
-@ours_xfail(BRIDGE_MODULE_XFAIL)
 def test_bridge_module_mutable_collection_inherited(impl):
   """A bridge.Module's `mutable=` reaches the wrapped Linen module (no `mutable` on the call)."""
 
@@ -559,11 +557,6 @@ def test_bridge_module_mutable_collection_inherited(impl):
 
 
 # ============================================================== NNX transforms over a child
-TRANSFORM_XFAIL = (
-    "lb.lazy_init on a parent whose call runs a ToNNX child inside nnx.vmap/nnx.scan/nnx.remat: "
-    "TypeError: lb.preallocate found lb.ToNNX(...) called inside an NNX transform ... where it "
-    "cannot tell which submodule it is (even when the child does not sow)")
-
 N = 3  # transform axis size
 
 
@@ -615,7 +608,6 @@ def member(params, i):
   return jax.tree.map(lambda a: a[i], params)
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_vmap_over_child_stacks_params_and_matches_linen(impl, graph):
   model = VmapParent(impl, nn.Dense(3), rngs=nnx.Rngs(0))
   impl.lazy_init(model, X)
@@ -630,7 +622,6 @@ def test_vmap_over_child_stacks_params_and_matches_linen(impl, graph):
     assert_close(y[i], nn.Dense(3).apply({"params": member(params, i)}, X))
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_scan_over_child_matches_linen_chain(impl, graph):
   model = ScanParent(impl, nn.Dense(4), rngs=nnx.Rngs(0))
   impl.lazy_init(model.init_stack, X)
@@ -645,7 +636,6 @@ def test_scan_over_child_matches_linen_chain(impl, graph):
   assert_close(model(X, graph=graph), h)
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_remat_over_child_matches_linen_value_and_grad(impl):
   model = impl.lazy_init(RematParent(impl, Foo(), rngs=nnx.Rngs(0)), X)
   params = linen_variables(model.inner)["params"]
@@ -679,7 +669,6 @@ def sower_reference(params_stack, xs_per_step, chain: bool):
   return outs, sown
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 @pytest.mark.parametrize("transform", ["vmap", "scan"])
 def test_sowing_child_inside_transform_records_stacked(impl, transform, graph):
   """Sows inside nnx.vmap/nnx.scan are stacked along the transform axis, as Linen stacks them.
@@ -708,7 +697,6 @@ def test_sowing_child_inside_transform_records_stacked(impl, transform, graph):
     assert_close(lb.recorded(model.inner)["intermediates"]["h"], jnp.stack(sown))
 
 
-@ours_xfail(TRANSFORM_XFAIL)
 def test_sowing_child_inside_remat_records_like_linen(impl):
   model = RematParent(impl, Sower(), rngs=nnx.Rngs(0))
   impl.lazy_init(model, X, sows=True)

@@ -425,6 +425,39 @@ def test_error_bridge_called_inside_an_nnx_transform():
     lb.preallocate(Ensemble(), X, capacity=2)
 
 
+def test_error_lazy_init_of_a_sowing_bridge_broadcast_by_nnx_vmap():
+  class Ensemble(nnx.Module):
+    def __init__(self):
+      self.part = lb.ToNNX(LinenSow(), rngs=nnx.Rngs(0))
+
+    def __call__(self, xs):
+      return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.part, xs)
+
+  with pytest.raises(TypeError, match=r"sows inside an NNX transform which does not stack it"
+                                      r".*Why.*Fix: give the module the transform axis"):
+    lb.lazy_init(Ensemble(), jnp.stack([X, X]), capacity=2)
+
+
+def test_lazy_init_through_a_transform_leaves_children_it_did_not_call_uninitialized():
+  class Parent(nnx.Module):
+    def __init__(self):
+      self.called = lb.ToNNX(nn.Dense(3), rngs=nnx.Rngs(0))
+      self.unused = lb.ToNNX(nn.Dense(3), rngs=nnx.Rngs(1))
+
+    def __call__(self, x):
+      run = nnx.split_rngs(splits=2)(nnx.vmap(lambda m, x: m(x), in_axes=(0, None),
+                                              axis_size=2))
+      return run(self.called, x)
+
+  model = lb.lazy_init(Parent(), X)
+  kernel = lb.linen_variables(model.called)["params"]["kernel"]
+  assert kernel.shape == (2, X.shape[-1], 3)
+  np.testing.assert_allclose(model(X)[1], X @ kernel[1] + lb.linen_variables(
+      model.called)["params"]["bias"][1], rtol=1e-5, atol=1e-6)
+  with pytest.raises(lb.NotInitializedError, match=r"called before it was initialized.*Fix"):
+    model.unused(X)
+
+
 def test_bridged_and_native_capacity_keys_resolve_from_the_root():
   class Holder(nnx.Module):
     def __init__(self):

@@ -17,6 +17,7 @@ from flax import nnx
 from flax.nnx import bridge
 
 import loopbridge as lb
+from loopbridge import _compat
 from conftest import graph_kw
 from models import MLP, linen_step_reference, stack_reference
 
@@ -613,18 +614,52 @@ def test_dtype_drift_is_an_error_naming_the_path():
     model(jnp.ones((2, 4), jnp.bfloat16))
 
 
-def test_new_variable_on_later_call_is_an_error():
-  class Grows(nn.Module):
-    @nn.compact
-    def __call__(self, x, extra=False):
-      if extra:
-        self.variable("batch_stats", "late", jnp.zeros, ())
-      return nn.Dense(2)(x)
+class _Grows(nn.Module):
+  @nn.compact
+  def __call__(self, x, extra=False):
+    if extra:
+      late = self.variable("batch_stats", "late", jnp.zeros, ())
+      late.value += 1.0
+    return nn.Dense(2)(x)
 
-  model = lb.ToNNX(Grows(), rngs=nnx.Rngs(0))
+
+def leaf_type(leaf) -> type:
+  return leaf.type if type(leaf).__name__ == "VariableState" else type(leaf)
+
+
+def test_new_variable_on_later_call_is_an_error_inside_a_trace():
+  model = lb.ToNNX(_Grows(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, jnp.ones((1, 2)))
-  with pytest.raises(lb.StructureChangeError, match=r"created the variable 'batch_stats/late'"):
-    model(jnp.ones((1, 2)), extra=True, mutable=True)
+
+  @nnx.jit
+  def step(model, x):
+    return model(x, extra=True, mutable=True)
+
+  with pytest.raises(lb.StructureChangeError,
+                     match=r"created the variable 'batch_stats/late'.*inside a traced function"
+                           r".*Why.*Fix"):
+    step(model, jnp.ones((1, 2)))
+  assert "late" not in vars(model)  # all or nothing
+
+
+def test_new_variable_on_later_call_outside_a_trace_is_added_like_linen():
+  """As stock ToNNX (flax >= 0.11; 0.10's stock loses the new entry): the Variable is added."""
+  x = jnp.ones((1, 2))
+  model = lb.lazy_init(lb.ToNNX(_Grows(), rngs=nnx.Rngs(0)), x)
+  variables = {"params": lb.linen_variables(model)["params"]}
+  for _ in range(2):
+    want, updates = _Grows().apply(variables, x, extra=True, mutable=True)
+    variables = {**variables, **updates}
+    np.testing.assert_allclose(model(x, extra=True, mutable=True), want)
+  late = nnx.state(model)["late"]
+  assert leaf_type(late) is nnx.BatchStat
+  assert float(late.get_value() if hasattr(late, "get_value") else late.value) == 2.0
+  assert float(variables["batch_stats"]["late"]) == 2.0
+  if _compat.FLAX_VERSION >= (0, 11):
+    stock = bridge.lazy_init(bridge.ToNNX(_Grows(), rngs=nnx.Rngs(0)), x)
+    stock(x, extra=True, mutable=True)
+    stock(x, extra=True, mutable=True)
+    assert type(stock.late) is nnx.BatchStat
 
 
 # The maintainer's workaround from seed 000: shape-stable accumulators via init_fn/reduce_fn.

@@ -152,12 +152,16 @@ def _merge_reports(items: list[tuple[tp.Any, _session.BridgeReport]]
 
 
 def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: dict[tuple, tp.Any],
-                  what: str) -> list[_declare.Part]:
-  """Declaration parts of the bridged nodes a call reached; `items` are (path or None, report)."""
+                  what: str, transient_ok: bool = False) -> list[_declare.Part]:
+  """Declaration parts of the bridged nodes a call reached; `items` are (path or None, report).
+
+  Path-less reports (copies inside NNX transforms) are left to `_transformed_parts` when
+  `transient_ok` (lazy_init, where probes locate them).
+  """
   parts = []
   for path, report in _merge_reports(items):
     if path is None:
-      if not report.sites and not report.new_accumulators:
+      if transient_ok or (not report.sites and not report.new_accumulators):
         continue  # a part that sows nothing needs no buffers, wherever it runs
       raise TypeError(
           f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
@@ -169,6 +173,72 @@ def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: di
     parts.append(_declare.Part(path, node, report.sites, settings.capacity_spec,
                                settings.overflow, report.dropped))
   return parts
+
+
+def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
+                       node_at: dict[tuple, tp.Any], probes_of: dict[int, dict[str, tp.Any]],
+                       what: str) -> list[_declare.Part]:
+  """Parts of the lb.ToNNX nodes initialized by a copy inside an NNX transform.
+
+  Such a copy reports with no path (`nnx.vmap`/`nnx.scan`/`nnx.remat` call a merged copy), and
+  its static attributes do not leave the transform; its Variables do, stacked along the
+  transform axis. A node of the model still undeclared after the call, of a class a path-less
+  report names, is such a node; the `SiteProbe`s it sowed give each site's stacked shape, so
+  its buffers are `(*stack, capacity, *value)` like a stacked native module's.
+  """
+  transient = [r for path, r in items if path is None]
+  if not transient:
+    return []
+  reached = {id(r.node) for path, r in items if path is not None}
+  # Only nodes the call did initialize: they hold Linen variables (or probes) now.
+  candidates = [(path, node) for path, node in node_at.items()
+                if _is_bridge(node) and id(node) not in reached
+                and _recorder.sites_of(node) is None
+                and (_linen_vars.attrs(node) or id(node) in probes_of)]
+  parts, used = [], set()
+  for path, node in candidates:
+    label = type(_compat.linen_module_of(node)).__name__
+    reports = [r for r in transient if r.label == label]
+    if not reports:
+      continue
+    probes = probes_of.get(id(node), {})
+    sites: dict[tuple, tp.Any] = {}
+    for report in reports:
+      for site in report.sites:
+        probe = probes.get("/".join(site.key))
+        if probe is None:
+          continue
+        stacked = tuple(_compat.variable_value(probe).shape)
+        axes = len(stacked) - len(site.shape)
+        if axes < 0 or stacked[axes:] != tuple(site.shape):
+          continue
+        sites[site.key] = dataclasses.replace(site, shape=stacked, stack_axes=axes)
+        used.add(id(report))
+    settings = settings_of(node)
+    parts.append(_declare.Part(path, node, [sites[k] for k in sorted(sites)],
+                               settings.capacity_spec, settings.overflow,
+                               [d for r in reports for d in r.dropped]))
+  for report in transient:
+    if (report.sites or report.new_accumulators) and id(report) not in used:
+      raise TypeError(
+          f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
+          "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
+          "lb.preallocate on that lb.ToNNX directly with the arguments it receives there.")
+  return parts
+
+
+def _to_nnx_probes_attr() -> str:
+  return "loopbridge__probes"  # _to_nnx.PROBES_ATTR (that module imports this one)
+
+
+def _take_probes(root: nnx.Module) -> dict[int, dict[str, tp.Any]]:
+  """Remove the probes lb.ToNNX nodes left during lazy_init: id(node) -> {site: probe}."""
+  taken = {}
+  for _, node in _compat.iter_graph(root):
+    if _is_bridge(node) and _to_nnx_probes_attr() in vars(node):
+      taken[id(node)] = dict(getattr(node, _to_nnx_probes_attr()))
+      delattr(node, _to_nnx_probes_attr())
+  return taken
 
 
 def _native_parts(findings: _observe_native.NativeFindings, node_at) -> list[_declare.Part]:
@@ -247,8 +317,18 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     _compat.set_initializing(root, True)
     try:
       tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
+    except ValueError as error:
+      if _to_nnx_probes_attr() not in str(error):
+        raise
+      raise TypeError(
+          "lb.lazy_init found an lb.ToNNX that sows inside an NNX transform which does not "
+          "stack it (e.g. nnx.vmap with in_axes=None for the module): every member sows its own "
+          "value, but the module, and so its buffers, would be shared. Why: one buffer records "
+          "one value per call. Fix: give the module the transform axis (in_axes=0, with "
+          "nnx.split_rngs), or call it outside the transform.") from error
     finally:
       _compat.set_initializing(root, False)
+  probes_of = _take_probes(root)
   if native:
     path_of, node_at = _graph_index(root)
     findings = _observe_native.diff(before, _flat_state(root), calls)
@@ -256,8 +336,9 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
   else:  # a bare lb.ToNNX (or only bridged parts): nothing native to look for
     path_of, node_at = ({id(root): ()}, {(): root}) if _is_bridge(root) else _graph_index(root)
     findings = _observe_native.NativeFindings({}, [], [])
-  parts = (_bridge_parts([(path_of.get(id(r.node)), r) for r in session.reports], node_at,
-                         "lb.lazy_init")
+  items = [(path_of.get(id(r.node)), r) for r in session.reports]
+  parts = (_bridge_parts(items, node_at, "lb.lazy_init", transient_ok=True)
+           + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
            + _native_parts(findings, node_at.__getitem__))
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
                    model_name=_model_name(root))

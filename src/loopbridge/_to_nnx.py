@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import typing as tp
 
+import flax
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen
@@ -170,6 +172,7 @@ class ToNNX(bridge.ToNNX):
     session = _session.current()
     if session is not None:
       session.reports.append(report)
+      _leave_probes(self, found.sites, flat)
     else:  # stock `bridge.lazy_init(model, ...)`: declare with the constructor's capacity
       _pipeline.declare_alone(self, report, args, kwargs)
     return out
@@ -212,6 +215,17 @@ class ToNNX(bridge.ToNNX):
     if session is not None and session.mode == "apply":
       return self._loopbridge_discover(args, kwargs, rngs, method, session)
     sites = _recorder.sites_of(self)
+    if mutable is None:
+      mutable = _compat.current_bridge_mutable()
+    if sites is None and _creates_params(mutable):
+      # As stock: a call that may create parameters (e.g. inside nnx.bridge.Module.init, whose
+      # scope passes mutable=True) initializes the wrapper instead of failing.
+      return self._loopbridge_initialize(args, kwargs, rngs, method)
+    attrs = _linen_vars.attrs(self)
+    if sites is None and attrs:
+      # Variables set from outside without a declaration (e.g. nnx.bridge.Module.apply builds
+      # the wrapper anew and fills them in): applied as stock does, with no buffers.
+      sites = ()
     if sites is None:
       raise NotInitializedError(
           f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
@@ -219,13 +233,10 @@ class ToNNX(bridge.ToNNX):
           "inputs. Fix: lb.lazy_init(model, *sample_args, capacity=N) first (or "
           "model.lazy_init(...)).")
     module = _compat.linen_module_of(self)
-    attrs = _linen_vars.attrs(self)
     variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
     # 'intermediates' (where `sow` writes by default) is always recorded too, so a sow this
     # call makes without a declared buffer is reported instead of silently dropped.
     record_cols = {site.collection for site in sites} | {"intermediates"}
-    if mutable is None:
-      mutable = _compat.current_bridge_mutable()
     apply_mutable = _merge_mutable(mutable, record_cols)
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
@@ -248,7 +259,7 @@ class ToNNX(bridge.ToNNX):
     buffers = getattr(self, BUFFERS_ATTR)
     counts = getattr(self, COUNTS_ATTR)
     flat_in = traverse_util.flatten_dict(dict(variables_in))
-    records, writes = [], []
+    records, writes, created = [], [], {}
     for path, value in traverse_util.flatten_dict(dict(updates)).items():
       label = "/".join(path)
       if isinstance(value, tuple):
@@ -263,12 +274,17 @@ class ToNNX(bridge.ToNNX):
         continue  # unchanged (e.g. params under mutable=True): nothing to write
       variable = _recorder.get_nested(attrs, path[1:])
       if not isinstance(variable, nnx.Variable):
-        raise StructureChangeError(
-            f"this call created the variable '{label}', which did not exist after "
-            "lazy_init. Why: NNX loops need every Variable to exist before the loop starts; a "
-            "call that adds one changes the model's structure. Fix: make lazy_init create it "
-            "(initialize with the same method and arguments the loop uses, or call "
-            "lb.preallocate with them), or keep the value out of Linen variables.")
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
+          raise StructureChangeError(
+              f"this call created the variable '{label}', which did not exist after "
+              "lazy_init, inside a traced function (jit, an NNX loop or transform). Why: NNX "
+              "loops and transforms need every Variable to exist before they start; a call "
+              "that adds one changes the model's structure. Fix: make lazy_init create it "
+              "(initialize with the same method and arguments the loop uses, or call "
+              "lb.preallocate with them), make one such call before tracing, or keep the "
+              "value out of Linen variables.")
+        created[path] = value  # as stock: outside a trace a call may add a Variable
+        continue
       new = _linen_vars.unbox(value)
       old = _compat.variable_value(variable)
       if np.shape(new) != np.shape(old) or jnp.result_type(new) != jnp.result_type(old):
@@ -282,6 +298,43 @@ class ToNNX(bridge.ToNNX):
       _buffers.append(buffer, count, values, label)
     for variable, new in writes:
       _compat.set_variable_value(variable, new)
+    if created:
+      _linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
+
+
+PROBES_ATTR = "loopbridge__probes"
+
+
+class SiteProbe(nnx.Variable):
+  """A zero value of one sow site's shape, left on the node during `lb.lazy_init`.
+
+  Called by a copy inside an NNX transform (`nnx.vmap`, `nnx.scan`, `nnx.remat`), the node's
+  static attributes stay in the transform but its Variables come out, stacked along the
+  transform axis: the probe tells the pipeline which node sowed and the stacked shape.
+  """
+
+
+def _probe_value(site: tp.Any, sown: tp.Any) -> tp.Any:
+  """Zeros of the site's shape, computed from the sown value so that they are batched (under
+  `nnx.vmap`) exactly when the value is: a transform that does not stack the node then fails
+  on the probe at lazy_init instead of on the buffers at a later call."""
+  if isinstance(sown, tuple) and sown and np.shape(sown[0]) == tuple(site.shape):
+    return jnp.asarray(sown[0]) * 0
+  return jnp.zeros(site.shape, site.dtype)
+
+
+def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping) -> None:
+  if sites:
+    _compat.set_data_attribute(node, PROBES_ATTR, {
+        "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.key)))
+        for site in sites})
+
+
+def _creates_params(mutable: tp.Any) -> bool:
+  """Whether a Linen `mutable=` filter lets a call create parameters (`params` mutable)."""
+  if mutable in (None, False):
+    return False
+  return bool(flax.core.scope.in_filter(mutable, "params"))
 
 
 def _check_method(module: linen.Module, method: tp.Any) -> None:
