@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from flax.nnx import bridge
 
 import loopbridge as lb
 from loopbridge import _compat

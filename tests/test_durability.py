@@ -9,7 +9,6 @@ from __future__ import annotations
 import warnings
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -106,16 +106,19 @@ def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
     )
 
 
-def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str) -> None:
+def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str, *,
+           checked: bool = False) -> None:
   """Write `values` (one call's sows at one site, in call order) after the recorded ones.
 
   Each write touches one slot (`dynamic_update_index_in_dim`), never the whole buffer, and the
   Variables are updated in place so NNX loops see the same structure before and after.
+  `checked=True`: the caller already ran `check_value` on every value.
   """
   if not values:
     return
-  for value in values:
-    check_value(buffer, value, label)
+  if not checked:
+    for value in values:
+      check_value(buffer, value, label)
   buf = _sharding.constrain(buffer, _compat.variable_value(buffer))
   start = _compat.variable_value(count)
   capacity = buf.shape[0]

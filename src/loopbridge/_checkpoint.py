@@ -512,7 +512,7 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
   rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
   # One abstract init (no FLOPs): its variables check the given ones' structure, and what it
   # sowed (intermediates included, hence mutable=True) declares the buffers.
-  capture = model._loopbridge_settings().capture_intermediates
+  capture = _pipeline.settings_of(model).capture_intermediates
   with _observe_linen.observe() as calls:
     expected = jax.eval_shape(lambda: module.init(
         rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs))

@@ -97,7 +97,6 @@ def add_accumulators(node: tp.Any, new: tp.Mapping[tuple[str, ...], tuple[tp.Cal
   """
   if not new:
     return
-  label = "/".join
   variables: dict = {}
   for site, (init_fn, target) in new.items():
 
@@ -109,7 +108,7 @@ def add_accumulators(node: tp.Any, new: tp.Mapping[tuple[str, ...], tuple[tp.Cal
         return jnp.broadcast_to(init, want.shape).astype(want.dtype)
       except ValueError:
         raise StructureChangeError(
-            f"the accumulator sown at '{label(site)}' starts as init_fn() of shape "
+            f"the accumulator sown at '{'/'.join(site)}' starts as init_fn() of shape "
             f"{init.shape} but Linen stores it as {tuple(want.shape)} (a lifted transform "
             "stacks it on a non-leading axis). Why: loopbridge must create it before the "
             "loop. Fix: stack it on axis 0 (variable_axes={'intermediates': 0}) or sow it "

@@ -11,6 +11,7 @@ time, so a later patch of a base class is honoured). Warning filters are never t
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import types
@@ -38,14 +39,19 @@ _NO_BUFFER = (
     "lb.preallocate(model, *args, capacity=..., method=...); buffers already declared are kept.")
 
 
-def collection_of(variable_type: tp.Any) -> str:
-  """Collection name of a `sow` target: a Variable type or (flax 0.12) its registered name."""
-  if isinstance(variable_type, str):
-    return variable_type
+@functools.lru_cache(maxsize=None)
+def _collection_of_type(variable_type: type) -> str:
   try:
     return _compat.collection_name(variable_type)
   except ValueError:  # a Variable subclass flax has no registered collection name for
     return variable_type.__name__
+
+
+def collection_of(variable_type: tp.Any) -> str:
+  """Collection name of a `sow` target: a Variable type or (flax 0.12) its registered name."""
+  if isinstance(variable_type, str):
+    return variable_type
+  return _collection_of_type(variable_type)  # cached: it runs on every recorded sow
 
 
 class _SowHook:

@@ -138,12 +138,15 @@ def diff(before: dict[tuple, tp.Any], after: dict[tuple, tp.Any],
   """Compare a graph's flat state before and after one call (concrete or abstract leaves)."""
   sites: dict[tuple, list[SowSite]] = {}
   tuple_paths, created = [], []
+  by_name: dict[tuple[str, str], list[SowCall]] = {}
+  for c in calls:
+    by_name.setdefault((c.collection, c.name), []).append(c)
   for path, leaf in after.items():
     value = _compat.variable_value(leaf)
     old = before.get(path)
     var_type = _compat.state_leaf_type(leaf)
     collection, name = collection_of(var_type), path[-1]
-    these = [c for c in calls if c.collection == collection and c.name == name]
+    these = by_name.get((collection, name), [])
     if isinstance(value, tuple) and these and all(c.default_reduce for c in these):
       old_value = _compat.variable_value(old) if old is not None else ()
       entries = value[len(old_value):] if isinstance(old_value, tuple) else value

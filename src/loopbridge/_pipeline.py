@@ -18,6 +18,7 @@ import inspect
 import typing as tp
 
 import jax
+from flax import linen
 from flax import nnx
 from flax.nnx import bridge
 
@@ -93,8 +94,6 @@ def target(model: tp.Any, method: tp.Any, what: str
   """(root module, function called as call(root, *args, **kwargs))."""
   root = _root_of(model)
   if root is None:
-    from flax import linen
-
     raise TypeError(
         f"{what} needs an NNX module (e.g. lb.ToNNX(linen_module, rngs=...)) or a bound method "
         f"of one, got {type(model).__name__}. "
@@ -227,17 +226,13 @@ def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
   return parts
 
 
-def _to_nnx_probes_attr() -> str:
-  return "loopbridge__probes"  # _to_nnx.PROBES_ATTR (that module imports this one)
-
-
 def _take_probes(root: nnx.Module) -> dict[int, dict[str, tp.Any]]:
   """Remove the probes lb.ToNNX nodes left during lazy_init: id(node) -> {site: probe}."""
   taken = {}
   for _, node in _compat.iter_graph(root):
-    if _is_bridge(node) and _to_nnx_probes_attr() in vars(node):
-      taken[id(node)] = dict(getattr(node, _to_nnx_probes_attr()))
-      delattr(node, _to_nnx_probes_attr())
+    if _is_bridge(node) and _recorder.PROBES_ATTR in vars(node):
+      taken[id(node)] = dict(getattr(node, _recorder.PROBES_ATTR))
+      delattr(node, _recorder.PROBES_ATTR)
   return taken
 
 
@@ -318,7 +313,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     try:
       tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
     except ValueError as error:
-      if _to_nnx_probes_attr() not in str(error):
+      if _recorder.PROBES_ATTR not in str(error):
         raise
       raise TypeError(
           "lb.lazy_init found an lb.ToNNX that sows inside an NNX transform which does not "

@@ -26,6 +26,9 @@ BUFFERS_ATTR = "loopbridge__buffers"
 COUNTS_ATTR = "loopbridge__counts"
 SITES_ATTR = "loopbridge__sites"
 DROPPED_ATTR = "loopbridge__dropped"  # lb.ToNNX: sows Linen discarded (static DroppedSow tuple)
+# lb.ToNNX during lazy_init only: a SiteProbe per sow site, so a copy inside an NNX transform
+# can be found (and its stacked shape read) after the call; removed by the pipeline.
+PROBES_ATTR = "loopbridge__probes"
 
 _generation = itertools.count(1)
 _current_generation = 0

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import typing as tp
 
+from flax.nnx import bridge
+
 from . import _buffers
 from . import _compat
 from . import _recorder
@@ -29,11 +31,8 @@ _NOT_INITIALIZED = (
 
 def _describe(path: tuple, node: tp.Any) -> str:
   where = f" at '{'/'.join(map(str, path))}'" if path else ""
-  if hasattr(node, "to_nnx__module") or "module" in vars(node):
-    try:
-      return f"lb.ToNNX({type(_compat.linen_module_of(node)).__name__}){where}"
-    except KeyError:
-      pass
+  if isinstance(node, bridge.ToNNX):
+    return f"lb.ToNNX({type(_compat.linen_module_of(node)).__name__}){where}"
   return f"{type(node).__name__}{where}"
 
 

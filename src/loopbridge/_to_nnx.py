@@ -141,9 +141,6 @@ class ToNNX(bridge.ToNNX):
     """
     return _pipeline.lazy_init(self, *args, capacity=capacity, overflow=overflow, **kwargs)
 
-  def _loopbridge_settings(self) -> _pipeline.BridgeSettings:
-    return vars(self)[_pipeline.SETTINGS_ATTR]
-
   def _loopbridge_initialize(self, args, kwargs, rngs, method):
     """What `__call__` does in initializing mode: Linen init, and the sites that trace sowed."""
     module = _compat.linen_module_of(self)
@@ -155,7 +152,7 @@ class ToNNX(bridge.ToNNX):
     with _observe_linen.observe() as calls:
       out, variables = module.init_with_output(
           init_rngs, *args, method=method, mutable=True,
-          capture_intermediates=self._loopbridge_settings().capture_intermediates, **kwargs)
+          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
     found = _observe_linen.classify(variables, calls)
     # Values sown with the default tuple reduce are records, not state: keep them out of the
     # Variables, or they would grow on every later call.
@@ -188,7 +185,7 @@ class ToNNX(bridge.ToNNX):
     with _observe_linen.observe() as calls:
       out, updates = module.apply(
           variables, *args, rngs=call_rngs, method=method, mutable=True,
-          capture_intermediates=self._loopbridge_settings().capture_intermediates, **kwargs)
+          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
     found = _observe_linen.classify(updates, calls)
     new_accumulators = {site: (call.init_fn, value)
                         for site, (call, value) in found.accumulators.items()
@@ -242,7 +239,7 @@ class ToNNX(bridge.ToNNX):
                                          initializing=False)
     result = module.apply(variables, *args, rngs=call_rngs, method=method,
                           mutable=apply_mutable,
-                          capture_intermediates=self._loopbridge_settings().capture_intermediates,
+                          capture_intermediates=_pipeline.settings_of(self).capture_intermediates,
                           **kwargs)
     if apply_mutable is False:
       return result
@@ -295,14 +292,14 @@ class ToNNX(bridge.ToNNX):
             "shapes fixed (e.g. preallocate a cache at its full length).")
       writes.append((variable, new))
     for buffer, count, values, label in records:
-      _buffers.append(buffer, count, values, label)
+      _buffers.append(buffer, count, values, label, checked=True)
     for variable, new in writes:
       _compat.set_variable_value(variable, new)
     if created:
       _linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
 
 
-PROBES_ATTR = "loopbridge__probes"
+PROBES_ATTR = _recorder.PROBES_ATTR
 
 
 class SiteProbe(nnx.Variable):
