@@ -308,7 +308,9 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
   root, _ = target(model, None, "lb.lazy_init")
   native = _observe_native.observable_modules(root)
   before = _flat_state(root) if native else {}
-  with _session.open_session("init") as session, _observe_native.observe(native) as calls:
+  bridged = [id(n) for _, n in _compat.iter_graph(root) if _is_bridge(n)]
+  with (_session.open_session("init", bridged) as session,
+        _observe_native.observe(native) as calls):
     _compat.set_initializing(root, True)
     try:
       tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)

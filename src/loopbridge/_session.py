@@ -35,6 +35,9 @@ class Session:
 
   mode: str
   reports: list[BridgeReport] = dataclasses.field(default_factory=list)
+  # ids of the bridged nodes of the root's own graph: a node not among them is a copy made
+  # inside an NNX transform, which must leave probes to be found after the call.
+  graph_ids: frozenset[int] = frozenset()
 
 
 _CURRENT: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
@@ -47,8 +50,8 @@ def current() -> Session | None:
 
 
 @contextlib.contextmanager
-def open_session(mode: str) -> tp.Iterator[Session]:
-  session = Session(mode)
+def open_session(mode: str, graph_ids: tp.Iterable[int] = ()) -> tp.Iterator[Session]:
+  session = Session(mode, graph_ids=frozenset(graph_ids))
   token = _CURRENT.set(session)
   try:
     yield session

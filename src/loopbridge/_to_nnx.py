@@ -169,7 +169,8 @@ class ToNNX(bridge.ToNNX):
     session = _session.current()
     if session is not None:
       session.reports.append(report)
-      _leave_probes(self, found.sites, flat)
+      if id(self) not in session.graph_ids:  # a copy inside an NNX transform
+        _leave_probes(self, found.sites, flat)
     else:  # stock `bridge.lazy_init(model, ...)`: declare with the constructor's capacity
       _pipeline.declare_alone(self, report, args, kwargs)
     return out
