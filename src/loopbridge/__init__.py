@@ -16,6 +16,7 @@ from ._compare import compare as compare
 from ._compiled import CompiledStep as CompiledStep
 from ._compiled import compile_step as compile_step
 from ._errors import BufferOverflowError as BufferOverflowError
+from ._errors import CacheLengthWarning as CacheLengthWarning
 from ._errors import CapacityError as CapacityError
 from ._errors import CheckpointError as CheckpointError
 from ._errors import CompareError as CompareError
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Buffer",
     "BufferOverflowError",
+    "CacheLengthWarning",
     "CapacityError",
     "CheckpointError",
     "CompareError",

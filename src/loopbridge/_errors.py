@@ -37,12 +37,19 @@ class RecordsDiscardedWarning(UserWarning):
   a site's value shape changed, or its buffer had already overflowed."""
 
 
+class CacheLengthWarning(UserWarning):
+  """A flax attention cache (`cached_key`) shorter than the loop a declaration prepares: a
+  capacity larger than its length, or a length-1 cache after `lazy_init` (the model was
+  initialized on one token). Decoding past its end gives wrong tokens with no error."""
+
+
 class StackError(LoopbridgeError, ValueError):
   """Modules that cannot be stacked (they differ), or a module that is not a layer stack."""
 
 
 class ShardingError(LoopbridgeError, ValueError):
-  """A buffer sharding that cannot be used (a mesh axis that does not divide the axis, ...)."""
+  """A sharding that cannot be used: a buffer layout that does not fit the mesh, or (flax >=
+  0.12) partition-annotated params created with no mesh to shard them on."""
 
 
 class CheckpointError(LoopbridgeError, ValueError):

@@ -17,7 +17,7 @@ from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
 from . import _compat
-from ._errors import StructureChangeError
+from ._errors import ShardingError, StructureChangeError
 
 
 def attrs(node: tp.Any) -> dict[str, tp.Any]:
@@ -64,9 +64,39 @@ def unbox(value: tp.Any) -> tp.Any:
   return value
 
 
+# flax >= 0.12 shards a Variable with partitioning metadata when it is created
+# (`flax_always_shard_variable`, on by default), which needs a mesh; the stock bridge fails the
+# same way, with a message that does not say how to get past it.
+_NO_MESH_MARK = "An auto mesh context or metadata is required"
+NO_MESH_FOR_PARTITIONED = (
+    "lb.ToNNX({model}) cannot create its partition-annotated params: {flax_message} Why: from "
+    "flax 0.12 on, a Variable with partitioning metadata (nn.with_logical_partitioning, "
+    "nn.with_partitioning) is sharded when it is created (the flax flag "
+    "flax_always_shard_variable, on by default), which needs a mesh; flax 0.10 kept the "
+    "annotation as metadata only. Fix: either initialize under a mesh and your logical axis "
+    "rules, e.g.\n"
+    "  mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))\n"
+    "  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):\n"
+    "    lb.lazy_init(model, *sample_args, capacity=N)\n"
+    "or create the params unsharded as flax 0.10 did: wrap the call in "
+    "`with nnx.use_eager_sharding(False):`, or set it for the process with "
+    "flax.config.update('flax_always_shard_variable', False).")
+
+
+def _nnx_attrs(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+  """Stock conversion of a Linen variables dict to ToNNX attributes (Variables)."""
+  try:
+    return bridge_variables.linen_vars_to_nnx_attrs(dict(variables))
+  except ValueError as error:
+    if _NO_MESH_MARK not in str(error):
+      raise
+    raise ShardingError(NO_MESH_FOR_PARTITIONED.format(
+        model=type(_compat.linen_module_of(node)).__name__, flax_message=error)) from error
+
+
 def set_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
   """Store a Linen variables dict on the node as stock `ToNNX` does after `init`."""
-  for name, value in bridge_variables.linen_vars_to_nnx_attrs(dict(variables)).items():
+  for name, value in _nnx_attrs(node, variables).items():
     _compat.set_data_attribute(node, name, value)
   names = {key for tree in variables.values() for key in tree}
   _compat.set_linen_attribute_names(node, set(_compat.linen_attribute_names(node)) | names)
@@ -74,7 +104,7 @@ def set_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
 
 def add_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
   """Add new Linen variables next to the existing ones (existing Variables stay as they are)."""
-  for name, value in bridge_variables.linen_vars_to_nnx_attrs(dict(variables)).items():
+  for name, value in _nnx_attrs(node, variables).items():
     existing = getattr(node, name, None) if name in _compat.linen_attribute_names(node) else None
     if isinstance(existing, dict) and isinstance(value, dict):
       merged = traverse_util.unflatten_dict({**traverse_util.flatten_dict(existing),

@@ -22,6 +22,7 @@ from flax import linen
 from flax import nnx
 from flax.nnx import bridge
 
+from . import _caches
 from . import _capacity
 from . import _compat
 from . import _declare
@@ -339,6 +340,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
            + _native_parts(findings, node_at.__getitem__))
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
                    model_name=_model_name(root))
+  _caches.warn_short_caches(root, parts, "lazy_init")
   return model
 
 
@@ -449,4 +451,5 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
   parts += _native_parts(findings, node_at.__getitem__)
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
                    model_name=_model_name(root), entry="preallocate")
+  _caches.warn_short_caches(root, parts, "preallocate")
   return model
