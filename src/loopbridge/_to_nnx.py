@@ -89,7 +89,9 @@ class ToNNX(bridge.ToNNX):
     overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
     capture_intermediates: Linen's `apply(capture_intermediates=...)`: `True` records every
       submodule's `__call__` output (`'intermediates'/<path>/__call__`), a filter
-      `fn(module, method_name) -> bool` chooses; recorded with capacity like any sow.
+      `fn(module, method_name) -> bool` chooses; recorded with capacity like any sow. An
+      output that is a pytree (a block returning `(out, weights)`) gets a buffer per array
+      leaf and reads back as that pytree.
 
   Raises:
     TypeError: `module` is not a Linen module.
