@@ -262,3 +262,18 @@ def test_checkpoint_round_trip_keeps_pytree_records(tmp_path):
   resumed(y)
   assert_tree_close(lb.recorded(resumed), lb.recorded(whole))
   assert jax.tree.structure(lb.counts(resumed)) == jax.tree.structure(lb.counts(whole))
+
+
+def test_native_pytree_sow_is_a_clear_error_naming_the_fix():
+  class Native(nnx.Module):
+    def __init__(self, rngs):
+      self.lin = nnx.Linear(2, 3, rngs=rngs)
+
+    def __call__(self, x):
+      h = self.lin(x)
+      self.sow(nnx.Intermediate, "h", (h, h.sum()))
+      return h
+
+  with pytest.raises(lb.SowMismatchError, match=r"native sows of a pytree .* not recorded leaf "
+                                                r"by leaf yet.*one `sow` per leaf"):
+    lb.preallocate(Native(nnx.Rngs(0)), jnp.ones((1, 2)), capacity=4)
