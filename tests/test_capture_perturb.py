@@ -97,11 +97,35 @@ def test_capture_filter_inside_scan_with_user_sows():
                              rtol=RTOL, atol=ATOL)
 
 
-def test_capture_true_on_tuple_returning_modules_is_a_clear_error():
-  # The seed's scan Block returns (carry, None): Linen captures that tuple, which no buffer
-  # can hold; a filter that selects array-returning modules is the fix.
+def test_capture_true_records_the_scan_body_tuple_leaf_by_leaf(graph):
+  # The seed's scan Block returns (carry, None): Linen captures that tuple, stacked along the
+  # nn.scan axis; the array leaf gets a buffer and reads back inside the same tuple.
+  steps = 3
+  x = jnp.linspace(-1, 1, 4).reshape(1, 4)
   model = lb.ToNNX(MLP(depth=2, features=4), rngs=nnx.Rngs(0), capture_intermediates=True)
-  with pytest.raises(lb.SowMismatchError, match="non-array values"):
+  lb.lazy_init(model, x, capacity=steps)
+  model, _ = run_fori(model, x, steps, graph)
+  inters = linen_capture_steps(MLP(depth=2, features=4), linen_variables(model), x, steps, True)
+  got = lb.recorded(model)["intermediates"]["ScanBlock_0"]["__call__"]
+  assert isinstance(got, tuple) and len(got) == 2 and got[1] is None
+  want = jnp.stack([t["ScanBlock_0"]["__call__"][0][0] for t in inters])
+  assert want.shape == got[0].shape == (steps, 2, 1, 4)
+  np.testing.assert_allclose(got[0], want, rtol=RTOL, atol=ATOL)
+
+
+def test_capture_of_non_array_leaves_is_a_clear_error():
+  class Labelled(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2)(x), "a label"  # a string is a leaf no buffer can hold
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return Labelled()(x)[0]
+
+  model = lb.ToNNX(Net(), rngs=nnx.Rngs(0), capture_intermediates=True)
+  with pytest.raises(lb.SowMismatchError, match="non-array values.*one buffer per array leaf"):
     lb.lazy_init(model, jnp.ones((1, 4)), capacity=2)
 
 

@@ -23,6 +23,8 @@ from loopbridge.__main__ import main
 
 TARGET_SOURCE = '''
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
 
@@ -82,6 +84,25 @@ class WithStats(nn.Module):
     x = nn.BatchNorm(use_running_average=False)(nn.Dense(3)(x))
     self.sow("intermediates", "normed", x)
     return x
+
+
+class Attention(nn.Module):
+  """Returns (out, weights), as attention that exposes its weights does; never sows."""
+
+  @nn.compact
+  def __call__(self, x):
+    q = nn.Dense(4)(x)
+    weights = jax.nn.softmax(q @ q.T, axis=-1)
+    return weights @ q, weights
+
+
+class NoSow(nn.Module):
+  """A model as most real ones are: no `sow` anywhere."""
+
+  @nn.compact
+  def __call__(self, x):
+    h, _ = Attention()(x)
+    return nn.Dense(4)(jnp.tanh(h))
 
 
 instance = Net()
@@ -334,6 +355,62 @@ def test_live_check_updates_other_collections(capsys, target_module):
   ours = doc["live_check"]["loopbridge"]
   assert ours["ok"], ours["error"]
   assert ours["recorded"]["intermediates/normed"]["sown"] == 2
+
+
+def test_capture_records_submodule_outputs_of_a_model_that_never_sows(capsys, target_module):
+  code, out, _ = run_main(capsys, "inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
+                          "--steps", "2", "--capture", "Attention", "--json")
+  assert code == 0
+  doc = json.loads(out)
+  assert doc["capture"] == "Attention"
+  # Reference: plain Linen capture with the same filter (Attention's __call__ only).
+  net = sys.modules[target_module].NoSow()
+  x = jnp.ones((3, 4))
+  variables = net.init(jax.random.key(0), x)
+  _, state = net.apply(variables, x, mutable=["intermediates"],
+                       capture_intermediates=lambda m, n: type(m).__name__ == "Attention")
+  out_shape, w_shape = (v.shape for v in state["intermediates"]["Attention_0"]["__call__"][0])
+  sites = {s["path"]: s for s in doc["sow_sites"]["sites"]}
+  assert set(sites) == {"Attention_0/__call__"}  # two leaves of one sow
+  assert [s["shape"] for s in doc["sow_sites"]["sites"]] == [list(out_shape), list(w_shape)]
+  ours = doc["live_check"]["loopbridge"]
+  assert ours["recorded"]["intermediates/Attention_0/__call__[1]"] == {
+      "sown": 2, "kept": 2, "capacity": 2, "value_shape": [3, 3]}
+  stock = doc["live_check"]["stock"]
+  assert stock["ok"] and stock["mutable"] is False and stock["model_sows"] is False
+
+
+def test_stock_check_calls_a_model_that_does_not_sow_as_a_user_would(capsys, target_module):
+  code, out, _ = run_main(capsys, "inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
+                          "--steps", "2")
+  assert code == 0
+  assert ("stock flax.nnx.bridge.ToNNX: ran 2 steps (the model does not sow) — stock bridge "
+          "works; loopbridge adds recording") in out
+  assert "FAILED" not in out
+  assert "record submodule outputs with --capture all" in out
+  # With everything captured the model still does not sow: the stock check is unchanged.
+  code, out, _ = run_main(capsys, "inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
+                          "--steps", "2", "--capture", "all")
+  assert code == 0 and "stock bridge works; loopbridge adds recording" in out
+  assert re.search(r"intermediates/Attention_0/__call__\[1\] +2 +2 +2 +\(3, 3\)", out)
+  assert "intermediates/Dense_0/__call__" in out
+
+
+def test_stock_check_keeps_mutable_for_models_that_sow_or_hold_state(capsys, target_module):
+  code, out, _ = run_main(capsys, "inspect", f"{target_module}:WithStats", "--arg",
+                          "float32[4,2]", "--steps", "2", "--json")
+  stock = json.loads(out)["live_check"]["stock"]
+  assert stock["model_sows"] and stock["mutable"] and not stock["ok"]
+
+
+@pytest.mark.parametrize("capture, pattern", [
+    ("Nope", r"--capture 'Nope': no module of class Nope runs in this call.*Attention, Dense, "
+             r"NoSow"),
+    ("a b", r"--capture 'a b': expected 'all' or module class names"),
+])
+def test_bad_capture_filter(capsys, target_module, capture, pattern):
+  assert_one_line_error(capsys, ["inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
+                                 "--capture", capture], 2, pattern)
 
 
 # ----------------------------------------------------------------------------- end to end

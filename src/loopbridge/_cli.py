@@ -5,8 +5,11 @@
 The command wraps the model with `lb.ToNNX`, initializes it on sample inputs, and prints the
 sow-site table (`lb.sow_sites`), sows Linen drops, buffer memory, parameter sizes, and then
 runs the model in a jitted `nnx.while_loop` twice: wrapped with stock `flax.nnx.bridge.ToNNX`
-(which fails on any model that sows; `lb.explain` says why) and with `lb.ToNNX` (which
-records every step). Everything the text shows is also available as one JSON document.
+called the way a user calls it (`mutable=True` only for a model that sows or updates other
+collections; that fails on any model that sows, and `lb.explain` says why) and with `lb.ToNNX`
+(which records every step). `--capture FILTER` also records submodule outputs
+(`capture_intermediates`), the way to record a model that never calls `sow`. Everything the
+text shows is also available as one JSON document.
 
 Exit status: 0 success; 1 the target or the model failed (import, attribute, inputs, loop,
 including a target that calls `sys.exit` while importing); 2 a malformed command line (TARGET
@@ -79,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "'int32[1,16]', 'bool[]'; repeat for each input")
   p.add_argument("--method", default=None,
                  help="the Linen method to call (default: __call__)")
+  p.add_argument("--capture", default=None, metavar="FILTER",
+                 help="also record submodule outputs (Linen capture_intermediates): 'all' for "
+                      "every submodule's __call__, or module class names, comma-separated "
+                      "(e.g. 'EncoderBlock,Dense'); for models that never call sow")
   p.add_argument("--capacity", type=_positive_int, default=None,
                  help="values each sow buffer holds (default: --steps)")
   p.add_argument("--steps", type=_positive_int, default=5,
@@ -394,25 +401,38 @@ def _loop_runner(steps: int, call: tp.Callable[[tp.Any, tp.Sequence[tp.Any]], tp
 
 
 def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any],
-                 steps: int, seed: int) -> dict[str, tp.Any]:
-  """Stock `flax.nnx.bridge.ToNNX` in the loop (sows kept with `mutable=True`, as in seed 000)."""
+                 steps: int, seed: int, sows: bool) -> dict[str, tp.Any]:
+  """Stock `flax.nnx.bridge.ToNNX` in the loop, called the way a user calls it for this model.
+
+  A user passes `mutable=True` when the model sows (stock drops sows otherwise, as in seed
+  000) or keeps other collections it updates (`batch_stats`, a cache); a model with only
+  params is called plainly, and then the stock wrapper runs in the loop as well.
+  """
   import jax.numpy as jnp
   from flax import nnx
   from flax.nnx import bridge
 
   import loopbridge as lb
 
+  from . import _linen_vars
+
   result: dict[str, tp.Any] = {"wrapper": "flax.nnx.bridge.ToNNX", "ok": False, "error": None,
-                               "explain": None, "explain_text": None}
+                               "explain": None, "explain_text": None, "model_sows": sows,
+                               "mutable": None}
   try:
     stock = bridge.ToNNX(module, rngs=nnx.Rngs(seed))
     bridge.lazy_init(stock, *inputs, **call_kwargs)
   except Exception as e:
     result["error"] = f"lazy_init failed: {type(e).__name__}: {_first_line(e, 240)}"
     return result
+  state_collections = sorted(c for c in _linen_vars.linen_variables(stock) if c != "params")
+  mutable = sows or bool(state_collections)
+  result["mutable"] = mutable
 
   def call(model, args):
-    return model(*args, mutable=True, **call_kwargs)
+    if mutable:
+      return model(*args, mutable=True, **call_kwargs)
+    return model(*args, **call_kwargs)
 
   make_body, run = _loop_runner(steps, call)
   # Explain first, on the untouched model (explain copies the carry; it runs no FLOPs).
@@ -459,10 +479,15 @@ def _loopbridge_check(model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str
     result["error"] = f"{type(e).__name__}: {_first_line(e, 240)}"
     return result
   recorded = {}
+  counts = lb.counts(model)
   for site in lb.sow_sites(model):
-    n = _nested(lb.counts(model), (site.collection, *site.path))
+    n = _nested(counts, (site.collection, *site.path))
+    if site.treedef is not None:  # one leaf of a sown pytree: counts are shaped alike
+      import jax
+
+      n = jax.tree.leaves(n)[site.leaf_index]
     n = int(n)
-    recorded[f"{site.collection}/{site.name}"] = {
+    recorded[f"{site.collection}/{site.label}"] = {
         "sown": n, "kept": min(n, site.capacity), "capacity": site.capacity,
         "value_shape": list(site.shape)}
   result.update(ok=True, steps_run=steps_run, first_call_s=first, next_call_s=again,
@@ -476,9 +501,47 @@ def _nested(tree: tp.Any, path: tp.Sequence[str]) -> tp.Any:
   return tree
 
 
+class CaptureFilter:
+  """`--capture`: Linen's `capture_intermediates` filter for `all` or module class names.
+
+  Like Linen's `capture_intermediates=True`, it captures `__call__` outputs only. It remembers
+  which module classes ran and which (path, method) it captured, so the report can tell a
+  model's own sows from captures and say when a class name matched nothing.
+  """
+
+  def __init__(self, text: str):
+    names = [n.strip() for n in text.split(",")]
+    if not text.strip() or not all(n.isidentifier() for n in names):
+      raise CliError(f"--capture {text!r}: expected 'all' or module class names separated by "
+                     "commas, e.g. --capture EncoderBlock,Dense", code=USAGE_ERROR)
+    self.text = text
+    self.names = None if names == ["all"] else set(names)
+    self.seen: set[str] = set()
+    self.captured: set[tuple[str, ...]] = set()
+
+  def __call__(self, module: tp.Any, method_name: str) -> bool:
+    kind = type(module).__name__
+    self.seen.add(kind)
+    take = method_name == "__call__" and (self.names is None or kind in self.names)
+    if take and module.scope is not None:
+      self.captured.add(("intermediates", *module.scope.path, method_name))
+    return take
+
+  def check_matched(self) -> None:
+    if self.names is None:
+      return
+    missing = sorted(self.names - self.seen)
+    if missing:
+      raise CliError(
+          f"--capture {self.text!r}: no module of class {', '.join(missing)} runs in this call, "
+          f"so nothing would be captured; the module classes that run are: "
+          f"{', '.join(sorted(self.seen)) or 'none'}. Fix: name one of them, or --capture all",
+          code=USAGE_ERROR)
+
+
 def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | None,
                   capacity: int, steps: int, seed: int, target: str,
-                  description: str | None) -> dict[str, tp.Any]:
+                  description: str | None, capture: str | None = None) -> dict[str, tp.Any]:
   """Everything `loopbridge inspect` reports, as one JSON-ready dict."""
   import flax
   import jax
@@ -490,7 +553,9 @@ def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | 
     raise CliError(f"{type(module).__name__} has no method {method!r} (--method)")
   call_kwargs = {"method": method} if method is not None else {}
   inputs = sample_inputs(specs, seed)
-  model = lb.ToNNX(module, rngs=nnx.Rngs(seed))
+  capture_filter = CaptureFilter(capture) if capture is not None else None
+  model = lb.ToNNX(module, rngs=nnx.Rngs(seed),
+                   capture_intermediates=capture_filter if capture_filter else False)
   try:
     with progress("initializing the model"), warnings.catch_warnings():
       # Dropped sows are listed in the report itself.
@@ -503,10 +568,16 @@ def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | 
         f"{f', --method {method}' if method else ''}): {type(e).__name__}: {_first_line(e)}"
         + ("" if specs else "; pass its inputs with --arg, e.g. --arg 'float32[1,16]'")) from e
   sites = lb.sow_sites(model)
+  captured: set[tuple[str, ...]] = set()
+  if capture_filter is not None:
+    capture_filter.check_matched()
+    captured = capture_filter.captured
+  model_sows = any(s.sow_key not in captured for s in sites) or bool(sites.dropped)
   counts_bytes = 4 * len(sites)
   doc: dict[str, tp.Any] = {
       "target": target, "description": description, "model": type(module).__name__,
-      "inputs": [str(s) for s in specs], "method": method, "capacity": capacity,
+      "inputs": [str(s) for s in specs], "method": method, "capture": capture,
+      "capacity": capacity,
       "steps": steps, "versions": {"flax": flax.__version__, "jax": jax.__version__},
       "sow_sites": sites.to_dict(),
       "buffer_memory": {"buffers_bytes": sites.buffer_bytes, "counts_bytes": counts_bytes,
@@ -514,7 +585,7 @@ def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | 
       "parameters": _parameter_sizes(model),
   }
   doc["live_check"] = {
-      "stock": _stock_check(module, inputs, call_kwargs, steps, seed),
+      "stock": _stock_check(module, inputs, call_kwargs, steps, seed, model_sows),
       "loopbridge": _loopbridge_check(model, inputs, call_kwargs, steps),
   }
   doc["sow_sites_table"] = sites.table()
@@ -531,6 +602,7 @@ def render_text(doc: dict[str, tp.Any]) -> str:
              + (f" — {doc['description']}" if doc["description"] else ""))
   out.append(f"inputs: {', '.join(doc['inputs']) or 'none'}"
              + (f"; method: {doc['method']}" if doc["method"] else "")
+             + (f"; capture: {doc['capture']}" if doc.get("capture") else "")
              + f"; capacity {doc['capacity']}; flax {doc['versions']['flax']}, "
              f"jax {doc['versions']['jax']}")
   out.append("")
@@ -556,7 +628,10 @@ def render_text(doc: dict[str, tp.Any]) -> str:
   out.append(f"Live check: {doc['steps']} steps of a jitted nnx.while_loop calling the model "
              "on the sample inputs")
   stock = live["stock"]
-  if stock["ok"]:
+  if stock["ok"] and not stock.get("model_sows"):
+    out.append(f"  stock flax.nnx.bridge.ToNNX: ran {stock.get('steps_run')} steps (the model "
+               "does not sow) — stock bridge works; loopbridge adds recording")
+  elif stock["ok"]:
     out.append(f"  stock flax.nnx.bridge.ToNNX: ran {stock.get('steps_run')} steps")
   else:
     out.append(f"  stock flax.nnx.bridge.ToNNX: FAILED  {stock['error']}")
@@ -579,7 +654,8 @@ def render_text(doc: dict[str, tp.Any]) -> str:
         out.append("    some sites sowed more than their capacity; raise --capacity to keep "
                    "every value")
     else:
-      out.append("    (the model sows nothing)")
+      out.append("    (the model sows nothing; record submodule outputs with --capture all or "
+                 "--capture CLASS)")
   else:
     out.append(f"  lb.ToNNX: FAILED  {ours['error']}")
   return "\n".join(out)
@@ -805,7 +881,8 @@ def run_inspect(ns: argparse.Namespace) -> int:
       module = _default_model.default_model() if target is None else load_target(target)
     capacity = ns.capacity if ns.capacity is not None else ns.steps
     doc = inspect_model(module, specs, method=ns.method, capacity=capacity, steps=ns.steps,
-                        seed=ns.seed, target=target, description=description)
+                        seed=ns.seed, target=target, description=description,
+                        capture=ns.capture)
   if ns.json:
     doc = {k: v for k, v in doc.items() if k != "sow_sites_table"}
     print(json.dumps(doc, indent=2))

@@ -46,7 +46,11 @@ class Part:
 
 
 def global_key(part: Part, site: SowSite) -> tuple[str, ...]:
-  """The site's key from the root: collection, then the recorder's path, then the site path."""
+  """The site's key from the root: collection, then the recorder's path, then the sow path.
+
+  Every leaf of a sown pytree has the same key: capacity is declared per sow, and its leaves
+  share it (they are written together, so they fill together).
+  """
   return (site.collection, *map(str, part.path), *site.path)
 
 
@@ -55,23 +59,28 @@ def _capacities(parts: list[Part], capacity: _capacity.CapacitySpec | None,
   """Capacity per (part index, site key)."""
   out: dict[int, dict[tuple[str, ...], int]] = {}
   if capacity is not None:
-    keys = {global_key(p, s): (i, s.key) for i, p in enumerate(parts) for s in p.sites}
+    keys: dict[tuple[str, ...], list[tuple[int, tuple[str, ...]]]] = {}
+    for i, p in enumerate(parts):
+      for s in p.sites:
+        keys.setdefault(global_key(p, s), []).append((i, s.key))
     resolved = _capacity.resolve_capacities(capacity, sorted(keys), model_name=model_name)
-    for key, (i, local) in keys.items():
-      out.setdefault(i, {})[local] = resolved[key]
+    for key, locals_ in keys.items():
+      for i, local in locals_:
+        out.setdefault(i, {})[local] = resolved[key]
     return out
   # No capacity at the entry: each lb.ToNNX falls back to its constructor's; native sites have
   # none (the error lists every site still uncovered).
   uncovered = []
   for i, part in enumerate(parts):
     if part.default_capacity is not None and part.sites:
-      local = _capacity.resolve_capacities(part.default_capacity, [s.key for s in part.sites],
+      sow_keys = sorted({s.sow_key for s in part.sites})
+      local = _capacity.resolve_capacities(part.default_capacity, sow_keys,
                                            model_name=model_name)
-      out[i] = local
+      out[i] = {s.key: local[s.sow_key] for s in part.sites}
     else:
-      uncovered.extend(global_key(part, s) for s in part.sites)
+      uncovered.extend({global_key(part, s) for s in part.sites})
   if uncovered:
-    _capacity.resolve_capacities(None, sorted(uncovered), model_name=model_name)
+    _capacity.resolve_capacities(None, sorted(set(uncovered)), model_name=model_name)
   return out
 
 

@@ -36,7 +36,8 @@ from flax.core import scope as core_scope
 from flax.linen import module as linen_module_lib
 
 from ._errors import SowMismatchError
-from ._site import DroppedSow, SowCall, SowSite, Transform, with_lengths
+from ._site import (DroppedSow, SowCall, SowSite, Transform, flatten_value, is_pytree_value,
+                    with_lengths)
 
 _SOW_LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
     "loopbridge_linen_sow_log", default=None)
@@ -75,13 +76,18 @@ def _observing_sow(self, col, name, value, reduce_fn=linen_module_lib.tuple_redu
   if log is not None and self.scope is not None:
     shape, dtype = ((tuple(jnp.shape(value)), str(jnp.result_type(value)))
                     if _is_array(value) else (None, None))
+    leaf_shapes = None
+    if shape is None:
+      treedef, leaves = flatten_value(value)
+      if is_pytree_value(treedef, leaves):
+        leaf_shapes = tuple(tuple(jnp.shape(v)) if _is_array(v) else None for _, v in leaves)
     log.append(SowCall(
         collection=col, module_path=tuple(self.scope.path), name=name, shape=shape,
         dtype=dtype,
         default_reduce=(reduce_fn is linen_module_lib.tuple_reduce
                         and init_fn is linen_module_lib.tuple_init),
         dropped=not self.scope.is_mutable_collection(col), module_type=type(self).__name__,
-        init_fn=init_fn, transforms=_transforms_for(col)))
+        init_fn=init_fn, transforms=_transforms_for(col), leaf_shapes=leaf_shapes))
   return _Installed.sow(self, col, name, value, reduce_fn, init_fn)
 
 
@@ -153,11 +159,55 @@ class LinenFindings:
 
 
 _NON_ARRAY_HELP = (
-    "Why: one buffer holds one array shape. Fix: sow each kind of value under its own name, "
-    "and sow arrays (one `sow` per leaf of a pytree). If the site is '__call__' (or another "
-    "method name) it comes from capture_intermediates capturing a method that returns a "
-    "tuple/pytree: pass capture_intermediates=filter_fn that selects modules returning arrays, "
-    "e.g. lambda mdl, name: not isinstance(mdl, Block).")
+    "Why: one buffer holds one array shape; a pytree (tuple, dict, struct dataclass) gets one "
+    "buffer per array leaf, so its structure and leaf shapes must be the same on every sow. "
+    "Fix: sow each kind of value under its own name, and sow arrays or pytrees of arrays. If "
+    "the site is '__call__' (or another method name) it comes from capture_intermediates "
+    "capturing what a method returns: pass capture_intermediates=filter_fn that selects "
+    "modules returning arrays, e.g. lambda mdl, name: not isinstance(mdl, Block).")
+
+
+def _describe_value(value: tp.Any) -> tp.Any:
+  if hasattr(value, "shape"):
+    return tuple(value.shape)
+  if isinstance(value, (tuple, list, dict)) or dataclasses.is_dataclass(value):
+    return jax.tree.map(lambda v: tuple(v.shape) if hasattr(v, "shape") else type(v).__name__,
+                        value)
+  return type(value).__name__
+
+
+def _record_sites(path: tuple[str, ...], value: tuple, call: SowCall) -> list[SowSite]:
+  """The sites of one tuple-reduce sow: one for an array, one per array leaf of a pytree."""
+  flat = [flatten_value(v) for v in value]
+  treedefs = {treedef for treedef, _ in flat}
+  leaves_ok = all(hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+                  for _, leaves in flat for _, leaf in leaves)
+  if len(treedefs) != 1 or not leaves_ok:
+    raise SowMismatchError(
+        f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
+        f"values within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP)
+  (treedef,) = treedefs
+  first = flat[0][1]
+  pytree = is_pytree_value(treedef, first)
+  sites = []
+  for index, (keys, _) in enumerate(first):
+    shapes = {(tuple(leaves[index][1].shape), np.dtype(leaves[index][1].dtype))
+              for _, leaves in flat}
+    if len(shapes) != 1:
+      where = f"leaf {''.join(f'[{k}]' for k in keys)} of " if pytree else ""
+      raise SowMismatchError(
+          f"{where}sow site {'/'.join(path)} receives values of different shapes/dtypes "
+          f"within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP)
+    (shape, dtype), = shapes
+    sown_shape = call.shape
+    if pytree:
+      sown_shape = (call.leaf_shapes[index]
+                    if call.leaf_shapes is not None and index < len(call.leaf_shapes) else None)
+    sites.append(SowSite(
+        path[0], path[1:], shape, str(dtype), sown_shape, len(value),
+        with_lengths(call.transforms, shape, sown_shape),
+        leaf=keys if pytree else (), treedef=treedef if pytree else None, leaf_index=index))
+  return sites
 
 
 def classify(collections: tp.Mapping[str, tp.Any], calls: tp.Sequence[SowCall]) -> LinenFindings:
@@ -178,16 +228,7 @@ def classify(collections: tp.Mapping[str, tp.Any], calls: tp.Sequence[SowCall]) 
     record_paths.add(path)
     if not value:
       continue
-    shapes = {(tuple(v.shape), np.dtype(v.dtype)) for v in value if hasattr(v, "shape")}
-    if len(shapes) != 1 or not all(hasattr(v, "shape") for v in value):
-      raise SowMismatchError(
-          f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
-          f"values within one call ({[getattr(v, 'shape', type(v).__name__) for v in value]}). "
-          + _NON_ARRAY_HELP)
-    (shape, dtype), = shapes
-    call = first_call[path]
-    sites.append(SowSite(path[0], path[1:], shape, str(dtype), call.shape, len(value),
-                         with_lengths(call.transforms, shape, call.shape)))
+    sites.extend(_record_sites(path, value, first_call[path]))
   # Custom-reduce sows nested in a path (not a leaf of `flat`): look them up directly.
   for site, call in custom.items():
     if site not in accumulators:

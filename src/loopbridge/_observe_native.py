@@ -158,7 +158,9 @@ def diff(before: dict[tuple, tp.Any], after: dict[tuple, tp.Any],
         raise SowMismatchError(
             f"native sow site {'/'.join(map(str, path))} receives values of different "
             "shapes/dtypes or non-array values within one call. Why: one buffer holds one "
-            "array shape. Fix: sow each kind of value under its own name, and sow arrays.")
+            "array shape, and native sows of a pytree (tuple, dict) are not recorded leaf by "
+            "leaf yet (Linen sows and captures through lb.ToNNX are). Fix: sow each kind of "
+            "value under its own name, and sow arrays (one `sow` per leaf of a pytree).")
       (shape, dtype), = shapes
       stack = _stack_axes(path, shape, these)
       sown = next((c.shape for c in these if c.shape is not None), None)

@@ -21,6 +21,7 @@ from . import _buffers
 from . import _compat
 from . import _recorder
 from ._errors import NotInitializedError
+from ._site import SowSite
 
 
 _NOT_INITIALIZED = (
@@ -50,6 +51,7 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
       for key in path[:-1]:
         node = node.setdefault(key, {})
       node[path[-1]] = fn((*root_path, *path), buffer, count)
+    _rebuild_pytrees(tree, _recorder.sites_of(recorder))
     if not root_path:  # the root records too (native sows): its tree sits at the top
       result.update(tree)
       continue
@@ -66,11 +68,34 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
   return result
 
 
+def _rebuild_pytrees(tree: dict, sites: tp.Sequence[SowSite]) -> None:
+  """Put each sown pytree back together from its leaves' entries (one buffer per array leaf).
+
+  The leaves sit under the sow's path keyed by their pytree keys (`{'__call__': {'0': a,
+  '1': b}}`); the reader gets the structure that was sown (`{'__call__': (a, b)}`), each leaf
+  with the leading record axis, as Linen's `intermediates` would hold it.
+  """
+  by_sow: dict[tuple[str, ...], list[SowSite]] = {}
+  for site in sites:
+    if site.treedef is not None:
+      by_sow.setdefault(site.sow_key, []).append(site)
+  for sow_key, leaves in by_sow.items():
+    parent = _recorder.get_nested(tree, sow_key[:-1])
+    node = parent.get(sow_key[-1]) if isinstance(parent, dict) else None
+    if not isinstance(node, dict):
+      continue
+    leaves.sort(key=lambda s: s.leaf_index)
+    parent[sow_key[-1]] = leaves[0].treedef.unflatten(
+        [_recorder.get_nested(node, s.leaf) for s in leaves])
+
+
 def recorded(model: tp.Any) -> dict:
   """What the model recorded, Linen-shaped: each sow tuple becomes one array, index first.
 
   For an `lb.ToNNX` the tree is the one `linen.apply(..., mutable=[...])` returns, e.g.
   `{'intermediates': {'x': Array[n, ...], 'ScanBlock_0': {'carry': Array[n, L, ...]}}}`.
+  A sown pytree (a block returning `(out, weights)` under `capture_intermediates`, a dict, a
+  struct dataclass) reads back as that pytree with a leading `n` axis on every leaf.
 
   Outside a trace each array holds the `n` values recorded (at most `capacity`), oldest first.
   Inside a trace (jit, loops) shapes must be static, so each array is the whole buffer,

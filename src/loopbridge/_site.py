@@ -12,6 +12,7 @@ import dataclasses
 import math
 import typing as tp
 
+import jax
 import numpy as np
 
 # Lifted transforms that add an axis to the collections they carry.
@@ -60,6 +61,9 @@ class SowCall:
   module_type: str = ""
   init_fn: tp.Callable[[], tp.Any] | None = dataclasses.field(compare=False, default=None)
   transforms: tuple[Transform, ...] = ()  # enclosing lifted transforms, outermost first
+  # A pytree value (tuple, dict, struct dataclass): each array leaf's shape, in flatten order
+  # (`None` for a leaf that is not an array); `None` when the value is a single array.
+  leaf_shapes: tuple[tuple[int, ...] | None, ...] | None = None
 
   @property
   def site(self) -> tuple[str, ...]:
@@ -82,6 +86,11 @@ class SowSite:
     overflow: `"error"`, `"drop"` or `"wrap"` (`None` before the declaration).
     stack_axes: leading axes of the buffer added by stacking the sowing module (`nnx.vmap`
       layer stacks keep their buffers `(*stack, capacity, *value)`); 0 for most sites.
+    leaf: for a sown pytree (tuple, dict, struct dataclass), this leaf's keys inside it, e.g.
+      `("1",)` for the second entry of a tuple; `()` when the sown value is one array. Each
+      array leaf is its own site (own buffer and count) under the sow's path.
+    treedef: the sown pytree's structure (`None` for an array); `lb.recorded` rebuilds it.
+    leaf_index: the leaf's position in the flattened pytree.
   """
 
   collection: str
@@ -94,16 +103,29 @@ class SowSite:
   capacity: int | None = None
   overflow: str | None = None
   stack_axes: int = 0
+  leaf: tuple[str, ...] = ()
+  treedef: tp.Any = None
+  leaf_index: int = 0
 
   @property
   def key(self) -> tuple[str, ...]:
-    """`(collection, *path)`: where the buffer sits in the recorder's buffer tree."""
+    """`(collection, *path, *leaf)`: where the buffer sits in the recorder's buffer tree."""
+    return (self.collection, *self.path, *self.leaf)
+
+  @property
+  def sow_key(self) -> tuple[str, ...]:
+    """`(collection, *path)`: the sow this site belongs to (all leaves of a pytree share it)."""
     return (self.collection, *self.path)
 
   @property
   def name(self) -> str:
     """The `/`-joined path inside the collection (the key `capacity=` mappings use)."""
     return "/".join(self.path)
+
+  @property
+  def label(self) -> str:
+    """`name`, then the leaf inside a sown pytree: `"Block_0/__call__[1]"`."""
+    return self.name + "".join(f"[{k}]" for k in self.leaf)
 
   @property
   def value_shape(self) -> tuple[int, ...]:
@@ -142,7 +164,31 @@ class SowSite:
         "transforms": [t.to_dict() for t in self.transforms], "capacity": self.capacity,
         "overflow": self.overflow, "calls_to_fill": self.calls_to_fill,
         "buffer_bytes": self.buffer_bytes,
+        "leaf": list(self.leaf) if self.treedef is not None else None,
     }
+
+
+def _key_str(entry: tp.Any) -> str:
+  """One step of a jax key path as a plain string (a dict key in the buffer tree)."""
+  for attr in ("key", "idx", "name"):  # DictKey/FlattenedIndexKey, SequenceKey, GetAttrKey
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
+
+
+def flatten_value(value: tp.Any) -> tuple[tp.Any, list[tuple[tuple[str, ...], tp.Any]]]:
+  """A sown value's pytree structure and its leaves, each with its keys as strings.
+
+  An array is one leaf with keys `()`; a tuple `(out, weights)` gives leaves `("0",)` and
+  `("1",)`; `None` entries are structure, not leaves (as everywhere in JAX).
+  """
+  with_path, treedef = jax.tree_util.tree_flatten_with_path(value)
+  return treedef, [(tuple(_key_str(e) for e in path), leaf) for path, leaf in with_path]
+
+
+def is_pytree_value(treedef: tp.Any, leaves: tp.Sequence[tuple[tuple[str, ...], tp.Any]]) -> bool:
+  """Whether a flattened sown value is a container rather than one array."""
+  return not (len(leaves) == 1 and leaves[0][0] == () and treedef.num_nodes == 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,11 +35,14 @@ class SowSites:
     return len(self.sites)
 
   def __getitem__(self, name: str) -> SowSite:
-    """The site with this `collection/path` or (if unambiguous) `path`."""
+    """The site with this `collection/path` or (if unambiguous) `path`.
+
+    A leaf of a sown pytree is named with its keys: `"Block_0/__call__[1]"`.
+    """
     for site in self.sites:
-      if name in (f"{site.collection}/{site.name}", site.name):
+      if name in (f"{site.collection}/{site.label}", site.label):
         return site
-    raise KeyError(f"no sow site {name!r}; sites: {[s.name for s in self.sites]}")
+    raise KeyError(f"no sow site {name!r}; sites: {[s.label for s in self.sites]}")
 
   @property
   def buffer_bytes(self) -> int:
@@ -56,7 +59,7 @@ class SowSites:
     lines = [f"{self.model}: {len(self.sites)} sow site(s), buffers "
              f"{format_bytes(self.buffer_bytes)}"]
     if self.sites:
-      rows = [(s.collection, s.name, _shape_str(s.shape), s.dtype, str(s.per_call),
+      rows = [(s.collection, s.label, _shape_str(s.shape), s.dtype, str(s.per_call),
                " > ".join(t.label() for t in s.transforms) or "-",
                str(s.capacity), s.overflow, format_bytes(s.buffer_bytes))
               for s in self.sites]
@@ -107,6 +110,9 @@ def sow_sites(model: tp.Any) -> SowSites:
   (collection, path, recorded value shape and dtype, values per call, the enclosing
   `nn.scan` / `nn.vmap` / `nn.remat` with stacked axis and length, capacity, buffer bytes),
   plus the sows Linen dropped because a lifted transform does not carry their collection.
+  A sown pytree (tuple, dict, struct dataclass) has one record per array leaf, since each
+  leaf has its own buffer: its `label` adds the leaf's keys (`"Block_0/__call__[1]"`), its
+  `treedef` is the sown structure; `name` (the key `capacity=` uses) is the sow's path.
 
   Args:
     model: an `lb.ToNNX` after `lb.lazy_init`.

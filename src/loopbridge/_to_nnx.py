@@ -34,6 +34,7 @@ from . import _observe_linen
 from . import _pipeline
 from . import _recorder
 from . import _session
+from . import _site
 from ._errors import NotInitializedError, SowMismatchError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
@@ -88,7 +89,9 @@ class ToNNX(bridge.ToNNX):
     overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
     capture_intermediates: Linen's `apply(capture_intermediates=...)`: `True` records every
       submodule's `__call__` output (`'intermediates'/<path>/__call__`), a filter
-      `fn(module, method_name) -> bool` chooses; recorded with capacity like any sow.
+      `fn(module, method_name) -> bool` chooses; recorded with capacity like any sow. An
+      output that is a pytree (a block returning `(out, weights)`) gets a buffer per array
+      leaf and reads back as that pytree.
 
   Raises:
     TypeError: `module` is not a Linen module.
@@ -262,11 +265,12 @@ class ToNNX(bridge.ToNNX):
       label = "/".join(path)
       if isinstance(value, tuple):
         buffer = _recorder.get_nested(buffers, path)
-        if not isinstance(buffer, _buffers.Buffer):
-          raise SowMismatchError(_SOW_WITHOUT_BUFFER.format(label=label))
-        for v in value:
-          _buffers.check_value(buffer, v, label)
-        records.append((buffer, _recorder.get_nested(counts, path), value, label))
+        if isinstance(buffer, _buffers.Buffer):
+          for v in value:
+            _buffers.check_value(buffer, v, label)
+          records.append((buffer, _recorder.get_nested(counts, path), value, label))
+        else:
+          records.extend(_pytree_records(self, path, value, buffers, counts, label))
         continue
       if path in flat_in and flat_in[path] is value:
         continue  # unchanged (e.g. params under mutable=True): nothing to write
@@ -300,6 +304,39 @@ class ToNNX(bridge.ToNNX):
       _linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
 
 
+_PYTREE_CHANGED = (
+    "sow site {label} was declared for a pytree of structure {declared} and this call sows "
+    "{got}. Why: each array leaf of a sown pytree has its own preallocated buffer, so the "
+    "structure must stay the same inside NNX loops. Fix: declare this call signature with "
+    "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (a changed structure "
+    "starts that site's buffers anew), or sow the two structures under different names.")
+
+
+def _pytree_records(node: nnx.Module, path: tuple[str, ...], value: tuple, buffers: dict,
+                    counts: dict, label: str) -> list[tuple[tp.Any, tp.Any, list, str]]:
+  """(buffer, count, values, label) per array leaf of one call's pytree sows at `path`."""
+  sites = sorted((s for s in (_recorder.sites_of(node) or ()) if s.sow_key == path
+                  and s.treedef is not None), key=lambda s: s.leaf_index)
+  flat = [_site.flatten_value(v) for v in value]
+  if not sites:
+    if all(not leaves for _, leaves in flat):
+      return []  # pytrees without array leaves (e.g. a captured None): nothing to record
+    raise SowMismatchError(_SOW_WITHOUT_BUFFER.format(label=label))
+  treedef = sites[0].treedef
+  for got, _ in flat:
+    if got != treedef:
+      raise SowMismatchError(_PYTREE_CHANGED.format(label=label, declared=treedef, got=got))
+  out = []
+  for site in sites:
+    buffer = _recorder.get_nested(buffers, site.key)
+    leaf_label = f"{label}{''.join(f'[{k}]' for k in site.leaf)}"
+    leaves = [leaves[site.leaf_index][1] for _, leaves in flat]
+    for leaf in leaves:
+      _buffers.check_value(buffer, leaf, leaf_label)
+    out.append((buffer, _recorder.get_nested(counts, site.key), leaves, leaf_label))
+  return out
+
+
 PROBES_ATTR = _recorder.PROBES_ATTR
 
 
@@ -316,15 +353,20 @@ def _probe_value(site: tp.Any, sown: tp.Any) -> tp.Any:
   """Zeros of the site's shape, computed from the sown value so that they are batched (under
   `nnx.vmap`) exactly when the value is: a transform that does not stack the node then fails
   on the probe at lazy_init instead of on the buffers at a later call."""
-  if isinstance(sown, tuple) and sown and np.shape(sown[0]) == tuple(site.shape):
-    return jnp.asarray(sown[0]) * 0
+  if isinstance(sown, tuple) and sown:
+    first = sown[0]
+    if site.treedef is not None:  # one leaf of a sown pytree
+      leaves = _site.flatten_value(first)[1]
+      first = leaves[site.leaf_index][1] if site.leaf_index < len(leaves) else None
+    if first is not None and np.shape(first) == tuple(site.shape):
+      return jnp.asarray(first) * 0
   return jnp.zeros(site.shape, site.dtype)
 
 
 def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping) -> None:
   if sites:
     _compat.set_data_attribute(node, PROBES_ATTR, {
-        "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.key)))
+        "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key)))
         for site in sites})
 
 
