@@ -7,6 +7,7 @@ and `nnx.scan`, recording every sown value into preallocated buffers.
 
 from ._buffers import Buffer as Buffer
 from ._buffers import Count as Count
+from ._capacity import capacity as capacity
 from ._checkpoint import from_linen_variables as from_linen_variables
 from ._checkpoint import load_linen_variables as load_linen_variables
 from ._checkpoint import restore_checkpoint as restore_checkpoint
@@ -72,6 +73,7 @@ __all__ = [
     "StructureReport",
     "ToNNX",
     "buffers",
+    "capacity",
     "compare",
     "compile_step",
     "counts",

@@ -279,7 +279,8 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     *args: sample inputs, as for the model's call.
     capacity: an int for every sow site, or a mapping from a collection name, a `/`-joined
       path from the root inside the collection (e.g. `"ScanBlock_0/carry"`, `"llm/Block_0/x"`)
-      or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`.
+      or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`, then to
+      an enclosing `with lb.capacity(N):` block.
     overflow: `"error"` (default), `"drop"` or `"wrap"`.
     **kwargs: keyword arguments of the call (`method=` included for an `lb.ToNNX`).
 
@@ -303,6 +304,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     (0, 1, 3)
   """
   capacity = _capacity.check_capacity_spec(capacity)
+  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
   if overflow is not None:
     _capacity.check_overflow(overflow)
   root, _ = target(model, None, "lb.lazy_init")
@@ -338,7 +340,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
            + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
            + _native_parts(findings, node_at.__getitem__))
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
-                   model_name=_model_name(root))
+                   model_name=_model_name(root), scoped_capacity=scoped)
   return model
 
 
@@ -350,7 +352,7 @@ def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
   part = _declare.Part((), node, report.sites, settings.capacity_spec, settings.overflow,
                        report.dropped)
   _declare.declare([part], capacity=None, overflow=None, shardings_from=(args, kwargs),
-                   model_name=_model_name(node))
+                   model_name=_model_name(node), scoped_capacity=_capacity.scoped_capacity())
 
 
 def _abstract(tree: tp.Any) -> tp.Any:
@@ -373,7 +375,8 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
   Args:
     model: an NNX module (or a bound method of one), e.g. an initialized `lb.ToNNX`.
     *args: sample inputs of the call (only shapes, dtypes and shardings matter).
-    capacity: as for `lb.lazy_init`; required for native sows.
+    capacity: as for `lb.lazy_init` (the same defaults); native sows need it or an
+      enclosing `with lb.capacity(N):` block.
     overflow: `"error"` (default), `"drop"` or `"wrap"`.
     method: the method the loop calls: a name, a function taking the module first, or (for
       an `lb.ToNNX`) a Linen method. Default `__call__`.
@@ -404,6 +407,7 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
     (1, 1, 3)
   """
   capacity = _capacity.check_capacity_spec(capacity)
+  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
   if overflow is not None:
     _capacity.check_overflow(overflow)
   root, call = target(model, method, "lb.preallocate")
@@ -448,5 +452,5 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
       setattr(module, path[-1], variable)
   parts += _native_parts(findings, node_at.__getitem__)
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
-                   model_name=_model_name(root), entry="preallocate")
+                   model_name=_model_name(root), entry="preallocate", scoped_capacity=scoped)
   return model

@@ -84,7 +84,7 @@ class ToNNX(bridge.ToNNX):
     rngs: `nnx.Rngs` or a key, as for `flax.nnx.bridge.ToNNX`.
     capacity: default capacity for `lazy_init` (an int for every sow site or a mapping from a
       collection name, a `/`-joined sow path or a glob to an int). `lazy_init(capacity=...)`
-      overrides it.
+      overrides it; it overrides an enclosing `with lb.capacity(N):` block.
     overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
     capture_intermediates: Linen's `apply(capture_intermediates=...)`: `True` records every
       submodule's `__call__` output (`'intermediates'/<path>/__call__`), a filter
