@@ -21,6 +21,7 @@ from ._errors import CapacityError as CapacityError
 from ._errors import CheckpointError as CheckpointError
 from ._errors import CompareError as CompareError
 from ._errors import DroppedSowWarning as DroppedSowWarning
+from ._errors import ForeignTraceError as ForeignTraceError
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import RecordsDiscardedWarning as RecordsDiscardedWarning
@@ -62,6 +63,7 @@ __all__ = [
     "CompiledStep",
     "Count",
     "DroppedSowWarning",
+    "ForeignTraceError",
     "LoopbridgeError",
     "NotInitializedError",
     "ParityReport",

@@ -355,6 +355,38 @@ def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
                    model_name=_model_name(node), scoped_capacity=_capacity.scoped_capacity())
 
 
+def _variable_shapes(node: tp.Any) -> list[tuple[tp.Any, tuple[int, ...]]]:
+  return [(path, tuple(getattr(_compat.variable_value(v), "shape", ())))
+          for path, v in _compat.iter_graph(node) if isinstance(v, nnx.Variable)]
+
+
+def _report_path(report: _session.BridgeReport, paths: dict[int, tuple],
+                 node_at: dict[tuple, tp.Any]) -> tuple | None:
+  """Where a bridged node that reported in `preallocate`'s run sits in the model (None: unknown).
+
+  A node of the model's clone is found by identity. An NNX loop or transform inside the call
+  (`nnx.while_loop`, `nnx.fori_loop`, `nnx.scan`, `lb.fori_loop`, ...) calls a copy merged from
+  the clone's state instead; the copy keeps the node's static attributes (its settings object
+  is the very same), so it is the node whose settings it carries, provided every Variable has
+  the node's shape. A copy with other shapes is a slice of a stacked node (`nnx.vmap`/
+  `nnx.scan` over layers): its buffers would need the stack axes, so it stays unknown; so does
+  a copy shared by the members of a vmap (batched sows, one buffer).
+  """
+  node = report.node
+  path = paths.get(id(node))
+  if path is not None:
+    return path
+  if report.batched:
+    return None
+  settings = settings_of(node)
+  matches = [p for p, n in node_at.items() if settings_of(n) is settings]
+  if len(matches) != 1:
+    return None
+  if _variable_shapes(node) != _variable_shapes(node_at[matches[0]]):
+    return None
+  return matches[0]
+
+
 def _abstract(tree: tp.Any) -> tp.Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
                       if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
@@ -426,13 +458,13 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
 
   def run(state):
     clone = nnx.merge(graphdef, state)
-    clone_paths, _ = _graph_index(clone)
+    clone_paths, clone_at = _graph_index(clone)
     with (_session.open_session("apply") as session,
           _observe_native.observe(_observe_native.observable_modules(clone)) as calls):
       call(clone, *args, **kwargs)
     # Nothing traced may leave the trace: keep shapes and paths only.
     found["reports"] = [
-        (clone_paths.get(id(r.node)), dataclasses.replace(
+        (_report_path(r, clone_paths, clone_at), dataclasses.replace(
             r, node=None, new_accumulators={k: (f, _abstract(v))
                                             for k, (f, v) in r.new_accumulators.items()}))
         for r in session.reports]

@@ -34,6 +34,7 @@ from . import _observe_linen
 from . import _pipeline
 from . import _recorder
 from . import _session
+from . import _trace_check
 from ._errors import NotInitializedError, SowMismatchError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
@@ -191,8 +192,10 @@ class ToNNX(bridge.ToNNX):
     new_accumulators = {site: (call.init_fn, value)
                         for site, (call, value) in found.accumulators.items()
                         if _recorder.get_nested(variables, site) is None}
-    session.reports.append(_session.BridgeReport(self, type(module).__name__, found.sites,
-                                                 found.dropped, new_accumulators))
+    sown = [updates[s.collection] for s in found.sites if s.collection in updates]
+    session.reports.append(_session.BridgeReport(
+        self, type(module).__name__, found.sites, found.dropped, new_accumulators,
+        batched=any(map(_compat.is_batched, jax.tree.leaves(sown)))))
     return out
 
   # ------------------------------------------------------------------ calling
@@ -236,6 +239,10 @@ class ToNNX(bridge.ToNNX):
     # call makes without a declared buffer is reported instead of silently dropped.
     record_cols = {site.collection for site in sites} | {"intermediates"}
     apply_mutable = _merge_mutable(mutable, record_cols)
+    # Before drawing from the rng streams (a write too): a closed-over model fails here.
+    _trace_check.check([_first_variable(getattr(self, COUNTS_ATTR)),
+                        *(_rng_counts(_compat.rngs_of(self)) if rngs is None else ())],
+                       f"lb.ToNNX({type(module).__name__})")
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
     result = module.apply(variables, *args, rngs=call_rngs, method=method,
@@ -292,6 +299,8 @@ class ToNNX(bridge.ToNNX):
             "need every Variable to keep its shape and dtype. Fix: keep the collection's "
             "shapes fixed (e.g. preallocate a cache at its full length).")
       writes.append((variable, new))
+    _trace_check.check([variable for variable, _ in writes],
+                       f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__})")
     for buffer, count, values, label in records:
       _buffers.append(buffer, count, values, label, checked=True)
     for variable, new in writes:
@@ -326,6 +335,21 @@ def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping
     _compat.set_data_attribute(node, PROBES_ATTR, {
         "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.key)))
         for site in sites})
+
+
+def _first_variable(tree: tp.Any) -> nnx.Variable | None:
+  """One Variable of a recorder's counts: they are all created (and merged) together."""
+  for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    if isinstance(leaf, nnx.Variable):
+      return leaf
+  return None
+
+
+def _rng_counts(rngs: tp.Any) -> list[tp.Any]:
+  """The count Variables a call advances when it draws from the wrapper's own streams."""
+  if rngs is None or isinstance(rngs, jax.Array):
+    return []
+  return [getattr(stream, "count", None) for _, stream in rngs.items()]
 
 
 def _creates_params(mutable: tp.Any) -> bool:
