@@ -162,7 +162,8 @@ def test_the_check_runs_while_tracing_only(monkeypatch):
   @jax.jit
   def step(state, x):
     m = nnx.merge(graphdef, state)
-    return nnx.state(m), m(x)
+    y = m(x)
+    return nnx.state(m), y
 
   for _ in range(STEPS):
     state, _ = step(state, X)

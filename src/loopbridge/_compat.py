@@ -185,6 +185,18 @@ def written_in_another_trace(variable: nnx.Variable, trace: tp.Any) -> bool:
   return state is not None and state.jax_trace != trace
 
 
+def unfiltered_tracebacks() -> tp.ContextManager[tp.Any]:
+  """JAX traceback filtering off inside the block (this thread only).
+
+  Filtering drops flax's own frames (Linen's module wrappers), and with them which Linen module
+  was running; jax 0.5 and 0.10 both keep the option as a `jax._src.config` State, which is a
+  thread-local context manager.
+  """
+  from jax._src import config  # pylint: disable=import-outside-toplevel
+
+  return config.traceback_filtering("off")
+
+
 def is_batched(x: tp.Any) -> bool:
   """Whether `x` is a value inside `jax.vmap` (or `nnx.vmap`), i.e. one per batch member.
 

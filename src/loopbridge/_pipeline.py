@@ -29,6 +29,7 @@ from . import _linen_vars
 from . import _observe_native
 from . import _recorder
 from . import _session
+from . import _user_errors
 from ._errors import NotInitializedError, SowMismatchError
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
@@ -318,6 +319,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
       tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
     except ValueError as error:
       if _recorder.PROBES_ATTR not in str(error):
+        _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
         raise
       raise TypeError(
           "lb.lazy_init found an lb.ToNNX that sows inside an NNX transform which does not "
@@ -325,6 +327,9 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
           "value, but the module, and so its buffers, would be shared. Why: one buffer records "
           "one value per call. Fix: give the module the transform axis (in_axes=0, with "
           "nnx.split_rngs), or call it outside the transform.") from error
+    except Exception as error:
+      _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
+      raise
     finally:
       _compat.set_initializing(root, False)
   probes_of = _take_probes(root)
@@ -342,6 +347,17 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
                    model_name=_model_name(root), scoped_capacity=scoped)
   return model
+
+
+def _note_running(error: BaseException, entry: str, root: tp.Any,
+                  path_of: dict[int, tuple]) -> None:
+  """Say which module of the model was running when its own code raised `error`."""
+  if not _user_errors.is_users(error):
+    return
+  where = _user_errors.running_nnx_module(error, path_of)
+  _user_errors.add_note(error, f"raised by the model's own code while {entry} ran "
+                        f"{_model_name(root)}" + (f"; NNX module {where} was running." if where
+                                                  else "."))
 
 
 def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
@@ -461,7 +477,11 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
     clone_paths, clone_at = _graph_index(clone)
     with (_session.open_session("apply") as session,
           _observe_native.observe(_observe_native.observable_modules(clone)) as calls):
-      call(clone, *args, **kwargs)
+      try:
+        call(clone, *args, **kwargs)
+      except Exception as error:
+        _note_running(error, "lb.preallocate", root, clone_paths)
+        raise
     # Nothing traced may leave the trace: keep shapes and paths only.
     found["reports"] = [
         (_report_path(r, clone_paths, clone_at), dataclasses.replace(

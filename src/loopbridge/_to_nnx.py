@@ -35,6 +35,7 @@ from . import _pipeline
 from . import _recorder
 from . import _session
 from . import _trace_check
+from . import _user_errors
 from ._errors import NotInitializedError, SowMismatchError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
@@ -150,10 +151,19 @@ class ToNNX(bridge.ToNNX):
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # mutable=True: Linen's init leaves 'intermediates' out by default; with it, init returns
     # every value the trace sowed, so the sites come from this one trace.
-    with _observe_linen.observe() as calls:
-      out, variables = module.init_with_output(
-          init_rngs, *args, method=method, mutable=True,
-          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
+    capture = _pipeline.settings_of(self).capture_intermediates
+    try:
+      with _observe_linen.observe() as calls:
+        out, variables = module.init_with_output(
+            init_rngs, *args, method=method, mutable=True, capture_intermediates=capture,
+            **kwargs)
+    except Exception as error:
+      _user_errors.note_linen_call(
+          error, label=type(module).__name__, what="init",
+          plain=_plain_call(module, "init", method, capture),
+          rerun=lambda: module.init(init_rngs, *args, method=method,
+                                    capture_intermediates=capture, **kwargs))
+      raise
     found = _observe_linen.classify(variables, calls)
     # Values sown with the default tuple reduce are records, not state: keep them out of the
     # Variables, or they would grow on every later call.
@@ -184,10 +194,19 @@ class ToNNX(bridge.ToNNX):
     # This is a throwaway clone under jax.eval_shape: drawing from its streams changes nothing.
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
-    with _observe_linen.observe() as calls:
-      out, updates = module.apply(
-          variables, *args, rngs=call_rngs, method=method, mutable=True,
-          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
+    capture = _pipeline.settings_of(self).capture_intermediates
+    try:
+      with _observe_linen.observe() as calls:
+        out, updates = module.apply(
+            variables, *args, rngs=call_rngs, method=method, mutable=True,
+            capture_intermediates=capture, **kwargs)
+    except Exception as error:
+      _user_errors.note_linen_call(
+          error, label=type(module).__name__, what="apply",
+          plain=_plain_call(module, "apply", method, capture),
+          rerun=lambda: module.apply(variables, *args, rngs=call_rngs, method=method,
+                                     capture_intermediates=capture, **kwargs))
+      raise
     found = _observe_linen.classify(updates, calls)
     new_accumulators = {site: (call.init_fn, value)
                         for site, (call, value) in found.accumulators.items()
@@ -335,6 +354,15 @@ def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping
     _compat.set_data_attribute(node, PROBES_ATTR, {
         "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.key)))
         for site in sites})
+
+
+def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.Any) -> str:
+  """How a user calls the same thing in plain Linen, for notes on errors from the model."""
+  extra = "" if method is None else f", method={getattr(method, '__name__', method)!r}"
+  if capture is not False:
+    extra += f", capture_intermediates={capture!r}"
+  first = "rngs" if entry == "init" else "variables"
+  return f"`{type(module).__name__}.{entry}({first}, *args{extra})`"
 
 
 def _first_variable(tree: tp.Any) -> nnx.Variable | None:
