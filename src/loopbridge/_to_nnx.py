@@ -161,8 +161,9 @@ class ToNNX(bridge.ToNNX):
       _user_errors.note_linen_call(
           error, label=type(module).__name__, what="init",
           plain=_plain_call(module, "init", method, capture),
-          rerun=lambda: module.init(init_rngs, *args, method=method,
-                                    capture_intermediates=capture, **kwargs))
+          # Linen's own init, even where the class defines an `init` method of its own.
+          rerun=lambda: linen.Module.init(module, init_rngs, *args, method=method,
+                                          capture_intermediates=capture, **kwargs))
       raise
     found = _observe_linen.classify(variables, calls)
     # Values sown with the default tuple reduce are records, not state: keep them out of the
@@ -204,8 +205,9 @@ class ToNNX(bridge.ToNNX):
       _user_errors.note_linen_call(
           error, label=type(module).__name__, what="apply",
           plain=_plain_call(module, "apply", method, capture),
-          rerun=lambda: module.apply(variables, *args, rngs=call_rngs, method=method,
-                                     capture_intermediates=capture, **kwargs))
+          rerun=lambda: linen.Module.apply(module, variables, *args, rngs=call_rngs,
+                                           method=method, capture_intermediates=capture,
+                                           **kwargs))
       raise
     found = _observe_linen.classify(updates, calls)
     new_accumulators = {site: (call.init_fn, value)
