@@ -7,6 +7,7 @@ and `nnx.scan`, recording every sown value into preallocated buffers.
 
 from ._buffers import Buffer as Buffer
 from ._buffers import Count as Count
+from ._capacity import capacity as capacity
 from ._checkpoint import from_linen_variables as from_linen_variables
 from ._checkpoint import load_linen_variables as load_linen_variables
 from ._checkpoint import restore_checkpoint as restore_checkpoint
@@ -21,6 +22,7 @@ from ._errors import CapacityError as CapacityError
 from ._errors import CheckpointError as CheckpointError
 from ._errors import CompareError as CompareError
 from ._errors import DroppedSowWarning as DroppedSowWarning
+from ._errors import ForeignTraceError as ForeignTraceError
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotInitializedError as NotInitializedError
 from ._errors import RecordsDiscardedWarning as RecordsDiscardedWarning
@@ -63,6 +65,7 @@ __all__ = [
     "CompiledStep",
     "Count",
     "DroppedSowWarning",
+    "ForeignTraceError",
     "LoopbridgeError",
     "NotInitializedError",
     "ParityReport",
@@ -74,6 +77,7 @@ __all__ = [
     "StructureReport",
     "ToNNX",
     "buffers",
+    "capacity",
     "compare",
     "compile_step",
     "counts",

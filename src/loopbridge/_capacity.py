@@ -8,6 +8,8 @@ exact path, then glob, then collection name.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fnmatch
 import operator
 import typing as tp
@@ -27,6 +29,58 @@ _CAPACITY_HELP = (
     "a '/'-joined sow path or a glob of one to a positive int "
     "(capacity={'intermediates': 8, 'ScanBlock_0/*': 2})."
 )
+
+
+# The default of `with lb.capacity(N):`. A ContextVar, not a global: private to the thread (and
+# task) that opened the block. Read once per declaration by the entries, passed on as a value.
+_SCOPED: contextvars.ContextVar[tp.Any] = contextvars.ContextVar("loopbridge_capacity",
+                                                                 default=None)
+
+
+@contextlib.contextmanager
+def capacity(spec: CapacitySpec | None) -> tp.Iterator[None]:
+  """A default capacity for every declaration made inside the block.
+
+  For code you cannot edit: a third-party constructor that calls `model.lazy_init(...)` on an
+  `lb.ToNNX` without `capacity=` declares its buffers with `spec` when built inside the block.
+  Precedence, most specific first: `capacity=` given to `lb.lazy_init`/`lb.preallocate`, then
+  `lb.ToNNX(..., capacity=)`, then this block (the innermost one when nested). One block covers
+  many declarations, so a key of a mapping that matches no site of one of them is not an error
+  (a site no key covers still is). `lb.capacity(None)` turns an outer block off.
+
+  Args:
+    spec: an int for every sow site, or a mapping as for `lb.lazy_init`'s `capacity=`.
+
+  Returns:
+    A context manager: use it in a `with` statement.
+
+  Raises:
+    CapacityError: a malformed `spec` (checked when the block opens).
+
+  Example:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> with lb.capacity(3):
+    ...   model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
+    ...   _ = model.lazy_init(jnp.ones(2))  # as third-party code would call it
+    >>> lb.buffers(model)["intermediates"]["x"].shape
+    (3, 2)
+  """
+  token = _SCOPED.set(check_capacity_spec(spec))
+  try:
+    yield
+  finally:
+    _SCOPED.reset(token)
+
+
+def scoped_capacity() -> CapacitySpec | None:
+  """The capacity of the innermost open `lb.capacity` block (None outside any)."""
+  return _SCOPED.get()
 
 
 def site_path_str(site: SiteKey) -> str:
@@ -92,9 +146,21 @@ def check_overflow(overflow: tp.Any) -> str:
   return overflow
 
 
+NO_CAPACITY_FIX = (
+    "Fix, any one of: lb.lazy_init(model, *args, capacity=N) (or lb.preallocate(...)) with an "
+    "int for every site or a mapping per path, e.g. capacity={'intermediates': 16}; "
+    "lb.ToNNX(module, rngs=..., capacity=N) when building the wrapper; or, when the code that "
+    "calls lazy_init is not yours (a third-party model's __init__), build the model inside "
+    "`with lb.capacity(N):`.")
+
+
 def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey],
-                       *, model_name: str = "the model") -> dict[SiteKey, int]:
-  """Map every site to its capacity; every site must be covered and every key must match."""
+                       *, model_name: str = "the model",
+                       unused_ok: bool = False) -> dict[SiteKey, int]:
+  """Map every site to its capacity; every site must be covered and every key must match.
+
+  `unused_ok`: keys that match no site are allowed (an `lb.capacity` block's default).
+  """
   if not sites:
     return {}
   if capacity is None:
@@ -102,8 +168,7 @@ def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey
     raise CapacityError(
         f"{model_name} sows at {len(sites)} site(s) ({listing}) but no capacity was declared. "
         "Why: inside NNX loops every recorded value needs a preallocated buffer of fixed size. "
-        "Fix: lb.lazy_init(model, *args, capacity=N) (or lb.preallocate(...)) with an int for "
-        "every site or a mapping per path, e.g. capacity={'intermediates': 16}."
+        + NO_CAPACITY_FIX
     )
   if not isinstance(capacity, tp.Mapping):
     return {site: capacity for site in sites}
@@ -144,7 +209,7 @@ def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey
         "Fix: add a key for the path, a glob, or the collection name (e.g. 'intermediates')."
     )
   unused = [k for k in capacity if k not in used]
-  if unused:
+  if unused and not unused_ok:
     raise CapacityError(
         f"capacity key(s) {unused} match no sow site of this call. Why: a key that matches "
         "nothing is usually a typo and would silently leave a site without the size you meant. "

@@ -163,6 +163,51 @@ def current_bridge_mutable() -> tp.Any:
   return None
 
 
+def current_trace() -> tp.Any:
+  """The JAX trace NNX records on each Variable (`Variable._trace_state`), for comparing."""
+  from flax.nnx import tracers  # same module and function on 0.10 and 0.12
+
+  return tracers.current_jax_trace()
+
+
+def written_in_another_trace(variable: nnx.Variable, trace: tp.Any) -> bool:
+  """Whether writing `variable` under `trace` would leave the value behind in a foreign trace.
+
+  flax 0.12 refuses such a write itself (`TraceContextError`), except for hijax Variables,
+  whose values are references that may cross traces. flax 0.10 records the trace on every
+  Variable (`_trace_state`) but its check is switched off (`TraceState.is_valid` returns
+  True), so the write goes through and the value is lost when the trace ends. Both keep the
+  trace in `_trace_state.jax_trace`, so comparing it works alike.
+  """
+  if getattr(variable, "hijax", False):
+    return False
+  state = getattr(variable, "_trace_state", None)
+  return state is not None and state.jax_trace != trace
+
+
+def unfiltered_tracebacks() -> tp.ContextManager[tp.Any]:
+  """JAX traceback filtering off inside the block (this thread only).
+
+  Filtering drops flax's own frames (Linen's module wrappers), and with them which Linen module
+  was running; jax 0.5 and 0.10 both keep the option as a `jax._src.config` State, which is a
+  thread-local context manager.
+  """
+  from jax._src import config  # pylint: disable=import-outside-toplevel
+
+  return config.traceback_filtering("off")
+
+
+def is_batched(x: tp.Any) -> bool:
+  """Whether `x` is a value inside `jax.vmap` (or `nnx.vmap`), i.e. one per batch member.
+
+  jax 0.10 no longer exports `jax.interpreters.batching.BatchTracer`; both versions keep the
+  class in `jax._src.interpreters.batching`.
+  """
+  from jax._src.interpreters import batching  # pylint: disable=import-outside-toplevel
+
+  return isinstance(x, batching.BatchTracer)
+
+
 def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
   """(path, node) for every node of an NNX graph, following shared references once.
 

@@ -55,8 +55,13 @@ def global_key(part: Part, site: SowSite) -> tuple[str, ...]:
 
 
 def _capacities(parts: list[Part], capacity: _capacity.CapacitySpec | None,
-                model_name: str) -> dict[int, dict[tuple[str, ...], int]]:
-  """Capacity per (part index, site key)."""
+                model_name: str, scoped: _capacity.CapacitySpec | None = None
+                ) -> dict[int, dict[tuple[str, ...], int]]:
+  """Capacity per (part index, site key).
+
+  Precedence: the entry's `capacity`, then each lb.ToNNX's constructor capacity, then `scoped`
+  (an open `lb.capacity` block) for the sites neither covers.
+  """
   out: dict[int, dict[tuple[str, ...], int]] = {}
   if capacity is not None:
     keys: dict[tuple[str, ...], list[tuple[int, tuple[str, ...]]]] = {}
@@ -69,8 +74,8 @@ def _capacities(parts: list[Part], capacity: _capacity.CapacitySpec | None,
         out.setdefault(i, {})[local] = resolved[key]
     return out
   # No capacity at the entry: each lb.ToNNX falls back to its constructor's; native sites have
-  # none (the error lists every site still uncovered).
-  uncovered = []
+  # none but an `lb.capacity` block's (the error lists every site still uncovered).
+  uncovered: dict[tuple[str, ...], list[tuple[int, tuple[str, ...]]]] = {}
   for i, part in enumerate(parts):
     if part.default_capacity is not None and part.sites:
       sow_keys = sorted({s.sow_key for s in part.sites})
@@ -78,17 +83,24 @@ def _capacities(parts: list[Part], capacity: _capacity.CapacitySpec | None,
                                            model_name=model_name)
       out[i] = {s.key: local[s.sow_key] for s in part.sites}
     else:
-      uncovered.extend({global_key(part, s) for s in part.sites})
+      for s in part.sites:
+        uncovered.setdefault(global_key(part, s), []).append((i, s.key))
   if uncovered:
-    _capacity.resolve_capacities(None, sorted(set(uncovered)), model_name=model_name)
+    resolved = _capacity.resolve_capacities(scoped, sorted(uncovered), model_name=model_name,
+                                            unused_ok=True)
+    for key, locals_ in uncovered.items():
+      for i, local_key in locals_:
+        out.setdefault(i, {})[local_key] = resolved[key]
   return out
 
 
 def declare(parts: list[Part], *, capacity: _capacity.CapacitySpec | None,
             overflow: str | None, shardings_from: tuple[tp.Any, tp.Any], model_name: str,
-            entry: str = "lazy_init") -> None:
-  """(Re)declare the buffers of every part. `capacity`/`overflow` were validated by the entry."""
-  capacities = _capacities(parts, capacity, model_name)
+            entry: str = "lazy_init", scoped_capacity: _capacity.CapacitySpec | None = None
+            ) -> None:
+  """(Re)declare the buffers of every part. `capacity`/`overflow` were validated by the entry;
+  `scoped_capacity` is the entry's `lb.capacity` default (the lowest precedence)."""
+  capacities = _capacities(parts, capacity, model_name, scoped_capacity)
   for i, part in enumerate(parts):
     for dropped in part.dropped:
       warnings.warn(dropped.warning_text(), DroppedSowWarning, stacklevel=5)

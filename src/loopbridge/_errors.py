@@ -27,6 +27,12 @@ class StructureChangeError(LoopbridgeError, ValueError):
   """A call would change the model's variable structure, which NNX loops forbid."""
 
 
+class ForeignTraceError(LoopbridgeError, RuntimeError):
+  """A recording call made from a JAX trace that is not the model's: the model was closed over
+  (by a `jax.lax` loop body, a jit wrapper) instead of carried through, so what it records
+  could not leave that trace."""
+
+
 class DroppedSowWarning(UserWarning):
   """A `sow` that Linen silently discarded because an enclosing lifted transform
   (`nn.scan`, `nn.vmap`, ...) does not carry its collection."""

@@ -37,7 +37,7 @@ from flax import nnx
 
 from . import _compat
 from . import _explain
-from ._errors import StructureChangeError
+from ._errors import ForeignTraceError, StructureChangeError
 
 T = tp.TypeVar("T")
 
@@ -262,7 +262,8 @@ def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.
   try:
     state_out, values_out = run(state, values, None if static_bounds else lower,
                                 None if static_bounds else upper)
-  except (flax_errors.TraceContextError, jax.errors.UnexpectedTracerError) as error:
+  except (flax_errors.TraceContextError, jax.errors.UnexpectedTracerError,
+          ForeignTraceError) as error:
     if not outside:
       raise
     _restore(outside, before)

@@ -24,6 +24,7 @@ from . import _buffers
 from . import _compat
 from . import _recorder
 from . import _session
+from . import _trace_check
 from ._errors import SowMismatchError
 
 _SOW_PARAMS = inspect.signature(nnx.Module.sow).parameters
@@ -96,6 +97,7 @@ def install(cls: type) -> None:
           return previous(self)(variable_type, name, value, reduce_fn, init_fn)
         raise SowMismatchError(_NO_BUFFER.format(label=f"{type(self).__name__}: {collection}/{name}"))
       counts = getattr(self, _recorder.COUNTS_ATTR)
+      _trace_check.check([counts[collection][name]], f"{type(self).__name__}.sow")
       _buffers.append(buffer, counts[collection][name], [value],
                       f"{type(self).__name__}: {collection}/{name}")
       if in_capture:  # the capture also returns this call's sows, as without loopbridge

@@ -30,6 +30,7 @@ from . import _linen_vars
 from . import _observe_native
 from . import _recorder
 from . import _session
+from . import _user_errors
 from ._errors import NotInitializedError, SowMismatchError
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
@@ -280,7 +281,8 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     *args: sample inputs, as for the model's call.
     capacity: an int for every sow site, or a mapping from a collection name, a `/`-joined
       path from the root inside the collection (e.g. `"ScanBlock_0/carry"`, `"llm/Block_0/x"`)
-      or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`.
+      or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`, then to
+      an enclosing `with lb.capacity(N):` block.
     overflow: `"error"` (default), `"drop"` or `"wrap"`.
     **kwargs: keyword arguments of the call (`method=` included for an `lb.ToNNX`).
 
@@ -304,6 +306,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     (0, 1, 3)
   """
   capacity = _capacity.check_capacity_spec(capacity)
+  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
   if overflow is not None:
     _capacity.check_overflow(overflow)
   root, _ = target(model, None, "lb.lazy_init")
@@ -317,6 +320,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
       tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
     except ValueError as error:
       if _recorder.PROBES_ATTR not in str(error):
+        _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
         raise
       raise TypeError(
           "lb.lazy_init found an lb.ToNNX that sows inside an NNX transform which does not "
@@ -324,6 +328,9 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
           "value, but the module, and so its buffers, would be shared. Why: one buffer records "
           "one value per call. Fix: give the module the transform axis (in_axes=0, with "
           "nnx.split_rngs), or call it outside the transform.") from error
+    except Exception as error:
+      _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
+      raise
     finally:
       _compat.set_initializing(root, False)
   probes_of = _take_probes(root)
@@ -339,9 +346,20 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
            + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
            + _native_parts(findings, node_at.__getitem__))
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
-                   model_name=_model_name(root))
+                   model_name=_model_name(root), scoped_capacity=scoped)
   _caches.warn_short_caches(root, parts, "lazy_init")
   return model
+
+
+def _note_running(error: BaseException, entry: str, root: tp.Any,
+                  path_of: dict[int, tuple]) -> None:
+  """Say which module of the model was running when its own code raised `error`."""
+  if not _user_errors.is_users(error):
+    return
+  where = _user_errors.running_nnx_module(error, path_of)
+  _user_errors.add_note(error, f"raised by the model's own code while {entry} ran "
+                        f"{_model_name(root)}" + (f"; NNX module {where} was running." if where
+                                                  else "."))
 
 
 def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
@@ -352,7 +370,39 @@ def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
   part = _declare.Part((), node, report.sites, settings.capacity_spec, settings.overflow,
                        report.dropped)
   _declare.declare([part], capacity=None, overflow=None, shardings_from=(args, kwargs),
-                   model_name=_model_name(node))
+                   model_name=_model_name(node), scoped_capacity=_capacity.scoped_capacity())
+
+
+def _variable_shapes(node: tp.Any) -> list[tuple[tp.Any, tuple[int, ...]]]:
+  return [(path, tuple(getattr(_compat.variable_value(v), "shape", ())))
+          for path, v in _compat.iter_graph(node) if isinstance(v, nnx.Variable)]
+
+
+def _report_path(report: _session.BridgeReport, paths: dict[int, tuple],
+                 node_at: dict[tuple, tp.Any]) -> tuple | None:
+  """Where a bridged node that reported in `preallocate`'s run sits in the model (None: unknown).
+
+  A node of the model's clone is found by identity. An NNX loop or transform inside the call
+  (`nnx.while_loop`, `nnx.fori_loop`, `nnx.scan`, `lb.fori_loop`, ...) calls a copy merged from
+  the clone's state instead; the copy keeps the node's static attributes (its settings object
+  is the very same), so it is the node whose settings it carries, provided every Variable has
+  the node's shape. A copy with other shapes is a slice of a stacked node (`nnx.vmap`/
+  `nnx.scan` over layers): its buffers would need the stack axes, so it stays unknown; so does
+  a copy shared by the members of a vmap (batched sows, one buffer).
+  """
+  node = report.node
+  path = paths.get(id(node))
+  if path is not None:
+    return path
+  if report.batched:
+    return None
+  settings = settings_of(node)
+  matches = [p for p, n in node_at.items() if settings_of(n) is settings]
+  if len(matches) != 1:
+    return None
+  if _variable_shapes(node) != _variable_shapes(node_at[matches[0]]):
+    return None
+  return matches[0]
 
 
 def _abstract(tree: tp.Any) -> tp.Any:
@@ -375,7 +425,8 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
   Args:
     model: an NNX module (or a bound method of one), e.g. an initialized `lb.ToNNX`.
     *args: sample inputs of the call (only shapes, dtypes and shardings matter).
-    capacity: as for `lb.lazy_init`; required for native sows.
+    capacity: as for `lb.lazy_init` (the same defaults); native sows need it or an
+      enclosing `with lb.capacity(N):` block.
     overflow: `"error"` (default), `"drop"` or `"wrap"`.
     method: the method the loop calls: a name, a function taking the module first, or (for
       an `lb.ToNNX`) a Linen method. Default `__call__`.
@@ -406,6 +457,7 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
     (1, 1, 3)
   """
   capacity = _capacity.check_capacity_spec(capacity)
+  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
   if overflow is not None:
     _capacity.check_overflow(overflow)
   root, call = target(model, method, "lb.preallocate")
@@ -424,13 +476,17 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
 
   def run(state):
     clone = nnx.merge(graphdef, state)
-    clone_paths, _ = _graph_index(clone)
+    clone_paths, clone_at = _graph_index(clone)
     with (_session.open_session("apply") as session,
           _observe_native.observe(_observe_native.observable_modules(clone)) as calls):
-      call(clone, *args, **kwargs)
+      try:
+        call(clone, *args, **kwargs)
+      except Exception as error:
+        _note_running(error, "lb.preallocate", root, clone_paths)
+        raise
     # Nothing traced may leave the trace: keep shapes and paths only.
     found["reports"] = [
-        (clone_paths.get(id(r.node)), dataclasses.replace(
+        (_report_path(r, clone_paths, clone_at), dataclasses.replace(
             r, node=None, new_accumulators={k: (f, _abstract(v))
                                             for k, (f, v) in r.new_accumulators.items()}))
         for r in session.reports]
@@ -450,6 +506,6 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
       setattr(module, path[-1], variable)
   parts += _native_parts(findings, node_at.__getitem__)
   _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
-                   model_name=_model_name(root), entry="preallocate")
+                   model_name=_model_name(root), entry="preallocate", scoped_capacity=scoped)
   _caches.warn_short_caches(root, parts, "preallocate")
   return model

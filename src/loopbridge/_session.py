@@ -27,6 +27,9 @@ class BridgeReport:
   dropped: list[DroppedSow]
   # Custom-reduce accumulators this call would create: site -> (init_fn, abstract value).
   new_accumulators: dict[tuple[str, ...], tuple[tp.Callable[[], tp.Any], tp.Any]]
+  # Sown inside jax.vmap/nnx.vmap: one value per member, which one buffer of the node cannot
+  # hold when the node itself is shared (broadcast) by the transform.
+  batched: bool = False
 
 
 @dataclasses.dataclass

@@ -35,6 +35,8 @@ from . import _pipeline
 from . import _recorder
 from . import _session
 from . import _site
+from . import _trace_check
+from . import _user_errors
 from ._errors import NotInitializedError, SowMismatchError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
@@ -85,7 +87,7 @@ class ToNNX(bridge.ToNNX):
     rngs: `nnx.Rngs` or a key, as for `flax.nnx.bridge.ToNNX`.
     capacity: default capacity for `lazy_init` (an int for every sow site or a mapping from a
       collection name, a `/`-joined sow path or a glob to an int). `lazy_init(capacity=...)`
-      overrides it.
+      overrides it; it overrides an enclosing `with lb.capacity(N):` block.
     overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
     capture_intermediates: Linen's `apply(capture_intermediates=...)`: `True` records every
       submodule's `__call__` output (`'intermediates'/<path>/__call__`), a filter
@@ -152,10 +154,20 @@ class ToNNX(bridge.ToNNX):
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # mutable=True: Linen's init leaves 'intermediates' out by default; with it, init returns
     # every value the trace sowed, so the sites come from this one trace.
-    with _observe_linen.observe() as calls:
-      out, variables = module.init_with_output(
-          init_rngs, *args, method=method, mutable=True,
-          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
+    capture = _pipeline.settings_of(self).capture_intermediates
+    try:
+      with _observe_linen.observe() as calls:
+        out, variables = module.init_with_output(
+            init_rngs, *args, method=method, mutable=True, capture_intermediates=capture,
+            **kwargs)
+    except Exception as error:
+      _user_errors.note_linen_call(
+          error, label=type(module).__name__, what="init",
+          plain=_plain_call(module, "init", method, capture),
+          # Linen's own init, even where the class defines an `init` method of its own.
+          rerun=lambda: linen.Module.init(module, init_rngs, *args, method=method,
+                                          capture_intermediates=capture, **kwargs))
+      raise
     found = _observe_linen.classify(variables, calls)
     # Values sown with the default tuple reduce are records, not state: keep them out of the
     # Variables, or they would grow on every later call.
@@ -186,16 +198,28 @@ class ToNNX(bridge.ToNNX):
     # This is a throwaway clone under jax.eval_shape: drawing from its streams changes nothing.
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
-    with _observe_linen.observe() as calls:
-      out, updates = module.apply(
-          variables, *args, rngs=call_rngs, method=method, mutable=True,
-          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
+    capture = _pipeline.settings_of(self).capture_intermediates
+    try:
+      with _observe_linen.observe() as calls:
+        out, updates = module.apply(
+            variables, *args, rngs=call_rngs, method=method, mutable=True,
+            capture_intermediates=capture, **kwargs)
+    except Exception as error:
+      _user_errors.note_linen_call(
+          error, label=type(module).__name__, what="apply",
+          plain=_plain_call(module, "apply", method, capture),
+          rerun=lambda: linen.Module.apply(module, variables, *args, rngs=call_rngs,
+                                           method=method, capture_intermediates=capture,
+                                           **kwargs))
+      raise
     found = _observe_linen.classify(updates, calls)
     new_accumulators = {site: (call.init_fn, value)
                         for site, (call, value) in found.accumulators.items()
                         if _recorder.get_nested(variables, site) is None}
-    session.reports.append(_session.BridgeReport(self, type(module).__name__, found.sites,
-                                                 found.dropped, new_accumulators))
+    sown = [updates[s.collection] for s in found.sites if s.collection in updates]
+    session.reports.append(_session.BridgeReport(
+        self, type(module).__name__, found.sites, found.dropped, new_accumulators,
+        batched=any(map(_compat.is_batched, jax.tree.leaves(sown)))))
     return out
 
   # ------------------------------------------------------------------ calling
@@ -239,6 +263,10 @@ class ToNNX(bridge.ToNNX):
     # call makes without a declared buffer is reported instead of silently dropped.
     record_cols = {site.collection for site in sites} | {"intermediates"}
     apply_mutable = _merge_mutable(mutable, record_cols)
+    # Before drawing from the rng streams (a write too): a closed-over model fails here.
+    _trace_check.check([_first_variable(getattr(self, COUNTS_ATTR)),
+                        *(_rng_counts(_compat.rngs_of(self)) if rngs is None else ())],
+                       f"lb.ToNNX({type(module).__name__})")
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
     result = module.apply(variables, *args, rngs=call_rngs, method=method,
@@ -296,6 +324,8 @@ class ToNNX(bridge.ToNNX):
             "need every Variable to keep its shape and dtype. Fix: keep the collection's "
             "shapes fixed (e.g. preallocate a cache at its full length).")
       writes.append((variable, new))
+    _trace_check.check([variable for variable, _ in writes],
+                       f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__})")
     for buffer, count, values, label in records:
       _buffers.append(buffer, count, values, label, checked=True)
     for variable, new in writes:
@@ -368,6 +398,30 @@ def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping
     _compat.set_data_attribute(node, PROBES_ATTR, {
         "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key)))
         for site in sites})
+
+
+def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.Any) -> str:
+  """How a user calls the same thing in plain Linen, for notes on errors from the model."""
+  extra = "" if method is None else f", method={getattr(method, '__name__', method)!r}"
+  if capture is not False:
+    extra += f", capture_intermediates={capture!r}"
+  first = "rngs" if entry == "init" else "variables"
+  return f"`{type(module).__name__}.{entry}({first}, *args{extra})`"
+
+
+def _first_variable(tree: tp.Any) -> nnx.Variable | None:
+  """One Variable of a recorder's counts: they are all created (and merged) together."""
+  for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+    if isinstance(leaf, nnx.Variable):
+      return leaf
+  return None
+
+
+def _rng_counts(rngs: tp.Any) -> list[tp.Any]:
+  """The count Variables a call advances when it draws from the wrapper's own streams."""
+  if rngs is None or isinstance(rngs, jax.Array):
+    return []
+  return [getattr(stream, "count", None) for _, stream in rngs.items()]
 
 
 def _creates_params(mutable: tp.Any) -> bool:

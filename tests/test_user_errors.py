@@ -1,0 +1,135 @@
+"""Errors raised by the user's own model during lazy_init/preallocate keep their type and get notes.
+
+The notes say which module was running (Linen path inside the bridge, NNX path in the graph) and
+whether plain Linen, called the way a user would, fails the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import flax.linen as nn
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+from loopbridge import _user_errors
+
+X = jnp.ones((1, 2))
+
+
+def notes(error):
+  return "\n".join(n for n in getattr(error, "__notes__", ()) if n.startswith("loopbridge:"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SowConfig:
+  """A config object, as some Linen ports keep in a field named `sow`."""
+  layers: tuple = ()
+
+
+class ShadowedSow(nn.Module):
+  sow: SowConfig = SowConfig()  # shadows Module.sow, which capture_intermediates calls
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(x)
+
+
+class Top(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return ShadowedSow()(x)
+
+
+class Holder(nnx.Module):
+  def __init__(self, module, **kw):
+    self.llm = lb.ToNNX(module, rngs=nnx.Rngs(0), **kw)
+
+  def __call__(self, x):
+    return self.llm(x)
+
+
+def test_a_field_named_sow_keeps_its_type_and_says_plain_linen_fails_too():
+  with pytest.raises(TypeError, match="not callable") as info:
+    lb.lazy_init(Holder(Top(), capture_intermediates=True), X, capacity=2)
+  text = notes(info.value)
+  assert "raised inside lb.ToNNX(Top) while it ran the Linen init" in text
+  assert "Linen module 'ShadowedSow_0' (ShadowedSow) was running" in text
+  assert ("plain Linen `Top.init(rngs, *args, capture_intermediates=True)` fails the same way"
+          in text)
+  assert "while lb.lazy_init ran Holder; NNX module 'llm' (ToNNX) was running" in text
+  # The independent check: plain Linen does fail the same way.
+  with pytest.raises(TypeError, match="not callable"):
+    Top().init(__import__("jax").random.key(0), X, capture_intermediates=True)
+
+
+class PicksWidth(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    if x.shape[-1] == 5:
+      raise ValueError("this model does not take 5 features")
+    h = nn.Dense(2)(x[..., :2])
+    self.sow("intermediates", "h", h)
+    return h
+
+
+def test_an_error_in_preallocate_names_the_linen_apply():
+  model = lb.lazy_init(lb.ToNNX(PicksWidth(), rngs=nnx.Rngs(0)), X, capacity=2)
+  with pytest.raises(ValueError, match="5 features") as info:
+    lb.preallocate(model, jnp.ones((1, 5)), capacity=2)
+  text = notes(info.value)
+  assert "while it ran the Linen apply; Linen module '<top>' (PicksWidth) was running" in text
+  assert "plain Linen `PicksWidth.apply(variables, *args)` fails the same way" in text
+
+
+class OnlyUnderLoopbridge(nn.Module):
+  """Fails when 'intermediates' is mutable at init, which plain `init` never makes it."""
+
+  @nn.compact
+  def __call__(self, x):
+    if self.is_initializing() and self.is_mutable_collection("intermediates"):
+      raise RuntimeError("intermediates are mutable")
+    return nn.Dense(2)(x)
+
+
+def test_when_plain_linen_succeeds_the_note_says_loopbridge_is_involved():
+  with pytest.raises(RuntimeError, match="intermediates are mutable") as info:
+    lb.lazy_init(lb.ToNNX(OnlyUnderLoopbridge(), rngs=nnx.Rngs(0)), X, capacity=2)
+  assert "plain Linen `OnlyUnderLoopbridge.init(rngs, *args)` succeeds" in notes(info.value)
+
+
+def test_an_error_in_native_code_names_the_nnx_module():
+  class Broken(nnx.Module):
+    def __call__(self, x):
+      raise KeyError("missing")
+
+  class Root(nnx.Module):
+    def __init__(self):
+      self.part = lb.ToNNX(PicksWidth(), rngs=nnx.Rngs(0))
+      self.head = Broken()
+
+    def __call__(self, x):
+      return self.head(self.part(x))
+
+  with pytest.raises(KeyError) as info:
+    lb.lazy_init(Root(), X, capacity=2)
+  text = notes(info.value)
+  assert "while lb.lazy_init ran Root; NNX module 'head' (Broken) was running" in text
+  assert "inside lb.ToNNX" not in text
+
+
+def test_loopbridge_errors_get_no_note():
+  with pytest.raises(lb.CapacityError) as info:
+    lb.lazy_init(lb.ToNNX(PicksWidth(), rngs=nnx.Rngs(0)), X)
+  assert notes(info.value) == ""
+
+
+def test_on_python_3_10_the_notes_list_is_filled_alike(monkeypatch):
+  monkeypatch.setattr(_user_errors, "sys", types.SimpleNamespace(version_info=(3, 10)))
+  error = ValueError("x")
+  _user_errors.add_note(error, "first")
+  _user_errors.add_note(error, "first")  # once only
+  assert error.__notes__ == ["loopbridge: first"]
