@@ -101,7 +101,7 @@ def test_capture_true_on_tuple_returning_modules_is_a_clear_error():
   # The seed's scan Block returns (carry, None): Linen captures that tuple, which no buffer
   # can hold; a filter that selects array-returning modules is the fix.
   model = lb.ToNNX(MLP(depth=2, features=4), rngs=nnx.Rngs(0), capture_intermediates=True)
-  with pytest.raises(lb.SowMismatchError, match="non-array values"):
+  with pytest.raises(lb.NotDeclaredError, match="non-array values"):
     lb.lazy_init(model, jnp.ones((1, 4)), capacity=2)
 
 

@@ -17,7 +17,7 @@ from flax import nnx
 
 from . import _compat
 from . import _sharding
-from ._errors import BufferOverflowError, SowMismatchError
+from ._errors import BufferOverflowError, NotDeclaredError
 
 COUNT_DTYPE = jnp.int32
 # A count stops here instead of wrapping around to negative numbers (which would read back as
@@ -96,7 +96,7 @@ def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
   buf = _compat.variable_value(buffer)
   shape, dtype = tuple(np.shape(value)), jnp.result_type(value)
   if shape != tuple(buf.shape[1:]) or dtype != buf.dtype:
-    raise SowMismatchError(
+    raise NotDeclaredError(
         f"sow site {label} received a value of shape {shape} and dtype {dtype}, but its buffer "
         f"was declared for shape {tuple(buf.shape[1:])} and dtype {buf.dtype} (buffer shape "
         f"{tuple(buf.shape)}). Why: buffers keep a fixed shape so the model can run inside "

@@ -640,7 +640,7 @@ def _split_scanned(flat: dict[str, tp.Any], wanted: tp.Iterable[str]) -> None:
 
   Linen stores an `nn.scan` of layers as one subtree with a leading layer axis
   (`cells/Dense_0/kernel`: (L, i, o)); a port holding a list `self.cells[i]` wants
-  `cells_i/Dense_0/kernel` (`lb.scanned_to_layers` layout). The scanned entries that were
+  `cells_i/Dense_0/kernel` (`lb.layers.unstack_params` layout). The scanned entries that were
   split are removed, so they are not reported as params the port lacks.
   """
   import numpy as np

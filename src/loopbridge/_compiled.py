@@ -13,7 +13,7 @@ counts, rng counters, ...) are donated: XLA updates them in place.
 `nnx.fori_loop` carries every Variable) hands back a new tracer for a param it never writes.
 `_forwarded` follows such values through `jit`, `while` and `scan` bodies, so a leaf that
 comes out equal to the one that went in is not donated (the caller's arrays, e.g. Linen
-variables given to `lb.load_linen_variables`, stay valid).
+variables given to `lb.checkpoint.load_linen_variables`, stay valid).
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Exception and warning types raised by loopbridge (all public, re-exported by the package)."""
+"""Exception and warning types raised by loopbridge.
+
+All public: the everyday ones are re-exported by the package; `StackError`,
+`CheckpointError` and `ShardingError` by the namespace of the functions that raise them
+(`lb.layers`, `lb.checkpoint`, `lb.sharding`).
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,14 @@ class BufferOverflowError(LoopbridgeError, RuntimeError):
   """Reading back a buffer under `overflow="error"` after more values were sown than it holds."""
 
 
-class SowMismatchError(LoopbridgeError, ValueError):
-  """A call sowed a value that its preallocated buffer cannot hold (new site, shape or dtype)."""
+class NotDeclaredError(LoopbridgeError, RuntimeError):
+  """The buffers this needs were not declared.
 
-
-class NotInitializedError(LoopbridgeError, RuntimeError):
-  """A loopbridge model used before `lazy_init` / `preallocate` declared its buffers."""
+  Either the model (or a part of it) is used before `lb.lazy_init` / `lb.preallocate`
+  declared any buffers, or a call sows at a site, or with a shape or dtype, that its
+  declaration does not cover. The fix is the same for both: declare for this call with
+  `lb.lazy_init` / `lb.preallocate` and the call's sample arguments.
+  """
 
 
 class StructureChangeError(LoopbridgeError, ValueError):

@@ -283,8 +283,7 @@ def _restore(variables: list[nnx.Variable], raw_values: list[tp.Any]) -> None:
       _compat.set_raw_value(variable, raw, check=False)
 
 
-def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], carry: T, *,
-               graph: bool | None = None) -> T:
+def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], carry: T) -> T:
   """`nnx.while_loop` for any carry of NNX modules and arrays, on every supported flax.
 
   The carry may mix `lb.ToNNX` models, stock and native NNX modules (several different ones,
@@ -301,9 +300,6 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
     cond_fn: `carry -> bool` scalar; the loop runs while it is true.
     body_fn: `carry -> carry`, keeping the carry's structure.
     carry: the initial carry.
-    graph: accepted so calls written for flax 0.11+'s `nnx.while_loop(..., graph=...)` run
-      unchanged; the carry is always split as one graph (shared references kept), so True and
-      False behave the same.
 
   Returns:
     The final carry (its modules are the caller's objects, updated).
@@ -324,13 +320,12 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
     >>> int(n), y.shape
     (3, (1, 2))
   """
-  del graph  # documented above: both modes give the same result here
   return _loop("while", cond_fn, body_fn, carry)
 
 
 def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
               body_fn: tp.Callable[[tp.Any, T], T], carry: T, *,
-              unroll: int | bool | None = None, graph: bool | None = None) -> T:
+              unroll: int | bool | None = None) -> T:
   """`nnx.fori_loop` for any carry of NNX modules and arrays, on every supported flax.
 
   Works where `nnx.fori_loop` of flax 0.10 fails, e.g. two different models in one carry. The
@@ -348,8 +343,6 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
     body_fn: `(i, carry) -> carry`, keeping the carry's structure.
     carry: the initial carry.
     unroll: as for `jax.lax.fori_loop`.
-    graph: accepted so calls written for flax 0.11+'s `nnx.fori_loop(..., graph=...)` run
-      unchanged; the carry is always split as one graph, so True and False behave the same.
 
   Returns:
     The final carry (its modules are the caller's objects, updated).
@@ -367,5 +360,4 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
     >>> out[0] is model and out[1] is model2
     True
   """
-  del graph  # documented above: both modes give the same result here
   return _loop("fori", None, body_fn, carry, lower, upper, unroll)

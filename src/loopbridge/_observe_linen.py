@@ -35,7 +35,7 @@ from flax.core import lift as core_lift
 from flax.core import scope as core_scope
 from flax.linen import module as linen_module_lib
 
-from ._errors import SowMismatchError
+from ._errors import NotDeclaredError
 from ._site import DroppedSow, SowCall, SowSite, Transform, with_lengths
 
 _SOW_LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
@@ -180,7 +180,7 @@ def classify(collections: tp.Mapping[str, tp.Any], calls: tp.Sequence[SowCall]) 
       continue
     shapes = {(tuple(v.shape), np.dtype(v.dtype)) for v in value if hasattr(v, "shape")}
     if len(shapes) != 1 or not all(hasattr(v, "shape") for v in value):
-      raise SowMismatchError(
+      raise NotDeclaredError(
           f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
           f"values within one call ({[getattr(v, 'shape', type(v).__name__) for v in value]}). "
           + _NON_ARRAY_HELP)

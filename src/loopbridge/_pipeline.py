@@ -29,7 +29,7 @@ from . import _linen_vars
 from . import _observe_native
 from . import _recorder
 from . import _session
-from ._errors import NotInitializedError, SowMismatchError
+from ._errors import NotDeclaredError
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
 
@@ -138,7 +138,7 @@ def _merge_reports(items: list[tuple[tp.Any, _session.BridgeReport]]
         continue
       old = into.sites[by_key[s.key]]
       if (old.shape, old.dtype) != (s.shape, s.dtype):
-        raise SowMismatchError(
+        raise NotDeclaredError(
             f"sow site {'/'.join(s.key)} of lb.ToNNX({r.label}) receives {old.shape} "
             f"{old.dtype} in one call and {s.shape} {s.dtype} in another, within one call of "
             "the model. Why: one buffer holds one value shape. Fix: sow the two under "
@@ -384,8 +384,8 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
 
   Raises:
     CapacityError: a malformed capacity/overflow, a site no key covers, a key matching no site.
-    NotInitializedError: an `lb.ToNNX` in the graph was not initialized yet.
-    SowMismatchError: a site receives values of different shapes within one call.
+    NotDeclaredError: an `lb.ToNNX` in the graph was not initialized yet.
+    NotDeclaredError: a site receives values of different shapes within one call.
     TypeError: `model` is not an NNX module.
 
   Example:
@@ -410,7 +410,7 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
   for path, node in _compat.iter_graph(root):
     if _is_bridge(node) and _recorder.sites_of(node) is None:
       where = f" at '{'/'.join(map(str, path))}'" if path else ""
-      raise NotInitializedError(
+      raise NotDeclaredError(
           f"lb.preallocate needs an initialized model: the lb.ToNNX("
           f"{type(_compat.linen_module_of(node)).__name__}){where} is not initialized. Why: its "
           "Linen parameters are created from sample inputs. Fix: lb.lazy_init(model, "

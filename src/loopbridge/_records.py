@@ -20,7 +20,7 @@ from flax.nnx import bridge
 from . import _buffers
 from . import _compat
 from . import _recorder
-from ._errors import NotInitializedError
+from ._errors import NotDeclaredError
 
 
 _NOT_INITIALIZED = (
@@ -43,7 +43,7 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
   for root_path, recorder in _recorder.iter_recorders(model):
     found = True
     if _recorder.sites_of(recorder) is None:
-      raise NotInitializedError(_NOT_INITIALIZED.format(what=_describe(root_path, recorder)))
+      raise NotDeclaredError(_NOT_INITIALIZED.format(what=_describe(root_path, recorder)))
     tree: dict = {}
     for path, buffer, count in _recorder.pairs(recorder):
       node = tree
@@ -58,7 +58,7 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
       node = node.setdefault(key, {})
     node[root_path[-1]] = tree
   if not found:
-    raise NotInitializedError(
+    raise NotDeclaredError(
         f"{type(model).__name__} holds no loopbridge buffers: nothing was declared on it. Why: "
         "buffers are created by lb.lazy_init / lb.preallocate from sample inputs. Fix: wrap "
         "Linen modules with lb.ToNNX and call lb.lazy_init(model, *args, capacity=N), or "

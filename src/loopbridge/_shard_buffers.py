@@ -1,4 +1,4 @@
-"""`lb.shard_buffers`: place a model's record buffers on a device mesh after declaration.
+"""`lb.sharding.shard_buffers`: place a model's record buffers on a device mesh after declaration.
 
 How layouts are chosen and kept is described in `_sharding`; this is the explicit override.
 """
@@ -62,7 +62,7 @@ def shard_buffers(model: tp.Any, sharding: ShardingSpec, *, mesh: tp.Any = None)
     ...     return x
     >>> mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
     >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones((4, 2)), capacity=3)
-    >>> _ = lb.shard_buffers(model, {"x": P("data")}, mesh=mesh)
+    >>> _ = lb.sharding.shard_buffers(model, {"x": P("data")}, mesh=mesh)
     >>> tuple(lb.buffers(model)["intermediates"]["x"].sharding.spec)
     (None, 'data')
   """

@@ -34,7 +34,7 @@ from . import _observe_linen
 from . import _pipeline
 from . import _recorder
 from . import _session
-from ._errors import NotInitializedError, SowMismatchError, StructureChangeError
+from ._errors import NotDeclaredError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
 COUNTS_ATTR = _recorder.COUNTS_ATTR
@@ -225,7 +225,7 @@ class ToNNX(bridge.ToNNX):
       # the wrapper anew and fills them in): applied as stock does, with no buffers.
       sites = ()
     if sites is None:
-      raise NotInitializedError(
+      raise NotDeclaredError(
           f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
           "initialized. Why: the Linen variables and the sow buffers are created from sample "
           "inputs. Fix: lb.lazy_init(model, *sample_args, capacity=N) first (or "
@@ -263,7 +263,7 @@ class ToNNX(bridge.ToNNX):
       if isinstance(value, tuple):
         buffer = _recorder.get_nested(buffers, path)
         if not isinstance(buffer, _buffers.Buffer):
-          raise SowMismatchError(_SOW_WITHOUT_BUFFER.format(label=label))
+          raise NotDeclaredError(_SOW_WITHOUT_BUFFER.format(label=label))
         for v in value:
           _buffers.check_value(buffer, v, label)
         records.append((buffer, _recorder.get_nested(counts, path), value, label))
