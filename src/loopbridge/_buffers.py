@@ -31,7 +31,7 @@ class Buffer(nnx.Variable):
   Metadata: `overflow` (`"error"`, `"drop"` or `"wrap"`). Filter with
   `nnx.state(model, lb.Buffer)`.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -47,7 +47,7 @@ class Buffer(nnx.Variable):
 class Count(nnx.Variable):
   """Number of values sown into the paired `Buffer` since the last reset (may exceed capacity).
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):

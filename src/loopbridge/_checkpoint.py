@@ -51,6 +51,8 @@ from . import _session
 from ._errors import CheckpointError, NotDeclaredError
 from ._to_nnx import ToNNX
 
+Model = tp.TypeVar("Model")
+
 FORMAT = 1
 # Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
 # version saves under (the newest flax's own name).
@@ -165,7 +167,7 @@ def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False
   Raises:
     TypeError: `model` is not an NNX module.
 
-  Example:
+  Examples:
     >>> import tempfile, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -279,7 +281,7 @@ def _host_max(value: tp.Any) -> int:
   return int(np.max(np.asarray(value))) if np.size(value) else 0
 
 
-def restore(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
+def restore(directory: str | os.PathLike, model: Model) -> Model:
   """Restore a `save` into a model declared like the saved one, in place.
 
   Works across the supported flax range (a checkpoint saved on flax 0.10.2 restores on
@@ -306,7 +308,7 @@ def restore(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
       capacity for a buffer that overflowed; or other Variables (paths, shapes, dtypes).
       The message lists the differences.
 
-  Example:
+  Examples:
     >>> import tempfile, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -497,7 +499,7 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
       `module.init` would create for these arguments.
     TypeError: `capacity=` or `overflow=` given (declare them with `lb.preallocate`).
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -549,7 +551,7 @@ def _without(variables: tp.Mapping[str, tp.Any], paths: set[tuple[str, ...]]) ->
   return traverse_util.unflatten_dict({p: v for p, v in flat.items() if p not in paths})
 
 
-def load_linen_variables(model: tp.Any, variables: tp.Mapping[str, tp.Any]) -> tp.Any:
+def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Model:
   """Write a Linen variables dict into an initialized `lb.ToNNX`, in place.
 
   Use it to load Linen weights (e.g. a Linen checkpoint) into a model already declared with
@@ -567,7 +569,7 @@ def load_linen_variables(model: tp.Any, variables: tp.Mapping[str, tp.Any]) -> t
     NotDeclaredError: `model` was not initialized.
     CheckpointError: a path the model does not have, or a different shape/dtype.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))

@@ -68,12 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
       epilog=(
           "TARGET is package.module:attribute where attribute is a Linen module instance, a "
           "Linen module class with no required fields, or a function taking no arguments "
-          "that returns one. Without TARGET: the seed-000 model (a sow at the top level and "
+          "that returns one. Without TARGET: a built-in MLP (a sow at the top level and "
           "inside nn.scan; width 100, depth 3; input float32[1,100]). Inputs: floats are "
           "standard normal (seeded), integers zeros, bools True. Exit status: 0 ok, 1 the "
           "target or model failed, 2 malformed command line."))
   p.add_argument("target", nargs="?", metavar="TARGET",
-                 help="package.module:attribute (default: the embedded seed-000 model)")
+                 help="package.module:attribute (default: a built-in MLP that sows)")
   p.add_argument("--arg", action="append", default=None, metavar="SPEC", dest="args",
                  help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]', "
                       "'int32[1,16]', 'bool[]'; repeat for each input")
@@ -395,7 +395,7 @@ def _loop_runner(steps: int, call: tp.Callable[[tp.Any, tp.Sequence[tp.Any]], tp
 
 def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any],
                  steps: int, seed: int) -> dict[str, tp.Any]:
-  """Stock `flax.nnx.bridge.ToNNX` in the loop (sows kept with `mutable=True`, as in seed 000)."""
+  """Stock `flax.nnx.bridge.ToNNX` in the loop (sows kept with `mutable=True`, as stock code passes it)."""
   import jax.numpy as jnp
   from flax import nnx
   from flax.nnx import bridge

@@ -152,7 +152,7 @@ class ParityReport:
     rtol: the relative tolerance given, or None for the per-dtype default.
     atol: the absolute tolerance given, or None for the per-dtype default.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
     >>> from flax import nnx
     >>> import loopbridge as lb
@@ -829,7 +829,7 @@ def compare(reference: tp.Any, candidate: tp.Any, *args: tp.Any, rtol: float | N
       mapping path that names no call, or two models of which no module call but the top
       level can be aligned.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
     >>> from flax import nnx
     >>> import loopbridge as lb

@@ -73,7 +73,7 @@ def unstack_params(scanned: Tree, *, names: Names | None = "layers_{}"
   Raises:
     StackError: a leaf is a scalar or the leaves disagree on the number of layers.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> layers = lb.layers.unstack_params({'Dense_0': {'kernel': jnp.zeros((3, 4, 4))}})
@@ -128,7 +128,7 @@ def stack_params(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *,
     StackError: no per-layer entries, a gap in the numbering, or layers that differ in
       structure, shape or dtype (the message names the first differing leaf).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> per_layer = {f'layers_{i}': {'kernel': jnp.zeros((4, 4))} for i in range(3)}
@@ -222,7 +222,7 @@ def load_params(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
     StackError: a Param missing on either side, a shape or dtype that differs, or a depth that
       differs; the message names the path.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> from flax import nnx
@@ -268,7 +268,7 @@ def export_params(source: nnx.Module | tp.Sequence[nnx.Module], *, scanned: bool
     StackError: `source` is not a stack or a list of equal layers (when a stacked layout is
       asked for).
 
-  Example:
+  Examples:
     >>> import loopbridge as lb
     >>> from flax import nnx
     >>> layers = [nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]

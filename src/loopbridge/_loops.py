@@ -8,7 +8,7 @@ into fresh objects, calls the user's body, and splits the result. After the loop
 own objects are updated in place (`nnx.update`), as the `nnx` loops do.
 
 Why not `nnx.fori_loop`: on flax 0.10 its bookkeeping of references across the body rejects
-two different modules in one carry (seed 001). Splitting the whole carry as one graph has no
+two different modules in one carry (e.g. `nnx.fori_loop(0, n, f, (model, model2))`). Splitting the whole carry as one graph has no
 such bookkeeping to get wrong, and a structure change is caught at trace time and explained
 with `lb.explain`'s report instead of a GraphDef dump.
 
@@ -309,7 +309,7 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
       sharing, sow tuples growing); the message is `lb.explain`'s report with the fix. Or
       the body writes to a module outside the carry (put it in the carry).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import nnx
     >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
@@ -351,7 +351,7 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
     StructureChangeError: the body changes the carry's structure (the message is
       `lb.explain`'s report with the fix), or writes to a module outside the carry.
 
-  Example:
+  Examples:
     >>> import jax, loopbridge as lb
     >>> from flax import nnx
     >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(jax.random.PRNGKey(0)))

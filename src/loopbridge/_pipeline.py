@@ -33,7 +33,7 @@ from ._errors import NotDeclaredError
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
 
-_T = tp.TypeVar("_T")
+Model = tp.TypeVar("Model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,8 +264,8 @@ def _flat_state(root: nnx.Module) -> dict[tuple, tp.Any]:
 
 
 # ------------------------------------------------------------------------------- the entries
-def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
-              overflow: str | None = None, **kwargs: tp.Any) -> _T:
+def lazy_init(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
+              overflow: str | None = None, **kwargs: tp.Any) -> Model:
   """Initialize bridged parts from sample inputs and preallocate a buffer per sow site.
 
   On an `lb.ToNNX`: `flax.nnx.bridge.lazy_init` plus buffers for its Linen sows, found in the
@@ -290,7 +290,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     CapacityError: bad capacity/overflow, a site no key covers, or a key matching no site.
     TypeError: `model` is not an NNX module or method.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -358,8 +358,8 @@ def _abstract(tree: tp.Any) -> tp.Any:
                       if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
 
 
-def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
-                overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> _T:
+def preallocate(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
+                overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> Model:
   """Declare buffers for every sow a call makes, anywhere in an NNX module graph.
 
   Runs the call once abstractly (`jax.eval_shape`, no FLOPs) on a copy of the model and
@@ -388,7 +388,7 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
     NotDeclaredError: a site receives values of different shapes within one call.
     TypeError: `model` is not an NNX module.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import nnx
     >>> class Net(nnx.Module):

@@ -22,6 +22,8 @@ from . import _compat
 from . import _recorder
 from ._errors import NotDeclaredError
 
+Model = tp.TypeVar("Model")
+
 
 _NOT_INITIALIZED = (
     "{what} has not declared its buffers yet, so there is nothing to read. Why: buffers are "
@@ -86,7 +88,7 @@ def recorded(model: tp.Any) -> dict:
     BufferOverflowError: outside a trace, a buffer under `overflow="error"` received more
       values than its capacity.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -112,7 +114,7 @@ def counts(model: tp.Any) -> dict:
   Returns:
     A nested dict shaped like `recorded(model)` holding int32 scalars.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -138,7 +140,7 @@ def buffers(model: tp.Any) -> dict:
   Returns:
     A nested dict of arrays (no trimming, no reordering).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -152,7 +154,7 @@ def buffers(model: tp.Any) -> dict:
   return _map_records(model, lambda path, b, c: _compat.variable_value(b))
 
 
-def reset(model: tp.Any) -> tp.Any:
+def reset(model: Model) -> Model:
   """Set every count back to zero and clear the buffers, in place; shapes never change.
 
   Usable inside jit and loop bodies (e.g. to record only the last step of each outer step).
@@ -163,7 +165,7 @@ def reset(model: tp.Any) -> tp.Any:
   Returns:
     `model`.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):

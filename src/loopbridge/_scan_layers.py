@@ -35,7 +35,7 @@ def scan(stacked: nnx.Module, x: tp.Any, *args: tp.Any,
   Raises:
     StackError: `stacked` is not a stack (see `lb.layers.unstack`).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> from flax import nnx

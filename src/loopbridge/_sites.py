@@ -119,7 +119,7 @@ def sow_sites(model: tp.Any) -> SowSites:
     TypeError: `model` is not an `lb.ToNNX`.
     NotDeclaredError: `model` was not initialized yet.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):

@@ -130,7 +130,7 @@ def stack(modules: tp.Sequence[M]) -> M:
       differ; the message names the first differing path with both shapes and the
       alternatives (a Python loop, `nnx.switch`, grouping equal layers).
 
-  Example:
+  Examples:
     >>> import loopbridge as lb
     >>> from flax import nnx
     >>> layers = [nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]
@@ -202,7 +202,7 @@ def unstack(stacked: M) -> list[M]:
     StackError: `stacked` is not an NNX module, holds a scalar, or its arrays disagree on the
       number of layers.
 
-  Example:
+  Examples:
     >>> import loopbridge as lb
     >>> from flax import nnx
     >>> layers = lb.layers.unstack(lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]))
@@ -245,7 +245,7 @@ def layer(stacked: M, i: int | jax.Array) -> M:
     StackError: `stacked` is not a stack (see `lb.layers.unstack`).
     IndexError: a Python int `i` outside `[-n, n)`.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> from flax import nnx

@@ -25,6 +25,7 @@ from flax import nnx
 from flax import traverse_util
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
+from typing_extensions import Self
 
 from . import _buffers
 from . import _capacity
@@ -94,7 +95,7 @@ class ToNNX(bridge.ToNNX):
     TypeError: `module` is not a Linen module.
     CapacityError: a malformed `capacity` or `overflow`.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -111,7 +112,7 @@ class ToNNX(bridge.ToNNX):
   """
 
   def __init__(self, module: linen.Module, rngs: tp.Any = None, *,
-               capacity: _capacity.CapacitySpec | None = None, overflow: str = "error",
+               capacity: int | tp.Mapping[str, int] | None = None, overflow: str = "error",
                capture_intermediates: bool | tp.Callable[[linen.Module, str], bool] = False):
     if not isinstance(module, linen.Module):
       raise TypeError(
@@ -133,8 +134,8 @@ class ToNNX(bridge.ToNNX):
     _recorder.make_recorder(self)
 
   # ------------------------------------------------------------------ initialization
-  def lazy_init(self, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
-                overflow: str | None = None, **kwargs: tp.Any) -> "ToNNX":
+  def lazy_init(self, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
+                overflow: str | None = None, **kwargs: tp.Any) -> Self:
     """Initialize the Linen variables from sample inputs and declare the sow buffers.
 
     Same as `lb.lazy_init(self, *args, capacity=..., overflow=..., **kwargs)`.

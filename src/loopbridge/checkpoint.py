@@ -5,7 +5,7 @@ with orbax, so a loop can stop and go on in another process. `from_linen_variabl
 Linen module around variables that already exist (from `linen.init` or a Linen checkpoint);
 `load_linen_variables` writes such variables into an initialized model.
 
-Example:
+Examples:
   >>> import tempfile, jax.numpy as jnp, loopbridge as lb
   >>> from flax import linen as nn, nnx
   >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))

@@ -5,7 +5,7 @@ picks layer `i` (a traced `i` too, inside `nnx.fori_loop`), `scan` runs an input
 every layer with one compiled body. The params functions move weights between the layouts
 Linen and NNX use: one scanned subtree (what `nn.scan` stores) or one subtree per layer.
 
-Example:
+Examples:
   >>> import jax.numpy as jnp, loopbridge as lb
   >>> from flax import nnx
   >>> stacked = lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])

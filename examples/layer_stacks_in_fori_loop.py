@@ -1,13 +1,13 @@
-"""Seed 002, fixed: `layers[i]` with a traced `i` in `nnx.fori_loop`, and what `nnx.vmap` built.
+"""`layers[i]` with a traced `i` in `nnx.fori_loop`, and what `nnx.vmap` builds.
 
-The original program kept its layers in a list and called `layers[i](x)` inside
-`nnx.fori_loop`, which fails with TracerIntegerConversionError: a Python list cannot be indexed
+A model that keeps its layers in a list and calls `layers[i](x)` inside
+`nnx.fori_loop` fails with TracerIntegerConversionError: a Python list cannot be indexed
 by a traced integer. A loop over layers needs the layers as one *stack* (every array with a
 leading layer axis); `lb.layers.layer(stack, i)` then gives layer `i` for a traced `i`. Only layers of
-equal shapes can share a stack, so the hidden widths are made equal here; the seed's
-heterogeneous widths get a clear error, and a Python loop is the right tool for them.
+equal shapes can share a stack, so the hidden widths are made equal here; hidden layers of
+different widths get a clear error, and a Python loop is the right tool for them.
 
-Run: python examples/seed_002_layer_stacks.py
+Run: python examples/layer_stacks_in_fori_loop.py
 """
 
 import jax
@@ -18,7 +18,7 @@ import loopbridge as lb
 
 
 class MLP(nnx.Module):
-  """The seed's MLP, with its equal-width hidden layers kept as one stack."""
+  """An MLP with its equal-width hidden layers kept as one stack."""
 
   def __init__(self, rngs: nnx.Rngs, in_features: int, hidden_features: list, out_features: int,
                leaky_relu_negative_slope: float = 0.01) -> None:
@@ -60,7 +60,7 @@ class MLP(nnx.Module):
 
 
 class Model(nnx.Module):
-  """The seed's second solution: nnx.vmap builds a stack (one Linear *with a layer axis*)."""
+  """A stack built with nnx.vmap (one Linear *with a layer axis*), run with nnx.scan."""
 
   def __init__(self, layer_keys):
     @nnx.vmap(in_axes=0, out_axes=0)
@@ -88,7 +88,7 @@ if __name__ == "__main__":
   assert jnp.allclose(y_for_loop, y_scan, atol=1e-5)
   print("fori_loop forward == Python-loop forward (bit-exact); scan forward matches")
 
-  try:  # the seed's original widths cannot share one stack
+  try:  # hidden layers of different widths cannot share one stack
     MLP(rngs=rngs, in_features=128, hidden_features=[265, 128, 64], out_features=10)
   except lb.layers.StackError as error:
     print("heterogeneous widths:", str(error).splitlines()[0])
