@@ -6,8 +6,8 @@ shape of a transformer's feed-forward half), forward only and forward + gradient
 parameter):
 
   unrolled  a Python loop over a list of layers (jit traces and compiles every layer)
-  scan      `nnx.scan` over a stack (`lb.scan_layers`): one compiled layer body
-  fori      `nnx.fori_loop` over a stack with `lb.layer(stack, i)`, `i` traced
+  scan      `nnx.scan` over a stack (`lb.layers.scan`): one compiled layer body
+  fori      `nnx.fori_loop` over a stack with `lb.layers.layer(stack, i)`, `i` traced
 
 Each function takes the pure state (`nnx.split`) and runs under `jax.jit`. Compile time is the
 process CPU time of `jax.jit(f).lower(...).compile()` (Python tracing, NNX graph work, lowering
@@ -74,18 +74,18 @@ def build(method: str, depth: int) -> tuple[tp.Callable[..., jax.Array], tp.Any]
       return x
 
     return forward, state
-  graphdef, state = nnx.split(lb.stack(layers))
+  graphdef, state = nnx.split(lb.layers.stack(layers))
   if method == "scan":
 
     def forward(state, x):
-      return lb.scan_layers(nnx.merge(graphdef, state), x, call=_layer_body)
+      return lb.layers.scan(nnx.merge(graphdef, state), x, call=_layer_body)
 
     return forward, state
 
   def forward(state, x):
     def body(i, carry):
       stack, y = carry
-      return stack, _layer_body(lb.layer(stack, i), y)
+      return stack, _layer_body(lb.layers.layer(stack, i), y)
 
     _, y = nnx.fori_loop(0, depth, body, (nnx.merge(graphdef, state), x))
     return y

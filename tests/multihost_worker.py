@@ -56,9 +56,10 @@ def main(port: int, process_id: int, checkpoint_dir: str) -> None:
 
   def new_model():
     params = jax.tree.map(lambda a: global_array(np.asarray(a), P()), variables)
-    model = lb.from_linen_variables(Net(), params, global_array(xs[0], P("data")),
-                                    capacity=STEPS, overflow="error")
-    return lb.shard_buffers(model, P("data"), mesh=mesh)
+    x0 = global_array(xs[0], P("data"))
+    model = lb.checkpoint.from_linen_variables(Net(), params, x0)
+    lb.preallocate(model, x0, capacity=STEPS, overflow="error")
+    return lb.sharding.shard_buffers(model, P("data"), mesh=mesh)
 
   model = new_model()
   buffer = lb.buffers(model)["intermediates"]["h"]
@@ -88,8 +89,8 @@ def main(port: int, process_id: int, checkpoint_dir: str) -> None:
     np.testing.assert_allclose(records[step], state["intermediates"]["h"][0], **TOL,
                                err_msg=f"step {step}")
 
-  path = lb.save_checkpoint(checkpoint_dir, model)
-  restored = lb.restore_checkpoint(path, new_model())
+  path = lb.checkpoint.save(checkpoint_dir, model)
+  restored = lb.checkpoint.restore(path, new_model())
   count_r, records_r = gathered(restored)
   assert count_r == STEPS
   np.testing.assert_array_equal(records_r, records)

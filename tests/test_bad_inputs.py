@@ -73,38 +73,38 @@ def _traced_capacity():
 
 
 def _checkpoint_mismatch(tmp_path):
-  path = lb.save_checkpoint(tmp_path / "c", _model(capacity=2))
-  return lb.restore_checkpoint(path, _model(module=GrowsCache()))  # another module
+  path = lb.checkpoint.save(tmp_path / "c", _model(capacity=2))
+  return lb.checkpoint.restore(path, _model(module=GrowsCache()))  # another module
 
 
 def _checkpoint_other_policy(tmp_path):
-  path = lb.save_checkpoint(tmp_path / "c", _model(capacity=2))
-  return lb.restore_checkpoint(path, _model(capacity=2, overflow="wrap"))
+  path = lb.checkpoint.save(tmp_path / "c", _model(capacity=2))
+  return lb.checkpoint.restore(path, _model(capacity=2, overflow="wrap"))
 
 
 def _checkpoint_smaller(tmp_path):
-  path = lb.save_checkpoint(tmp_path / "c", _model(capacity=3))
-  return lb.restore_checkpoint(path, _model(capacity=2))
+  path = lb.checkpoint.save(tmp_path / "c", _model(capacity=3))
+  return lb.checkpoint.restore(path, _model(capacity=2))
 
 
 def _checkpoint_grown_after_overflow(tmp_path):
   model = _model(capacity=1, overflow="wrap")
   model(X)
   model(X)
-  path = lb.save_checkpoint(tmp_path / "c", model)
-  return lb.restore_checkpoint(path, _model(capacity=4, overflow="wrap"))
+  path = lb.checkpoint.save(tmp_path / "c", model)
+  return lb.checkpoint.restore(path, _model(capacity=4, overflow="wrap"))
 
 
 def _checkpoint_damaged(tmp_path):
-  path = lb.save_checkpoint(tmp_path / "c", _model())
+  path = lb.checkpoint.save(tmp_path / "c", _model())
   with open(f"{path}/_CHECKPOINT_METADATA", "wb") as f:
     f.write(b"\xff\xfe")
-  return lb.restore_checkpoint(path, _model())
+  return lb.checkpoint.restore(path, _model())
 
 
 def _checkpoint_empty_directory(tmp_path):
   (tmp_path / "empty").mkdir()
-  return lb.restore_checkpoint(tmp_path / "empty", _model())
+  return lb.checkpoint.restore(tmp_path / "empty", _model())
 
 
 def _uneven_mesh():
@@ -113,7 +113,7 @@ def _uneven_mesh():
 
   mesh = Mesh(np.array(jax.devices()[:4]), ("data",))
   model = lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), jnp.ones((6, 2)), capacity=2)
-  return lb.shard_buffers(model, P("data"), mesh=mesh)
+  return lb.sharding.shard_buffers(model, P("data"), mesh=mesh)
 
 
 def _dtype_drift():
@@ -228,17 +228,17 @@ CASES: dict[str, Case] = {
     "overflow-unknown-name": Case(lambda: _model(overflow="ring"), lb.CapacityError,
                                   r"overflow='ring' is not a policy.*'wrap'"),
     "call-before-init": Case(lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X),
-                             lb.NotInitializedError,
+                             lb.NotDeclaredError,
                              r"called before it was initialized.*Why.*Fix: lb\.lazy_init"),
     "mutable-call-before-init-without-capacity": Case(
         lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X, mutable=True), lb.CapacityError,
         r"Net sows at 2 site\(s\).*no capacity was declared.*Why.*Fix"),
     "preallocate-before-init": Case(lambda: lb.preallocate(lb.ToNNX(Net()), X, capacity=2),
-                                    lb.NotInitializedError, r"Fix: lb\.lazy_init"),
-    "sown-shape-drift": Case(lambda: _model()(jnp.ones((4, 2))), lb.SowMismatchError,
+                                    lb.NotDeclaredError, r"Fix: lb\.lazy_init"),
+    "sown-shape-drift": Case(lambda: _model()(jnp.ones((4, 2))), lb.NotDeclaredError,
                              r"received a value of shape \(4, 2\).*declared for shape \(1, 2\)"
                              r".*Why.*Fix.*lb\.preallocate"),
-    "sown-dtype-drift": Case(_dtype_drift, lb.SowMismatchError,
+    "sown-dtype-drift": Case(_dtype_drift, lb.NotDeclaredError,
                              r"dtype bfloat16.*declared for shape \(1, 2\) and dtype float32"),
     "new-variable-on-later-traced-call": Case(
         lambda: nnx.jit(lambda m, x: m(x, mutable=True))(_model(module=GrowsCache()),
@@ -262,29 +262,29 @@ CASES: dict[str, Case] = {
         _overflowed_read, lb.BufferOverflowError,
         r"recorded 2 values but its buffer holds capacity=1.*Why.*Fix.*overflow='wrap'"),
     "checkpoint-structure-mismatch": Case(
-        _checkpoint_mismatch, lb.CheckpointError,
+        _checkpoint_mismatch, lb.checkpoint.CheckpointError,
         r"does not match the model's structure: saved but not in the model: "
         r"Inner_0/Dense_0/bias.*Why.*Fix", needs_tmp=True),
     "checkpoint-other-overflow-policy": Case(
-        _checkpoint_other_policy, lb.CheckpointError,
+        _checkpoint_other_policy, lb.checkpoint.CheckpointError,
         r"declared differently from the model: .*intermediates/x: overflow saved 'error' vs "
         r"model 'wrap'.*Why.*Fix", needs_tmp=True),
     "checkpoint-smaller-capacity": Case(
-        _checkpoint_smaller, lb.CheckpointError,
+        _checkpoint_smaller, lb.checkpoint.CheckpointError,
         r"capacity saved 3 vs model 2 \(smaller.*Why.*Fix", needs_tmp=True),
     "checkpoint-larger-capacity-after-overflow": Case(
-        _checkpoint_grown_after_overflow, lb.CheckpointError,
+        _checkpoint_grown_after_overflow, lb.checkpoint.CheckpointError,
         r"cannot be restored into a larger capacity: .*had 2 values sown into capacity 1.*Fix",
         needs_tmp=True),
     "checkpoint-damaged-metadata": Case(
-        _checkpoint_damaged, lb.CheckpointError,
+        _checkpoint_damaged, lb.checkpoint.CheckpointError,
         r"cannot restore the checkpoint at .*/c: its step metadata.*UnicodeDecodeError.*Why.*"
         r"Fix", needs_tmp=True),
     "checkpoint-empty-directory": Case(
-        _checkpoint_empty_directory, lb.CheckpointError,
+        _checkpoint_empty_directory, lb.checkpoint.CheckpointError,
         r"no checkpoint at .*empty: the directory is empty.*Fix", needs_tmp=True),
     "checkpoint-path-does-not-exist": Case(
-        lambda: lb.restore_checkpoint("/nonexistent/checkpoint", _model()), lb.CheckpointError,
+        lambda: lb.checkpoint.restore("/nonexistent/checkpoint", _model()), lb.checkpoint.CheckpointError,
         r"no checkpoint at /nonexistent/checkpoint: the path does not exist.*Fix"),
     "loop-body-writes-outside-carry": Case(
         _loop_writes_outside_carry, lb.StructureChangeError,
@@ -294,42 +294,47 @@ CASES: dict[str, Case] = {
         lambda: _cli_exit_code("inspect", "--arg", "object[1]"), _CliExit,
         r"exit 2: .*--arg 'object\[1\]': JAX arrays cannot have dtype 'object'.*use a number"),
     "linen-variables-bare-params": Case(
-        lambda: lb.from_linen_variables(Net(), Net().init(jax.random.key(0), X)["params"], X,
-                                        capacity=2),
-        lb.CheckpointError, r"bare params tree: pass \{'params': params\}.*Fix"),
+        lambda: lb.checkpoint.from_linen_variables(
+            Net(), Net().init(jax.random.key(0), X)["params"], X),
+        lb.checkpoint.CheckpointError, r"bare params tree: pass \{'params': params\}.*Fix"),
+    "linen-variables-with-capacity": Case(
+        lambda: lb.checkpoint.from_linen_variables(Net(), Net().init(jax.random.key(0), X), X,
+                                                   capacity=2),
+        TypeError, r"takes no capacity=.*Why: one place declares capacity.*"
+                   r"Fix: .*lb\.preallocate\(model, \*args, capacity=\.\.\.\)"),
     "shard-spec-without-mesh": Case(
-        lambda: lb.shard_buffers(_model(), jax.sharding.PartitionSpec("data")),
-        lb.ShardingError, r"no mesh.*Fix: pass lb\.shard_buffers\(model, spec, mesh=mesh\)"),
+        lambda: lb.sharding.shard_buffers(_model(), jax.sharding.PartitionSpec("data")),
+        lb.sharding.ShardingError, r"no mesh.*Fix: pass lb\.sharding\.shard_buffers\(model, spec, mesh=mesh\)"),
     "shard-key-matches-nothing": Case(
-        lambda: lb.shard_buffers(_model(), {"y": None}), lb.ShardingError,
+        lambda: lb.sharding.shard_buffers(_model(), {"y": None}), lb.sharding.ShardingError,
         r"key\(s\) \['y'\] name no buffer.*are: \['intermediates/Inner_0/h', 'intermediates/x'\]"),
     "call-fails-at-second-site": Case(
-        _second_site_mismatch, lb.SowMismatchError,
+        _second_site_mismatch, lb.NotDeclaredError,
         r"sow site intermediates/b received a value of shape \(2, 2\).*Fix: declare buffers"),
     "count-at-int32-limit": Case(
         _count_at_int32_limit, lb.BufferOverflowError,
         r"largest count an int32 holds.*Fix: call lb.reset\(model\)"),
     "read-before-declaring": Case(
-        lambda: lb.recorded(lb.ToNNX(Net(), rngs=nnx.Rngs(0))), lb.NotInitializedError,
+        lambda: lb.recorded(lb.ToNNX(Net(), rngs=nnx.Rngs(0))), lb.NotDeclaredError,
         r"lb.ToNNX\(Net\) has not declared its buffers yet.*Fix: lb.lazy_init"),
     "read-a-plain-nnx-module": Case(
-        lambda: lb.counts(nnx.Linear(2, 2, rngs=nnx.Rngs(0))), lb.NotInitializedError,
+        lambda: lb.counts(nnx.Linear(2, 2, rngs=nnx.Rngs(0))), lb.NotDeclaredError,
         r"Linear holds no loopbridge buffers.*Fix:.*lb.preallocate"),
     "capacity-beyond-memory": Case(
         lambda: _model(capacity=10**13), lb.CapacityError,
         r"need [\d,]+ bytes per device but only [\d,]+ bytes.*Fix: a smaller capacity"),
     "bridged-part-sows-two-shapes-in-one-call": Case(
-        _two_shapes_in_one_bridged_call, lb.SowMismatchError,
+        _two_shapes_in_one_bridged_call, lb.NotDeclaredError,
         r"Inner_0/h of lb.ToNNX\(Net\) receives \(1, 3\) float32 in one call and \(2, 3\) "
         r"float32 in another.*Fix"),
     "native-sow-without-buffer": Case(
-        _native_sow_without_buffer, lb.SowMismatchError,
+        _native_sow_without_buffer, lb.NotDeclaredError,
         r"Switch: intermediates/other was sown, but this module has no buffer.*Fix: declare it"),
     "native-sows-without-capacity": Case(
         _native_without_capacity, lb.CapacityError,
         r"Sows sows at 1 site\(s\) \(intermediates/h\) but no capacity was declared.*Fix"),
     "mesh-does-not-divide-batch": Case(
-        _uneven_mesh, lb.ShardingError,
+        _uneven_mesh, lb.sharding.ShardingError,
         r"axis 0 \(size 6\) is split over mesh axes 'data' of total size 4, which does not "
         r"divide 6.*Fix: make that axis \(e\.g\. the batch\) a multiple of 4"),
 }

@@ -102,13 +102,13 @@ def test_mid_loop_round_trip_records_exactly_the_uninterrupted_run(tmp_path, gra
 
   first = _fresh()
   y = run(first, x, 0, 3)
-  path = lb.save_checkpoint(tmp_path / "mid", first)
+  path = lb.checkpoint.save(tmp_path / "mid", first)
   arrays = [_compat.variable_value(v) for v in _variables(first).values()]
   state_bytes = sum(np.asarray(a).nbytes for a in arrays
                     if not jnp.issubdtype(a.dtype, jax.dtypes.prng_key))
   assert _dir_bytes(path) >= state_bytes  # every buffer, param and count is on disk
 
-  resumed = lb.restore_checkpoint(path, _fresh())
+  resumed = lb.checkpoint.restore(path, _fresh())
   y_resumed = run(resumed, y, 3, 7)
 
   rec_r, counts_r, leaves_r = _snapshot(resumed)
@@ -126,8 +126,8 @@ def test_restore_is_needed_for_the_rng_state(tmp_path):
   run, x = _steps(True), jnp.ones((2, FEATURES))
   model = _fresh()
   run(model, x, 0, 2)
-  path = lb.save_checkpoint(tmp_path / "c", model)
-  restored, unrestored = lb.restore_checkpoint(path, _fresh()), _fresh()
+  path = lb.checkpoint.save(tmp_path / "c", model)
+  restored, unrestored = lb.checkpoint.restore(path, _fresh()), _fresh()
   for m in (restored, unrestored, model):
     run(m, x, 2, 3)
   np.testing.assert_array_equal(lb.recorded(restored)["intermediates"]["x"],
@@ -140,24 +140,24 @@ def test_restore_is_needed_for_the_rng_state(tmp_path):
 def test_restore_keeps_variable_identity_and_loops_still_run(tmp_path, graph):
   model = _fresh()
   model(jnp.ones((2, FEATURES)))
-  path = lb.save_checkpoint(tmp_path / "c", model)
+  path = lb.checkpoint.save(tmp_path / "c", model)
   fresh = _fresh()
   before = {k: id(v) for k, v in _variables(fresh).items()}
-  lb.restore_checkpoint(path, fresh)
+  lb.checkpoint.restore(path, fresh)
   assert {k: id(v) for k, v in _variables(fresh).items()} == before
   _steps(graph)(fresh, jnp.ones((2, FEATURES)), 0, 2)
   assert int(lb.counts(fresh)["intermediates"]["x"]) == 3
 
 
 def test_restore_into_a_model_with_other_shapes_names_the_difference(tmp_path):
-  path = lb.save_checkpoint(tmp_path / "c", _fresh(capacity=3))
+  path = lb.checkpoint.save(tmp_path / "c", _fresh(capacity=3))
   model = lb.ToNNX(Noisy(), rngs=nnx.Rngs(0, dropout=1))
   lb.lazy_init(model, jnp.ones((3, FEATURES)), capacity=3, overflow="wrap")
-  with pytest.raises(lb.CheckpointError,
+  with pytest.raises(lb.checkpoint.CheckpointError,
                      match=r"declared differently from the model: .*"
                      r"loopbridge__buffers/intermediates/x: value_shape saved \[2, 4\] vs model "
                      r"\[3, 4\].*Why.*Fix: .*lb.lazy_init"):
-    lb.restore_checkpoint(path, model)
+    lb.checkpoint.restore(path, model)
 
 
 # ---------------------------------------------------------------- the saved declaration
@@ -181,8 +181,8 @@ def _xs(n):
 
 
 def _sow_model(capacity, overflow, calls=0):
-  model = lb.from_linen_variables(Sow(), SOW_VARIABLES, X0, capacity=capacity,
-                                  overflow=overflow)
+  model = lb.checkpoint.from_linen_variables(Sow(), SOW_VARIABLES, X0)
+  lb.preallocate(model, X0, capacity=capacity, overflow=overflow)
   for x in _xs(calls):
     model(x)
   return model
@@ -209,24 +209,24 @@ def _assert_untouched(model, before):
 def test_another_overflow_policy_is_refused_and_the_model_untouched(tmp_path, saved, wanted):
   # Five calls into capacity 3: read as another policy the slots would mean other values
   # (error -> wrap used to read [2, 0, 1] where the last three were 2, 3, 4).
-  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, saved, calls=5))
+  path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, saved, calls=5))
   model = _sow_model(3, wanted, calls=1)
   before = _values(model)
-  with pytest.raises(lb.CheckpointError,
+  with pytest.raises(lb.checkpoint.CheckpointError,
                      match=rf"at {path}.*loopbridge__buffers/intermediates/h: overflow saved "
                      rf"'{saved}' vs model '{wanted}'.*Why: .*overflow policy.*Fix: .*overflow="):
-    lb.restore_checkpoint(path, model)
+    lb.checkpoint.restore(path, model)
   _assert_untouched(model, before)
 
 
 def test_a_smaller_capacity_is_refused(tmp_path):
-  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, "wrap", calls=1))
+  path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, "wrap", calls=1))
   model = _sow_model(2, "wrap")
   before = _values(model)
-  with pytest.raises(lb.CheckpointError,
+  with pytest.raises(lb.checkpoint.CheckpointError,
                      match=r"intermediates/h: capacity saved 3 vs model 2 \(smaller: the saved "
                      r"values would not fit\).*Fix"):
-    lb.restore_checkpoint(path, model)
+    lb.checkpoint.restore(path, model)
   _assert_untouched(model, before)
 
 
@@ -235,8 +235,8 @@ def test_a_larger_capacity_keeps_every_value_in_order(tmp_path, overflow):
   """Two values saved at capacity 3, restored at capacity 6, then five more calls: the
   records are what one model of capacity 6 records over the seven calls, per policy."""
   xs = _xs(7)
-  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, overflow, calls=2))
-  model = lb.restore_checkpoint(path, _sow_model(6, overflow))
+  path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, overflow, calls=2))
+  model = lb.checkpoint.restore(path, _sow_model(6, overflow))
   assert _compat.variable_value(_variables(model)["loopbridge__buffers/intermediates/h"]).shape \
       == (6, 2, 3)
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], _linen_hs(xs[:2]), **TOL)
@@ -253,15 +253,15 @@ def test_a_larger_capacity_keeps_every_value_in_order(tmp_path, overflow):
 
 @pytest.mark.parametrize("overflow", ["error", "drop", "wrap"])
 def test_a_larger_capacity_after_an_overflow_is_refused(tmp_path, overflow):
-  path = lb.save_checkpoint(tmp_path / "c", _sow_model(2, overflow, calls=3))
+  path = lb.checkpoint.save(tmp_path / "c", _sow_model(2, overflow, calls=3))
   model = _sow_model(4, overflow)
   before = _values(model)
-  with pytest.raises(lb.CheckpointError,
+  with pytest.raises(lb.checkpoint.CheckpointError,
                      match=rf"cannot be restored into a larger capacity: buffer "
                      rf"loopbridge__buffers/intermediates/h \(overflow='{overflow}'\) had 3 values "
                      r"sown into capacity 2, so 1 of them are not in the checkpoint.*Fix: restore "
                      r"into a model declared with capacity 2"):
-    lb.restore_checkpoint(path, model)
+    lb.checkpoint.restore(path, model)
   _assert_untouched(model, before)
 
 
@@ -311,7 +311,7 @@ def _a_file(path):
 
 
 def _plain_orbax(path):
-  """A checkpoint orbax wrote without lb.save_checkpoint (no declaration)."""
+  """A checkpoint orbax wrote without lb.checkpoint.save (no declaration)."""
   import shutil
 
   import orbax.checkpoint as ocp
@@ -336,7 +336,7 @@ DAMAGE = {
                             r"no checkpoint at {path}: the path does not exist.*Fix"),
     "path-is-a-file": (_a_file, r"no checkpoint at {path}: it is a file.*Fix"),
     "no-declaration": (_plain_orbax, r"the checkpoint at {path} holds no loopbridge declaration"
-                       r".*Why: it was not written by lb.save_checkpoint.*Fix"),
+                       r".*Why: it was not written by lb.checkpoint.save.*Fix"),
 }
 
 
@@ -350,20 +350,20 @@ def test_a_damaged_checkpoint_is_a_checkpoint_error_and_the_model_untouched(tmp_
   import re
 
   damage_fn, match = DAMAGE[damage]
-  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, "wrap", calls=2))
+  path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, "wrap", calls=2))
   damage_fn(path)
   model = _sow_model(3, "wrap", calls=1)
   before = _values(model)
-  with pytest.raises(lb.CheckpointError, match=match.format(path=re.escape(path))):
-    lb.restore_checkpoint(path, model)
+  with pytest.raises(lb.checkpoint.CheckpointError, match=match.format(path=re.escape(path))):
+    lb.checkpoint.restore(path, model)
   _assert_untouched(model, before)
   gc.collect()
 
 
 def test_the_undamaged_checkpoint_restores(tmp_path):
   """The damage cases above can fail: the same checkpoint, undamaged, restores."""
-  path = lb.save_checkpoint(tmp_path / "c", _sow_model(3, "wrap", calls=2))
-  model = lb.restore_checkpoint(path, _sow_model(3, "wrap", calls=1))
+  path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, "wrap", calls=2))
+  model = lb.checkpoint.restore(path, _sow_model(3, "wrap", calls=1))
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], _linen_hs(_xs(2)), **TOL)
 
 
@@ -393,7 +393,7 @@ def test_a_checkpoint_saved_on_any_supported_flax_restores_here(fixture, tmp_pat
   finally:
     sys.path.remove(FIXTURES)
   path = shutil.copytree(os.path.join(FIXTURES, fixture, "ckpt"), tmp_path / "ckpt")
-  model = lb.restore_checkpoint(path, fx.fresh_model())
+  model = lb.checkpoint.restore(path, fx.fresh_model())
   saved = np.load(os.path.join(FIXTURES, fixture, "state.npz"))
   values = {k.replace("rngs/", "to_nnx__rngs/") if k.startswith("rngs/") else k: v
             for k, v in _values(model).items()}
@@ -412,10 +412,10 @@ def test_a_checkpoint_saved_on_any_supported_flax_restores_here(fixture, tmp_pat
 
 def test_overwrite(tmp_path):
   model = _fresh()
-  lb.save_checkpoint(tmp_path / "c", model)
+  lb.checkpoint.save(tmp_path / "c", model)
   model(jnp.ones((2, FEATURES)))
-  path = lb.save_checkpoint(tmp_path / "c", model, overwrite=True)
-  assert int(lb.counts(lb.restore_checkpoint(path, _fresh()))["intermediates"]["x"]) == 1
+  path = lb.checkpoint.save(tmp_path / "c", model, overwrite=True)
+  assert int(lb.counts(lb.checkpoint.restore(path, _fresh()))["intermediates"]["x"]) == 1
 
 
 # ---------------------------------------------------------------- existing Linen variables
@@ -454,7 +454,8 @@ def _linen_reference(module, variables, xs):
 def test_from_linen_variables_uses_them_without_initializing():
   x0 = jnp.ones((3, 2))
   variables = WithStats().init(jax.random.key(42), x0)
-  model = lb.from_linen_variables(WithStats(), variables, x0, capacity=4)
+  model = lb.preallocate(lb.checkpoint.from_linen_variables(WithStats(), variables, x0), x0,
+                         capacity=4)
   kernel = _compat.variable_value(_variables(model)["Dense_0/kernel"])
   np.testing.assert_array_equal(kernel, variables["params"]["Dense_0"]["kernel"].unbox())
   xs = [jnp.full((3, 2), float(i)) + jnp.arange(2.0) for i in range(3)]
@@ -470,7 +471,8 @@ def test_from_linen_variables_uses_them_without_initializing():
 def test_from_linen_variables_runs_in_a_jitted_loop(graph):
   x0 = jnp.ones((3, 2))
   variables = WithStats().init(jax.random.key(0), x0)
-  model = lb.from_linen_variables(WithStats(), variables, x0, capacity=3)
+  model = lb.preallocate(lb.checkpoint.from_linen_variables(WithStats(), variables, x0), x0,
+                         capacity=3)
 
   @nnx.jit(**graph_kw(graph))
   def run(model, x):
@@ -499,7 +501,7 @@ def test_linen_checkpoint_loads_into_an_initialized_model(tmp_path):
   with _one_device_mesh():
     model = lb.lazy_init(lb.ToNNX(WithStats(), rngs=nnx.Rngs(0)), x0, capacity=2)
   ids = {k: id(v) for k, v in _variables(model).items()}
-  lb.load_linen_variables(model, loaded)
+  lb.checkpoint.load_linen_variables(model, loaded)
   assert {k: id(v) for k, v in _variables(model).items()} == ids
   y = model(x0 + 1.0, mutable=True)
   ref, _ = WithStats().apply(variables, x0 + 1.0, mutable=["batch_stats"])
@@ -509,12 +511,12 @@ def test_linen_checkpoint_loads_into_an_initialized_model(tmp_path):
 def test_linen_variables_with_another_structure_are_rejected():
   x0 = jnp.ones((3, 2))
   variables = WithStats().init(jax.random.key(0), x0)
-  with pytest.raises(lb.CheckpointError, match=r"bare params tree: pass \{'params': params\}"):
-    lb.from_linen_variables(WithStats(), variables["params"], x0, capacity=2)
-  with pytest.raises(lb.CheckpointError,
+  with pytest.raises(lb.checkpoint.CheckpointError, match=r"bare params tree: pass \{'params': params\}"):
+    lb.checkpoint.from_linen_variables(WithStats(), variables["params"], x0)
+  with pytest.raises(lb.checkpoint.CheckpointError,
                      match=r"params/Dense_0/kernel given \(2, 4\) float32 vs module \(5, 4\)"):
-    lb.from_linen_variables(WithStats(), variables, jnp.ones((3, 5)), capacity=2)
+    lb.checkpoint.from_linen_variables(WithStats(), variables, jnp.ones((3, 5)))
   with _one_device_mesh():
     model = lb.lazy_init(lb.ToNNX(WithStats(), rngs=nnx.Rngs(0)), jnp.ones((3, 5)), capacity=2)
-  with pytest.raises(lb.CheckpointError, match=r"do not fit the model.*Fix"):
-    lb.load_linen_variables(model, variables)
+  with pytest.raises(lb.checkpoint.CheckpointError, match=r"do not fit the model.*Fix"):
+    lb.checkpoint.load_linen_variables(model, variables)

@@ -425,7 +425,7 @@ def test_end_to_end_default_model(tmp_path):
   result = _run([sys.executable, "-m", "loopbridge", "inspect"], cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   out = result.stdout
-  assert "seed-000 model" in out and "inputs: float32[1,100]; capacity 5" in out
+  assert "default model" in out and "inputs: float32[1,100]; capacity 5" in out
   assert "intermediates  ScanBlock_0/carry  (3, 1, 100)  float32  1         scan(axis=0, len=3)" in out
   assert "dropped sows: none" in out
   assert "params      2       30,300  118.4 KiB" in out

@@ -217,7 +217,7 @@ def test_port_named_like_linen_aligns_by_name(setup):
 
   linen_vars = Linen().init(jax.random.key(0), x)
   port = Named(nnx.Rngs(0))
-  lb.params_to_nnx([linen_vars["params"]], [port])
+  lb.layers.load_params([linen_vars["params"]], [port])
   report = lb.compare((Linen(), linen_vars), port, x)
   assert report.ok, str(report)
   assert [(p.reference_path, p.candidate_path, p.aligned_by) for p in report.pairs] == [
@@ -302,7 +302,7 @@ def test_dtype_only_difference_within_the_looser_tolerance(setup):
 # ----------------------------------------------------------------------------- other sides
 def test_lb_to_nnx_reference_and_candidate(setup):
   x, variables = setup
-  model = lb.from_linen_variables(Net(), variables, x, capacity=1)
+  model = lb.checkpoint.from_linen_variables(Net(), variables, x)
   assert lb.compare(model, make_port(variables), x).ok
   report = lb.compare((Net(), variables), model, x)
   assert report.ok and all(p.aligned_by == "name" for p in report.pairs)
@@ -314,8 +314,8 @@ def test_bridged_part_of_a_candidate_is_recorded_inside(setup):
   """Half-way through a migration: block 1 still Linen (bridged), the rest ported."""
   x, variables = setup
   port = make_port(variables, block_kwargs=({"act": nnx.relu}, {}))
-  port.blocks[1] = lb.from_linen_variables(
-      Block(H), {"params": variables["params"]["Block_1"]}, x, capacity=1)
+  port.blocks[1] = lb.checkpoint.from_linen_variables(
+      Block(H), {"params": variables["params"]["Block_1"]}, x)
   report = lb.compare((Net(), variables), port, x)
   paths = [p.candidate_path for p in report.pairs]
   assert "blocks/1/Dense_0" in paths and "blocks/1" in paths, str(report)

@@ -99,7 +99,7 @@ def test_a_loop_donates_only_what_it_writes(graph, loop):
   writes must not be donated: the caller's Linen variables stay valid."""
   _, x = seed_model()
   variables = MLP(2, 4).init(jax.random.key(5), x)
-  model = lb.load_linen_variables(seed_model()[0], variables)
+  model = lb.checkpoint.load_linen_variables(seed_model()[0], variables)
   kernel = variables["params"]["ScanBlock_0"]["Dense_0"]["kernel"]
   old_buffer = lb.buffers(model)["intermediates"]["x"]
 

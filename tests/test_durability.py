@@ -50,7 +50,7 @@ def test_a_call_that_fails_at_its_second_site_writes_no_site():
   model = _model()
   x = jnp.arange(3.0)[None]
   model(x)
-  with pytest.raises(lb.SowMismatchError, match="intermediates/b received a value of shape"):
+  with pytest.raises(lb.NotDeclaredError, match="intermediates/b received a value of shape"):
     model(x + 1, branch=True)
   counts = lb.counts(model)["intermediates"]
   assert {k: int(v) for k, v in counts.items()} == {"a": 1, "b": 1}
@@ -139,9 +139,9 @@ def test_a_count_at_the_int32_limit_stops_there_and_reading_is_an_error():
 
 @pytest.mark.parametrize("read", [lb.recorded, lb.counts, lb.buffers, lb.reset])
 def test_reading_a_model_that_declared_nothing_is_not_initialized(read):
-  with pytest.raises(lb.NotInitializedError, match="lb.ToNNX\\(TwoSites\\) has not declared"):
+  with pytest.raises(lb.NotDeclaredError, match="lb.ToNNX\\(TwoSites\\) has not declared"):
     read(lb.ToNNX(TwoSites(), rngs=nnx.Rngs(0)))
-  with pytest.raises(lb.NotInitializedError, match="Linear holds no loopbridge buffers"):
+  with pytest.raises(lb.NotDeclaredError, match="Linear holds no loopbridge buffers"):
     read(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
 
 

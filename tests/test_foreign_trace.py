@@ -1,4 +1,4 @@
-"""Recording from a trace that is not the model's raises `lb.ForeignTraceError`, never loses records.
+"""Recording from a trace that is not the model's raises `lb.StructureChangeError`, never loses records.
 
 A model closed over by a hand-written `jax.lax` loop body (directly, inside a jit wrapper that
 merges a copy, or inside `nnx.jit`) cannot hand what it records back out of the loop's trace.
@@ -89,20 +89,20 @@ def closed_over_under_nnx_jit(model):
                                  closed_over_under_nnx_jit])
 def test_a_closed_over_model_raises_and_records_nothing(run):
   model = new_model()
-  with pytest.raises(lb.ForeignTraceError, match=MATCH):
+  with pytest.raises(lb.StructureChangeError, match=MATCH):
     run(model)
   assert int(lb.counts(model)["intermediates"]["h"]) == 0  # nothing half-written
 
 
 def test_the_error_is_a_loopbridge_error():
-  assert issubclass(lb.ForeignTraceError, lb.LoopbridgeError)
+  assert issubclass(lb.StructureChangeError, lb.LoopbridgeError)
 
 
 def test_a_state_write_without_sows_is_caught_too():
   model = lb.lazy_init(lb.ToNNX(Cached()), X)  # no rngs: only the cache write is checked
   before = np.asarray(lb.linen_variables(model)["cache"]["total"])
   body = lambda i, x: model(x, mutable=["cache"])
-  with pytest.raises(lb.ForeignTraceError, match=MATCH):
+  with pytest.raises(lb.StructureChangeError, match=MATCH):
     jax.jit(lambda x: jax.lax.fori_loop(0, STEPS, body, x))(X)
   np.testing.assert_array_equal(lb.linen_variables(model)["cache"]["total"], before)
 
@@ -118,7 +118,7 @@ def test_a_closed_over_native_module_raises():
       return y
 
   model = lb.preallocate(Native(nnx.Rngs(0)), X, capacity=STEPS)
-  with pytest.raises(lb.ForeignTraceError, match=r"Native\.sow was called inside"):
+  with pytest.raises(lb.StructureChangeError, match=r"Native\.sow was called inside"):
     jax.jit(lambda x: jax.lax.fori_loop(0, STEPS, lambda i, x: model(x), x))(X)
 
 

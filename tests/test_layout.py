@@ -57,25 +57,25 @@ def _assert_trees_equal(a, b):
 def test_scanned_layers_round_trips_are_exact():
   _, variables, _ = _linen_scanned()
   scanned = variables["params"]["ScanBlock_0"]
-  per_layer = lb.scanned_to_layers(scanned)
+  per_layer = lb.layers.unstack_params(scanned)
   assert sorted(per_layer) == [f"layers_{i}" for i in range(DEPTH)]
   for i in range(DEPTH):  # independent reference: index the scanned leaves directly
     np.testing.assert_array_equal(per_layer[f"layers_{i}"]["Dense_0"]["kernel"],
                                   scanned["Dense_0"]["kernel"][i])
-  _assert_trees_equal(lb.layers_to_scanned(per_layer), scanned)
-  named = lb.scanned_to_layers(scanned, names="block{}")
-  _assert_trees_equal(lb.layers_to_scanned(named, names="block{}"), scanned)
-  as_list = lb.scanned_to_layers(scanned, names=None)
-  _assert_trees_equal(lb.layers_to_scanned(as_list), scanned)
-  by_fn = lb.scanned_to_layers(scanned, names=lambda i: f"h{i:02d}")
+  _assert_trees_equal(lb.layers.stack_params(per_layer), scanned)
+  named = lb.layers.unstack_params(scanned, names="block{}")
+  _assert_trees_equal(lb.layers.stack_params(named, names="block{}"), scanned)
+  as_list = lb.layers.unstack_params(scanned, names=None)
+  _assert_trees_equal(lb.layers.stack_params(as_list), scanned)
+  by_fn = lb.layers.unstack_params(scanned, names=lambda i: f"h{i:02d}")
   assert sorted(by_fn) == ["h00", "h01", "h02"]
-  _assert_trees_equal(lb.layers_to_scanned(by_fn, names=lambda i: f"h{i:02d}"), scanned)
+  _assert_trees_equal(lb.layers.stack_params(by_fn, names=lambda i: f"h{i:02d}"), scanned)
 
 
 def test_mixed_dtypes_round_trip_exactly():
   scanned = {"a": jnp.arange(6, dtype=jnp.bfloat16).reshape(3, 2),
              "b": {"c": jnp.arange(3, dtype=jnp.int8)}}
-  _assert_trees_equal(lb.layers_to_scanned(lb.scanned_to_layers(scanned)), scanned)
+  _assert_trees_equal(lb.layers.stack_params(lb.layers.unstack_params(scanned)), scanned)
 
 
 def test_linen_scanned_checkpoint_in_nnx_port_gives_linen_outputs(graph):
@@ -83,35 +83,35 @@ def test_linen_scanned_checkpoint_in_nnx_port_gives_linen_outputs(graph):
   expected = model.apply(variables, x)
   scanned = variables["params"]["ScanBlock_0"]
 
-  stacked = lb.params_to_nnx(scanned, lb.stack([NNXBlock(WIDTH, nnx.Rngs(i))
+  stacked = lb.layers.load_params(scanned, lb.layers.stack([NNXBlock(WIDTH, nnx.Rngs(i))
                                                for i in range(DEPTH)]))
-  np.testing.assert_allclose(lb.scan_layers(stacked, x), expected, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(lb.layers.scan(stacked, x), expected, rtol=1e-6, atol=1e-6)
 
   def body(i, carry):
     s, y = carry
-    return s, lb.layer(s, i)(y)
+    return s, lb.layers.layer(s, i)(y)
 
   kw = {"graph": graph} if _compat.HAS_GRAPH_SWITCH else {}
   _, y = nnx.fori_loop(0, DEPTH, body, (stacked, x), **kw)
   np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
 
-  layers = lb.params_to_nnx(scanned, [NNXBlock(WIDTH, nnx.Rngs(9)) for _ in range(DEPTH)])
+  layers = lb.layers.load_params(scanned, [NNXBlock(WIDTH, nnx.Rngs(9)) for _ in range(DEPTH)])
   y = x
   for layer in layers:
     y = layer(y)
   np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
 
   # Back out: exact round trips to both Linen layouts.
-  _assert_trees_equal(lb.nnx_to_params(stacked), scanned)
-  _assert_trees_equal(lb.nnx_to_params(layers), scanned)
-  _assert_trees_equal(lb.nnx_to_params(stacked, scanned=False), lb.scanned_to_layers(scanned))
-  _assert_trees_equal(lb.nnx_to_params(layers, scanned=False, names=None),
-                      lb.scanned_to_layers(scanned, names=None))
+  _assert_trees_equal(lb.layers.export_params(stacked), scanned)
+  _assert_trees_equal(lb.layers.export_params(layers), scanned)
+  _assert_trees_equal(lb.layers.export_params(stacked, scanned=False), lb.layers.unstack_params(scanned))
+  _assert_trees_equal(lb.layers.export_params(layers, scanned=False, names=None),
+                      lb.layers.unstack_params(scanned, names=None))
 
 
 def test_scanned_checkpoint_runs_in_unrolled_linen_model_and_back():
   model, variables, x = _linen_scanned()
-  per_layer = lb.scanned_to_layers(variables["params"]["ScanBlock_0"])
+  per_layer = lb.layers.unstack_params(variables["params"]["ScanBlock_0"])
   unrolled = UnrolledMLP()
   # The unrolled model's own init has exactly this structure.
   reference_shapes = jax.eval_shape(unrolled.init, jax.random.key(0), x)["params"]
@@ -119,43 +119,43 @@ def test_scanned_checkpoint_runs_in_unrolled_linen_model_and_back():
   np.testing.assert_array_equal(unrolled.apply({"params": per_layer}, x),
                                 model.apply(variables, x))
   # per-layer checkpoint straight into an NNX stack.
-  stacked = lb.params_to_nnx(per_layer, lb.stack([NNXBlock(WIDTH, nnx.Rngs(i))
+  stacked = lb.layers.load_params(per_layer, lb.layers.stack([NNXBlock(WIDTH, nnx.Rngs(i))
                                                  for i in range(DEPTH)]))
-  np.testing.assert_allclose(lb.scan_layers(stacked, x), model.apply(variables, x),
+  np.testing.assert_allclose(lb.layers.scan(stacked, x), model.apply(variables, x),
                              rtol=1e-6, atol=1e-6)
 
 
 def test_boxed_linen_params_are_unboxed():
   scanned = {"kernel": nn.Partitioned(jnp.ones((2, 3)), names=("layers", None))}
-  per_layer = lb.scanned_to_layers(scanned)
+  per_layer = lb.layers.unstack_params(scanned)
   np.testing.assert_array_equal(per_layer["layers_1"]["kernel"], jnp.ones(3))
 
 
 def test_layout_errors():
   scanned = {"Dense_0": {"kernel": jnp.ones((3, 4, 4)), "bias": jnp.zeros((3, 4))}}
-  with pytest.raises(lb.StackError, match=r"leading axes disagree"):
-    lb.scanned_to_layers({"a": jnp.ones((3, 2)), "b": jnp.ones((2, 2))})
-  with pytest.raises(lb.StackError, match=r"`\['a'\]` is a scalar"):
-    lb.scanned_to_layers({"a": jnp.ones(())})
-  with pytest.raises(lb.StackError, match=r"names='layers' must be a format string"):
-    lb.scanned_to_layers(scanned, names="layers")
-  with pytest.raises(lb.StackError, match=r"no per-layer entries 'layers_0', 'layers_1'"):
-    lb.layers_to_scanned({"block_0": {}})
-  with pytest.raises(lb.StackError, match=r"stop at 'layers_1' but 'layers_2' exists"):
-    lb.layers_to_scanned({"layers_0": {"k": jnp.ones(2)}, "layers_2": {"k": jnp.ones(2)}})
-  with pytest.raises(lb.StackError, match=r"layer 1 differs from layer 0 at `\['k'\]`: layer 0 "
+  with pytest.raises(lb.layers.StackError, match=r"leading axes disagree"):
+    lb.layers.unstack_params({"a": jnp.ones((3, 2)), "b": jnp.ones((2, 2))})
+  with pytest.raises(lb.layers.StackError, match=r"`\['a'\]` is a scalar"):
+    lb.layers.unstack_params({"a": jnp.ones(())})
+  with pytest.raises(lb.layers.StackError, match=r"names='layers' must be a format string"):
+    lb.layers.unstack_params(scanned, names="layers")
+  with pytest.raises(lb.layers.StackError, match=r"no per-layer entries 'layers_0', 'layers_1'"):
+    lb.layers.stack_params({"block_0": {}})
+  with pytest.raises(lb.layers.StackError, match=r"stop at 'layers_1' but 'layers_2' exists"):
+    lb.layers.stack_params({"layers_0": {"k": jnp.ones(2)}, "layers_2": {"k": jnp.ones(2)}})
+  with pytest.raises(lb.layers.StackError, match=r"layer 1 differs from layer 0 at `\['k'\]`: layer 0 "
                      r"has float32\[2\], layer 1 has float32\[3\]"):
-    lb.layers_to_scanned([{"k": jnp.ones(2)}, {"k": jnp.ones(3)}])
+    lb.layers.stack_params([{"k": jnp.ones(2)}, {"k": jnp.ones(3)}])
 
-  stacked = lb.stack([NNXBlock(4, nnx.Rngs(i)) for i in range(3)])
-  with pytest.raises(lb.StackError, match=r"has a Param at `Dense_0/(bias|kernel)` that the checkpoint "
+  stacked = lb.layers.stack([NNXBlock(4, nnx.Rngs(i)) for i in range(3)])
+  with pytest.raises(lb.layers.StackError, match=r"has a Param at `Dense_0/(bias|kernel)` that the checkpoint "
                      r"lacks(.|\n)*self.Dense_0 = nnx.Linear"):
-    lb.params_to_nnx({"Dense_1": scanned["Dense_0"]}, stacked)
-  with pytest.raises(lb.StackError, match=r"checkpoint has 2 layers, the NNX stack 3"):
-    lb.params_to_nnx(jax.tree.map(lambda a: a[:2], scanned), stacked)
-  with pytest.raises(lb.StackError, match=r"`Dense_0/kernel` is float32\[3, 4, 5\] in the "
+    lb.layers.load_params({"Dense_1": scanned["Dense_0"]}, stacked)
+  with pytest.raises(lb.layers.StackError, match=r"checkpoint has 2 layers, the NNX stack 3"):
+    lb.layers.load_params(jax.tree.map(lambda a: a[:2], scanned), stacked)
+  with pytest.raises(lb.layers.StackError, match=r"`Dense_0/kernel` is float32\[3, 4, 5\] in the "
                      r"checkpoint but float32\[3, 4, 4\] in the NNX module"):
-    lb.params_to_nnx({"Dense_0": {"kernel": jnp.ones((3, 4, 5)), "bias": jnp.zeros((3, 4))}},
+    lb.layers.load_params({"Dense_0": {"kernel": jnp.ones((3, 4, 5)), "bias": jnp.zeros((3, 4))}},
                      stacked)
-  with pytest.raises(lb.StackError, match=r"checkpoint has 3 layers, the list of NNX layers 2"):
-    lb.params_to_nnx(scanned, [NNXBlock(4, nnx.Rngs(0)), NNXBlock(4, nnx.Rngs(1))])
+  with pytest.raises(lb.layers.StackError, match=r"checkpoint has 3 layers, the list of NNX layers 2"):
+    lb.layers.load_params(scanned, [NNXBlock(4, nnx.Rngs(0)), NNXBlock(4, nnx.Rngs(1))])

@@ -366,13 +366,13 @@ def test_error_site_not_declared():
       return x
 
   model = lb.preallocate(Branchy(), X, capacity=2)
-  with pytest.raises(lb.SowMismatchError, match="has no buffer for it.*lb.preallocate"):
+  with pytest.raises(lb.NotDeclaredError, match="has no buffer for it.*lb.preallocate"):
     model(X, extra=True)
 
 
 def test_error_shape_changed():
   model = lb.preallocate(NativeMLP(nnx.Rngs(0)), X, capacity=2)
-  with pytest.raises(lb.SowMismatchError, match="declared for shape"):
+  with pytest.raises(lb.NotDeclaredError, match="declared for shape"):
     model(jnp.ones((4, 3)))
 
 
@@ -414,7 +414,7 @@ def test_error_uninitialized_bridge_in_graph():
     def __call__(self, x):
       return self.part(x)
 
-  with pytest.raises(lb.NotInitializedError, match="'part' is not initialized.*lb.lazy_init"):
+  with pytest.raises(lb.NotDeclaredError, match="'part' is not initialized.*lb.lazy_init"):
     lb.preallocate(Holder(), X, capacity=2)
 
 
@@ -459,7 +459,7 @@ def test_lazy_init_through_a_transform_leaves_children_it_did_not_call_uninitial
   assert kernel.shape == (2, X.shape[-1], 3)
   np.testing.assert_allclose(model(X)[1], X @ kernel[1] + lb.linen_variables(
       model.called)["params"]["bias"][1], rtol=1e-5, atol=1e-6)
-  with pytest.raises(lb.NotInitializedError, match=r"called before it was initialized.*Fix"):
+  with pytest.raises(lb.NotDeclaredError, match=r"called before it was initialized.*Fix"):
     model.unused(X)
 
 

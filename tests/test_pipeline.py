@@ -94,7 +94,7 @@ def test_flax_decode_cache_initialized_on_the_full_length_decodes_like_linen():
 def test_from_linen_variables_of_a_decode_model_initialized_on_the_full_length():
   full = jnp.zeros((1, LENGTH), jnp.int32)
   variables = Decoder().init(jax.random.key(1), full)
-  model = lb.from_linen_variables(Decoder(), variables, full, capacity=LENGTH)
+  model = lb.checkpoint.from_linen_variables(Decoder(), variables, full)
   lb.preallocate(model, jnp.array([[3]], jnp.int32), capacity=LENGTH)
   tokens = lb_decode(model, jnp.array([[3]], jnp.int32))
   want_tokens, _ = linen_decode(variables, jnp.array([[3]], jnp.int32))

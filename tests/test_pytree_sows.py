@@ -218,7 +218,7 @@ def test_a_changed_pytree_structure_is_a_clear_error_and_writes_nothing():
   model = lb.ToNNX(Switch(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, X, capacity=3)
   model(X)
-  with pytest.raises(lb.SowMismatchError, match=r"declared for a pytree of structure .* "
+  with pytest.raises(lb.NotDeclaredError, match=r"declared for a pytree of structure .* "
                                                 r"Fix: declare this call signature"):
     model(X, as_dict=True)
   assert [int(c) for c in lb.counts(model)["intermediates"]["v"]] == [1, 1]
@@ -258,7 +258,7 @@ def test_checkpoint_round_trip_keeps_pytree_records(tmp_path):
   for _ in range(3):
     y = whole(y)
   y = first(first(X))
-  resumed = lb.restore_checkpoint(lb.save_checkpoint(tmp_path / "c", first), fresh())
+  resumed = lb.checkpoint.restore(lb.checkpoint.save(tmp_path / "c", first), fresh())
   resumed(y)
   assert_tree_close(lb.recorded(resumed), lb.recorded(whole))
   assert jax.tree.structure(lb.counts(resumed)) == jax.tree.structure(lb.counts(whole))
@@ -274,6 +274,6 @@ def test_native_pytree_sow_is_a_clear_error_naming_the_fix():
       self.sow(nnx.Intermediate, "h", (h, h.sum()))
       return h
 
-  with pytest.raises(lb.SowMismatchError, match=r"native sows of a pytree .* not recorded leaf "
+  with pytest.raises(lb.NotDeclaredError, match=r"native sows of a pytree .* not recorded leaf "
                                                 r"by leaf yet.*one `sow` per leaf"):
     lb.preallocate(Native(nnx.Rngs(0)), jnp.ones((1, 2)), capacity=4)

@@ -227,7 +227,7 @@ def test_replicated_inputs_leave_buffers_unsharded(mesh):
 
 def test_shard_buffers_override_mapping(mesh, graph):
   model, xs = _build(mesh, logical=False)
-  lb.shard_buffers(model, {"h": P("data", "model"), "ScanBlock_0/*": P(None, None, "model")},
+  lb.sharding.shard_buffers(model, {"h": P("data", "model"), "ScanBlock_0/*": P(None, None, "model")},
                    mesh=mesh)
   bufs = lb.buffers(model)["intermediates"]
   assert _spec_equal(bufs["h"], mesh, P(None, "data", "model"))
@@ -252,7 +252,7 @@ def test_shard_buffers_callable_and_reset_keep_layout(mesh):
     # Shard the feature axis of every value; `site` is e.g. "intermediates/ScanBlock_0/carry".
     return P(*([None] * (len(value_shape) - 1)), "model")
 
-  lb.shard_buffers(model, rule, mesh=mesh)
+  lb.sharding.shard_buffers(model, rule, mesh=mesh)
   with _compat.mesh_context(mesh):
     model(xs[0])
     lb.reset(model)
@@ -266,8 +266,8 @@ def test_shard_buffers_rejects_uneven_split(mesh):
   with _compat.mesh_context(mesh):
     model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
     lb.lazy_init(model, jnp.ones((6, 4)), capacity=CAPACITY)
-  with pytest.raises(lb.ShardingError, match=r"axis 0 \(size 6\).*'data'.*does not divide"):
-    lb.shard_buffers(model, {"x": P("data")}, mesh=mesh)
+  with pytest.raises(lb.sharding.ShardingError, match=r"axis 0 \(size 6\).*'data'.*does not divide"):
+    lb.sharding.shard_buffers(model, {"x": P("data")}, mesh=mesh)
 
 
 class _Plain(nn.Module):

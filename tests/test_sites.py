@@ -262,7 +262,7 @@ def test_not_a_loopbridge_model_raises():
 
 
 def test_not_initialized_raises():
-  with pytest.raises(lb.NotInitializedError, match=r"not initialized.*lb.lazy_init"):
+  with pytest.raises(lb.NotDeclaredError, match=r"not initialized.*lb.lazy_init"):
     lb.sow_sites(lb.ToNNX(TopLevel(), rngs=nnx.Rngs(0)))
 
 

@@ -1,4 +1,4 @@
-"""lb.stack / lb.unstack / lb.layer / lb.scan_layers against plain NNX references (seed 002)."""
+"""lb.layers.stack / lb.layers.unstack / lb.layers.layer / lb.layers.scan against plain NNX references (seed 002)."""
 
 from __future__ import annotations
 
@@ -78,13 +78,13 @@ class SeedMLP(nnx.Module):
   """The seed's MLP with equal-width hidden layers kept as a stack, plus the output layer."""
 
   def __init__(self, layers: list[nnx.Linear]):
-    self.hidden = lb.stack(layers[:-1])
+    self.hidden = lb.layers.stack(layers[:-1])
     self.out = layers[-1]
 
   def forward_fori_loop(self, x, **kw):
     def body(i, carry):
       hidden, x = carry
-      x = nnx.leaky_relu(lb.layer(hidden, i)(x), negative_slope=SLOPE)
+      x = nnx.leaky_relu(lb.layers.layer(hidden, i)(x), negative_slope=SLOPE)
       return hidden, x
 
     _, x = nnx.fori_loop(0, 3, body, (self.hidden, x), **kw)
@@ -105,10 +105,10 @@ def test_seed_heterogeneous_mlp_gets_clear_error():
   rngs = nnx.Rngs(0)
   widths = [12, 26, 12, 6, 3]  # the seed's [in, 265, 128, 64, out], scaled down
   layers = [nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])]
-  with pytest.raises(lb.StackError, match=r"layer 1 differs from layer 0 at `(bias|kernel)`: "
+  with pytest.raises(lb.layers.StackError, match=r"layer 1 differs from layer 0 at `(bias|kernel)`: "
                      r"layer 0 has Param float32\[\d+(,\d+)?\], layer 1 has Param float32"
                      r"(.|\n)*Python(.|\n)*nnx.switch(.|\n)*group"):
-    lb.stack(layers)
+    lb.layers.stack(layers)
 
 
 def test_seed_vmap_stack_is_a_stack_of_two():
@@ -119,11 +119,11 @@ def test_seed_vmap_stack_is_a_stack_of_two():
     return nnx.Linear(8, 8, rngs=nnx.Rngs(key))
 
   stacked = create_layer(jax.random.split(jax.random.key(0), 2))
-  layers = lb.unstack(stacked)
+  layers = lb.layers.unstack(stacked)
   assert len(layers) == 2
   x = jnp.ones((3, 8))
-  np.testing.assert_array_equal(lb.scan_layers(stacked, x), layers[1](layers[0](x)))
-  _assert_same_module(lb.stack(layers), stacked)
+  np.testing.assert_array_equal(lb.layers.scan(stacked, x), layers[1](layers[0](x)))
+  _assert_same_module(lb.layers.stack(layers), stacked)
 
 
 # --- stack / unstack -----------------------------------------------------------------------------
@@ -131,19 +131,19 @@ def test_seed_vmap_stack_is_a_stack_of_two():
 
 def test_stack_layout_matches_manual_stack_and_round_trips():
   blocks = [Block(4, nnx.Rngs(i)) for i in range(3)]
-  stacked = lb.stack(blocks)
+  stacked = lb.layers.stack(blocks)
   assert type(stacked) is Block and type(stacked.tag) is Tagged
   assert stacked.tag.get_metadata() == blocks[0].tag.get_metadata()
   np.testing.assert_array_equal(get(stacked.linear.kernel),
                                 np.stack([np.asarray(get(b.linear.kernel)) for b in blocks]))
   assert get(stacked.calls).shape == (3,)
-  for original, back in zip(blocks, lb.unstack(stacked), strict=True):
+  for original, back in zip(blocks, lb.layers.unstack(stacked), strict=True):
     _assert_same_module(original, back)
 
 
 def test_stack_copies_values():
   layers = _linears(2)
-  stacked = lb.stack(layers)
+  stacked = lb.layers.stack(layers)
   put(layers[0].kernel, jnp.zeros((8, 8)))
   assert float(jnp.abs(get(stacked.kernel)[0]).sum()) > 0
 
@@ -169,15 +169,15 @@ _specs = st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=3).map(tuple),
 @given(specs=_specs, depth=st.integers(1, 5))
 def test_property_unstack_inverts_stack(specs, depth):
   layers = [Leaves(specs, seed) for seed in range(depth)]
-  stacked = lb.stack(layers)
+  stacked = lb.layers.stack(layers)
   for j, (shape, dtype) in enumerate(specs):
     value = get(stacked.params[j])
     assert value.shape == (depth, *shape) and value.dtype == dtype
-  back = lb.unstack(stacked)
+  back = lb.layers.unstack(stacked)
   assert len(back) == depth
   for original, restored in zip(layers, back):
     _assert_same_module(original, restored)
-  _assert_same_module(lb.stack(back), stacked)
+  _assert_same_module(lb.layers.stack(back), stacked)
 
 
 @settings(max_examples=25, deadline=None)
@@ -192,59 +192,59 @@ def test_property_differing_member_names_path_and_both_shapes(specs, which, chan
     other[which] = (shape, np.int8)
   new_shape, new_dtype = other[which]
   fmt = lambda s, d: rf"{jnp.dtype(d).name}\[{','.join(map(str, s))}\]"  # noqa: E731
-  with pytest.raises(lb.StackError, match=rf"layer 1 differs from layer 0 at `params/{which}`: "
+  with pytest.raises(lb.layers.StackError, match=rf"layer 1 differs from layer 0 at `params/{which}`: "
                      rf"layer 0 has Param {fmt(shape, dtype)}, layer 1 has Param "
                      rf"{fmt(new_shape, new_dtype)}"):
-    lb.stack([Leaves(specs, 0), Leaves(other, 1)])
+    lb.layers.stack([Leaves(specs, 0), Leaves(other, 1)])
 
 
 def test_stack_errors():
-  with pytest.raises(lb.StackError, match="no modules"):
-    lb.stack([])
-  with pytest.raises(lb.StackError, match="item 1 is a dict, not an NNX module"):
-    lb.stack([nnx.Linear(2, 2, rngs=nnx.Rngs(0)), {"kernel": jnp.ones((2, 2))}])
-  with pytest.raises(lb.StackError, match=r"at `in_features`(.|\n)*static 2(.|\n)*static 3"):
+  with pytest.raises(lb.layers.StackError, match="no modules"):
+    lb.layers.stack([])
+  with pytest.raises(lb.layers.StackError, match="item 1 is a dict, not an NNX module"):
+    lb.layers.stack([nnx.Linear(2, 2, rngs=nnx.Rngs(0)), {"kernel": jnp.ones((2, 2))}])
+  with pytest.raises(lb.layers.StackError, match=r"at `in_features`(.|\n)*static 2(.|\n)*static 3"):
     # Same Variables, different static attribute: would silently keep layer 0's.
     a, b = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear(3, 2, rngs=nnx.Rngs(0))
     put(b.kernel, jnp.ones((2, 2)))
-    lb.stack([a, b])
-  with pytest.raises(lb.StackError, match="layer 1 differs from layer 0 at `bias`: layer 0 has "
+    lb.layers.stack([a, b])
+  with pytest.raises(lb.layers.StackError, match="layer 1 differs from layer 0 at `bias`: layer 0 has "
                      r"Param float32\[2\], layer 1 has (Param )?None"):
-    lb.stack([nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
+    lb.layers.stack([nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
               nnx.Linear(2, 2, use_bias=False, rngs=nnx.Rngs(0))])
 
 
 def test_unstack_errors():
-  with pytest.raises(lb.StackError, match="`calls` is a scalar, so this module is not a layer"):
-    lb.unstack(Block(4, nnx.Rngs(0)))
-  with pytest.raises(lb.StackError, match=r"leading axes disagree \(`bias` has 2 layers, "
+  with pytest.raises(lb.layers.StackError, match="`calls` is a scalar, so this module is not a layer"):
+    lb.layers.unstack(Block(4, nnx.Rngs(0)))
+  with pytest.raises(lb.layers.StackError, match=r"leading axes disagree \(`bias` has 2 layers, "
                      r"`kernel` has 3\)"):
-    lb.unstack(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
-  with pytest.raises(lb.StackError, match="expects a stacked NNX module"):
-    lb.unstack([nnx.Linear(2, 2, rngs=nnx.Rngs(0))])
+    lb.layers.unstack(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
+  with pytest.raises(lb.layers.StackError, match="expects a stacked NNX module"):
+    lb.layers.unstack([nnx.Linear(2, 2, rngs=nnx.Rngs(0))])
 
 
-# --- lb.layer ------------------------------------------------------------------------------------
+# --- lb.layers.layer ------------------------------------------------------------------------------------
 
 
 def test_layer_concrete_index_reads_like_the_layer():
   layers = _linears(3)
-  stacked = lb.stack(layers)
+  stacked = lb.layers.stack(layers)
   x = jnp.ones((2, 8))
   for i in (0, 2, -1):
-    view = lb.layer(stacked, i)
+    view = lb.layers.layer(stacked, i)
     assert isinstance(view, nnx.Linear) and isinstance(view.kernel, nnx.Param)
     np.testing.assert_array_equal(view(x), layers[i](x))
   with pytest.raises(IndexError, match="layer index 3 is out of range for a stack of 3"):
-    lb.layer(stacked, 3)
-  with pytest.raises(lb.StackError, match=r"must be an integer scalar, got float32\[\]"):
-    lb.layer(stacked, jnp.float32(1))
+    lb.layers.layer(stacked, 3)
+  with pytest.raises(lb.layers.StackError, match=r"must be an integer scalar, got float32\[\]"):
+    lb.layers.layer(stacked, jnp.float32(1))
 
 
 def test_layer_write_updates_only_that_layer():
   layers = _linears(3)
-  stacked = lb.stack(layers)
-  put(lb.layer(stacked, 1).kernel, jnp.full((8, 8), 7.0))
+  stacked = lb.layers.stack(layers)
+  put(lb.layers.layer(stacked, 1).kernel, jnp.full((8, 8), 7.0))
   expected = np.stack([np.asarray(get(l.kernel)) for l in layers])
   expected[1] = 7.0
   np.testing.assert_array_equal(get(stacked.kernel), expected)
@@ -256,11 +256,11 @@ def test_layer_writes_in_fori_loop_land_in_the_stack(graph):
   ref = x
   for b in blocks:  # plain NNX reference: each block updates its own statistics
     ref = b(ref, 0.5)
-  stacked = lb.stack([Block(4, nnx.Rngs(i)) for i in range(3)])
+  stacked = lb.layers.stack([Block(4, nnx.Rngs(i)) for i in range(3)])
 
   def body(i, carry):
     s, x = carry
-    return s, lb.layer(s, i)(x, 0.5)
+    return s, lb.layers.layer(s, i)(x, 0.5)
 
   _, y = nnx.fori_loop(0, 3, body, (stacked, x), **graph_kw(graph))
   np.testing.assert_array_equal(y, ref)
@@ -286,13 +286,13 @@ def test_layers_with_rng_streams_and_batch_stats(graph):
   expected = x
   for layer in reference:  # plain NNX: each layer draws from its own stream, updates its stats
     expected = layer(expected)
-  stacked = lb.stack([Noisy(i) for i in range(3)])
-  _, y = nnx.fori_loop(0, 3, lambda i, c: (c[0], lb.layer(c[0], i)(c[1])), (stacked, x),
+  stacked = lb.layers.stack([Noisy(i) for i in range(3)])
+  _, y = nnx.fori_loop(0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (stacked, x),
                        **graph_kw(graph))
   # Same dropout masks (each layer's own key and count); BatchNorm may differ by an ulp between
   # the compiled loop and eager ops.
   np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
-  for got, want in zip(lb.unstack(stacked), reference):
+  for got, want in zip(lb.layers.unstack(stacked), reference):
     _assert_same_module(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -301,13 +301,13 @@ def test_layer_with_lb_fori_loop_if_available():
   if fori_loop is None:
     pytest.skip("lb.fori_loop is not in this build")
   layers = _linears(3)
-  stacked = lb.stack(layers)
+  stacked = lb.layers.stack(layers)
   x = jnp.ones((2, 8))
-  _, y = fori_loop(0, 3, lambda i, c: (c[0], lb.layer(c[0], i)(c[1])), (stacked, x))
+  _, y = fori_loop(0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (stacked, x))
   np.testing.assert_array_equal(y, layers[2](layers[1](layers[0](x))))
 
 
-# --- lb.scan_layers ------------------------------------------------------------------------------
+# --- lb.layers.scan ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("remat", [False, True])
@@ -317,8 +317,8 @@ def test_scan_layers_equals_python_loop_and_writes_land(remat):
   ref = x
   for b in blocks:
     ref = b(ref, 0.5)
-  stacked = lb.stack([Block(4, nnx.Rngs(i)) for i in range(3)])
-  y = nnx.jit(lambda s, x: lb.scan_layers(s, x, 0.5, remat=remat))(stacked, x)
+  stacked = lb.layers.stack([Block(4, nnx.Rngs(i)) for i in range(3)])
+  y = nnx.jit(lambda s, x: lb.layers.scan(s, x, 0.5, remat=remat))(stacked, x)
   np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(get(stacked.calls), [1, 1, 1])
   np.testing.assert_allclose(get(stacked.last), np.stack([get(b.last) for b in blocks]),
@@ -339,18 +339,18 @@ def test_scan_layers_grad_with_and_without_remat_equals_python_loop():
   ref = nnx.grad(loss_list)(layers)
   ref_kernel = np.stack([np.asarray(get(ref[i]["kernel"])) for i in range(3)])
   for remat in (False, True):
-    grads = nnx.grad(lambda s: (lb.scan_layers(s, x, call=call, remat=remat) ** 2).sum())(
-        lb.stack(layers))
+    grads = nnx.grad(lambda s: (lb.layers.scan(s, x, call=call, remat=remat) ** 2).sum())(
+        lb.layers.stack(layers))
     np.testing.assert_allclose(get(grads["kernel"]), ref_kernel, rtol=1e-5, atol=1e-6)
 
 
 def test_scan_layers_reverse_and_errors():
   layers = _linears(3, width=4)
   x = jnp.ones((1, 4))
-  np.testing.assert_allclose(lb.scan_layers(lb.stack(layers), x, reverse=True),
+  np.testing.assert_allclose(lb.layers.scan(lb.layers.stack(layers), x, reverse=True),
                              layers[0](layers[1](layers[2](x))), rtol=1e-6)
-  with pytest.raises(lb.StackError, match="lb.scan_layers: `calls` is a scalar"):
-    lb.scan_layers(Block(4, nnx.Rngs(0)), x)
+  with pytest.raises(lb.layers.StackError, match="lb.layers.scan: `calls` is a scalar"):
+    lb.layers.scan(Block(4, nnx.Rngs(0)), x)
 
 
 # --- sowing layers (buffers declared with lb.preallocate) ----------------------------------------
@@ -370,13 +370,13 @@ class Sowing(nnx.Module):
 
 class SowingNet(nnx.Module):
   def __init__(self, depth: int):
-    self.layers = lb.stack([Sowing(nnx.Rngs(i)) for i in range(depth)])
+    self.layers = lb.layers.stack([Sowing(nnx.Rngs(i)) for i in range(depth)])
 
   def scan(self, x):
-    return lb.scan_layers(self.layers, x)
+    return lb.layers.scan(self.layers, x)
 
   def fori(self, x):
-    _, y = nnx.fori_loop(0, 3, lambda i, c: (c[0], lb.layer(c[0], i)(c[1])), (self.layers, x))
+    _, y = nnx.fori_loop(0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (self.layers, x))
     return y
 
 
@@ -393,7 +393,7 @@ def test_sowing_layers_record_every_layer_of_every_call(how):
       row.append(x)
     expected.append(np.stack(row))
   net = SowingNet(3)
-  # Buffers are declared through the scan path; lb.layer views then write into them too.
+  # Buffers are declared through the scan path; lb.layers.layer views then write into them too.
   lb.preallocate(net, xs[0], capacity=4, method="scan")
   step = nnx.jit(lambda net, x: getattr(net, how)(x))
   for x in xs:

@@ -3,15 +3,18 @@
 `lb.ToNNX` is a loop-stable `flax.nnx.bridge.ToNNX`: after `lazy_init(..., capacity=N)` its
 state never changes shape, so the bridged model runs in `nnx.while_loop`, `nnx.fori_loop`
 and `nnx.scan`, recording every sown value into preallocated buffers.
+
+Families of names live in namespaces: `lb.layers` (layer stacks and their params),
+`lb.checkpoint` (orbax checkpoints, existing Linen variables) and `lb.sharding` (placing
+record buffers on a mesh).
 """
 
+from . import checkpoint as checkpoint
+from . import layers as layers
+from . import sharding as sharding
 from ._buffers import Buffer as Buffer
 from ._buffers import Count as Count
 from ._capacity import capacity as capacity
-from ._checkpoint import from_linen_variables as from_linen_variables
-from ._checkpoint import load_linen_variables as load_linen_variables
-from ._checkpoint import restore_checkpoint as restore_checkpoint
-from ._checkpoint import save_checkpoint as save_checkpoint
 from ._compare import ParityReport as ParityReport
 from ._compare import compare as compare
 from ._compiled import CompiledStep as CompiledStep
@@ -19,62 +22,43 @@ from ._compiled import compile_step as compile_step
 from ._errors import BufferOverflowError as BufferOverflowError
 from ._errors import CacheLengthWarning as CacheLengthWarning
 from ._errors import CapacityError as CapacityError
-from ._errors import CheckpointError as CheckpointError
 from ._errors import CompareError as CompareError
 from ._errors import DroppedSowWarning as DroppedSowWarning
-from ._errors import ForeignTraceError as ForeignTraceError
-from ._errors import LoopbridgeError as LoopbridgeError
-from ._errors import NotInitializedError as NotInitializedError
-from ._errors import RecordsDiscardedWarning as RecordsDiscardedWarning
-from ._errors import ShardingError as ShardingError
-from ._errors import SowMismatchError as SowMismatchError
-from ._errors import StackError as StackError
 from ._errors import StructureChangeError as StructureChangeError
-from ._linen_vars import linen_variables as linen_variables
-from ._layout import layers_to_scanned as layers_to_scanned
-from ._layout import nnx_to_params as nnx_to_params
-from ._layout import params_to_nnx as params_to_nnx
-from ._layout import scanned_to_layers as scanned_to_layers
+from ._errors import LoopbridgeError as LoopbridgeError
+from ._errors import NotDeclaredError as NotDeclaredError
+from ._errors import RecordsDiscardedWarning as RecordsDiscardedWarning
 from ._explain import StructureReport as StructureReport
 from ._explain import explain as explain
+from ._linen_vars import linen_variables as linen_variables
 from ._loops import fori_loop as fori_loop
 from ._loops import while_loop as while_loop
+from ._pipeline import lazy_init as lazy_init
+from ._pipeline import preallocate as preallocate
 from ._records import buffers as buffers
 from ._records import counts as counts
 from ._records import recorded as recorded
 from ._records import reset as reset
-from ._scan_layers import scan_layers as scan_layers
-from ._shard_buffers import shard_buffers as shard_buffers
-from ._stack import layer as layer
-from ._stack import stack as stack
-from ._stack import unstack as unstack
-from ._to_nnx import ToNNX as ToNNX
-from ._pipeline import lazy_init as lazy_init
-from ._pipeline import preallocate as preallocate
 from ._sites import sow_sites as sow_sites
+from ._to_nnx import ToNNX as ToNNX
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
+# The everyday names. `CompiledStep`, `StructureReport` and `ParityReport` (what
+# `compile_step`, `explain` and `compare` return) stay importable for annotations without being listed here; the
+# namespaces `layers`, `checkpoint` and `sharding` are modules, not names to star-import.
 __all__ = [
     "Buffer",
     "BufferOverflowError",
     "CacheLengthWarning",
     "CapacityError",
-    "CheckpointError",
     "CompareError",
-    "CompiledStep",
     "Count",
     "DroppedSowWarning",
-    "ForeignTraceError",
-    "LoopbridgeError",
-    "NotInitializedError",
-    "ParityReport",
-    "RecordsDiscardedWarning",
-    "ShardingError",
-    "SowMismatchError",
-    "StackError",
     "StructureChangeError",
-    "StructureReport",
+    "LoopbridgeError",
+    "NotDeclaredError",
+    "RecordsDiscardedWarning",
     "ToNNX",
     "buffers",
     "capacity",
@@ -83,24 +67,11 @@ __all__ = [
     "counts",
     "explain",
     "fori_loop",
-    "from_linen_variables",
-    "layer",
-    "layers_to_scanned",
     "lazy_init",
     "linen_variables",
-    "load_linen_variables",
-    "nnx_to_params",
-    "params_to_nnx",
     "preallocate",
     "recorded",
     "reset",
-    "restore_checkpoint",
-    "save_checkpoint",
-    "scan_layers",
-    "scanned_to_layers",
-    "shard_buffers",
     "sow_sites",
-    "stack",
-    "unstack",
     "while_loop",
 ]

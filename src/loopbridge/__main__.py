@@ -23,7 +23,7 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
   Raises:
     SystemExit: from argparse, for `--help` and for unknown options (status 2).
 
-  Example:
+  Examples:
     >>> from loopbridge.__main__ import main
     >>> main(["inspect", "--arg", "float32(1,100)"])  # malformed input spec
     2

@@ -17,7 +17,7 @@ from flax import nnx
 
 from . import _compat
 from . import _sharding
-from ._errors import BufferOverflowError, SowMismatchError
+from ._errors import BufferOverflowError, NotDeclaredError
 
 COUNT_DTYPE = jnp.int32
 # A count stops here instead of wrapping around to negative numbers (which would read back as
@@ -31,7 +31,7 @@ class Buffer(nnx.Variable):
   Metadata: `overflow` (`"error"`, `"drop"` or `"wrap"`). Filter with
   `nnx.state(model, lb.Buffer)`.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -47,7 +47,7 @@ class Buffer(nnx.Variable):
 class Count(nnx.Variable):
   """Number of values sown into the paired `Buffer` since the last reset (may exceed capacity).
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -96,7 +96,7 @@ def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
   buf = _compat.variable_value(buffer)
   shape, dtype = tuple(np.shape(value)), jnp.result_type(value)
   if shape != tuple(buf.shape[1:]) or dtype != buf.dtype:
-    raise SowMismatchError(
+    raise NotDeclaredError(
         f"sow site {label} received a value of shape {shape} and dtype {dtype}, but its buffer "
         f"was declared for shape {tuple(buf.shape[1:])} and dtype {buf.dtype} (buffer shape "
         f"{tuple(buf.shape)}). Why: buffers keep a fixed shape so the model can run inside "

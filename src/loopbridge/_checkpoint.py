@@ -2,8 +2,8 @@
 
 A recording model's whole state is its NNX Variables: the Linen variables (params,
 batch_stats, ...), the record `Buffer`s and `Count`s, and the rng streams (keys and counts).
-`save_checkpoint` writes every one of them with orbax (the checkpoint library flax uses);
-`restore_checkpoint` writes them back *into the existing Variables* of a model declared the
+`save` writes every one of them with orbax (the checkpoint library flax uses);
+`restore` writes them back *into the existing Variables* of a model declared the
 same way, so a loop can stop mid-way and go on in another process and record exactly what an
 uninterrupted run records.
 
@@ -48,8 +48,10 @@ from . import _observe_linen
 from . import _pipeline
 from . import _recorder
 from . import _session
-from ._errors import CheckpointError, NotInitializedError
+from ._errors import CheckpointError, NotDeclaredError
 from ._to_nnx import ToNNX
+
+Model = tp.TypeVar("Model")
 
 FORMAT = 1
 # Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
@@ -68,7 +70,7 @@ _WHY_DAMAGED = (
     "Why: a checkpoint whose files were truncated, deleted or overwritten (e.g. a save "
     "interrupted mid-way, or a partial copy) cannot be restored, and the model was left "
     "untouched. Fix: restore an earlier complete checkpoint, or pass the path "
-    "lb.save_checkpoint returned.")
+    "lb.checkpoint.save returned.")
 
 
 def _key_str(key: tp.Any) -> str:
@@ -145,13 +147,12 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
   return out
 
 
-def save_checkpoint(directory: str | os.PathLike, model: tp.Any, *,
-                    overwrite: bool = False) -> str:
+def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False) -> str:
   """Save a model's full state (params, buffers, counts, rng streams) with orbax.
 
   Safe mid-loop: call it between loop segments on the model the loop updates in place. The
   checkpoint also holds the buffers' declaration (capacity, overflow policy, value shape and
-  dtype), which `restore_checkpoint` compares with the model's, and restores on every
+  dtype), which `restore` compares with the model's, and restores on every
   supported flax version (0.10.2 through 0.12.8), whichever one saved it. With several JAX
   processes, every process calls it with the same path (as with orbax).
 
@@ -166,7 +167,7 @@ def save_checkpoint(directory: str | os.PathLike, model: tp.Any, *,
   Raises:
     TypeError: `model` is not an NNX module.
 
-  Example:
+  Examples:
     >>> import tempfile, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -175,9 +176,9 @@ def save_checkpoint(directory: str | os.PathLike, model: tp.Any, *,
     ...     return x
     >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
     >>> _ = model(jnp.ones(2))
-    >>> path = lb.save_checkpoint(tempfile.mkdtemp() + "/step_1", model)
+    >>> path = lb.checkpoint.save(tempfile.mkdtemp() + "/step_1", model)
     >>> fresh = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
-    >>> int(lb.counts(lb.restore_checkpoint(path, fresh))["intermediates"]["x"])
+    >>> int(lb.counts(lb.checkpoint.restore(path, fresh))["intermediates"]["x"])
     1
   """
   path = os.path.abspath(os.fspath(directory))
@@ -202,16 +203,16 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
   if not os.path.exists(path):
     raise CheckpointError(
         f"no checkpoint at {path}: the path does not exist. Fix: pass the path "
-        "lb.save_checkpoint returned.")
+        "lb.checkpoint.save returned.")
   if not os.path.isdir(path):
     raise CheckpointError(
         f"no checkpoint at {path}: it is a file, not a checkpoint directory. Fix: pass the "
-        "directory lb.save_checkpoint returned.")
+        "directory lb.checkpoint.save returned.")
   if not os.listdir(path):
     raise CheckpointError(
         f"no checkpoint at {path}: the directory is empty. Why: a save that never ran or was "
         "interrupted before writing, or the wrong directory. Fix: pass the path "
-        "lb.save_checkpoint returned.")
+        "lb.checkpoint.save returned.")
   try:
     metadata = checkpointer.metadata(path)
     # orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`); 0.11 returns the tree.
@@ -239,10 +240,10 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
   if not isinstance(declaration, dict) or "buffers" not in declaration:
     raise CheckpointError(
         f"the checkpoint at {path} holds no loopbridge declaration (capacity and overflow "
-        "of each buffer). Why: it was not written by lb.save_checkpoint (e.g. a plain orbax "
+        "of each buffer). Why: it was not written by lb.checkpoint.save (e.g. a plain orbax "
         "checkpoint, or one from loopbridge before the format carried the declaration), so "
         "restoring cannot check that the records mean the same thing. Fix: save it with "
-        "lb.save_checkpoint; for a Linen variables dict use lb.load_linen_variables.")
+        "lb.checkpoint.save; for a Linen variables dict use lb.checkpoint.load_linen_variables.")
   if declaration.get("format") != FORMAT:
     raise CheckpointError(
         f"the checkpoint at {path} has loopbridge format {declaration.get('format')!r}, this "
@@ -280,8 +281,8 @@ def _host_max(value: tp.Any) -> int:
   return int(np.max(np.asarray(value))) if np.size(value) else 0
 
 
-def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
-  """Restore a `save_checkpoint` into a model declared like the saved one, in place.
+def restore(directory: str | os.PathLike, model: Model) -> Model:
+  """Restore a `save` into a model declared like the saved one, in place.
 
   Works across the supported flax range (a checkpoint saved on flax 0.10.2 restores on
   0.12.8 and back). The saved declaration is compared with the model's before anything is
@@ -291,7 +292,7 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
   the model records on from there. On any error the model is left untouched.
 
   Args:
-    directory: the checkpoint path `save_checkpoint` returned.
+    directory: the checkpoint path `save` returned.
     model: a fresh `lb.ToNNX` of the same Linen module, `lb.lazy_init`-ed (and
       `lb.preallocate`-d) with the same sample shapes and overflow policies, and capacities
       at least the saved ones.
@@ -307,7 +308,7 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
       capacity for a buffer that overflowed; or other Variables (paths, shapes, dtypes).
       The message lists the differences.
 
-  Example:
+  Examples:
     >>> import tempfile, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -316,9 +317,9 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
     ...     return x
     >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
     >>> _ = model(jnp.arange(2.0))
-    >>> path = lb.save_checkpoint(tempfile.mkdtemp() + "/c", model)
+    >>> path = lb.checkpoint.save(tempfile.mkdtemp() + "/c", model)
     >>> larger = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=10)
-    >>> lb.recorded(lb.restore_checkpoint(path, larger))["intermediates"]["x"]
+    >>> lb.recorded(lb.checkpoint.restore(path, larger))["intermediates"]["x"]
     Array([[0., 1.]], dtype=float32)
   """
   path = os.path.abspath(os.fspath(directory))
@@ -464,35 +465,41 @@ def _check_linen_structure(given: dict, expected: dict, what: str, module_name: 
       "arguments of the shapes it was initialized with.")
 
 
+_NO_CAPACITY_HERE = (
+    "lb.checkpoint.from_linen_variables takes no {name}=: it builds the model around existing "
+    "variables, and buffers are declared where every other model declares them. Why: one "
+    "place declares capacity, so a model is recorded the same way however it was built. Fix: "
+    "model = lb.checkpoint.from_linen_variables(module, variables, *args), then "
+    "lb.preallocate(model, *args, {name}=...).")
+
+
 def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *args: tp.Any,
-                         capacity: tp.Any = None, overflow: str = "error", rngs: tp.Any = None,
-                         method: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
+                         rngs: tp.Any = None, method: tp.Any = None, **kwargs: tp.Any) -> ToNNX:
   """Wrap a Linen module around variables that already exist, without initializing.
 
   The variables (from `linen.init`, a Linen checkpoint, or a converted model) become the
   model's Variables as `lb.lazy_init` would have created them (partitioning metadata kept);
-  the sample arguments are only traced abstractly to check the structure and to declare the
-  sow buffers. No initializer runs and no rng stream is consumed.
+  the sample arguments are only traced abstractly to check the structure. No initializer
+  runs and no rng stream is consumed. The model comes back with no record buffers: when the
+  module sows, declare them with `lb.preallocate(model, *args, capacity=...)`.
 
   Args:
     module: the Linen module the variables belong to.
     variables: a Linen variables dict, e.g. `{'params': ..., 'batch_stats': ...}`.
     *args: sample inputs of the call the loop makes (shapes and dtypes only).
-    capacity: as for `lb.lazy_init`.
-    overflow: as for `lb.lazy_init`.
     rngs: the model's rng streams for later calls (e.g. dropout), as for `lb.ToNNX`.
     method: the Linen method the loop calls, default `__call__`.
     **kwargs: keyword arguments of that call.
 
   Returns:
-    An initialized `lb.ToNNX`.
+    An initialized `lb.ToNNX` holding `variables`.
 
   Raises:
     CheckpointError: `variables` is not a dict, or its paths/shapes/dtypes differ from what
       `module.init` would create for these arguments.
-    CapacityError: as for `lb.lazy_init`.
+    TypeError: `capacity=` or `overflow=` given (declare them with `lb.preallocate`).
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -501,12 +508,16 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
     ...     self.sow("intermediates", "x", x)
     ...     return nn.Dense(2)(x)
     >>> variables = Net().init(jax.random.key(0), jnp.ones((1, 3)))
-    >>> model = lb.from_linen_variables(Net(), variables, jnp.ones((1, 3)), capacity=4)
+    >>> model = lb.checkpoint.from_linen_variables(Net(), variables, jnp.ones((1, 3)))
+    >>> model = lb.preallocate(model, jnp.ones((1, 3)), capacity=4)
     >>> bool((model(jnp.ones((1, 3))) == Net().apply(variables, jnp.ones((1, 3)))).all())
     True
   """
-  model = ToNNX(module, rngs=rngs, capacity=capacity, overflow=overflow)
-  variables = _plain_variables(variables, "lb.from_linen_variables")
+  for name in ("capacity", "overflow"):
+    if name in kwargs:
+      raise TypeError(_NO_CAPACITY_HERE.format(name=name))
+  model = ToNNX(module, rngs=rngs)
+  variables = _plain_variables(variables, "lb.checkpoint.from_linen_variables")
   rng_source = _compat.rngs_of(model)
   rng_names = [n for n, _ in rng_source.items()] if isinstance(rng_source, nnx.Rngs) else []
   rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
@@ -522,12 +533,14 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
   # records) are not state; compare only collections that hold state.
   variables = _without(variables, found.record_paths)
   variables = {col: tree for col, tree in variables.items() if tree}
-  _check_linen_structure(variables, expected, "lb.from_linen_variables", type(module).__name__)
+  _check_linen_structure(variables, expected, "lb.checkpoint.from_linen_variables", type(module).__name__)
   # The arrays are used as given (e.g. host-loaded): partitioning stays metadata, and the
   # standard NNX recipe (nnx.get_partition_spec + device_put) places them.
   with _compat.no_eager_sharding():
     _linen_vars.set_variables(model, variables)
-  report = _session.BridgeReport(model, type(module).__name__, found.sites, found.dropped, {})
+  # Declared with no sites (so the model counts as initialized); lb.preallocate adds the
+  # buffers with the capacity the user gives there.
+  report = _session.BridgeReport(model, type(module).__name__, [], found.dropped, {})
   _pipeline.declare_alone(model, report, args, kwargs)
   return model
 
@@ -538,7 +551,7 @@ def _without(variables: tp.Mapping[str, tp.Any], paths: set[tuple[str, ...]]) ->
   return traverse_util.unflatten_dict({p: v for p, v in flat.items() if p not in paths})
 
 
-def load_linen_variables(model: tp.Any, variables: tp.Mapping[str, tp.Any]) -> tp.Any:
+def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Model:
   """Write a Linen variables dict into an initialized `lb.ToNNX`, in place.
 
   Use it to load Linen weights (e.g. a Linen checkpoint) into a model already declared with
@@ -553,24 +566,24 @@ def load_linen_variables(model: tp.Any, variables: tp.Mapping[str, tp.Any]) -> t
     `model` (same Variables, new values).
 
   Raises:
-    NotInitializedError: `model` was not initialized.
+    NotDeclaredError: `model` was not initialized.
     CheckpointError: a path the model does not have, or a different shape/dtype.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))
     >>> variables = nn.Dense(2).init(jax.random.key(7), jnp.ones((1, 3)))
-    >>> out = lb.load_linen_variables(model, variables)(jnp.ones((1, 3)))
+    >>> out = lb.checkpoint.load_linen_variables(model, variables)(jnp.ones((1, 3)))
     >>> bool((out == nn.Dense(2).apply(variables, jnp.ones((1, 3)))).all())
     True
   """
   if not isinstance(model, ToNNX) or _recorder.sites_of(model) is None:
-    raise NotInitializedError(
-        "lb.load_linen_variables needs an lb.ToNNX after lb.lazy_init (it writes into the "
+    raise NotDeclaredError(
+        "lb.checkpoint.load_linen_variables needs an lb.ToNNX after lb.lazy_init (it writes into the "
         "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
-        "build the model directly with lb.from_linen_variables(module, variables, *args).")
-  variables = _plain_variables(variables, "lb.load_linen_variables")
+        "build the model directly with lb.checkpoint.from_linen_variables(module, variables, *args).")
+  variables = _plain_variables(variables, "lb.checkpoint.load_linen_variables")
   attrs = _linen_vars.attrs(model)
   current = bridge_variables.nnx_attrs_to_linen_vars(attrs)
   have, want = _unboxed_leaves(variables), _unboxed_leaves(current)
@@ -583,10 +596,10 @@ def load_linen_variables(model: tp.Any, variables: tp.Mapping[str, tp.Any]) -> t
         + ([("not in the model: " + ", ".join("/".join(k) for k in unknown[:8]))]
            if unknown else []))
     raise CheckpointError(
-        f"lb.load_linen_variables: the variables do not fit the model: {detail}. Why: values "
+        f"lb.checkpoint.load_linen_variables: the variables do not fit the model: {detail}. Why: values "
         "are written into the existing Variables, which keep their shapes for NNX loops. Fix: "
         "initialize the model with sample arguments of the shapes the variables were made "
-        "for, or build it with lb.from_linen_variables(module, variables, *args).")
+        "for, or build it with lb.checkpoint.from_linen_variables(module, variables, *args).")
   flat = traverse_util.flatten_dict(
       dict(variables), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple)))
   for path, value in flat.items():

@@ -71,12 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
       epilog=(
           "TARGET is package.module:attribute where attribute is a Linen module instance, a "
           "Linen module class with no required fields, or a function taking no arguments "
-          "that returns one. Without TARGET: the seed-000 model (a sow at the top level and "
+          "that returns one. Without TARGET: a built-in MLP (a sow at the top level and "
           "inside nn.scan; width 100, depth 3; input float32[1,100]). Inputs: floats are "
           "standard normal (seeded), integers zeros, bools True. Exit status: 0 ok, 1 the "
           "target or model failed, 2 malformed command line."))
   p.add_argument("target", nargs="?", metavar="TARGET",
-                 help="package.module:attribute (default: the embedded seed-000 model)")
+                 help="package.module:attribute (default: a built-in MLP that sows)")
   p.add_argument("--arg", action="append", default=None, metavar="SPEC", dest="args",
                  help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]', "
                       "'int32[1,16]', 'bool[]'; repeat for each input")
@@ -404,8 +404,7 @@ def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp
                  steps: int, seed: int, sows: bool) -> dict[str, tp.Any]:
   """Stock `flax.nnx.bridge.ToNNX` in the loop, called the way a user calls it for this model.
 
-  A user passes `mutable=True` when the model sows (stock drops sows otherwise, as in seed
-  000) or keeps other collections it updates (`batch_stats`, a cache); a model with only
+  A user passes `mutable=True` when the model sows (stock drops sows otherwise) or keeps other collections it updates (`batch_stats`, a cache); a model with only
   params is called plainly, and then the stock wrapper runs in the loop as well.
   """
   import jax.numpy as jnp
@@ -716,7 +715,7 @@ def _split_scanned(flat: dict[str, tp.Any], wanted: tp.Iterable[str]) -> None:
 
   Linen stores an `nn.scan` of layers as one subtree with a leading layer axis
   (`cells/Dense_0/kernel`: (L, i, o)); a port holding a list `self.cells[i]` wants
-  `cells_i/Dense_0/kernel` (`lb.scanned_to_layers` layout). The scanned entries that were
+  `cells_i/Dense_0/kernel` (`lb.layers.unstack_params` layout). The scanned entries that were
   split are removed, so they are not reported as params the port lacks.
   """
   import numpy as np

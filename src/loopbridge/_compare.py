@@ -152,7 +152,7 @@ class ParityReport:
     rtol: the relative tolerance given, or None for the per-dtype default.
     atol: the absolute tolerance given, or None for the per-dtype default.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
     >>> from flax import nnx
     >>> import loopbridge as lb
@@ -160,7 +160,7 @@ class ParityReport:
     >>> x = jnp.ones((1, 2))
     >>> variables = linen.init(jax.random.key(0), x)
     >>> port = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
-    >>> _ = lb.params_to_nnx([variables['params']], [port])  # load Linen params by path
+    >>> _ = lb.layers.load_params([variables['params']], [port])  # load Linen params by path
     >>> report = lb.compare((linen, variables), port, x)
     >>> report.ok, report.first_divergence
     (True, None)
@@ -829,7 +829,7 @@ def compare(reference: tp.Any, candidate: tp.Any, *args: tp.Any, rtol: float | N
       mapping path that names no call, or two models of which no module call but the top
       level can be aligned.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
     >>> from flax import nnx
     >>> import loopbridge as lb
@@ -847,7 +847,7 @@ def compare(reference: tp.Any, candidate: tp.Any, *args: tp.Any, rtol: float | N
     >>> x = jax.random.normal(jax.random.key(1), (2, 3))
     >>> variables = MLP().init(jax.random.key(0), x)
     >>> port = Port(nnx.Rngs(0))
-    >>> _ = lb.params_to_nnx([variables['params']], [port])  # NNX names = Linen names
+    >>> _ = lb.layers.load_params([variables['params']], [port])  # NNX names = Linen names
     >>> report = lb.compare((MLP(), variables), port, x)
     >>> report.ok, report.first_divergence.candidate_path
     (False, 'Dense_1')

@@ -219,7 +219,7 @@ def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
   return nnx.iter_graph(node)
 
 
-# --- layer views (lb.layer) -------------------------------------------------------------------
+# --- layer views (lb.layers.layer) -------------------------------------------------------------------
 # A layer view is a Variable of the stacked Variable's own type whose value reads and writes
 # `parent[index]` (leading layer axis). flax 0.12 routes every read/write through
 # `get_value(index=)` / `set_value(index=)` (and deprecates Variable hooks in favor of
@@ -288,7 +288,7 @@ def _view_type(var_type: type) -> type:
     namespace = {"__slots__": ("_loopbridge_parent", "_loopbridge_index"),
                  "value": property(_get, _set)}
   namespace["__module__"] = __name__
-  namespace["__doc__"] = f"A view of one layer of a stacked `{var_type.__name__}` (lb.layer)."
+  namespace["__doc__"] = f"A view of one layer of a stacked `{var_type.__name__}` (lb.layers.layer)."
   view_type = type(var_type.__name__, (var_type,), namespace)
   _VIEW_TYPES[var_type] = view_type
   return view_type

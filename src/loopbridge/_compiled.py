@@ -13,7 +13,7 @@ counts, rng counters, ...) are donated: XLA updates them in place.
 `nnx.fori_loop` carries every Variable) hands back a new tracer for a param it never writes.
 `_forwarded` follows such values through `jit`, `while` and `scan` bodies, so a leaf that
 comes out equal to the one that went in is not donated (the caller's arrays, e.g. Linen
-variables given to `lb.load_linen_variables`, stay valid).
+variables given to `lb.checkpoint.load_linen_variables`, stay valid).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from . import _compat
 from . import _recorder
 from ._errors import StructureChangeError
 
-_T = tp.TypeVar("_T")
+Out = tp.TypeVar("Out")
 
 
 class _NewWrites(Exception):
@@ -89,7 +89,7 @@ def _path_keys(path: tp.Sequence[tp.Any]) -> tuple[tp.Any, ...]:
   return tuple(keys)
 
 
-class CompiledStep(tp.Generic[_T]):
+class CompiledStep(tp.Generic[Out]):
   """A `jax.jit`-compiled function of an NNX model that updates the model in place.
 
   Built by `lb.compile_step`; calling it runs `fn(model, *args, **kwargs)` compiled and returns
@@ -100,7 +100,7 @@ class CompiledStep(tp.Generic[_T]):
     model: an NNX module, e.g. an initialized `lb.ToNNX` or a module holding some.
     donate: donate the values `fn` changes (default True). With False each call copies them.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import nnx
     >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
@@ -109,7 +109,7 @@ class CompiledStep(tp.Generic[_T]):
     (True, (1, 2))
   """
 
-  def __init__(self, fn: tp.Callable[..., _T], model: nnx.Module, *, donate: bool = True):
+  def __init__(self, fn: tp.Callable[..., Out], model: nnx.Module, *, donate: bool = True):
     if not isinstance(model, nnx.Module):
       raise TypeError(
           f"lb.compile_step needs an NNX module (e.g. an lb.ToNNX), got {type(model).__name__}. "
@@ -217,7 +217,7 @@ class CompiledStep(tp.Generic[_T]):
     get = _compat.get_raw_value
     return [get(v) for v in self._kept_vars], [get(v) for v in self._moved_vars]
 
-  def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> _T:
+  def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
     if not self._analysed:  # first call: learn which leaves are written, then donate them
       self._inputs()
@@ -248,8 +248,8 @@ class CompiledStep(tp.Generic[_T]):
         self._analyse(args, kwargs)
 
 
-def compile_step(fn: tp.Callable[..., _T], model: nnx.Module, *,
-                 donate: bool = True) -> CompiledStep[_T]:
+def compile_step(fn: tp.Callable[..., Out], model: nnx.Module, *,
+                 donate: bool = True) -> CompiledStep[Out]:
   """Compile `fn(model, *args, **kwargs)` with `jax.jit`, splitting the model only once.
 
   The fast way to call a model (or a whole loop over it) many times from Python: `nnx.jit`
@@ -280,7 +280,7 @@ def compile_step(fn: tp.Callable[..., _T], model: nnx.Module, *,
   The step follows the Variables the model held when it was built; it notices buffers
   re-declared by `lb.preallocate`. After replacing Variables any other way, build a new step.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):

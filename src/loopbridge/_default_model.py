@@ -1,7 +1,7 @@
-"""The model `loopbridge inspect` uses when no TARGET is given: the seed-000 user report.
+"""The model `loopbridge inspect` uses when no TARGET is given: a small MLP that sows.
 
 A Linen MLP that sows its input at the top level and each layer's output inside an `nn.scan`
-body (`variable_axes={'params': 0, 'intermediates': 0}`), exactly as reported; width 100,
+body (`variable_axes={'params': 0, 'intermediates': 0}`); width 100,
 depth 3, called on `float32[1,100]`. Stock `flax.nnx.bridge.ToNNX` cannot run it in
 `nnx.while_loop`; `lb.ToNNX` can.
 """
@@ -13,7 +13,7 @@ import flax.linen as nn
 WIDTH = 100
 DEPTH = 3
 DEFAULT_ARGS = (f"float32[1,{WIDTH}]",)
-DESCRIPTION = (f"seed-000 model: MLP(depth={DEPTH}), width {WIDTH}, a sow at the top level "
+DESCRIPTION = (f"default model: MLP(depth={DEPTH}), width {WIDTH}, a sow at the top level "
                "and one inside nn.scan")
 
 
@@ -50,5 +50,5 @@ class MLP(nn.Module):
 
 
 def default_model() -> nn.Module:
-  """The seed-000 MLP (depth 3, width 100)."""
+  """The default MLP (depth 3, width 100)."""
   return MLP()

@@ -1,4 +1,9 @@
-"""Exception and warning types raised by loopbridge (all public, re-exported by the package)."""
+"""Exception and warning types raised by loopbridge.
+
+All public: the everyday ones are re-exported by the package; `StackError`,
+`CheckpointError` and `ShardingError` by the namespace of the functions that raise them
+(`lb.layers`, `lb.checkpoint`, `lb.sharding`).
+"""
 
 from __future__ import annotations
 
@@ -15,22 +20,30 @@ class BufferOverflowError(LoopbridgeError, RuntimeError):
   """Reading back a buffer under `overflow="error"` after more values were sown than it holds."""
 
 
-class SowMismatchError(LoopbridgeError, ValueError):
-  """A call sowed a value that its preallocated buffer cannot hold (new site, shape or dtype)."""
+class NotDeclaredError(LoopbridgeError, RuntimeError):
+  """The buffers this needs were not declared.
 
-
-class NotInitializedError(LoopbridgeError, RuntimeError):
-  """A loopbridge model used before `lazy_init` / `preallocate` declared its buffers."""
+  Either the model (or a part of it) is used before `lb.lazy_init` / `lb.preallocate`
+  declared any buffers, or a call sows at a site, or with a shape or dtype, that its
+  declaration does not cover. The fix is the same for both: declare for this call with
+  `lb.lazy_init` / `lb.preallocate` and the call's sample arguments.
+  """
 
 
 class StructureChangeError(LoopbridgeError, ValueError):
-  """A call would change the model's variable structure, which NNX loops forbid."""
+  """The model is used in a loop in a way NNX loops forbid.
+
+  Either a call would change the model's variable structure (a new sow site, a new
+  collection), or a recording call runs in a JAX trace that is not the model's: the model was
+  closed over (by a `jax.lax` loop body, a jit wrapper) instead of carried through, so what it
+  records could not leave that trace.
+  """
 
 
-class ForeignTraceError(LoopbridgeError, RuntimeError):
-  """A recording call made from a JAX trace that is not the model's: the model was closed over
-  (by a `jax.lax` loop body, a jit wrapper) instead of carried through, so what it records
-  could not leave that trace."""
+class ForeignTraceError(StructureChangeError):
+  """The `StructureChangeError` for a recording call made from a JAX trace that is not the
+  model's (the model was closed over instead of carried). Kept apart so loopbridge's loops can
+  tell it from a structure change; users catch `StructureChangeError`."""
 
 
 class DroppedSowWarning(UserWarning):

@@ -251,7 +251,7 @@ class StructureReport:
     checked: how many distinct modules and Variables, and how many arrays, the carry holds.
     body: the body function's name, for the text.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> report = lb.explain(lambda carry: (carry[0] + 1, carry[1]), (jnp.zeros(2), 0))
     >>> report.ok, report.changes
@@ -532,7 +532,7 @@ def explain(body_fn: tp.Callable[..., tp.Any], carry: tp.Any, *extra_args: tp.An
   Raises:
     StructureChangeError: `raise_on_change=True` and the step changes the carry's structure.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import nnx
     >>> def step(carry):  # keeps a growing history: its shape changes every step

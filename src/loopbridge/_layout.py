@@ -6,7 +6,7 @@ Three layouts hold the same numbers:
   leaf has a leading layer axis (`{'Dense_0': {'kernel': f32[L, i, o]}}`);
 * *per-layer*: one subtree per layer under generated names (`{'layers_0': ..., 'layers_1': ...}`,
   what an unrolled Linen loop of `Block(name=f'layers_{i}')` stores), or a plain list;
-* *NNX*: a stack (`lb.stack` / `nnx.vmap`; the scanned layout in Variables) or a list of layers.
+* *NNX*: a stack (`lb.layers.stack` / `nnx.vmap`; the scanned layout in Variables) or a list of layers.
 
 All conversions copy values without casting, so every round trip is exact.
 """
@@ -57,8 +57,8 @@ def _leaf_sizes(tree: Tree) -> dict[int, str]:
   return sizes
 
 
-def scanned_to_layers(scanned: Tree, *, names: Names | None = "layers_{}"
-                      ) -> dict[str, Tree] | list[Tree]:
+def unstack_params(scanned: Tree, *, names: Names | None = "layers_{}"
+                   ) -> dict[str, Tree] | list[Tree]:
   """Split a scanned params subtree (leading layer axis) into one subtree per layer.
 
   Args:
@@ -73,10 +73,10 @@ def scanned_to_layers(scanned: Tree, *, names: Names | None = "layers_{}"
   Raises:
     StackError: a leaf is a scalar or the leaves disagree on the number of layers.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
-    >>> layers = lb.scanned_to_layers({'Dense_0': {'kernel': jnp.zeros((3, 4, 4))}})
+    >>> layers = lb.layers.unstack_params({'Dense_0': {'kernel': jnp.zeros((3, 4, 4))}})
     >>> sorted(layers), layers['layers_2']['Dense_0']['kernel'].shape
     (['layers_0', 'layers_1', 'layers_2'], (4, 4))
   """
@@ -112,8 +112,8 @@ def _desc(leaf: tp.Any) -> str:
   return "nothing" if leaf is None else f"{jnp.result_type(leaf)}{list(np.shape(leaf))}"
 
 
-def layers_to_scanned(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *,
-                      names: Names = "layers_{}") -> Tree:
+def stack_params(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *,
+                 names: Names = "layers_{}") -> Tree:
   """Stack per-layer params into one scanned subtree (what `nn.scan` stores), exactly.
 
   Args:
@@ -128,11 +128,11 @@ def layers_to_scanned(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *,
     StackError: no per-layer entries, a gap in the numbering, or layers that differ in
       structure, shape or dtype (the message names the first differing leaf).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> per_layer = {f'layers_{i}': {'kernel': jnp.zeros((4, 4))} for i in range(3)}
-    >>> lb.layers_to_scanned(per_layer)['kernel'].shape
+    >>> lb.layers.stack_params(per_layer)['kernel'].shape
     (3, 4, 4)
   """
   found = [linen_meta.unbox(t) for t in _layer_list(layers, names)]
@@ -200,8 +200,8 @@ def _load_into(module: nnx.Module, tree: Tree, what: str) -> None:
     _compat.set_variable_value(variable, jnp.asarray(values[path]))
 
 
-def params_to_nnx(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
-                  names: Names = "layers_{}") -> nnx.Module | list[nnx.Module]:
+def load_params(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
+                names: Names = "layers_{}") -> nnx.Module | list[nnx.Module]:
   """Load layer params in any layout into an NNX stack or list of layers, in place.
 
   Every `nnx.Param` of the target receives the checkpoint value at the same path (NNX
@@ -211,7 +211,7 @@ def params_to_nnx(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
   Args:
     params: a scanned subtree (leading layer axis), a mapping with per-layer entries
       `names(0)`, `names(1)`, ..., or a list of per-layer subtrees.
-    target: a stack (`lb.stack` / `nnx.vmap`) or a list of NNX layers, built with the
+    target: a stack (`lb.layers.stack` / `nnx.vmap`) or a list of NNX layers, built with the
       checkpoint's widths, dtypes and depth.
     names: per-layer names when `params` is such a mapping.
 
@@ -222,41 +222,41 @@ def params_to_nnx(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
     StackError: a Param missing on either side, a shape or dtype that differs, or a depth that
       differs; the message names the path.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> from flax import nnx
-    >>> stacked = lb.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])
+    >>> stacked = lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])
     >>> scanned = {'kernel': jnp.ones((3, 4, 4)), 'bias': jnp.zeros((3, 4))}
-    >>> float(lb.params_to_nnx(scanned, stacked).kernel[...].sum())
+    >>> float(lb.layers.load_params(scanned, stacked).kernel[...].sum())
     48.0
   """
   is_per_layer = not isinstance(params, tp.Mapping) or _namer(names)(0) in params
   if isinstance(target, nnx.Module):
-    scanned = layers_to_scanned(params, names=names) if is_per_layer else params
-    depth, got = _num_layers(target, "lb.params_to_nnx"), next(iter(_leaf_sizes(
+    scanned = stack_params(params, names=names) if is_per_layer else params
+    depth, got = _num_layers(target, "lb.layers.load_params"), next(iter(_leaf_sizes(
         linen_meta.unbox(scanned))))
     if depth != got:
-      raise StackError(f"lb.params_to_nnx: the checkpoint has {got} layers, the NNX stack "
+      raise StackError(f"lb.layers.load_params: the checkpoint has {got} layers, the NNX stack "
                        f"{depth}. Build the stack with {got} layers.")
-    _load_into(target, scanned, "lb.params_to_nnx")
+    _load_into(target, scanned, "lb.layers.load_params")
     return target
   layers = list(target)
-  per_layer = _layer_list(params, names) if is_per_layer else scanned_to_layers(params, names=None)
+  per_layer = _layer_list(params, names) if is_per_layer else unstack_params(params, names=None)
   if len(per_layer) != len(layers):
-    raise StackError(f"lb.params_to_nnx: the checkpoint has {len(per_layer)} layers, the list "
+    raise StackError(f"lb.layers.load_params: the checkpoint has {len(per_layer)} layers, the list "
                      f"of NNX layers {len(layers)}. Build as many layers as the checkpoint has.")
   for index, (module, tree) in enumerate(zip(layers, per_layer)):
-    _load_into(module, tree, f"lb.params_to_nnx (layer {index})")
+    _load_into(module, tree, f"lb.layers.load_params (layer {index})")
   return layers
 
 
-def nnx_to_params(source: nnx.Module | tp.Sequence[nnx.Module], *, scanned: bool = True,
+def export_params(source: nnx.Module | tp.Sequence[nnx.Module], *, scanned: bool = True,
                   names: Names | None = "layers_{}") -> Tree:
   """Export the `nnx.Param`s of an NNX stack or list of layers as Linen-style params.
 
   Args:
-    source: a stack (`lb.stack` / `nnx.vmap`) or a list of NNX layers.
+    source: a stack (`lb.layers.stack` / `nnx.vmap`) or a list of NNX layers.
     scanned: True for one scanned subtree (leading layer axis, the `nn.scan` layout), False for
       per-layer subtrees.
     names: per-layer names when `scanned=False` (format string or function); None for a list.
@@ -268,21 +268,21 @@ def nnx_to_params(source: nnx.Module | tp.Sequence[nnx.Module], *, scanned: bool
     StackError: `source` is not a stack or a list of equal layers (when a stacked layout is
       asked for).
 
-  Example:
+  Examples:
     >>> import loopbridge as lb
     >>> from flax import nnx
     >>> layers = [nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]
-    >>> lb.nnx_to_params(layers)['kernel'].shape
+    >>> lb.layers.export_params(layers)['kernel'].shape
     (3, 4, 4)
   """
   if isinstance(source, nnx.Module):
-    _num_layers(source, "lb.nnx_to_params")
+    _num_layers(source, "lb.layers.export_params")
     tree = _unflatten({p: _compat.variable_value(v) for p, v in _params_of(source).items()})
-    return tree if scanned else scanned_to_layers(tree, names=names)
+    return tree if scanned else unstack_params(tree, names=names)
   per_layer = [_unflatten({p: _compat.variable_value(v) for p, v in _params_of(m).items()})
                for m in source]
   if scanned:
-    return layers_to_scanned(per_layer)
+    return stack_params(per_layer)
   if names is None:
     return per_layer
   name = _namer(names)

@@ -41,7 +41,7 @@ def linen_variables(model: tp.Any) -> dict[str, tp.Any]:
   Raises:
     TypeError: `model` is not a bridged Linen module.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))

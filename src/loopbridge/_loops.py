@@ -8,7 +8,7 @@ into fresh objects, calls the user's body, and splits the result. After the loop
 own objects are updated in place (`nnx.update`), as the `nnx` loops do.
 
 Why not `nnx.fori_loop`: on flax 0.10 its bookkeeping of references across the body rejects
-two different modules in one carry (seed 001). Splitting the whole carry as one graph has no
+two different modules in one carry (e.g. `nnx.fori_loop(0, n, f, (model, model2))`). Splitting the whole carry as one graph has no
 such bookkeeping to get wrong, and a structure change is caught at trace time and explained
 with `lb.explain`'s report instead of a GraphDef dump.
 
@@ -284,8 +284,7 @@ def _restore(variables: list[nnx.Variable], raw_values: list[tp.Any]) -> None:
       _compat.set_raw_value(variable, raw, check=False)
 
 
-def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], carry: T, *,
-               graph: bool | None = None) -> T:
+def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], carry: T) -> T:
   """`nnx.while_loop` for any carry of NNX modules and arrays, on every supported flax.
 
   The carry may mix `lb.ToNNX` models, stock and native NNX modules (several different ones,
@@ -302,9 +301,6 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
     cond_fn: `carry -> bool` scalar; the loop runs while it is true.
     body_fn: `carry -> carry`, keeping the carry's structure.
     carry: the initial carry.
-    graph: accepted so calls written for flax 0.11+'s `nnx.while_loop(..., graph=...)` run
-      unchanged; the carry is always split as one graph (shared references kept), so True and
-      False behave the same.
 
   Returns:
     The final carry (its modules are the caller's objects, updated).
@@ -314,7 +310,7 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
       sharing, sow tuples growing); the message is `lb.explain`'s report with the fix. Or
       the body writes to a module outside the carry (put it in the carry).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import nnx
     >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
@@ -325,13 +321,12 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
     >>> int(n), y.shape
     (3, (1, 2))
   """
-  del graph  # documented above: both modes give the same result here
   return _loop("while", cond_fn, body_fn, carry)
 
 
 def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
               body_fn: tp.Callable[[tp.Any, T], T], carry: T, *,
-              unroll: int | bool | None = None, graph: bool | None = None) -> T:
+              unroll: int | bool | None = None) -> T:
   """`nnx.fori_loop` for any carry of NNX modules and arrays, on every supported flax.
 
   Works where `nnx.fori_loop` of flax 0.10 fails, e.g. two different models in one carry. The
@@ -349,8 +344,6 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
     body_fn: `(i, carry) -> carry`, keeping the carry's structure.
     carry: the initial carry.
     unroll: as for `jax.lax.fori_loop`.
-    graph: accepted so calls written for flax 0.11+'s `nnx.fori_loop(..., graph=...)` run
-      unchanged; the carry is always split as one graph, so True and False behave the same.
 
   Returns:
     The final carry (its modules are the caller's objects, updated).
@@ -359,7 +352,7 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
     StructureChangeError: the body changes the carry's structure (the message is
       `lb.explain`'s report with the fix), or writes to a module outside the carry.
 
-  Example:
+  Examples:
     >>> import jax, loopbridge as lb
     >>> from flax import nnx
     >>> model = nnx.Linear(2, 2, rngs=nnx.Rngs(jax.random.PRNGKey(0)))
@@ -368,5 +361,4 @@ def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
     >>> out[0] is model and out[1] is model2
     True
   """
-  del graph  # documented above: both modes give the same result here
   return _loop("fori", None, body_fn, carry, lower, upper, unroll)

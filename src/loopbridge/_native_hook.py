@@ -25,7 +25,7 @@ from . import _compat
 from . import _recorder
 from . import _session
 from . import _trace_check
-from ._errors import SowMismatchError
+from ._errors import NotDeclaredError
 
 _SOW_PARAMS = inspect.signature(nnx.Module.sow).parameters
 DEFAULT_REDUCE = _SOW_PARAMS["reduce_fn"].default
@@ -95,7 +95,7 @@ def install(cls: type) -> None:
       if not isinstance(buffer, _buffers.Buffer):
         if in_capture:  # an undeclared sow (e.g. method_outputs=) goes to the capture only
           return previous(self)(variable_type, name, value, reduce_fn, init_fn)
-        raise SowMismatchError(_NO_BUFFER.format(label=f"{type(self).__name__}: {collection}/{name}"))
+        raise NotDeclaredError(_NO_BUFFER.format(label=f"{type(self).__name__}: {collection}/{name}"))
       counts = getattr(self, _recorder.COUNTS_ATTR)
       _trace_check.check([counts[collection][name]], f"{type(self).__name__}.sow")
       _buffers.append(buffer, counts[collection][name], [value],

@@ -35,7 +35,7 @@ from flax.core import lift as core_lift
 from flax.core import scope as core_scope
 from flax.linen import module as linen_module_lib
 
-from ._errors import SowMismatchError
+from ._errors import NotDeclaredError
 from ._site import (DroppedSow, SowCall, SowSite, Transform, flatten_value, is_pytree_value,
                     with_lengths)
 
@@ -183,7 +183,7 @@ def _record_sites(path: tuple[str, ...], value: tuple, call: SowCall) -> list[So
   leaves_ok = all(hasattr(leaf, "shape") and hasattr(leaf, "dtype")
                   for _, leaves in flat for _, leaf in leaves)
   if len(treedefs) != 1 or not leaves_ok:
-    raise SowMismatchError(
+    raise NotDeclaredError(
         f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
         f"values within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP)
   (treedef,) = treedefs
@@ -195,7 +195,7 @@ def _record_sites(path: tuple[str, ...], value: tuple, call: SowCall) -> list[So
               for _, leaves in flat}
     if len(shapes) != 1:
       where = f"leaf {''.join(f'[{k}]' for k in keys)} of " if pytree else ""
-      raise SowMismatchError(
+      raise NotDeclaredError(
           f"{where}sow site {'/'.join(path)} receives values of different shapes/dtypes "
           f"within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP)
     (shape, dtype), = shapes

@@ -32,7 +32,7 @@ from flax import nnx
 from flax.nnx import bridge
 
 from . import _compat
-from ._errors import SowMismatchError
+from ._errors import NotDeclaredError
 from ._native_hook import DEFAULT_INIT, DEFAULT_REDUCE, collection_of
 from ._site import SowCall, SowSite
 
@@ -124,7 +124,7 @@ def _stack_axes(path, entry_shape, calls: list[SowCall]) -> int:
                 if c.shape is not None and len(c.shape) <= len(entry_shape)
                 and tuple(entry_shape[len(entry_shape) - len(c.shape):]) == c.shape}
   if len(candidates) != 1:
-    raise SowMismatchError(
+    raise NotDeclaredError(
         f"native sow site {'/'.join(map(str, path))} holds values of shape {entry_shape}, "
         f"which loopbridge cannot relate to the sown shapes {sorted({c.shape for c in calls})}. "
         "Why: transforms over stacked modules (nnx.scan, nnx.vmap) must add their axes in "
@@ -155,7 +155,7 @@ def diff(before: dict[tuple, tp.Any], after: dict[tuple, tp.Any],
         continue
       shapes = {(tuple(e.shape), np.dtype(e.dtype)) for e in entries if hasattr(e, "shape")}
       if len(shapes) != 1 or not all(hasattr(e, "shape") for e in entries):
-        raise SowMismatchError(
+        raise NotDeclaredError(
             f"native sow site {'/'.join(map(str, path))} receives values of different "
             "shapes/dtypes or non-array values within one call. Why: one buffer holds one "
             "array shape, and native sows of a pytree (tuple, dict) are not recorded leaf by "

@@ -31,11 +31,11 @@ from . import _observe_native
 from . import _recorder
 from . import _session
 from . import _user_errors
-from ._errors import NotInitializedError, SowMismatchError
+from ._errors import NotDeclaredError
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
 
-_T = tp.TypeVar("_T")
+Model = tp.TypeVar("Model")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +140,7 @@ def _merge_reports(items: list[tuple[tp.Any, _session.BridgeReport]]
         continue
       old = into.sites[by_key[s.key]]
       if (old.shape, old.dtype) != (s.shape, s.dtype):
-        raise SowMismatchError(
+        raise NotDeclaredError(
             f"sow site {'/'.join(s.key)} of lb.ToNNX({r.label}) receives {old.shape} "
             f"{old.dtype} in one call and {s.shape} {s.dtype} in another, within one call of "
             "the model. Why: one buffer holds one value shape. Fix: sow the two under "
@@ -266,8 +266,8 @@ def _flat_state(root: nnx.Module) -> dict[tuple, tp.Any]:
 
 
 # ------------------------------------------------------------------------------- the entries
-def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
-              overflow: str | None = None, **kwargs: tp.Any) -> _T:
+def lazy_init(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
+              overflow: str | None = None, **kwargs: tp.Any) -> Model:
   """Initialize bridged parts from sample inputs and preallocate a buffer per sow site.
 
   On an `lb.ToNNX`: `flax.nnx.bridge.lazy_init` plus buffers for its Linen sows, found in the
@@ -293,7 +293,7 @@ def lazy_init(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None 
     CapacityError: bad capacity/overflow, a site no key covers, or a key matching no site.
     TypeError: `model` is not an NNX module or method.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -410,8 +410,8 @@ def _abstract(tree: tp.Any) -> tp.Any:
                       if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
 
 
-def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
-                overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> _T:
+def preallocate(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
+                overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> Model:
   """Declare buffers for every sow a call makes, anywhere in an NNX module graph.
 
   Runs the call once abstractly (`jax.eval_shape`, no FLOPs) on a copy of the model and
@@ -437,11 +437,11 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
 
   Raises:
     CapacityError: a malformed capacity/overflow, a site no key covers, a key matching no site.
-    NotInitializedError: an `lb.ToNNX` in the graph was not initialized yet.
-    SowMismatchError: a site receives values of different shapes within one call.
+    NotDeclaredError: an `lb.ToNNX` in the graph was not initialized yet.
+    NotDeclaredError: a site receives values of different shapes within one call.
     TypeError: `model` is not an NNX module.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import nnx
     >>> class Net(nnx.Module):
@@ -464,7 +464,7 @@ def preallocate(model: _T, *args: tp.Any, capacity: _capacity.CapacitySpec | Non
   for path, node in _compat.iter_graph(root):
     if _is_bridge(node) and _recorder.sites_of(node) is None:
       where = f" at '{'/'.join(map(str, path))}'" if path else ""
-      raise NotInitializedError(
+      raise NotDeclaredError(
           f"lb.preallocate needs an initialized model: the lb.ToNNX("
           f"{type(_compat.linen_module_of(node)).__name__}){where} is not initialized. Why: its "
           "Linen parameters are created from sample inputs. Fix: lb.lazy_init(model, "

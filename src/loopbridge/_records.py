@@ -20,8 +20,10 @@ from flax.nnx import bridge
 from . import _buffers
 from . import _compat
 from . import _recorder
-from ._errors import NotInitializedError
+from ._errors import NotDeclaredError
 from ._site import SowSite
+
+Model = tp.TypeVar("Model")
 
 
 _NOT_INITIALIZED = (
@@ -44,7 +46,7 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
   for root_path, recorder in _recorder.iter_recorders(model):
     found = True
     if _recorder.sites_of(recorder) is None:
-      raise NotInitializedError(_NOT_INITIALIZED.format(what=_describe(root_path, recorder)))
+      raise NotDeclaredError(_NOT_INITIALIZED.format(what=_describe(root_path, recorder)))
     tree: dict = {}
     for path, buffer, count in _recorder.pairs(recorder):
       node = tree
@@ -60,7 +62,7 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
       node = node.setdefault(key, {})
     node[root_path[-1]] = tree
   if not found:
-    raise NotInitializedError(
+    raise NotDeclaredError(
         f"{type(model).__name__} holds no loopbridge buffers: nothing was declared on it. Why: "
         "buffers are created by lb.lazy_init / lb.preallocate from sample inputs. Fix: wrap "
         "Linen modules with lb.ToNNX and call lb.lazy_init(model, *args, capacity=N), or "
@@ -111,7 +113,7 @@ def recorded(model: tp.Any) -> dict:
     BufferOverflowError: outside a trace, a buffer under `overflow="error"` received more
       values than its capacity.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -137,7 +139,7 @@ def counts(model: tp.Any) -> dict:
   Returns:
     A nested dict shaped like `recorded(model)` holding int32 scalars.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -163,7 +165,7 @@ def buffers(model: tp.Any) -> dict:
   Returns:
     A nested dict of arrays (no trimming, no reordering).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):
@@ -177,7 +179,7 @@ def buffers(model: tp.Any) -> dict:
   return _map_records(model, lambda path, b, c: _compat.variable_value(b))
 
 
-def reset(model: tp.Any) -> tp.Any:
+def reset(model: Model) -> Model:
   """Set every count back to zero and clear the buffers, in place; shapes never change.
 
   Usable inside jit and loop bodies (e.g. to record only the last step of each outer step).
@@ -188,7 +190,7 @@ def reset(model: tp.Any) -> tp.Any:
   Returns:
     `model`.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn
     >>> class Net(nn.Module):

@@ -9,17 +9,17 @@ from flax import nnx
 from ._stack import _num_layers
 
 
-def scan_layers(stacked: nnx.Module, x: tp.Any, *args: tp.Any,
-                call: tp.Callable[..., tp.Any] | None = None, remat: bool = False,
-                unroll: int | bool = 1, reverse: bool = False) -> tp.Any:
+def scan(stacked: nnx.Module, x: tp.Any, *args: tp.Any,
+         call: tp.Callable[..., tp.Any] | None = None, remat: bool = False,
+         unroll: int | bool = 1, reverse: bool = False) -> tp.Any:
   """Run `x` through every layer of a stack in order, with `nnx.scan` (optionally `nnx.remat`).
 
-  Equivalent to `for layer in lb.unstack(stacked): x = layer(x, *args)`, but the layer body is
+  Equivalent to `for layer in lb.layers.unstack(stacked): x = layer(x, *args)`, but the layer body is
   traced and compiled once whatever the depth. Writes the layers make (statistics, recorded
   sows into preallocated buffers, any Variable update) land in the stack at their layer's index.
 
   Args:
-    stacked: a stack (from `lb.stack` or `nnx.vmap`).
+    stacked: a stack (from `lb.layers.stack` or `nnx.vmap`).
     x: the carry: the input of the first layer; each layer's output (same structure, shapes and
       dtypes) is the next layer's input.
     *args: extra arguments passed unchanged to every layer (e.g. a mask); arrays or modules.
@@ -33,17 +33,17 @@ def scan_layers(stacked: nnx.Module, x: tp.Any, *args: tp.Any,
     The last layer's output.
 
   Raises:
-    StackError: `stacked` is not a stack (see `lb.unstack`).
+    StackError: `stacked` is not a stack (see `lb.layers.unstack`).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> from flax import nnx
-    >>> stacked = lb.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])
-    >>> lb.scan_layers(stacked, jnp.ones((2, 4)), remat=True).shape
+    >>> stacked = lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])
+    >>> lb.layers.scan(stacked, jnp.ones((2, 4)), remat=True).shape
     (2, 4)
   """
-  _num_layers(stacked, "lb.scan_layers")
+  _num_layers(stacked, "lb.layers.scan")
   apply = call if call is not None else (lambda layer, carry, *rest: layer(carry, *rest))
 
   def body(layer, carry, rest):

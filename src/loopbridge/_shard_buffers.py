@@ -1,4 +1,4 @@
-"""`lb.shard_buffers`: place a model's record buffers on a device mesh after declaration.
+"""`lb.sharding.shard_buffers`: place a model's record buffers on a device mesh after declaration.
 
 How layouts are chosen and kept is described in `_sharding`; this is the explicit override.
 """
@@ -17,6 +17,8 @@ from . import _recorder
 from . import _sharding
 from ._errors import ShardingError
 
+Model = tp.TypeVar("Model")
+
 ShardingSpec = _sharding.ShardingSpec
 
 
@@ -27,7 +29,7 @@ def _key_matches(key: str, site: tuple[str, ...]) -> bool:
   return any(c in key for c in "*?[") and fnmatch.fnmatchcase(path, key)
 
 
-def shard_buffers(model: tp.Any, sharding: ShardingSpec, *, mesh: tp.Any = None) -> tp.Any:
+def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) -> Model:
   """Place a model's record buffers on a device mesh, overriding the inferred layout.
 
   Each spec describes the *recorded value's* axes (what one `sow` stores, including axes
@@ -52,7 +54,7 @@ def shard_buffers(model: tp.Any, sharding: ShardingSpec, *, mesh: tp.Any = None)
       the value, a mesh axis that does not divide the axis it splits, or a mapping key that
       names no buffer.
 
-  Example:
+  Examples:
     >>> import jax, jax.numpy as jnp, numpy as np, loopbridge as lb
     >>> from jax.sharding import Mesh, PartitionSpec as P
     >>> from flax import linen as nn
@@ -62,7 +64,7 @@ def shard_buffers(model: tp.Any, sharding: ShardingSpec, *, mesh: tp.Any = None)
     ...     return x
     >>> mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
     >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones((4, 2)), capacity=3)
-    >>> _ = lb.shard_buffers(model, {"x": P("data")}, mesh=mesh)
+    >>> _ = lb.sharding.shard_buffers(model, {"x": P("data")}, mesh=mesh)
     >>> tuple(lb.buffers(model)["intermediates"]["x"].sharding.spec)
     (None, 'data')
   """

@@ -13,9 +13,9 @@ How a layout is chosen, in order:
    (axes added by `nn.scan`/`nn.vmap` are skipped). Everything else stays unsharded. A value
    whose leading axis merely happens to have the batch size is sharded too; that changes the
    layout only, never a recorded value.
-2. Explicitly, after declaration, with `lb.shard_buffers(model, spec, mesh=mesh)`, which
+2. Explicitly, after declaration, with `lb.sharding.shard_buffers(model, spec, mesh=mesh)`, which
    overrides the inferred layout for the buffers it names. Re-declaring a buffer with
-   `lb.preallocate` (new shape/capacity) infers again: call `shard_buffers` after it.
+   `lb.preallocate` (new shape/capacity) infers again: call `lb.sharding.shard_buffers` after it.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, mes
     raise ShardingError(
         f"a PartitionSpec was given for buffer {label} but no mesh. Why: a PartitionSpec names "
         "mesh axes, so the mesh must be known to place the buffer. Fix: pass "
-        "lb.shard_buffers(model, spec, mesh=mesh), or give a NamedSharding(mesh, spec).")
+        "lb.sharding.shard_buffers(model, spec, mesh=mesh), or give a NamedSharding(mesh, spec).")
   if len(spec) > len(value_shape):
     raise ShardingError(
         f"the spec {spec} for buffer {label} has {len(spec)} entries but the recorded value has "

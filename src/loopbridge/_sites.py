@@ -14,7 +14,7 @@ from flax.nnx import bridge
 
 from . import _compat
 from . import _recorder
-from ._errors import NotInitializedError
+from ._errors import NotDeclaredError
 from ._site import DroppedSow, SowSite, Transform, with_lengths
 
 __all__ = ["DroppedSow", "SowSite", "SowSites", "Transform", "sow_sites", "with_lengths"]
@@ -123,9 +123,9 @@ def sow_sites(model: tp.Any) -> SowSites:
 
   Raises:
     TypeError: `model` is not an `lb.ToNNX`.
-    NotInitializedError: `model` was not initialized yet.
+    NotDeclaredError: `model` was not initialized yet.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -146,7 +146,7 @@ def sow_sites(model: tp.Any) -> SowSites:
   sites = _recorder.sites_of(model)
   name = type(_compat.linen_module_of(model)).__name__
   if sites is None:
-    raise NotInitializedError(
+    raise NotDeclaredError(
         f"lb.sow_sites: lb.ToNNX({name}) is not initialized, so its sow sites are not known "
         "yet. Why: sites are found from a call with sample inputs. Fix: "
         "lb.lazy_init(model, *sample_args, capacity=N) first.")

@@ -1,7 +1,7 @@
 """Layer stacks: `stack` equal NNX modules into one, `unstack` them, and view `layer(stacked, i)`.
 
 A *stack* is an ordinary NNX module whose every array has a leading layer axis: the layout
-`nnx.vmap`-built stacks have and `nnx.scan(in_axes=0)` consumes. `lb.layer(stacked, i)` returns
+`nnx.vmap`-built stacks have and `nnx.scan(in_axes=0)` consumes. `lb.layers.layer(stacked, i)` returns
 the i-th layer as a module of the layer's own class whose Variables read and write the stack at
 `i`, so `i` may be a tracer (inside `nnx.fori_loop` / `lb.fori_loop`).
 """
@@ -114,8 +114,8 @@ def stack(modules: tp.Sequence[M]) -> M:
   """Stack equal NNX modules into one module whose every array has a leading layer axis.
 
   The result has the layout `nnx.vmap`-built stacks have, so it works with
-  `nnx.scan(in_axes=0)`, `lb.scan_layers` and `lb.layer`. Values are copied; Variable types
-  and metadata are kept. `lb.unstack` is the exact inverse.
+  `nnx.scan(in_axes=0)`, `lb.layers.scan` and `lb.layers.layer`. Values are copied; Variable types
+  and metadata are kept. `lb.layers.unstack` is the exact inverse.
 
   Args:
     modules: two or more (or one) NNX modules of one class with the same structure, Variable
@@ -130,22 +130,22 @@ def stack(modules: tp.Sequence[M]) -> M:
       differ; the message names the first differing path with both shapes and the
       alternatives (a Python loop, `nnx.switch`, grouping equal layers).
 
-  Example:
+  Examples:
     >>> import loopbridge as lb
     >>> from flax import nnx
     >>> layers = [nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]
-    >>> stacked = lb.stack(layers)
+    >>> stacked = lb.layers.stack(layers)
     >>> stacked.kernel.shape
     (3, 4, 4)
   """
   modules = list(modules)
   if not modules:
-    raise StackError("lb.stack got no modules: pass a non-empty list of NNX modules.")
+    raise StackError("lb.layers.stack got no modules: pass a non-empty list of NNX modules.")
   for index, module in enumerate(modules):
     if not isinstance(module, nnx.Module):
       raise StackError(
-          f"lb.stack: item {index} is a {type(module).__name__}, not an NNX module. Pass a list "
-          "of NNX modules (for Linen parameter trees use lb.layers_to_scanned).")
+          f"lb.layers.stack: item {index} is a {type(module).__name__}, not an NNX module. Pass a list "
+          "of NNX modules (for Linen parameter trees use lb.layers.stack_params).")
   graphdef, first_state = nnx.split(modules[0])
   states = [first_state]
   for index, module in enumerate(modules[1:], start=1):
@@ -156,7 +156,7 @@ def stack(modules: tp.Sequence[M]) -> M:
     if difference is not None:
       path, ref_desc, other_desc = difference
       raise StackError(
-          f"lb.stack: layer {index} differs from layer 0 at `{path}`: layer 0 has {ref_desc}, "
+          f"lb.layers.stack: layer {index} differs from layer 0 at `{path}`: layer 0 has {ref_desc}, "
           f"layer {index} has {other_desc}.\n{_ALTERNATIVES}")
     states.append(state)
   stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
@@ -165,7 +165,7 @@ def stack(modules: tp.Sequence[M]) -> M:
 
 def _num_layers(stacked: nnx.Module, what: str) -> int:
   if not isinstance(stacked, nnx.Module):
-    raise StackError(f"{what} expects a stacked NNX module (from lb.stack or nnx.vmap), got "
+    raise StackError(f"{what} expects a stacked NNX module (from lb.layers.stack or nnx.vmap), got "
                      f"{type(stacked).__name__}.")
   sizes: dict[int, str] = {}
   for path, variable in variables_by_path(stacked).items():
@@ -174,7 +174,7 @@ def _num_layers(stacked: nnx.Module, what: str) -> int:
       if np.ndim(leaf) == 0:
         raise StackError(
             f"{what}: `{where}` is a scalar, so this module is not a layer stack (every array of "
-            "a stack has a leading layer axis). Build stacks with lb.stack or nnx.vmap.")
+            "a stack has a leading layer axis). Build stacks with lb.layers.stack or nnx.vmap.")
       sizes.setdefault(np.shape(leaf)[0], where)
   if not sizes:
     raise StackError(f"{what}: the module holds no arrays, so it has no layer axis.")
@@ -182,14 +182,14 @@ def _num_layers(stacked: nnx.Module, what: str) -> int:
     (n1, p1), (n2, p2) = list(sizes.items())[:2]
     raise StackError(
         f"{what}: leading axes disagree (`{p1}` has {n1} layers, `{p2}` has {n2}), so this "
-        "module is not a layer stack. Build stacks with lb.stack or nnx.vmap.")
+        "module is not a layer stack. Build stacks with lb.layers.stack or nnx.vmap.")
   return next(iter(sizes))
 
 
 def unstack(stacked: M) -> list[M]:
   """Split a stacked module into a list of independent modules, one per layer.
 
-  Exact inverse of `lb.stack` (values, Variable types and metadata); also accepts stacks built
+  Exact inverse of `lb.layers.stack` (values, Variable types and metadata); also accepts stacks built
   with `nnx.vmap`.
 
   Args:
@@ -202,14 +202,14 @@ def unstack(stacked: M) -> list[M]:
     StackError: `stacked` is not an NNX module, holds a scalar, or its arrays disagree on the
       number of layers.
 
-  Example:
+  Examples:
     >>> import loopbridge as lb
     >>> from flax import nnx
-    >>> layers = lb.unstack(lb.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]))
+    >>> layers = lb.layers.unstack(lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]))
     >>> len(layers), layers[0].kernel.shape
     (3, (4, 4))
   """
-  n = _num_layers(stacked, "lb.unstack")
+  n = _num_layers(stacked, "lb.layers.unstack")
   graphdef, state = nnx.split(stacked)
   return [nnx.merge(graphdef, jax.tree.map(lambda leaf, i=i: leaf[i], state)) for i in range(n)]
 
@@ -234,7 +234,7 @@ def layer(stacked: M, i: int | jax.Array) -> M:
   filters such as `nnx.state(view, nnx.Param)` keep working).
 
   Args:
-    stacked: a stack (from `lb.stack` or `nnx.vmap`).
+    stacked: a stack (from `lb.layers.stack` or `nnx.vmap`).
     i: the layer index: a Python int (checked, negative counts from the end) or an integer
       tracer (like `jax.lax.dynamic_index_in_dim`, out-of-range values are clamped).
 
@@ -242,28 +242,28 @@ def layer(stacked: M, i: int | jax.Array) -> M:
     A module of the stack's class viewing layer `i`.
 
   Raises:
-    StackError: `stacked` is not a stack (see `lb.unstack`).
+    StackError: `stacked` is not a stack (see `lb.layers.unstack`).
     IndexError: a Python int `i` outside `[-n, n)`.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp
     >>> import loopbridge as lb
     >>> from flax import nnx
-    >>> stacked = lb.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])
+    >>> stacked = lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])
     >>> def body(i, x):
-    ...   return lb.layer(stacked, i)(x)
+    ...   return lb.layers.layer(stacked, i)(x)
     >>> nnx.fori_loop(0, 3, body, jnp.ones((1, 4))).shape
     (1, 4)
   """
-  n = _num_layers(stacked, "lb.layer")
+  n = _num_layers(stacked, "lb.layers.layer")
   if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
     if not -n <= i < n:
-      raise IndexError(f"lb.layer: layer index {i} is out of range for a stack of {n} layers.")
+      raise IndexError(f"lb.layers.layer: layer index {i} is out of range for a stack of {n} layers.")
     i = int(i) % n
   else:
     i = jnp.asarray(i)
     if i.ndim != 0 or not jnp.issubdtype(i.dtype, jnp.integer):
-      raise StackError(f"lb.layer: the layer index must be an integer scalar, got "
+      raise StackError(f"lb.layers.layer: the layer index must be an integer scalar, got "
                        f"{i.dtype}[{','.join(map(str, i.shape))}].")
   graphdef, state = nnx.split(stacked)
   view = nnx.merge(graphdef, jax.tree.map(

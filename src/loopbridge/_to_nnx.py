@@ -25,6 +25,7 @@ from flax import nnx
 from flax import traverse_util
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
+from typing_extensions import Self
 
 from . import _buffers
 from . import _capacity
@@ -37,7 +38,7 @@ from . import _session
 from . import _site
 from . import _trace_check
 from . import _user_errors
-from ._errors import NotInitializedError, SowMismatchError, StructureChangeError
+from ._errors import NotDeclaredError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
 COUNTS_ATTR = _recorder.COUNTS_ATTR
@@ -99,7 +100,7 @@ class ToNNX(bridge.ToNNX):
     TypeError: `module` is not a Linen module.
     CapacityError: a malformed `capacity` or `overflow`.
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
@@ -116,7 +117,7 @@ class ToNNX(bridge.ToNNX):
   """
 
   def __init__(self, module: linen.Module, rngs: tp.Any = None, *,
-               capacity: _capacity.CapacitySpec | None = None, overflow: str = "error",
+               capacity: int | tp.Mapping[str, int] | None = None, overflow: str = "error",
                capture_intermediates: bool | tp.Callable[[linen.Module, str], bool] = False):
     if not isinstance(module, linen.Module):
       raise TypeError(
@@ -138,8 +139,8 @@ class ToNNX(bridge.ToNNX):
     _recorder.make_recorder(self)
 
   # ------------------------------------------------------------------ initialization
-  def lazy_init(self, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
-                overflow: str | None = None, **kwargs: tp.Any) -> "ToNNX":
+  def lazy_init(self, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
+                overflow: str | None = None, **kwargs: tp.Any) -> Self:
     """Initialize the Linen variables from sample inputs and declare the sow buffers.
 
     Same as `lb.lazy_init(self, *args, capacity=..., overflow=..., **kwargs)`.
@@ -252,7 +253,7 @@ class ToNNX(bridge.ToNNX):
       # the wrapper anew and fills them in): applied as stock does, with no buffers.
       sites = ()
     if sites is None:
-      raise NotInitializedError(
+      raise NotDeclaredError(
           f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
           "initialized. Why: the Linen variables and the sow buffers are created from sample "
           "inputs. Fix: lb.lazy_init(model, *sample_args, capacity=N) first (or "
@@ -351,11 +352,11 @@ def _pytree_records(node: nnx.Module, path: tuple[str, ...], value: tuple, buffe
   if not sites:
     if all(not leaves for _, leaves in flat):
       return []  # pytrees without array leaves (e.g. a captured None): nothing to record
-    raise SowMismatchError(_SOW_WITHOUT_BUFFER.format(label=label))
+    raise NotDeclaredError(_SOW_WITHOUT_BUFFER.format(label=label))
   treedef = sites[0].treedef
   for got, _ in flat:
     if got != treedef:
-      raise SowMismatchError(_PYTREE_CHANGED.format(label=label, declared=treedef, got=got))
+      raise NotDeclaredError(_PYTREE_CHANGED.format(label=label, declared=treedef, got=got))
   out = []
   for site in sites:
     buffer = _recorder.get_nested(buffers, site.key)

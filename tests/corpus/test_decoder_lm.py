@@ -209,7 +209,7 @@ def test_partitioned_params_without_a_mesh_name_the_flag_and_both_fixes():
   with pytest.raises(ValueError, match="An auto mesh context or metadata is required"):
     bridge.lazy_init(stock, _start_tokens())
   model = lb.ToNNX(DecoderLM(partitioned=True), rngs=nnx.Rngs(0))
-  with pytest.raises(lb.ShardingError, match=r"(?s)lb\.ToNNX\(DecoderLM\) cannot create its "
+  with pytest.raises(lb.sharding.ShardingError, match=r"(?s)lb\.ToNNX\(DecoderLM\) cannot create its "
                      r"partition-annotated params.*flax_always_shard_variable.*"
                      r"jax\.set_mesh\(mesh\), nn\.logical_axis_rules.*"
                      r"nnx\.use_eager_sharding\(False\)"):

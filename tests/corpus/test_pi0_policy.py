@@ -14,7 +14,7 @@ Checked: the jitted loop's actions and every recorded residual, step by step, ag
 Linen `apply` with the same parameters (and the same NNX linear layers called eagerly).
 Tolerance: rtol = atol = 1e-5 (float32, compiled loop vs eager calls). The openpi way of
 looping (a `jax.lax.while_loop` body closing over the model, inside a jit wrapper that merges a
-copy) raises `lb.ForeignTraceError` instead of losing the records.
+copy) raises `lb.StructureChangeError` instead of losing the records.
 """
 
 from __future__ import annotations
@@ -176,5 +176,5 @@ def test_openpi_style_closed_over_loop_in_a_jit_wrapper_raises_instead_of_losing
   def frozen(state, obs, noise):  # merges a copy, as openpi's module_jit does
     return nnx.merge(graphdef, state).sample_actions_closed_over(obs, noise)
 
-  with pytest.raises(lb.ForeignTraceError, match="carry the model through the loop"):
+  with pytest.raises(lb.StructureChangeError, match="carry the model through the loop"):
     frozen(state, obs, noise)

@@ -1,11 +1,11 @@
-"""Seed 001, fixed: `fori_loop` over a carry holding two different NNX models.
+"""`fori_loop` over a carry holding two different NNX models.
 
-The original program called `nnx.fori_loop(0, 10, f, (model, model2))` and, on flax 0.10,
-failed with "nnx.fori_loop requires body function's input and output to have the same
+A program calling `nnx.fori_loop(0, 10, f, (model, model2))` fails on flax 0.10
+with "nnx.fori_loop requires body function's input and output to have the same
 reference and pytree structure". `lb.fori_loop` is a drop-in replacement that works on every
-supported flax; only the loop call changed. The second part trains both models in one loop.
+supported flax; only the loop call changes. The second part trains both models in one loop.
 
-Run: python examples/seed_001_two_models_fori_loop.py
+Run: python examples/two_models_in_fori_loop.py
 """
 
 import jax
@@ -23,10 +23,10 @@ def main() -> None:
     return x
 
   out = lb.fori_loop(0, 10, f, (model, model2))
-  print("seed 001 with lb.fori_loop: ran 10 steps over (model, model2)")
+  print("lb.fori_loop: ran 10 steps over (model, model2)")
   print(f"  returned the caller's models: {out[0] is model and out[1] is model2}")
 
-  # Training both models at the same time, as the user wanted: one SGD step per iteration.
+  # Training both models at the same time: one SGD step per iteration.
   x = jax.random.normal(jax.random.key(2), (8, 2))
   target = x @ jnp.array([[0.0, 1.0], [1.0, 0.0]])
 

@@ -1,10 +1,10 @@
-"""Seed 000, fixed: a Linen model that sows (also inside `nn.scan`) runs in `nnx.while_loop`.
+"""A Linen model that sows (also inside `nn.scan`) runs in `nnx.while_loop`.
 
-The original program wrapped the model with `flax.nnx.bridge.ToNNX` and failed with
+Wrapped the model with `flax.nnx.bridge.ToNNX` and failed with
 "nnx.while_loop requires body function's input and output to have the same reference and
-pytree structure". Only the import and `capacity=` changed.
+pytree structure". With loopbridge only the import and `capacity=` change.
 
-Run: python examples/seed_000_sow_in_while_loop.py
+Run: python examples/sow_in_while_loop.py
 """
 
 import flax.linen as nn

@@ -1,13 +1,13 @@
-"""Seed 002, fixed: `layers[i]` with a traced `i` in `nnx.fori_loop`, and what `nnx.vmap` built.
+"""`layers[i]` with a traced `i` in `nnx.fori_loop`, and what `nnx.vmap` builds.
 
-The original program kept its layers in a list and called `layers[i](x)` inside
-`nnx.fori_loop`, which fails with TracerIntegerConversionError: a Python list cannot be indexed
+A model that keeps its layers in a list and calls `layers[i](x)` inside
+`nnx.fori_loop` fails with TracerIntegerConversionError: a Python list cannot be indexed
 by a traced integer. A loop over layers needs the layers as one *stack* (every array with a
-leading layer axis); `lb.layer(stack, i)` then gives layer `i` for a traced `i`. Only layers of
-equal shapes can share a stack, so the hidden widths are made equal here; the seed's
-heterogeneous widths get a clear error, and a Python loop is the right tool for them.
+leading layer axis); `lb.layers.layer(stack, i)` then gives layer `i` for a traced `i`. Only layers of
+equal shapes can share a stack, so the hidden widths are made equal here; hidden layers of
+different widths get a clear error, and a Python loop is the right tool for them.
 
-Run: python examples/seed_002_layer_stacks.py
+Run: python examples/layer_stacks_in_fori_loop.py
 """
 
 import jax
@@ -18,7 +18,7 @@ import loopbridge as lb
 
 
 class MLP(nnx.Module):
-  """The seed's MLP, with its equal-width hidden layers kept as one stack."""
+  """An MLP with its equal-width hidden layers kept as one stack."""
 
   def __init__(self, rngs: nnx.Rngs, in_features: int, hidden_features: list, out_features: int,
                leaky_relu_negative_slope: float = 0.01) -> None:
@@ -26,7 +26,7 @@ class MLP(nnx.Module):
     width = hidden_features[0]
     self.first = nnx.Linear(in_features, width, rngs=rngs)
     # Was: a list of Linear layers. Now: the hidden layers stacked (raises if widths differ).
-    self.hidden = lb.stack([nnx.Linear(width, n, rngs=rngs) for n in hidden_features[1:]])
+    self.hidden = lb.layers.stack([nnx.Linear(width, n, rngs=rngs) for n in hidden_features[1:]])
     self.last = nnx.Linear(hidden_features[-1], out_features, rngs=rngs)
     self.num_hidden = len(hidden_features) - 1
 
@@ -36,16 +36,16 @@ class MLP(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """Forward pass using a Python for-loop (unrolled under jit)."""
     x = self.act(self.first(x))
-    for layer in lb.unstack(self.hidden):
+    for layer in lb.layers.unstack(self.hidden):
       x = self.act(layer(x))
     return self.last(x)
 
   def forward_fori_loop(self, x: jax.Array) -> jax.Array:
-    """Forward pass using nnx.fori_loop: `lb.layer(layers, i)` instead of `layers[i]`."""
+    """Forward pass using nnx.fori_loop: `lb.layers.layer(layers, i)` instead of `layers[i]`."""
 
     def forward(i, state):
       layers, x = state
-      x = self.act(lb.layer(layers, i)(x))
+      x = self.act(lb.layers.layer(layers, i)(x))
       return layers, x
 
     x = self.act(self.first(x))
@@ -55,12 +55,12 @@ class MLP(nnx.Module):
   def forward_scan(self, x: jax.Array) -> jax.Array:
     """Forward pass using nnx.scan over the stack."""
     x = self.act(self.first(x))
-    x = lb.scan_layers(self.hidden, x, call=lambda layer, x: self.act(layer(x)))
+    x = lb.layers.scan(self.hidden, x, call=lambda layer, x: self.act(layer(x)))
     return self.last(x)
 
 
 class Model(nnx.Module):
-  """The seed's second solution: nnx.vmap builds a stack (one Linear *with a layer axis*)."""
+  """A stack built with nnx.vmap (one Linear *with a layer axis*), run with nnx.scan."""
 
   def __init__(self, layer_keys):
     @nnx.vmap(in_axes=0, out_axes=0)
@@ -88,15 +88,15 @@ if __name__ == "__main__":
   assert jnp.allclose(y_for_loop, y_scan, atol=1e-5)
   print("fori_loop forward == Python-loop forward (bit-exact); scan forward matches")
 
-  try:  # the seed's original widths cannot share one stack
+  try:  # hidden layers of different widths cannot share one stack
     MLP(rngs=rngs, in_features=128, hidden_features=[265, 128, 64], out_features=10)
-  except lb.StackError as error:
+  except lb.layers.StackError as error:
     print("heterogeneous widths:", str(error).splitlines()[0])
 
   model = Model(jax.random.split(jax.random.key(0), 2))
-  print("nnx.vmap built", len(lb.unstack(model.model)), "layers; kernel stack shape",
+  print("nnx.vmap built", len(lb.layers.unstack(model.model)), "layers; kernel stack shape",
         model.model.kernel.shape)
-  layers = lb.unstack(model.model)
+  layers = lb.layers.unstack(model.model)
   x = jnp.ones((42, 32))
   assert jnp.allclose(model(x), layers[1](layers[0](x)), atol=1e-6)
   print("nnx.scan over the vmap-built stack == the two layers applied in turn")

@@ -1,0 +1,31 @@
+"""Checkpoints of recording models, and models built from existing Linen variables.
+
+`save` / `restore` keep a model's whole state (params, record buffers, counts, rng streams)
+with orbax, so a loop can stop and go on in another process. `from_linen_variables` wraps a
+Linen module around variables that already exist (from `linen.init` or a Linen checkpoint);
+`load_linen_variables` writes such variables into an initialized model.
+
+Examples:
+  >>> import tempfile, jax.numpy as jnp, loopbridge as lb
+  >>> from flax import linen as nn, nnx
+  >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))
+  >>> path = lb.checkpoint.save(tempfile.mkdtemp() + "/step_0", model)
+  >>> fresh = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(1)), jnp.ones((1, 3)))
+  >>> bool((lb.checkpoint.restore(path, fresh)(jnp.ones((1, 3))) == model(jnp.ones((1, 3)))).all())
+  True
+"""
+
+# In reading order (the API reference lists them in this order).
+from ._checkpoint import save as save
+from ._checkpoint import restore as restore
+from ._checkpoint import from_linen_variables as from_linen_variables
+from ._checkpoint import load_linen_variables as load_linen_variables
+from ._errors import CheckpointError as CheckpointError
+
+__all__ = [
+    "CheckpointError",
+    "from_linen_variables",
+    "load_linen_variables",
+    "restore",
+    "save",
+]

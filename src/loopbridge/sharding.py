@@ -1,0 +1,13 @@
+"""Placing record buffers on a device mesh.
+
+`lb.lazy_init` / `lb.preallocate` already shard each buffer like the batch-sharded sample
+arguments it records; `shard_buffers` overrides that layout explicitly.
+"""
+
+from ._shard_buffers import shard_buffers as shard_buffers
+from ._errors import ShardingError as ShardingError
+
+__all__ = [
+    "ShardingError",
+    "shard_buffers",
+]
