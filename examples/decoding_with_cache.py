@@ -33,7 +33,8 @@ class CachedSelfAttention(nn.Module):
   def __call__(self, x):
     batch, length, width = x.shape
     head_dim = width // self.heads
-    dense = lambda name: nn.DenseGeneral((self.heads, head_dim), name=name)
+    def dense(name):
+      return nn.DenseGeneral((self.heads, head_dim), name=name)
     q, k, v = dense("query")(x), dense("key")(x), dense("value")(x)
 
     cache_shape = (batch, self.max_len, self.heads, head_dim)

@@ -298,8 +298,8 @@ def test_json_report_on_a_target(capsys, target_module):
 
   leaves = jax.tree_util.tree_leaves(variables["params"])
   assert doc["parameters"] == {"params": {
-      "arrays": len(leaves), "values": sum(int(np.prod(l.shape)) for l in leaves),
-      "bytes": sum(l.nbytes for l in leaves)}}
+      "arrays": len(leaves), "values": sum(int(np.prod(leaf.shape)) for leaf in leaves),
+      "bytes": sum(leaf.nbytes for leaf in leaves)}}
 
   stock = doc["live_check"]["stock"]
   assert not stock["ok"] and stock["error"].startswith("ValueError: ")
@@ -349,7 +349,8 @@ def test_end_to_end_default_model(tmp_path):
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert "seed-000 model" in out and "inputs: float32[1,100]; capacity 5" in out
-  assert "intermediates  ScanBlock_0/carry  (3, 1, 100)  float32  1         scan(axis=0, len=3)" in out
+  assert ("intermediates  ScanBlock_0/carry  (3, 1, 100)  float32  1         "
+          "scan(axis=0, len=3)") in out
   assert "dropped sows: none" in out
   assert "params      2       30,300  118.4 KiB" in out
   assert "stock flax.nnx.bridge.ToNNX: FAILED  ValueError: nnx.while_loop requires" in out

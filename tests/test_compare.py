@@ -88,8 +88,8 @@ PORT_PATHS = {
 
 def _get(tree, path):
   for key in path.split("/"):
-    tree = tree[int(key)] if isinstance(tree, list) or key.isdigit() and not isinstance(
-        tree, dict) else (tree[key] if isinstance(tree, dict) else getattr(tree, key))
+    tree = tree[int(key)] if isinstance(tree, list) or (key.isdigit() and not isinstance(
+        tree, dict)) else (tree[key] if isinstance(tree, dict) else getattr(tree, key))
   return tree
 
 
@@ -200,7 +200,7 @@ def test_correct_port_agrees(setup):
 
 
 def test_port_named_like_linen_aligns_by_name(setup):
-  x, variables = setup
+  x, _variables = setup
 
   class Named(nnx.Module):
     def __init__(self, rngs):

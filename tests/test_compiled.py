@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
+
 from conftest import graph_kw
 from models import MLP, linen_step_reference, stack_reference
 

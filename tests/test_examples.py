@@ -82,7 +82,7 @@ DOCS = sorted([ROOT / "README.md", ROOT / "docs" / "api.md",
 
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page: pathlib.Path):
-  """Every relative link in the guides, README and API page names a file (and heading) that exists."""
+  """Every relative link in the guides, README and API page names an existing file (and heading)."""
   if not page.exists():
     pytest.skip(f"{page.name} does not exist")
   prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)  # code blocks

@@ -18,6 +18,7 @@ from flax.nnx import bridge
 
 import loopbridge as lb
 from loopbridge import _compat
+
 from models import MLP
 
 # flax 0.12 deprecates `Module.sow` outside `nnx.capture` (0.10 has no capture); the native sow

@@ -1,4 +1,4 @@
-"""Checkpoint layouts: Linen nn.scan params <-> per-layer params <-> NNX stacks / lists of layers."""
+"""Checkpoint layouts: Linen nn.scan params <-> per-layer params <-> NNX stacks or layer lists."""
 
 from __future__ import annotations
 
@@ -148,8 +148,8 @@ def test_layout_errors():
     lb.layers_to_scanned([{"k": jnp.ones(2)}, {"k": jnp.ones(3)}])
 
   stacked = lb.stack([NNXBlock(4, nnx.Rngs(i)) for i in range(3)])
-  with pytest.raises(lb.StackError, match=r"has a Param at `Dense_0/(bias|kernel)` that the checkpoint "
-                     r"lacks(.|\n)*self.Dense_0 = nnx.Linear"):
+  with pytest.raises(lb.StackError, match=r"has a Param at `Dense_0/(bias|kernel)` that the "
+                     r"checkpoint lacks(.|\n)*self.Dense_0 = nnx.Linear"):
     lb.params_to_nnx({"Dense_1": scanned["Dense_0"]}, stacked)
   with pytest.raises(lb.StackError, match=r"checkpoint has 2 layers, the NNX stack 3"):
     lb.params_to_nnx(jax.tree.map(lambda a: a[:2], scanned), stacked)

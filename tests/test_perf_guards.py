@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 import loopbridge as lb
+
 from conftest import graph_kw
 from models import MLP
 
@@ -28,7 +29,8 @@ CAPACITY = 37  # leading dimension of every buffer; no other array has it
 FEATURES, DEPTH = 4, 2
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)")
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)="
+                     r"\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)")
 _SHAPE_OP = re.compile(r"=\s*\w+\[([\d,]*)\][^ ]*\s+([\w\-]+)\(")
 
 

@@ -18,6 +18,7 @@ from flax.nnx import bridge
 
 import loopbridge as lb
 from loopbridge import _compat
+
 from conftest import graph_kw
 from models import MLP, linen_step_reference, stack_reference
 
@@ -166,7 +167,7 @@ def test_scan_with_model_in_carry(graph):
 
 def test_scan_with_params_broadcast_and_buffers_carried():
   """nnx.StateAxes: params broadcast (None), buffers/counts/rng state carried."""
-  model, x = seed_model(capacity=4)
+  model, _x = seed_model(capacity=4)
   xs = jax.random.normal(jax.random.key(3), (4, 1, 8))
   axes = nnx.StateAxes({nnx.Param: None, ...: nnx.Carry})
 
@@ -247,7 +248,8 @@ def test_overflow_policies_inside_jitted_loop(overflow):
   _, inters = reference_chain(model, x, 7)
   assert int(lb.counts(model)["intermediates"]["x"]) == 7
   if overflow == "error":
-    with pytest.raises(lb.BufferOverflowError, match=r"intermediates/(x|ScanBlock_0/carry) recorded 7 values .*capacity=3"):
+    with pytest.raises(lb.BufferOverflowError,
+                       match=r"intermediates/(x|ScanBlock_0/carry) recorded 7 values .*capacity=3"):
       lb.recorded(model)
     # The first `capacity` values were kept; reading the raw buffer shows them.
     np.testing.assert_allclose(lb.buffers(model)["intermediates"]["x"],
@@ -332,7 +334,8 @@ def test_is_a_stock_bridge_and_params_match_stock_lazy_init():
   stock = bridge.ToNNX(MLP(3, 8), rngs=nnx.Rngs(0))
   bridge.lazy_init(stock, x)
   assert isinstance(ours, bridge.ToNNX)
-  jax.tree.map(np.testing.assert_array_equal, nnx.state(ours, nnx.Param), nnx.state(stock, nnx.Param))
+  jax.tree.map(np.testing.assert_array_equal, nnx.state(ours, nnx.Param),
+               nnx.state(stock, nnx.Param))
   # Buffers and counts are public Variable types, filterable like any other.
   assert set(jax.tree.leaves(jax.tree.map(lambda a: a.shape, nnx.state(ours, lb.Buffer)),
                              is_leaf=lambda s: isinstance(s, tuple))) == {(2, 1, 8), (2, 3, 1, 8)}
@@ -416,8 +419,9 @@ class Lifted(nn.Module):
 
     nested, _ = nn.scan(Outer, variable_axes={"params": 0, "intermediates": 0},
                         split_rngs={"params": True}, length=3)()(v[0], None)
-    axis1, _ = nn.scan(Inner, variable_axes={"params": 0, "intermediates": 1},
-                       split_rngs={"params": True}, length=4, reverse=True)(name="rev")(nested, None)
+    rev = nn.scan(Inner, variable_axes={"params": 0, "intermediates": 1},
+                  split_rngs={"params": True}, length=4, reverse=True)(name="rev")
+    axis1, _ = rev(nested, None)
     return axis1
 
 
@@ -489,12 +493,13 @@ def test_batch_stats_cache_and_custom_reduce_update_in_place_in_loop():
   for _ in range(3):
     h, upd = WithState().apply(variables, h * 1.5, mutable=True)
     hs.append(upd["intermediates"]["h"][0])
-    variables = {**variables, **{k: v for k, v in upd.items()}}
+    variables = {**variables, **upd}
     variables["intermediates"] = {"running_max": upd["intermediates"]["running_max"]}
   got = linen_variables(model)
   np.testing.assert_allclose(got["batch_stats"]["BatchNorm_0"]["mean"],
                              variables["batch_stats"]["BatchNorm_0"]["mean"], rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(got["cache"]["total"], variables["cache"]["total"], rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(got["cache"]["total"], variables["cache"]["total"],
+                             rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(got["intermediates"]["running_max"],
                              variables["intermediates"]["running_max"], rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], jnp.stack(hs),
@@ -529,7 +534,8 @@ def test_preallocate_redeclares_for_another_signature_and_keeps_params():
   model = lb.ToNNX(Decoder(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, jnp.zeros((1, 1), jnp.int32), capacity=2)
   params = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
-  with pytest.raises(lb.SowMismatchError, match=r"shape \(1, 5, 4\).*declared for shape \(1, 1, 4\).*lb.preallocate"):
+  with pytest.raises(lb.SowMismatchError,
+                     match=r"shape \(1, 5, 4\).*declared for shape \(1, 1, 4\).*lb.preallocate"):
     model(jnp.zeros((1, 5), jnp.int32))
   lb.preallocate(model, jnp.zeros((1, 5), jnp.int32), capacity=3)
   jax.tree.map(np.testing.assert_array_equal, nnx.state(model, nnx.Param), params)
@@ -564,7 +570,8 @@ class TwoMethods(nn.Module):
 def test_sow_without_a_buffer_is_reported_even_with_mutable_false():
   model = lb.ToNNX(TwoMethods(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, jnp.zeros((1, 1), jnp.int32), method="encode")  # sows nothing
-  with pytest.raises(lb.SowMismatchError, match=r"sowed into 'intermediates/h', a site with no buffer.*lb.preallocate"):
+  with pytest.raises(lb.SowMismatchError,
+                     match=r"sowed into 'intermediates/h', a site with no buffer.*lb.preallocate"):
     model(jnp.zeros((1, 1), jnp.int32))
 
 
@@ -594,7 +601,8 @@ def test_bad_overflow_and_non_linen_module_and_use_before_init():
     lb.ToNNX(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
   with pytest.raises(TypeError, match=r"got ABCMeta|got ModuleMeta|got type|Fix: pass an instance"):
     lb.ToNNX(MLP)
-  with pytest.raises(lb.NotInitializedError, match=r"called before it was initialized.*lb.lazy_init"):
+  with pytest.raises(lb.NotInitializedError,
+                     match=r"called before it was initialized.*lb.lazy_init"):
     lb.ToNNX(MLP())(jnp.ones((1, 8)))
   with pytest.raises(TypeError, match=r"stock flax.nnx.bridge.ToNNX.*lb.ToNNX"):
     lb.lazy_init(bridge.ToNNX(MLP(), rngs=nnx.Rngs(0)), jnp.ones((1, 8)), capacity=2)
@@ -610,7 +618,8 @@ class Echo(nn.Module):
 def test_dtype_drift_is_an_error_naming_the_path():
   model = lb.ToNNX(Echo())
   lb.lazy_init(model, jnp.ones((2, 4)), capacity=2)
-  with pytest.raises(lb.SowMismatchError, match=r"intermediates/x received .* dtype bfloat16.*float32"):
+  with pytest.raises(lb.SowMismatchError,
+                     match=r"intermediates/x received .* dtype bfloat16.*float32"):
     model(jnp.ones((2, 4), jnp.bfloat16))
 
 

@@ -27,28 +27,28 @@ from ._errors import ShardingError as ShardingError
 from ._errors import SowMismatchError as SowMismatchError
 from ._errors import StackError as StackError
 from ._errors import StructureChangeError as StructureChangeError
-from ._linen_vars import linen_variables as linen_variables
+from ._explain import StructureReport as StructureReport
+from ._explain import explain as explain
 from ._layout import layers_to_scanned as layers_to_scanned
 from ._layout import nnx_to_params as nnx_to_params
 from ._layout import params_to_nnx as params_to_nnx
 from ._layout import scanned_to_layers as scanned_to_layers
-from ._explain import StructureReport as StructureReport
-from ._explain import explain as explain
+from ._linen_vars import linen_variables as linen_variables
 from ._loops import fori_loop as fori_loop
 from ._loops import while_loop as while_loop
+from ._pipeline import lazy_init as lazy_init
+from ._pipeline import preallocate as preallocate
 from ._records import buffers as buffers
 from ._records import counts as counts
 from ._records import recorded as recorded
 from ._records import reset as reset
 from ._scan_layers import scan_layers as scan_layers
 from ._shard_buffers import shard_buffers as shard_buffers
+from ._sites import sow_sites as sow_sites
 from ._stack import layer as layer
 from ._stack import stack as stack
 from ._stack import unstack as unstack
 from ._to_nnx import ToNNX as ToNNX
-from ._pipeline import lazy_init as lazy_init
-from ._pipeline import preallocate as preallocate
-from ._sites import sow_sites as sow_sites
 
 __version__ = "0.1.0"
 

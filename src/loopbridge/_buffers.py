@@ -15,8 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import _compat
-from . import _sharding
+from . import _compat, _sharding
 from ._errors import BufferOverflowError, SowMismatchError
 
 COUNT_DTYPE = jnp.int32

@@ -36,18 +36,11 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from flax import traverse_util
+from flax import nnx, traverse_util
 from flax.core import meta
 from flax.nnx.bridge import variables as bridge_variables
 
-from . import _buffers
-from . import _compat
-from . import _linen_vars
-from . import _observe_linen
-from . import _pipeline
-from . import _recorder
-from . import _session
+from . import _buffers, _compat, _linen_vars, _observe_linen, _pipeline, _recorder, _session
 from ._errors import CheckpointError, NotInitializedError
 from ._to_nnx import ToNNX
 
@@ -90,7 +83,7 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
   for path, node in nodes:
     if isinstance(node, nnx.bridge.ToNNX):
       local = "to_nnx__rngs" if "to_nnx__rngs" in vars(node) else "rngs"
-      renames[path + (local,)] = path + (_SAVED_RNGS_ATTR,)
+      renames[(*path, local)] = (*path, _SAVED_RNGS_ATTR)
 
   def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
     for prefix, new in renames.items():
@@ -131,7 +124,7 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
     if not isinstance(variable, _buffers.Buffer):
       continue
     i = key.index(_recorder.BUFFERS_ATTR) if _recorder.BUFFERS_ATTR in key else -1
-    count = variables.get(key[:i] + (_recorder.COUNTS_ATTR,) + key[i + 1:]) if i >= 0 else None
+    count = variables.get((*key[:i], _recorder.COUNTS_ATTR, *key[i + 1:])) if i >= 0 else None
     stack = np.ndim(_compat.variable_value(count)) if count is not None else 0
     value = _compat.variable_value(variable)
     shape = tuple(int(d) for d in np.shape(value))
@@ -376,7 +369,7 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
     saved_capacity = saved_declaration[key]["capacity"]
     buffer_key = tuple(key.split("/"))
     i = buffer_key.index(_recorder.BUFFERS_ATTR)
-    count_key = buffer_key[:i] + (_recorder.COUNTS_ATTR,) + buffer_key[i + 1:]
+    count_key = (*buffer_key[:i], _recorder.COUNTS_ATTR, *buffer_key[i + 1:])
     count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
     if count > saved_capacity:
       raise CheckpointError(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import math
 import typing as tp
 
@@ -38,8 +39,7 @@ from flax import nnx
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
-from . import _compat
-from . import _linen_vars
+from . import _compat, _linen_vars
 from ._errors import CompareError
 
 # Per-pair and per-leaf statuses, mildest first (a pair takes the worst of its leaves).
@@ -783,7 +783,7 @@ def _align(ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | N
   # modules with outputs of another shape (a port that changed a width).
   used_c = {j for j, _ in pairs.values()}
   bounds = [(-1, -1), *chain, (n, m)]
-  for (i0, j0), (i1, j1) in zip(bounds, bounds[1:]):
+  for (i0, j0), (i1, j1) in itertools.pairwise(bounds):
     left_r = [i for i in range(i0 + 1, i1) if i not in pairs and i not in excluded_r]
     left_c = [j for j in range(j0 + 1, j1) if j not in used_c and j not in claimed_c]
     if left_r and len(left_r) == len(left_c):

@@ -71,7 +71,8 @@ def linen_attribute_names(model: nnx.bridge.ToNNX) -> list[str]:
     # 0.12: every attribute that is not the wrapper's own.
     return [k for k in vars(model) if not k.startswith(_OWN_ATTR_PREFIXES)]
   # 0.10: the wrapper keeps the list itself.
-  return [k for k in vars(model).get("linen_attributes", ()) if not k.startswith(_OWN_ATTR_PREFIXES)]
+  return [k for k in vars(model).get("linen_attributes", ())
+          if not k.startswith(_OWN_ATTR_PREFIXES)]
 
 
 def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) -> None:
@@ -127,7 +128,10 @@ def collection_name(variable_type: type) -> str:
 
 
 def variable_value(variable: nnx.Variable) -> tp.Any:
-  """The value inside a Variable: 0.12 deprecates `.value` for `get_value()`; 0.10 has only `.value`."""
+  """The value inside a Variable.
+
+  flax 0.12 deprecates `.value` for `get_value()`; 0.10 has only `.value`.
+  """
   if hasattr(variable, "get_value"):
     return variable.get_value()
   return variable.value
@@ -208,7 +212,9 @@ def _view_type(var_type: type) -> type:
     def get_value(self, *, index=_NO_INDEX):
       link = _view_link(self)
       if link is None:
-        return var_type.get_value(self) if index is _NO_INDEX else var_type.get_value(self, index=index)
+        if index is _NO_INDEX:
+          return var_type.get_value(self)
+        return var_type.get_value(self, index=index)
       parent, i = link
       value = jax.tree.map(lambda leaf: _take(leaf, i), parent.get_value())
       return value if index is _NO_INDEX or index is Ellipsis else value[index]
@@ -219,7 +225,8 @@ def _view_type(var_type: type) -> type:
         value = self.get_value().at[index].set(value)
       if link is not None:
         parent, i = link
-        parent.set_value(jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(), value))
+        parent.set_value(jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(),
+                                      value))
       self.set_raw_value(value)  # keep the snapshot (shape, dtype, pytree leaves) current
 
     namespace = {"__slots__": ("_loopbridge_parent", "_loopbridge_index"),
@@ -249,7 +256,8 @@ def _view_type(var_type: type) -> type:
   return view_type
 
 
-def layer_view_variable(parent: nnx.Variable, index: tp.Any, snapshot: nnx.Variable) -> nnx.Variable:
+def layer_view_variable(parent: nnx.Variable, index: tp.Any,
+                        snapshot: nnx.Variable) -> nnx.Variable:
   """A Variable of `type(parent)` reading and writing `parent`'s value at `index` on axis 0.
 
   `snapshot` is an ordinary Variable already holding that slice (e.g. from `nnx.merge`); its

@@ -24,8 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from . import _compat
-from . import _recorder
+from . import _compat, _recorder
 from ._errors import StructureChangeError
 
 _T = tp.TypeVar("_T")

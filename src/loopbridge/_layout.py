@@ -23,18 +23,16 @@ from flax.linen import meta as linen_meta
 
 from . import _compat
 from ._errors import StackError
-from ._stack import _num_layers
-from ._stack import _path_str
-from ._stack import variables_by_path
+from ._stack import _num_layers, _path_str, variables_by_path
 
-Names = tp.Union[str, tp.Callable[[int], str]]
+Names = str | tp.Callable[[int], str]
 Tree = tp.Any
 
 
 def _namer(names: Names) -> tp.Callable[[int], str]:
   if callable(names):
     return names
-  if not isinstance(names, str) or "{}" not in names and "{i}" not in names:
+  if not isinstance(names, str) or ("{}" not in names and "{i}" not in names):
     raise StackError(f"names={names!r} must be a format string with one `{{}}` (e.g. "
                      "'layers_{}') or a function from the layer index to a name.")
   return lambda i: names.format(i, i=i)

@@ -20,10 +20,7 @@ import typing as tp
 from flax import nnx
 from flax.nnx import bridge
 
-from . import _buffers
-from . import _compat
-from . import _recorder
-from . import _session
+from . import _buffers, _compat, _recorder, _session
 from ._errors import SowMismatchError
 
 _SOW_PARAMS = inspect.signature(nnx.Module.sow).parameters
@@ -39,7 +36,7 @@ _NO_BUFFER = (
     "lb.preallocate(model, *args, capacity=..., method=...); buffers already declared are kept.")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _collection_of_type(variable_type: type) -> str:
   try:
     return _compat.collection_name(variable_type)
@@ -94,7 +91,8 @@ def install(cls: type) -> None:
       if not isinstance(buffer, _buffers.Buffer):
         if in_capture:  # an undeclared sow (e.g. method_outputs=) goes to the capture only
           return previous(self)(variable_type, name, value, reduce_fn, init_fn)
-        raise SowMismatchError(_NO_BUFFER.format(label=f"{type(self).__name__}: {collection}/{name}"))
+        label = f"{type(self).__name__}: {collection}/{name}"
+        raise SowMismatchError(_NO_BUFFER.format(label=label))
       counts = getattr(self, _recorder.COUNTS_ATTR)
       _buffers.append(buffer, counts[collection][name], [value],
                       f"{type(self).__name__}: {collection}/{name}")
@@ -103,4 +101,4 @@ def install(cls: type) -> None:
       return True
 
     sow.__doc__ = (own or nnx.Module.sow).__doc__
-    setattr(cls, "sow", _SowHook(sow))
+    cls.sow = _SowHook(sow)

@@ -29,8 +29,7 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen
-from flax import traverse_util
+from flax import linen, traverse_util
 from flax.core import lift as core_lift
 from flax.core import scope as core_scope
 from flax.linen import module as linen_module_lib

@@ -39,7 +39,7 @@ from ._site import SowCall, SowSite
 _LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
     "loopbridge_native_sow_log", default=None)
 
-_SUBCLASSES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
+_SUBCLASSES: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 

@@ -18,17 +18,10 @@ import inspect
 import typing as tp
 
 import jax
-from flax import linen
-from flax import nnx
+from flax import linen, nnx
 from flax.nnx import bridge
 
-from . import _capacity
-from . import _compat
-from . import _declare
-from . import _linen_vars
-from . import _observe_native
-from . import _recorder
-from . import _session
+from . import _capacity, _compat, _declare, _linen_vars, _observe_native, _recorder, _session
 from ._errors import NotInitializedError, SowMismatchError
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)

@@ -17,11 +17,8 @@ import typing as tp
 
 from flax.nnx import bridge
 
-from . import _buffers
-from . import _compat
-from . import _recorder
+from . import _buffers, _compat, _recorder
 from ._errors import NotInitializedError
-
 
 _NOT_INITIALIZED = (
     "{what} has not declared its buffers yet, so there is nothing to read. Why: buffers are "

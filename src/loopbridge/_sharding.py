@@ -29,9 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from . import _compat
 from ._errors import ShardingError
 
-SpecLike = tp.Union[PartitionSpec, NamedSharding, None]
-ShardingSpec = tp.Union[SpecLike, tp.Mapping[str, SpecLike],
-                        tp.Callable[[str, tp.Tuple[int, ...]], SpecLike]]
+SpecLike = PartitionSpec | NamedSharding | None
+ShardingSpec = SpecLike | tp.Mapping[str, SpecLike] | tp.Callable[[str, tuple[int, ...]], SpecLike]
 
 
 def _batch_axes(args: tp.Any, kwargs: tp.Any) -> dict[int, tuple[tp.Any, tp.Any]]:
@@ -55,7 +54,8 @@ def _axes_size(mesh: tp.Any, axes: tp.Any) -> int:
   return math.prod(mesh.shape[n] for n in names)
 
 
-def _leading_axis_position(shape: tuple[int, ...], sown_shape: tuple[int, ...] | None) -> int | None:
+def _leading_axis_position(shape: tuple[int, ...],
+                           sown_shape: tuple[int, ...] | None) -> int | None:
   """Where the sown value's axis 0 sits in the recorded value (lifted transforms add axes)."""
   if not sown_shape or not shape:
     return None

@@ -12,8 +12,7 @@ import typing as tp
 
 from flax.nnx import bridge
 
-from . import _compat
-from . import _recorder
+from . import _compat, _recorder
 from ._errors import NotInitializedError
 from ._site import DroppedSow, SowSite, Transform, with_lengths
 

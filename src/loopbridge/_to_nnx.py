@@ -20,20 +20,20 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen
-from flax import nnx
-from flax import traverse_util
+from flax import linen, nnx, traverse_util
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
-from . import _buffers
-from . import _capacity
-from . import _compat
-from . import _linen_vars
-from . import _observe_linen
-from . import _pipeline
-from . import _recorder
-from . import _session
+from . import (
+  _buffers,
+  _capacity,
+  _compat,
+  _linen_vars,
+  _observe_linen,
+  _pipeline,
+  _recorder,
+  _session,
+)
 from ._errors import NotInitializedError, SowMismatchError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
@@ -134,7 +134,7 @@ class ToNNX(bridge.ToNNX):
 
   # ------------------------------------------------------------------ initialization
   def lazy_init(self, *args: tp.Any, capacity: _capacity.CapacitySpec | None = None,
-                overflow: str | None = None, **kwargs: tp.Any) -> "ToNNX":
+                overflow: str | None = None, **kwargs: tp.Any) -> ToNNX:
     """Initialize the Linen variables from sample inputs and declare the sow buffers.
 
     Same as `lb.lazy_init(self, *args, capacity=..., overflow=..., **kwargs)`.
