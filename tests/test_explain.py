@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -11,6 +11,7 @@ from __future__ import annotations
 import typing as tp
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

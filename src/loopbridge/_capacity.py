@@ -13,6 +13,7 @@ import operator
 import typing as tp
 
 import jax
+import jax.core
 
 from ._errors import CapacityError
 

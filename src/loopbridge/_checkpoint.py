@@ -215,7 +215,7 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
   if tree is None:  # orbax 0.12 logs why and returns nothing
     raise _damaged(path, "orbax found no readable array metadata (its log says which file)")
   try:
-    flat = traverse_util.flatten_dict(dict(tree))
+    flat: dict[tuple[tp.Any, ...], tp.Any] = traverse_util.flatten_dict(dict(tree))
     saved = {tuple(map(str, k)): (tuple(v.shape), np.dtype(v.dtype)) for k, v in flat.items()}
   except Exception as error:  # orbax/tensorstore raise many types for unreadable files
     raise _damaged(path, "its array metadata cannot be read", error) from error
@@ -356,11 +356,11 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
         "(NNX loops need them unchanged), so every saved array must find a Variable of the "
         f"same shape and dtype. {_FIX_DECLARE}")
   try:
-    restored = traverse_util.flatten_dict(
+    raw = traverse_util.flatten_dict(
         checkpointer.restore(path, traverse_util.unflatten_dict(target)))
   except Exception as error:  # orbax/tensorstore raise many types for damaged data
     raise _damaged(path, "orbax cannot read its arrays", error) from error
-  restored = {tuple(map(str, k)): v for k, v in restored.items()}
+  restored: dict[tuple[str, ...], tp.Any] = {tuple(map(str, k)): v for k, v in raw.items()}
   unread = sorted("/".join(k) for k in expected
                   if restored.get(k) is None or tuple(np.shape(restored[k])) != expected[k][0])
   if unread:
@@ -398,15 +398,14 @@ def restore_checkpoint(directory: str | os.PathLike, model: tp.Any) -> tp.Any:
 
 # ---------------------------------------------------------------- existing Linen variables
 
-def _plain_variables(variables: tp.Any, what: str) -> dict:
-  from flax.core import unfreeze
+def _plain_variables(variables: tp.Any, what: str) -> dict[str, tp.Any]:
+  from flax.core import FrozenDict, unfreeze
 
   if not isinstance(variables, tp.Mapping):
     raise CheckpointError(
         f"{what} needs a Linen variables dict like linen.init returns "
         f"({{'params': {{...}}, ...}}), got {type(variables).__name__}.")
-  variables = unfreeze(variables) if hasattr(variables, "unfreeze") else dict(variables)
-  return variables
+  return unfreeze(variables) if isinstance(variables, FrozenDict) else dict(variables)
 
 
 def _unbox(value: tp.Any) -> tp.Any:
@@ -505,7 +504,7 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
   rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
   # One abstract init (no FLOPs): its variables check the given ones' structure, and what it
   # sowed (intermediates included, hence mutable=True) declares the buffers.
-  capture = _pipeline.settings_of(model).capture_intermediates
+  capture = _pipeline.bridge_settings(model).capture_intermediates
   with _observe_linen.observe() as calls:
     expected = jax.eval_shape(lambda: module.init(
         rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs))

@@ -34,6 +34,7 @@ import typing as tp
 
 import flax.linen as nn
 import jax
+import jax.core
 import numpy as np
 from flax import nnx
 from flax.nnx import bridge
@@ -340,7 +341,8 @@ class _Call:
   index: int = 0  # position in this side's call order
   leaves: list[tuple[str, tp.Any]] = dataclasses.field(default_factory=list)
   signature: tuple[tuple[int, ...], ...] = ()
-  sample: np.ndarray | None = None  # a few values at fixed positions (alignment tie-break)
+  # A few values at fixed positions (alignment tie-break); `_prepare` fills it.
+  sample: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
   kind: str = ""  # the module's class name, Linen names mapped to their NNX counterparts
 
 
@@ -383,7 +385,8 @@ class _Recorder:
   def enter(self, module: tp.Any) -> tuple[str, str]:
     where = self._nnx_paths.get(id(module))
     if where is None:  # a module built during the call (e.g. by a transform): no graph path
-      where = (f"<{type(module).__name__}>",) * 2
+      name = f"<{type(module).__name__}>"
+      where = (name, name)
     self._stack.append(where)
     return where
 
@@ -548,7 +551,7 @@ def _first_line(error: BaseException, limit: int = 400) -> str:
 
 # ----------------------------------------------------------------------------- comparing
 def _as_numpy(leaf: tp.Any) -> np.ndarray:
-  if hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+  if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
     leaf = jax.random.key_data(leaf)
   return np.asarray(leaf)
 
@@ -612,8 +615,9 @@ def _leaf_diff(leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None,
 
 def _compare_pair(ref: _Call, cand: _Call, aligned_by: str, rtol: float | None,
                   atol: float | None) -> CallPair:
-  common = dict(reference_path=ref.path, candidate_path=cand.path, reference_call=ref.index,
-                candidate_call=cand.index, aligned_by=aligned_by)
+  common: dict[str, tp.Any] = dict(reference_path=ref.path, candidate_path=cand.path,
+                                   reference_call=ref.index, candidate_call=cand.index,
+                                   aligned_by=aligned_by)
   if len(ref.leaves) != len(cand.leaves):
     note = (f"the reference returns {len(ref.leaves)} array(s), the candidate "
             f"{len(cand.leaves)}: {_tree_text(ref.output)} vs {_tree_text(cand.output)}")

@@ -11,7 +11,7 @@ import typing as tp
 
 import flax
 import jax
-from flax import nnx
+from flax import linen, nnx
 from flax.nnx.bridge import wrappers as _bridge_wrappers
 
 
@@ -51,7 +51,7 @@ def set_initializing(module: nnx.Module, initializing: bool) -> None:
   _bridge_wrappers._set_initializing(module, initializing)
 
 
-def linen_module_of(model: nnx.bridge.ToNNX) -> flax.linen.Module:
+def linen_module_of(model: nnx.bridge.ToNNX) -> linen.Module:
   """The wrapped Linen module: `to_nnx__module` (0.12) or `module` (0.10)."""
   if "to_nnx__module" in vars(model):
     return vars(model)["to_nnx__module"]
@@ -78,7 +78,8 @@ def linen_attribute_names(model: nnx.bridge.ToNNX) -> list[str]:
 def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) -> None:
   """Keep 0.10's `linen_attributes` list in step when we add or remove Linen attributes."""
   if "to_nnx__module" not in vars(model):
-    model.linen_attributes = tuple(sorted(names))
+    # 0.10 only: the newest flax (the one type-checked against) has no such attribute.
+    model.linen_attributes = tuple(sorted(names))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def set_data_attribute(obj: tp.Any, name: str, value: tp.Any) -> None:
@@ -124,7 +125,9 @@ def collection_name(variable_type: type) -> str:
     return variablelib.variable_name_from_type(variable_type)
   from flax.nnx.bridge import variables as bridge_variables  # 0.10
 
-  return bridge_variables.variable_type_name(variable_type)
+  # 0.10 only: the newest flax (the one type-checked against) has no such function.
+  name_of = bridge_variables.variable_type_name  # pyright: ignore[reportAttributeAccessIssue]
+  return name_of(variable_type)
 
 
 def variable_value(variable: nnx.Variable) -> tp.Any:
@@ -159,9 +162,10 @@ def current_bridge_mutable() -> tp.Any:
     from flax.nnx.bridge import module as bridge_module  # 0.12 only
   except ImportError:
     bridge_module = None
-  if bridge_module is not None and (m := bridge_module.current_module()) is not None:
+  if (bridge_module is not None and (m := bridge_module.current_module()) is not None
+      and m.scope is not None):
     return m.scope.mutable
-  stack = flax.linen.module._context.module_stack  # pylint: disable=protected-access
+  stack = linen.module._context.module_stack  # pylint: disable=protected-access
   if stack and stack[-1] is not None and stack[-1].scope is not None:
     return stack[-1].scope.mutable
   return None
@@ -332,7 +336,10 @@ def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
   """
   from flax.nnx import graph as graph_lib  # same module and API name in 0.10 and 0.12
 
-  children = graph_lib.get_node_impl(node).node_dict(node)
+  impl = graph_lib.get_node_impl(node)
+  if impl is None:
+    raise TypeError(f"{type(node).__name__} is not an NNX graph node")
+  children = impl.node_dict(node)
   return {k: v for k, v in children.items()
           if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))}
 

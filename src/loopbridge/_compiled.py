@@ -21,6 +21,7 @@ from __future__ import annotations
 import typing as tp
 
 import jax
+import jax.core
 import numpy as np
 from flax import nnx
 

@@ -80,9 +80,10 @@ class _Snapshot:
     """How many distinct modules and Variables, and how many arrays, the snapshot holds."""
     out = {"modules": 0, "variables": 0, "arrays": 0}
     for item in self.items.values():
-      if item.kind == _MODULE and self.paths_of[item.ident][0] == item.path:
+      first = item.ident is not None and self.paths_of[item.ident][0] == item.path
+      if item.kind == _MODULE and first:
         out["modules"] += 1
-      elif item.kind == _VARIABLE and self.paths_of[item.ident][0] == item.path:
+      elif item.kind == _VARIABLE and first:
         out["variables"] += 1
       elif item.kind == _ARRAY:
         out["arrays"] += 1

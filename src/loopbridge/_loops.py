@@ -31,6 +31,7 @@ import types
 import typing as tp
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from flax import errors as flax_errors

@@ -78,7 +78,10 @@ def install(cls: type) -> None:
     own = cls.__dict__.get("sow")  # a sow the class defines itself: chain to exactly that
 
     def previous(self):
-      return own.__get__(self, cls) if own is not None else super(cls, self).sow
+      if own is not None:
+        return own.__get__(self, cls)
+      # `cls` is the nnx.Module subclass being hooked, known only at run time.
+      return super(cls, self).sow  # pyright: ignore[reportAttributeAccessIssue]
 
     def sow(self, variable_type, name, value, reduce_fn=DEFAULT_REDUCE, init_fn=DEFAULT_INIT):
       buffers = vars(self).get(_recorder.BUFFERS_ATTR)

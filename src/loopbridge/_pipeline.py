@@ -47,6 +47,13 @@ def settings_of(node: tp.Any) -> BridgeSettings | None:
   return vars(node).get(SETTINGS_ATTR) if isinstance(node, bridge.ToNNX) else None
 
 
+def bridge_settings(node: tp.Any) -> BridgeSettings:
+  """The settings of a node known to be an `lb.ToNNX` (its constructor stores them)."""
+  settings = settings_of(node)
+  assert settings is not None, f"{type(node).__name__} is not an lb.ToNNX"
+  return settings
+
+
 def _is_bridge(node: tp.Any) -> bool:
   return settings_of(node) is not None
 
@@ -160,7 +167,7 @@ def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: di
           "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
           "lb.preallocate on that lb.ToNNX directly with the arguments it receives there.")
     node = node_at[path]
-    settings = settings_of(node)
+    settings = bridge_settings(node)
     _linen_vars.add_accumulators(node, report.new_accumulators)
     parts.append(_declare.Part(path, node, report.sites, settings.capacity_spec,
                                settings.overflow, report.dropped))
@@ -206,7 +213,7 @@ def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
           continue
         sites[site.key] = dataclasses.replace(site, shape=stacked, stack_axes=axes)
         used.add(id(report))
-    settings = settings_of(node)
+    settings = bridge_settings(node)
     parts.append(_declare.Part(path, node, [sites[k] for k in sorted(sites)],
                                settings.capacity_spec, settings.overflow,
                                [d for r in reports for d in r.dropped]))
@@ -339,7 +346,7 @@ def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
                   kwargs: dict) -> None:
   """Declare one `lb.ToNNX` initialized without a loopbridge entry (stock `bridge.lazy_init`),
   with the capacity and overflow given to its constructor."""
-  settings = settings_of(node)
+  settings = bridge_settings(node)
   part = _declare.Part((), node, report.sites, settings.capacity_spec, settings.overflow,
                        report.dropped)
   _declare.declare([part], capacity=None, overflow=None, shardings_from=(args, kwargs),

@@ -24,6 +24,7 @@ import math
 import typing as tp
 
 import jax
+import jax.core
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _compat
@@ -81,7 +82,7 @@ def infer_buffer_shardings(args: tp.Any, kwargs: tp.Any,
   out = {}
   for site, (shape, sown_shape) in sites.items():
     position = _leading_axis_position(tuple(shape), sown_shape)
-    if position is None or sown_shape[0] not in batch:
+    if position is None or sown_shape is None or sown_shape[0] not in batch:
       continue
     axes, mesh = batch[sown_shape[0]]
     spec = [None] * len(shape)

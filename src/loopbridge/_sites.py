@@ -55,9 +55,9 @@ class SowSites:
     lines = [f"{self.model}: {len(self.sites)} sow site(s), buffers "
              f"{format_bytes(self.buffer_bytes)}"]
     if self.sites:
-      rows = [(s.collection, s.name, _shape_str(s.shape), s.dtype, str(s.per_call),
+      rows = [(s.collection, s.name, _shape_str(s.shape), str(s.dtype), str(s.per_call),
                " > ".join(t.label() for t in s.transforms) or "-",
-               str(s.capacity), s.overflow, format_bytes(s.buffer_bytes))
+               str(s.capacity), str(s.overflow), format_bytes(s.buffer_bytes))
               for s in self.sites]
       lines.append(format_table(
           ("collection", "path", "value shape", "dtype", "per call", "inside", "capacity",

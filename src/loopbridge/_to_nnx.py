@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import typing as tp
 
-import flax
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from flax import linen, nnx, traverse_util
+from flax.core import scope as flax_scope
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
@@ -54,10 +55,11 @@ def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.
     return sorted(record_cols)
   if isinstance(user_mutable, str):
     return sorted({user_mutable, *record_cols})
-  if isinstance(user_mutable, linen.module.DenyList):
+  if isinstance(user_mutable, flax_scope.DenyList):
+    # Linen names the denied collections by one str or a collection of them.
     deny = user_mutable.deny
-    deny = {deny} if isinstance(deny, str) else set(deny)
-    return linen.module.DenyList(tuple(sorted(deny - set(record_cols))))
+    deny = {deny} if isinstance(deny, str) else set(tp.cast(tp.Collection[str], deny))
+    return flax_scope.DenyList(tuple(sorted(deny - set(record_cols))))
   if isinstance(user_mutable, (list, tuple, set, frozenset)):
     return sorted({*user_mutable, *record_cols})
   # A callable filter: Linen filters are `str | Sequence | bool | DenyList | callable`.
@@ -152,13 +154,13 @@ class ToNNX(bridge.ToNNX):
     with _observe_linen.observe() as calls:
       out, variables = module.init_with_output(
           init_rngs, *args, method=method, mutable=True,
-          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
+          capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates, **kwargs)
     found = _observe_linen.classify(variables, calls)
     # Values sown with the default tuple reduce are records, not state: keep them out of the
     # Variables, or they would grow on every later call.
     # Accumulators in 'intermediates' would not exist after Linen's own init (it leaves that
     # collection immutable): they start from `init_fn()`, as on a plain Linen model's first call.
-    fresh = {site: (call.init_fn, value) for site, (call, value) in found.accumulators.items()
+    fresh = {site: (_init_fn(call), value) for site, (call, value) in found.accumulators.items()
              if site[0] == "intermediates"}
     flat = traverse_util.flatten_dict(dict(variables), is_leaf=lambda _, v: isinstance(v, tuple))
     kept = {p: v for p, v in flat.items()
@@ -186,9 +188,9 @@ class ToNNX(bridge.ToNNX):
     with _observe_linen.observe() as calls:
       out, updates = module.apply(
           variables, *args, rngs=call_rngs, method=method, mutable=True,
-          capture_intermediates=_pipeline.settings_of(self).capture_intermediates, **kwargs)
+          capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates, **kwargs)
     found = _observe_linen.classify(updates, calls)
-    new_accumulators = {site: (call.init_fn, value)
+    new_accumulators = {site: (_init_fn(call), value)
                         for site, (call, value) in found.accumulators.items()
                         if _recorder.get_nested(variables, site) is None}
     session.reports.append(_session.BridgeReport(self, type(module).__name__, found.sites,
@@ -240,7 +242,7 @@ class ToNNX(bridge.ToNNX):
                                          initializing=False)
     result = module.apply(variables, *args, rngs=call_rngs, method=method,
                           mutable=apply_mutable,
-                          capture_intermediates=_pipeline.settings_of(self).capture_intermediates,
+                          capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
                           **kwargs)
     if apply_mutable is False:
       return result
@@ -328,11 +330,17 @@ def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping
         for site in sites})
 
 
+def _init_fn(call: tp.Any) -> tp.Callable[[], tp.Any]:
+  """The `init_fn` of an observed Linen sow (Linen's `sow` always passes one)."""
+  assert call.init_fn is not None, "a Linen sow was observed without its init_fn"
+  return call.init_fn
+
+
 def _creates_params(mutable: tp.Any) -> bool:
   """Whether a Linen `mutable=` filter lets a call create parameters (`params` mutable)."""
   if mutable in (None, False):
     return False
-  return bool(flax.core.scope.in_filter(mutable, "params"))
+  return bool(flax_scope.in_filter(mutable, "params"))
 
 
 def _check_method(module: linen.Module, method: tp.Any) -> None:
