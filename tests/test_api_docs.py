@@ -135,6 +135,7 @@ def test_doctests_are_collected_by_pytest():
 
 def _gen_api():
   spec = importlib.util.spec_from_file_location("gen_api", ROOT / "tools" / "gen_api.py")
+  assert spec is not None and spec.loader is not None
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import typing as tp
 
 import flax.linen as nn
 import jax
@@ -23,7 +24,7 @@ from loopbridge import _compat
 from conftest import graph_kw
 
 FEATURES, DEPTH, CAPACITY = 4, 2, 5
-TOL = dict(rtol=1e-6, atol=1e-6)
+TOL: dict[str, tp.Any] = dict(rtol=1e-6, atol=1e-6)
 
 
 class Block(nn.Module):

@@ -517,20 +517,24 @@ def test_mutable_call_before_lazy_init_creates_the_variables(impl):
 @pytest.mark.parametrize("style", ["setup", "compact"])
 def test_bridge_module_submodule(impl, style):
   if style == "setup":
-    class Parent(bridge.Module):
+    class SetupParent(bridge.Module):
       def setup(self):
+        assert self.scope is not None
         self.dense = impl.ToNNX(nn.Dense(3), rngs=self.scope.rngs)
 
       def __call__(self, x):
         return self.dense(x) + 1.0
+
+    parent = SetupParent()
   else:
-    class Parent(bridge.Module):
+    class CompactParent(bridge.Module):
       @bridge.compact
       def __call__(self, x):
+        assert self.scope is not None
         self.dense = impl.ToNNX(nn.Dense(3), rngs=self.scope.rngs)
         return self.dense(x) + 1.0
 
-  parent = Parent()
+    parent = CompactParent()
   variables = parent.init(0, X)
   assert jax.tree.map(jnp.shape, variables["params"]) == {"dense": {"bias": (3,), "kernel": (4, 3)}}
   want = nn.Dense(3).apply({"params": variables["params"]["dense"]}, X) + 1.0
@@ -543,6 +547,7 @@ def test_bridge_module_mutable_collection_inherited(impl):
 
   class Parent(bridge.Module):
     def setup(self):
+      assert self.scope is not None
       self.bn = impl.ToNNX(BNNet(), rngs=self.scope.rngs)
 
     def __call__(self, x):

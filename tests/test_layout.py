@@ -96,6 +96,7 @@ def test_linen_scanned_checkpoint_in_nnx_port_gives_linen_outputs(graph):
   np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
 
   layers = lb.params_to_nnx(scanned, [NNXBlock(WIDTH, nnx.Rngs(9)) for _ in range(DEPTH)])
+  assert isinstance(layers, list)
   y = x
   for layer in layers:
     y = layer(y)

@@ -330,7 +330,7 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
   return _loop("while", cond_fn, body_fn, carry)
 
 
-def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
+def fori_loop(lower: int | np.integer | jax.Array, upper: int | np.integer | jax.Array,
               body_fn: tp.Callable[[tp.Any, T], T], carry: T, *,
               unroll: int | bool | None = None, graph: bool | None = None) -> T:
   """`nnx.fori_loop` for any carry of NNX modules and arrays, on every supported flax.
