@@ -11,6 +11,7 @@ Run: python benchmarks/bench_loops.py  [--repeats N] [--json PATH]   (under 2 mi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -160,7 +161,7 @@ def main() -> None:
   for name, build in cases:
     for jit in (True, False):
       repeats = jit_repeats if jit else eager_repeats
-      nnx_run, note = nnx_runner_or_note(lambda: build(nnx.fori_loop, jit))
+      nnx_run, note = nnx_runner_or_note(functools.partial(build, nnx.fori_loop, jit))
       lb_ms, nnx_ms = median_ms_pair(build(lb.fori_loop, jit), nnx_run, repeats)
       rows.append((name, "jit" if jit else "eager", lb_ms, nnx_ms, note))
   for jit in (True, False):

@@ -25,12 +25,12 @@ Writes benchmarks/results/recording.json (medians and ratios) and prints a markd
 from __future__ import annotations
 
 import argparse
-import subprocess
 import functools
 import gc
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import typing as tp
@@ -528,7 +528,7 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   for name in ("C", "D") if memory else ():
     extra = memory[name]["temp_minus_A"]
     ratios[f"{name} temp - A temp (bytes) vs buffer bytes"] = {
-        "value": {clock: extra for clock in CLOCKS}, "target": memory["buffer_bytes"],
+        "value": dict.fromkeys(CLOCKS, extra), "target": memory["buffer_bytes"],
         "status": check(extra, memory["buffer_bytes"])}
 
   def strip(section):
@@ -608,8 +608,8 @@ def render(r: dict) -> str:
     lines += ["", "plain NNX sow, µs per call: " + "; ".join(
         f"{k} {_cw(d['us'], '.2f').replace(' | ', ' cpu, ')} wall"
         for k, d in r["plain_sow"].items())]
-  lines += ["", f"| ratio (median of paired ratios) | cpu | wall | target | status ({r['judge']}) |",
-            "|---|---:|---:|---:|---|"]
+  lines += ["", "| ratio (median of paired ratios) | cpu | wall | target "
+            f"| status ({r['judge']}) |", "|---|---:|---:|---:|---|"]
   for name, d in r["ratios"].items():
     value, target = d["value"], d["target"]
     if isinstance(target, int) and not isinstance(target, bool) and target > 1000:

@@ -105,7 +105,10 @@ def make_step(method: str, depth: int, grad: bool) -> tuple[tp.Callable[..., tp.
 
 
 def _compile(method: str, depth: int, grad: bool, x: jax.Array):
-  """Build a fresh step (new closures: no jit cache hit) and compile it; (compiled, state, cpu, wall)."""
+  """Build a fresh step (new closures: no jit cache hit) and compile it.
+
+  Returns (compiled, state, cpu, wall).
+  """
   step, state = make_step(method, depth, grad)
   cpu, wall = time.process_time(), time.perf_counter()
   compiled = jax.jit(step).lower(state, x).compile()

@@ -36,7 +36,7 @@ class MLP(nn.Module):
         split_rngs={"params": True},
         length=self.depth,
     )()
-    carry, unused_outputs = scan_block(x, None)
+    carry, _unused_outputs = scan_block(x, None)
     return carry
 
 
@@ -61,9 +61,9 @@ def main() -> None:
   def run(model, x):
     return nnx.while_loop(cond, step, (model, x, 0))
 
-  model, outputs, step = run(model_nnx, x)
+  model, outputs, steps_run = run(model_nnx, x)
 
-  print(f"ran {int(step)} steps of nnx.while_loop under nnx.jit")
+  print(f"ran {int(steps_run)} steps of nnx.while_loop under nnx.jit")
   for path, value in sorted(jax.tree_util.tree_flatten_with_path(lb.recorded(model))[0],
                             key=lambda kv: jax.tree_util.keystr(kv[0])):
     name = "/".join(str(getattr(k, "key", k)) for k in path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing as tp
+
 import pytest
 
 from loopbridge import _compat
@@ -52,8 +54,8 @@ def _register_hypothesis_profiles() -> None:
 
   # Every example compiles small JAX programs, so examples are slow and timing varies: no
   # deadline, and a CI-sized default. LOOPBRIDGE_HYPOTHESIS_PROFILE=thorough for a deep run.
-  common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                print_blob=True)
+  common: dict[str, tp.Any] = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow],
+                                   print_blob=True)
   settings.register_profile("ci", max_examples=20, **common)
   settings.register_profile("thorough", max_examples=300, **common)
   settings.load_profile(os.environ.get("LOOPBRIDGE_HYPOTHESIS_PROFILE", "ci"))

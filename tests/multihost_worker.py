@@ -13,11 +13,12 @@ no collectives). Then both save one checkpoint and restore it into a fresh model
 from __future__ import annotations
 
 import sys
+import typing as tp
 
 import jax
 
 PROCESSES, LOCAL_DEVICES, BATCH, FEATURES, STEPS = 2, 2, 8, 3, 4
-TOL = dict(rtol=1e-5, atol=1e-6)
+TOL: dict[str, tp.Any] = dict(rtol=1e-5, atol=1e-6)
 
 
 def main(port: int, process_id: int, checkpoint_dir: str) -> None:

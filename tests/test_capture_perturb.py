@@ -15,8 +15,9 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
-from conftest import graph_kw
 from loopbridge import _compat
+
+from conftest import graph_kw
 from models import MLP
 
 RTOL, ATOL = 1e-5, 1e-6

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import typing as tp
 
 import flax.linen as nn
 import jax
@@ -23,7 +24,7 @@ from loopbridge import _compat
 from conftest import graph_kw
 
 FEATURES, DEPTH, CAPACITY = 4, 2, 5
-TOL = dict(rtol=1e-6, atol=1e-6)
+TOL: dict[str, tp.Any] = dict(rtol=1e-6, atol=1e-6)
 
 
 class Block(nn.Module):
@@ -59,7 +60,7 @@ def _fresh(capacity=CAPACITY, overflow="wrap"):
   return nnx.clone(_TEMPLATES[key])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _steps(graph):
   """One jitted loop for every segment: steps lo..hi-1 of the same compiled body (one
   compilation per mode, shared by the tests)."""
@@ -244,7 +245,7 @@ def test_a_larger_capacity_keeps_every_value_in_order(tmp_path, overflow):
     model(x)
   assert int(lb.counts(model)["intermediates"]["h"]) == 7
   if overflow == "error":
-    with pytest.raises(lb.BufferOverflowError, match="recorded 7 values.*capacity=6"):
+    with pytest.raises(lb.BufferOverflowError, match=r"recorded 7 values.*capacity=6"):
       lb.recorded(model)
   else:
     want = _linen_hs(xs[:6] if overflow == "drop" else xs[1:])

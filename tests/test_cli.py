@@ -319,8 +319,8 @@ def test_json_report_on_a_target(capsys, target_module):
 
   leaves = jax.tree_util.tree_leaves(variables["params"])
   assert doc["parameters"] == {"params": {
-      "arrays": len(leaves), "values": sum(int(np.prod(l.shape)) for l in leaves),
-      "bytes": sum(l.nbytes for l in leaves)}}
+      "arrays": len(leaves), "values": sum(int(np.prod(leaf.shape)) for leaf in leaves),
+      "bytes": sum(leaf.nbytes for leaf in leaves)}}
 
   stock = doc["live_check"]["stock"]
   assert not stock["ok"] and stock["error"].startswith("ValueError: ")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import typing as tp
 
 import flax.linen as nn
 import jax
@@ -88,8 +89,8 @@ PORT_PATHS = {
 
 def _get(tree, path):
   for key in path.split("/"):
-    tree = tree[int(key)] if isinstance(tree, list) or key.isdigit() and not isinstance(
-        tree, dict) else (tree[key] if isinstance(tree, dict) else getattr(tree, key))
+    tree = tree[int(key)] if isinstance(tree, list) or (key.isdigit() and not isinstance(
+        tree, dict)) else (tree[key] if isinstance(tree, dict) else getattr(tree, key))
   return tree
 
 
@@ -200,7 +201,7 @@ def test_correct_port_agrees(setup):
 
 
 def test_port_named_like_linen_aligns_by_name(setup):
-  x, variables = setup
+  x, _variables = setup
 
   class Named(nnx.Module):
     def __init__(self, rngs):
@@ -225,7 +226,7 @@ def test_port_named_like_linen_aligns_by_name(setup):
 
 
 # ----------------------------------------------------------------------------- planted bugs
-TIGHT = {"rtol": 1e-6, "atol": 1e-6}
+TIGHT: dict[str, tp.Any] = {"rtol": 1e-6, "atol": 1e-6}
 BUGS = {
     # name: (port options, compare tolerances, expected first differing port path)
     "missing bias": (dict(block_kwargs=({}, {"up_bias": False})), {}, "blocks/1/up"),
@@ -253,6 +254,7 @@ def test_planted_bug_is_reported_at_the_first_differing_module(setup, bug):
   assert divergence is not None and divergence.kind == "values"
   assert divergence.candidate_path == expected, str(report)
   assert divergence.reference_path == PORT_PATHS[expected]
+  assert divergence.max_abs_err is not None and divergence.max_rel_err is not None
   assert divergence.max_abs_err > tolerances.get("atol", 1e-5) and divergence.max_rel_err > 0
   # not earlier: every pair before it agrees; the pair itself and the top level differ
   statuses = {p.candidate_path: p.status for p in report.pairs}
@@ -282,6 +284,7 @@ def test_shape_and_dtype_mismatches_are_listed(setup):
   load(port, variables["params"], skip=("blocks/0/up", "blocks/0/down"))
   report = lb.compare((Net(), variables), port, x)
   divergence = report.first_divergence
+  assert divergence is not None
   assert divergence.kind == "shape" and divergence.candidate_path == "blocks/0/up"
   assert (divergence.reference, divergence.candidate) == ("float32[2,16]", "float32[2,12]")
   kinds = {p.candidate_path: p.status for p in report.mismatches}
@@ -295,8 +298,10 @@ def test_dtype_only_difference_within_the_looser_tolerance(setup):
   x, variables = setup
   port = make_port(variables, head_dtype=jnp.bfloat16)
   report = lb.compare((Net(), variables), port, x)
-  assert report.first_divergence.kind == "dtype"
-  assert report.first_divergence.candidate_path == "head"
+  divergence = report.first_divergence
+  assert divergence is not None
+  assert divergence.kind == "dtype"
+  assert divergence.candidate_path == "head"
 
 
 # ----------------------------------------------------------------------------- other sides
@@ -307,6 +312,7 @@ def test_lb_to_nnx_reference_and_candidate(setup):
   report = lb.compare((Net(), variables), model, x)
   assert report.ok and all(p.aligned_by == "name" for p in report.pairs)
   bad = lb.compare(model, make_port(variables, transpose=("head",)), x)
+  assert bad.first_divergence is not None
   assert bad.first_divergence.reference_path == "Dense_1"
 
 
@@ -319,6 +325,7 @@ def test_bridged_part_of_a_candidate_is_recorded_inside(setup):
   report = lb.compare((Net(), variables), port, x)
   paths = [p.candidate_path for p in report.pairs]
   assert "blocks/1/Dense_0" in paths and "blocks/1" in paths, str(report)
+  assert report.first_divergence is not None
   assert report.first_divergence.candidate_path == "blocks/0/down"
 
 

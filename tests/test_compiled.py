@@ -13,6 +13,8 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
+from loopbridge import _compat
+
 from conftest import graph_kw
 from models import MLP, linen_step_reference, stack_reference
 
@@ -28,7 +30,7 @@ def seed_model(capacity=8, features=4, depth=2):
 
 def reference_chain(model, x, steps):
   """The seed loop (output fed back as input) in plain Linen: final output, sows per step."""
-  module = lb._compat.linen_module_of(model)
+  module = _compat.linen_module_of(model)
   variables = lb.linen_variables(model)
   inters, h = [], x
   for _ in range(steps):
@@ -79,11 +81,11 @@ def test_single_steps_and_reset_between_calls():
 def test_changed_values_are_donated_and_parameters_are_not():
   model, x = seed_model()
   old_buffer = lb.buffers(model)["intermediates"]["x"]
-  kernel = lb._compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"])
+  kernel = _compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"])
   lb.compile_step(lambda m, x: m(x), model)(x)
   assert old_buffer.is_deleted()
   assert not kernel.is_deleted()
-  assert lb._compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]) is kernel
+  assert _compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]) is kernel
 
 
 def _fori_run(graph):
@@ -119,7 +121,7 @@ def test_a_loop_donates_only_what_it_writes(graph, loop):
   y = step(x, 3)
   assert not kernel.is_deleted()
   assert old_buffer.is_deleted()  # the buffer is written: still donated
-  np.testing.assert_array_equal(lb._compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]),
+  np.testing.assert_array_equal(_compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]),
                                 kernel)
   want_y, inters = reference_chain(model, x, 3)
   np.testing.assert_allclose(y, want_y, rtol=RTOL, atol=ATOL)
@@ -192,11 +194,11 @@ def test_plain_nnx_module_state_updates_in_place():
   model = _Grows()
 
   def double(m, x):
-    value = lb._compat.variable_value(m.w) * x
-    lb._compat.set_variable_value(m.w, value)
+    value = _compat.variable_value(m.w) * x
+    _compat.set_variable_value(m.w, value)
     return value.sum()
 
   step = lb.compile_step(double, model)
   assert float(step(2.0)) == 4.0
   assert float(step(3.0)) == 12.0
-  np.testing.assert_array_equal(lb._compat.variable_value(model.w), [6.0, 6.0])
+  np.testing.assert_array_equal(_compat.variable_value(model.w), [6.0, 6.0])

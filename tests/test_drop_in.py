@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-from flax import traverse_util
+from flax import nnx, traverse_util
 from flax.nnx import bridge
 
 import loopbridge as lb
-from conftest import graph_kw
 from loopbridge import _compat
+
+from conftest import graph_kw
 
 RTOL, ATOL = 1e-5, 1e-6  # float32 round-off between compiled/transformed and eager Linen
 CAPACITY = 8  # what "swap the import" adds for a model that sows
@@ -396,7 +396,8 @@ def test_batch_stats_updated_like_linen(impl):
 # ========================================================================= rng streams, dropout
 def test_dropout_streams_follow_stock(impl):
   """Same seeds give the stock wrapper's outputs, call after call; each call draws anew."""
-  rngs = lambda: nnx.Rngs(params=0, dropout=1)
+  def rngs():
+    return nnx.Rngs(params=0, dropout=1)
   theirs = STOCK.lazy_init(STOCK.ToNNX(DropNet(), rngs=rngs()), X)
   mine = impl.lazy_init(impl.ToNNX(DropNet(), rngs=rngs()), X)
   ys = [mine(X) for _ in range(3)]
@@ -516,20 +517,24 @@ def test_mutable_call_before_lazy_init_creates_the_variables(impl):
 @pytest.mark.parametrize("style", ["setup", "compact"])
 def test_bridge_module_submodule(impl, style):
   if style == "setup":
-    class Parent(bridge.Module):
+    class SetupParent(bridge.Module):
       def setup(self):
+        assert self.scope is not None
         self.dense = impl.ToNNX(nn.Dense(3), rngs=self.scope.rngs)
 
       def __call__(self, x):
         return self.dense(x) + 1.0
+
+    parent = SetupParent()
   else:
-    class Parent(bridge.Module):
+    class CompactParent(bridge.Module):
       @bridge.compact
       def __call__(self, x):
+        assert self.scope is not None
         self.dense = impl.ToNNX(nn.Dense(3), rngs=self.scope.rngs)
         return self.dense(x) + 1.0
 
-  parent = Parent()
+    parent = CompactParent()
   variables = parent.init(0, X)
   assert jax.tree.map(jnp.shape, variables["params"]) == {"dense": {"bias": (3,), "kernel": (4, 3)}}
   want = nn.Dense(3).apply({"params": variables["params"]["dense"]}, X) + 1.0
@@ -542,6 +547,7 @@ def test_bridge_module_mutable_collection_inherited(impl):
 
   class Parent(bridge.Module):
     def setup(self):
+      assert self.scope is not None
       self.bn = impl.ToNNX(BNNet(), rngs=self.scope.rngs)
 
     def __call__(self, x):
@@ -848,7 +854,8 @@ def test_state_structure_same_from_top_or_from_middle(impl):
 
   from_top = impl.lazy_init(impl.ToNNX(LinenWhole(3), rngs=nnx.Rngs(0, dropout=1)), X)
   from_middle = impl.lazy_init(NNXWhole(3, rngs=nnx.Rngs(0, dropout=1)), X)
-  weights = lambda m: nnx.split(m, nnx.RngState, ...)[2]
+  def weights(m):
+    return nnx.split(m, nnx.RngState, ...)[2]
   assert jax.tree.structure(weights(from_top)) == jax.tree.structure(weights(from_middle))
   assert isinstance(from_top.b, DropInBias)
 

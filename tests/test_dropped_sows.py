@@ -94,6 +94,7 @@ def test_dropped_sows_are_in_the_report():
   assert (dropped.module_path, dropped.name, dropped.collection) == (("layers",), "h",
                                                                        "intermediates")
   assert dropped.shape == (1, 4) and dropped.dtype == "float32"
+  assert dropped.dropped_by is not None
   assert dropped.dropped_by.kind == "scan" and dropped.dropped_by.path == ("layers",)
   assert "1 sow(s) dropped by Linen" in str(report)
   assert ("Block at 'layers' sows 'h' into 'intermediates' (1, 4) float32; fix: add "

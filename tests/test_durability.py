@@ -15,8 +15,7 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
-from loopbridge import _buffers
-from loopbridge import _compat
+from loopbridge import _buffers, _compat
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -131,7 +130,7 @@ def test_a_count_at_the_int32_limit_stops_there_and_reading_is_an_error():
   model(jnp.ones((1, 3)))
   model(jnp.ones((1, 3)))
   assert int(lb.counts(model)["intermediates"]["a"]) == _buffers.COUNT_LIMIT  # not negative
-  with pytest.raises(lb.BufferOverflowError, match="largest count an int32 holds.*lb.reset"):
+  with pytest.raises(lb.BufferOverflowError, match=r"largest count an int32 holds.*lb.reset"):
     lb.recorded(model)
   lb.reset(model)
   assert lb.recorded(model)["intermediates"]["a"].shape == (0, 1, 3)

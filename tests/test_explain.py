@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from flax.nnx import bridge
 
 import loopbridge as lb
 from loopbridge import _compat
+
 from models import MLP
 
 # flax 0.12 deprecates `Module.sow` outside `nnx.capture` (0.10 has no capture); the native sow

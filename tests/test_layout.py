@@ -1,4 +1,4 @@
-"""Checkpoint layouts: Linen nn.scan params <-> per-layer params <-> NNX stacks / lists of layers."""
+"""Checkpoint layouts: Linen nn.scan params <-> per-layer params <-> NNX stacks or layer lists."""
 
 from __future__ import annotations
 

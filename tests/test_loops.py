@@ -19,8 +19,9 @@ from flax import nnx
 from flax.nnx import bridge
 
 import loopbridge as lb
-from conftest import graph_kw
 from loopbridge import _compat
+
+from conftest import graph_kw
 from models import MLP, linen_step_reference, stack_reference
 
 RTOL, ATOL = 1e-5, 1e-6
@@ -89,7 +90,7 @@ def test_seed_001_nnx_fori_loop(graph):
 
 
 # ----------------------------------------------------------------------------- seed 000 (lb.ToNNX)
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _seed_000_base():
   x = jax.random.normal(jax.random.key(1), (1, 4))
   module = MLP(depth=2, features=4)

@@ -76,7 +76,8 @@ class TinyLM(nn.Module):
     h, _ = self.layers(x, mode)
     return self.norm(h)
 
-  def init(self, x):  # pylint: disable=arguments-differ
+  # openpi's own signature, unlike Linen's `init(rngs, *args)`.
+  def init(self, x):  # pyright: ignore[reportIncompatibleMethodOverride]
     """openpi's convenience method: creates every variable from a tiny input."""
     return self(x, mode="init")
 

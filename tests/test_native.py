@@ -18,8 +18,9 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
-from conftest import graph_kw
 from loopbridge import _compat
+
+from conftest import graph_kw
 
 RTOL, ATOL = 1e-5, 1e-6
 val = _compat.variable_value  # Variable contents on every flax (0.12 deprecates `.value`)
@@ -31,7 +32,8 @@ pytestmark = pytest.mark.filterwarnings(
 
 needs_capture = pytest.mark.skipif(
     not hasattr(nnx, "capture"),
-    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.capture (flax 0.12.8 has it)")
+    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.capture "
+    "(flax 0.12.8 has it)")
 
 
 class Act(nnx.Variable):
@@ -285,7 +287,7 @@ def test_capture_inside_loop_still_returns_this_calls_sows():
   @nnx.jit
   def run(model, x):
     def body(i, carry):
-      model, x, last = carry
+      model, x, _last = carry
       y, inter = nnx.capture(model, nnx.Intermediate)(x)
       return model, y, inter["x"][0]
     return nnx.fori_loop(0, steps, body, (model, x, jnp.zeros_like(x)))
@@ -426,7 +428,7 @@ def test_error_bridge_called_inside_an_nnx_transform():
     def __call__(self, xs):
       return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.part, xs)
 
-  with pytest.raises(TypeError, match="inside an NNX transform.*lb.preallocate on that lb.ToNNX"):
+  with pytest.raises(TypeError, match=r"inside an NNX transform.*lb.preallocate on that lb.ToNNX"):
     lb.preallocate(Ensemble(), X, capacity=2)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 import loopbridge as lb
+
 from conftest import graph_kw
 from models import MLP
 
@@ -28,7 +29,8 @@ CAPACITY = 37  # leading dimension of every buffer; no other array has it
 FEATURES, DEPTH = 4, 2
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)")
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)="
+                     r"\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)")
 _SHAPE_OP = re.compile(r"=\s*\w+\[([\d,]*)\][^ ]*\s+([\w\-]+)\(")
 
 
@@ -139,6 +141,7 @@ def test_hlo_parser_sees_a_whole_buffer_copy():
     return jax.lax.while_loop(lambda c: c[0] < n, body, (0, buf, 0.0))
 
   text = jax.jit(bad).lower(jnp.zeros((CAPACITY, 3)), 5).compile().as_text()
+  assert text is not None
   comps = parse_hlo(text)
   inside = reachable(comps, while_bodies(comps))
   assert while_bodies(comps)
@@ -162,7 +165,9 @@ def test_nnx_jit_loop_body_never_copies_a_buffer(graph):
   """Under plain nnx.jit (no donation) the per-step body is O(1) as well."""
   model, x = new_model()
   jitted, state = nnx_jit_equivalent(model, loop(graph))
-  comps = parse_hlo(jitted.lower(state, x, 3).compile().as_text())
+  text = jitted.lower(state, x, 3).compile().as_text()
+  assert text is not None
+  comps = parse_hlo(text)
   inside = reachable(comps, while_bodies(comps))
   assert len(ops_on_buffers(comps, inside, "dynamic-update-slice")) >= 2
   assert ops_on_buffers(comps, inside, "copy") == []

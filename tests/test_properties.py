@@ -17,6 +17,8 @@ lengths and reset points are traced, so both loop segments share one compilation
 
 from __future__ import annotations
 
+import typing as tp
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -31,7 +33,8 @@ import loopbridge as lb
 MAX_STEPS = 6
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "int32": jnp.int32,
           "bool": jnp.bool_}
-TOLERANCE = {"float32": dict(rtol=1e-6, atol=1e-6), "bfloat16": dict(rtol=1e-2, atol=1e-2)}
+TOLERANCE: dict[str, dict[str, tp.Any]] = {"float32": dict(rtol=1e-6, atol=1e-6),
+                                           "bfloat16": dict(rtol=1e-2, atol=1e-2)}
 
 
 def _shift(x, j):

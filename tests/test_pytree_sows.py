@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
+
 from conftest import graph_kw
 
 RTOL, ATOL = 1e-5, 1e-6

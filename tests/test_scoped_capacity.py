@@ -111,9 +111,8 @@ def test_a_mapping_block_that_misses_a_site_still_fails():
 @pytest.mark.parametrize("spec,match", [(0, "positive int"), ("5", "positive int"),
                                         ({}, "declares nothing")])
 def test_a_malformed_block_fails_when_it_opens(spec, match):
-  with pytest.raises(lb.CapacityError, match=match):
-    with lb.capacity(spec):
-      pass  # pragma: no cover
+  with pytest.raises(lb.CapacityError, match=match), lb.capacity(spec):
+    pass  # pragma: no cover
 
 
 def test_the_block_covers_stock_bridge_lazy_init_and_native_sows():

@@ -12,12 +12,15 @@ are compared with rtol=atol=1e-5 (float32 round-off); counts exactly.
 
 from __future__ import annotations
 
+import typing as tp
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from flax.linen import spmd
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -34,7 +37,7 @@ pytestmark = [
 ]
 
 BATCH, FEATURES, DEPTH, STEPS, CAPACITY = 8, 8, 2, 3, 4
-TOL = dict(rtol=1e-5, atol=1e-5)
+TOL: dict[str, tp.Any] = dict(rtol=1e-5, atol=1e-5)
 
 
 def _partitioned(init, names, logical):
@@ -104,7 +107,7 @@ def _shard_params(model, mesh, logical):
     if names is None:
       spec = P()
     elif logical and isinstance(node, nnx.Param):
-      spec = nn.logical_to_mesh_axes(names, LOGICAL_RULES)
+      spec = spmd.logical_to_mesh_axes(names, LOGICAL_RULES)
     else:
       spec = P(*names)
     value = _compat.variable_value(node)

@@ -13,12 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-from flax import traverse_util
+from flax import nnx, traverse_util
 
 import loopbridge as lb
-from loopbridge import _site
-from loopbridge import _sites
+from loopbridge import _site, _sites
 
 from models import MLP
 

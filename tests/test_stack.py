@@ -8,8 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given
-from hypothesis import settings
+from hypothesis import given, settings
 
 import loopbridge as lb
 from loopbridge import _compat

@@ -18,6 +18,7 @@ from flax.nnx import bridge
 
 import loopbridge as lb
 from loopbridge import _compat
+
 from conftest import graph_kw
 from models import MLP, linen_step_reference, stack_reference
 
@@ -38,7 +39,7 @@ def seed_model(capacity=5, overflow="error", depth=3, features=8):
 
 def reference_chain(model, x, steps):
   """Feed each output back as the next input (the seed's loop), in plain Linen."""
-  linen_module = lb._compat.linen_module_of(model)
+  linen_module = _compat.linen_module_of(model)
   variables = linen_variables(model)
   inputs, inters, h = [], [], x
   for _ in range(steps):
@@ -154,7 +155,7 @@ def test_scan_with_model_in_carry(graph):
     return ys
 
   ys = run(model, x, noise)
-  linen_module = lb._compat.linen_module_of(model)
+  linen_module = _compat.linen_module_of(model)
   variables = linen_variables(model)
   h, inters = x, []
   for t in range(4):
@@ -166,7 +167,7 @@ def test_scan_with_model_in_carry(graph):
 
 def test_scan_with_params_broadcast_and_buffers_carried():
   """nnx.StateAxes: params broadcast (None), buffers/counts/rng state carried."""
-  model, x = seed_model(capacity=4)
+  model, _x = seed_model(capacity=4)
   xs = jax.random.normal(jax.random.key(3), (4, 1, 8))
   axes = nnx.StateAxes({nnx.Param: None, ...: nnx.Carry})
 
@@ -179,7 +180,7 @@ def test_scan_with_params_broadcast_and_buffers_carried():
     return body(model, xs)
 
   ys = run(model, xs)
-  linen_module = lb._compat.linen_module_of(model)
+  linen_module = _compat.linen_module_of(model)
   outs, inters = linen_step_reference(linen_module, linen_variables(model), list(xs))
   np.testing.assert_allclose(ys, jnp.stack(outs), rtol=RTOL, atol=ATOL)
   assert_seed_records(model, inters, 0, 4)
@@ -214,7 +215,7 @@ def test_grad_through_fori_loop_with_static_bounds():
     return jnp.sum(h ** 2)
 
   grads = nnx.jit(nnx.grad(loss))(model, x)
-  linen_module = lb._compat.linen_module_of(model)
+  linen_module = _compat.linen_module_of(model)
   variables = linen_variables(model)
 
   def linen_loss(params):
@@ -247,7 +248,8 @@ def test_overflow_policies_inside_jitted_loop(overflow):
   _, inters = reference_chain(model, x, 7)
   assert int(lb.counts(model)["intermediates"]["x"]) == 7
   if overflow == "error":
-    with pytest.raises(lb.BufferOverflowError, match=r"intermediates/(x|ScanBlock_0/carry) recorded 7 values .*capacity=3"):
+    with pytest.raises(lb.BufferOverflowError,
+                       match=r"intermediates/(x|ScanBlock_0/carry) recorded 7 values .*capacity=3"):
       lb.recorded(model)
     # The first `capacity` values were kept; reading the raw buffer shows them.
     np.testing.assert_allclose(lb.buffers(model)["intermediates"]["x"],
@@ -332,7 +334,8 @@ def test_is_a_stock_bridge_and_params_match_stock_lazy_init():
   stock = bridge.ToNNX(MLP(3, 8), rngs=nnx.Rngs(0))
   bridge.lazy_init(stock, x)
   assert isinstance(ours, bridge.ToNNX)
-  jax.tree.map(np.testing.assert_array_equal, nnx.state(ours, nnx.Param), nnx.state(stock, nnx.Param))
+  jax.tree.map(np.testing.assert_array_equal, nnx.state(ours, nnx.Param),
+               nnx.state(stock, nnx.Param))
   # Buffers and counts are public Variable types, filterable like any other.
   assert set(jax.tree.leaves(jax.tree.map(lambda a: a.shape, nnx.state(ours, lb.Buffer)),
                              is_leaf=lambda s: isinstance(s, tuple))) == {(2, 1, 8), (2, 3, 1, 8)}
@@ -416,8 +419,9 @@ class Lifted(nn.Module):
 
     nested, _ = nn.scan(Outer, variable_axes={"params": 0, "intermediates": 0},
                         split_rngs={"params": True}, length=3)()(v[0], None)
-    axis1, _ = nn.scan(Inner, variable_axes={"params": 0, "intermediates": 1},
-                       split_rngs={"params": True}, length=4, reverse=True)(name="rev")(nested, None)
+    rev = nn.scan(Inner, variable_axes={"params": 0, "intermediates": 1},
+                  split_rngs={"params": True}, length=4, reverse=True)(name="rev")
+    axis1, _ = rev(nested, None)
     return axis1
 
 
@@ -489,12 +493,13 @@ def test_batch_stats_cache_and_custom_reduce_update_in_place_in_loop():
   for _ in range(3):
     h, upd = WithState().apply(variables, h * 1.5, mutable=True)
     hs.append(upd["intermediates"]["h"][0])
-    variables = {**variables, **{k: v for k, v in upd.items()}}
+    variables = {**variables, **upd}
     variables["intermediates"] = {"running_max": upd["intermediates"]["running_max"]}
   got = linen_variables(model)
   np.testing.assert_allclose(got["batch_stats"]["BatchNorm_0"]["mean"],
                              variables["batch_stats"]["BatchNorm_0"]["mean"], rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(got["cache"]["total"], variables["cache"]["total"], rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(got["cache"]["total"], variables["cache"]["total"],
+                             rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(got["intermediates"]["running_max"],
                              variables["intermediates"]["running_max"], rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], jnp.stack(hs),
@@ -659,7 +664,8 @@ def test_new_variable_on_later_call_outside_a_trace_is_added_like_linen():
     stock = bridge.lazy_init(bridge.ToNNX(_Grows(), rngs=nnx.Rngs(0)), x)
     stock(x, extra=True, mutable=True)
     stock(x, extra=True, mutable=True)
-    assert type(stock.late) is nnx.BatchStat
+    # flax annotates bridge.lazy_init's result as a module or a function.
+    assert type(stock.late) is nnx.BatchStat  # pyright: ignore[reportFunctionMemberAccess]
 
 
 # The maintainer's workaround from seed 000: shape-stable accumulators via init_fn/reduce_fn.

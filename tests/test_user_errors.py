@@ -31,7 +31,8 @@ class SowConfig:
 
 
 class ShadowedSow(nn.Module):
-  sow: SowConfig = SowConfig()  # shadows Module.sow, which capture_intermediates calls
+  # Shadows Module.sow on purpose (as Gemma's Linen port does), which capture_intermediates calls.
+  sow: SowConfig = SowConfig()  # pyright: ignore[reportIncompatibleMethodOverride]
 
   @nn.compact
   def __call__(self, x):

@@ -24,10 +24,10 @@ from ._errors import CacheLengthWarning as CacheLengthWarning
 from ._errors import CapacityError as CapacityError
 from ._errors import CompareError as CompareError
 from ._errors import DroppedSowWarning as DroppedSowWarning
-from ._errors import StructureChangeError as StructureChangeError
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotDeclaredError as NotDeclaredError
 from ._errors import RecordsDiscardedWarning as RecordsDiscardedWarning
+from ._errors import StructureChangeError as StructureChangeError
 from ._explain import StructureReport as StructureReport
 from ._explain import explain as explain
 from ._linen_vars import linen_variables as linen_variables
@@ -55,10 +55,10 @@ __all__ = [
     "CompareError",
     "Count",
     "DroppedSowWarning",
-    "StructureChangeError",
     "LoopbridgeError",
     "NotDeclaredError",
     "RecordsDiscardedWarning",
+    "StructureChangeError",
     "ToNNX",
     "buffers",
     "capacity",

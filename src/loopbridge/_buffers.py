@@ -11,12 +11,12 @@ from __future__ import annotations
 import typing as tp
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import _compat
-from . import _sharding
+from . import _compat, _sharding
 from ._errors import BufferOverflowError, NotDeclaredError
 
 COUNT_DTYPE = jnp.int32

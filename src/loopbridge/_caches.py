@@ -17,8 +17,7 @@ import warnings
 
 from flax import nnx
 
-from . import _compat
-from . import _recorder
+from . import _compat, _recorder
 from ._errors import CacheLengthWarning
 
 CACHE_NAME = "cached_key"  # flax's name (Linen and NNX attention, and most hand-written caches)
@@ -62,7 +61,8 @@ def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> N
   warned: set[int] = set()
   for part in parts:
     keys = {s.key for s in part.sites}
-    declared = [s.capacity for s in (_recorder.sites_of(part.node) or ()) if s.key in keys]
+    declared = [s.capacity for s in (_recorder.sites_of(part.node) or ())
+                if s.key in keys and s.capacity is not None]
     if not declared:
       continue
     capacity = max(declared)

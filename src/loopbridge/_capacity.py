@@ -15,14 +15,16 @@ import operator
 import typing as tp
 
 import jax
+import jax.core
 
 from ._errors import CapacityError
 
 OVERFLOW_POLICIES = ("error", "drop", "wrap")
 
-CapacitySpec = tp.Union[int, tp.Mapping[str, int]]
-# A sow site: (collection, *path inside the collection), e.g. ("intermediates", "ScanBlock_0", "carry").
-SiteKey = tp.Tuple[str, ...]
+CapacitySpec = int | tp.Mapping[str, int]
+# A sow site: (collection, *path inside the collection),
+# e.g. ("intermediates", "ScanBlock_0", "carry").
+SiteKey = tuple[str, ...]
 
 _CAPACITY_HELP = (
     "Pass a positive int for every sow site (capacity=8) or a mapping from a collection name, "
@@ -84,7 +86,7 @@ def scoped_capacity() -> CapacitySpec | None:
 
 
 def site_path_str(site: SiteKey) -> str:
-  """`("intermediates", "ScanBlock_0", "carry")` -> `"ScanBlock_0/carry"` (path inside the collection)."""
+  """Path inside the collection: `("intermediates", "Block_0", "carry")` -> `"Block_0/carry"`."""
   return "/".join(site[1:])
 
 
@@ -171,7 +173,7 @@ def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey
         + NO_CAPACITY_FIX
     )
   if not isinstance(capacity, tp.Mapping):
-    return {site: capacity for site in sites}
+    return dict.fromkeys(sites, capacity)
 
   resolved: dict[SiteKey, int] = {}
   used: set[str] = set()

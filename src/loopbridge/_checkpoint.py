@@ -36,18 +36,11 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from flax import traverse_util
+from flax import nnx, traverse_util
 from flax.core import meta
 from flax.nnx.bridge import variables as bridge_variables
 
-from . import _buffers
-from . import _compat
-from . import _linen_vars
-from . import _observe_linen
-from . import _pipeline
-from . import _recorder
-from . import _session
+from . import _buffers, _compat, _linen_vars, _observe_linen, _pipeline, _recorder, _session
 from ._errors import CheckpointError, NotDeclaredError
 from ._to_nnx import ToNNX
 
@@ -92,7 +85,7 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
   for path, node in nodes:
     if isinstance(node, nnx.bridge.ToNNX):
       local = "to_nnx__rngs" if "to_nnx__rngs" in vars(node) else "rngs"
-      renames[path + (local,)] = path + (_SAVED_RNGS_ATTR,)
+      renames[(*path, local)] = (*path, _SAVED_RNGS_ATTR)
 
   def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
     for prefix, new in renames.items():
@@ -133,7 +126,7 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
     if not isinstance(variable, _buffers.Buffer):
       continue
     i = key.index(_recorder.BUFFERS_ATTR) if _recorder.BUFFERS_ATTR in key else -1
-    count = variables.get(key[:i] + (_recorder.COUNTS_ATTR,) + key[i + 1:]) if i >= 0 else None
+    count = variables.get((*key[:i], _recorder.COUNTS_ATTR, *key[i + 1:])) if i >= 0 else None
     stack = np.ndim(_compat.variable_value(count)) if count is not None else 0
     value = _compat.variable_value(variable)
     shape = tuple(int(d) for d in np.shape(value))
@@ -223,7 +216,7 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
   if tree is None:  # orbax 0.12 logs why and returns nothing
     raise _damaged(path, "orbax found no readable array metadata (its log says which file)")
   try:
-    flat = traverse_util.flatten_dict(dict(tree))
+    flat: dict[tuple[tp.Any, ...], tp.Any] = traverse_util.flatten_dict(dict(tree))
     saved = {tuple(map(str, k)): (tuple(v.shape), np.dtype(v.dtype)) for k, v in flat.items()}
   except Exception as error:  # orbax/tensorstore raise many types for unreadable files
     raise _damaged(path, "its array metadata cannot be read", error) from error
@@ -364,11 +357,11 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
         "(NNX loops need them unchanged), so every saved array must find a Variable of the "
         f"same shape and dtype. {_FIX_DECLARE}")
   try:
-    restored = traverse_util.flatten_dict(
+    raw = traverse_util.flatten_dict(
         checkpointer.restore(path, traverse_util.unflatten_dict(target)))
   except Exception as error:  # orbax/tensorstore raise many types for damaged data
     raise _damaged(path, "orbax cannot read its arrays", error) from error
-  restored = {tuple(map(str, k)): v for k, v in restored.items()}
+  restored: dict[tuple[str, ...], tp.Any] = {tuple(map(str, k)): v for k, v in raw.items()}
   unread = sorted("/".join(k) for k in expected
                   if restored.get(k) is None or tuple(np.shape(restored[k])) != expected[k][0])
   if unread:
@@ -377,7 +370,7 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
     saved_capacity = saved_declaration[key]["capacity"]
     buffer_key = tuple(key.split("/"))
     i = buffer_key.index(_recorder.BUFFERS_ATTR)
-    count_key = buffer_key[:i] + (_recorder.COUNTS_ATTR,) + buffer_key[i + 1:]
+    count_key = (*buffer_key[:i], _recorder.COUNTS_ATTR, *buffer_key[i + 1:])
     count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
     if count > saved_capacity:
       raise CheckpointError(
@@ -406,15 +399,14 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
 
 # ---------------------------------------------------------------- existing Linen variables
 
-def _plain_variables(variables: tp.Any, what: str) -> dict:
-  from flax.core import unfreeze
+def _plain_variables(variables: tp.Any, what: str) -> dict[str, tp.Any]:
+  from flax.core import FrozenDict, unfreeze
 
   if not isinstance(variables, tp.Mapping):
     raise CheckpointError(
         f"{what} needs a Linen variables dict like linen.init returns "
         f"({{'params': {{...}}, ...}}), got {type(variables).__name__}.")
-  variables = unfreeze(variables) if hasattr(variables, "unfreeze") else dict(variables)
-  return variables
+  return unfreeze(variables) if isinstance(variables, FrozenDict) else dict(variables)
 
 
 def _unbox(value: tp.Any) -> tp.Any:
@@ -523,7 +515,7 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
   rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
   # One abstract init (no FLOPs): its variables check the given ones' structure, and what it
   # sowed (intermediates included, hence mutable=True) declares the buffers.
-  capture = _pipeline.settings_of(model).capture_intermediates
+  capture = _pipeline.bridge_settings(model).capture_intermediates
   with _observe_linen.observe() as calls:
     expected = jax.eval_shape(lambda: module.init(
         rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs))

@@ -175,7 +175,7 @@ def parse_arg_spec(text: str) -> ArgSpec:
     raise CliError(
         f"--arg {text!r}: unknown dtype {name!r}; use a NumPy/JAX dtype name such as "
         "float32, bfloat16, int32 or bool", USAGE_ERROR) from None
-  if dtype.itemsize == 8 and dtype.kind in "fiuc" and not jax.config.jax_enable_x64:
+  if dtype.itemsize == 8 and dtype.kind in "fiuc" and not jax.config.read("jax_enable_x64"):
     raise CliError(
         f"--arg {text!r}: {name} needs 64-bit JAX (set JAX_ENABLE_X64=1), or use the 32-bit "
         "type", USAGE_ERROR)
@@ -321,25 +321,25 @@ def progress(label: str, stream: tp.TextIO | None = None,
 
   On a terminal the note is a live timer erased when done; otherwise one line.
   """
-  stream = stream if stream is not None else sys.stderr
+  out = stream if stream is not None else sys.stderr
   delay = PROGRESS_DELAY if delay is None else delay
   done = threading.Event()
   start = time.perf_counter()
-  tty = hasattr(stream, "isatty") and stream.isatty()
+  tty = hasattr(out, "isatty") and out.isatty()
   shown = []
 
   def run():
     if done.wait(delay):
       return
     if not tty:
-      stream.write(f"loopbridge: {label}...\n")
-      stream.flush()
+      out.write(f"loopbridge: {label}...\n")
+      out.flush()
       return
     while not done.wait(0.1):
       text = f"\rloopbridge: {label}... {time.perf_counter() - start:.1f}s"
       shown.append(len(text))
-      stream.write(text)
-      stream.flush()
+      out.write(text)
+      out.flush()
 
   thread = threading.Thread(target=run, daemon=True)
   thread.start()
@@ -349,8 +349,8 @@ def progress(label: str, stream: tp.TextIO | None = None,
     done.set()
     thread.join()
     if shown:
-      stream.write("\r" + " " * max(shown) + "\r")
-      stream.flush()
+      out.write("\r" + " " * max(shown) + "\r")
+      out.flush()
 
 
 # ----------------------------------------------------------------------------- inspection
@@ -486,6 +486,7 @@ def _loopbridge_check(model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str
 
       n = jax.tree.leaves(n)[site.leaf_index]
     n = int(n)
+    assert site.capacity is not None  # every site of a declared model has its capacity
     recorded[f"{site.collection}/{site.label}"] = {
         "sown": n, "kept": min(n, site.capacity), "capacity": site.capacity,
         "value_shape": list(site.shape)}
@@ -539,7 +540,7 @@ class CaptureFilter:
 
 
 def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | None,
-                  capacity: int, steps: int, seed: int, target: str,
+                  capacity: int, steps: int, seed: int, target: str | None,
                   description: str | None, capture: str | None = None) -> dict[str, tp.Any]:
   """Everything `loopbridge inspect` reports, as one JSON-ready dict."""
   import flax
@@ -848,19 +849,22 @@ def _stdout_to_stderr() -> tp.Iterator[None]:
   """Send what the model prints (Python `print`, `jax.debug.print`, C extensions writing to
   file descriptor 1) to stderr, so stdout holds only the `--json` document."""
   sys.stdout.flush()
-  try:
-    fd, saved = sys.__stdout__.fileno(), os.dup(sys.__stdout__.fileno())
-  except (AttributeError, OSError, ValueError):  # no real stdout (embedded, captured)
-    fd, saved = None, None
-  if saved is not None:
-    sys.__stdout__.flush()
-    os.dup2(sys.__stderr__.fileno(), fd)
+  real_out, real_err = sys.__stdout__, sys.__stderr__
+  fd = saved = None
+  if real_out is not None and real_err is not None:  # None in an embedded interpreter
+    try:
+      fd, saved = real_out.fileno(), os.dup(real_out.fileno())
+    except (AttributeError, OSError, ValueError):  # no real stdout (captured)
+      fd, saved = None, None
+    else:
+      real_out.flush()
+      os.dup2(real_err.fileno(), fd)
   try:
     with contextlib.redirect_stdout(sys.stderr):
       yield
   finally:
     sys.stderr.flush()
-    if saved is not None:
+    if fd is not None and saved is not None:
       os.dup2(saved, fd)
       os.close(saved)
 

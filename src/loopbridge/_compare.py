@@ -28,18 +28,19 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import math
 import typing as tp
 
 import flax.linen as nn
 import jax
+import jax.core
 import numpy as np
 from flax import nnx
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
-from . import _compat
-from . import _linen_vars
+from . import _compat, _linen_vars
 from ._errors import CompareError
 
 # Per-pair and per-leaf statuses, mildest first (a pair takes the worst of its leaves).
@@ -340,7 +341,8 @@ class _Call:
   index: int = 0  # position in this side's call order
   leaves: list[tuple[str, tp.Any]] = dataclasses.field(default_factory=list)
   signature: tuple[tuple[int, ...], ...] = ()
-  sample: np.ndarray | None = None  # a few values at fixed positions (alignment tie-break)
+  # A few values at fixed positions (alignment tie-break); `_prepare` fills it.
+  sample: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
   kind: str = ""  # the module's class name, Linen names mapped to their NNX counterparts
 
 
@@ -383,7 +385,8 @@ class _Recorder:
   def enter(self, module: tp.Any) -> tuple[str, str]:
     where = self._nnx_paths.get(id(module))
     if where is None:  # a module built during the call (e.g. by a transform): no graph path
-      where = (f"<{type(module).__name__}>",) * 2
+      name = f"<{type(module).__name__}>"
+      where = (name, name)
     self._stack.append(where)
     return where
 
@@ -548,7 +551,7 @@ def _first_line(error: BaseException, limit: int = 400) -> str:
 
 # ----------------------------------------------------------------------------- comparing
 def _as_numpy(leaf: tp.Any) -> np.ndarray:
-  if hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+  if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
     leaf = jax.random.key_data(leaf)
   return np.asarray(leaf)
 
@@ -612,8 +615,9 @@ def _leaf_diff(leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None,
 
 def _compare_pair(ref: _Call, cand: _Call, aligned_by: str, rtol: float | None,
                   atol: float | None) -> CallPair:
-  common = dict(reference_path=ref.path, candidate_path=cand.path, reference_call=ref.index,
-                candidate_call=cand.index, aligned_by=aligned_by)
+  common: dict[str, tp.Any] = dict(reference_path=ref.path, candidate_path=cand.path,
+                                   reference_call=ref.index, candidate_call=cand.index,
+                                   aligned_by=aligned_by)
   if len(ref.leaves) != len(cand.leaves):
     note = (f"the reference returns {len(ref.leaves)} array(s), the candidate "
             f"{len(cand.leaves)}: {_tree_text(ref.output)} vs {_tree_text(cand.output)}")
@@ -783,7 +787,7 @@ def _align(ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | N
   # modules with outputs of another shape (a port that changed a width).
   used_c = {j for j, _ in pairs.values()}
   bounds = [(-1, -1), *chain, (n, m)]
-  for (i0, j0), (i1, j1) in zip(bounds, bounds[1:]):
+  for (i0, j0), (i1, j1) in itertools.pairwise(bounds):
     left_r = [i for i in range(i0 + 1, i1) if i not in pairs and i not in excluded_r]
     left_c = [j for j in range(j0 + 1, j1) if j not in used_c and j not in claimed_c]
     if left_r and len(left_r) == len(left_c):

@@ -11,7 +11,7 @@ import typing as tp
 
 import flax
 import jax
-from flax import nnx
+from flax import linen, nnx
 from flax.nnx.bridge import wrappers as _bridge_wrappers
 
 
@@ -51,7 +51,7 @@ def set_initializing(module: nnx.Module, initializing: bool) -> None:
   _bridge_wrappers._set_initializing(module, initializing)
 
 
-def linen_module_of(model: nnx.bridge.ToNNX) -> flax.linen.Module:
+def linen_module_of(model: nnx.bridge.ToNNX) -> linen.Module:
   """The wrapped Linen module: `to_nnx__module` (0.12) or `module` (0.10)."""
   if "to_nnx__module" in vars(model):
     return vars(model)["to_nnx__module"]
@@ -71,13 +71,15 @@ def linen_attribute_names(model: nnx.bridge.ToNNX) -> list[str]:
     # 0.12: every attribute that is not the wrapper's own.
     return [k for k in vars(model) if not k.startswith(_OWN_ATTR_PREFIXES)]
   # 0.10: the wrapper keeps the list itself.
-  return [k for k in vars(model).get("linen_attributes", ()) if not k.startswith(_OWN_ATTR_PREFIXES)]
+  return [k for k in vars(model).get("linen_attributes", ())
+          if not k.startswith(_OWN_ATTR_PREFIXES)]
 
 
 def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) -> None:
   """Keep 0.10's `linen_attributes` list in step when we add or remove Linen attributes."""
   if "to_nnx__module" not in vars(model):
-    model.linen_attributes = tuple(sorted(names))
+    # 0.10 only: the newest flax (the one type-checked against) has no such attribute.
+    model.linen_attributes = tuple(sorted(names))  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def set_data_attribute(obj: tp.Any, name: str, value: tp.Any) -> None:
@@ -123,11 +125,16 @@ def collection_name(variable_type: type) -> str:
     return variablelib.variable_name_from_type(variable_type)
   from flax.nnx.bridge import variables as bridge_variables  # 0.10
 
-  return bridge_variables.variable_type_name(variable_type)
+  # 0.10 only: the newest flax (the one type-checked against) has no such function.
+  name_of = bridge_variables.variable_type_name  # pyright: ignore[reportAttributeAccessIssue]
+  return name_of(variable_type)
 
 
 def variable_value(variable: nnx.Variable) -> tp.Any:
-  """The value inside a Variable: 0.12 deprecates `.value` for `get_value()`; 0.10 has only `.value`."""
+  """The value inside a Variable.
+
+  flax 0.12 deprecates `.value` for `get_value()`; 0.10 has only `.value`.
+  """
   if hasattr(variable, "get_value"):
     return variable.get_value()
   return variable.value
@@ -155,9 +162,10 @@ def current_bridge_mutable() -> tp.Any:
     from flax.nnx.bridge import module as bridge_module  # 0.12 only
   except ImportError:
     bridge_module = None
-  if bridge_module is not None and (m := bridge_module.current_module()) is not None:
+  if (bridge_module is not None and (m := bridge_module.current_module()) is not None
+      and m.scope is not None):
     return m.scope.mutable
-  stack = flax.linen.module._context.module_stack  # pylint: disable=protected-access
+  stack = linen.module._context.module_stack  # pylint: disable=protected-access
   if stack and stack[-1] is not None and stack[-1].scope is not None:
     return stack[-1].scope.mutable
   return None
@@ -253,7 +261,9 @@ def _view_type(var_type: type) -> type:
     def get_value(self, *, index=_NO_INDEX):
       link = _view_link(self)
       if link is None:
-        return var_type.get_value(self) if index is _NO_INDEX else var_type.get_value(self, index=index)
+        if index is _NO_INDEX:
+          return var_type.get_value(self)
+        return var_type.get_value(self, index=index)
       parent, i = link
       value = jax.tree.map(lambda leaf: _take(leaf, i), parent.get_value())
       return value if index is _NO_INDEX or index is Ellipsis else value[index]
@@ -264,7 +274,8 @@ def _view_type(var_type: type) -> type:
         value = self.get_value().at[index].set(value)
       if link is not None:
         parent, i = link
-        parent.set_value(jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(), value))
+        parent.set_value(jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(),
+                                      value))
       self.set_raw_value(value)  # keep the snapshot (shape, dtype, pytree leaves) current
 
     namespace = {"__slots__": ("_loopbridge_parent", "_loopbridge_index"),
@@ -294,7 +305,8 @@ def _view_type(var_type: type) -> type:
   return view_type
 
 
-def layer_view_variable(parent: nnx.Variable, index: tp.Any, snapshot: nnx.Variable) -> nnx.Variable:
+def layer_view_variable(parent: nnx.Variable, index: tp.Any,
+                        snapshot: nnx.Variable) -> nnx.Variable:
   """A Variable of `type(parent)` reading and writing `parent`'s value at `index` on axis 0.
 
   `snapshot` is an ordinary Variable already holding that slice (e.g. from `nnx.merge`); its
@@ -369,7 +381,10 @@ def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
   """
   from flax.nnx import graph as graph_lib  # same module and API name in 0.10 and 0.12
 
-  children = graph_lib.get_node_impl(node).node_dict(node)
+  impl = graph_lib.get_node_impl(node)
+  if impl is None:
+    raise TypeError(f"{type(node).__name__} is not an NNX graph node")
+  children = impl.node_dict(node)
   return {k: v for k, v in children.items()
           if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))}
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 import typing as tp
 
 import jax
+import jax.core
 import numpy as np
 from flax import nnx
 
-from . import _compat
-from . import _recorder
+from . import _compat, _recorder
 from ._errors import StructureChangeError
 
 Out = tp.TypeVar("Out")

@@ -22,12 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _buffers
-from . import _capacity
-from . import _compat
-from . import _native_hook
-from . import _recorder
-from . import _sharding
+from . import _buffers, _capacity, _compat, _native_hook, _recorder, _sharding
 from ._errors import CapacityError, DroppedSowWarning, RecordsDiscardedWarning
 from ._site import DroppedSow, SowSite
 
@@ -151,7 +146,7 @@ def _available_bytes() -> tuple[int | None, str]:
   """Free memory of the default device, or of the host when the device does not say."""
   try:
     stats = jax.devices()[0].memory_stats()
-  except Exception:  # noqa: BLE001 - some backends do not implement it
+  except Exception:  # some backends do not implement it
     stats = None
   if stats and "bytes_limit" in stats:
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)), "device memory free"
@@ -223,7 +218,8 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
   _compat.set_data_attribute(node, _recorder.COUNTS_ATTR, counts)
   setattr(node, _recorder.SITES_ATTR, tuple(declared[k] for k in sorted(declared)))
   if part.dropped:
-    known = {(d.collection, d.module_path, d.name) for d in vars(node).get(_recorder.DROPPED_ATTR, ())}
+    known = {(d.collection, d.module_path, d.name)
+             for d in vars(node).get(_recorder.DROPPED_ATTR, ())}
     new_dropped = tuple(d for d in part.dropped
                         if (d.collection, d.module_path, d.name) not in known)
     setattr(node, _recorder.DROPPED_ATTR, vars(node).get(_recorder.DROPPED_ATTR, ()) + new_dropped)

@@ -80,9 +80,10 @@ class _Snapshot:
     """How many distinct modules and Variables, and how many arrays, the snapshot holds."""
     out = {"modules": 0, "variables": 0, "arrays": 0}
     for item in self.items.values():
-      if item.kind == _MODULE and self.paths_of[item.ident][0] == item.path:
+      first = item.ident is not None and self.paths_of[item.ident][0] == item.path
+      if item.kind == _MODULE and first:
         out["modules"] += 1
-      elif item.kind == _VARIABLE and self.paths_of[item.ident][0] == item.path:
+      elif item.kind == _VARIABLE and first:
         out["variables"] += 1
       elif item.kind == _ARRAY:
         out["arrays"] += 1
@@ -377,7 +378,7 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
   # Shared references: a group of paths holding one object must hold one object afterwards.
   for label, this, other, verb in (("split", before, a, "different objects after it"),
                                    ("joined", after, b, "one shared object after it")):
-    for ident, paths in this.paths_of.items():
+    for _ident, paths in this.paths_of.items():
       if len(paths) < 2:
         continue
       present = [p for p in paths if p in other and other[p].ident is not None]
@@ -435,10 +436,10 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
     elif (x.shape is None) != (y.shape is None):
       changes.append(Change("type", path, f"{path}: {_describe(x)} became {_describe(y)}",
                             _describe(x), _describe(y), y.owner))
-    elif x.kind in (_STATIC, _VARIABLE) and x.shape is None and x.tuple_len is None:
-      if not _same_static(x.static, y.static):
-        changes.append(Change("static", path, f"{path}: {_short(x.static)} became "
-                              f"{_short(y.static)}", _short(x.static), _short(y.static), y.owner))
+    elif (x.kind in (_STATIC, _VARIABLE) and x.shape is None and x.tuple_len is None
+          and not _same_static(x.static, y.static)):
+      changes.append(Change("static", path, f"{path}: {_short(x.static)} became "
+                            f"{_short(y.static)}", _short(x.static), _short(y.static), y.owner))
 
   def topmost(items: dict[str, _Item], other: dict[str, _Item]) -> list[str]:
     return [p for p, it in items.items() if p not in other

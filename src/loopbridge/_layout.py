@@ -23,18 +23,16 @@ from flax.linen import meta as linen_meta
 
 from . import _compat
 from ._errors import StackError
-from ._stack import _num_layers
-from ._stack import _path_str
-from ._stack import variables_by_path
+from ._stack import _num_layers, _path_str, variables_by_path
 
-Names = tp.Union[str, tp.Callable[[int], str]]
+Names = str | tp.Callable[[int], str]
 Tree = tp.Any
 
 
 def _namer(names: Names) -> tp.Callable[[int], str]:
   if callable(names):
     return names
-  if not isinstance(names, str) or "{}" not in names and "{i}" not in names:
+  if not isinstance(names, str) or ("{}" not in names and "{i}" not in names):
     raise StackError(f"names={names!r} must be a format string with one `{{}}` (e.g. "
                      "'layers_{}') or a function from the layer index to a name.")
   return lambda i: names.format(i, i=i)
@@ -200,8 +198,15 @@ def _load_into(module: nnx.Module, tree: Tree, what: str) -> None:
     _compat.set_variable_value(variable, jnp.asarray(values[path]))
 
 
+_M = tp.TypeVar("_M", bound=nnx.Module)
+
+
+@tp.overload
+def load_params(params: Tree, target: _M, *, names: Names = ...) -> _M: ...
+@tp.overload
+def load_params(params: Tree, target: tp.Sequence[_M], *, names: Names = ...) -> list[_M]: ...
 def load_params(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
-                names: Names = "layers_{}") -> nnx.Module | list[nnx.Module]:
+                names: Names = "layers_{}") -> nnx.Module | tp.Sequence[nnx.Module]:
   """Load layer params in any layout into an NNX stack or list of layers, in place.
 
   Every `nnx.Param` of the target receives the checkpoint value at the same path (NNX

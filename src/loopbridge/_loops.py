@@ -23,6 +23,7 @@ reads the current values; a body that *writes* to a module outside the carry is 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -30,13 +31,13 @@ import types
 import typing as tp
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from flax import errors as flax_errors
 from flax import nnx
 
-from . import _compat
-from . import _explain
+from . import _compat, _explain
 from ._errors import ForeignTraceError, StructureChangeError
 
 T = tp.TypeVar("T")
@@ -196,7 +197,9 @@ def _closure_state(*fns: tp.Any) -> _Reach:
       children = [*obj.keys(), *obj.values()]
     elif hasattr(obj, "__dict__"):  # a plain object, e.g. the `self` of a bound method
       children = list(vars(obj).values())
-      call = getattr(type(obj), "__call__", None)
+      # The class's own __call__ function, whose closure and globals are walked: not a test of
+      # whether obj is callable.
+      call = getattr(type(obj), "__call__", None)  # noqa: B004
       if isinstance(call, types.FunctionType):
         children.append(call)
     else:  # no way to look inside (slots, C extension objects)
@@ -251,10 +254,9 @@ def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.
   # params of a module the body closes over) after they change; without the cache the loop
   # is traced on each call and reads the current ones.
   if not reach.dynamic and not _is_traced((state, values, lower, upper)):
-    try:
+    # An unhashable body or cond raises TypeError: run the loop without the cache.
+    with contextlib.suppress(TypeError):
       run = _compiled(plan)
-    except TypeError:  # an unhashable body or cond: run the loop without the cache
-      pass
   outside = [v for node in reach.nodes for _, v in _compat.iter_graph(node)
              if isinstance(v, nnx.Variable)]
   before = [_compat.get_raw_value(v) for v in outside]
@@ -324,7 +326,7 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
   return _loop("while", cond_fn, body_fn, carry)
 
 
-def fori_loop(lower: int | jax.Array, upper: int | jax.Array,
+def fori_loop(lower: int | np.integer | jax.Array, upper: int | np.integer | jax.Array,
               body_fn: tp.Callable[[tp.Any, T], T], carry: T, *,
               unroll: int | bool | None = None) -> T:
   """`nnx.fori_loop` for any carry of NNX modules and arrays, on every supported flax.

@@ -20,11 +20,7 @@ import typing as tp
 from flax import nnx
 from flax.nnx import bridge
 
-from . import _buffers
-from . import _compat
-from . import _recorder
-from . import _session
-from . import _trace_check
+from . import _buffers, _compat, _recorder, _session, _trace_check
 from ._errors import NotDeclaredError
 
 _SOW_PARAMS = inspect.signature(nnx.Module.sow).parameters
@@ -40,7 +36,7 @@ _NO_BUFFER = (
     "lb.preallocate(model, *args, capacity=..., method=...); buffers already declared are kept.")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _collection_of_type(variable_type: type) -> str:
   try:
     return _compat.collection_name(variable_type)
@@ -82,7 +78,10 @@ def install(cls: type) -> None:
     own = cls.__dict__.get("sow")  # a sow the class defines itself: chain to exactly that
 
     def previous(self):
-      return own.__get__(self, cls) if own is not None else super(cls, self).sow
+      if own is not None:
+        return own.__get__(self, cls)
+      # `cls` is the nnx.Module subclass being hooked, known only at run time.
+      return super(cls, self).sow  # pyright: ignore[reportAttributeAccessIssue]
 
     def sow(self, variable_type, name, value, reduce_fn=DEFAULT_REDUCE, init_fn=DEFAULT_INIT):
       buffers = vars(self).get(_recorder.BUFFERS_ATTR)
@@ -105,4 +104,4 @@ def install(cls: type) -> None:
       return True
 
     sow.__doc__ = (own or nnx.Module.sow).__doc__
-    setattr(cls, "sow", _SowHook(sow))
+    cls.sow = _SowHook(sow)

@@ -29,15 +29,21 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen
-from flax import traverse_util
+from flax import linen, traverse_util
 from flax.core import lift as core_lift
 from flax.core import scope as core_scope
 from flax.linen import module as linen_module_lib
 
 from ._errors import NotDeclaredError
-from ._site import (DroppedSow, SowCall, SowSite, Transform, flatten_value, is_pytree_value,
-                    with_lengths)
+from ._site import (
+  DroppedSow,
+  SowCall,
+  SowSite,
+  Transform,
+  flatten_value,
+  is_pytree_value,
+  with_lengths,
+)
 
 _SOW_LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
     "loopbridge_linen_sow_log", default=None)

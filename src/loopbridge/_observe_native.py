@@ -39,7 +39,7 @@ from ._site import SowCall, SowSite
 _LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
     "loopbridge_native_sow_log", default=None)
 
-_SUBCLASSES: "weakref.WeakKeyDictionary[type, type]" = weakref.WeakKeyDictionary()
+_SUBCLASSES: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -124,9 +124,10 @@ def _stack_axes(path, entry_shape, calls: list[SowCall]) -> int:
                 if c.shape is not None and len(c.shape) <= len(entry_shape)
                 and tuple(entry_shape[len(entry_shape) - len(c.shape):]) == c.shape}
   if len(candidates) != 1:
+    shapes = sorted({c.shape for c in calls if c.shape is not None})
     raise NotDeclaredError(
         f"native sow site {'/'.join(map(str, path))} holds values of shape {entry_shape}, "
-        f"which loopbridge cannot relate to the sown shapes {sorted({c.shape for c in calls})}. "
+        f"which loopbridge cannot relate to the sown shapes {shapes}. "
         "Why: transforms over stacked modules (nnx.scan, nnx.vmap) must add their axes in "
         "front (axis 0), as they do by default. Fix: sow arrays, and stack modules along "
         "axis 0.")
@@ -173,9 +174,9 @@ def diff(before: dict[tuple, tp.Any], after: dict[tuple, tp.Any],
 
 def new_state_variable(var_type: type, abstract: tp.Any, calls: list[SowCall]) -> tp.Any:
   """The Variable a call would create on first use, made before the loop (shape-stable)."""
-  custom = [c for c in calls if not c.default_reduce and c.init_fn is not None]
+  custom = [c.init_fn for c in calls if not c.default_reduce and c.init_fn is not None]
   if custom:  # a custom-reduce sow: start from init_fn(), broadcast to the accumulated shape
-    initial = custom[0].init_fn()
+    initial = custom[0]()
     if not hasattr(initial, "__array__") and not isinstance(initial, (int, float, bool)):
       return None
     try:

@@ -18,19 +18,20 @@ import inspect
 import typing as tp
 
 import jax
-from flax import linen
-from flax import nnx
+from flax import linen, nnx
 from flax.nnx import bridge
 
-from . import _caches
-from . import _capacity
-from . import _compat
-from . import _declare
-from . import _linen_vars
-from . import _observe_native
-from . import _recorder
-from . import _session
-from . import _user_errors
+from . import (
+  _caches,
+  _capacity,
+  _compat,
+  _declare,
+  _linen_vars,
+  _observe_native,
+  _recorder,
+  _session,
+  _user_errors,
+)
 from ._errors import NotDeclaredError
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
@@ -54,6 +55,13 @@ class BridgeSettings:
 def settings_of(node: tp.Any) -> BridgeSettings | None:
   """The settings of an `lb.ToNNX` (None for any other node)."""
   return vars(node).get(SETTINGS_ATTR) if isinstance(node, bridge.ToNNX) else None
+
+
+def bridge_settings(node: tp.Any) -> BridgeSettings:
+  """The settings of a node known to be an `lb.ToNNX` (its constructor stores them)."""
+  settings = settings_of(node)
+  assert settings is not None, f"{type(node).__name__} is not an lb.ToNNX"
+  return settings
 
 
 def _is_bridge(node: tp.Any) -> bool:
@@ -169,7 +177,7 @@ def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: di
           "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
           "lb.preallocate on that lb.ToNNX directly with the arguments it receives there.")
     node = node_at[path]
-    settings = settings_of(node)
+    settings = bridge_settings(node)
     _linen_vars.add_accumulators(node, report.new_accumulators)
     parts.append(_declare.Part(path, node, report.sites, settings.capacity_spec,
                                settings.overflow, report.dropped))
@@ -215,7 +223,7 @@ def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
           continue
         sites[site.key] = dataclasses.replace(site, shape=stacked, stack_axes=axes)
         used.add(id(report))
-    settings = settings_of(node)
+    settings = bridge_settings(node)
     parts.append(_declare.Part(path, node, [sites[k] for k in sorted(sites)],
                                settings.capacity_spec, settings.overflow,
                                [d for r in reports for d in r.dropped]))
@@ -366,7 +374,7 @@ def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
                   kwargs: dict) -> None:
   """Declare one `lb.ToNNX` initialized without a loopbridge entry (stock `bridge.lazy_init`),
   with the capacity and overflow given to its constructor."""
-  settings = settings_of(node)
+  settings = bridge_settings(node)
   part = _declare.Part((), node, report.sites, settings.capacity_spec, settings.overflow,
                        report.dropped)
   _declare.declare([part], capacity=None, overflow=None, shardings_from=(args, kwargs),

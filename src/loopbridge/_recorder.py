@@ -18,8 +18,7 @@ import typing as tp
 
 from flax import nnx
 
-from . import _buffers
-from . import _compat
+from . import _buffers, _compat
 from ._site import SowSite
 
 BUFFERS_ATTR = "loopbridge__buffers"

@@ -17,14 +17,11 @@ import typing as tp
 
 from flax.nnx import bridge
 
-from . import _buffers
-from . import _compat
-from . import _recorder
+from . import _buffers, _compat, _recorder
 from ._errors import NotDeclaredError
 from ._site import SowSite
 
 Model = tp.TypeVar("Model")
-
 
 _NOT_INITIALIZED = (
     "{what} has not declared its buffers yet, so there is nothing to read. Why: buffers are "
@@ -53,7 +50,7 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
       for key in path[:-1]:
         node = node.setdefault(key, {})
       node[path[-1]] = fn((*root_path, *path), buffer, count)
-    _rebuild_pytrees(tree, _recorder.sites_of(recorder))
+    _rebuild_pytrees(tree, _recorder.sites_of(recorder) or ())
     if not root_path:  # the root records too (native sows): its tree sits at the top
       result.update(tree)
       continue

@@ -11,10 +11,7 @@ import typing as tp
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _buffers
-from . import _compat
-from . import _recorder
-from . import _sharding
+from . import _buffers, _compat, _recorder, _sharding
 from ._errors import ShardingError
 
 Model = tp.TypeVar("Model")

@@ -24,14 +24,14 @@ import math
 import typing as tp
 
 import jax
+import jax.core
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _compat
 from ._errors import ShardingError
 
-SpecLike = tp.Union[PartitionSpec, NamedSharding, None]
-ShardingSpec = tp.Union[SpecLike, tp.Mapping[str, SpecLike],
-                        tp.Callable[[str, tp.Tuple[int, ...]], SpecLike]]
+SpecLike = PartitionSpec | NamedSharding | None
+ShardingSpec = SpecLike | tp.Mapping[str, SpecLike] | tp.Callable[[str, tuple[int, ...]], SpecLike]
 
 
 def _batch_axes(args: tp.Any, kwargs: tp.Any) -> dict[int, tuple[tp.Any, tp.Any]]:
@@ -55,7 +55,8 @@ def _axes_size(mesh: tp.Any, axes: tp.Any) -> int:
   return math.prod(mesh.shape[n] for n in names)
 
 
-def _leading_axis_position(shape: tuple[int, ...], sown_shape: tuple[int, ...] | None) -> int | None:
+def _leading_axis_position(shape: tuple[int, ...],
+                           sown_shape: tuple[int, ...] | None) -> int | None:
   """Where the sown value's axis 0 sits in the recorded value (lifted transforms add axes)."""
   if not sown_shape or not shape:
     return None
@@ -81,7 +82,7 @@ def infer_buffer_shardings(args: tp.Any, kwargs: tp.Any,
   out = {}
   for site, (shape, sown_shape) in sites.items():
     position = _leading_axis_position(tuple(shape), sown_shape)
-    if position is None or sown_shape[0] not in batch:
+    if position is None or sown_shape is None or sown_shape[0] not in batch:
       continue
     axes, mesh = batch[sown_shape[0]]
     spec = [None] * len(shape)

@@ -204,7 +204,7 @@ class DroppedSow:
   dropped_by: Transform | None  # the innermost transform not carrying the collection
 
   @classmethod
-  def from_call(cls, call: SowCall) -> "DroppedSow":
+  def from_call(cls, call: SowCall) -> DroppedSow:
     culprit = next((t for t in reversed(call.transforms) if not t.carries), None)
     return cls(call.collection, tuple(call.module_path), call.name, call.module_type,
                call.shape, call.dtype, culprit)
@@ -241,7 +241,7 @@ def with_lengths(transforms: tp.Sequence[Transform], shape: tuple[int, ...],
   transforms = list(transforms)
   stacking = [i for i, t in enumerate(transforms) if t.kind in STACKING_KINDS and t.carries]
   axes: dict[int, int | None] = {i: transforms[i].axis for i in stacking}
-  lengths: dict[int, int | None] = {i: None for i in stacking}
+  lengths: dict[int, int | None] = dict.fromkeys(stacking)
   if sown_shape is not None and len(shape) == len(sown_shape) + len(stacking):
     rest = list(shape)
     if all(axes[i] is not None for i in stacking):
@@ -255,7 +255,7 @@ def with_lengths(transforms: tp.Sequence[Transform], shape: tuple[int, ...],
           break
         lengths[i] = rest.pop(axis)
       if not ok or tuple(rest) != tuple(sown_shape):
-        lengths = {i: None for i in stacking}
+        lengths = dict.fromkeys(stacking)
     elif len(stacking) == 1:
       # Axis unknown (e.g. a transform discovery did not see): where one axis can be removed
       # to give the sown shape. Adjacent equal sizes leave the position ambiguous (None).

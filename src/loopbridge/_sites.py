@@ -12,8 +12,7 @@ import typing as tp
 
 from flax.nnx import bridge
 
-from . import _compat
-from . import _recorder
+from . import _compat, _recorder
 from ._errors import NotDeclaredError
 from ._site import DroppedSow, SowSite, Transform, with_lengths
 
@@ -61,7 +60,7 @@ class SowSites:
     if self.sites:
       rows = [(s.collection, s.label, _shape_str(s.shape), s.dtype, str(s.per_call),
                " > ".join(t.label() for t in s.transforms) or "-",
-               str(s.capacity), s.overflow, format_bytes(s.buffer_bytes))
+               str(s.capacity), str(s.overflow), format_bytes(s.buffer_bytes))
               for s in self.sites]
       lines.append(format_table(
           ("collection", "path", "value shape", "dtype", "per call", "inside", "capacity",

@@ -271,6 +271,7 @@ def layer(stacked: M, i: int | jax.Array) -> M:
   parents = variables_by_path(stacked)
   nodes = dict(_graph_nodes(view))
   for path, snapshot in variables_by_path(view).items():
+    name = path[-1]
     owner = nodes[path[:-1]] if len(path) > 1 else view
-    _set_child(owner, path[-1], _compat.layer_view_variable(parents[path], i, snapshot))
+    _set_child(owner, name, _compat.layer_view_variable(parents[path], i, snapshot))
   return view

@@ -16,28 +16,29 @@ from __future__ import annotations
 
 import typing as tp
 
-import flax
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
-from flax import linen
-from flax import nnx
-from flax import traverse_util
+from flax import linen, nnx, traverse_util
+from flax.core import scope as flax_scope
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 from typing_extensions import Self
 
-from . import _buffers
-from . import _capacity
-from . import _compat
-from . import _linen_vars
-from . import _observe_linen
-from . import _pipeline
-from . import _recorder
-from . import _session
-from . import _site
-from . import _trace_check
-from . import _user_errors
+from . import (
+  _buffers,
+  _capacity,
+  _compat,
+  _linen_vars,
+  _observe_linen,
+  _pipeline,
+  _recorder,
+  _session,
+  _site,
+  _trace_check,
+  _user_errors,
+)
 from ._errors import NotDeclaredError, StructureChangeError
 
 BUFFERS_ATTR = _recorder.BUFFERS_ATTR
@@ -58,10 +59,11 @@ def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.
     return sorted(record_cols)
   if isinstance(user_mutable, str):
     return sorted({user_mutable, *record_cols})
-  if isinstance(user_mutable, linen.module.DenyList):
+  if isinstance(user_mutable, flax_scope.DenyList):
+    # Linen names the denied collections by one str or a collection of them.
     deny = user_mutable.deny
-    deny = {deny} if isinstance(deny, str) else set(deny)
-    return linen.module.DenyList(tuple(sorted(deny - set(record_cols))))
+    deny = {deny} if isinstance(deny, str) else set(tp.cast(tp.Collection[str], deny))
+    return flax_scope.DenyList(tuple(sorted(deny - set(record_cols))))
   if isinstance(user_mutable, (list, tuple, set, frozenset)):
     return sorted({*user_mutable, *record_cols})
   # A callable filter: Linen filters are `str | Sequence | bool | DenyList | callable`.
@@ -155,7 +157,7 @@ class ToNNX(bridge.ToNNX):
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # mutable=True: Linen's init leaves 'intermediates' out by default; with it, init returns
     # every value the trace sowed, so the sites come from this one trace.
-    capture = _pipeline.settings_of(self).capture_intermediates
+    capture = _pipeline.bridge_settings(self).capture_intermediates
     try:
       with _observe_linen.observe() as calls:
         out, variables = module.init_with_output(
@@ -174,7 +176,7 @@ class ToNNX(bridge.ToNNX):
     # Variables, or they would grow on every later call.
     # Accumulators in 'intermediates' would not exist after Linen's own init (it leaves that
     # collection immutable): they start from `init_fn()`, as on a plain Linen model's first call.
-    fresh = {site: (call.init_fn, value) for site, (call, value) in found.accumulators.items()
+    fresh = {site: (_init_fn(call), value) for site, (call, value) in found.accumulators.items()
              if site[0] == "intermediates"}
     flat = traverse_util.flatten_dict(dict(variables), is_leaf=lambda _, v: isinstance(v, tuple))
     kept = {p: v for p, v in flat.items()
@@ -199,7 +201,7 @@ class ToNNX(bridge.ToNNX):
     # This is a throwaway clone under jax.eval_shape: drawing from its streams changes nothing.
     call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
                                          initializing=False)
-    capture = _pipeline.settings_of(self).capture_intermediates
+    capture = _pipeline.bridge_settings(self).capture_intermediates
     try:
       with _observe_linen.observe() as calls:
         out, updates = module.apply(
@@ -214,7 +216,7 @@ class ToNNX(bridge.ToNNX):
                                            **kwargs))
       raise
     found = _observe_linen.classify(updates, calls)
-    new_accumulators = {site: (call.init_fn, value)
+    new_accumulators = {site: (_init_fn(call), value)
                         for site, (call, value) in found.accumulators.items()
                         if _recorder.get_nested(variables, site) is None}
     sown = [updates[s.collection] for s in found.sites if s.collection in updates]
@@ -272,7 +274,7 @@ class ToNNX(bridge.ToNNX):
                                          initializing=False)
     result = module.apply(variables, *args, rngs=call_rngs, method=method,
                           mutable=apply_mutable,
-                          capture_intermediates=_pipeline.settings_of(self).capture_intermediates,
+                          capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
                           **kwargs)
     if apply_mutable is False:
       return result
@@ -425,11 +427,17 @@ def _rng_counts(rngs: tp.Any) -> list[tp.Any]:
   return [getattr(stream, "count", None) for _, stream in rngs.items()]
 
 
+def _init_fn(call: tp.Any) -> tp.Callable[[], tp.Any]:
+  """The `init_fn` of an observed Linen sow (Linen's `sow` always passes one)."""
+  assert call.init_fn is not None, "a Linen sow was observed without its init_fn"
+  return call.init_fn
+
+
 def _creates_params(mutable: tp.Any) -> bool:
   """Whether a Linen `mutable=` filter lets a call create parameters (`params` mutable)."""
   if mutable in (None, False):
     return False
-  return bool(flax.core.scope.in_filter(mutable, "params"))
+  return bool(flax_scope.in_filter(mutable, "params"))
 
 
 def _check_method(module: linen.Module, method: tp.Any) -> None:

@@ -13,8 +13,7 @@ import sys
 import types
 import typing as tp
 
-from flax import linen
-from flax import nnx
+from flax import linen, nnx
 
 from . import _compat
 from ._errors import LoopbridgeError
@@ -92,10 +91,11 @@ def note_linen_call(error: BaseException, *, label: str, what: str, plain: str,
   try:
     with _compat.unfiltered_tracebacks():
       rerun()
-  except Exception as failure:  # noqa: BLE001 - any failure of plain Linen is the answer
+  except Exception as failure:
     plain_error = failure
   same = plain_error is not None and type(plain_error) is type(error)
-  where = (same and running_linen_module(plain_error)) or running_linen_module(error)
+  where = ((running_linen_module(plain_error) if same and plain_error is not None else None)
+           or running_linen_module(error))
   add_note(error, f"raised inside lb.ToNNX({label}) while it ran the Linen {what}"
            + (f"; Linen module {where} was running." if where else "."))
   if plain_error is None:

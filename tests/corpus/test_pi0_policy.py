@@ -65,7 +65,8 @@ class Decoder(nn.Module):
       new_cache.append(kv)
     return nn.LayerNorm(name="norm")(x), new_cache
 
-  def init(self):  # pylint: disable=arguments-differ
+  # openpi's bridged parts define an `init` method that lazy_init runs (method="init").
+  def init(self):  # pyright: ignore[reportIncompatibleMethodOverride]
     """Creates every variable from a one-token input (prefix pass, then a decoding step)."""
     x = jnp.zeros((1, 1, self.width))
     _, cache = self(x)

@@ -19,10 +19,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 import loopbridge as lb
+
 from conftest import graph_kw
 
 RTOL, ATOL = 1e-5, 1e-5
