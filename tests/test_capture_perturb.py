@@ -126,7 +126,7 @@ def test_capture_of_non_array_leaves_is_a_clear_error():
       return Labelled()(x)[0]
 
   model = lb.ToNNX(Net(), rngs=nnx.Rngs(0), capture_intermediates=True)
-  with pytest.raises(lb.NotDeclaredError, match="non-array values.*one buffer per array leaf"):
+  with pytest.raises(lb.NotDeclaredError, match=r"non-array values.*one buffer per array leaf"):
     lb.lazy_init(model, jnp.ones((1, 4)), capacity=2)
 
 

@@ -138,7 +138,7 @@ def test_a_count_at_the_int32_limit_stops_there_and_reading_is_an_error():
 
 @pytest.mark.parametrize("read", [lb.recorded, lb.counts, lb.buffers, lb.reset])
 def test_reading_a_model_that_declared_nothing_is_not_initialized(read):
-  with pytest.raises(lb.NotDeclaredError, match="lb.ToNNX\\(TwoSites\\) has not declared"):
+  with pytest.raises(lb.NotDeclaredError, match=r"lb\.ToNNX\(TwoSites\) has not declared"):
     read(lb.ToNNX(TwoSites(), rngs=nnx.Rngs(0)))
   with pytest.raises(lb.NotDeclaredError, match="Linear holds no loopbridge buffers"):
     read(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))

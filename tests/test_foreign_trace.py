@@ -101,7 +101,9 @@ def test_the_error_is_a_loopbridge_error():
 def test_a_state_write_without_sows_is_caught_too():
   model = lb.lazy_init(lb.ToNNX(Cached()), X)  # no rngs: only the cache write is checked
   before = np.asarray(lb.linen_variables(model)["cache"]["total"])
-  body = lambda i, x: model(x, mutable=["cache"])
+  def body(i, x):
+    return model(x, mutable=["cache"])
+
   with pytest.raises(lb.StructureChangeError, match=MATCH):
     jax.jit(lambda x: jax.lax.fori_loop(0, STEPS, body, x))(X)
   np.testing.assert_array_equal(lb.linen_variables(model)["cache"]["total"], before)

@@ -368,7 +368,7 @@ def test_error_site_not_declared():
       return x
 
   model = lb.preallocate(Branchy(), X, capacity=2)
-  with pytest.raises(lb.NotDeclaredError, match="has no buffer for it.*lb.preallocate"):
+  with pytest.raises(lb.NotDeclaredError, match=r"has no buffer for it.*lb\.preallocate"):
     model(X, extra=True)
 
 
@@ -416,7 +416,7 @@ def test_error_uninitialized_bridge_in_graph():
     def __call__(self, x):
       return self.part(x)
 
-  with pytest.raises(lb.NotDeclaredError, match="'part' is not initialized.*lb.lazy_init"):
+  with pytest.raises(lb.NotDeclaredError, match=r"'part' is not initialized.*lb\.lazy_init"):
     lb.preallocate(Holder(), X, capacity=2)
 
 

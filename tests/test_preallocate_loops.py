@@ -95,5 +95,5 @@ def test_a_stacked_part_under_nnx_vmap_is_still_refused_with_the_fix():
     def __call__(self, xs):
       return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.llm, xs)
 
-  with pytest.raises(TypeError, match="inside an NNX transform.*lb.preallocate on that lb.ToNNX"):
+  with pytest.raises(TypeError, match=r"inside an NNX transform.*lb\.preallocate on that lb\.ToNNX"):
     lb.preallocate(Ensemble(), jnp.ones((3, 1, 4)), capacity=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -103,7 +105,7 @@ def test_seed_forward_fori_loop_equals_python_loop_bit_exact(graph):
 def test_seed_heterogeneous_mlp_gets_clear_error():
   rngs = nnx.Rngs(0)
   widths = [12, 26, 12, 6, 3]  # the seed's [in, 265, 128, 64, out], scaled down
-  layers = [nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths[:-1], widths[1:])]
+  layers = [nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(widths)]
   with pytest.raises(lb.layers.StackError, match=r"layer 1 differs from layer 0 at `(bias|kernel)`: "
                      r"layer 0 has Param float32\[\d+(,\d+)?\], layer 1 has Param float32"
                      r"(.|\n)*Python(.|\n)*nnx.switch(.|\n)*group"):
@@ -244,7 +246,7 @@ def test_layer_write_updates_only_that_layer():
   layers = _linears(3)
   stacked = lb.layers.stack(layers)
   put(lb.layers.layer(stacked, 1).kernel, jnp.full((8, 8), 7.0))
-  expected = np.stack([np.asarray(get(l.kernel)) for l in layers])
+  expected = np.stack([np.asarray(get(layer.kernel)) for layer in layers])
   expected[1] = 7.0
   np.testing.assert_array_equal(get(stacked.kernel), expected)
 
@@ -338,7 +340,7 @@ def test_scan_layers_grad_with_and_without_remat_equals_python_loop():
   ref = nnx.grad(loss_list)(layers)
   ref_kernel = np.stack([np.asarray(get(ref[i]["kernel"])) for i in range(3)])
   for remat in (False, True):
-    grads = nnx.grad(lambda s: (lb.layers.scan(s, x, call=call, remat=remat) ** 2).sum())(
+    grads = nnx.grad(lambda s, remat=remat: (lb.layers.scan(s, x, call=call, remat=remat) ** 2).sum())(
         lb.layers.stack(layers))
     np.testing.assert_allclose(get(grads["kernel"]), ref_kernel, rtol=1e-5, atol=1e-6)
 
@@ -348,7 +350,7 @@ def test_scan_layers_reverse_and_errors():
   x = jnp.ones((1, 4))
   np.testing.assert_allclose(lb.layers.scan(lb.layers.stack(layers), x, reverse=True),
                              layers[0](layers[1](layers[2](x))), rtol=1e-6)
-  with pytest.raises(lb.layers.StackError, match="lb.layers.scan: `calls` is a scalar"):
+  with pytest.raises(lb.layers.StackError, match=r"lb\.layers\.scan: `calls` is a scalar"):
     lb.layers.scan(Block(4, nnx.Rngs(0)), x)
 
 

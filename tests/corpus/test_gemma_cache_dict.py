@@ -32,9 +32,10 @@ ATOL = 1e-5
 
 
 def empty_cache(batch):
-  layer = lambda: {"k": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
-                   "v": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
-                   "end_index": jnp.zeros((batch,), jnp.int32)}
+  def layer():
+    return {"k": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
+            "v": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
+            "end_index": jnp.zeros((batch,), jnp.int32)}
   return {f"layer_{i}": layer() for i in range(LAYERS)}
 
 
