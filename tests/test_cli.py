@@ -397,7 +397,7 @@ def test_stock_check_calls_a_model_that_does_not_sow_as_a_user_would(capsys, tar
 
 
 def test_stock_check_keeps_mutable_for_models_that_sow_or_hold_state(capsys, target_module):
-  code, out, _ = run_main(capsys, "inspect", f"{target_module}:WithStats", "--arg",
+  _, out, _ = run_main(capsys, "inspect", f"{target_module}:WithStats", "--arg",
                           "float32[4,2]", "--steps", "2", "--json")
   stock = json.loads(out)["live_check"]["stock"]
   assert stock["model_sows"] and stock["mutable"] and not stock["ok"]
