@@ -290,3 +290,19 @@ def test_nnx_jit_of_the_bridged_model_does_not_retrace(graph):
   jitted(model, x * 2.0, 4)
   assert len(traces) == first
   assert int(lb.counts(model)["intermediates"]["x"]) == 9
+
+
+def test_readme_loop_pattern_donates_the_buffers(graph):
+  """`nnx.jit(..., donate_argnums=0)` (the README's pattern) hands the buffers to XLA, which
+  writes them in place: the arrays held before the call are consumed, on every flax end."""
+  model, x = new_model()
+
+  @nnx.jit(donate_argnums=0, **graph_kw(graph))
+  def run(model, x):
+    return loop(graph)(model, x, 3)
+
+  run(model, x)
+  before = jax.tree_util.tree_leaves(lb.buffers(model))
+  run(model, x)
+  assert before and all(b.is_deleted() for b in before)
+  assert int(lb.counts(model)["intermediates"]["x"]) == 6
