@@ -336,9 +336,11 @@ def key_data_accessors() -> tuple[tp.Callable[[nnx.Variable], tp.Any],
   return operator.attrgetter(f"{name}._base_array"), operator.attrgetter(f"{name}._impl")
 
 
-def is_typed_key(value: tp.Any) -> bool:
+def is_concrete_typed_key(value: tp.Any) -> bool:
+  """A typed PRNG key array holding its data (not a tracer), as `key_data_accessors` reads."""
   dtype = getattr(value, "dtype", None)
-  return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+  return (dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+          and hasattr(value, "_base_array"))
 
 
 # --- loop carries (lb.while_loop, lb.fori_loop, lb.explain) -----------------------------------

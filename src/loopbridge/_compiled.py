@@ -161,7 +161,7 @@ class CompiledStep(tp.Generic[_T]):
     # Kept typed PRNG keys (an `nnx.Rngs` key) go last among the kept leaves and travel as
     # their uint32 data (see `_compat.key_data_accessors`); `_pure` wraps them back.
     keys = [i for i in kept if _KEY_ACCESSORS is not None
-            and _compat.is_typed_key(_compat.get_raw_value(self._variables[i]))]
+            and _compat.is_concrete_typed_key(_compat.get_raw_value(self._variables[i]))]
     self._kept_idx = tuple([i for i in kept if i not in keys] + keys)
     self._moved_vars = tuple(self._variables[i] for i in self._moved_idx)
     self._plain_vars = tuple(self._variables[i] for i in self._kept_idx[:len(kept) - len(keys)])
