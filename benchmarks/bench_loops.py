@@ -3,7 +3,7 @@
 Both run side by side in one process on the same carries; each number is the median over
 repeated calls (after a warm-up call that compiles), in milliseconds, results blocked on.
 "jit" wraps the loop in `nnx.jit` (the usual way to run it); "eager" calls the loop directly.
-Rows where the installed flax's nnx loop cannot run the carry (seed 001 on flax 0.10) say so.
+Rows where the installed flax's nnx loop cannot run the carry (two nnx.Linear in one carry on flax 0.10) say so.
 
 Run: python benchmarks/bench_loops.py  [--repeats N] [--json PATH]   (under 2 minutes on CPU)
 """
@@ -75,7 +75,7 @@ def two_models():
   return (model, model2, x), body
 
 
-def bridged_seed_000():
+def bridged_sow_model():
   from flax import linen as nn
 
   class Block(nn.Module):
@@ -140,7 +140,7 @@ def nnx_runner_or_note(build: tp.Callable[[], tp.Callable[[], tp.Any]]):
   runner = build()
   try:
     _block(runner())
-  except (ValueError, TypeError) as e:  # flax 0.10: the seed-001 carry
+  except (ValueError, TypeError) as e:  # flax 0.10: the two-model carry
     return None, f"fails ({type(e).__name__})"
   return runner, ""
 
@@ -154,10 +154,10 @@ def main() -> None:
 
   rows = []
   cases = [("fori_loop, 1 nnx.Linear", lambda loop, jit: fori_runner(loop, one_model, jit)),
-           ("fori_loop, 2 nnx.Linear (seed 001)",
+           ("fori_loop, 2 nnx.Linear in one carry",
             lambda loop, jit: fori_runner(loop, two_models, jit)),
-           ("fori_loop, lb.ToNNX seed-000 (recording)",
-            lambda loop, jit: fori_runner(loop, bridged_seed_000, jit))]
+           ("fori_loop, lb.ToNNX sowing MLP (recording)",
+            lambda loop, jit: fori_runner(loop, bridged_sow_model, jit))]
   for name, build in cases:
     for jit in (True, False):
       repeats = jit_repeats if jit else eager_repeats

@@ -4,7 +4,7 @@ One process, every scenario compiled once, then timed in interleaved rounds (the
 rotates each round) so that load from other processes hits all of them alike; reported numbers
 are medians over rounds, and ratios are medians of per-round ratios (paired).
 
-Model: the seed-000 MLP (a top-level sow and a sow inside an `nn.scan` body of Dense + relu),
+Model: the MLP of `examples/sow_in_while_loop.py` (a top-level sow and a sow inside an `nn.scan` body of Dense + relu),
 widened to width 256, depth 6, batch 32.
 
 Scenarios (loops of 50 and 500 steps; the loop length is a traced argument, so both lengths run
@@ -17,6 +17,9 @@ costs):
      "C-graph donate" is the same with nnx.jit(donate_argnums=0)
   D  lb.compile_step around the same nnx.while_loop (split once, jax.jit, state donated)
   lb.while_loop (eager): lb.while_loop called from Python, outside any jit
+C-graph donate and D also run at capacity 16 and 4096 under each overflow policy ("D drop@16"),
+and a copy of a buffer-sized array measures this machine's copy bandwidth in the same rounds
+(the roofline row: recording's extra time per step against moving every sown byte once).
 
 Run:  python benchmarks/bench_recording.py [--quick]
 Writes benchmarks/results/recording.json (medians and ratios) and prints a markdown table.
@@ -50,11 +53,12 @@ WIDTH, DEPTH, BATCH = 256, 6, 32
 SHORT, LONG = 50, 500
 MAIN_CAPACITY = 64
 CAPACITIES = (16, 256, 4096)
+POLICIES = ("error", "drop", "wrap")  # "error" is the default; its rows carry no policy name
 GRAPH_MODES = (True, False) if _compat.HAS_GRAPH_SWITCH else (True,)
 
 
 class Block(nn.Module):
-  """The seed-000 scan body: Dense + relu, sows its carry."""
+  """The scan body of `examples/sow_in_while_loop.py`: Dense + relu, sows its carry."""
 
   features: int
 
@@ -66,7 +70,7 @@ class Block(nn.Module):
 
 
 class MLP(nn.Module):
-  """The seed-000 model: a top-level sow and a sow inside an `nn.scan` body."""
+  """The model of `examples/sow_in_while_loop.py`: a top-level sow and a sow inside an `nn.scan` body."""
 
   depth: int
   features: int
@@ -153,10 +157,37 @@ def nnx_step(model, x):
   return model(x)
 
 
-def new_model(module: nn.Module, x, capacity: int) -> lb.ToNNX:
+def new_model(module: nn.Module, x, capacity: int, overflow: str = "error") -> lb.ToNNX:
   model = lb.ToNNX(module, rngs=nnx.Rngs(0))
-  lb.lazy_init(model, x, capacity=capacity)
+  lb.lazy_init(model, x, capacity=capacity, overflow=overflow)
   return model
+
+
+def policy_name(overflow: str) -> str:
+  return "" if overflow == "error" else f" {overflow}"
+
+
+def sown_bytes_per_step(model) -> int:
+  """Bytes one call sows (every buffer's slot size): what recording must move per step."""
+  return sum(int(np.prod(b.shape[1:])) * b.dtype.itemsize
+             for b in jax.tree_util.tree_leaves(lb.buffers(model)))
+
+
+class CopyBandwidth:
+  """One in-place elementwise pass over a donated array: reads and writes every byte once.
+
+  Its bytes moved (read + written) per second is the copy bandwidth the roofline row divides
+  by; the array is as large as the capacity-64 buffers, the memory the recording loop writes.
+  """
+
+  def __init__(self, nbytes: int):
+    self.array = jnp.zeros((max(1, nbytes // 4),), jnp.float32)
+    self.nbytes = self.array.size * 4
+    self.fn = jax.jit(lambda a: a * 0.5 + 1.0, donate_argnums=0)
+
+  def __call__(self):
+    self.array = self.fn(self.array)
+    return self.array
 
 
 class Stateful:
@@ -245,6 +276,7 @@ def bench_loops(args, module, params, x) -> dict:
   loop_a, loop_b = functional_loops(module)
   rec_b = Stateful(loop_b, params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
   models = {cap: new_model(module, x, cap) for cap in (MAIN_CAPACITY, *CAPACITIES)}
+  copy = CopyBandwidth(lb.sow_sites(models[MAIN_CAPACITY]).buffer_bytes)
   cases: dict[str, tp.Callable] = {
       "A": lambda n: loop_a(params, x, n),
       "B": lambda n: rec_b(x, n),
@@ -265,6 +297,15 @@ def bench_loops(args, module, params, x) -> dict:
     # D runs on a model of its own (see bench_calls).
     step = lb.compile_step(nnx_loop(True), new_model(module, x, cap))
     cases[f"D{suffix}"] = functools.partial(lambda n, step=step: step(x, n))
+  for overflow in POLICIES[1:]:  # the other policies at the smallest and largest capacity
+    for cap in (CAPACITIES[0], CAPACITIES[-1]):
+      donating = nnx.jit(nnx_loop(True), donate_argnums=0)
+      model = new_model(module, x, cap, overflow)
+      cases[f"C-graph donate{policy_name(overflow)}@{cap}"] = functools.partial(
+          lambda n, jitted=donating, model=model: jitted(model, x, n))
+      step = lb.compile_step(nnx_loop(True), new_model(module, x, cap, overflow))
+      cases[f"D{policy_name(overflow)}@{cap}"] = functools.partial(
+          lambda n, step=step: step(x, n))
   if hasattr(lb, "while_loop"):
     model = models[MAIN_CAPACITY]
 
@@ -277,14 +318,24 @@ def bench_loops(args, module, params, x) -> dict:
     jax.block_until_ready(fn(SHORT))
   print(f"  compiled {len(cases) + len(copying)} loops in {time.perf_counter() - t0:.1f}s",
         file=sys.stderr)
-  samples = run_rounds({name: loop_case(fn) for name, fn in cases.items()}, args.rounds)
+  jax.block_until_ready(copy())
+  passes = calls_for(copy, args.sample_s * 5)
+  timers = {name: loop_case(fn) for name, fn in cases.items()}
+  timers["copy"] = lambda: np.stack([timed(copy, passes)] * 3)  # per pass, in loop_case's shape
+  samples = run_rounds(timers, args.rounds)
   samples.update(run_rounds({name: loop_case(fn) for name, fn in copying.items()},
                             max(3, args.rounds // 3)))
-  return {name: {"per_step_us": per_clock([x[0] for x in v], 1e6),
-                 f"t{SHORT}_ms": per_clock([x[1] for x in v], 1e3),
-                 f"t{LONG}_ms": per_clock([x[2] for x in v], 1e3),
-                 "samples": [x[0] for x in v]}
-          for name, v in samples.items()}
+  out = {name: {"per_step_us": per_clock([x[0] for x in v], 1e6),
+                f"t{SHORT}_ms": per_clock([x[1] for x in v], 1e3),
+                f"t{LONG}_ms": per_clock([x[2] for x in v], 1e3),
+                "samples": [x[0] for x in v]}
+         for name, v in samples.items() if name != "copy"}
+  per_pass = [x[0] for x in samples["copy"]]
+  out["copy"] = {"bytes": copy.nbytes,
+                 "GBps": per_clock([2 * copy.nbytes / t / 1e9 for t in per_pass]),
+                 "sown_bytes_per_step": sown_bytes_per_step(models[MAIN_CAPACITY]),
+                 "samples": per_pass}
+  return out
 
 
 def _cond_n(c):
@@ -503,20 +554,35 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
     ratio("D/B step", loops["D"], loops["B"], 1.05)
     ratio("B/A step", loops["B"], loops["A"], None)
     ratio("D/A step (cap 64)", loops["D"], loops["A"], max(1.15, b_over_a))
-    for name in ("D", "C-graph donate"):
-      ratio(f"{name} step cap 4096/16", loops[f"{name}@4096"], loops[f"{name}@16"], 1.10)
+    for overflow in POLICIES:
+      for name in ("D", "C-graph donate"):
+        label = f"{name}{policy_name(overflow)}"
+        ratio(f"{label} step cap 4096/16", loops[f"{label}@4096"], loops[f"{label}@16"], 1.10)
+    # Roofline: recording's extra time per step over the plain loop, against the time to read
+    # and write every sown byte once at the copy bandwidth measured in the same round.
+    copy = loops["copy"]
+    floor = [t * copy["sown_bytes_per_step"] / copy["bytes"] for t in copy["samples"]]
+    for name, target in (("D", 1.5), ("B", None)):
+      extra = [np.asarray(a) - np.asarray(b)
+               for a, b in zip(loops[name]["samples"], loops["A"]["samples"])]
+      ratio(f"roofline: ({name} - A) step / sown-bytes floor", {"samples": extra},
+            {"samples": floor}, target)
+    ratios["roofline floor µs (2 x sown bytes / copy bandwidth)"] = {
+        "value": per_clock(floor, 1e6), "target": None, "status": "info"}
     # Without donation each call of C copies the buffers (0.6 s at 4096); that per-call time
     # dominates both loop lengths, so their difference is too noisy to check against 1.10.
     ratio("C-graph step cap 4096/16", loops["C-graph@4096"], loops["C-graph@16"], None)
   if dispatch:
     ratio("D dispatch / jax.jit apply+buffers", dispatch["D@16"],
-          dispatch["jax.jit apply+buffers@16"], 2.0)
-    ratio("D dispatch / jax.jit apply", dispatch["D@16"], dispatch["jax.jit apply"], 2.0)
+          dispatch["jax.jit apply+buffers@16"], 1.3)
+    ratio("D dispatch / jax.jit apply", dispatch["D@16"], dispatch["jax.jit apply"], None)
     ratio("C-graph dispatch / jax.jit apply+buffers", dispatch["C-graph@16"],
           dispatch["jax.jit apply+buffers@16"], None)
-    for name in ("D", "C-graph donate", "C-graph"):
+    # "C-graph donate" is the README's pattern (nnx.jit(..., donate_argnums=0)); "C-graph"
+    # (no donation) copies every written buffer per call by XLA's rules: shown, not a target.
+    for name, target in (("D", 1.10), ("C-graph donate", 1.10), ("C-graph", None)):
       ratio(f"{name} per call cap 4096/16", per_call[f"{name}@4096"], per_call[f"{name}@16"],
-            1.10)
+            target)
   for label in ("2 sites", "24 sites"):
     if lazy:
       ratio(f"lb.lazy_init / bridge.lazy_init ({label})", lazy[f"lb.lazy_init {label}"],
@@ -568,7 +634,7 @@ def render(r: dict) -> str:
   lines = [
       f"`{r['command']}` — jax {v['jax']}, flax {v['flax']}, {r['machine']['cpus']} CPUs"
       + (f" (load average {load[0]:.1f} at the end)" if load else "")
-      + f", {r['rounds']} rounds, {r['seconds']:.0f} s. Model: seed-000 MLP, width {WIDTH}, "
+      + f", {r['rounds']} rounds, {r['seconds']:.0f} s. Model: the MLP of `examples/sow_in_while_loop.py`, width {WIDTH}, "
       f"depth {DEPTH}, batch {BATCH}. Medians; cpu = this process's CPU time, wall = elapsed.",
   ]
   if r["loops"]:
@@ -581,8 +647,15 @@ def render(r: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, d in r["loops"].items():
+      if name == "copy":
+        continue
       lines.append(f"| {name} | {_cw(d['per_step_us'], '.0f')} | "
                    f"{_cw(d[f't{SHORT}_ms'], '.1f')} | {_cw(d[f't{LONG}_ms'], '.1f')} |")
+  if r["loops"].get("copy"):
+    c = r["loops"]["copy"]
+    lines += ["", f"Copy bandwidth (read + written bytes per second, in-place pass over "
+              f"{c['bytes'] / 2**20:.0f} MiB): {_cw(c['GBps'], '.1f')} GB/s (cpu | wall); "
+              f"sown per step: {c['sown_bytes_per_step'] / 1024:.0f} KiB"]
   if r["dispatch_tiny"]:
     lines += ["", "Per call of one jitted step, µs", "",
               "| step | tiny model cpu | wall | wide model cpu | wall |",

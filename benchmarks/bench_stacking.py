@@ -1,4 +1,4 @@
-"""Seed 002, question 1: when are `nnx.scan` / `nnx.fori_loop` over layers worth it?
+"""Layer stacks: when are `nnx.scan` / `nnx.fori_loop` over layers worth it?
 
 Compile time and step time versus depth for three ways of running a stack of equal layers (a
 residual MLP block, `x + Linear(2W, W)(gelu(Linear(W, 2W)(LayerNorm(x))))`, width W=32, the

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from flax import linen as nn, nnx
+from flax.nnx import bridge
 
 import loopbridge as lb
 from loopbridge import _compat
@@ -202,3 +203,42 @@ def test_plain_nnx_module_state_updates_in_place():
   assert float(step(2.0)) == 4.0
   assert float(step(3.0)) == 12.0
   np.testing.assert_array_equal(_compat.variable_value(model.w), [6.0, 6.0])
+
+
+class _Noisy(nn.Module):
+  """Dropout (draws from the model's rng stream on every call) and a sow."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dropout(0.5, deterministic=False)(nn.Dense(8)(x))
+    self.sow("intermediates", "h", h)
+    return h
+
+
+def _rng_key_variable(model):
+  return _compat.rngs_of(model).dropout.key
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_rng_stream_draws_match_stock_bridge_under_nnx_jit(impl):
+  """The step's rng key (passed to the executable as its raw data) gives the same draws as
+  stock flax.nnx.bridge.ToNNX under nnx.jit, also after a key of another PRNG implementation
+  is stored in the model between calls."""
+  x = jnp.ones((2, 8))
+  ours = lb.lazy_init(lb.ToNNX(_Noisy(), rngs=nnx.Rngs(params=0, dropout=1)), x,
+                        capacity=8)
+  stock = bridge.ToNNX(_Noisy(), rngs=nnx.Rngs(params=0, dropout=1))
+  bridge.lazy_init(stock, x)
+  step = lb.compile_step(lambda m, x: m(x), ours)
+  stock_step = nnx.jit(lambda m, x: m(x))
+  expected = []
+  for call in range(4):
+    if call == 2:  # reseed both with a key of the parametrized implementation
+      for model in (ours, stock):
+        _rng_key_variable(model).value = jax.random.key(7, impl=impl)
+    got, want = step(x), stock_step(stock, x)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    expected.append(want)
+  assert len({np.asarray(e).tobytes() for e in expected}) == 4  # every call drew anew
+  np.testing.assert_allclose(lb.recorded(ours)["intermediates"]["h"], np.stack(expected),
+                             rtol=RTOL, atol=ATOL)

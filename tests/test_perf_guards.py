@@ -18,6 +18,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import loopbridge as lb
@@ -93,10 +94,47 @@ def ops_on_buffers(comps, names, op: str) -> list[str]:
   return found
 
 
-def new_model():
+_ROOT = re.compile(r"^\s*ROOT\s+%?[\w.\-]+\s*=\s*\S+\s+([\w\-]+)\(")
+# Ops that produce a buffer-shaped value without touching every element: plumbing, and the
+# one-slot write (XLA updates the operand in place).
+_PLUMBING = {"parameter", "get-tuple-element", "tuple", "bitcast", "dynamic-update-slice"}
+
+
+def fused_root_op(comps, line: str) -> str | None:
+  """The op at the root of the computation a `fusion` line calls (bitcasts looked through)."""
+  for name in called(line):
+    for body_line in comps.get(name, []):
+      m = _ROOT.match(body_line)
+      if m:
+        op = m.group(1)
+        if op == "bitcast":  # look at what the bitcast reads
+          operand = body_line.split("bitcast(")[1].split(")")[0].strip().lstrip("%")
+          for other in comps[name]:
+            if other.strip().lstrip("%").startswith(operand + " "):
+              found = _SHAPE_OP.search(other)
+              return found.group(2) if found else op
+        return op
+  return None
+
+
+def buffer_sized_ops(comps, names) -> list[str]:
+  """Lines in `names` computing a buffer-shaped array other than by a one-slot write."""
+  found = []
+  for name in names:
+    for line in comps[name]:
+      m = _SHAPE_OP.search(line)
+      if not m or m.group(1).split(",")[0] != str(CAPACITY) or m.group(2) in _PLUMBING:
+        continue
+      if m.group(2) == "fusion" and fused_root_op(comps, line) == "dynamic-update-slice":
+        continue
+      found.append(line.strip())
+  return found
+
+
+def new_model(overflow="error"):
   x = jax.random.normal(jax.random.key(1), (1, FEATURES))
   model = lb.ToNNX(MLP(DEPTH, FEATURES), rngs=nnx.Rngs(0))
-  lb.lazy_init(model, x, capacity=CAPACITY)
+  lb.lazy_init(model, x, capacity=CAPACITY, overflow=overflow)
   return model, x
 
 
@@ -173,6 +211,44 @@ def test_nnx_jit_loop_body_never_copies_a_buffer(graph):
   assert ops_on_buffers(comps, inside, "copy") == []
 
 
+def test_buffer_sized_op_guard_can_fail():
+  """A body that touches the whole buffer (a select over every slot) is caught; a one-slot
+  write is not."""
+
+  def run(buf, n, whole):
+    def body(c):
+      i, b = c
+      if whole:
+        b = jnp.where(jnp.arange(CAPACITY)[:, None] == i, jnp.full(b.shape, 1.0 * i), b)
+      else:
+        b = jax.lax.dynamic_update_index_in_dim(b, jnp.full(b.shape[1:], 1.0 * i), i, 0)
+      return i + 1, b
+
+    return jax.lax.while_loop(lambda c: c[0] < n, body, (0, buf))
+
+  for whole in (True, False):
+    fn = jax.jit(run, static_argnums=2, donate_argnums=0)
+    comps = parse_hlo(fn.lower(jnp.zeros((CAPACITY, 3)), 5, whole).compile().as_text())
+    found = buffer_sized_ops(comps, reachable(comps, while_bodies(comps)))
+    assert bool(found) == whole, found
+
+
+@pytest.mark.parametrize("overflow", ["error", "drop", "wrap"])
+def test_no_buffer_sized_op_in_the_loop_body_under_each_policy(overflow, graph):
+  """Every overflow policy writes one slot per sow: the only buffer-shaped results in the
+  loop body are in-place one-slot writes (lb.compile_step and plain nnx.jit alike)."""
+  model, x = new_model(overflow)
+  step = lb.compile_step(loop(graph), model).lower(x, 3).compile()
+  jitted, state = nnx_jit_equivalent(model, loop(graph))
+  for compiled in (step, jitted.lower(state, x, 3).compile()):
+    comps = parse_hlo(compiled.as_text())
+    inside = reachable(comps, while_bodies(comps))
+    assert len(ops_on_buffers(comps, inside, "dynamic-update-slice")) + sum(
+        fused_root_op(comps, line) == "dynamic-update-slice"
+        for name in inside for line in comps[name] if " fusion(" in line) >= 2
+    assert buffer_sized_ops(comps, inside) == []
+
+
 # --------------------------------------------------------------------------- per call
 def test_single_step_is_in_place_too():
   model, x = new_model()
@@ -219,3 +295,19 @@ def test_nnx_jit_of_the_bridged_model_does_not_retrace(graph):
   jitted(model, x * 2.0, 4)
   assert len(traces) == first
   assert int(lb.counts(model)["intermediates"]["x"]) == 9
+
+
+def test_readme_loop_pattern_donates_the_buffers(graph):
+  """`nnx.jit(..., donate_argnums=0)` (the README's pattern) hands the buffers to XLA, which
+  writes them in place: the arrays held before the call are consumed, on every flax end."""
+  model, x = new_model()
+
+  @nnx.jit(donate_argnums=0, **graph_kw(graph))
+  def run(model, x):
+    return loop(graph)(model, x, 3)
+
+  run(model, x)
+  before = jax.tree_util.tree_leaves(lb.buffers(model))
+  run(model, x)
+  assert before and all(b.is_deleted() for b in before)
+  assert int(lb.counts(model)["intermediates"]["x"]) == 6

@@ -7,6 +7,7 @@ differ and how. Code elsewhere in the package never checks a version itself.
 
 from __future__ import annotations
 
+import operator
 import typing as tp
 
 import flax
@@ -355,6 +356,48 @@ def set_raw_value(variable: nnx.Variable, value: tp.Any, *, check: bool = True) 
     variable.raw_value = value
   else:
     object.__setattr__(variable, "raw_value", value)
+
+
+def raw_value_accessors() -> tuple[tp.Callable[[nnx.Variable], tp.Any],
+                                   tp.Callable[[nnx.Variable, tp.Any], None]]:
+  """(get, set) of a Variable's stored value as C-level callables, for per-call hot paths.
+
+  Same as `get_raw_value` / `set_raw_value(..., check=False)` without a Python frame per
+  Variable: `lb.compile_step` moves every leaf of a model on each call, and on a tiny model
+  those frames cost as much as jax's own dispatch. `set` skips the trace-level check, so it is
+  only for concrete values. flax 0.12: the `_raw_value` slot's descriptor (the class's
+  `__setattr__` checks traces); 0.10: the instance attribute `raw_value`.
+  """
+  if _RAW_SLOT is not None:
+    slot = nnx.Variable.__dict__[_RAW_SLOT]  # a member descriptor: __get__/__set__ in C
+    return operator.attrgetter(_RAW_SLOT), slot.__set__
+
+  def set_value(variable: nnx.Variable, value: tp.Any) -> None:
+    object.__setattr__(variable, "raw_value", value)
+
+  return operator.attrgetter("raw_value"), set_value
+
+
+def key_data_accessors() -> tuple[tp.Callable[[nnx.Variable], tp.Any],
+                                  tp.Callable[[nnx.Variable], tp.Any]] | None:
+  """(key data, key impl) getters of a Variable holding a typed PRNG key array, C-level.
+
+  jax flattens a typed key array argument through a Python callback on every call of a jitted
+  function; its uint32 data goes through the C++ path. The attributes are jax internals that
+  every supported jax has (0.5.3 to 0.10.2); None if they are gone (keys then go as they are).
+  """
+  key = jax.random.key(0)
+  if not (hasattr(key, "_base_array") and hasattr(key, "_impl")):
+    return None
+  name = _RAW_SLOT or "raw_value"
+  return operator.attrgetter(f"{name}._base_array"), operator.attrgetter(f"{name}._impl")
+
+
+def is_concrete_typed_key(value: tp.Any) -> bool:
+  """A typed PRNG key array holding its data (not a tracer), as `key_data_accessors` reads."""
+  dtype = getattr(value, "dtype", None)
+  return (dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+          and hasattr(value, "_base_array"))
 
 
 # --- loop carries (lb.while_loop, lb.fori_loop, lb.explain) -----------------------------------

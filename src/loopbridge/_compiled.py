@@ -29,6 +29,9 @@ from . import _compat, _recorder
 from ._errors import StructureChangeError
 
 Out = tp.TypeVar("Out")
+_get_raw, _set_raw = _compat.raw_value_accessors()
+_KEY_ACCESSORS = _compat.key_data_accessors()
+_TRACER = jax.core.Tracer
 
 
 class _NewWrites(Exception):
@@ -154,16 +157,47 @@ class CompiledStep(tp.Generic[Out]):
   def _set_written(self, written: frozenset[int]) -> None:
     self._written = written
     self._moved_idx = tuple(sorted(written))
-    self._kept_idx = tuple(i for i in range(len(self._variables)) if i not in written)
+    kept = [i for i in range(len(self._variables)) if i not in written]
+    # Kept typed PRNG keys (an `nnx.Rngs` key) go last among the kept leaves and travel as
+    # their uint32 data (see `_compat.key_data_accessors`); `_pure` wraps them back.
+    keys = [i for i in kept if _KEY_ACCESSORS is not None
+            and _compat.is_concrete_typed_key(_compat.get_raw_value(self._variables[i]))]
+    self._kept_idx = tuple([i for i in kept if i not in keys] + keys)
     self._moved_vars = tuple(self._variables[i] for i in self._moved_idx)
-    self._kept_vars = tuple(self._variables[i] for i in self._kept_idx)
-    self._jitted = jax.jit(self._pure, donate_argnums=(1,) if self._donate else ())
+    self._plain_vars = tuple(self._variables[i] for i in self._kept_idx[:len(kept) - len(keys)])
+    self._key_vars = tuple(self._variables[i] for i in keys)
+    self._key_impls = self._current_key_impls()
+    # Every leaf is its own positional argument (jax's C++ dispatch handles those faster than
+    # the leaves of a list); the written ones, right after the kept ones, are donated.
+    n_kept, n_moved = len(self._kept_idx), len(self._moved_idx)
+    self._jitted = jax.jit(self._pure, donate_argnums=tuple(range(n_kept, n_kept + n_moved))
+                           if self._donate else ())
+
+  def _current_key_impls(self) -> tuple[tp.Any, ...] | None:
+    try:
+      return tuple(map(_KEY_ACCESSORS[1], self._key_vars)) if self._key_vars else ()
+    except AttributeError:  # no longer a typed key: None differs from any recorded impls
+      return None
+
+  def _refresh(self) -> None:
+    """Follow re-declared buffers, and keys of another PRNG implementation stored meanwhile."""
+    if self._stale():
+      self._split()
+    if self._key_vars and self._current_key_impls() != self._key_impls:
+      self._set_written(self._written)
 
   def _stale(self) -> bool:
     return self._generation != _recorder.generation()
 
   # ---------------------------------------------------------------- traced
-  def _pure(self, kept, moved, args, kwargs):
+  def _pure(self, *flat):
+    n_kept = len(self._kept_idx)
+    kept, moved = list(flat[:n_kept]), flat[n_kept:-2]
+    args, kwargs = flat[-2:]
+    n_keys = len(self._key_impls)
+    for k, impl in enumerate(self._key_impls):
+      j = n_kept - n_keys + k
+      kept[j] = jax.random.wrap_key_data(kept[j], impl=impl)
     leaves: list[tp.Any] = [None] * len(self._variables)
     for i, leaf in zip(self._kept_idx, kept):
       leaves[i] = leaf
@@ -211,28 +245,40 @@ class CompiledStep(tp.Generic[Out]):
     return out, new_leaves, changed
 
   # ---------------------------------------------------------------- calling
-  def _inputs(self):
-    if self._stale():
-      self._split()
-    get = _compat.get_raw_value
-    return [get(v) for v in self._kept_vars], [get(v) for v in self._moved_vars]
+  def _inputs(self) -> list[tp.Any]:
+    """The leaves to call `_jitted` with (kept, then written), from the model's Variables."""
+    self._refresh()
+    keys = map(_KEY_ACCESSORS[0], self._key_vars) if self._key_vars else ()
+    return [*map(_get_raw, self._plain_vars), *keys, *map(_get_raw, self._moved_vars)]
 
   def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
+    # The per-call path is kept to a few C-level loops: on a small model, Python work here
+    # costs as much as jax's own dispatch (benchmarks/bench_recording.py, "D dispatch").
+    if (self._generation != _recorder.generation()
+        or (self._key_vars and self._current_key_impls() != self._key_impls)):
+      self._refresh()
     if not self._analysed:  # first call: learn which leaves are written, then donate them
-      self._inputs()
       self._analyse(args, kwargs)
-    kept, moved = self._inputs()
     try:
-      out, new = self._jitted(kept, moved, args, kwargs)
+      if self._key_vars:
+        out, new = self._jitted(*map(_get_raw, self._plain_vars),
+                                *map(_KEY_ACCESSORS[0], self._key_vars),
+                                *map(_get_raw, self._moved_vars), args, kwargs)
+      else:
+        out, new = self._jitted(*map(_get_raw, self._plain_vars),
+                                *map(_get_raw, self._moved_vars), args, kwargs)
     except _NewWrites:  # new argument shapes made the function write more: learn again
       self._analyse(args, kwargs)
       return self(*args, **kwargs)
-    # Concrete results (the usual case: called from Python) cannot belong to another trace,
-    # so the per-Variable trace-level check is skipped; under an outer trace it runs.
-    check = bool(new) and isinstance(new[0], jax.core.Tracer)
-    for variable, value in zip(self._moved_vars, new):
-      _compat.set_raw_value(variable, value, check=check)
+    if new and isinstance(new[0], _TRACER):
+      # Under an outer trace the per-Variable trace-level check runs; concrete results (the
+      # usual case: called from Python) cannot belong to another trace, so it is skipped.
+      for variable, value in zip(self._moved_vars, new):
+        _compat.set_raw_value(variable, value)
+    else:
+      for variable, value in zip(self._moved_vars, new):
+        _set_raw(variable, value)
     return out
 
   def lower(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
@@ -241,9 +287,9 @@ class CompiledStep(tp.Generic[Out]):
       if not self._analysed:
         self._inputs()
         self._analyse(args, kwargs)
-      kept, moved = self._inputs()
+      leaves = self._inputs()
       try:
-        return self._jitted.lower(kept, moved, args, kwargs)
+        return self._jitted.lower(*leaves, args, kwargs)
       except _NewWrites:
         self._analyse(args, kwargs)
 
