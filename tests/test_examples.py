@@ -34,6 +34,20 @@ def test_there_are_examples():
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_example_compiles_and_prints_its_key_line(script: pathlib.Path):
+  """The cheap check of the default run; running each script is `-m slow` (.ci/run)."""
+  source = script.read_text()
+  compile(source, str(script), "exec")  # raises SyntaxError naming the line
+  key = KEY_LINES.get(script.name)
+  if key is not None:  # the literal part before any formatted value
+    literal = re.split(r"[{}]", key)[0].split(":")[0]
+    assert literal in source, f"{script.name}: {literal!r} is not printed anywhere"
+
+
+# A fresh interpreter each (imports jax, compiles everything again): slow. The guides execute
+# the same code paths in-process in the default run.
+@pytest.mark.slow
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script: pathlib.Path):
   result = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
