@@ -2,7 +2,8 @@
 
 Each script runs in a fresh interpreter (`sys.executable`, so the environment under test) and must
 exit with 0 and print its key result line. A script not listed in KEY_LINES must still exit with 0
-and print something; list it here so its result is checked, not just its exit code.
+and print something; list it here so its result is checked, not just its exit code. Running the
+scripts is marked slow (`-m slow`, run by .ci/run); the default run compiles each one.
 """
 
 from __future__ import annotations
