@@ -28,7 +28,7 @@ needs_graph_switch = pytest.mark.skipif(
     "(added in flax 0.11)")
 
 
-# --- sharding marker and hypothesis profiles (tests/test_sharding.py, tests/test_properties.py)
+# --- markers (sharding, multihost, slow) and hypothesis profiles
 
 SHARDING_DEVICES = 8
 SHARDING_COMMAND = (
@@ -44,7 +44,41 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers",
       "multihost: starts 2 JAX processes (gloo CPU collectives, 2 devices each) that run as "
-      "one multi-host job; deselect with -m 'not multihost'")
+      "one multi-host job; also marked slow")
+  config.addinivalue_line(
+      "markers",
+      f"slow: {SLOW_REASON}; left out of a plain `pytest` run, run by {SLOW_COMMAND!r} "
+      "(as .ci/run does) or by naming the test")
+
+
+# Slow tests repeat work the default run already covers more cheaply, so a plain run leaves
+# them out to stay within its time budget; CI runs them in a second pass, so each test still
+# runs exactly once there.
+SLOW_REASON = ("subprocess runs of the examples and the CLI (the guides and in-process tests "
+               "cover the same code), hypothesis property tests, the 2-process job")
+SLOW_COMMAND = "python -m pytest -q -m slow"
+
+
+def _is_plain_run(config) -> bool:
+  """True for a plain run: no -m expression and no test paths named (the configured testpaths)."""
+  if config.option.markexpr:
+    return False  # the user's -m decides, slow or not
+  return config.args_source == pytest.Config.ArgsSource.TESTPATHS
+
+
+def pytest_collection_modifyitems(config, items):
+  if not _is_plain_run(config):
+    return
+  slow = [item for item in items if item.get_closest_marker("slow") is not None]
+  if slow:
+    config.hook.pytest_deselected(items=slow)
+    items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+
+
+def pytest_report_header(config):
+  if _is_plain_run(config):
+    return f"slow tests left out ({SLOW_REASON}); run them with: {SLOW_COMMAND}"
+  return None
 
 
 def _register_hypothesis_profiles() -> None:

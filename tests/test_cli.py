@@ -421,6 +421,7 @@ def _run(argv, cwd, extra_path=None):
   return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # subprocess, the default model end to end; run by `-m slow` (.ci/run)
 def test_end_to_end_default_model(tmp_path):
   result = _run([sys.executable, "-m", "loopbridge", "inspect"], cwd=tmp_path)
   assert result.returncode == 0, result.stderr
@@ -441,6 +442,7 @@ def test_end_to_end_default_model(tmp_path):
   assert excerpt.strip() and excerpt in out + "\n"
 
 
+@pytest.mark.slow  # subprocess; test_json_report_on_a_target covers it in-process
 def test_end_to_end_target_module_json(tmp_path):
   (tmp_path / "user_models.py").write_text(TARGET_SOURCE)
   script = os.path.join(os.path.dirname(sys.executable), "loopbridge")
@@ -475,6 +477,7 @@ class Chatty(nn.Module):
 """
 
 
+@pytest.mark.slow  # two subprocesses (stdout vs stderr); run by `-m slow` (.ci/run)
 def test_json_is_the_only_stdout_when_the_model_prints(tmp_path):
   (tmp_path / "chatty_models.py").write_text(PRINTING_SOURCE)
   result = _run([sys.executable, "-m", "loopbridge", "inspect", "chatty_models:Chatty", "--arg",

@@ -243,6 +243,7 @@ def test_unalignable_is_one_line(capsys, target):
                r"no module call of the reference could be aligned")
 
 
+@pytest.mark.slow  # subprocess; the in-process tests above cover the command; `-m slow`
 def test_end_to_end_subprocess(tmp_path):
   (tmp_path / "cli_compare_models.py").write_text(SOURCE)
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -2,7 +2,8 @@
 
 Each script runs in a fresh interpreter (`sys.executable`, so the environment under test) and must
 exit with 0 and print its key result line. A script not listed in KEY_LINES must still exit with 0
-and print something; list it here so its result is checked, not just its exit code.
+and print something; list it here so its result is checked, not just its exit code. Running the
+scripts is marked slow (`-m slow`, run by .ci/run); the default run compiles each one.
 """
 
 from __future__ import annotations
@@ -33,6 +34,20 @@ def test_there_are_examples():
   assert {p.name for p in EXAMPLES} >= set(KEY_LINES)
 
 
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_example_compiles_and_prints_its_key_line(script: pathlib.Path):
+  """The cheap check of the default run; running each script is `-m slow` (.ci/run)."""
+  source = script.read_text()
+  compile(source, str(script), "exec")  # raises SyntaxError naming the line
+  key = KEY_LINES.get(script.name)
+  if key is not None:  # the literal part before any formatted value
+    literal = re.split(r"[{}]", key)[0].split(":")[0]
+    assert literal in source, f"{script.name}: {literal!r} is not printed anywhere"
+
+
+# A fresh interpreter each (imports jax, compiles everything again): slow. The guides execute
+# the same code paths in-process in the default run.
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script: pathlib.Path):
   result = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,

@@ -22,6 +22,7 @@ TIMEOUT = 300  # seconds for the whole job: start-up, compilation, loop, checkpo
 
 pytestmark = [
     pytest.mark.multihost,
+    pytest.mark.slow,
     pytest.mark.skipif(not hasattr(jax.config, "jax_cpu_collectives_implementation"),
                        reason=f"jax {jax.__version__} has no CPU collectives option "
                        "(jax_cpu_collectives_implementation='gloo'), so several JAX processes "

@@ -30,6 +30,8 @@ from hypothesis import strategies as st
 
 import loopbridge as lb
 
+pytestmark = pytest.mark.slow  # hypothesis: many compiled loops; run by `-m slow` (.ci/run)
+
 MAX_STEPS = 6
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "int32": jnp.int32,
           "bool": jnp.bool_}

@@ -166,6 +166,7 @@ _specs = st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=3).map(tuple),
                             st.sampled_from(_DTYPES)), min_size=1, max_size=3)
 
 
+@pytest.mark.slow  # hypothesis; run by `-m slow` (.ci/run)
 @settings(max_examples=25, deadline=None)
 @given(specs=_specs, depth=st.integers(1, 5))
 def test_property_unstack_inverts_stack(specs, depth):
@@ -181,6 +182,7 @@ def test_property_unstack_inverts_stack(specs, depth):
   _assert_same_module(lb.layers.stack(back), stacked)
 
 
+@pytest.mark.slow  # hypothesis; run by `-m slow` (.ci/run)
 @settings(max_examples=25, deadline=None)
 @given(specs=_specs, which=st.integers(0, 2), change=st.sampled_from(["shape", "dtype"]))
 def test_property_differing_member_names_path_and_both_shapes(specs, which, change):
