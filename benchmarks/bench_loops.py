@@ -3,7 +3,8 @@
 Both run side by side in one process on the same carries; each number is the median over
 repeated calls (after a warm-up call that compiles), in milliseconds, results blocked on.
 "jit" wraps the loop in `nnx.jit` (the usual way to run it); "eager" calls the loop directly.
-Rows where the installed flax's nnx loop cannot run the carry (two nnx.Linear in one carry on flax 0.10) say so.
+Rows where the installed flax's nnx loop cannot run the carry (two nnx.Linear in one carry on
+flax 0.10) say so.
 
 Run: python benchmarks/bench_loops.py  [--repeats N] [--json PATH]   (under 2 minutes on CPU)
 """
@@ -34,8 +35,9 @@ def _block(out: tp.Any) -> None:
   jax.block_until_ready([x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)])
 
 
-def median_ms_pair(fn_a: tp.Callable[[], tp.Any], fn_b: tp.Callable[[], tp.Any] | None,
-                   repeats: int) -> tuple[float, float | None]:
+def median_ms_pair(
+  fn_a: tp.Callable[[], tp.Any], fn_b: tp.Callable[[], tp.Any] | None, repeats: int
+) -> tuple[float, float | None]:
   """Median ms per call of two functions, timed alternately so machine load hits both alike."""
   _block(fn_a())  # warm-up: compiles
   if fn_b is not None:
@@ -89,8 +91,12 @@ def bridged_sow_model():
     @nn.compact
     def __call__(self, x):
       self.sow("intermediates", "x", x)
-      scan = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
-                     split_rngs={"params": True}, length=3)
+      scan = nn.scan(
+        Block,
+        variable_axes={"params": 0, "intermediates": 0},
+        split_rngs={"params": True},
+        length=3,
+      )
       return scan()(x, None)[0]
 
   x = jnp.ones((1, WIDTH))
@@ -104,8 +110,9 @@ def bridged_sow_model():
   return (model, x), body
 
 
-def fori_runner(loop: tp.Callable[..., tp.Any], make: tp.Callable[[], tp.Any],
-                jit: bool) -> tp.Callable[[], tp.Any]:
+def fori_runner(
+  loop: tp.Callable[..., tp.Any], make: tp.Callable[[], tp.Any], jit: bool
+) -> tp.Callable[[], tp.Any]:
   carry, body = make()
 
   def run(carry):
@@ -153,11 +160,14 @@ def main() -> None:
   jit_repeats, eager_repeats = args.repeats, max(3, args.repeats // 6)
 
   rows = []
-  cases = [("fori_loop, 1 nnx.Linear", lambda loop, jit: fori_runner(loop, one_model, jit)),
-           ("fori_loop, 2 nnx.Linear in one carry",
-            lambda loop, jit: fori_runner(loop, two_models, jit)),
-           ("fori_loop, lb.ToNNX sowing MLP (recording)",
-            lambda loop, jit: fori_runner(loop, bridged_sow_model, jit))]
+  cases = [
+    ("fori_loop, 1 nnx.Linear", lambda loop, jit: fori_runner(loop, one_model, jit)),
+    ("fori_loop, 2 nnx.Linear in one carry", lambda loop, jit: fori_runner(loop, two_models, jit)),
+    (
+      "fori_loop, lb.ToNNX sowing MLP (recording)",
+      lambda loop, jit: fori_runner(loop, bridged_sow_model, jit),
+    ),
+  ]
   for name, build in cases:
     for jit in (True, False):
       repeats = jit_repeats if jit else eager_repeats
@@ -166,13 +176,16 @@ def main() -> None:
       rows.append((name, "jit" if jit else "eager", lb_ms, nnx_ms, note))
   for jit in (True, False):
     repeats = jit_repeats if jit else eager_repeats
-    lb_ms, nnx_ms = median_ms_pair(while_runner(lb.while_loop, jit),
-                                   while_runner(nnx.while_loop, jit), repeats)
+    lb_ms, nnx_ms = median_ms_pair(
+      while_runner(lb.while_loop, jit), while_runner(nnx.while_loop, jit), repeats
+    )
     rows.append(("while_loop, 1 nnx.Linear", "jit" if jit else "eager", lb_ms, nnx_ms, ""))
 
-  print(f"flax {flax.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}; "
-        f"{STEPS} steps per call, width {WIDTH}; median of {jit_repeats} (jit) / "
-        f"{eager_repeats} (eager) calls")
+  print(
+    f"flax {flax.__version__}, jax {jax.__version__}, {jax.devices()[0].platform}; "
+    f"{STEPS} steps per call, width {WIDTH}; median of {jit_repeats} (jit) / "
+    f"{eager_repeats} (eager) calls"
+  )
   print(f"nnx loops in their default mode (graph switch: {_compat.HAS_GRAPH_SWITCH})\n")
   print("| loop and carry | call | lb (ms) | nnx (ms) | nnx / lb |")
   print("|---|---|---:|---:|---:|")
@@ -182,13 +195,19 @@ def main() -> None:
     print(f"| {name} | {how} | {lb_ms:.3f} | {nnx_text} | {ratio} |")
   if args.json:
     result = {
-        "command": "python benchmarks/bench_loops.py" + f" --repeats {args.repeats}",
-        "flax": flax.__version__, "jax": jax.__version__, "platform": jax.devices()[0].platform,
-        "load_average": list(os.getloadavg()), "cpus": os.cpu_count(),
-        "steps_per_call": STEPS, "width": WIDTH,
-        "repeats": {"jit": jit_repeats, "eager": eager_repeats},
-        "rows": [{"case": name, "call": how, "lb_ms": lb_ms, "nnx_ms": nnx_ms, "note": note}
-                 for name, how, lb_ms, nnx_ms, note in rows],
+      "command": "python benchmarks/bench_loops.py" + f" --repeats {args.repeats}",
+      "flax": flax.__version__,
+      "jax": jax.__version__,
+      "platform": jax.devices()[0].platform,
+      "load_average": list(os.getloadavg()),
+      "cpus": os.cpu_count(),
+      "steps_per_call": STEPS,
+      "width": WIDTH,
+      "repeats": {"jit": jit_repeats, "eager": eager_repeats},
+      "rows": [
+        {"case": name, "call": how, "lb_ms": lb_ms, "nnx_ms": nnx_ms, "note": note}
+        for name, how, lb_ms, nnx_ms, note in rows
+      ],
     }
     with open(args.json, "w") as f:
       json.dump(result, f, indent=2)

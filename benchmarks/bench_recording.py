@@ -4,7 +4,8 @@ One process, every scenario compiled once, then timed in interleaved rounds (the
 rotates each round) so that load from other processes hits all of them alike; reported numbers
 are medians over rounds, and ratios are medians of per-round ratios (paired).
 
-Model: the MLP of `examples/sow_in_while_loop.py` (a top-level sow and a sow inside an `nn.scan` body of Dense + relu),
+Model: the MLP of `examples/sow_in_while_loop.py` (a top-level sow and a sow inside an `nn.scan`
+body of Dense + relu),
 widened to width 256, depth 6, batch 32.
 
 Scenarios (loops of 50 and 500 steps; the loop length is a traced argument, so both lengths run
@@ -70,7 +71,7 @@ class Block(nn.Module):
 
 
 class MLP(nn.Module):
-  """The model of `examples/sow_in_while_loop.py`: a top-level sow and a sow inside an `nn.scan` body."""
+  """The model of `examples/sow_in_while_loop.py`: a top-level sow and a sow in an `nn.scan`."""
 
   depth: int
   features: int
@@ -78,8 +79,12 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x):
     self.sow("intermediates", "x", x)
-    scan_block = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
-                         split_rngs={"params": True}, length=self.depth)(self.features)
+    scan_block = nn.scan(
+      Block,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=self.depth,
+    )(self.features)
     carry, _ = scan_block(x, None)
     return carry
 
@@ -136,8 +141,11 @@ def functional_steps(module: nn.Module):
 
 
 def new_records(capacity: int, depth: int, batch: int, width: int):
-  return (jnp.zeros((capacity, batch, width)), jnp.zeros((capacity, depth, batch, width)),
-          jnp.zeros((), jnp.int32))
+  return (
+    jnp.zeros((capacity, batch, width)),
+    jnp.zeros((capacity, depth, batch, width)),
+    jnp.zeros((), jnp.int32),
+  )
 
 
 def nnx_loop(graph: bool):
@@ -169,8 +177,10 @@ def policy_name(overflow: str) -> str:
 
 def sown_bytes_per_step(model) -> int:
   """Bytes one call sows (every buffer's slot size): what recording must move per step."""
-  return sum(int(np.prod(b.shape[1:])) * b.dtype.itemsize
-             for b in jax.tree_util.tree_leaves(lb.buffers(model)))
+  return sum(
+    int(np.prod(b.shape[1:])) * b.dtype.itemsize
+    for b in jax.tree_util.tree_leaves(lb.buffers(model))
+  )
 
 
 class CopyBandwidth:
@@ -232,13 +242,14 @@ def calls_for(fn: tp.Callable[[], tp.Any], target_s: float, max_calls: int = 100
   return max(1, min(max_calls, int(target_s / max(one, 1e-6))))
 
 
-def run_rounds(cases: dict[str, tp.Callable[[], np.ndarray]], rounds: int
-               ) -> dict[str, list[np.ndarray]]:
+def run_rounds(
+  cases: dict[str, tp.Callable[[], np.ndarray]], rounds: int
+) -> dict[str, list[np.ndarray]]:
   """Run every case once per round, rotating the order each round; return all samples."""
   names = list(cases)
   samples: dict[str, list[np.ndarray]] = {name: [] for name in names}
   for r in range(rounds if names else 0):
-    order = names[r % len(names):] + names[:r % len(names)]
+    order = names[r % len(names) :] + names[: r % len(names)]
     for name in order:
       samples[name].append(cases[name]())
   return samples
@@ -278,8 +289,8 @@ def bench_loops(args, module, params, x) -> dict:
   models = {cap: new_model(module, x, cap) for cap in (MAIN_CAPACITY, *CAPACITIES)}
   copy = CopyBandwidth(lb.sow_sites(models[MAIN_CAPACITY]).buffer_bytes)
   cases: dict[str, tp.Callable] = {
-      "A": lambda n: loop_a(params, x, n),
-      "B": lambda n: rec_b(x, n),
+    "A": lambda n: loop_a(params, x, n),
+    "B": lambda n: rec_b(x, n),
   }
   copying: dict[str, tp.Callable] = {}
   for cap, model in models.items():
@@ -289,11 +300,13 @@ def bench_loops(args, module, params, x) -> dict:
         continue
       jitted = nnx.jit(nnx_loop(graph), **graph_kw(graph))
       (cases if cap == MAIN_CAPACITY else copying)[f"C-{mode_name(graph)}{suffix}"] = (
-          functools.partial(lambda n, jitted=jitted, model=model: jitted(model, x, n)))
+        functools.partial(lambda n, jitted=jitted, model=model: jitted(model, x, n))
+      )
     if cap != MAIN_CAPACITY:
       donating = nnx.jit(nnx_loop(True), donate_argnums=0)
       cases[f"C-graph donate{suffix}"] = functools.partial(
-          lambda n, jitted=donating, model=model: jitted(model, x, n))
+        lambda n, jitted=donating, model=model: jitted(model, x, n)
+      )
     # D runs on a model of its own (see bench_calls).
     step = lb.compile_step(nnx_loop(True), new_model(module, x, cap))
     cases[f"D{suffix}"] = functools.partial(lambda n, step=step: step(x, n))
@@ -302,10 +315,10 @@ def bench_loops(args, module, params, x) -> dict:
       donating = nnx.jit(nnx_loop(True), donate_argnums=0)
       model = new_model(module, x, cap, overflow)
       cases[f"C-graph donate{policy_name(overflow)}@{cap}"] = functools.partial(
-          lambda n, jitted=donating, model=model: jitted(model, x, n))
+        lambda n, jitted=donating, model=model: jitted(model, x, n)
+      )
       step = lb.compile_step(nnx_loop(True), new_model(module, x, cap, overflow))
-      cases[f"D{policy_name(overflow)}@{cap}"] = functools.partial(
-          lambda n, step=step: step(x, n))
+      cases[f"D{policy_name(overflow)}@{cap}"] = functools.partial(lambda n, step=step: step(x, n))
   if hasattr(lb, "while_loop"):
     model = models[MAIN_CAPACITY]
 
@@ -316,25 +329,35 @@ def bench_loops(args, module, params, x) -> dict:
   t0 = time.perf_counter()
   for fn in (*cases.values(), *copying.values()):  # compile and settle donation, untimed
     jax.block_until_ready(fn(SHORT))
-  print(f"  compiled {len(cases) + len(copying)} loops in {time.perf_counter() - t0:.1f}s",
-        file=sys.stderr)
+  print(
+    f"  compiled {len(cases) + len(copying)} loops in {time.perf_counter() - t0:.1f}s",
+    file=sys.stderr,
+  )
   jax.block_until_ready(copy())
   passes = calls_for(copy, args.sample_s * 5)
   timers = {name: loop_case(fn) for name, fn in cases.items()}
   timers["copy"] = lambda: np.stack([timed(copy, passes)] * 3)  # per pass, in loop_case's shape
   samples = run_rounds(timers, args.rounds)
-  samples.update(run_rounds({name: loop_case(fn) for name, fn in copying.items()},
-                            max(3, args.rounds // 3)))
-  out = {name: {"per_step_us": per_clock([x[0] for x in v], 1e6),
-                f"t{SHORT}_ms": per_clock([x[1] for x in v], 1e3),
-                f"t{LONG}_ms": per_clock([x[2] for x in v], 1e3),
-                "samples": [x[0] for x in v]}
-         for name, v in samples.items() if name != "copy"}
+  samples.update(
+    run_rounds({name: loop_case(fn) for name, fn in copying.items()}, max(3, args.rounds // 3))
+  )
+  out = {
+    name: {
+      "per_step_us": per_clock([x[0] for x in v], 1e6),
+      f"t{SHORT}_ms": per_clock([x[1] for x in v], 1e3),
+      f"t{LONG}_ms": per_clock([x[2] for x in v], 1e3),
+      "samples": [x[0] for x in v],
+    }
+    for name, v in samples.items()
+    if name != "copy"
+  }
   per_pass = [x[0] for x in samples["copy"]]
-  out["copy"] = {"bytes": copy.nbytes,
-                 "GBps": per_clock([2 * copy.nbytes / t / 1e9 for t in per_pass]),
-                 "sown_bytes_per_step": sown_bytes_per_step(models[MAIN_CAPACITY]),
-                 "samples": per_pass}
+  out["copy"] = {
+    "bytes": copy.nbytes,
+    "GBps": per_clock([2 * copy.nbytes / t / 1e9 for t in per_pass]),
+    "sown_bytes_per_step": sown_bytes_per_step(models[MAIN_CAPACITY]),
+    "samples": per_pass,
+  }
   return out
 
 
@@ -367,12 +390,14 @@ def bench_calls(args, module, x, *, capacities, tiny: bool) -> dict:
     for graph in GRAPH_MODES:
       jitted = nnx.jit(nnx_step, **graph_kw(graph))
       (cases if tiny else copying)[f"C-{mode_name(graph)}{suffix}"] = functools.partial(
-          lambda jitted, model: jitted(model, x), jitted, model)
+        lambda jitted, model: jitted(model, x), jitted, model
+      )
       if not tiny:
         break  # tree mode costs the same per call on the wide model; once is enough
     donating = nnx.jit(nnx_step, donate_argnums=0)
     cases[f"C-graph donate{suffix}"] = functools.partial(
-        lambda jitted, model: jitted(model, x), donating, model)
+      lambda jitted, model: jitted(model, x), donating, model
+    )
     # D gets a model of its own: sharing one with nnx.jit would time D on arrays that
     # nnx.jit just allocated, and interleave nnx.jit's bookkeeping with D's.
     step = lb.compile_step(nnx_step, new_model(module, x, cap))
@@ -389,8 +414,9 @@ def bench_calls(args, module, x, *, capacities, tiny: bool) -> dict:
 
 def memory_stats(compiled) -> dict:
   stats = compiled.memory_analysis()
-  return {k: int(getattr(stats, f"{k}_size_in_bytes")) for k in
-          ("argument", "output", "alias", "temp")}
+  return {
+    k: int(getattr(stats, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")
+  }
 
 
 def bench_memory(module, params, x) -> dict:
@@ -410,8 +436,9 @@ def bench_memory(module, params, x) -> dict:
 
   out["C"] = memory_stats(jax.jit(loop_c).lower(state, x, SHORT).compile())
   out["D"] = memory_stats(lb.compile_step(nnx_loop(True), model).lower(x, SHORT).compile())
-  buffer_bytes = sum(int(np.prod(b.shape)) * b.dtype.itemsize
-                     for b in jax.tree_util.tree_leaves(lb.buffers(model)))
+  buffer_bytes = sum(
+    int(np.prod(b.shape)) * b.dtype.itemsize for b in jax.tree_util.tree_leaves(lb.buffers(model))
+  )
   for name in ("C", "D"):
     out[name]["temp_minus_A"] = out[name]["temp"] - out["A"]["temp"]
   out["buffer_bytes"] = buffer_bytes
@@ -477,14 +504,18 @@ def bench_plain_sow(args) -> dict:
 
   def run(mode):
     def sample():
-      out = subprocess.run([sys.executable, worker, mode], capture_output=True, text=True,
-                           check=True, timeout=600)
+      out = subprocess.run(
+        [sys.executable, worker, mode], capture_output=True, text=True, check=True, timeout=600
+      )
       d = json.loads(out.stdout.strip().splitlines()[-1])
       return np.array([d["cpu"], d["wall"]])
+
     return sample
 
-  cases = {"plain sow, loopbridge recording elsewhere": run("loopbridge"),
-           "plain sow, loopbridge not imported": run("plain")}
+  cases = {
+    "plain sow, loopbridge recording elsewhere": run("loopbridge"),
+    "plain sow, loopbridge not imported": run("plain"),
+  }
   # Process-to-process noise is about ±10 % here: many short pairs, judged by their median.
   samples = run_rounds(cases, max(5, args.rounds // 2))
   return {name: {"us": per_clock(v, 1e6), "samples": v} for name, v in samples.items()}
@@ -499,13 +530,22 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="fewer rounds (about 2 minutes)")
   parser.add_argument("--rounds", type=int, default=None, help="timed rounds per scenario")
-  parser.add_argument("--judge", choices=CLOCKS, default="cpu",
-                      help="clock whose ratios are checked against the targets (default cpu)")
-  parser.add_argument("--only", default=None,
-                      help="comma-separated sections to run: loops,calls,memory,lazy_init,"
-                      "plain_sow (default: all); ratios of sections not run are left out")
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                    "results", "recording.json"))
+  parser.add_argument(
+    "--judge",
+    choices=CLOCKS,
+    default="cpu",
+    help="clock whose ratios are checked against the targets (default cpu)",
+  )
+  parser.add_argument(
+    "--only",
+    default=None,
+    help="comma-separated sections to run: loops,calls,memory,lazy_init,"
+    "plain_sow (default: all); ratios of sections not run are left out",
+  )
+  parser.add_argument(
+    "--out",
+    default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "recording.json"),
+  )
   args = parser.parse_args(argv)
   if args.rounds is None:
     args.rounds = 5 if args.quick else 21
@@ -516,8 +556,11 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   x = jax.random.normal(jax.random.key(0), (BATCH, WIDTH))
   params = {"params": module.init(jax.random.key(1), x)["params"]}
 
-  only = set(args.only.split(",")) if args.only else {"loops", "calls", "memory", "lazy_init",
-                                                        "plain_sow"}
+  only = (
+    set(args.only.split(","))
+    if args.only
+    else {"loops", "calls", "memory", "lazy_init", "plain_sow"}
+  )
   loops = dispatch = per_call = memory = lazy = plain_sow = {}
   if "loops" in only:
     print("loops ...", file=sys.stderr)
@@ -533,9 +576,13 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
     memory = bench_memory(module, params, x)
   if "lazy_init" in only:
     print("lazy_init ...", file=sys.stderr)
-    lazy = bench_lazy_init(args, {
+    lazy = bench_lazy_init(
+      args,
+      {
         "2 sites": (module, x),
-        "24 sites": (ManySites(), jax.random.normal(jax.random.key(2), (BATCH, 64)))})
+        "24 sites": (ManySites(), jax.random.normal(jax.random.key(2), (BATCH, 64))),
+      },
+    )
   if "plain_sow" in only:
     print("plain NNX sow ...", file=sys.stderr)
     plain_sow = bench_plain_sow(args)
@@ -544,8 +591,11 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
 
   def ratio(name, num, den, target):
     value = paired_ratio(num["samples"], den["samples"])
-    ratios[name] = {"value": value, "target": target,
-                    "status": "info" if target is None else check(value[args.judge], target)}
+    ratios[name] = {
+      "value": value,
+      "target": target,
+      "status": "info" if target is None else check(value[args.judge], target),
+    }
 
   if loops:
     b_over_a = paired_ratio(loops["B"]["samples"], loops["A"]["samples"])[args.judge]
@@ -563,59 +613,103 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
     copy = loops["copy"]
     floor = [t * copy["sown_bytes_per_step"] / copy["bytes"] for t in copy["samples"]]
     for name, target in (("D", 1.5), ("B", None)):
-      extra = [np.asarray(a) - np.asarray(b)
-               for a, b in zip(loops[name]["samples"], loops["A"]["samples"])]
-      ratio(f"roofline: ({name} - A) step / sown-bytes floor", {"samples": extra},
-            {"samples": floor}, target)
+      extra = [
+        np.asarray(a) - np.asarray(b) for a, b in zip(loops[name]["samples"], loops["A"]["samples"])
+      ]
+      ratio(
+        f"roofline: ({name} - A) step / sown-bytes floor",
+        {"samples": extra},
+        {"samples": floor},
+        target,
+      )
     ratios["roofline floor µs (2 x sown bytes / copy bandwidth)"] = {
-        "value": per_clock(floor, 1e6), "target": None, "status": "info"}
+      "value": per_clock(floor, 1e6),
+      "target": None,
+      "status": "info",
+    }
     # Without donation each call of C copies the buffers (0.6 s at 4096); that per-call time
     # dominates both loop lengths, so their difference is too noisy to check against 1.10.
     ratio("C-graph step cap 4096/16", loops["C-graph@4096"], loops["C-graph@16"], None)
   if dispatch:
-    ratio("D dispatch / jax.jit apply+buffers", dispatch["D@16"],
-          dispatch["jax.jit apply+buffers@16"], 1.3)
+    ratio(
+      "D dispatch / jax.jit apply+buffers",
+      dispatch["D@16"],
+      dispatch["jax.jit apply+buffers@16"],
+      1.3,
+    )
     ratio("D dispatch / jax.jit apply", dispatch["D@16"], dispatch["jax.jit apply"], None)
-    ratio("C-graph dispatch / jax.jit apply+buffers", dispatch["C-graph@16"],
-          dispatch["jax.jit apply+buffers@16"], None)
+    ratio(
+      "C-graph dispatch / jax.jit apply+buffers",
+      dispatch["C-graph@16"],
+      dispatch["jax.jit apply+buffers@16"],
+      None,
+    )
     # "C-graph donate" is the README's pattern (nnx.jit(..., donate_argnums=0)); "C-graph"
     # (no donation) copies every written buffer per call by XLA's rules: shown, not a target.
     for name, target in (("D", 1.10), ("C-graph donate", 1.10), ("C-graph", None)):
-      ratio(f"{name} per call cap 4096/16", per_call[f"{name}@4096"], per_call[f"{name}@16"],
-            target)
+      ratio(
+        f"{name} per call cap 4096/16", per_call[f"{name}@4096"], per_call[f"{name}@16"], target
+      )
   for label in ("2 sites", "24 sites"):
     if lazy:
-      ratio(f"lb.lazy_init / bridge.lazy_init ({label})", lazy[f"lb.lazy_init {label}"],
-            lazy[f"bridge.lazy_init {label}"], 1.2)
+      ratio(
+        f"lb.lazy_init / bridge.lazy_init ({label})",
+        lazy[f"lb.lazy_init {label}"],
+        lazy[f"bridge.lazy_init {label}"],
+        1.2,
+      )
   if plain_sow:
-    ratio("plain NNX sow, loopbridge recording elsewhere / loopbridge not imported",
-          plain_sow["plain sow, loopbridge recording elsewhere"],
-          plain_sow["plain sow, loopbridge not imported"], 1.05)
+    ratio(
+      "plain NNX sow, loopbridge recording elsewhere / loopbridge not imported",
+      plain_sow["plain sow, loopbridge recording elsewhere"],
+      plain_sow["plain sow, loopbridge not imported"],
+      1.05,
+    )
   for name in ("C", "D") if memory else ():
     extra = memory[name]["temp_minus_A"]
     ratios[f"{name} temp - A temp (bytes) vs buffer bytes"] = {
-        "value": dict.fromkeys(CLOCKS, extra), "target": memory["buffer_bytes"],
-        "status": check(extra, memory["buffer_bytes"])}
+      "value": dict.fromkeys(CLOCKS, extra),
+      "target": memory["buffer_bytes"],
+      "status": check(extra, memory["buffer_bytes"]),
+    }
 
   def strip(section):
     return {name: {k: v for k, v in d.items() if k != "samples"} for name, d in section.items()}
 
   result = {
-      "command": "python benchmarks/bench_recording.py" + (" --quick" if args.quick else "")
-                 + (f" --only {args.only}" if args.only else ""),
-      "rounds": args.rounds, "judge": args.judge,
-      "versions": {"python": platform.python_version(), "jax": jax.__version__,
-                   "jaxlib": getattr(__import__("jaxlib"), "__version__", "?"),
-                   "flax": flax.__version__, "loopbridge": lb.__version__},
-      "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                  "device": str(jax.devices()[0]),
-                  "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
-      "model": {"width": WIDTH, "depth": DEPTH, "batch": BATCH, "steps": [SHORT, LONG],
-                "capacity": MAIN_CAPACITY},
-      "loops": strip(loops), "dispatch_tiny": strip(dispatch), "per_call_wide": strip(per_call),
-      "memory": memory, "lazy_init": strip(lazy), "plain_sow": strip(plain_sow),
-      "ratios": ratios,
-      "seconds": time.perf_counter() - started,
+    "command": "python benchmarks/bench_recording.py"
+    + (" --quick" if args.quick else "")
+    + (f" --only {args.only}" if args.only else ""),
+    "rounds": args.rounds,
+    "judge": args.judge,
+    "versions": {
+      "python": platform.python_version(),
+      "jax": jax.__version__,
+      "jaxlib": getattr(__import__("jaxlib"), "__version__", "?"),
+      "flax": flax.__version__,
+      "loopbridge": lb.__version__,
+    },
+    "machine": {
+      "platform": platform.platform(),
+      "cpus": os.cpu_count(),
+      "device": str(jax.devices()[0]),
+      "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    },
+    "model": {
+      "width": WIDTH,
+      "depth": DEPTH,
+      "batch": BATCH,
+      "steps": [SHORT, LONG],
+      "capacity": MAIN_CAPACITY,
+    },
+    "loops": strip(loops),
+    "dispatch_tiny": strip(dispatch),
+    "per_call_wide": strip(per_call),
+    "memory": memory,
+    "lazy_init": strip(lazy),
+    "plain_sow": strip(plain_sow),
+    "ratios": ratios,
+    "seconds": time.perf_counter() - started,
   }
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
@@ -632,34 +726,44 @@ def render(r: dict) -> str:
   v = r["versions"]
   load = r["machine"]["load_average"]
   lines = [
-      f"`{r['command']}` — jax {v['jax']}, flax {v['flax']}, {r['machine']['cpus']} CPUs"
-      + (f" (load average {load[0]:.1f} at the end)" if load else "")
-      + f", {r['rounds']} rounds, {r['seconds']:.0f} s. Model: the MLP of `examples/sow_in_while_loop.py`, width {WIDTH}, "
-      f"depth {DEPTH}, batch {BATCH}. Medians; cpu = this process's CPU time, wall = elapsed.",
+    f"`{r['command']}` — jax {v['jax']}, flax {v['flax']}, {r['machine']['cpus']} CPUs"
+    + (f" (load average {load[0]:.1f} at the end)" if load else "")
+    + f", {r['rounds']} rounds, {r['seconds']:.0f} s. "
+    + f"Model: the MLP of `examples/sow_in_while_loop.py`, width {WIDTH}, "
+    f"depth {DEPTH}, batch {BATCH}. Medians; cpu = this process's CPU time, wall = elapsed.",
   ]
   if r["loops"]:
     lines += [
-        "",
-        f"Loops: per step = (t{LONG} - t{SHORT}) / {LONG - SHORT} of one executable; capacity "
-        f"{MAIN_CAPACITY} unless @capacity",
-        "",
-        f"| scenario | per step µs cpu | wall | t{SHORT} ms cpu | wall | t{LONG} ms cpu | wall |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+      "",
+      f"Loops: per step = (t{LONG} - t{SHORT}) / {LONG - SHORT} of one executable; capacity "
+      f"{MAIN_CAPACITY} unless @capacity",
+      "",
+      f"| scenario | per step µs cpu | wall | t{SHORT} ms cpu | wall | t{LONG} ms cpu | wall |",
+      "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, d in r["loops"].items():
       if name == "copy":
         continue
-      lines.append(f"| {name} | {_cw(d['per_step_us'], '.0f')} | "
-                   f"{_cw(d[f't{SHORT}_ms'], '.1f')} | {_cw(d[f't{LONG}_ms'], '.1f')} |")
+      lines.append(
+        f"| {name} | {_cw(d['per_step_us'], '.0f')} | "
+        f"{_cw(d[f't{SHORT}_ms'], '.1f')} | {_cw(d[f't{LONG}_ms'], '.1f')} |"
+      )
   if r["loops"].get("copy"):
     c = r["loops"]["copy"]
-    lines += ["", f"Copy bandwidth (read + written bytes per second, in-place pass over "
-              f"{c['bytes'] / 2**20:.0f} MiB): {_cw(c['GBps'], '.1f')} GB/s (cpu | wall); "
-              f"sown per step: {c['sown_bytes_per_step'] / 1024:.0f} KiB"]
+    lines += [
+      "",
+      f"Copy bandwidth (read + written bytes per second, in-place pass over "
+      f"{c['bytes'] / 2**20:.0f} MiB): {_cw(c['GBps'], '.1f')} GB/s (cpu | wall); "
+      f"sown per step: {c['sown_bytes_per_step'] / 1024:.0f} KiB",
+    ]
   if r["dispatch_tiny"]:
-    lines += ["", "Per call of one jitted step, µs", "",
-              "| step | tiny model cpu | wall | wide model cpu | wall |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+      "",
+      "Per call of one jitted step, µs",
+      "",
+      "| step | tiny model cpu | wall | wide model cpu | wall |",
+      "|---|---:|---:|---:|---:|",
+    ]
     for name in dict.fromkeys([*r["dispatch_tiny"], *r["per_call_wide"]]):
       cells = []
       for section in (r["dispatch_tiny"], r["per_call_wide"]):
@@ -667,22 +771,40 @@ def render(r: dict) -> str:
       lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
   mem = r["memory"]
   if mem:
-    lines += ["", f"Compiled memory of the capacity-{MAIN_CAPACITY} loop, bytes (buffers: "
-              f"{mem['buffer_bytes']})", "",
-              "| loop | argument | output | alias | temp |", "|---|---:|---:|---:|---:|"]
+    lines += [
+      "",
+      f"Compiled memory of the capacity-{MAIN_CAPACITY} loop, bytes (buffers: "
+      f"{mem['buffer_bytes']})",
+      "",
+      "| loop | argument | output | alias | temp |",
+      "|---|---:|---:|---:|---:|",
+    ]
     for name in ("A", "B", "C", "D"):
       m = mem[name]
       lines.append(f"| {name} | {m['argument']} | {m['output']} | {m['alias']} | {m['temp']} |")
   if r["lazy_init"]:
-    lines += ["", "lazy_init, ms: " + "; ".join(
+    lines += [
+      "",
+      "lazy_init, ms: "
+      + "; ".join(
         f"{k} {_cw(d['ms'], '.1f').replace(' | ', ' cpu, ')} wall"
-        for k, d in r["lazy_init"].items())]
+        for k, d in r["lazy_init"].items()
+      ),
+    ]
   if r["plain_sow"]:
-    lines += ["", "plain NNX sow, µs per call: " + "; ".join(
+    lines += [
+      "",
+      "plain NNX sow, µs per call: "
+      + "; ".join(
         f"{k} {_cw(d['us'], '.2f').replace(' | ', ' cpu, ')} wall"
-        for k, d in r["plain_sow"].items())]
-  lines += ["", "| ratio (median of paired ratios) | cpu | wall | target "
-            f"| status ({r['judge']}) |", "|---|---:|---:|---:|---|"]
+        for k, d in r["plain_sow"].items()
+      ),
+    ]
+  lines += [
+    "",
+    f"| ratio (median of paired ratios) | cpu | wall | target | status ({r['judge']}) |",
+    "|---|---:|---:|---:|---|",
+  ]
   for name, d in r["ratios"].items():
     value, target = d["value"], d["target"]
     if isinstance(target, int) and not isinstance(target, bool) and target > 1000:

@@ -130,27 +130,52 @@ def run(depths: tp.Sequence[int], rounds: int, compiles: int) -> list[dict[str, 
           cpu_times.append(cpu_s)
           wall_times.append(wall_s)
         jax.block_until_ready(compiled(state, x))  # warm up
-        cases.append({"method": method, "depth": depth, "grad": grad,
-                      "compile_s": min(cpu_times), "compile_wall_s": min(wall_times),
-                      "fn": compiled, "args": (state, x), "times": []})
-        print(f"  compiled {method:8s} depth {depth:3d} {'fwd+grad' if grad else 'fwd':8s} "
-              f"in {min(cpu_times):.2f} s CPU ({min(wall_times):.2f} s wall)", flush=True)
+        cases.append(
+          {
+            "method": method,
+            "depth": depth,
+            "grad": grad,
+            "compile_s": min(cpu_times),
+            "compile_wall_s": min(wall_times),
+            "fn": compiled,
+            "args": (state, x),
+            "times": [],
+          }
+        )
+        print(
+          f"  compiled {method:8s} depth {depth:3d} {'fwd+grad' if grad else 'fwd':8s} "
+          f"in {min(cpu_times):.2f} s CPU ({min(wall_times):.2f} s wall)",
+          flush=True,
+        )
   for r in range(rounds):
-    order = cases[r % len(cases):] + cases[:r % len(cases)]
+    order = cases[r % len(cases) :] + cases[: r % len(cases)]
     for case in order:
       start = time.perf_counter()
       jax.block_until_ready(case["fn"](*case["args"]))
       case["times"].append(time.perf_counter() - start)
-  return [{"method": c["method"], "depth": c["depth"], "grad": c["grad"],
-           "compile_s": c["compile_s"], "compile_wall_s": c["compile_wall_s"],
-           "step_us": 1e6 * min(c["times"]),
-           "step_median_us": 1e6 * statistics.median(c["times"])} for c in cases]
+  return [
+    {
+      "method": c["method"],
+      "depth": c["depth"],
+      "grad": c["grad"],
+      "compile_s": c["compile_s"],
+      "compile_wall_s": c["compile_wall_s"],
+      "step_us": 1e6 * min(c["times"]),
+      "step_median_us": 1e6 * statistics.median(c["times"]),
+    }
+    for c in cases
+  ]
 
 
 def table(results: list[dict[str, tp.Any]], depths: tp.Sequence[int]) -> str:
   index = {(r["method"], r["depth"], r["grad"]): r for r in results}
-  head = ("| pass | depth | " + " | ".join(f"compile {m} (s CPU)" for m in METHODS) + " | "
-          + " | ".join(f"step {m} (µs, best)" for m in METHODS) + " |")
+  head = (
+    "| pass | depth | "
+    + " | ".join(f"compile {m} (s CPU)" for m in METHODS)
+    + " | "
+    + " | ".join(f"step {m} (µs, best)" for m in METHODS)
+    + " |"
+  )
   lines = [head, "|" + "---|" * (2 + 2 * len(METHODS))]
   for grad in (False, True):
     for depth in depths:
@@ -161,10 +186,12 @@ def table(results: list[dict[str, tp.Any]], depths: tp.Sequence[int]) -> str:
   lines.append("")
   for grad in (False, True):
     ratios = ", ".join(
-        f"{m} {index[(m, hi, grad)]['compile_s'] / index[(m, lo, grad)]['compile_s']:.1f}x"
-        for m in METHODS)
-    lines.append(f"Compile time, depth {hi} / depth {lo} ({'fwd+grad' if grad else 'fwd'}): "
-                 f"{ratios}")
+      f"{m} {index[(m, hi, grad)]['compile_s'] / index[(m, lo, grad)]['compile_s']:.1f}x"
+      for m in METHODS
+    )
+    lines.append(
+      f"Compile time, depth {hi} / depth {lo} ({'fwd+grad' if grad else 'fwd'}): {ratios}"
+    )
   return "\n".join(lines)
 
 
@@ -177,14 +204,24 @@ def plot(results: list[dict[str, tp.Any]], path: str) -> bool:
   import matplotlib.pyplot as plt
 
   fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-  for ax, key, label in ((axes[0], "compile_s", "compile time (s CPU)"),
-                         (axes[1], "step_us", "step time (µs)")):
+  for ax, key, label in (
+    (axes[0], "compile_s", "compile time (s CPU)"),
+    (axes[1], "step_us", "step time (µs)"),
+  ):
     for color, method in zip(("C0", "C1", "C2"), METHODS):
       for grad, style in ((False, "-"), (True, "--")):
-        rows = sorted((r for r in results if r["method"] == method and r["grad"] == grad),
-                      key=lambda r: r["depth"])
-        ax.plot([r["depth"] for r in rows], [r[key] for r in rows], style, color=color,
-                marker="o", label=f"{method} {'fwd+grad' if grad else 'fwd'}")
+        rows = sorted(
+          (r for r in results if r["method"] == method and r["grad"] == grad),
+          key=lambda r: r["depth"],
+        )
+        ax.plot(
+          [r["depth"] for r in rows],
+          [r[key] for r in rows],
+          style,
+          color=color,
+          marker="o",
+          label=f"{method} {'fwd+grad' if grad else 'fwd'}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("depth (layers)")
@@ -203,10 +240,14 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=50)
   parser.add_argument("--compiles", type=int, default=2, help="compiles per case (min kept)")
   parser.add_argument("--json", default=os.path.join(HERE, "results", "stacking.json"))
-  parser.add_argument("--png", default=os.path.join(ROOT, "migration_guides",
-                                                    "stacking_layers.png"))
-  parser.add_argument("--plot-only", action="store_true",
-                      help="redraw the table and plot from the JSON of an earlier run")
+  parser.add_argument(
+    "--png", default=os.path.join(ROOT, "migration_guides", "stacking_layers.png")
+  )
+  parser.add_argument(
+    "--plot-only",
+    action="store_true",
+    help="redraw the table and plot from the JSON of an earlier run",
+  )
   args = parser.parse_args()
   if args.plot_only:
     with open(args.json) as f:
@@ -216,17 +257,31 @@ def main() -> None:
     return
   depths = (2, 8) if args.quick else (2, 8, 32, 64)
   rounds = 5 if args.quick else args.rounds
-  print(f"flax {flax.__version__}, jax {jax.__version__}, {jax.default_backend()}, "
-        f"{os.cpu_count()} cpus", flush=True)
+  print(
+    f"flax {flax.__version__}, jax {jax.__version__}, {jax.default_backend()}, "
+    f"{os.cpu_count()} cpus",
+    flush=True,
+  )
   results = run(depths, rounds, 1 if args.quick else args.compiles)
   text = table(results, depths)
   print(text)
   os.makedirs(os.path.dirname(args.json), exist_ok=True)
   with open(args.json, "w") as f:
-    json.dump({"flax": flax.__version__, "jax": jax.__version__,
-               "backend": jax.default_backend(), "machine": platform.machine(),
-               "cpus": os.cpu_count(), "width": WIDTH, "batch": BATCH, "rounds": rounds,
-               "results": results}, f, indent=1)
+    json.dump(
+      {
+        "flax": flax.__version__,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "width": WIDTH,
+        "batch": BATCH,
+        "rounds": rounds,
+        "results": results,
+      },
+      f,
+      indent=1,
+    )
   if plot(results, args.png):
     print(f"plot: {os.path.relpath(args.png, ROOT)}")
   else:

@@ -47,8 +47,9 @@ def main(mode: str, batches: int = 30, per_batch: int = 2000) -> None:
     for _ in range(per_batch):
       module(x)
       del module.h  # keep the tuple at one entry: time the call, not a growing tuple
-    samples.append(((time.process_time() - cpu) / per_batch,
-                    (time.perf_counter() - wall) / per_batch))
+    samples.append(
+      ((time.process_time() - cpu) / per_batch, (time.perf_counter() - wall) / per_batch)
+    )
     gc.enable()
   arr = np.asarray(samples)
   print(json.dumps({"cpu": float(np.median(arr[:, 0])), "wall": float(np.median(arr[:, 1]))}))

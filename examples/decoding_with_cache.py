@@ -1,4 +1,4 @@
-"""Autoregressive decoding with flax's own decode attention in `nnx.while_loop`, recording every step.
+"""Autoregressive decoding with flax's decode attention in `nnx.while_loop`, recording each step.
 
 A tiny decoder-only Linen transformer uses `nn.MultiHeadDotProductAttention(decode=True)`, whose
 `cache` collection is sized by the input given to `init`. Wrapped with `lb.ToNNX`, it is
@@ -70,7 +70,7 @@ def decode(model, tokens, prompt_len):
 
 
 def generate(model, prompt):
-  tokens = jnp.zeros((prompt.shape[0], MAX_LEN), jnp.int32).at[:, :prompt.shape[1]].set(prompt)
+  tokens = jnp.zeros((prompt.shape[0], MAX_LEN), jnp.int32).at[:, : prompt.shape[1]].set(prompt)
   return decode(model, tokens, prompt.shape[1])
 
 
@@ -81,12 +81,14 @@ def linen_reference(params, prompt):
   tokens = [prompt[:, i] for i in range(prompt.shape[1])]
   hidden, weights = [], []
   for t in range(STEPS):
-    logits, state = module.apply({"params": params, "cache": cache}, tokens[t][:, None],
-                                 mutable=["cache", "intermediates"])
+    logits, state = module.apply(
+      {"params": params, "cache": cache}, tokens[t][:, None], mutable=["cache", "intermediates"]
+    )
     cache = state["cache"]
     hidden.append(state["intermediates"]["Block_0"]["hidden"][0])
-    weights.append(state["intermediates"]["Block_1"]["MultiHeadDotProductAttention_0"]
-                   ["attention_weights"][0])
+    weights.append(
+      state["intermediates"]["Block_1"]["MultiHeadDotProductAttention_0"]["attention_weights"][0]
+    )
     if t + 1 >= prompt.shape[1]:
       tokens.append(jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32))
   return jnp.stack(tokens, axis=1), jnp.stack(hidden), jnp.stack(weights)
@@ -96,7 +98,7 @@ def main() -> None:
   prompt = jnp.array([[1, 5, 3]], jnp.int32)
   full = jnp.zeros((1, MAX_LEN), jnp.int32)
   model = lb.ToNNX(FlaxLM(), rngs=nnx.Rngs(0))
-  lb.lazy_init(model, full, capacity=STEPS)           # caches of MAX_LEN positions
+  lb.lazy_init(model, full, capacity=STEPS)  # caches of MAX_LEN positions
   lb.preallocate(model, full[:, :1], capacity=STEPS)  # buffers for the one-token step
   params = to_pure_dict(nnx.state(model, nnx.Param))
 
@@ -106,15 +108,21 @@ def main() -> None:
   weights = rec["Block_1"]["MultiHeadDotProductAttention_0"]["attention_weights"]
 
   ref_tokens, ref_hidden, ref_weights = linen_reference(params, prompt)
-  same = (bool(jnp.array_equal(tokens, ref_tokens))
-          and bool(jnp.allclose(hidden, ref_hidden, atol=1e-5))
-          and bool(jnp.allclose(weights, ref_weights, atol=1e-5)))
+  same = (
+    bool(jnp.array_equal(tokens, ref_tokens))
+    and bool(jnp.allclose(hidden, ref_hidden, atol=1e-5))
+    and bool(jnp.allclose(weights, ref_weights, atol=1e-5))
+  )
 
   print(f"prompt {prompt[0].tolist()} -> tokens {tokens[0].tolist()}")
-  print(f"recorded per generated step: hidden {tuple(hidden.shape)}, "
-        f"attention weights {tuple(weights.shape)}")
-  print(f"attention of the last step over positions: "
-        f"{' '.join(f'{w:.2f}' for w in np.asarray(weights[-1, 0, 0, 0]))}")
+  print(
+    f"recorded per generated step: hidden {tuple(hidden.shape)}, "
+    f"attention weights {tuple(weights.shape)}"
+  )
+  print(
+    f"attention of the last step over positions: "
+    f"{' '.join(f'{w:.2f}' for w in np.asarray(weights[-1, 0, 0, 0]))}"
+  )
   print(f"matches step-by-step Linen: {same}")
   if not same:
     raise SystemExit(1)

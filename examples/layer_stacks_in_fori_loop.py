@@ -3,7 +3,8 @@
 A model that keeps its layers in a list and calls `layers[i](x)` inside
 `nnx.fori_loop` fails with TracerIntegerConversionError: a Python list cannot be indexed
 by a traced integer. A loop over layers needs the layers as one *stack* (every array with a
-leading layer axis); `lb.layers.layer(stack, i)` then gives layer `i` for a traced `i`. Only layers of
+leading layer axis); `lb.layers.layer(stack, i)` then gives layer `i` for a traced `i`.
+Only layers of
 equal shapes can share a stack, so the hidden widths are made equal here; hidden layers of
 different widths get a clear error, and a Python loop is the right tool for them.
 
@@ -20,8 +21,14 @@ import loopbridge as lb
 class MLP(nnx.Module):
   """An MLP with its equal-width hidden layers kept as one stack."""
 
-  def __init__(self, rngs: nnx.Rngs, in_features: int, hidden_features: list, out_features: int,
-               leaky_relu_negative_slope: float = 0.01) -> None:
+  def __init__(
+    self,
+    rngs: nnx.Rngs,
+    in_features: int,
+    hidden_features: list,
+    out_features: int,
+    leaky_relu_negative_slope: float = 0.01,
+  ) -> None:
     self.leaky_relu_negative_slope = leaky_relu_negative_slope
     width = hidden_features[0]
     self.first = nnx.Linear(in_features, width, rngs=rngs)
@@ -94,8 +101,12 @@ if __name__ == "__main__":
     print("heterogeneous widths:", str(error).splitlines()[0])
 
   model = Model(jax.random.split(jax.random.key(0), 2))
-  print("nnx.vmap built", len(lb.layers.unstack(model.model)), "layers; kernel stack shape",
-        model.model.kernel.shape)
+  print(
+    "nnx.vmap built",
+    len(lb.layers.unstack(model.model)),
+    "layers; kernel stack shape",
+    model.model.kernel.shape,
+  )
   layers = lb.layers.unstack(model.model)
   x = jnp.ones((42, 32))
   assert jnp.allclose(model(x), layers[1](layers[0](x)), atol=1e-6)

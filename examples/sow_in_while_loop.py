@@ -31,10 +31,10 @@ class MLP(nn.Module):
   def __call__(self, x):
     self.sow("intermediates", "x", x)
     scan_block = nn.scan(
-        Block,
-        variable_axes={"params": 0, "intermediates": 0},
-        split_rngs={"params": True},
-        length=self.depth,
+      Block,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=self.depth,
     )()
     carry, _unused_outputs = scan_block(x, None)
     return carry
@@ -64,13 +64,16 @@ def main() -> None:
   model, outputs, steps_run = run(model_nnx, x)
 
   print(f"ran {int(steps_run)} steps of nnx.while_loop under nnx.jit")
-  for path, value in sorted(jax.tree_util.tree_flatten_with_path(lb.recorded(model))[0],
-                            key=lambda kv: jax.tree_util.keystr(kv[0])):
+  for path, value in sorted(
+    jax.tree_util.tree_flatten_with_path(lb.recorded(model))[0],
+    key=lambda kv: jax.tree_util.keystr(kv[0]),
+  ):
     name = "/".join(str(getattr(k, "key", k)) for k in path)
     print(f"  recorded {name:<32} shape={tuple(value.shape)} dtype={value.dtype}")
   final = lb.recorded(model)["intermediates"]["ScanBlock_0"]["carry"][-1, -1]
-  print(f"  last step, last layer carry equals the loop output: "
-        f"{bool(jnp.allclose(final, outputs))}")
+  print(
+    f"  last step, last layer carry equals the loop output: {bool(jnp.allclose(final, outputs))}"
+  )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,6 @@ from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser
 
 pytest_collect_file = Sybil(
-    parsers=[PythonCodeBlockParser()],
-    patterns=["*.md"],
+  parsers=[PythonCodeBlockParser()],
+  patterns=["*.md"],
 ).pytest()

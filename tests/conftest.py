@@ -23,39 +23,46 @@ def graph(request) -> bool:
 
 
 needs_graph_switch = pytest.mark.skipif(
-    not _compat.HAS_GRAPH_SWITCH,
-    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no graph=/tree mode switch "
-    "(added in flax 0.11)")
+  not _compat.HAS_GRAPH_SWITCH,
+  reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no graph=/tree mode switch "
+  "(added in flax 0.11)",
+)
 
 
 # --- markers (sharding, multihost, slow) and hypothesis profiles
 
 SHARDING_DEVICES = 8
 SHARDING_COMMAND = (
-    f"XLA_FLAGS=--xla_force_host_platform_device_count={SHARDING_DEVICES} "
-    "python -m pytest -q -m sharding tests/test_sharding.py tests/test_bad_inputs.py")
+  f"XLA_FLAGS=--xla_force_host_platform_device_count={SHARDING_DEVICES} "
+  "python -m pytest -q -m sharding tests/test_sharding.py tests/test_bad_inputs.py"
+)
 
 
 def pytest_configure(config):
   config.addinivalue_line(
-      "markers",
-      f"sharding: needs {SHARDING_DEVICES} (simulated) devices; runs in its own process: "
-      f"{SHARDING_COMMAND}")
+    "markers",
+    f"sharding: needs {SHARDING_DEVICES} (simulated) devices; runs in its own process: "
+    f"{SHARDING_COMMAND}",
+  )
   config.addinivalue_line(
-      "markers",
-      "multihost: starts 2 JAX processes (gloo CPU collectives, 2 devices each) that run as "
-      "one multi-host job; also marked slow")
+    "markers",
+    "multihost: starts 2 JAX processes (gloo CPU collectives, 2 devices each) that run as "
+    "one multi-host job; also marked slow",
+  )
   config.addinivalue_line(
-      "markers",
-      f"slow: {SLOW_REASON}; left out of a plain `pytest` run, run by {SLOW_COMMAND!r} "
-      "(as .ci/run does) or by naming the test")
+    "markers",
+    f"slow: {SLOW_REASON}; left out of a plain `pytest` run, run by {SLOW_COMMAND!r} "
+    "(as .ci/run does) or by naming the test",
+  )
 
 
 # Slow tests repeat work the default run already covers more cheaply, so a plain run leaves
 # them out to stay within its time budget; CI runs them in a second pass, so each test still
 # runs exactly once there.
-SLOW_REASON = ("subprocess runs of the examples and the CLI (the guides and in-process tests "
-               "cover the same code), hypothesis property tests, the 2-process job")
+SLOW_REASON = (
+  "subprocess runs of the examples and the CLI (the guides and in-process tests "
+  "cover the same code), hypothesis property tests, the 2-process job"
+)
 SLOW_COMMAND = "python -m pytest -q -m slow"
 
 
@@ -88,8 +95,9 @@ def _register_hypothesis_profiles() -> None:
 
   # Every example compiles small JAX programs, so examples are slow and timing varies: no
   # deadline, and a CI-sized default. LOOPBRIDGE_HYPOTHESIS_PROFILE=thorough for a deep run.
-  common: dict[str, tp.Any] = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                                   print_blob=True)
+  common: dict[str, tp.Any] = dict(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+  )
   settings.register_profile("ci", max_examples=20, **common)
   settings.register_profile("thorough", max_examples=300, **common)
   settings.load_profile(os.environ.get("LOOPBRIDGE_HYPOTHESIS_PROFILE", "ci"))

@@ -28,10 +28,10 @@ class MLP(nn.Module):
   def __call__(self, x):
     self.sow("intermediates", "x", x)
     scan_block = nn.scan(
-        Block,
-        variable_axes={"params": 0, "intermediates": 0},
-        split_rngs={"params": True},
-        length=self.depth,
+      Block,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=self.depth,
     )(self.features)
     carry, _ = scan_block(x, None)
     return carry

@@ -23,8 +23,9 @@ TOL: dict[str, tp.Any] = dict(rtol=1e-5, atol=1e-6)
 
 def main(port: int, process_id: int, checkpoint_dir: str) -> None:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(f"localhost:{port}", num_processes=PROCESSES,
-                             process_id=process_id, initialization_timeout=120)
+  jax.distributed.initialize(
+    f"localhost:{port}", num_processes=PROCESSES, process_id=process_id, initialization_timeout=120
+  )
 
   import flax.linen as nn
   import jax.numpy as jnp
@@ -64,31 +65,32 @@ def main(port: int, process_id: int, checkpoint_dir: str) -> None:
 
   model = new_model()
   buffer = lb.buffers(model)["intermediates"]["h"]
-  assert not buffer.is_fully_addressable and buffer.sharding.spec == P(None, "data"), \
-      buffer.sharding
+  assert not buffer.is_fully_addressable and buffer.sharding.spec == P(None, "data"), (
+    buffer.sharding
+  )
 
   @nnx.jit
   def run(model, xs):
     def body(i, model):
       model(xs[i])
       return model
+
     return nnx.fori_loop(0, STEPS, body, model)
 
   run(model, global_array(xs, P(None, "data")))
 
   def gathered(model):
-    counts = multihost_utils.process_allgather(lb.counts(model)["intermediates"]["h"],
-                                               tiled=True)
-    records = multihost_utils.process_allgather(lb.buffers(model)["intermediates"]["h"],
-                                                tiled=True)
+    counts = multihost_utils.process_allgather(lb.counts(model)["intermediates"]["h"], tiled=True)
+    records = multihost_utils.process_allgather(lb.buffers(model)["intermediates"]["h"], tiled=True)
     return int(np.max(counts)), np.asarray(records)
 
   count, records = gathered(model)
   assert count == STEPS, count
   for step in range(STEPS):  # plain Linen on the whole batch, one apply per step
     _, state = Net().apply(variables, xs[step], mutable=["intermediates"])
-    np.testing.assert_allclose(records[step], state["intermediates"]["h"][0], **TOL,
-                               err_msg=f"step {step}")
+    np.testing.assert_allclose(
+      records[step], state["intermediates"]["h"][0], **TOL, err_msg=f"step {step}"
+    )
 
   path = lb.checkpoint.save(checkpoint_dir, model)
   restored = lb.checkpoint.restore(path, new_model())

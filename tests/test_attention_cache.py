@@ -63,17 +63,23 @@ def _tokens(length):
 def test_one_token_init_with_larger_capacity_warns_with_both_numbers():
   model = lb.ToNNX(DecodeLM(), rngs=nnx.Rngs(0))
   message = _cache_warning(lb.lazy_init, model, _tokens(1), capacity=5)
-  assert re.search(r"lb\.lazy_init: the attention cache "
-                    r"'MultiHeadDotProductAttention_0/cached_key' holds 1 position\(s\).*"
-                    r"capacity 5 is declared.*Fix: initialize on the full length", message), message
+  assert re.search(
+    r"lb\.lazy_init: the attention cache "
+    r"'MultiHeadDotProductAttention_0/cached_key' holds 1 position\(s\).*"
+    r"capacity 5 is declared.*Fix: initialize on the full length",
+    message,
+  ), message
 
 
 def test_one_token_init_warns_even_when_capacity_fits():
   """Capacity 1 fits a length-1 cache, but a length-1 cache is the one-token init trap."""
   model = lb.ToNNX(DecodeLM(), rngs=nnx.Rngs(0))
   message = _cache_warning(lb.lazy_init, model, _tokens(1), capacity=1)
-  assert re.search(r"has length 1 .*initialized on a single "
-                    r"token.*lb\.preallocate\(model, tokens\[:, :1\], capacity=N\)", message), message
+  assert re.search(
+    r"has length 1 .*initialized on a single "
+    r"token.*lb\.preallocate\(model, tokens\[:, :1\], capacity=N\)",
+    message,
+  ), message
 
 
 def test_one_token_init_of_a_model_that_never_sows_warns():
@@ -95,15 +101,21 @@ def test_preallocate_past_the_cache_warns():
   model = lb.ToNNX(DecodeLM(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, _tokens(LENGTH), capacity=LENGTH)
   message = _cache_warning(lb.preallocate, model, _tokens(1), capacity=LENGTH + 3)
-  assert re.search(rf"lb\.preallocate: .* holds {LENGTH} position\(s\) \(cached_key "
-                    rf"\(1, {LENGTH}, 2, 4\).*capacity {LENGTH + 3} is declared", message), message
+  assert re.search(
+    rf"lb\.preallocate: .* holds {LENGTH} position\(s\) \(cached_key "
+    rf"\(1, {LENGTH}, 2, 4\).*capacity {LENGTH + 3} is declared",
+    message,
+  ), message
 
 
 def test_cache_of_a_bridged_part_is_named_by_its_path_from_the_root():
   root = Root()
   message = _cache_warning(lb.lazy_init, root, _tokens(1), capacity=4)
-  assert re.search(r"'lm/MultiHeadDotProductAttention_0/cached_key' holds 1 .*"
-                    r"declared for 'lm'", message), message
+  assert re.search(
+    r"'lm/MultiHeadDotProductAttention_0/cached_key' holds 1 .*"
+    r"declared for 'lm'",
+    message,
+  ), message
 
 
 def test_per_path_capacity_uses_the_largest_of_the_part():

@@ -142,8 +142,9 @@ def _count_at_int32_limit():
   from loopbridge import _buffers, _compat
 
   model = _model(capacity=2, overflow="wrap")
-  _compat.set_variable_value(model.loopbridge__counts["intermediates"]["x"],
-                             jnp.asarray(_buffers.COUNT_LIMIT, jnp.int32))
+  _compat.set_variable_value(
+    model.loopbridge__counts["intermediates"]["x"], jnp.asarray(_buffers.COUNT_LIMIT, jnp.int32)
+  )
   return lb.recorded(model)
 
 
@@ -205,138 +206,223 @@ class Case:
 
 
 CASES: dict[str, Case] = {
-    "capacity-zero": Case(lambda: _model(capacity=0), lb.CapacityError,
-                          r"capacity must be a positive int, got 0.*Pass a positive int"),
-    "capacity-float": Case(lambda: _model(capacity=2.5), lb.CapacityError,
-                           r"got 2\.5 of type float.*Pass a positive int"),
-    "capacity-bool": Case(lambda: _model(capacity=True), lb.CapacityError,
-                          r"got True of type bool"),
-    "capacity-negative-in-mapping": Case(
-        lambda: _model(capacity={"intermediates": -1}), lb.CapacityError,
-        r"capacity\['intermediates'\] must be a positive int, got -1"),
-    "capacity-key-matches-nothing": Case(
-        lambda: _model(capacity={"intermediates": 2, "Innr_0/h": 3}), lb.CapacityError,
-        r"\['Innr_0/h'\] match no sow site.*usually a typo.*sites of this call are"),
-    "capacity-glob-matches-nothing": Case(
-        lambda: _model(capacity={"intermediates": 2, "Decoder_*/*": 3}), lb.CapacityError,
-        r"\['Decoder_\*/\*'\] match no sow site"),
-    "capacity-site-not-covered": Case(
-        lambda: _model(capacity={"x": 2}), lb.CapacityError,
-        r"no capacity key covers sow site\(s\) intermediates/Inner_0/h.*Fix: add a key"),
-    "capacity-traced": Case(_traced_capacity, lb.CapacityError,
-                            r"traced value.*outside jit.*Fix: pass a plain Python int"),
-    "overflow-unknown-name": Case(lambda: _model(overflow="ring"), lb.CapacityError,
-                                  r"overflow='ring' is not a policy.*'wrap'"),
-    "call-before-init": Case(lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X),
-                             lb.NotDeclaredError,
-                             r"called before it was initialized.*Why.*Fix: lb\.lazy_init"),
-    "mutable-call-before-init-without-capacity": Case(
-        lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X, mutable=True), lb.CapacityError,
-        r"Net sows at 2 site\(s\).*no capacity was declared.*Why.*Fix"),
-    "preallocate-before-init": Case(lambda: lb.preallocate(lb.ToNNX(Net()), X, capacity=2),
-                                    lb.NotDeclaredError, r"Fix: lb\.lazy_init"),
-    "sown-shape-drift": Case(lambda: _model()(jnp.ones((4, 2))), lb.NotDeclaredError,
-                             r"received a value of shape \(4, 2\).*declared for shape \(1, 2\)"
-                             r".*Why.*Fix.*lb\.preallocate"),
-    "sown-dtype-drift": Case(_dtype_drift, lb.NotDeclaredError,
-                             r"dtype bfloat16.*declared for shape \(1, 2\) and dtype float32"),
-    "new-variable-on-later-traced-call": Case(
-        lambda: nnx.jit(lambda m, x: m(x, mutable=True))(_model(module=GrowsCache()),
-                                                         jnp.ones((2, 2))),
-        lb.StructureChangeError,
-        r"created the variable 'cache/seen', which did not exist after lazy_init, inside a "
-        r"traced function.*Why.*Fix"),
-    "not-a-linen-module-nnx": Case(lambda: lb.ToNNX(nnx.Linear(2, 2, rngs=nnx.Rngs(0))),
-                                   TypeError, r"got Linear\. It is an NNX module.*preallocate"),
-    "not-a-linen-module-class": Case(lambda: lb.ToNNX(Net), TypeError,
-                                     r"Fix: pass an instance"),
-    "not-a-linen-module-function": Case(lambda: lb.ToNNX(lambda x: x), TypeError,
-                                        r"wraps a Linen module.*got function"),
-    "lazy-init-on-raw-linen": Case(lambda: lb.lazy_init(Net(), X, capacity=2), TypeError,
-                                   r"Fix: wrap the Linen module first"),
-    "method-does-not-exist": Case(
-        lambda: _model_method("decode"), AttributeError,
-        r"method='decode' is not a method of the Linen module Net \(its methods: __call__, "
-        r"encode\).*Why.*Fix: pass one of those names"),
-    "read-after-overflow-error-policy": Case(
-        _overflowed_read, lb.BufferOverflowError,
-        r"recorded 2 values but its buffer holds capacity=1.*Why.*Fix.*overflow='wrap'"),
-    "checkpoint-structure-mismatch": Case(
-        _checkpoint_mismatch, lb.checkpoint.CheckpointError,
-        r"does not match the model's structure: saved but not in the model: "
-        r"Inner_0/Dense_0/bias.*Why.*Fix", needs_tmp=True),
-    "checkpoint-other-overflow-policy": Case(
-        _checkpoint_other_policy, lb.checkpoint.CheckpointError,
-        r"declared differently from the model: .*intermediates/x: overflow saved 'error' vs "
-        r"model 'wrap'.*Why.*Fix", needs_tmp=True),
-    "checkpoint-smaller-capacity": Case(
-        _checkpoint_smaller, lb.checkpoint.CheckpointError,
-        r"capacity saved 3 vs model 2 \(smaller.*Why.*Fix", needs_tmp=True),
-    "checkpoint-larger-capacity-after-overflow": Case(
-        _checkpoint_grown_after_overflow, lb.checkpoint.CheckpointError,
-        r"cannot be restored into a larger capacity: .*had 2 values sown into capacity 1.*Fix",
-        needs_tmp=True),
-    "checkpoint-damaged-metadata": Case(
-        _checkpoint_damaged, lb.checkpoint.CheckpointError,
-        r"cannot restore the checkpoint at .*/c: its step metadata.*UnicodeDecodeError.*Why.*"
-        r"Fix", needs_tmp=True),
-    "checkpoint-empty-directory": Case(
-        _checkpoint_empty_directory, lb.checkpoint.CheckpointError,
-        r"no checkpoint at .*empty: the directory is empty.*Fix", needs_tmp=True),
-    "checkpoint-path-does-not-exist": Case(
-        lambda: lb.checkpoint.restore("/nonexistent/checkpoint", _model()), lb.checkpoint.CheckpointError,
-        r"no checkpoint at /nonexistent/checkpoint: the path does not exist.*Fix"),
-    "loop-body-writes-outside-carry": Case(
-        _loop_writes_outside_carry, lb.StructureChangeError,
-        r"lb.fori_loop: the body writes to a module it reaches outside the loop carry "
-        r"\(ToNNX.*Why.*Fix: pass that module in the carry"),
-    "cli-arg-dtype-jax-cannot-hold": Case(
-        lambda: _cli_exit_code("inspect", "--arg", "object[1]"), _CliExit,
-        r"exit 2: .*--arg 'object\[1\]': JAX arrays cannot have dtype 'object'.*use a number"),
-    "linen-variables-bare-params": Case(
-        lambda: lb.checkpoint.from_linen_variables(
-            Net(), Net().init(jax.random.key(0), X)["params"], X),
-        lb.checkpoint.CheckpointError, r"bare params tree: pass \{'params': params\}.*Fix"),
-    "linen-variables-with-capacity": Case(
-        lambda: lb.checkpoint.from_linen_variables(Net(), Net().init(jax.random.key(0), X), X,
-                                                   capacity=2),
-        TypeError, r"takes no capacity=.*Why: one place declares capacity.*"
-                   r"Fix: .*lb\.preallocate\(model, \*args, capacity=\.\.\.\)"),
-    "shard-spec-without-mesh": Case(
-        lambda: lb.sharding.shard_buffers(_model(), jax.sharding.PartitionSpec("data")),
-        lb.sharding.ShardingError, r"no mesh.*Fix: pass lb\.sharding\.shard_buffers\(model, spec, mesh=mesh\)"),
-    "shard-key-matches-nothing": Case(
-        lambda: lb.sharding.shard_buffers(_model(), {"y": None}), lb.sharding.ShardingError,
-        r"key\(s\) \['y'\] name no buffer.*are: \['intermediates/Inner_0/h', 'intermediates/x'\]"),
-    "call-fails-at-second-site": Case(
-        _second_site_mismatch, lb.NotDeclaredError,
-        r"sow site intermediates/b received a value of shape \(2, 2\).*Fix: declare buffers"),
-    "count-at-int32-limit": Case(
-        _count_at_int32_limit, lb.BufferOverflowError,
-        r"largest count an int32 holds.*Fix: call lb.reset\(model\)"),
-    "read-before-declaring": Case(
-        lambda: lb.recorded(lb.ToNNX(Net(), rngs=nnx.Rngs(0))), lb.NotDeclaredError,
-        r"lb.ToNNX\(Net\) has not declared its buffers yet.*Fix: lb.lazy_init"),
-    "read-a-plain-nnx-module": Case(
-        lambda: lb.counts(nnx.Linear(2, 2, rngs=nnx.Rngs(0))), lb.NotDeclaredError,
-        r"Linear holds no loopbridge buffers.*Fix:.*lb.preallocate"),
-    "capacity-beyond-memory": Case(
-        lambda: _model(capacity=10**13), lb.CapacityError,
-        r"need [\d,]+ bytes per device but only [\d,]+ bytes.*Fix: a smaller capacity"),
-    "bridged-part-sows-two-shapes-in-one-call": Case(
-        _two_shapes_in_one_bridged_call, lb.NotDeclaredError,
-        r"Inner_0/h of lb.ToNNX\(Net\) receives \(1, 3\) float32 in one call and \(2, 3\) "
-        r"float32 in another.*Fix"),
-    "native-sow-without-buffer": Case(
-        _native_sow_without_buffer, lb.NotDeclaredError,
-        r"Switch: intermediates/other was sown, but this module has no buffer.*Fix: declare it"),
-    "native-sows-without-capacity": Case(
-        _native_without_capacity, lb.CapacityError,
-        r"Sows sows at 1 site\(s\) \(intermediates/h\) but no capacity was declared.*Fix"),
-    "mesh-does-not-divide-batch": Case(
-        _uneven_mesh, lb.sharding.ShardingError,
-        r"axis 0 \(size 6\) is split over mesh axes 'data' of total size 4, which does not "
-        r"divide 6.*Fix: make that axis \(e\.g\. the batch\) a multiple of 4"),
+  "capacity-zero": Case(
+    lambda: _model(capacity=0),
+    lb.CapacityError,
+    r"capacity must be a positive int, got 0.*Pass a positive int",
+  ),
+  "capacity-float": Case(
+    lambda: _model(capacity=2.5), lb.CapacityError, r"got 2\.5 of type float.*Pass a positive int"
+  ),
+  "capacity-bool": Case(lambda: _model(capacity=True), lb.CapacityError, r"got True of type bool"),
+  "capacity-negative-in-mapping": Case(
+    lambda: _model(capacity={"intermediates": -1}),
+    lb.CapacityError,
+    r"capacity\['intermediates'\] must be a positive int, got -1",
+  ),
+  "capacity-key-matches-nothing": Case(
+    lambda: _model(capacity={"intermediates": 2, "Innr_0/h": 3}),
+    lb.CapacityError,
+    r"\['Innr_0/h'\] match no sow site.*usually a typo.*sites of this call are",
+  ),
+  "capacity-glob-matches-nothing": Case(
+    lambda: _model(capacity={"intermediates": 2, "Decoder_*/*": 3}),
+    lb.CapacityError,
+    r"\['Decoder_\*/\*'\] match no sow site",
+  ),
+  "capacity-site-not-covered": Case(
+    lambda: _model(capacity={"x": 2}),
+    lb.CapacityError,
+    r"no capacity key covers sow site\(s\) intermediates/Inner_0/h.*Fix: add a key",
+  ),
+  "capacity-traced": Case(
+    _traced_capacity, lb.CapacityError, r"traced value.*outside jit.*Fix: pass a plain Python int"
+  ),
+  "overflow-unknown-name": Case(
+    lambda: _model(overflow="ring"), lb.CapacityError, r"overflow='ring' is not a policy.*'wrap'"
+  ),
+  "call-before-init": Case(
+    lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X),
+    lb.NotDeclaredError,
+    r"called before it was initialized.*Why.*Fix: lb\.lazy_init",
+  ),
+  "mutable-call-before-init-without-capacity": Case(
+    lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0))(X, mutable=True),
+    lb.CapacityError,
+    r"Net sows at 2 site\(s\).*no capacity was declared.*Why.*Fix",
+  ),
+  "preallocate-before-init": Case(
+    lambda: lb.preallocate(lb.ToNNX(Net()), X, capacity=2),
+    lb.NotDeclaredError,
+    r"Fix: lb\.lazy_init",
+  ),
+  "sown-shape-drift": Case(
+    lambda: _model()(jnp.ones((4, 2))),
+    lb.NotDeclaredError,
+    r"received a value of shape \(4, 2\).*declared for shape \(1, 2\)"
+    r".*Why.*Fix.*lb\.preallocate",
+  ),
+  "sown-dtype-drift": Case(
+    _dtype_drift,
+    lb.NotDeclaredError,
+    r"dtype bfloat16.*declared for shape \(1, 2\) and dtype float32",
+  ),
+  "new-variable-on-later-traced-call": Case(
+    lambda: nnx.jit(lambda m, x: m(x, mutable=True))(_model(module=GrowsCache()), jnp.ones((2, 2))),
+    lb.StructureChangeError,
+    r"created the variable 'cache/seen', which did not exist after lazy_init, inside a "
+    r"traced function.*Why.*Fix",
+  ),
+  "not-a-linen-module-nnx": Case(
+    lambda: lb.ToNNX(nnx.Linear(2, 2, rngs=nnx.Rngs(0))),
+    TypeError,
+    r"got Linear\. It is an NNX module.*preallocate",
+  ),
+  "not-a-linen-module-class": Case(lambda: lb.ToNNX(Net), TypeError, r"Fix: pass an instance"),
+  "not-a-linen-module-function": Case(
+    lambda: lb.ToNNX(lambda x: x), TypeError, r"wraps a Linen module.*got function"
+  ),
+  "lazy-init-on-raw-linen": Case(
+    lambda: lb.lazy_init(Net(), X, capacity=2), TypeError, r"Fix: wrap the Linen module first"
+  ),
+  "method-does-not-exist": Case(
+    lambda: _model_method("decode"),
+    AttributeError,
+    r"method='decode' is not a method of the Linen module Net \(its methods: __call__, "
+    r"encode\).*Why.*Fix: pass one of those names",
+  ),
+  "read-after-overflow-error-policy": Case(
+    _overflowed_read,
+    lb.BufferOverflowError,
+    r"recorded 2 values but its buffer holds capacity=1.*Why.*Fix.*overflow='wrap'",
+  ),
+  "checkpoint-structure-mismatch": Case(
+    _checkpoint_mismatch,
+    lb.checkpoint.CheckpointError,
+    r"does not match the model's structure: saved but not in the model: "
+    r"Inner_0/Dense_0/bias.*Why.*Fix",
+    needs_tmp=True,
+  ),
+  "checkpoint-other-overflow-policy": Case(
+    _checkpoint_other_policy,
+    lb.checkpoint.CheckpointError,
+    r"declared differently from the model: .*intermediates/x: overflow saved 'error' vs "
+    r"model 'wrap'.*Why.*Fix",
+    needs_tmp=True,
+  ),
+  "checkpoint-smaller-capacity": Case(
+    _checkpoint_smaller,
+    lb.checkpoint.CheckpointError,
+    r"capacity saved 3 vs model 2 \(smaller.*Why.*Fix",
+    needs_tmp=True,
+  ),
+  "checkpoint-larger-capacity-after-overflow": Case(
+    _checkpoint_grown_after_overflow,
+    lb.checkpoint.CheckpointError,
+    r"cannot be restored into a larger capacity: .*had 2 values sown into capacity 1.*Fix",
+    needs_tmp=True,
+  ),
+  "checkpoint-damaged-metadata": Case(
+    _checkpoint_damaged,
+    lb.checkpoint.CheckpointError,
+    r"cannot restore the checkpoint at .*/c: its step metadata.*UnicodeDecodeError.*Why.*"
+    r"Fix",
+    needs_tmp=True,
+  ),
+  "checkpoint-empty-directory": Case(
+    _checkpoint_empty_directory,
+    lb.checkpoint.CheckpointError,
+    r"no checkpoint at .*empty: the directory is empty.*Fix",
+    needs_tmp=True,
+  ),
+  "checkpoint-path-does-not-exist": Case(
+    lambda: lb.checkpoint.restore("/nonexistent/checkpoint", _model()),
+    lb.checkpoint.CheckpointError,
+    r"no checkpoint at /nonexistent/checkpoint: the path does not exist.*Fix",
+  ),
+  "loop-body-writes-outside-carry": Case(
+    _loop_writes_outside_carry,
+    lb.StructureChangeError,
+    r"lb.fori_loop: the body writes to a module it reaches outside the loop carry "
+    r"\(ToNNX.*Why.*Fix: pass that module in the carry",
+  ),
+  "cli-arg-dtype-jax-cannot-hold": Case(
+    lambda: _cli_exit_code("inspect", "--arg", "object[1]"),
+    _CliExit,
+    r"exit 2: .*--arg 'object\[1\]': JAX arrays cannot have dtype 'object'.*use a number",
+  ),
+  "linen-variables-bare-params": Case(
+    lambda: lb.checkpoint.from_linen_variables(
+      Net(), Net().init(jax.random.key(0), X)["params"], X
+    ),
+    lb.checkpoint.CheckpointError,
+    r"bare params tree: pass \{'params': params\}.*Fix",
+  ),
+  "linen-variables-with-capacity": Case(
+    lambda: lb.checkpoint.from_linen_variables(
+      Net(), Net().init(jax.random.key(0), X), X, capacity=2
+    ),
+    TypeError,
+    r"takes no capacity=.*Why: one place declares capacity.*"
+    r"Fix: .*lb\.preallocate\(model, \*args, capacity=\.\.\.\)",
+  ),
+  "shard-spec-without-mesh": Case(
+    lambda: lb.sharding.shard_buffers(_model(), jax.sharding.PartitionSpec("data")),
+    lb.sharding.ShardingError,
+    r"no mesh.*Fix: pass lb\.sharding\.shard_buffers\(model, spec, mesh=mesh\)",
+  ),
+  "shard-key-matches-nothing": Case(
+    lambda: lb.sharding.shard_buffers(_model(), {"y": None}),
+    lb.sharding.ShardingError,
+    r"key\(s\) \['y'\] name no buffer.*are: \['intermediates/Inner_0/h', 'intermediates/x'\]",
+  ),
+  "call-fails-at-second-site": Case(
+    _second_site_mismatch,
+    lb.NotDeclaredError,
+    r"sow site intermediates/b received a value of shape \(2, 2\).*Fix: declare buffers",
+  ),
+  "count-at-int32-limit": Case(
+    _count_at_int32_limit,
+    lb.BufferOverflowError,
+    r"largest count an int32 holds.*Fix: call lb.reset\(model\)",
+  ),
+  "read-before-declaring": Case(
+    lambda: lb.recorded(lb.ToNNX(Net(), rngs=nnx.Rngs(0))),
+    lb.NotDeclaredError,
+    r"lb.ToNNX\(Net\) has not declared its buffers yet.*Fix: lb.lazy_init",
+  ),
+  "read-a-plain-nnx-module": Case(
+    lambda: lb.counts(nnx.Linear(2, 2, rngs=nnx.Rngs(0))),
+    lb.NotDeclaredError,
+    r"Linear holds no loopbridge buffers.*Fix:.*lb.preallocate",
+  ),
+  "capacity-beyond-memory": Case(
+    lambda: _model(capacity=10**13),
+    lb.CapacityError,
+    r"need [\d,]+ bytes per device but only [\d,]+ bytes.*Fix: a smaller capacity",
+  ),
+  "bridged-part-sows-two-shapes-in-one-call": Case(
+    _two_shapes_in_one_bridged_call,
+    lb.NotDeclaredError,
+    r"Inner_0/h of lb.ToNNX\(Net\) receives \(1, 3\) float32 in one call and \(2, 3\) "
+    r"float32 in another.*Fix",
+  ),
+  "native-sow-without-buffer": Case(
+    _native_sow_without_buffer,
+    lb.NotDeclaredError,
+    r"Switch: intermediates/other was sown, but this module has no buffer.*Fix: declare it",
+  ),
+  "native-sows-without-capacity": Case(
+    _native_without_capacity,
+    lb.CapacityError,
+    r"Sows sows at 1 site\(s\) \(intermediates/h\) but no capacity was declared.*Fix",
+  ),
+  "mesh-does-not-divide-batch": Case(
+    _uneven_mesh,
+    lb.sharding.ShardingError,
+    r"axis 0 \(size 6\) is split over mesh axes 'data' of total size 4, which does not "
+    r"divide 6.*Fix: make that axis \(e\.g\. the batch\) a multiple of 4",
+  ),
 }
 
 NEEDS_MESH = {"mesh-does-not-divide-batch"}
@@ -351,10 +437,13 @@ def _params():
   for name, case in CASES.items():
     marks = []
     if name in NEEDS_MESH:
-      marks = [pytest.mark.sharding,
-               pytest.mark.skipif(jax.device_count() < SHARDING_DEVICES,
-                                  reason=f"needs {SHARDING_DEVICES} devices; run: "
-                                  f"{SHARDING_COMMAND}")]
+      marks = [
+        pytest.mark.sharding,
+        pytest.mark.skipif(
+          jax.device_count() < SHARDING_DEVICES,
+          reason=f"needs {SHARDING_DEVICES} devices; run: {SHARDING_COMMAND}",
+        ),
+      ]
     yield pytest.param(case, id=name, marks=marks)
 
 

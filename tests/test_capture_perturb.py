@@ -39,8 +39,7 @@ def linen_capture_steps(module, variables, x, steps, capture):
   """Feed each output back; returns the list of per-step 'intermediates' trees."""
   inters = []
   for _ in range(steps):
-    x, state = module.apply(variables, x, capture_intermediates=capture,
-                            mutable=["intermediates"])
+    x, state = module.apply(variables, x, capture_intermediates=capture, mutable=["intermediates"])
     inters.append(state["intermediates"])
   return inters
 
@@ -58,6 +57,7 @@ def run_fori(model, x, steps, graph=True):
   @nnx.jit
   def run(model, x):
     return nnx.fori_loop(0, steps, lambda i, c: (c[0], c[0](c[1])), (model, x), **graph_kw(graph))
+
   return run(model, x)
 
 
@@ -87,15 +87,16 @@ def test_capture_filter_inside_scan_with_user_sows():
   model = lb.ToNNX(MLP(depth=2, features=4), rngs=nnx.Rngs(0), capture_intermediates=only_dense)
   lb.lazy_init(model, x, capacity=steps)
   model, _ = run_fori(model, x, steps)
-  inters = linen_capture_steps(MLP(depth=2, features=4), linen_variables(model), x, steps,
-                               only_dense)
+  inters = linen_capture_steps(
+    MLP(depth=2, features=4), linen_variables(model), x, steps, only_dense
+  )
   rec = lb.recorded(model)["intermediates"]
   want = stacked(inters, "ScanBlock_0", "Dense_0", "__call__")
   assert want.shape == (steps, 2, 1, 4)  # stacked along the nn.scan axis, as Linen returns it
-  np.testing.assert_allclose(rec["ScanBlock_0"]["Dense_0"]["__call__"], want, rtol=RTOL,
-                             atol=ATOL)
-  np.testing.assert_allclose(rec["ScanBlock_0"]["carry"], stacked(inters, "ScanBlock_0", "carry"),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(rec["ScanBlock_0"]["Dense_0"]["__call__"], want, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    rec["ScanBlock_0"]["carry"], stacked(inters, "ScanBlock_0", "carry"), rtol=RTOL, atol=ATOL
+  )
 
 
 def test_capture_true_records_the_scan_body_tuple_leaf_by_leaf(graph):
@@ -149,7 +150,7 @@ def test_linen_perturb_gradient_through_recording_fori_loop():
 
   def loss(model, x):
     model, y = nnx.fori_loop(0, steps, lambda i, c: (c[0], c[0](c[1])), (model, x))
-    return jnp.sum(y ** 2)
+    return jnp.sum(y**2)
 
   grads = nnx.grad(loss, argnums=nnx.DiffState(0, perturbation))(model, x)
 
@@ -158,7 +159,7 @@ def test_linen_perturb_gradient_through_recording_fori_loop():
   def ref_loss(pert, x):
     for _ in range(steps):
       x = Perturbed().apply({"params": variables["params"], "perturbations": pert}, x)
-    return jnp.sum(x ** 2)
+    return jnp.sum(x**2)
 
   want = jax.grad(ref_loss)(variables["perturbations"], x)
   np.testing.assert_allclose(val(grads["h"]), want["h"], rtol=RTOL, atol=ATOL)
@@ -172,9 +173,10 @@ def test_linen_perturb_gradient_through_recording_fori_loop():
 
 # -------------------------------------------------------------------------------- NNX perturb
 needs_nnx_perturb = pytest.mark.skipif(
-    not hasattr(nnx.Module, "perturb"),
-    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.Module.perturb "
-    "(flax 0.12.8 has it)")
+  not hasattr(nnx.Module, "perturb"),
+  reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.Module.perturb "
+  "(flax 0.12.8 has it)",
+)
 
 
 class NativePerturbed(nnx.Module):
@@ -189,9 +191,10 @@ class NativePerturbed(nnx.Module):
 
 @needs_nnx_perturb
 @pytest.mark.filterwarnings(
-    # flax 0.12 deprecates `perturb`/`sow` outside `nnx.capture`; models ported from 0.10
-    # still call them that way, which is the case under test (and the reference).
-    "ignore:\\s*Using 'Module\\.(perturb|sow)\\(\\)' outside:DeprecationWarning")
+  # flax 0.12 deprecates `perturb`/`sow` outside `nnx.capture`; models ported from 0.10
+  # still call them that way, which is the case under test (and the reference).
+  "ignore:\\s*Using 'Module\\.(perturb|sow)\\(\\)' outside:DeprecationWarning"
+)
 def test_nnx_perturb_gradient_through_recording_fori_loop():
   steps = 3
   x = jnp.linspace(-1, 1, 6).reshape(2, 3)
@@ -200,7 +203,7 @@ def test_nnx_perturb_gradient_through_recording_fori_loop():
 
   def loss(model, x):
     model, y = nnx.fori_loop(0, steps, lambda i, c: (c[0], c[0](c[1])), (model, x))
-    return jnp.sum(y ** 2)
+    return jnp.sum(y**2)
 
   grads = nnx.grad(loss, argnums=nnx.DiffState(0, nnx.Perturbation))(model, x)
 
@@ -213,7 +216,7 @@ def test_nnx_perturb_gradient_through_recording_fori_loop():
     m = nnx.merge(graphdef, pert, rest)
     for _ in range(steps):
       x = m(x)
-    return jnp.sum(x ** 2)
+    return jnp.sum(x**2)
 
   want = jax.grad(ref_loss)(pert, x)
   np.testing.assert_allclose(val(grads["h"]), val(want["h"]), rtol=RTOL, atol=ATOL)

@@ -42,8 +42,12 @@ class Noisy(nn.Module):
   def __call__(self, x):
     x = nn.Dropout(0.5, deterministic=False)(x)
     self.sow("intermediates", "x", x)
-    carry, _ = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
-                       split_rngs={"params": True}, length=DEPTH)()(x, None)
+    carry, _ = nn.scan(
+      Block,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=DEPTH,
+    )()(x, None)
     return carry
 
 
@@ -55,8 +59,9 @@ def _fresh(capacity=CAPACITY, overflow="wrap"):
   key = (capacity, overflow)
   if key not in _TEMPLATES:
     model = lb.ToNNX(Noisy(), rngs=nnx.Rngs(0, dropout=1))
-    _TEMPLATES[key] = lb.lazy_init(model, jnp.ones((2, FEATURES)), capacity=capacity,
-                                   overflow=overflow)
+    _TEMPLATES[key] = lb.lazy_init(
+      model, jnp.ones((2, FEATURES)), capacity=capacity, overflow=overflow
+    )
   return nnx.clone(_TEMPLATES[key])
 
 
@@ -64,12 +69,15 @@ def _fresh(capacity=CAPACITY, overflow="wrap"):
 def _steps(graph):
   """One jitted loop for every segment: steps lo..hi-1 of the same compiled body (one
   compilation per mode, shared by the tests)."""
+
   @nnx.jit(**graph_kw(graph))
   def run(model, x, lo, hi):
     def body(i, carry):
       model, x = carry
       return model, model(x * (i + 1.0), mutable=True)
+
     return nnx.fori_loop(lo, hi, body, (model, x), **graph_kw(graph))[1]
+
   return run
 
 
@@ -86,8 +94,11 @@ def _snapshot(model):
 
 
 def _variables(model):
-  return {"/".join(map(str, path)): node for path, node in _compat.iter_graph(model)
-          if isinstance(node, nnx.Variable)}
+  return {
+    "/".join(map(str, path)): node
+    for path, node in _compat.iter_graph(model)
+    if isinstance(node, nnx.Variable)
+  }
 
 
 def _dir_bytes(path):
@@ -105,8 +116,9 @@ def test_mid_loop_round_trip_records_exactly_the_uninterrupted_run(tmp_path, gra
   y = run(first, x, 0, 3)
   path = lb.checkpoint.save(tmp_path / "mid", first)
   arrays = [_compat.variable_value(v) for v in _variables(first).values()]
-  state_bytes = sum(np.asarray(a).nbytes for a in arrays
-                    if not jnp.issubdtype(a.dtype, jax.dtypes.prng_key))
+  state_bytes = sum(
+    np.asarray(a).nbytes for a in arrays if not jnp.issubdtype(a.dtype, jax.dtypes.prng_key)
+  )
   assert _dir_bytes(path) >= state_bytes  # every buffer, param and count is on disk
 
   resumed = lb.checkpoint.restore(path, _fresh())
@@ -131,11 +143,13 @@ def test_restore_is_needed_for_the_rng_state(tmp_path):
   restored, unrestored = lb.checkpoint.restore(path, _fresh()), _fresh()
   for m in (restored, unrestored, model):
     run(m, x, 2, 3)
-  np.testing.assert_array_equal(lb.recorded(restored)["intermediates"]["x"],
-                                lb.recorded(model)["intermediates"]["x"])
+  np.testing.assert_array_equal(
+    lb.recorded(restored)["intermediates"]["x"], lb.recorded(model)["intermediates"]["x"]
+  )
   assert lb.recorded(unrestored)["intermediates"]["x"].shape[0] == 1
-  assert not np.array_equal(lb.recorded(unrestored)["intermediates"]["x"][0],
-                            lb.recorded(model)["intermediates"]["x"][2])
+  assert not np.array_equal(
+    lb.recorded(unrestored)["intermediates"]["x"][0], lb.recorded(model)["intermediates"]["x"][2]
+  )
 
 
 def test_restore_keeps_variable_identity_and_loops_still_run(tmp_path, graph):
@@ -154,14 +168,17 @@ def test_restore_into_a_model_with_other_shapes_names_the_difference(tmp_path):
   path = lb.checkpoint.save(tmp_path / "c", _fresh(capacity=3))
   model = lb.ToNNX(Noisy(), rngs=nnx.Rngs(0, dropout=1))
   lb.lazy_init(model, jnp.ones((3, FEATURES)), capacity=3, overflow="wrap")
-  with pytest.raises(lb.checkpoint.CheckpointError,
-                     match=r"declared differently from the model: .*"
-                     r"loopbridge__buffers/intermediates/x: value_shape saved \[2, 4\] vs model "
-                     r"\[3, 4\].*Why.*Fix: .*lb.lazy_init"):
+  with pytest.raises(
+    lb.checkpoint.CheckpointError,
+    match=r"declared differently from the model: .*"
+    r"loopbridge__buffers/intermediates/x: value_shape saved \[2, 4\] vs model "
+    r"\[3, 4\].*Why.*Fix: .*lb.lazy_init",
+  ):
     lb.checkpoint.restore(path, model)
 
 
 # ---------------------------------------------------------------- the saved declaration
+
 
 class Sow(nn.Module):
   """Deterministic records (no rng), so every value can be checked against plain Linen."""
@@ -191,8 +208,12 @@ def _sow_model(capacity, overflow, calls=0):
 
 def _linen_hs(xs):
   """Plain Linen, one apply per step: the value each call sows."""
-  return np.stack([Sow().apply(SOW_VARIABLES, x, mutable=["intermediates"])[1]
-                   ["intermediates"]["h"][0] for x in xs])
+  return np.stack(
+    [
+      Sow().apply(SOW_VARIABLES, x, mutable=["intermediates"])[1]["intermediates"]["h"][0]
+      for x in xs
+    ]
+  )
 
 
 def _values(model):
@@ -213,9 +234,11 @@ def test_another_overflow_policy_is_refused_and_the_model_untouched(tmp_path, sa
   path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, saved, calls=5))
   model = _sow_model(3, wanted, calls=1)
   before = _values(model)
-  with pytest.raises(lb.checkpoint.CheckpointError,
-                     match=rf"at {path}.*loopbridge__buffers/intermediates/h: overflow saved "
-                     rf"'{saved}' vs model '{wanted}'.*Why: .*overflow policy.*Fix: .*overflow="):
+  with pytest.raises(
+    lb.checkpoint.CheckpointError,
+    match=rf"at {path}.*loopbridge__buffers/intermediates/h: overflow saved "
+    rf"'{saved}' vs model '{wanted}'.*Why: .*overflow policy.*Fix: .*overflow=",
+  ):
     lb.checkpoint.restore(path, model)
   _assert_untouched(model, before)
 
@@ -224,9 +247,11 @@ def test_a_smaller_capacity_is_refused(tmp_path):
   path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, "wrap", calls=1))
   model = _sow_model(2, "wrap")
   before = _values(model)
-  with pytest.raises(lb.checkpoint.CheckpointError,
-                     match=r"intermediates/h: capacity saved 3 vs model 2 \(smaller: the saved "
-                     r"values would not fit\).*Fix"):
+  with pytest.raises(
+    lb.checkpoint.CheckpointError,
+    match=r"intermediates/h: capacity saved 3 vs model 2 \(smaller: the saved "
+    r"values would not fit\).*Fix",
+  ):
     lb.checkpoint.restore(path, model)
   _assert_untouched(model, before)
 
@@ -238,8 +263,11 @@ def test_a_larger_capacity_keeps_every_value_in_order(tmp_path, overflow):
   xs = _xs(7)
   path = lb.checkpoint.save(tmp_path / "c", _sow_model(3, overflow, calls=2))
   model = lb.checkpoint.restore(path, _sow_model(6, overflow))
-  assert _compat.variable_value(_variables(model)["loopbridge__buffers/intermediates/h"]).shape \
-      == (6, 2, 3)
+  assert _compat.variable_value(_variables(model)["loopbridge__buffers/intermediates/h"]).shape == (
+    6,
+    2,
+    3,
+  )
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], _linen_hs(xs[:2]), **TOL)
   for x in xs[2:]:
     model(x)
@@ -257,20 +285,24 @@ def test_a_larger_capacity_after_an_overflow_is_refused(tmp_path, overflow):
   path = lb.checkpoint.save(tmp_path / "c", _sow_model(2, overflow, calls=3))
   model = _sow_model(4, overflow)
   before = _values(model)
-  with pytest.raises(lb.checkpoint.CheckpointError,
-                     match=rf"cannot be restored into a larger capacity: buffer "
-                     rf"loopbridge__buffers/intermediates/h \(overflow='{overflow}'\) had 3 values "
-                     r"sown into capacity 2, so 1 of them are not in the checkpoint.*Fix: restore "
-                     r"into a model declared with capacity 2"):
+  with pytest.raises(
+    lb.checkpoint.CheckpointError,
+    match=rf"cannot be restored into a larger capacity: buffer "
+    rf"loopbridge__buffers/intermediates/h \(overflow='{overflow}'\) had 3 values "
+    r"sown into capacity 2, so 1 of them are not in the checkpoint.*Fix: restore "
+    r"into a model declared with capacity 2",
+  ):
     lb.checkpoint.restore(path, model)
   _assert_untouched(model, before)
 
 
 # ---------------------------------------------------------------- damaged checkpoints
 
+
 def _data_files(path):
-  return [os.path.join(root, f) for root, _, files in os.walk(os.path.join(path, "d"))
-          for f in files]
+  return [
+    os.path.join(root, f) for root, _, files in os.walk(os.path.join(path, "d")) for f in files
+  ]
 
 
 def _truncate_data(path):
@@ -287,6 +319,7 @@ def _garbage(name):
   def damage(path):
     with open(os.path.join(path, name), "wb") as handle:
       handle.write(b"\xff\xfe not metadata")
+
   return damage
 
 
@@ -324,20 +357,29 @@ def _plain_orbax(path):
 
 
 DAMAGE = {
-    "truncated-data": (_truncate_data, r"cannot restore the checkpoint at {path}: .*Why: .*"
-                       r"truncated.*untouched\. Fix: restore an earlier complete checkpoint"),
-    "deleted-data-file": (_delete_a_data_file, r"cannot restore the checkpoint at {path}: .*Why"),
-    "garbage-array-metadata": (_garbage("_METADATA"),
-                               r"cannot restore the checkpoint at {path}: .*metadata.*Why"),
-    "garbage-step-metadata": (_garbage("_CHECKPOINT_METADATA"),
-                              r"cannot restore the checkpoint at {path}: its step metadata \(the "
-                              r"buffers' declaration\) cannot be read: UnicodeDecodeError.*Why"),
-    "empty-directory": (_empty, r"no checkpoint at {path}: the directory is empty.*Fix"),
-    "path-does-not-exist": (_nothing_there,
-                            r"no checkpoint at {path}: the path does not exist.*Fix"),
-    "path-is-a-file": (_a_file, r"no checkpoint at {path}: it is a file.*Fix"),
-    "no-declaration": (_plain_orbax, r"the checkpoint at {path} holds no loopbridge declaration"
-                       r".*Why: it was not written by lb.checkpoint.save.*Fix"),
+  "truncated-data": (
+    _truncate_data,
+    r"cannot restore the checkpoint at {path}: .*Why: .*"
+    r"truncated.*untouched\. Fix: restore an earlier complete checkpoint",
+  ),
+  "deleted-data-file": (_delete_a_data_file, r"cannot restore the checkpoint at {path}: .*Why"),
+  "garbage-array-metadata": (
+    _garbage("_METADATA"),
+    r"cannot restore the checkpoint at {path}: .*metadata.*Why",
+  ),
+  "garbage-step-metadata": (
+    _garbage("_CHECKPOINT_METADATA"),
+    r"cannot restore the checkpoint at {path}: its step metadata \(the "
+    r"buffers' declaration\) cannot be read: UnicodeDecodeError.*Why",
+  ),
+  "empty-directory": (_empty, r"no checkpoint at {path}: the directory is empty.*Fix"),
+  "path-does-not-exist": (_nothing_there, r"no checkpoint at {path}: the path does not exist.*Fix"),
+  "path-is-a-file": (_a_file, r"no checkpoint at {path}: it is a file.*Fix"),
+  "no-declaration": (
+    _plain_orbax,
+    r"the checkpoint at {path} holds no loopbridge declaration"
+    r".*Why: it was not written by lb.checkpoint.save.*Fix",
+  ),
 }
 
 
@@ -396,16 +438,21 @@ def test_a_checkpoint_saved_on_any_supported_flax_restores_here(fixture, tmp_pat
   path = shutil.copytree(os.path.join(FIXTURES, fixture, "ckpt"), tmp_path / "ckpt")
   model = lb.checkpoint.restore(path, fx.fresh_model())
   saved = np.load(os.path.join(FIXTURES, fixture, "state.npz"))
-  values = {k.replace("rngs/", "to_nnx__rngs/") if k.startswith("rngs/") else k: v
-            for k, v in _values(model).items()}
+  values = {
+    k.replace("rngs/", "to_nnx__rngs/") if k.startswith("rngs/") else k: v
+    for k, v in _values(model).items()
+  }
   assert sorted(values) == sorted(saved.files)
   for key in saved.files:  # params, buffer, count, rng keys and counts
     np.testing.assert_array_equal(values[key], saved[key], err_msg=key)
   # The records against plain Linen with the restored params: the last 3 of 5 (wrap).
   variables = {"params": jax.tree.map(np.asarray, nnx.state(model, nnx.Param).to_pure_dict())}
-  hs = [fx.FixtureNet().apply(variables, fx.inputs(i), mutable=["intermediates"],
-                              rngs={"dropout": jax.random.key(0)})[1]["intermediates"]["h"][0]
-        for i in range(fx.STEPS + 1)]
+  hs = [
+    fx.FixtureNet().apply(
+      variables, fx.inputs(i), mutable=["intermediates"], rngs={"dropout": jax.random.key(0)}
+    )[1]["intermediates"]["h"][0]
+    for i in range(fx.STEPS + 1)
+  ]
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[2:5]), **TOL)
   model(fx.inputs(fx.STEPS))  # and records on from there
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[3:6]), **TOL)
@@ -421,13 +468,15 @@ def test_overwrite(tmp_path):
 
 # ---------------------------------------------------------------- existing Linen variables
 
+
 class WithStats(nn.Module):
   """Partitioned params, batch_stats and a sow: what a Linen training checkpoint holds."""
 
   @nn.compact
   def __call__(self, x):
-    h = nn.Dense(FEATURES, kernel_init=nn.with_partitioning(
-        nn.initializers.lecun_normal(), (None, "model")))(x)
+    h = nn.Dense(
+      FEATURES, kernel_init=nn.with_partitioning(nn.initializers.lecun_normal(), (None, "model"))
+    )(x)
     h = nn.BatchNorm(use_running_average=False)(h)
     self.sow("intermediates", "h", h)
     return h
@@ -455,8 +504,9 @@ def _linen_reference(module, variables, xs):
 def test_from_linen_variables_uses_them_without_initializing():
   x0 = jnp.ones((3, 2))
   variables = WithStats().init(jax.random.key(42), x0)
-  model = lb.preallocate(lb.checkpoint.from_linen_variables(WithStats(), variables, x0), x0,
-                         capacity=4)
+  model = lb.preallocate(
+    lb.checkpoint.from_linen_variables(WithStats(), variables, x0), x0, capacity=4
+  )
   kernel = _compat.variable_value(_variables(model)["Dense_0/kernel"])
   np.testing.assert_array_equal(kernel, variables["params"]["Dense_0"]["kernel"].unbox())
   xs = [jnp.full((3, 2), float(i)) + jnp.arange(2.0) for i in range(3)]
@@ -465,21 +515,26 @@ def test_from_linen_variables_uses_them_without_initializing():
   for out, ref in zip(outs, ref_outs):
     np.testing.assert_allclose(out, ref, **TOL)
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], ref_hs, **TOL)
-  np.testing.assert_allclose(_compat.variable_value(_variables(model)["BatchNorm_0/mean"]),
-                             ref_vars["batch_stats"]["BatchNorm_0"]["mean"], **TOL)
+  np.testing.assert_allclose(
+    _compat.variable_value(_variables(model)["BatchNorm_0/mean"]),
+    ref_vars["batch_stats"]["BatchNorm_0"]["mean"],
+    **TOL,
+  )
 
 
 def test_from_linen_variables_runs_in_a_jitted_loop(graph):
   x0 = jnp.ones((3, 2))
   variables = WithStats().init(jax.random.key(0), x0)
-  model = lb.preallocate(lb.checkpoint.from_linen_variables(WithStats(), variables, x0), x0,
-                         capacity=3)
+  model = lb.preallocate(
+    lb.checkpoint.from_linen_variables(WithStats(), variables, x0), x0, capacity=3
+  )
 
   @nnx.jit(**graph_kw(graph))
   def run(model, x):
     def body(i, carry):
       carry[0](carry[1], mutable=True)
       return carry
+
     return nnx.fori_loop(0, 3, body, (model, x), **graph_kw(graph))[1]
 
   run(model, x0)
@@ -495,8 +550,9 @@ def test_linen_checkpoint_loads_into_an_initialized_model(tmp_path):
   checkpointer = ocp.StandardCheckpointer()  # a Linen user's checkpoint
   checkpointer.save(os.fspath(tmp_path / "linen"), variables)
   checkpointer.wait_until_finished()
-  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
-                          variables)
+  abstract = jax.tree.map(
+    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), variables
+  )
   loaded = checkpointer.restore(os.fspath(tmp_path / "linen"), abstract)
 
   with _one_device_mesh():
@@ -512,10 +568,14 @@ def test_linen_checkpoint_loads_into_an_initialized_model(tmp_path):
 def test_linen_variables_with_another_structure_are_rejected():
   x0 = jnp.ones((3, 2))
   variables = WithStats().init(jax.random.key(0), x0)
-  with pytest.raises(lb.checkpoint.CheckpointError, match=r"bare params tree: pass \{'params': params\}"):
+  with pytest.raises(
+    lb.checkpoint.CheckpointError, match=r"bare params tree: pass \{'params': params\}"
+  ):
     lb.checkpoint.from_linen_variables(WithStats(), variables["params"], x0)
-  with pytest.raises(lb.checkpoint.CheckpointError,
-                     match=r"params/Dense_0/kernel given \(2, 4\) float32 vs module \(5, 4\)"):
+  with pytest.raises(
+    lb.checkpoint.CheckpointError,
+    match=r"params/Dense_0/kernel given \(2, 4\) float32 vs module \(5, 4\)",
+  ):
     lb.checkpoint.from_linen_variables(WithStats(), variables, jnp.ones((3, 5)))
   with _one_device_mesh():
     model = lb.lazy_init(lb.ToNNX(WithStats(), rngs=nnx.Rngs(0)), jnp.ones((3, 5)), capacity=2)

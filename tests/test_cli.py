@@ -159,21 +159,30 @@ def assert_one_line_error(capsys, argv, code, pattern):
 # ----------------------------------------------------------------------------- error paths
 @pytest.mark.parametrize("target", ["nocolon", "pkg.mod:", ":Net", "pkg mod:Net", "a:b-c"])
 def test_malformed_target(capsys, target):
-  assert_one_line_error(capsys, ["inspect", target], 2,
-                        r"TARGET .* is not of the form package\.module:attribute")
+  assert_one_line_error(
+    capsys, ["inspect", target], 2, r"TARGET .* is not of the form package\.module:attribute"
+  )
 
 
 def test_unimportable_module(capsys):
-  assert_one_line_error(capsys, ["inspect", "lb_no_such_module_xyz:Net", "--arg", "float32[1]"],
-                        1, r"cannot import module 'lb_no_such_module_xyz'.*PYTHONPATH")
+  assert_one_line_error(
+    capsys,
+    ["inspect", "lb_no_such_module_xyz:Net", "--arg", "float32[1]"],
+    1,
+    r"cannot import module 'lb_no_such_module_xyz'.*PYTHONPATH",
+  )
 
 
 def test_module_raising_on_import(capsys, tmp_path, monkeypatch):
   name = f"lb_cli_broken_{uuid.uuid4().hex[:8]}"
   (tmp_path / f"{name}.py").write_text("raise RuntimeError('boom at import')\n")
   monkeypatch.syspath_prepend(str(tmp_path))
-  assert_one_line_error(capsys, ["inspect", f"{name}:Net"], 1,
-                        rf"importing '{name}' failed: RuntimeError: boom at import")
+  assert_one_line_error(
+    capsys,
+    ["inspect", f"{name}:Net"],
+    1,
+    rf"importing '{name}' failed: RuntimeError: boom at import",
+  )
 
 
 @pytest.mark.parametrize("code", [0, 3, None])
@@ -182,11 +191,17 @@ def test_module_exiting_on_import(capsys, tmp_path, monkeypatch, code):
   name = f"lb_cli_exits_{uuid.uuid4().hex[:8]}"
   (tmp_path / f"{name}.py").write_text(f"import sys\nsys.exit({code!r})\n")
   monkeypatch.syspath_prepend(str(tmp_path))
-  assert_one_line_error(capsys, ["inspect", f"{name}:Net", "--json"], 1,
-                        rf"importing '{name}' called sys.exit\({code!r}\).*Fix: guard")
+  assert_one_line_error(
+    capsys,
+    ["inspect", f"{name}:Net", "--json"],
+    1,
+    rf"importing '{name}' called sys.exit\({code!r}\).*Fix: guard",
+  )
 
 
-@pytest.mark.parametrize("attr,pattern", [
+@pytest.mark.parametrize(
+  "attr,pattern",
+  [
     ("Missing", r"has no attribute 'Missing'"),
     ("NeedsFields", r"Linen module class NeedsFields, which has required fields \(depth\)"),
     ("not_a_model", r"is a int, not a Linen module"),
@@ -194,13 +209,17 @@ def test_module_exiting_on_import(capsys, tmp_path, monkeypatch, code):
     ("factory_raises", r"calling it failed: RuntimeError: no weights here"),
     ("factory_wrong_type", r"returned a str, not a Linen module"),
     ("nnx_model", r"is an NNX module; loopbridge inspect takes a Linen module"),
-])
+  ],
+)
 def test_bad_attribute(capsys, target_module, attr, pattern):
-  assert_one_line_error(capsys, ["inspect", f"{target_module}:{attr}", "--arg", "float32[1,4]"],
-                        1, pattern)
+  assert_one_line_error(
+    capsys, ["inspect", f"{target_module}:{attr}", "--arg", "float32[1,4]"], 1, pattern
+  )
 
 
-@pytest.mark.parametrize("spec,pattern", [
+@pytest.mark.parametrize(
+  "spec,pattern",
+  [
     ("float32(1,100)", r"expected DTYPE\[DIM,\.\.\.\] such as 'float32\[1,100\]'"),
     ("float32[1,x]", r"expected DTYPE\[DIM,\.\.\.\]"),
     ("flot32[1]", r"unknown dtype 'flot32'"),
@@ -208,34 +227,48 @@ def test_bad_attribute(capsys, target_module, attr, pattern):
     ("float64[2]", r"float64 needs 64-bit JAX \(set JAX_ENABLE_X64=1\)"),
     ("object[1]", r"JAX arrays cannot have dtype 'object'.*use a number or bool dtype"),
     ("str[2]", r"JAX arrays cannot have dtype 'str'"),
-])
+  ],
+)
 def test_bad_arg_spec(capsys, spec, pattern):
   assert_one_line_error(capsys, ["inspect", "--arg", spec], 2, pattern)
 
 
 def test_model_cannot_run_on_inputs(capsys, target_module):
   assert_one_line_error(
-      capsys, ["inspect", f"{target_module}:Picky", "--arg", "float32[3]"], 1,
-      r"Picky cannot run on the given inputs \(--arg float32\[3\]\): ValueError: expected a "
-      r"\(batch, features\) input")
+    capsys,
+    ["inspect", f"{target_module}:Picky", "--arg", "float32[3]"],
+    1,
+    r"Picky cannot run on the given inputs \(--arg float32\[3\]\): ValueError: expected a "
+    r"\(batch, features\) input",
+  )
 
 
 def test_no_inputs_for_a_model_that_needs_some(capsys, target_module):
-  assert_one_line_error(capsys, ["inspect", f"{target_module}:Net"], 1,
-                        r"cannot run on the given inputs \(no inputs\).*pass its inputs with --arg")
+  assert_one_line_error(
+    capsys,
+    ["inspect", f"{target_module}:Net"],
+    1,
+    r"cannot run on the given inputs \(no inputs\).*pass its inputs with --arg",
+  )
 
 
 def test_unknown_method(capsys, target_module):
   assert_one_line_error(
-      capsys, ["inspect", f"{target_module}:Net", "--arg", "float32[1,4]", "--method", "nope"],
-      1, r"Net has no method 'nope' \(--method\)")
+    capsys,
+    ["inspect", f"{target_module}:Net", "--arg", "float32[1,4]", "--method", "nope"],
+    1,
+    r"Net has no method 'nope' \(--method\)",
+  )
 
 
-@pytest.mark.parametrize("argv,pattern", [
+@pytest.mark.parametrize(
+  "argv,pattern",
+  [
     (["inspect", "--capacity", "0"], r"--capacity: expected a positive integer, got 0"),
     (["inspect", "--steps", "many"], r"--steps: expected a positive integer, got 'many'"),
     ([], r"the following arguments are required: COMMAND"),
-])
+  ],
+)
 def test_malformed_options(capsys, argv, pattern):
   with pytest.raises(SystemExit) as exit_info:
     main(argv)
@@ -258,8 +291,9 @@ def test_unexpected_failure_is_one_line_unless_debug(capsys, monkeypatch):
   code, _, err = run_main(capsys, "inspect")
   assert code == 1
   assert err.strip().splitlines()[-1] == (
-      "loopbridge inspect: error: unexpected KeyError: 'internal' (run again with --debug "
-      "for the traceback)")
+    "loopbridge inspect: error: unexpected KeyError: 'internal' (run again with --debug "
+    "for the traceback)"
+  )
   with pytest.raises(KeyError):
     main(["inspect", "--debug"])
 
@@ -293,8 +327,18 @@ def test_progress_note_only_when_slow():
 
 # ----------------------------------------------------------------------------- content
 def test_json_report_on_a_target(capsys, target_module):
-  code, out, _ = run_main(capsys, "inspect", f"{target_module}:factory", "--arg", "float32[1,4]",
-                          "--steps", "3", "--capacity", "4", "--json")
+  code, out, _ = run_main(
+    capsys,
+    "inspect",
+    f"{target_module}:factory",
+    "--arg",
+    "float32[1,4]",
+    "--steps",
+    "3",
+    "--capacity",
+    "4",
+    "--json",
+  )
   assert code == 0
   doc = json.loads(out)
   assert doc["model"] == "Net" and doc["inputs"] == ["float32[1,4]"]
@@ -310,17 +354,26 @@ def test_json_report_on_a_target(capsys, target_module):
   assert set(sites) == {"x", "kept/h"} and "dropper" not in inter
   assert sites["x"]["per_call"] == len(inter["x"]) == 2
   assert sites["kept/h"]["shape"] == list(inter["kept"]["h"][0].shape) == [2, 1, 4]
-  assert sites["kept/h"]["transforms"][0] == {"kind": "scan", "path": "kept", "axis": 0,
-                                              "length": 2, "reverse": False}
+  assert sites["kept/h"]["transforms"][0] == {
+    "kind": "scan",
+    "path": "kept",
+    "axis": 0,
+    "length": 2,
+    "reverse": False,
+  }
   (dropped,) = doc["sow_sites"]["dropped"]
   assert (dropped["module_path"], dropped["name"]) == ("dropper", "h")
   assert doc["buffer_memory"]["buffers_bytes"] == 4 * (1 * 4 + 2 * 1 * 4) * 4
   assert doc["buffer_memory"]["counts_bytes"] == 8
 
   leaves = jax.tree_util.tree_leaves(variables["params"])
-  assert doc["parameters"] == {"params": {
-      "arrays": len(leaves), "values": sum(int(np.prod(leaf.shape)) for leaf in leaves),
-      "bytes": sum(leaf.nbytes for leaf in leaves)}}
+  assert doc["parameters"] == {
+    "params": {
+      "arrays": len(leaves),
+      "values": sum(int(np.prod(leaf.shape)) for leaf in leaves),
+      "bytes": sum(leaf.nbytes for leaf in leaves),
+    }
+  }
 
   stock = doc["live_check"]["stock"]
   assert not stock["ok"] and stock["error"].startswith("ValueError: ")
@@ -329,15 +382,30 @@ def test_json_report_on_a_target(capsys, target_module):
   ours = doc["live_check"]["loopbridge"]
   assert ours["ok"] and ours["steps_run"] == 3
   # 3 steps: `x` is sown twice per call (6 values, 4 kept), `kept/h` once (3 values).
-  assert ours["recorded"]["intermediates/x"] == {"sown": 6, "kept": 4, "capacity": 4,
-                                                 "value_shape": [1, 4]}
+  assert ours["recorded"]["intermediates/x"] == {
+    "sown": 6,
+    "kept": 4,
+    "capacity": 4,
+    "value_shape": [1, 4],
+  }
   assert ours["recorded"]["intermediates/kept/h"]["sown"] == 3
   assert ours["first_call_s"] > 0 and ours["next_call_s"] > 0
 
 
 def test_text_report_with_method(capsys, target_module):
-  code, out, _ = run_main(capsys, "inspect", f"{target_module}:instance", "--arg", "float32[1,4]",
-                          "--arg", "bool[]", "--method", "other", "--steps", "2")
+  code, out, _ = run_main(
+    capsys,
+    "inspect",
+    f"{target_module}:instance",
+    "--arg",
+    "float32[1,4]",
+    "--arg",
+    "bool[]",
+    "--method",
+    "other",
+    "--steps",
+    "2",
+  )
   assert code == 0
   assert "inputs: float32[1,4], bool[]; method: other; capacity 2" in out
   assert "intermediates  flag  ()" in out
@@ -347,8 +415,16 @@ def test_text_report_with_method(capsys, target_module):
 
 
 def test_live_check_updates_other_collections(capsys, target_module):
-  code, out, _ = run_main(capsys, "inspect", f"{target_module}:WithStats", "--arg",
-                          "float32[4,2]", "--steps", "2", "--json")
+  code, out, _ = run_main(
+    capsys,
+    "inspect",
+    f"{target_module}:WithStats",
+    "--arg",
+    "float32[4,2]",
+    "--steps",
+    "2",
+    "--json",
+  )
   assert code == 0
   doc = json.loads(out)
   assert doc["parameters"]["batch_stats"] == {"arrays": 2, "values": 6, "bytes": 24}
@@ -358,8 +434,18 @@ def test_live_check_updates_other_collections(capsys, target_module):
 
 
 def test_capture_records_submodule_outputs_of_a_model_that_never_sows(capsys, target_module):
-  code, out, _ = run_main(capsys, "inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
-                          "--steps", "2", "--capture", "Attention", "--json")
+  code, out, _ = run_main(
+    capsys,
+    "inspect",
+    f"{target_module}:NoSow",
+    "--arg",
+    "float32[3,4]",
+    "--steps",
+    "2",
+    "--capture",
+    "Attention",
+    "--json",
+  )
   assert code == 0
   doc = json.loads(out)
   assert doc["capture"] == "Attention"
@@ -367,50 +453,88 @@ def test_capture_records_submodule_outputs_of_a_model_that_never_sows(capsys, ta
   net = sys.modules[target_module].NoSow()
   x = jnp.ones((3, 4))
   variables = net.init(jax.random.key(0), x)
-  _, state = net.apply(variables, x, mutable=["intermediates"],
-                       capture_intermediates=lambda m, n: type(m).__name__ == "Attention")
+  _, state = net.apply(
+    variables,
+    x,
+    mutable=["intermediates"],
+    capture_intermediates=lambda m, n: type(m).__name__ == "Attention",
+  )
   out_shape, w_shape = (v.shape for v in state["intermediates"]["Attention_0"]["__call__"][0])
   sites = {s["path"]: s for s in doc["sow_sites"]["sites"]}
   assert set(sites) == {"Attention_0/__call__"}  # two leaves of one sow
   assert [s["shape"] for s in doc["sow_sites"]["sites"]] == [list(out_shape), list(w_shape)]
   ours = doc["live_check"]["loopbridge"]
   assert ours["recorded"]["intermediates/Attention_0/__call__[1]"] == {
-      "sown": 2, "kept": 2, "capacity": 2, "value_shape": [3, 3]}
+    "sown": 2,
+    "kept": 2,
+    "capacity": 2,
+    "value_shape": [3, 3],
+  }
   stock = doc["live_check"]["stock"]
   assert stock["ok"] and stock["mutable"] is False and stock["model_sows"] is False
 
 
 def test_stock_check_calls_a_model_that_does_not_sow_as_a_user_would(capsys, target_module):
-  code, out, _ = run_main(capsys, "inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
-                          "--steps", "2")
+  code, out, _ = run_main(
+    capsys, "inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]", "--steps", "2"
+  )
   assert code == 0
-  assert ("stock flax.nnx.bridge.ToNNX: ran 2 steps (the model does not sow) — stock bridge "
-          "works; loopbridge adds recording") in out
+  assert (
+    "stock flax.nnx.bridge.ToNNX: ran 2 steps (the model does not sow) — stock bridge "
+    "works; loopbridge adds recording"
+  ) in out
   assert "FAILED" not in out
   assert "record submodule outputs with --capture all" in out
   # With everything captured the model still does not sow: the stock check is unchanged.
-  code, out, _ = run_main(capsys, "inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
-                          "--steps", "2", "--capture", "all")
+  code, out, _ = run_main(
+    capsys,
+    "inspect",
+    f"{target_module}:NoSow",
+    "--arg",
+    "float32[3,4]",
+    "--steps",
+    "2",
+    "--capture",
+    "all",
+  )
   assert code == 0 and "stock bridge works; loopbridge adds recording" in out
   assert re.search(r"intermediates/Attention_0/__call__\[1\] +2 +2 +2 +\(3, 3\)", out)
   assert "intermediates/Dense_0/__call__" in out
 
 
 def test_stock_check_keeps_mutable_for_models_that_sow_or_hold_state(capsys, target_module):
-  _, out, _ = run_main(capsys, "inspect", f"{target_module}:WithStats", "--arg",
-                          "float32[4,2]", "--steps", "2", "--json")
+  _, out, _ = run_main(
+    capsys,
+    "inspect",
+    f"{target_module}:WithStats",
+    "--arg",
+    "float32[4,2]",
+    "--steps",
+    "2",
+    "--json",
+  )
   stock = json.loads(out)["live_check"]["stock"]
   assert stock["model_sows"] and stock["mutable"] and not stock["ok"]
 
 
-@pytest.mark.parametrize("capture, pattern", [
-    ("Nope", r"--capture 'Nope': no module of class Nope runs in this call.*Attention, Dense, "
-             r"NoSow"),
+@pytest.mark.parametrize(
+  "capture, pattern",
+  [
+    (
+      "Nope",
+      r"--capture 'Nope': no module of class Nope runs in this call.*Attention, Dense, "
+      r"NoSow",
+    ),
     ("a b", r"--capture 'a b': expected 'all' or module class names"),
-])
+  ],
+)
 def test_bad_capture_filter(capsys, target_module, capture, pattern):
-  assert_one_line_error(capsys, ["inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]",
-                                 "--capture", capture], 2, pattern)
+  assert_one_line_error(
+    capsys,
+    ["inspect", f"{target_module}:NoSow", "--arg", "float32[3,4]", "--capture", capture],
+    2,
+    pattern,
+  )
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -427,7 +551,9 @@ def test_end_to_end_default_model(tmp_path):
   assert result.returncode == 0, result.stderr
   out = result.stdout
   assert "default model" in out and "inputs: float32[1,100]; capacity 5" in out
-  assert "intermediates  ScanBlock_0/carry  (3, 1, 100)  float32  1         scan(axis=0, len=3)" in out
+  assert (
+    "intermediates  ScanBlock_0/carry  (3, 1, 100)  float32  1         scan(axis=0, len=3)" in out
+  )
   assert "dropped sows: none" in out
   assert "params      2       30,300  118.4 KiB" in out
   assert "stock flax.nnx.bridge.ToNNX: FAILED  ValueError: nnx.while_loop requires" in out
@@ -447,8 +573,11 @@ def test_end_to_end_target_module_json(tmp_path):
   (tmp_path / "user_models.py").write_text(TARGET_SOURCE)
   script = os.path.join(os.path.dirname(sys.executable), "loopbridge")
   command = [script] if os.path.exists(script) else [sys.executable, "-m", "loopbridge"]
-  result = _run([*command, "inspect", "user_models:Small", "--arg", "float32[2,4]", "--steps",
-                 "2", "--json"], cwd=tmp_path.parent, extra_path=str(tmp_path))
+  result = _run(
+    [*command, "inspect", "user_models:Small", "--arg", "float32[2,4]", "--steps", "2", "--json"],
+    cwd=tmp_path.parent,
+    extra_path=str(tmp_path),
+  )
   assert result.returncode == 0, result.stderr
   doc = json.loads(result.stdout)
   assert doc["target"] == "user_models:Small"
@@ -480,14 +609,40 @@ class Chatty(nn.Module):
 @pytest.mark.slow  # two subprocesses (stdout vs stderr); run by `-m slow` (.ci/run)
 def test_json_is_the_only_stdout_when_the_model_prints(tmp_path):
   (tmp_path / "chatty_models.py").write_text(PRINTING_SOURCE)
-  result = _run([sys.executable, "-m", "loopbridge", "inspect", "chatty_models:Chatty", "--arg",
-                 "float32[1,4]", "--steps", "2", "--json"], cwd=tmp_path.parent,
-                extra_path=str(tmp_path))
+  result = _run(
+    [
+      sys.executable,
+      "-m",
+      "loopbridge",
+      "inspect",
+      "chatty_models:Chatty",
+      "--arg",
+      "float32[1,4]",
+      "--steps",
+      "2",
+      "--json",
+    ],
+    cwd=tmp_path.parent,
+    extra_path=str(tmp_path),
+  )
   assert result.returncode == 0, result.stderr
   doc = json.loads(result.stdout)  # nothing else on stdout
   assert doc["live_check"]["loopbridge"]["recorded"]["intermediates/h"]["sown"] == 2
   for line in ("hello from the import", "tracing Chatty", "step value"):
     assert line in result.stderr  # the model's output is kept, on stderr
-  text = _run([sys.executable, "-m", "loopbridge", "inspect", "chatty_models:Chatty", "--arg",
-               "float32[1,4]", "--steps", "2"], cwd=tmp_path.parent, extra_path=str(tmp_path))
+  text = _run(
+    [
+      sys.executable,
+      "-m",
+      "loopbridge",
+      "inspect",
+      "chatty_models:Chatty",
+      "--arg",
+      "float32[1,4]",
+      "--steps",
+      "2",
+    ],
+    cwd=tmp_path.parent,
+    extra_path=str(tmp_path),
+  )
   assert "hello from the import" in text.stdout  # without --json, stdout is left alone

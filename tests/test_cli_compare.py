@@ -18,7 +18,7 @@ import pytest
 from loopbridge import _cli
 from loopbridge.__main__ import main
 
-SOURCE = '''
+SOURCE = """
 import flax.linen as nn
 from flax import nnx
 
@@ -131,7 +131,7 @@ def needs_width(width):
 
 
 instance = Port(nnx.Rngs(3))
-'''
+"""
 
 
 @pytest.fixture
@@ -150,8 +150,9 @@ def run(capsys, *argv):
 
 
 def test_correct_port_exits_0(capsys, target):
-  code, out, err = run(capsys, "compare", f"{target}:MLP", f"{target}:Port",
-                       "--arg", "float32[2,4]")
+  code, out, err = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]"
+  )
   assert code == 0, err
   assert out.startswith("lb.compare: OK, all 4 aligned module calls agree")
 
@@ -168,37 +169,52 @@ def test_port_receives_the_linen_params(target):
 
 
 def test_planted_bug_exits_1_and_names_the_first_divergence(capsys, target):
-  code, out, err = run(capsys, "compare", f"{target}:MLP", f"{target}:buggy",
-                       "--arg", "float32[2,4]")
+  code, out, err = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:buggy", "--arg", "float32[2,4]"
+  )
   assert code == 1 and "error" not in err
   assert "DIVERGES, first at reference LayerNorm_0 ~ candidate LayerNorm_0" in out
-  code, out, _ = run(capsys, "compare", f"{target}:MLP", f"{target}:buggy",
-                     "--arg", "float32[2,4]", "--json")
+  code, out, _ = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:buggy", "--arg", "float32[2,4]", "--json"
+  )
   data = json.loads(out)
   assert code == 1 and data["first_divergence"]["reference_path"] == "LayerNorm_0"
 
 
 def test_list_of_layers_matches_linen_names(capsys, target):
-  code, out, err = run(capsys, "compare", f"{target}:Stacked", f"{target}:StackedPort",
-                       "--arg", "float32[1,4]")
+  code, out, err = run(
+    capsys, "compare", f"{target}:Stacked", f"{target}:StackedPort", "--arg", "float32[1,4]"
+  )
   assert code == 0, out + err
   assert re.search(r"layers_0 +layers/0 +name", out), out
 
 
 def test_scanned_linen_params_load_into_a_list_of_layers(capsys, target):
-  code, out, err = run(capsys, "compare", f"{target}:Scanned", f"{target}:ScannedPort",
-                       "--arg", "float32[2,4]")
+  code, out, err = run(
+    capsys, "compare", f"{target}:Scanned", f"{target}:ScannedPort", "--arg", "float32[2,4]"
+  )
   assert code == 0, out + err
   # inside nn.scan Linen sees tracers: only the whole model is compared
   assert "not recorded in the reference" in out and "cells/0/Dense_0" in out
-  assert_error(capsys, ["compare", f"{target}:Scanned", f"{target}:shallow", "--arg",
-                        "float32[2,4]"], 1,
-               r"'cells/Dense_0/\w+' stacks 3 layers \(nn.scan\) but the port's list has 2")
+  assert_error(
+    capsys,
+    ["compare", f"{target}:Scanned", f"{target}:shallow", "--arg", "float32[2,4]"],
+    1,
+    r"'cells/Dense_0/\w+' stacks 3 layers \(nn.scan\) but the port's list has 2",
+  )
 
 
 def test_random_weights_compare_structure_only(capsys, target):
-  code, out, _ = run(capsys, "compare", f"{target}:MLP", f"{target}:Renamed",
-                     "--arg", "float32[2,4]", "--weights", "random")
+  code, out, _ = run(
+    capsys,
+    "compare",
+    f"{target}:MLP",
+    f"{target}:Renamed",
+    "--arg",
+    "float32[2,4]",
+    "--weights",
+    "random",
+  )
   assert code == 1 and "Dense_0" in out and "fc1" in out
 
 
@@ -210,27 +226,49 @@ def assert_error(capsys, argv, code, pattern):
   assert re.search(pattern, line), line
 
 
-@pytest.mark.parametrize("new, pattern", [
-    ("Renamed", r"cannot load the Linen params into NEW_TARGET: the port has a Param at "
-                r"'fc1/\w+' that the Linen model lacks.*Name the port's attributes like the "
-                r"Linen submodules.*--weights random"),
-    ("Wider", r"Dense_0/\w+' is \[\d+\] in the Linen model but 'Dense_0/\w+' is \[16\] in the "
-              r"port"),
+@pytest.mark.parametrize(
+  "new, pattern",
+  [
+    (
+      "Renamed",
+      r"cannot load the Linen params into NEW_TARGET: the port has a Param at "
+      r"'fc1/\w+' that the Linen model lacks.*Name the port's attributes like the "
+      r"Linen submodules.*--weights random",
+    ),
+    (
+      "Wider",
+      r"Dense_0/\w+' is \[\d+\] in the Linen model but 'Dense_0/\w+' is \[16\] in the "
+      r"port",
+    ),
     ("MLP", r"NEW_TARGET '.*:MLP' is a Linen module; loopbridge compare takes the NNX port"),
     ("needs_width", r"needs arguments \(width\)"),
-])
+  ],
+)
 def test_bad_new_target(capsys, target, new, pattern):
-  assert_error(capsys, ["compare", f"{target}:MLP", f"{target}:{new}", "--arg", "float32[2,4]"],
-               1, pattern)
+  assert_error(
+    capsys, ["compare", f"{target}:MLP", f"{target}:{new}", "--arg", "float32[2,4]"], 1, pattern
+  )
 
 
 def test_bad_old_target_and_usage(capsys, target):
-  assert_error(capsys, ["compare", f"{target}:Port", f"{target}:Port", "--arg", "float32[2,4]"],
-               1, r"is an NNX module; loopbridge compare takes a Linen module as OLD_TARGET")
-  assert_error(capsys, ["compare", "nocolon", f"{target}:Port"], 2,
-               r"OLD_TARGET 'nocolon' is not of the form package\.module:attribute")
-  assert_error(capsys, ["compare", f"{target}:MLP", f"{target}:Port"], 1,
-               r"cannot run on the given inputs \(no inputs\).*--arg")
+  assert_error(
+    capsys,
+    ["compare", f"{target}:Port", f"{target}:Port", "--arg", "float32[2,4]"],
+    1,
+    r"is an NNX module; loopbridge compare takes a Linen module as OLD_TARGET",
+  )
+  assert_error(
+    capsys,
+    ["compare", "nocolon", f"{target}:Port"],
+    2,
+    r"OLD_TARGET 'nocolon' is not of the form package\.module:attribute",
+  )
+  assert_error(
+    capsys,
+    ["compare", f"{target}:MLP", f"{target}:Port"],
+    1,
+    r"cannot run on the given inputs \(no inputs\).*--arg",
+  )
   with pytest.raises(SystemExit) as exit_info:
     main(["compare", f"{target}:MLP", f"{target}:Port", "--rtol", "-1"])
   assert exit_info.value.code == 2
@@ -238,19 +276,45 @@ def test_bad_old_target_and_usage(capsys, target):
 
 
 def test_unalignable_is_one_line(capsys, target):
-  assert_error(capsys, ["compare", f"{target}:MLP", f"{target}:StackedPort", "--arg",
-                        "float32[2,4]", "--weights", "random"], 1,
-               r"no module call of the reference could be aligned")
+  assert_error(
+    capsys,
+    [
+      "compare",
+      f"{target}:MLP",
+      f"{target}:StackedPort",
+      "--arg",
+      "float32[2,4]",
+      "--weights",
+      "random",
+    ],
+    1,
+    r"no module call of the reference could be aligned",
+  )
 
 
 @pytest.mark.slow  # subprocess; the in-process tests above cover the command; `-m slow`
 def test_end_to_end_subprocess(tmp_path):
   (tmp_path / "cli_compare_models.py").write_text(SOURCE)
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-      [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+  env = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+  }
   result = subprocess.run(
-      [sys.executable, "-m", "loopbridge", "compare", "cli_compare_models:MLP",
-       "cli_compare_models:buggy", "--arg", "float32[2,4]"],
-      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    [
+      sys.executable,
+      "-m",
+      "loopbridge",
+      "compare",
+      "cli_compare_models:MLP",
+      "cli_compare_models:buggy",
+      "--arg",
+      "float32[2,4]",
+    ],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert result.returncode == 1, result.stderr
   assert ">>" in result.stdout and "first divergence" in result.stdout

@@ -65,8 +65,9 @@ class Port(nnx.Module):
 
   def __init__(self, *, rngs, blocks=None, head_dtype=None):
     self.embed = nnx.Linear(D, D, rngs=rngs)
-    self.blocks = nnx_list(blocks if blocks is not None else
-                           [PortBlock(D, H, rngs=rngs) for _ in range(2)])
+    self.blocks = nnx_list(
+      blocks if blocks is not None else [PortBlock(D, H, rngs=rngs) for _ in range(2)]
+    )
     self.norm = nnx.LayerNorm(D, epsilon=1e-6, rngs=rngs)
     self.head = nnx.Linear(D, D, rngs=rngs, **({"dtype": head_dtype} if head_dtype else {}))
 
@@ -80,17 +81,24 @@ class Port(nnx.Module):
 # Which Linen submodule each Port module ports (the test's own table, independent of compare),
 # in call order.
 PORT_PATHS = {
-    "embed": "Dense_0",
-    **{f"blocks/{i}/{a}": f"Block_{i}/{b}" for i in range(2)
-       for a, b in (("norm", "LayerNorm_0"), ("up", "Dense_0"), ("down", "Dense_1"))},
-    "norm": "LayerNorm_0", "head": "Dense_1",
+  "embed": "Dense_0",
+  **{
+    f"blocks/{i}/{a}": f"Block_{i}/{b}"
+    for i in range(2)
+    for a, b in (("norm", "LayerNorm_0"), ("up", "Dense_0"), ("down", "Dense_1"))
+  },
+  "norm": "LayerNorm_0",
+  "head": "Dense_1",
 }
 
 
 def _get(tree, path):
   for key in path.split("/"):
-    tree = tree[int(key)] if isinstance(tree, list) or (key.isdigit() and not isinstance(
-        tree, dict)) else (tree[key] if isinstance(tree, dict) else getattr(tree, key))
+    tree = (
+      tree[int(key)]
+      if isinstance(tree, list) or (key.isdigit() and not isinstance(tree, dict))
+      else (tree[key] if isinstance(tree, dict) else getattr(tree, key))
+    )
   return tree
 
 
@@ -126,8 +134,9 @@ def setup():
   # Random biases and scales: Linen initializes biases to zero, which would hide a missing one.
   leaves, treedef = jax.tree.flatten(variables)
   keys = jax.random.split(jax.random.key(2), len(leaves))
-  variables = jax.tree.unflatten(treedef, [
-      leaf + 0.1 * jax.random.normal(k, leaf.shape) for leaf, k in zip(leaves, keys)])
+  variables = jax.tree.unflatten(
+    treedef, [leaf + 0.1 * jax.random.normal(k, leaf.shape) for leaf, k in zip(leaves, keys)]
+  )
   return x, variables
 
 
@@ -179,8 +188,20 @@ def first_differing(variables, port, x, rtol=1e-5, atol=1e-5):
   return None
 
 
-ORDER = ["embed", "blocks/0/norm", "blocks/0/up", "blocks/0/down", "blocks/0",
-         "blocks/1/norm", "blocks/1/up", "blocks/1/down", "blocks/1", "norm", "head", ""]
+ORDER = [
+  "embed",
+  "blocks/0/norm",
+  "blocks/0/up",
+  "blocks/0/down",
+  "blocks/0",
+  "blocks/1/norm",
+  "blocks/1/up",
+  "blocks/1/down",
+  "blocks/1",
+  "norm",
+  "head",
+  "",
+]
 
 
 # ----------------------------------------------------------------------------- agreement
@@ -193,9 +214,19 @@ def test_correct_port_agrees(setup):
   assert report.ok and report.first_divergence is None, str(report)
   assert [p.candidate_path for p in report.pairs] == ORDER
   assert [p.reference_path for p in report.pairs] == [
-      "Dense_0", "Block_0/LayerNorm_0", "Block_0/Dense_0", "Block_0/Dense_1", "Block_0",
-      "Block_1/LayerNorm_0", "Block_1/Dense_0", "Block_1/Dense_1", "Block_1", "LayerNorm_0",
-      "Dense_1", ""]
+    "Dense_0",
+    "Block_0/LayerNorm_0",
+    "Block_0/Dense_0",
+    "Block_0/Dense_1",
+    "Block_0",
+    "Block_1/LayerNorm_0",
+    "Block_1/Dense_0",
+    "Block_1/Dense_1",
+    "Block_1",
+    "LayerNorm_0",
+    "Dense_1",
+    "",
+  ]
   assert not report.unmatched_reference and not report.unmatched_candidate
   assert "lb.compare: OK" in str(report)
 
@@ -222,22 +253,24 @@ def test_port_named_like_linen_aligns_by_name(setup):
   report = lb.compare((Linen(), linen_vars), port, x)
   assert report.ok, str(report)
   assert [(p.reference_path, p.candidate_path, p.aligned_by) for p in report.pairs] == [
-      ("Dense_0", "Dense_0", "name"), ("Dense_1", "Dense_1", "name"), ("", "", "name")]
+    ("Dense_0", "Dense_0", "name"),
+    ("Dense_1", "Dense_1", "name"),
+    ("", "", "name"),
+  ]
 
 
 # ----------------------------------------------------------------------------- planted bugs
 TIGHT: dict[str, tp.Any] = {"rtol": 1e-6, "atol": 1e-6}
 BUGS = {
-    # name: (port options, compare tolerances, expected first differing port path)
-    "missing bias": (dict(block_kwargs=({}, {"up_bias": False})), {}, "blocks/1/up"),
-    "transposed kernel": (dict(transpose=("head",)), {}, "head"),
-    # the activation is not a module: the first module whose output differs is the next one
-    "wrong activation": (dict(block_kwargs=({"act": nnx.relu}, {})), {}, "blocks/0/down"),
-    "layer-norm epsilon": (dict(block_kwargs=({}, {"epsilon": 1e-3})), {}, "blocks/1/norm"),
-    # PyTorch's default epsilon: a 1e-5 relative change on unit-variance inputs, inside the
-    # float32 default tolerance, found with tighter ones
-    "layer-norm epsilon 1e-5": (dict(block_kwargs=({}, {"epsilon": 1e-5})), TIGHT,
-                                "blocks/1/norm"),
+  # name: (port options, compare tolerances, expected first differing port path)
+  "missing bias": (dict(block_kwargs=({}, {"up_bias": False})), {}, "blocks/1/up"),
+  "transposed kernel": (dict(transpose=("head",)), {}, "head"),
+  # the activation is not a module: the first module whose output differs is the next one
+  "wrong activation": (dict(block_kwargs=({"act": nnx.relu}, {})), {}, "blocks/0/down"),
+  "layer-norm epsilon": (dict(block_kwargs=({}, {"epsilon": 1e-3})), {}, "blocks/1/norm"),
+  # PyTorch's default epsilon: a 1e-5 relative change on unit-variance inputs, inside the
+  # float32 default tolerance, found with tighter ones
+  "layer-norm epsilon 1e-5": (dict(block_kwargs=({}, {"epsilon": 1e-5})), TIGHT, "blocks/1/norm"),
 }
 
 
@@ -258,7 +291,7 @@ def test_planted_bug_is_reported_at_the_first_differing_module(setup, bug):
   assert divergence.max_abs_err > tolerances.get("atol", 1e-5) and divergence.max_rel_err > 0
   # not earlier: every pair before it agrees; the pair itself and the top level differ
   statuses = {p.candidate_path: p.status for p in report.pairs}
-  for path in ORDER[:ORDER.index(expected)]:
+  for path in ORDER[: ORDER.index(expected)]:
     assert statuses[path] == "ok", (path, str(report))
   assert statuses[expected] == "values" and statuses[""] == "values"
   text = str(report)
@@ -321,7 +354,8 @@ def test_bridged_part_of_a_candidate_is_recorded_inside(setup):
   x, variables = setup
   port = make_port(variables, block_kwargs=({"act": nnx.relu}, {}))
   port.blocks[1] = lb.checkpoint.from_linen_variables(
-      Block(H), {"params": variables["params"]["Block_1"]}, x)
+    Block(H), {"params": variables["params"]["Block_1"]}, x
+  )
   report = lb.compare((Net(), variables), port, x)
   paths = [p.candidate_path for p in report.pairs]
   assert "blocks/1/Dense_0" in paths and "blocks/1" in paths, str(report)
@@ -338,8 +372,9 @@ def test_nn_scan_calls_are_listed_as_not_recorded():
   class Scanned(nn.Module):
     @nn.compact
     def __call__(self, x):
-      x, _ = nn.scan(Cell, variable_axes={"params": 0}, split_rngs={"params": True},
-                     length=3)(name="cells")(x, None)
+      x, _ = nn.scan(Cell, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)(
+        name="cells"
+      )(x, None)
       return nn.Dense(2)(x)
 
   x = jnp.ones((1, 4))
@@ -353,8 +388,7 @@ def test_nn_scan_calls_are_listed_as_not_recorded():
 def test_mapping_pairs_and_excludes(setup):
   x, variables = setup
   port = make_port(variables)
-  report = lb.compare((Net(), variables), port, x,
-                      mapping={"Dense_1": "head", "LayerNorm_0": None})
+  report = lb.compare((Net(), variables), port, x, mapping={"Dense_1": "head", "LayerNorm_0": None})
   how = {p.reference_path: p.aligned_by for p in report.pairs}
   assert how["Dense_1"] == "mapping" and "LayerNorm_0" not in how
   assert [c.path for c in report.unmatched_reference] == ["LayerNorm_0"]
@@ -402,9 +436,15 @@ def test_concurrent_compares_do_not_mix(setup):
 
 # ----------------------------------------------------------------------------- untouched
 def _snapshot(model):
-  return [(path, type(node), id(node), np.asarray(_compat.variable_value(node)).copy()
-           if isinstance(node, nnx.Variable) else None)
-          for path, node in _compat.iter_graph(model)]
+  return [
+    (
+      path,
+      type(node),
+      id(node),
+      np.asarray(_compat.variable_value(node)).copy() if isinstance(node, nnx.Variable) else None,
+    )
+    for path, node in _compat.iter_graph(model)
+  ]
 
 
 def test_users_model_and_classes_are_untouched(setup):
@@ -441,18 +481,27 @@ def test_unalignable_pair_is_a_clear_error(setup):
     def __call__(self, x):
       return self.b(self.a(x))
 
-  with pytest.raises(lb.CompareError, match=r"no module call of the reference could be aligned"
-                     r".*Reference calls: Dense_0 .*Candidate calls: a .*mapping="):
+  with pytest.raises(
+    lb.CompareError,
+    match=r"no module call of the reference could be aligned"
+    r".*Reference calls: Dense_0 .*Candidate calls: a .*mapping=",
+  ):
     lb.compare((Net(), variables), Other(nnx.Rngs(0)), x)
 
 
-@pytest.mark.parametrize("reference, match", [
-    (Net(), r"the reference is a Linen module without its variables.*Pass `\(Net\(\.\.\.\), "
-            r"variables\)`"),
+@pytest.mark.parametrize(
+  "reference, match",
+  [
+    (
+      Net(),
+      r"the reference is a Linen module without its variables.*Pass `\(Net\(\.\.\.\), "
+      r"variables\)`",
+    ),
     (Net, r"the reference is the class Net, not a model: build an instance"),
     ((Net(), [1, 2]), r"second item must be the module's variables"),
     ("model", r"the reference is a str; it must be a Linen module with its variables"),
-])
+  ],
+)
 def test_wrong_kind_of_reference(setup, reference, match):
   x, variables = setup
   with pytest.raises(lb.CompareError, match=match):
@@ -461,15 +510,21 @@ def test_wrong_kind_of_reference(setup, reference, match):
 
 def test_params_without_their_collection(setup):
   x, variables = setup
-  with pytest.raises(lb.CompareError, match=r"running the reference .* failed.*no 'params' "
-                     r"collection.*pass the whole dict"):
+  with pytest.raises(
+    lb.CompareError,
+    match=r"running the reference .* failed.*no 'params' "
+    r"collection.*pass the whole dict",
+  ):
     lb.compare((Net(), variables["params"]), make_port(variables), x)
 
 
 def test_uninitialized_to_nnx(setup):
   x, variables = setup
-  with pytest.raises(lb.CompareError, match=r"It has no variables: initialize an lb.ToNNX with "
-                     r"lb.lazy_init"):
+  with pytest.raises(
+    lb.CompareError,
+    match=r"It has no variables: initialize an lb.ToNNX with "
+    r"lb.lazy_init",
+  ):
     lb.compare(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), make_port(variables), x)
 
 
@@ -482,11 +537,17 @@ def test_candidate_that_fails_on_the_inputs(setup):
 def test_bad_mapping(setup):
   x, variables = setup
   port = make_port(variables)
-  with pytest.raises(lb.CompareError, match=r"mapping key 'Dense_9' names no module call of the "
-                     r"reference.*The reference called: Dense_0 "):
+  with pytest.raises(
+    lb.CompareError,
+    match=r"mapping key 'Dense_9' names no module call of the "
+    r"reference.*The reference called: Dense_0 ",
+  ):
     lb.compare((Net(), variables), port, x, mapping={"Dense_9": "head"})
-  with pytest.raises(lb.CompareError, match=r"mapping value 'tail' \(for 'Dense_1'\) names no "
-                     r"module call of the candidate.*The candidate called: embed "):
+  with pytest.raises(
+    lb.CompareError,
+    match=r"mapping value 'tail' \(for 'Dense_1'\) names no "
+    r"module call of the candidate.*The candidate called: embed ",
+  ):
     lb.compare((Net(), variables), port, x, mapping={"Dense_1": "tail"})
   with pytest.raises(lb.CompareError, match=r"mapping=a list must be a dict"):
     lb.compare((Net(), variables), port, x, mapping=["Dense_1", "head"])

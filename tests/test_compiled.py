@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import linen as nn, nnx
+from flax import linen as nn
+from flax import nnx
 from flax.nnx import bridge
 
 import loopbridge as lb
@@ -60,9 +61,12 @@ def test_loop_records_like_linen_step_by_step(graph):
   np.testing.assert_allclose(y, want_y, rtol=RTOL, atol=ATOL)
   rec = lb.recorded(model)["intermediates"]
   np.testing.assert_allclose(rec["x"], stack_reference(inters, ["x"]), rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(rec["ScanBlock_0"]["carry"],
-                             stack_reference(inters, ["ScanBlock_0", "carry"]),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    rec["ScanBlock_0"]["carry"],
+    stack_reference(inters, ["ScanBlock_0", "carry"]),
+    rtol=RTOL,
+    atol=ATOL,
+  )
   assert int(lb.counts(model)["intermediates"]["x"]) == 5
 
 
@@ -75,8 +79,12 @@ def test_single_steps_and_reset_between_calls():
   y = step(x)
   step(y)
   assert int(lb.counts(model)["intermediates"]["x"]) == 2
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["x"][0],
-                             stack_reference(inters, ["x"])[0], rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["x"][0],
+    stack_reference(inters, ["x"])[0],
+    rtol=RTOL,
+    atol=ATOL,
+  )
 
 
 def test_changed_values_are_donated_and_parameters_are_not():
@@ -91,8 +99,8 @@ def test_changed_values_are_donated_and_parameters_are_not():
 
 def _fori_run(graph):
   def run(model, x, n):
-    return nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x),
-                         **graph_kw(graph))[1]
+    return nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x), **graph_kw(graph))[1]
+
   return run
 
 
@@ -113,6 +121,7 @@ def test_a_loop_donates_only_what_it_writes(graph, loop):
       m = nnx.merge(graphdef, c[0])
       y = m(c[1])
       return nnx.state(m), y
+
     state, y = jax.lax.fori_loop(0, n, body, (state, x))
     nnx.update(model, state)
     return y
@@ -122,12 +131,14 @@ def test_a_loop_donates_only_what_it_writes(graph, loop):
   y = step(x, 3)
   assert not kernel.is_deleted()
   assert old_buffer.is_deleted()  # the buffer is written: still donated
-  np.testing.assert_array_equal(_compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]),
-                                kernel)
+  np.testing.assert_array_equal(
+    _compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]), kernel
+  )
   want_y, inters = reference_chain(model, x, 3)
   np.testing.assert_allclose(y, want_y, rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["x"],
-                             stack_reference(inters, ["x"]), rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["x"], stack_reference(inters, ["x"]), rtol=RTOL, atol=ATOL
+  )
 
 
 def test_written_values_found_inside_a_loop_are_donated():
@@ -138,10 +149,12 @@ def test_written_values_found_inside_a_loop_are_donated():
     return c[0], c[1] + 1.0, c[2]
 
   closed = jax.make_jaxpr(lambda a, b, c: jax.lax.fori_loop(0, 3, body, (a, b, c)))(
-      jnp.ones(2), jnp.ones(2), 3)
+    jnp.ones(2), jnp.ones(2), 3
+  )
   assert _compiled._forwarded(closed.jaxpr) == [0, None, 2]
-  closed = jax.make_jaxpr(lambda a, b: jax.lax.while_loop(
-      lambda c: c[1] < 3, lambda c: (c[0], c[1] + 1), (a, b)))(jnp.ones(2), 0)
+  closed = jax.make_jaxpr(
+    lambda a, b: jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (c[0], c[1] + 1), (a, b))
+  )(jnp.ones(2), 0)
   assert _compiled._forwarded(closed.jaxpr) == [0, None]
 
 
@@ -225,8 +238,7 @@ def test_rng_stream_draws_match_stock_bridge_under_nnx_jit(impl):
   stock flax.nnx.bridge.ToNNX under nnx.jit, also after a key of another PRNG implementation
   is stored in the model between calls."""
   x = jnp.ones((2, 8))
-  ours = lb.lazy_init(lb.ToNNX(_Noisy(), rngs=nnx.Rngs(params=0, dropout=1)), x,
-                        capacity=8)
+  ours = lb.lazy_init(lb.ToNNX(_Noisy(), rngs=nnx.Rngs(params=0, dropout=1)), x, capacity=8)
   stock = bridge.ToNNX(_Noisy(), rngs=nnx.Rngs(params=0, dropout=1))
   bridge.lazy_init(stock, x)
   step = lb.compile_step(lambda m, x: m(x), ours)
@@ -240,5 +252,6 @@ def test_rng_stream_draws_match_stock_bridge_under_nnx_jit(impl):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     expected.append(want)
   assert len({np.asarray(e).tobytes() for e in expected}) == 4  # every call drew anew
-  np.testing.assert_allclose(lb.recorded(ours)["intermediates"]["h"], np.stack(expected),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(ours)["intermediates"]["h"], np.stack(expected), rtol=RTOL, atol=ATOL
+  )

@@ -71,10 +71,14 @@ def impl(request) -> Impl:
 
 def ours_xfail(reason: str, when: bool = True):
   """Run a test on both wrappers, expecting the `ours` run to fail (strict) while `when`."""
-  return pytest.mark.parametrize("impl", [
+  return pytest.mark.parametrize(
+    "impl",
+    [
       "stock",
       pytest.param("ours", marks=pytest.mark.xfail(when, reason=reason, strict=True)),
-  ], indirect=True)
+    ],
+    indirect=True,
+  )
 
 
 # ------------------------------------------------------------------- reading state, version-free
@@ -110,8 +114,15 @@ def is_wrapper_own(path) -> bool:
 
 def state_signature(model) -> list[tuple]:
   """Every `nnx.state` leaf: (path, Variable type, shape, dtype), sorted by path."""
-  return sorted((tuple(map(str, p)), leaf_type(v).__name__, jnp.shape(value_of(v)),
-                 str(jnp.result_type(value_of(v)))) for p, v in flat_state(model))
+  return sorted(
+    (
+      tuple(map(str, p)),
+      leaf_type(v).__name__,
+      jnp.shape(value_of(v)),
+      str(jnp.result_type(value_of(v))),
+    )
+    for p, v in flat_state(model)
+  )
 
 
 def linen_variables(model, skip=("intermediates",)) -> dict:
@@ -262,13 +273,17 @@ def test_params_and_output_match_linen_init_apply(impl):
 
 
 # ============================================================= state structure: paths and types
-@pytest.mark.parametrize("make", [
+@pytest.mark.parametrize(
+  "make",
+  [
     lambda: nn.Dense(3),
     lambda: Foo(),
     lambda: BNNet(),
     lambda: Counter(),
     lambda: DropNet(),
-], ids=["Dense", "Foo", "BatchNorm", "counter", "Dropout"])
+  ],
+  ids=["Dense", "Foo", "BatchNorm", "counter", "Dropout"],
+)
 def test_state_paths_and_variable_types_match_stock(impl, make):
   """For a model that does not sow, `nnx.state` is exactly the stock wrapper's."""
   x = X if make().__class__ is not Counter else jnp.zeros(())
@@ -280,9 +295,14 @@ def test_state_paths_and_variable_types_match_stock(impl, make):
 def test_state_paths_and_types_are_linen_variables(impl):
   """The stock layout, spelled out: Linen's variables minus the collection level."""
   model = impl.lazy_init(impl.ToNNX(BNNet(), rngs=nnx.Rngs(0)), X)
-  want = {("BatchNorm_0", "bias"): "Param", ("BatchNorm_0", "scale"): "Param",
-          ("BatchNorm_0", "mean"): "BatchStat", ("BatchNorm_0", "var"): "BatchStat",
-          ("Dense_0", "bias"): "Param", ("Dense_0", "kernel"): "Param"}
+  want = {
+    ("BatchNorm_0", "bias"): "Param",
+    ("BatchNorm_0", "scale"): "Param",
+    ("BatchNorm_0", "mean"): "BatchStat",
+    ("BatchNorm_0", "var"): "BatchStat",
+    ("Dense_0", "bias"): "Param",
+    ("Dense_0", "kernel"): "Param",
+  }
   got = {p: t for p, t, _, _ in state_signature(model) if p[0] not in RNG_ATTRS}
   assert got == want
 
@@ -326,8 +346,10 @@ def test_submodule_of_nnx_module(impl):
 
 
 # =============================================================== methods other than __call__
-@pytest.mark.skipif(not HAS_LINEN_METHOD_ATTRS, reason=(
-    f"flax {FLAX}: ToNNX has no __getattr__ forwarding Linen methods (added in flax 0.11)"))
+@pytest.mark.skipif(
+  not HAS_LINEN_METHOD_ATTRS,
+  reason=(f"flax {FLAX}: ToNNX has no __getattr__ forwarding Linen methods (added in flax 0.11)"),
+)
 def test_lazy_init_through_bound_linen_method(impl):
   model = impl.ToNNX(Foo(), rngs=nnx.Rngs(0))
   impl.lazy_init(model.dot, X)
@@ -341,8 +363,7 @@ def test_lazy_init_through_bound_linen_method(impl):
 @pytest.mark.parametrize("form", ["name", "function", "linen_bound"])
 def test_method_keyword_forms(impl, form):
   model = impl.ToNNX(Foo(), rngs=nnx.Rngs(0))
-  method = {"name": "dot", "function": Foo.dot,
-            "linen_bound": linen_module_of(model).dot}[form]
+  method = {"name": "dot", "function": Foo.dot, "linen_bound": linen_module_of(model).dot}[form]
   impl.lazy_init(model, X, method=method)
   w = value_of(nnx.state(model)["w"])
   assert_close(model(X, method=method), X @ w)
@@ -396,8 +417,10 @@ def test_batch_stats_updated_like_linen(impl):
 # ========================================================================= rng streams, dropout
 def test_dropout_streams_follow_stock(impl):
   """Same seeds give the stock wrapper's outputs, call after call; each call draws anew."""
+
   def rngs():
     return nnx.Rngs(params=0, dropout=1)
+
   theirs = STOCK.lazy_init(STOCK.ToNNX(DropNet(), rngs=rngs()), X)
   mine = impl.lazy_init(impl.ToNNX(DropNet(), rngs=rngs()), X)
   ys = [mine(X) for _ in range(3)]
@@ -497,11 +520,15 @@ def test_to_nnx_inside_to_linen_inside_to_nnx(impl):
 
 
 # ================================================================== nnx.bridge.Module parents
-needs_bridge_module = pytest.mark.skipif(not HAS_BRIDGE_MODULE, reason=(
-    f"flax {FLAX} has no nnx.bridge.Module (added in flax 0.11)"))
+needs_bridge_module = pytest.mark.skipif(
+  not HAS_BRIDGE_MODULE, reason=(f"flax {FLAX} has no nnx.bridge.Module (added in flax 0.11)")
+)
 
-@pytest.mark.skipif(_compat.FLAX_VERSION < (0, 11), reason=(
-    f"flax {FLAX}: stock ToNNX passes no 'params' rng outside lazy_init (InvalidRngError)"))
+
+@pytest.mark.skipif(
+  _compat.FLAX_VERSION < (0, 11),
+  reason=(f"flax {FLAX}: stock ToNNX passes no 'params' rng outside lazy_init (InvalidRngError)"),
+)
 def test_mutable_call_before_lazy_init_creates_the_variables(impl):
   """What nnx.bridge.Module.init relies on: an un-initialized wrapper called with
   mutable=True creates its variables through Linen, and later calls use them."""
@@ -517,6 +544,7 @@ def test_mutable_call_before_lazy_init_creates_the_variables(impl):
 @pytest.mark.parametrize("style", ["setup", "compact"])
 def test_bridge_module_submodule(impl, style):
   if style == "setup":
+
     class SetupParent(bridge.Module):
       def setup(self):
         assert self.scope is not None
@@ -527,6 +555,7 @@ def test_bridge_module_submodule(impl, style):
 
     parent = SetupParent()
   else:
+
     class CompactParent(bridge.Module):
       @bridge.compact
       def __call__(self, x):
@@ -663,8 +692,7 @@ def sower_reference(params_stack, xs_per_step, chain: bool):
   for x in xs_per_step:
     hs, ys, h_in = [], [], x
     for i in range(N):
-      y, state = Sower().apply({"params": member(params_stack, i)}, h_in,
-                               mutable=["intermediates"])
+      y, state = Sower().apply({"params": member(params_stack, i)}, h_in, mutable=["intermediates"])
       (h,) = state["intermediates"]["h"]
       hs.append(h)
       ys.append(y)
@@ -721,10 +749,12 @@ def test_sowing_child_inside_remat_records_like_linen(impl):
 # ============================================================ metadata boxes and partitioning
 def partitioned_dense():
   return nn.Dense(
-      3,
-      kernel_init=nn.with_partitioning(nn.initializers.lecun_normal(), ("in", "out")),
-      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("out-alias",),
-                                             rules=(("out-alias", "out"),)))
+    3,
+    kernel_init=nn.with_partitioning(nn.initializers.lecun_normal(), ("in", "out")),
+    bias_init=nn.with_logical_partitioning(
+      nn.initializers.zeros_init(), ("out-alias",), rules=(("out-alias", "out"),)
+    ),
+  )
 
 
 def sharding_names(variable):
@@ -774,7 +804,8 @@ def test_partitioned_param_boxes_round_trip_to_linen(impl):
   assert isinstance(linen_vars["params"]["kernel"], nn.Partitioned)
   assert linen_vars["params"]["kernel"].names == ("in", "out")
   assert nn.get_partition_spec(linen_vars)["params"]["kernel"] == jax.sharding.PartitionSpec(
-      "in", "out")
+    "in", "out"
+  )
 
 
 # ================================================================== display, jit, split/merge
@@ -798,8 +829,7 @@ def test_jit_and_split_merge_match_eager(impl, graph):
   # Tree mode: stock replaces the batch_stats Variables inside jit, so the update does not
   # leave it; ours writes into the existing Variables, which tree mode propagates.
   if graph or impl.records:
-    jax.tree.map(assert_close, linen_variables(model)["batch_stats"],
-                 eager_ref[1]["batch_stats"])
+    jax.tree.map(assert_close, linen_variables(model)["batch_stats"], eager_ref[1]["batch_stats"])
 
   graphdef, state = nnx.split(model)
   clone = nnx.merge(graphdef, state)
@@ -819,8 +849,7 @@ class DropInBias(nnx.Variable):
 if hasattr(nnx, "register_variable_name"):
   nnx.register_variable_name(drop_in_bias_name, DropInBias, overwrite=True)
 else:
-  bridge.variables.register_variable_name_type_pair(drop_in_bias_name, DropInBias,
-                                                    overwrite=True)
+  bridge.variables.register_variable_name_type_pair(drop_in_bias_name, DropInBias, overwrite=True)
 
 
 class LinenInner(nn.Module):
@@ -854,8 +883,10 @@ def test_state_structure_same_from_top_or_from_middle(impl):
 
   from_top = impl.lazy_init(impl.ToNNX(LinenWhole(3), rngs=nnx.Rngs(0, dropout=1)), X)
   from_middle = impl.lazy_init(NNXWhole(3, rngs=nnx.Rngs(0, dropout=1)), X)
+
   def weights(m):
     return nnx.split(m, nnx.RngState, ...)[2]
+
   assert jax.tree.structure(weights(from_top)) == jax.tree.structure(weights(from_middle))
   assert isinstance(from_top.b, DropInBias)
 

@@ -31,8 +31,9 @@ class GemmaLike(nn.Module):
   plus a top-level sow that is kept."""
 
   def setup(self):
-    self.layers = nn.scan(nn.remat(Block), variable_axes={"params": 0},
-                          split_rngs={"params": True}, length=2)()
+    self.layers = nn.scan(
+      nn.remat(Block), variable_axes={"params": 0}, split_rngs={"params": True}, length=2
+    )()
 
   def __call__(self, x):
     self.sow("intermediates", "embedded", x)
@@ -42,8 +43,7 @@ class GemmaLike(nn.Module):
 class VmapDrops(nn.Module):
   @nn.compact
   def __call__(self, xs):
-    vm = nn.vmap(Block, variable_axes={"params": 0}, split_rngs={"params": True},
-                 in_axes=(0, None))
+    vm = nn.vmap(Block, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=(0, None))
     return vm(name="batched")(xs, None)[0]
 
 
@@ -91,14 +91,19 @@ def test_dropped_sows_are_in_the_report():
   report = lb.sow_sites(model)
   assert [s.name for s in report] == ["embedded"]
   (dropped,) = report.dropped
-  assert (dropped.module_path, dropped.name, dropped.collection) == (("layers",), "h",
-                                                                       "intermediates")
+  assert (dropped.module_path, dropped.name, dropped.collection) == (
+    ("layers",),
+    "h",
+    "intermediates",
+  )
   assert dropped.shape == (1, 4) and dropped.dtype == "float32"
   assert dropped.dropped_by is not None
   assert dropped.dropped_by.kind == "scan" and dropped.dropped_by.path == ("layers",)
   assert "1 sow(s) dropped by Linen" in str(report)
-  assert ("Block at 'layers' sows 'h' into 'intermediates' (1, 4) float32; fix: add "
-          "'intermediates': 0 to the variable_axes of the nn.scan at 'layers'") in str(report)
+  assert (
+    "Block at 'layers' sows 'h' into 'intermediates' (1, 4) float32; fix: add "
+    "'intermediates': 0 to the variable_axes of the nn.scan at 'layers'"
+  ) in str(report)
   data = json.loads(json.dumps(report.to_dict()))
   assert data["dropped"][0]["module_path"] == "layers"
   assert data["dropped"][0]["dropped_by"]["kind"] == "scan"
@@ -109,8 +114,9 @@ def test_vmap_without_the_collection_warns():
   assert linen_intermediates(VmapDrops(), xs) == {}
   model = lb.ToNNX(VmapDrops(), rngs=nnx.Rngs(0))
   (warning,) = lazy_init_collecting(model, xs, capacity=2)
-  assert re.search(r"Block at Linen path 'batched' sows 'h'.*nn\.vmap at 'batched'",
-                   str(warning.message))
+  assert re.search(
+    r"Block at Linen path 'batched' sows 'h'.*nn\.vmap at 'batched'", str(warning.message)
+  )
   assert [d.name for d in lb.sow_sites(model).dropped] == ["h"]
 
 

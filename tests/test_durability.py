@@ -56,14 +56,18 @@ def test_a_call_that_fails_at_its_second_site_writes_no_site():
   model(x + 2)
   want = _linen_steps(lb.linen_variables(model), [x, x + 2])
   for k in ("a", "b"):
-    np.testing.assert_allclose(lb.recorded(model)["intermediates"][k], want[k], rtol=RTOL,
-                               atol=ATOL)
+    np.testing.assert_allclose(
+      lb.recorded(model)["intermediates"][k], want[k], rtol=RTOL, atol=ATOL
+    )
 
 
-@pytest.mark.parametrize("old_policy,new_policy", [("error", "error"), ("error", "wrap"),
-                                                   ("wrap", "drop"), ("drop", "wrap")])
+@pytest.mark.parametrize(
+  "old_policy,new_policy",
+  [("error", "error"), ("error", "wrap"), ("wrap", "drop"), ("drop", "wrap")],
+)
 def test_preallocate_with_a_larger_capacity_or_another_policy_keeps_the_records(
-    old_policy, new_policy):
+  old_policy, new_policy
+):
   model = _model(capacity=3, overflow=old_policy)
   xs = [jnp.full((1, 3), float(i)) for i in range(5)]
   for x in xs[:2]:
@@ -91,8 +95,9 @@ def _discarded(fn, *args, **kwargs) -> list[str]:
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", lb.RecordsDiscardedWarning)
     fn(*args, **kwargs)
-  return sorted(str(w.message) for w in caught
-                if issubclass(w.category, lb.RecordsDiscardedWarning))
+  return sorted(
+    str(w.message) for w in caught if issubclass(w.category, lb.RecordsDiscardedWarning)
+  )
 
 
 def test_preallocate_after_an_overflow_says_how_many_values_were_already_lost():
@@ -102,8 +107,9 @@ def test_preallocate_after_an_overflow_says_how_many_values_were_already_lost():
     model(x)
   texts = _discarded(lb.preallocate, model, xs[0], capacity=8)
   assert len(texts) == 2  # sites a and b
-  assert all("sown 3 times into capacity 2, so 1 value(s) were already not stored" in t
-             for t in texts)
+  assert all(
+    "sown 3 times into capacity 2, so 1 value(s) were already not stored" in t for t in texts
+  )
   want = _linen_steps(lb.linen_variables(model), xs[1:])
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["a"], want["a"])
 
@@ -146,7 +152,10 @@ def test_reading_a_model_that_declared_nothing_is_not_initialized(read):
 
 def test_a_capacity_that_cannot_fit_is_refused_before_allocating():
   model = lb.ToNNX(TwoSites(), rngs=nnx.Rngs(0))
-  with pytest.raises(lb.CapacityError, match=r"need [\d,]+ bytes per device but only .* Fix: a "
-                     r"smaller capacity"):
+  with pytest.raises(
+    lb.CapacityError,
+    match=r"need [\d,]+ bytes per device but only .* Fix: a "
+    r"smaller capacity",
+  ):
     lb.lazy_init(model, jnp.ones((1, 3)), capacity=10**12)
   assert lb.preallocate(_model(), jnp.ones((1, 3)), capacity=8) is not None

@@ -23,10 +23,10 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
 # The line of output that says the example did what it claims (a substring of one stdout line).
 KEY_LINES = {
-    "sow_in_while_loop.py": "last step, last layer carry equals the loop output: True",
-    "two_models_in_fori_loop.py": "returned the caller's models: True",
-    "layer_stacks_in_fori_loop.py": "fori_loop forward == Python-loop forward (bit-exact)",
-    "decoding_with_cache.py": "matches step-by-step Linen: True",
+  "sow_in_while_loop.py": "last step, last layer carry equals the loop output: True",
+  "two_models_in_fori_loop.py": "returned the caller's models: True",
+  "layer_stacks_in_fori_loop.py": "fori_loop forward == Python-loop forward (bit-exact)",
+  "decoding_with_cache.py": "matches step-by-step Linen: True",
 }
 
 
@@ -50,8 +50,9 @@ def test_example_compiles_and_prints_its_key_line(script: pathlib.Path):
 @pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script: pathlib.Path):
-  result = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+  result = subprocess.run(
+    [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600
+  )
   assert result.returncode == 0, f"{script.name} failed:\n{result.stdout}\n{result.stderr}"
   assert result.stdout.strip(), f"{script.name} printed nothing"
   key = KEY_LINES.get(script.name)
@@ -69,8 +70,9 @@ def test_readme_python_blocks_run():
   namespace = document.namespace
   assert "lb" in namespace and "model" in namespace
   # A line `expr  # (shape...)` in a block states a result: check it.
-  claims = re.findall(r"^(\S.*?\.shape)\s+#\s*(\([\d, ]*\))", (ROOT / "README.md").read_text(),
-                      flags=re.M)
+  claims = re.findall(
+    r"^(\S.*?\.shape)\s+#\s*(\([\d, ]*\))", (ROOT / "README.md").read_text(), flags=re.M
+  )
   for expr, shape in claims:
     assert tuple(eval(expr, namespace)) == ast.literal_eval(shape), expr
 

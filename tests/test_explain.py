@@ -25,7 +25,8 @@ from models import MLP
 # flax 0.12 deprecates `Module.sow` outside `nnx.capture` (0.10 has no capture); the native sow
 # is exactly what users' loops do and what these tests explain, so the warning is expected here.
 pytestmark = pytest.mark.filterwarnings(
-    r"ignore:Using 'Module\.sow\(\)' outside of 'nnx\.capture\(\)':DeprecationWarning")
+  r"ignore:Using 'Module\.sow\(\)' outside of 'nnx\.capture\(\)':DeprecationWarning"
+)
 
 
 class Sower(nnx.Module):
@@ -79,8 +80,10 @@ def test_native_sow_tuple_growing():
   assert not report.ok
   assert kinds(report) == [("sow", "carry[0].y")]
   change = report.changes[0]
-  assert (change.before, change.after) == ("Intermediate holding a tuple of 1",
-                                           "Intermediate holding a tuple of 2")
+  assert (change.before, change.after) == (
+    "Intermediate holding a tuple of 1",
+    "Intermediate holding a tuple of 2",
+  )
   assert "sow tuple grew from 1 to 2 values (Intermediate, float32[1,3] each)" in change.message
   text = str(report)
   assert "lb.preallocate(model" in text and "lb.ToNNX(" in text and "capacity=N" in text
@@ -121,25 +124,30 @@ def test_stock_bridge_first_call_adds_sow_tuples():
   report = lb.explain(stock_step, (model, x))
   sows = {c.path: c.message for c in report.changes if c.kind == "sow"}
   assert set(sows) == {"carry[0].ScanBlock_0['carry']", "carry[0].x"}
-  assert "new sow tuple of 1 value (Intermediate, float32[2,1,4] each)" in (
-      sows["carry[0].ScanBlock_0['carry']"])
+  assert (
+    "new sow tuple of 1 value (Intermediate, float32[2,1,4] each)"
+    in (sows["carry[0].ScanBlock_0['carry']"])
+  )
   assert "new sow tuple of 1 value (Intermediate, float32[1,4] each)" in sows["carry[0].x"]
   assert not any(c.kind == "added" for c in report.changes)  # reported as sows, not noise
   assert all(c.owner == "flax.nnx.bridge.ToNNX" for c in report.changes)
   # Stock ToNNX also rebuilds the updated collections' Variables (the scan params here).
   replaced = {c.path for c in report.changes if c.kind == "replaced"}
-  assert replaced == {"carry[0].ScanBlock_0['Dense_0']['bias']",
-                      "carry[0].ScanBlock_0['Dense_0']['kernel']"}
+  assert replaced == {
+    "carry[0].ScanBlock_0['Dense_0']['bias']",
+    "carry[0].ScanBlock_0['Dense_0']['kernel']",
+  }
   text = str(report)
   assert "stock flax.nnx.bridge.ToNNX" in text
   assert "lb.ToNNX(linen_module, rngs=...)" in text and "capacity=N" in text
 
 
 @pytest.mark.skipif(
-    not _compat.HAS_GRAPH_SWITCH,
-    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))}: stock ToNNX does not grow the sow "
-    "tuple on later calls (it rebuilds its Variable with another type); the first call is "
-    "covered by test_stock_bridge_first_call_adds_sow_tuples")
+  not _compat.HAS_GRAPH_SWITCH,
+  reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))}: stock ToNNX does not grow the sow "
+  "tuple on later calls (it rebuilds its Variable with another type); the first call is "
+  "covered by test_stock_bridge_first_call_adds_sow_tuples",
+)
 def test_stock_bridge_sow_tuple_growing():
   model, x = _stock_seed_model()
   model(x, mutable=True)  # as in the seed: the first call creates the tuples
@@ -189,7 +197,9 @@ def test_shape_change():
   report = lb.explain(step, (Sower(), jnp.ones((1, 3))))
   assert kinds(report) == [("shape", "carry[0].linear.bias"), ("shape", "carry[1]")]
   assert [(c.before, c.after) for c in report.changes] == [
-      ("float32[3]", "float32[4]"), ("float32[1,3]", "float32[2,3]")]
+    ("float32[3]", "float32[4]"),
+    ("float32[1,3]", "float32[2,3]"),
+  ]
 
 
 def test_dtype_change():
@@ -222,8 +232,9 @@ def test_sharing_broken():
   report = lb.explain(step, carry)
   assert kinds(report) == [("sharing", "carry[0].sub")]
   assert report.changes[0].message == (
-      "carry[0].sub and carry[1].sub were one shared Linear before the step and are 2 "
-      "different objects after it")
+    "carry[0].sub and carry[1].sub were one shared Linear before the step and are 2 "
+    "different objects after it"
+  )
   assert "keep shared submodules" in str(report)
 
 
@@ -238,7 +249,8 @@ def test_sharing_joined():
   report = lb.explain(step, carry)
   assert kinds(report) == [("sharing", "carry[0].sub")]
   assert "were 2 different objects before the step and are one shared object" in (
-      report.changes[0].message)
+    report.changes[0].message
+  )
 
 
 def test_removed_and_static_and_container_changes():
@@ -251,8 +263,11 @@ def test_removed_and_static_and_container_changes():
   model = Sower()
   model.note = "original"
   report = lb.explain(step, (model, jnp.ones(2), 0))
-  assert kinds(report) == [("removed", "carry[0].linear"), ("static", "carry[0].note"),
-                           ("container", "carry")]
+  assert kinds(report) == [
+    ("removed", "carry[0].linear"),
+    ("static", "carry[0].note"),
+    ("container", "carry"),
+  ]
   assert report.changes[1].before == "'original'"
 
 

@@ -1,4 +1,5 @@
-"""Recording from a trace that is not the model's raises `lb.StructureChangeError`, never loses records.
+"""Recording from a trace that is not the model's raises `lb.StructureChangeError`, never
+loses records.
 
 A model closed over by a hand-written `jax.lax` loop body (directly, inside a jit wrapper that
 merges a copy, or inside `nnx.jit`) cannot hand what it records back out of the loop's trace.
@@ -85,8 +86,9 @@ def closed_over_under_nnx_jit(model):
   run(model, X)
 
 
-@pytest.mark.parametrize("run", [closed_over_in_lax_while, copy_in_a_jit_wrapper,
-                                 closed_over_under_nnx_jit])
+@pytest.mark.parametrize(
+  "run", [closed_over_in_lax_while, copy_in_a_jit_wrapper, closed_over_under_nnx_jit]
+)
 def test_a_closed_over_model_raises_and_records_nothing(run):
   model = new_model()
   with pytest.raises(lb.StructureChangeError, match=MATCH):
@@ -101,6 +103,7 @@ def test_the_error_is_a_loopbridge_error():
 def test_a_state_write_without_sows_is_caught_too():
   model = lb.lazy_init(lb.ToNNX(Cached()), X)  # no rngs: only the cache write is checked
   before = np.asarray(lb.linen_variables(model)["cache"]["total"])
+
   def body(i, x):
     return model(x, mutable=["cache"])
 
@@ -136,8 +139,9 @@ def test_the_split_merge_fix_from_the_message_records_every_step():
 
   state, _ = jax.jit(lambda s, x: jax.lax.fori_loop(0, STEPS, body, (s, x)))(state, X)
   nnx.update(model, state)
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], linen_steps(model, X),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["h"], linen_steps(model, X), rtol=1e-6, atol=1e-6
+  )
 
 
 @pytest.mark.parametrize("loop", ["nnx", "lb"])
@@ -150,8 +154,9 @@ def test_the_nnx_loop_fix_from_the_message_records_every_step(loop):
     return fori(0, STEPS, lambda i, c: (c[0], c[0](c[1])), (model, x))[1]
 
   run(model, X)
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], linen_steps(model, X),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["h"], linen_steps(model, X), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_the_check_runs_while_tracing_only(monkeypatch):

@@ -30,8 +30,10 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 def _graph() -> dict[str, set[str]]:
   modules = {p.stem: p for p in PACKAGE.glob("*.py")}
-  return {name: {m for m in _imports(path) if m in modules and m != name}
-          for name, path in modules.items()}
+  return {
+    name: {m for m in _imports(path) if m in modules and m != name}
+    for name, path in modules.items()
+  }
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -43,7 +45,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     stack.append(node)
     for nxt in sorted(graph[node]):
       if state.get(nxt) == 1:
-        return [*stack[stack.index(nxt):], nxt]
+        return [*stack[stack.index(nxt) :], nxt]
       if nxt not in state and (found := visit(nxt)):
         return found
     stack.pop()
@@ -66,10 +68,17 @@ def test_the_check_finds_a_cycle():
   assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("low,high", [
-    ("_site", "_observe_linen"), ("_observe_linen", "_declare"), ("_declare", "_pipeline"),
-    ("_pipeline", "_to_nnx"), ("_buffers", "_records"), ("_recorder", "_records"),
-])
+@pytest.mark.parametrize(
+  "low,high",
+  [
+    ("_site", "_observe_linen"),
+    ("_observe_linen", "_declare"),
+    ("_declare", "_pipeline"),
+    ("_pipeline", "_to_nnx"),
+    ("_buffers", "_records"),
+    ("_recorder", "_records"),
+  ],
+)
 def test_stages_point_downward(low, high):
   graph = _graph()
   assert high not in _reachable(graph, low), f"{low} (a lower stage) reaches {high}"

@@ -60,8 +60,9 @@ def test_scanned_layers_round_trips_are_exact():
   per_layer = lb.layers.unstack_params(scanned)
   assert sorted(per_layer) == [f"layers_{i}" for i in range(DEPTH)]
   for i in range(DEPTH):  # independent reference: index the scanned leaves directly
-    np.testing.assert_array_equal(per_layer[f"layers_{i}"]["Dense_0"]["kernel"],
-                                  scanned["Dense_0"]["kernel"][i])
+    np.testing.assert_array_equal(
+      per_layer[f"layers_{i}"]["Dense_0"]["kernel"], scanned["Dense_0"]["kernel"][i]
+    )
   _assert_trees_equal(lb.layers.stack_params(per_layer), scanned)
   named = lb.layers.unstack_params(scanned, names="block{}")
   _assert_trees_equal(lb.layers.stack_params(named, names="block{}"), scanned)
@@ -73,8 +74,10 @@ def test_scanned_layers_round_trips_are_exact():
 
 
 def test_mixed_dtypes_round_trip_exactly():
-  scanned = {"a": jnp.arange(6, dtype=jnp.bfloat16).reshape(3, 2),
-             "b": {"c": jnp.arange(3, dtype=jnp.int8)}}
+  scanned = {
+    "a": jnp.arange(6, dtype=jnp.bfloat16).reshape(3, 2),
+    "b": {"c": jnp.arange(3, dtype=jnp.int8)},
+  }
   _assert_trees_equal(lb.layers.stack_params(lb.layers.unstack_params(scanned)), scanned)
 
 
@@ -83,8 +86,9 @@ def test_linen_scanned_checkpoint_in_nnx_port_gives_linen_outputs(graph):
   expected = model.apply(variables, x)
   scanned = variables["params"]["ScanBlock_0"]
 
-  stacked = lb.layers.load_params(scanned, lb.layers.stack([NNXBlock(WIDTH, nnx.Rngs(i))
-                                               for i in range(DEPTH)]))
+  stacked = lb.layers.load_params(
+    scanned, lb.layers.stack([NNXBlock(WIDTH, nnx.Rngs(i)) for i in range(DEPTH)])
+  )
   np.testing.assert_allclose(lb.layers.scan(stacked, x), expected, rtol=1e-6, atol=1e-6)
 
   def body(i, carry):
@@ -104,9 +108,13 @@ def test_linen_scanned_checkpoint_in_nnx_port_gives_linen_outputs(graph):
   # Back out: exact round trips to both Linen layouts.
   _assert_trees_equal(lb.layers.export_params(stacked), scanned)
   _assert_trees_equal(lb.layers.export_params(layers), scanned)
-  _assert_trees_equal(lb.layers.export_params(stacked, scanned=False), lb.layers.unstack_params(scanned))
-  _assert_trees_equal(lb.layers.export_params(layers, scanned=False, names=None),
-                      lb.layers.unstack_params(scanned, names=None))
+  _assert_trees_equal(
+    lb.layers.export_params(stacked, scanned=False), lb.layers.unstack_params(scanned)
+  )
+  _assert_trees_equal(
+    lb.layers.export_params(layers, scanned=False, names=None),
+    lb.layers.unstack_params(scanned, names=None),
+  )
 
 
 def test_scanned_checkpoint_runs_in_unrolled_linen_model_and_back():
@@ -116,13 +124,14 @@ def test_scanned_checkpoint_runs_in_unrolled_linen_model_and_back():
   # The unrolled model's own init has exactly this structure.
   reference_shapes = jax.eval_shape(unrolled.init, jax.random.key(0), x)["params"]
   assert jax.tree.structure(reference_shapes) == jax.tree.structure(per_layer)
-  np.testing.assert_array_equal(unrolled.apply({"params": per_layer}, x),
-                                model.apply(variables, x))
+  np.testing.assert_array_equal(unrolled.apply({"params": per_layer}, x), model.apply(variables, x))
   # per-layer checkpoint straight into an NNX stack.
-  stacked = lb.layers.load_params(per_layer, lb.layers.stack([NNXBlock(WIDTH, nnx.Rngs(i))
-                                                 for i in range(DEPTH)]))
-  np.testing.assert_allclose(lb.layers.scan(stacked, x), model.apply(variables, x),
-                             rtol=1e-6, atol=1e-6)
+  stacked = lb.layers.load_params(
+    per_layer, lb.layers.stack([NNXBlock(WIDTH, nnx.Rngs(i)) for i in range(DEPTH)])
+  )
+  np.testing.assert_allclose(
+    lb.layers.scan(stacked, x), model.apply(variables, x), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_boxed_linen_params_are_unboxed():
@@ -143,19 +152,31 @@ def test_layout_errors():
     lb.layers.stack_params({"block_0": {}})
   with pytest.raises(lb.layers.StackError, match=r"stop at 'layers_1' but 'layers_2' exists"):
     lb.layers.stack_params({"layers_0": {"k": jnp.ones(2)}, "layers_2": {"k": jnp.ones(2)}})
-  with pytest.raises(lb.layers.StackError, match=r"layer 1 differs from layer 0 at `\['k'\]`: layer 0 "
-                     r"has float32\[2\], layer 1 has float32\[3\]"):
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"layer 1 differs from layer 0 at `\['k'\]`: layer 0 "
+    r"has float32\[2\], layer 1 has float32\[3\]",
+  ):
     lb.layers.stack_params([{"k": jnp.ones(2)}, {"k": jnp.ones(3)}])
 
   stacked = lb.layers.stack([NNXBlock(4, nnx.Rngs(i)) for i in range(3)])
-  with pytest.raises(lb.layers.StackError, match=r"has a Param at `Dense_0/(bias|kernel)` that the checkpoint "
-                     r"lacks(.|\n)*self.Dense_0 = nnx.Linear"):
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"has a Param at `Dense_0/(bias|kernel)` that the checkpoint "
+    r"lacks(.|\n)*self.Dense_0 = nnx.Linear",
+  ):
     lb.layers.load_params({"Dense_1": scanned["Dense_0"]}, stacked)
   with pytest.raises(lb.layers.StackError, match=r"checkpoint has 2 layers, the NNX stack 3"):
     lb.layers.load_params(jax.tree.map(lambda a: a[:2], scanned), stacked)
-  with pytest.raises(lb.layers.StackError, match=r"`Dense_0/kernel` is float32\[3, 4, 5\] in the "
-                     r"checkpoint but float32\[3, 4, 4\] in the NNX module"):
-    lb.layers.load_params({"Dense_0": {"kernel": jnp.ones((3, 4, 5)), "bias": jnp.zeros((3, 4))}},
-                     stacked)
-  with pytest.raises(lb.layers.StackError, match=r"checkpoint has 3 layers, the list of NNX layers 2"):
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"`Dense_0/kernel` is float32\[3, 4, 5\] in the "
+    r"checkpoint but float32\[3, 4, 4\] in the NNX module",
+  ):
+    lb.layers.load_params(
+      {"Dense_0": {"kernel": jnp.ones((3, 4, 5)), "bias": jnp.zeros((3, 4))}}, stacked
+    )
+  with pytest.raises(
+    lb.layers.StackError, match=r"checkpoint has 3 layers, the list of NNX layers 2"
+  ):
     lb.layers.load_params(scanned, [NNXBlock(4, nnx.Rngs(0)), NNXBlock(4, nnx.Rngs(1))])

@@ -78,9 +78,10 @@ def test_seed_001_lb_fori_loop_trains_both_models():
 
 
 @pytest.mark.skipif(
-    _compat.FLAX_VERSION < (0, 11),
-    reason=f"flax {FLAX}: nnx.fori_loop rejects two different modules in one carry (seed 001, "
-    "fixed in later flax); lb.fori_loop covers it: test_seed_001_lb_fori_loop")
+  _compat.FLAX_VERSION < (0, 11),
+  reason=f"flax {FLAX}: nnx.fori_loop rejects two different modules in one carry (seed 001, "
+  "fixed in later flax); lb.fori_loop covers it: test_seed_001_lb_fori_loop",
+)
 def test_seed_001_nnx_fori_loop(graph):
   model, model2 = seed_001_models()
   kernels = value(model.kernel), value(model2.kernel)
@@ -122,9 +123,12 @@ def linen_chain(module, variables, x, steps):
 def check_records(model, inters):
   recorded = lb.recorded(model)["intermediates"]
   np.testing.assert_allclose(recorded["x"], stack_reference(inters, ("x",)), rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(recorded["ScanBlock_0"]["carry"],
-                             stack_reference(inters, ("ScanBlock_0", "carry")),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    recorded["ScanBlock_0"]["carry"],
+    stack_reference(inters, ("ScanBlock_0", "carry")),
+    rtol=RTOL,
+    atol=ATOL,
+  )
 
 
 def seed_000_body(carry):
@@ -304,24 +308,26 @@ def test_grad_through_lb_fori_loop_matches_python_loop():
 
   def loss_lb(m):
     _, y = lb.fori_loop(0, 3, lambda i, c: (c[0], jnp.tanh(c[0](c[1]))), (m, x))
-    return (y ** 2).sum()
+    return (y**2).sum()
 
   def loss_python(m):
     y = x
     for _ in range(3):
       y = jnp.tanh(m(y))
-    return (y ** 2).sum()
+    return (y**2).sum()
 
   grads = nnx.grad(loss_lb)(model)
   grads_ref = nnx.grad(loss_python)(nnx.clone(model))
-  np.testing.assert_allclose(value(grads["kernel"]), value(grads_ref["kernel"]), rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    value(grads["kernel"]), value(grads_ref["kernel"]), rtol=1e-5, atol=1e-6
+  )
 
 
 # flax 0.12 deprecates `Module.sow` outside `nnx.capture` (0.10 has no capture); a native sow
 # growing in a loop is exactly the failure these tests explain.
 native_sow_warning = pytest.mark.filterwarnings(
-    r"ignore:Using 'Module\.sow\(\)' outside of 'nnx\.capture\(\)':DeprecationWarning")
+  r"ignore:Using 'Module\.sow\(\)' outside of 'nnx\.capture\(\)':DeprecationWarning"
+)
 
 
 class Sower(nnx.Module):
@@ -344,8 +350,12 @@ def test_native_sows_preallocated_in_lb_fori_loop_match_eager_calls():
   for _ in range(3):
     y_ref = ref(y_ref)  # plain NNX: appends to the sow tuple
   np.testing.assert_allclose(y, y_ref, rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["y"],
-                             jnp.stack(_compat.variable_value(ref.y)), rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["y"],
+    jnp.stack(_compat.variable_value(ref.y)),
+    rtol=RTOL,
+    atol=ATOL,
+  )
 
 
 # ----------------------------------------------------------------------------- structure errors
@@ -353,9 +363,11 @@ def test_native_sows_preallocated_in_lb_fori_loop_match_eager_calls():
 def test_native_sow_growing_raises_readable_error():
   model, x = Sower(), jnp.ones((1, 2))
   model(x)
-  with pytest.raises(lb.StructureChangeError,
-                     match=r"(?s)lb\.fori_loop: the body changes the structure.*carry\[0\]\.y: "
-                     r"sow tuple grew from 1 to 2 values.*lb\.preallocate"):
+  with pytest.raises(
+    lb.StructureChangeError,
+    match=r"(?s)lb\.fori_loop: the body changes the structure.*carry\[0\]\.y: "
+    r"sow tuple grew from 1 to 2 values.*lb\.preallocate",
+  ):
     lb.fori_loop(0, 3, lambda i, c: (c[0], c[0](c[1])), (model, x))
 
 
@@ -363,9 +375,11 @@ def test_stock_bridge_in_while_loop_raises_readable_error():
   x = jnp.ones((1, 4))
   model = bridge.ToNNX(MLP(depth=2, features=4), rngs=nnx.Rngs(0))
   bridge.lazy_init(model, x)
-  with pytest.raises(lb.StructureChangeError,
-                     match=r"(?s)lb\.while_loop: .*carry\[0\]\.x: new sow tuple.*"
-                     r"stock flax\.nnx\.bridge\.ToNNX"):
+  with pytest.raises(
+    lb.StructureChangeError,
+    match=r"(?s)lb\.while_loop: .*carry\[0\]\.x: new sow tuple.*"
+    r"stock flax\.nnx\.bridge\.ToNNX",
+  ):
     lb.while_loop(lambda c: c[2] < 3, seed_000_body, (model, x, 0))
 
 
@@ -380,8 +394,9 @@ def test_shape_change_raises_readable_error_under_jit():
 
 def test_dtype_change_raises_readable_error():
   with pytest.raises(lb.StructureChangeError, match=r"carry\[1\]: dtype float32 became int32"):
-    lb.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1].astype(jnp.int32)),
-                  (0, jnp.ones(2)))
+    lb.while_loop(
+      lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1].astype(jnp.int32)), (0, jnp.ones(2))
+    )
 
 
 def test_sharing_broken_raises_readable_error():
@@ -392,8 +407,9 @@ def test_sharing_broken_raises_readable_error():
     b.sub = nnx.clone(b.sub)
     return a, b
 
-  with pytest.raises(lb.StructureChangeError,
-                     match=r"carry\[0\]\.sub and carry\[1\]\.sub were one shared Linear"):
+  with pytest.raises(
+    lb.StructureChangeError, match=r"carry\[0\]\.sub and carry\[1\]\.sub were one shared Linear"
+  ):
     lb.fori_loop(0, 2, body, (Holder(shared), Holder(shared)))
 
 
@@ -416,6 +432,7 @@ class _Sampler:
 
 def _bodies(model):
   """The ways a body reaches a module outside its carry."""
+
   def closure(i, x):
     return jnp.tanh(model(x))
 
@@ -423,23 +440,27 @@ def _bodies(model):
     return jnp.tanh(m(x))
 
   return {
-      "closure": (model, closure),
-      "default-argument": (model, default),
-      "bound-method-self": (model, _Sampler(model).step),
-      "functools-partial": (model, functools.partial(lambda m, i, x: jnp.tanh(m(x)), model)),
-      "global": (CLOSED, _global_body),
+    "closure": (model, closure),
+    "default-argument": (model, default),
+    "bound-method-self": (model, _Sampler(model).step),
+    "functools-partial": (model, functools.partial(lambda m, i, x: jnp.tanh(m(x)), model)),
+    "global": (CLOSED, _global_body),
   }
 
 
 def _loops(name):
   """(lb loop, nnx loop) running the fori body 3 times; the while one counts in the carry."""
   if name == "fori":
-    return (lambda body, x: lb.fori_loop(0, 3, body, x),
-            lambda body, x: nnx.fori_loop(0, 3, body, x))
+    return (
+      lambda body, x: lb.fori_loop(0, 3, body, x),
+      lambda body, x: nnx.fori_loop(0, 3, body, x),
+    )
 
   def as_while(loop):
-    return lambda body, x: loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, body(c[0], c[1])),
-                                (0, x))[1]
+    return lambda body, x: loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, body(c[0], c[1])), (0, x))[
+      1
+    ]
+
   return as_while(lb.while_loop), as_while(nnx.while_loop)
 
 
@@ -484,12 +505,17 @@ def test_a_body_writing_to_a_module_outside_the_carry_is_refused(kind):
 
   x = jnp.ones((1, 2))
   model = lb.lazy_init(lb.ToNNX(Net()), x, capacity=4)
-  raw = {path: _compat.get_raw_value(v) for path, v in _compat.iter_graph(model)
-         if isinstance(v, nnx.Variable)}
+  raw = {
+    path: _compat.get_raw_value(v)
+    for path, v in _compat.iter_graph(model)
+    if isinstance(v, nnx.Variable)
+  }
   ours, _ = _loops(kind)
-  with pytest.raises(lb.StructureChangeError,
-                     match=rf"lb.{kind}_loop: the body writes to a module it reaches outside the "
-                     r"loop carry \(ToNNX, .*Why: .*Fix: pass that module in the carry"):
+  with pytest.raises(
+    lb.StructureChangeError,
+    match=rf"lb.{kind}_loop: the body writes to a module it reaches outside the "
+    r"loop carry \(ToNNX, .*Why: .*Fix: pass that module in the carry",
+  ):
     ours(lambda i, x: model(x), x)
   for path, v in _compat.iter_graph(model):  # untouched: no traced value left behind
     if isinstance(v, nnx.Variable):

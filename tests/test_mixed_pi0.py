@@ -64,11 +64,11 @@ class TinyLM(nn.Module):
 
   def setup(self):
     self.layers = nn.scan(
-        nn.remat(Block, static_argnums=(2,)),
-        variable_axes={"params": 0, "intermediates": 0, "cache": 0},
-        split_rngs={"params": True},
-        in_axes=nn.broadcast,
-        length=self.depth,
+      nn.remat(Block, static_argnums=(2,)),
+      variable_axes={"params": 0, "intermediates": 0, "cache": 0},
+      split_rngs={"params": True},
+      in_axes=nn.broadcast,
+      length=self.depth,
     )(self.width, self.prefix_len)
     self.norm = nn.LayerNorm()
 
@@ -135,8 +135,7 @@ def linen_reference(model: Pi0, obs, noise, num_steps):
   dt = -1.0 / num_steps
   x, t, resid, vel = noise, jnp.asarray(1.0, jnp.float32), [], []
   for _ in range(num_steps):
-    h, inter = apply(variables, model.action_in(x) + t, mode="suffix",
-                     mutable=("intermediates",))
+    h, inter = apply(variables, model.action_in(x) + t, mode="suffix", mutable=("intermediates",))
     (step_resid,) = inter["intermediates"]["layers"]["resid"]
     resid.append(step_resid)
     v = model.action_out(h)
@@ -145,8 +144,9 @@ def linen_reference(model: Pi0, obs, noise, num_steps):
   return x, jnp.stack(resid), jnp.stack(vel)
 
 
-@pytest.mark.parametrize("capacity", [4, {"velocity": 4, "llm/layers/resid": 4}],
-                         ids=["int", "paths-from-root"])
+@pytest.mark.parametrize(
+  "capacity", [4, {"velocity": 4, "llm/layers/resid": 4}], ids=["int", "paths-from-root"]
+)
 def test_pi0_sampling_loop_records_every_step(capacity, pi0_template):
   num_steps = 4
   obs, noise = inputs()
@@ -179,8 +179,9 @@ def test_pi0_second_sample_after_reset_matches_again(pi0_template):
   lb.reset(model)
   sample(model, obs, 2 * noise, num_steps)
   _, want_resid, _ = linen_reference(model, obs, 2 * noise, num_steps)
-  np.testing.assert_allclose(lb.recorded(model)["llm"]["intermediates"]["layers"]["resid"],
-                             want_resid, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["llm"]["intermediates"]["layers"]["resid"], want_resid, rtol=RTOL, atol=ATOL
+  )
 
 
 def test_lazy_init_on_the_root_declares_native_and_bridged_sites():
@@ -197,9 +198,10 @@ def test_lazy_init_on_the_root_declares_native_and_bridged_sites():
   _, noise = inputs()
   model = lb.lazy_init(Root(nnx.Rngs(0)), noise, capacity={"intermediates": 3})
   shapes = jax.tree.map(jnp.shape, lb.buffers(model))
-  assert shapes == {"intermediates": {"h": (3, BATCH, SUFFIX, WIDTH)},
-                    "llm": {"intermediates": {"layers": {"resid": (3, DEPTH, BATCH, SUFFIX,
-                                                                   WIDTH)}}}}
+  assert shapes == {
+    "intermediates": {"h": (3, BATCH, SUFFIX, WIDTH)},
+    "llm": {"intermediates": {"layers": {"resid": (3, DEPTH, BATCH, SUFFIX, WIDTH)}}},
+  }
   assert not hasattr(model, "h")  # the initializing call's native sow was not kept
   with pytest.raises(lb.CapacityError, match="llm/nope"):
     lb.preallocate(model, noise, capacity={"intermediates": 3, "llm/nope": 1})

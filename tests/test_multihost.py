@@ -21,12 +21,14 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_wor
 TIMEOUT = 300  # seconds for the whole job: start-up, compilation, loop, checkpoint
 
 pytestmark = [
-    pytest.mark.multihost,
-    pytest.mark.slow,
-    pytest.mark.skipif(not hasattr(jax.config, "jax_cpu_collectives_implementation"),
-                       reason=f"jax {jax.__version__} has no CPU collectives option "
-                       "(jax_cpu_collectives_implementation='gloo'), so several JAX processes "
-                       "cannot share CPU arrays"),
+  pytest.mark.multihost,
+  pytest.mark.slow,
+  pytest.mark.skipif(
+    not hasattr(jax.config, "jax_cpu_collectives_implementation"),
+    reason=f"jax {jax.__version__} has no CPU collectives option "
+    "(jax_cpu_collectives_implementation='gloo'), so several JAX processes "
+    "cannot share CPU arrays",
+  ),
 ]
 
 
@@ -37,12 +39,18 @@ def _free_port() -> int:
 
 
 def test_two_processes_record_and_checkpoint_like_one_linen_run(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, WORKER, str(port), str(i), str(tmp_path / "ckpt")],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, WORKER, str(port), str(i), str(tmp_path / "ckpt")],
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outputs = []
   try:
     for proc in procs:
@@ -51,13 +59,16 @@ def test_two_processes_record_and_checkpoint_like_one_linen_run(tmp_path):
     for proc in procs:
       proc.kill()
     outputs = [proc.communicate()[0] for proc in procs]
-    pytest.fail(f"the 2-process job did not finish within {TIMEOUT}s:\n"
-                + "\n".join(f"--- process {i}\n{out[-3000:]}" for i, out in enumerate(outputs)))
+    pytest.fail(
+      f"the 2-process job did not finish within {TIMEOUT}s:\n"
+      + "\n".join(f"--- process {i}\n{out[-3000:]}" for i, out in enumerate(outputs))
+    )
   finally:
     for proc in procs:
       if proc.poll() is None:
         proc.kill()
   for i, (proc, out) in enumerate(zip(procs, outputs)):
-    assert proc.returncode == 0 and f"MULTIHOST OK {i}" in out, \
-        f"process {i} exited {proc.returncode}:\n{out[-5000:]}"
+    assert proc.returncode == 0 and f"MULTIHOST OK {i}" in out, (
+      f"process {i} exited {proc.returncode}:\n{out[-5000:]}"
+    )
   assert os.path.isdir(tmp_path / "ckpt")  # one checkpoint, written by both

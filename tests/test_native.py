@@ -28,12 +28,13 @@ val = _compat.variable_value  # Variable contents on every flax (0.12 deprecates
 # The references use flax's own `Module.sow` outside `nnx.capture`, as models written for
 # flax 0.10 do; flax 0.12 deprecates that path with a DeprecationWarning on every call.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*Module.sow\\(\\)' outside of 'nnx.capture:DeprecationWarning")
+  "ignore:.*Module.sow\\(\\)' outside of 'nnx.capture:DeprecationWarning"
+)
 
 needs_capture = pytest.mark.skipif(
-    not hasattr(nnx, "capture"),
-    reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.capture "
-    "(flax 0.12.8 has it)")
+  not hasattr(nnx, "capture"),
+  reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.capture (flax 0.12.8 has it)",
+)
 
 
 class Act(nnx.Variable):
@@ -65,8 +66,11 @@ class NativeMLP(nnx.Module):
     return jnp.tanh(self.head(h))
 
 
-SITES = {("intermediates", "x"): lambda m: m, ("intermediates", "h"): lambda m: m,
-         ("Act", "y"): lambda m: m.head}
+SITES = {
+  ("intermediates", "x"): lambda m: m,
+  ("intermediates", "h"): lambda m: m,
+  ("Act", "y"): lambda m: m.head,
+}
 
 
 def reference(steps, x, seed=0):
@@ -86,12 +90,13 @@ def reference(steps, x, seed=0):
 
 def check(model, want, n):
   rec = lb.recorded(model)
-  np.testing.assert_allclose(rec["intermediates"]["x"], want[("intermediates", "x")][:n],
-                             rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(rec["intermediates"]["h"], want[("intermediates", "h")][:2 * n],
-                             rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(rec["head"]["Act"]["y"], want[("Act", "y")][:n],
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    rec["intermediates"]["x"], want[("intermediates", "x")][:n], rtol=RTOL, atol=ATOL
+  )
+  np.testing.assert_allclose(
+    rec["intermediates"]["h"], want[("intermediates", "h")][: 2 * n], rtol=RTOL, atol=ATOL
+  )
+  np.testing.assert_allclose(rec["head"]["Act"]["y"], want[("Act", "y")][:n], rtol=RTOL, atol=ATOL)
 
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
@@ -100,22 +105,26 @@ X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 def test_preallocate_declares_buffers_per_module():
   model = lb.preallocate(NativeMLP(nnx.Rngs(0)), X, capacity=5)
   shapes = jax.tree.map(jnp.shape, lb.buffers(model))
-  assert shapes == {"intermediates": {"x": (5, 2, 3), "h": (5, 2, 4)},
-                    "head": {"Act": {"y": (5, 2, 3)}}}
+  assert shapes == {
+    "intermediates": {"x": (5, 2, 3), "h": (5, 2, 4)},
+    "head": {"Act": {"y": (5, 2, 3)}},
+  }
   assert not hasattr(model, "h") and not hasattr(model.head, "y")  # nothing sown by discovery
   assert len(nnx.state(model, lb.Buffer).flat_state()) == 3
 
 
 def test_while_loop(graph):
   steps = 4
-  model = lb.preallocate(NativeMLP(nnx.Rngs(0)), X, capacity={"intermediates": 4,
-                                                              "h": 8, "head/y": 4})
+  model = lb.preallocate(
+    NativeMLP(nnx.Rngs(0)), X, capacity={"intermediates": 4, "h": 8, "head/y": 4}
+  )
 
   @nnx.jit
   def run(model, x):
     def body(carry):
       model, x, i = carry
       return model, model(x), i + 1
+
     return nnx.while_loop(lambda c: c[2] < steps, body, (model, x, 0), **graph_kw(graph))
 
   model, y, _ = run(model, X)
@@ -134,6 +143,7 @@ def test_fori_loop(graph):
     def body(i, carry):
       model, x = carry
       return model, model(x)
+
     return nnx.fori_loop(0, steps, body, (model, x), **graph_kw(graph))
 
   model, _ = run(model, X)
@@ -151,6 +161,7 @@ def test_scan_model_in_carry(graph):
     @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=(nnx.Carry, 0), **graph_kw(graph))
     def body(model, x):
       return model, model(x)
+
     return body(model, xs)
 
   model, ys = run(model, xs)
@@ -159,8 +170,9 @@ def test_scan_model_in_carry(graph):
     np.testing.assert_allclose(ys[i], ref(xs[i]), rtol=RTOL, atol=ATOL)
   rec = lb.recorded(model)
   np.testing.assert_allclose(rec["intermediates"]["x"], xs, rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(rec["head"]["Act"]["y"], jnp.stack(val(ref.head.y)),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    rec["head"]["Act"]["y"], jnp.stack(val(ref.head.y)), rtol=RTOL, atol=ATOL
+  )
 
 
 @pytest.mark.parametrize("overflow", ["drop", "wrap"])
@@ -170,8 +182,9 @@ def test_overflow_policies(overflow):
   model, _ = nnx.fori_loop(0, steps, lambda i, c: (c[0], c[0](c[1])), (model, X))
   want, _ = reference(steps, X)
   sl = slice(0, capacity) if overflow == "drop" else slice(steps - capacity, steps)
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["x"],
-                             want[("intermediates", "x")][sl], rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["x"], want[("intermediates", "x")][sl], rtol=RTOL, atol=ATOL
+  )
   assert int(lb.counts(model)["head"]["Act"]["y"]) == steps
 
 
@@ -200,8 +213,10 @@ def test_structure_identical_and_no_retrace():
   step(model, X)
   after = nnx.state(model)
   assert jax.tree.structure(before) == jax.tree.structure(after)
+
   def shapes(state):
     return [(jnp.shape(a), jnp.result_type(a)) for a in jax.tree.leaves(state)]
+
   assert shapes(before) == shapes(after)
   assert [v for _, v in nnx.iter_graph(model) if isinstance(v, nnx.Variable)] == variables
   assert len(traces) == 1
@@ -226,12 +241,14 @@ class ScanStack(nnx.Module):
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def make(rngs):
       return Layer(rngs)
+
     self.layers = make(rngs)
 
   def __call__(self, x):
     @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
     def body(x, layer):
       return layer(x)
+
     return body(x, self.layers)
 
 
@@ -243,6 +260,7 @@ class Ensemble(nnx.Module):
     @nnx.vmap(in_axes=(0,), out_axes=0)
     def make(rngs):
       return Layer(rngs)
+
     self.members = make(rngs)
 
   def __call__(self, xs):
@@ -253,17 +271,20 @@ class Ensemble(nnx.Module):
 def test_stacked_layers_record_per_layer(kind, graph):
   steps = 3
   build = (lambda: ScanStack(nnx.Rngs(0))) if kind == "scan" else (lambda: Ensemble(nnx.Rngs(0)))
-  x = jnp.linspace(-1, 1, 8).reshape(2, 4) if kind == "scan" else (
-      jnp.linspace(-1, 1, 16).reshape(2, 2, 4))
+  x = (
+    jnp.linspace(-1, 1, 8).reshape(2, 4)
+    if kind == "scan"
+    else (jnp.linspace(-1, 1, 16).reshape(2, 2, 4))
+  )
   owner = "layers" if kind == "scan" else "members"
   model = lb.preallocate(build(), x, capacity=steps)
   assert lb.buffers(model)[owner]["intermediates"]["h"].shape[:2] == (
-      (3, steps) if kind == "scan" else (2, steps))
+    (3, steps) if kind == "scan" else (2, steps)
+  )
 
   @nnx.jit
   def run(model, x):
-    return nnx.fori_loop(0, steps, lambda i, c: (c[0], c[0](c[1])), (model, x),
-                         **graph_kw(graph))
+    return nnx.fori_loop(0, steps, lambda i, c: (c[0], c[0](c[1])), (model, x), **graph_kw(graph))
 
   model, _ = run(model, x)
   ref, values, h = build(), [], x
@@ -290,6 +311,7 @@ def test_capture_inside_loop_still_returns_this_calls_sows():
       model, x, _last = carry
       y, inter = nnx.capture(model, nnx.Intermediate)(x)
       return model, y, inter["x"][0]
+
     return nnx.fori_loop(0, steps, body, (model, x, jnp.zeros_like(x)))
 
   model, _, last_x = run(model, X)
@@ -309,8 +331,9 @@ def test_capture_method_outputs_on_a_preallocated_model_goes_to_the_capture_only
 # ----------------------------------------------------------------- custom reduce, re-declare
 class Summing(nnx.Module):
   def __call__(self, x):
-    self.sow(nnx.Intermediate, "total", x, init_fn=lambda: jnp.zeros(()),
-             reduce_fn=lambda a, b: a + b)
+    self.sow(
+      nnx.Intermediate, "total", x, init_fn=lambda: jnp.zeros(()), reduce_fn=lambda a, b: a + b
+    )
     self.sow(nnx.Intermediate, "x", x)
     return x + 1
 
@@ -331,8 +354,11 @@ def test_preallocate_again_for_a_longer_signature_keeps_same_storage():
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", lb.RecordsDiscardedWarning)
     lb.preallocate(model, jnp.ones((5, 3)), capacity=3)  # a new value shape: starts empty
-  assert any("held 1 recorded value" in str(w.message) for w in caught
-             if issubclass(w.category, lb.RecordsDiscardedWarning))
+  assert any(
+    "held 1 recorded value" in str(w.message)
+    for w in caught
+    if issubclass(w.category, lb.RecordsDiscardedWarning)
+  )
   assert lb.buffers(model)["intermediates"]["x"].shape == (3, 5, 3)
   assert int(lb.counts(model)["intermediates"]["x"]) == 0
 
@@ -355,8 +381,7 @@ def test_error_no_capacity():
 
 def test_error_key_matches_no_site():
   with pytest.raises(lb.CapacityError, match="match no sow site"):
-    lb.preallocate(NativeMLP(nnx.Rngs(0)), X, capacity={"intermediates": 2, "Act": 2,
-                                                        "nope": 3})
+    lb.preallocate(NativeMLP(nnx.Rngs(0)), X, capacity={"intermediates": 2, "Act": 2, "nope": 3})
 
 
 def test_error_site_not_declared():
@@ -440,8 +465,11 @@ def test_error_lazy_init_of_a_sowing_bridge_broadcast_by_nnx_vmap():
     def __call__(self, xs):
       return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.part, xs)
 
-  with pytest.raises(TypeError, match=r"sows inside an NNX transform which does not stack it"
-                                      r".*Why.*Fix: give the module the transform axis"):
+  with pytest.raises(
+    TypeError,
+    match=r"sows inside an NNX transform which does not stack it"
+    r".*Why.*Fix: give the module the transform axis",
+  ):
     lb.lazy_init(Ensemble(), jnp.stack([X, X]), capacity=2)
 
 
@@ -452,15 +480,18 @@ def test_lazy_init_through_a_transform_leaves_children_it_did_not_call_uninitial
       self.unused = lb.ToNNX(nn.Dense(3), rngs=nnx.Rngs(1))
 
     def __call__(self, x):
-      run = nnx.split_rngs(splits=2)(nnx.vmap(lambda m, x: m(x), in_axes=(0, None),
-                                              axis_size=2))
+      run = nnx.split_rngs(splits=2)(nnx.vmap(lambda m, x: m(x), in_axes=(0, None), axis_size=2))
       return run(self.called, x)
 
   model = lb.lazy_init(Parent(), X)
   kernel = lb.linen_variables(model.called)["params"]["kernel"]
   assert kernel.shape == (2, X.shape[-1], 3)
-  np.testing.assert_allclose(model(X)[1], X @ kernel[1] + lb.linen_variables(
-      model.called)["params"]["bias"][1], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    model(X)[1],
+    X @ kernel[1] + lb.linen_variables(model.called)["params"]["bias"][1],
+    rtol=1e-5,
+    atol=1e-6,
+  )
   with pytest.raises(lb.NotDeclaredError, match=r"called before it was initialized.*Fix"):
     model.unused(X)
 

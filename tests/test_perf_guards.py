@@ -30,8 +30,10 @@ CAPACITY = 37  # leading dimension of every buffer; no other array has it
 FEATURES, DEPTH = 4, 2
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_CALLED = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)="
-                     r"\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)")
+_CALLED = re.compile(
+  r"(?:calls|to_apply|body|condition|branch_computations)="
+  r"\{?([^}\s,]+(?:,\s*%[\w.\-]+)*)"
+)
 _SHAPE_OP = re.compile(r"=\s*\w+\[([\d,]*)\][^ ]*\s+([\w\-]+)\(")
 
 
@@ -161,8 +163,9 @@ def nnx_jit_equivalent(model, run):
 
 
 def buffer_bytes(model) -> int:
-  return sum(int(np.prod(b.shape)) * b.dtype.itemsize
-             for b in jax.tree_util.tree_leaves(lb.buffers(model)))
+  return sum(
+    int(np.prod(b.shape)) * b.dtype.itemsize for b in jax.tree_util.tree_leaves(lb.buffers(model))
+  )
 
 
 # --------------------------------------------------------------------------- the loop body
@@ -243,9 +246,16 @@ def test_no_buffer_sized_op_in_the_loop_body_under_each_policy(overflow, graph):
   for compiled in (step, jitted.lower(state, x, 3).compile()):
     comps = parse_hlo(compiled.as_text())
     inside = reachable(comps, while_bodies(comps))
-    assert len(ops_on_buffers(comps, inside, "dynamic-update-slice")) + sum(
+    assert (
+      len(ops_on_buffers(comps, inside, "dynamic-update-slice"))
+      + sum(
         fused_root_op(comps, line) == "dynamic-update-slice"
-        for name in inside for line in comps[name] if " fusion(" in line) >= 2
+        for name in inside
+        for line in comps[name]
+        if " fusion(" in line
+      )
+      >= 2
+    )
     assert buffer_sized_ops(comps, inside) == []
 
 

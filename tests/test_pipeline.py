@@ -24,7 +24,8 @@ RTOL, ATOL = 1e-5, 1e-6
 val = _compat.variable_value
 
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:.*Module.sow\\(\\)' outside of 'nnx.capture:DeprecationWarning")
+  "ignore:.*Module.sow\\(\\)' outside of 'nnx.capture:DeprecationWarning"
+)
 
 # ----------------------------------------------------------- flax's own decode attention
 VOCAB, WIDTH, LENGTH = 13, 8, 6
@@ -40,8 +41,9 @@ class Decoder(nn.Module):
     x = nn.Embed(VOCAB, WIDTH)(tokens)
     # Full length (init): a causal mask; one token (decode): flax masks by its cache index.
     mask = None if tokens.shape[1] == 1 else nn.make_causal_mask(tokens)
-    h = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=WIDTH,
-                                            decode=self.decode)(x, x, mask=mask)
+    h = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=WIDTH, decode=self.decode)(
+      x, x, mask=mask
+    )
     self.sow("intermediates", "h", h)
     return nn.Dense(VOCAB)(h)
 
@@ -54,8 +56,9 @@ def linen_decode(variables, first):
   """Plain Linen, one token per apply, the cache carried by hand: tokens and every sown h."""
   cache, tok, tokens, hs = variables["cache"], first, [], []
   for _ in range(LENGTH):
-    logits, upd = Decoder().apply({"params": variables["params"], "cache": cache}, tok,
-                                  mutable=["cache", "intermediates"])
+    logits, upd = Decoder().apply(
+      {"params": variables["params"], "cache": cache}, tok, mutable=["cache", "intermediates"]
+    )
     cache = upd["cache"]
     hs.append(upd["intermediates"]["h"][0])
     tok = _greedy(logits)
@@ -165,8 +168,9 @@ class ScanNet(nn.Module):
       mdl.sow("intermediates", "c", c)
       return c, None
 
-    scan = nn.scan(body, variable_axes={"params": 0, "intermediates": 0},
-                   split_rngs={"params": True}, length=2)
+    scan = nn.scan(
+      body, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True}, length=2
+    )
     return scan(self, x, None)[0]
 
 
@@ -195,12 +199,17 @@ def test_a_foreign_patch_of_linen_sow_and_lift_pack_survives_and_is_chained():
     y = model(jnp.ones((2, 4)))
   finally:
     nn.Module.sow, core_lift.pack = original_sow, original_pack
-  want_y, want = ScanNet().apply(lb.linen_variables(model), jnp.ones((2, 4)),
-                                 mutable=["intermediates"])
+  want_y, want = ScanNet().apply(
+    lb.linen_variables(model), jnp.ones((2, 4)), mutable=["intermediates"]
+  )
   np.testing.assert_allclose(y, want_y, rtol=RTOL, atol=ATOL)
   got = lb.recorded(model)["intermediates"]
-  jax.tree.map(lambda g, w: np.testing.assert_allclose(g, jnp.stack(w), rtol=RTOL, atol=ATOL),
-               got, want["intermediates"], is_leaf=lambda v: isinstance(v, tuple))
+  jax.tree.map(
+    lambda g, w: np.testing.assert_allclose(g, jnp.stack(w), rtol=RTOL, atol=ATOL),
+    got,
+    want["intermediates"],
+    is_leaf=lambda v: isinstance(v, tuple),
+  )
 
 
 class PlainSower(nnx.Module):
@@ -262,8 +271,12 @@ def test_compile_step_follows_preallocate_on_a_native_graph():
   assert int(lb.counts(model)["intermediates"]["h"]) == 5
   reference = NativeNet()  # same seed, flax's own sow
   reference(x)
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"],
-                             jnp.stack([val(reference.h)[0]] * 5), rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["h"],
+    jnp.stack([val(reference.h)[0]] * 5),
+    rtol=RTOL,
+    atol=ATOL,
+  )
 
 
 # ------------------------------------------------------------ one discovery per root
@@ -311,8 +324,7 @@ def test_preallocate_traces_once_and_leaves_params_and_rng_streams_alone():
       self.sow("intermediates", "h", h)
       return h
 
-  model = lb.lazy_init(lb.ToNNX(Drop(), rngs=nnx.Rngs(0, dropout=1)), jnp.ones((1, 4)),
-                       capacity=2)
+  model = lb.lazy_init(lb.ToNNX(Drop(), rngs=nnx.Rngs(0, dropout=1)), jnp.ones((1, 4)), capacity=2)
   state = jax.tree.map(_host, nnx.state(model, nnx.Not(lb.Buffer)))
   traces.clear()
   lb.preallocate(model, jnp.ones((3, 4)), capacity=2)

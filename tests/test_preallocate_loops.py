@@ -30,14 +30,18 @@ class Net(nn.Module):
 
 def run_loop(model, x, kind):
   if kind == "nnx.while_loop":
+
     def body(c):
       m, x, i = c
       return m, m.llm(x), i + 1
+
     return nnx.while_loop(lambda c: c[2] < STEPS, body, (model, x, 0))[1]
   if kind == "lb.while_loop":
+
     def body(c):
       m, x, i = c
       return m, m.llm(x), i + 1
+
     return lb.while_loop(lambda c: c[2] < STEPS, body, (model, x, 0))[1]
   if kind == "nnx.fori_loop":
     return nnx.fori_loop(0, STEPS, lambda i, c: (c[0], c[0].llm(c[1])), (model, x))[1]
@@ -48,6 +52,7 @@ def run_loop(model, x, kind):
   def step(c, _):
     m, x = c
     return (m, m.llm(x)), None
+
   return nnx.scan(step, length=STEPS)((model, x), None)[0][1]
 
 
@@ -75,8 +80,9 @@ def test_one_root_preallocate_declares_what_the_loop_runs(kind):
   for _ in range(STEPS):
     h, inter = Net().apply({"params": params}, h, mutable=["intermediates"])
     expected.append(inter["intermediates"]["h"][0])
-  np.testing.assert_allclose(lb.recorded(policy)["llm"]["intermediates"]["h"],
-                             np.stack(expected), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    lb.recorded(policy)["llm"]["intermediates"]["h"], np.stack(expected), rtol=1e-5, atol=1e-6
+  )
 
 
 def test_a_bound_method_and_the_scoped_capacity_work_too():
@@ -95,5 +101,7 @@ def test_a_stacked_part_under_nnx_vmap_is_still_refused_with_the_fix():
     def __call__(self, xs):
       return nnx.vmap(lambda m, x: m(x), in_axes=(None, 0))(self.llm, xs)
 
-  with pytest.raises(TypeError, match=r"inside an NNX transform.*lb\.preallocate on that lb\.ToNNX"):
+  with pytest.raises(
+    TypeError, match=r"inside an NNX transform.*lb\.preallocate on that lb\.ToNNX"
+  ):
     lb.preallocate(Ensemble(), jnp.ones((3, 1, 4)), capacity=2)

@@ -33,10 +33,11 @@ import loopbridge as lb
 pytestmark = pytest.mark.slow  # hypothesis: many compiled loops; run by `-m slow` (.ci/run)
 
 MAX_STEPS = 6
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "int32": jnp.int32,
-          "bool": jnp.bool_}
-TOLERANCE: dict[str, dict[str, tp.Any]] = {"float32": dict(rtol=1e-6, atol=1e-6),
-                                           "bfloat16": dict(rtol=1e-2, atol=1e-2)}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "int32": jnp.int32, "bool": jnp.bool_}
+TOLERANCE: dict[str, dict[str, tp.Any]] = {
+  "float32": dict(rtol=1e-6, atol=1e-6),
+  "bfloat16": dict(rtol=1e-2, atol=1e-2),
+}
 
 
 def _shift(x, j):
@@ -71,8 +72,9 @@ class Sower(nn.Module):
       for j in range(self.per_call):
         self.sow("intermediates", "v", _shift(x, j))
       return x
-    carry, _ = nn.scan(Body, variable_axes={"intermediates": self.scan_axis},
-                       split_rngs={}, length=self.scan_length)(self.per_call)(x, None)
+    carry, _ = nn.scan(
+      Body, variable_axes={"intermediates": self.scan_axis}, split_rngs={}, length=self.scan_length
+    )(self.per_call)(x, None)
     return carry
 
 
@@ -83,15 +85,15 @@ def configs(draw):
   scan_length = draw(st.sampled_from([0, 0, 1, 3]))
   scan_axis = draw(st.integers(0, len(shape))) if scan_length else 0
   return dict(
-      dtype=dtype,
-      shape=shape,
-      per_call=draw(st.integers(1, 3)),
-      scan_length=scan_length,
-      scan_axis=scan_axis,
-      capacity=draw(st.integers(1, 7)),
-      overflow=draw(st.sampled_from(["error", "drop", "wrap"])),
-      steps=draw(st.integers(0, MAX_STEPS)),
-      reset_at=draw(st.integers(0, MAX_STEPS)),
+    dtype=dtype,
+    shape=shape,
+    per_call=draw(st.integers(1, 3)),
+    scan_length=scan_length,
+    scan_axis=scan_axis,
+    capacity=draw(st.integers(1, 7)),
+    overflow=draw(st.sampled_from(["error", "drop", "wrap"])),
+    steps=draw(st.integers(0, MAX_STEPS)),
+    reset_at=draw(st.integers(0, MAX_STEPS)),
   )
 
 
@@ -108,7 +110,8 @@ def _run(model, xs, lo, hi):
 def _inputs(cfg):
   dtype = DTYPES[cfg["dtype"]]
   steps = np.arange(MAX_STEPS * max(1, int(np.prod(cfg["shape"])))).reshape(
-      (MAX_STEPS, *cfg["shape"]))
+    (MAX_STEPS, *cfg["shape"])
+  )
   if dtype == jnp.bool_:
     return jnp.asarray(steps % 3 == 0)
   return jnp.asarray(steps % 50 - 7).astype(dtype)
@@ -150,8 +153,12 @@ def _check_segment(model, values, cfg):
   assert got.shape[0] == len(want)
   for i, value in enumerate(want):
     if cfg["dtype"] in TOLERANCE:
-      np.testing.assert_allclose(got[i].astype(np.float32), value.astype(np.float32),
-                                 **TOLERANCE[cfg["dtype"]], err_msg=f"record {i}")
+      np.testing.assert_allclose(
+        got[i].astype(np.float32),
+        value.astype(np.float32),
+        **TOLERANCE[cfg["dtype"]],
+        err_msg=f"record {i}",
+      )
     else:
       np.testing.assert_array_equal(got[i], value, err_msg=f"record {i}")
 
@@ -160,14 +167,15 @@ def _check_segment(model, values, cfg):
 def test_recorded_values_equal_linen_step_by_step(cfg):
   module = Sower(cfg["per_call"], cfg["scan_length"], cfg["scan_axis"])
   xs = _inputs(cfg)
-  model = lb.lazy_init(lb.ToNNX(module, rngs=nnx.Rngs(0)), xs[0], capacity=cfg["capacity"],
-                       overflow=cfg["overflow"])
+  model = lb.lazy_init(
+    lb.ToNNX(module, rngs=nnx.Rngs(0)), xs[0], capacity=cfg["capacity"], overflow=cfg["overflow"]
+  )
   values = _linen_values(module, xs, cfg)
   per_step = len(values) // MAX_STEPS
   steps, reset_at = cfg["steps"], min(cfg["reset_at"], cfg["steps"])
 
   _run(model, xs, 0, reset_at)
-  _check_segment(model, values[:reset_at * per_step], cfg)
+  _check_segment(model, values[: reset_at * per_step], cfg)
 
   lb.reset(model)
   assert int(_site(lb.counts(model), cfg)) == 0
@@ -175,4 +183,4 @@ def test_recorded_values_equal_linen_step_by_step(cfg):
   assert not np.asarray(_site(lb.buffers(model), cfg)).any()
 
   _run(model, xs, reset_at, steps)
-  _check_segment(model, values[reset_at * per_step:steps * per_step], cfg)
+  _check_segment(model, values[reset_at * per_step : steps * per_step], cfg)

@@ -40,12 +40,29 @@ def test_namespaces_are_modules_of_the_package():
     assert getattr(lb, ns_name) is ns
 
 
-@pytest.mark.parametrize("old", [
-    "stack", "unstack", "layer", "scan_layers", "layers_to_scanned", "scanned_to_layers",
-    "params_to_nnx", "nnx_to_params", "StackError", "save_checkpoint", "restore_checkpoint",
-    "from_linen_variables", "load_linen_variables", "CheckpointError", "shard_buffers",
-    "ShardingError", "NotInitializedError", "SowMismatchError",
-])
+@pytest.mark.parametrize(
+  "old",
+  [
+    "stack",
+    "unstack",
+    "layer",
+    "scan_layers",
+    "layers_to_scanned",
+    "scanned_to_layers",
+    "params_to_nnx",
+    "nnx_to_params",
+    "StackError",
+    "save_checkpoint",
+    "restore_checkpoint",
+    "from_linen_variables",
+    "load_linen_variables",
+    "CheckpointError",
+    "shard_buffers",
+    "ShardingError",
+    "NotInitializedError",
+    "SowMismatchError",
+  ],
+)
 def test_old_top_level_names_are_gone(old):
   assert not hasattr(lb, old), f"lb.{old} moved (see CHANGELOG.md)"
 

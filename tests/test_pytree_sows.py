@@ -40,7 +40,8 @@ class Attention(nn.Module):
 
 
 class Net(nn.Module):
-  """Sows a dict holding a tuple with None, and a struct dataclass; its attention returns a tuple."""
+  """Sows a dict holding a tuple with None, and a struct dataclass; its attention returns a
+  tuple."""
 
   @nn.compact
   def __call__(self, x):
@@ -63,8 +64,9 @@ class Body(nn.Module):
 class Scanned(nn.Module):
   @nn.compact
   def __call__(self, x):
-    return nn.scan(Body, variable_axes={"params": 0, "intermediates": 0},
-                   split_rngs={"params": True}, length=2)(name="layers")(x, None)[0]
+    return nn.scan(
+      Body, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True}, length=2
+    )(name="layers")(x, None)[0]
 
 
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
@@ -74,8 +76,7 @@ def linen_steps(module, variables, x, steps, capture=False):
   """Per-step 'intermediates' of plain Linen, each output fed back as the next input."""
   out = []
   for _ in range(steps):
-    x, state = module.apply(variables, x, capture_intermediates=capture,
-                            mutable=["intermediates"])
+    x, state = module.apply(variables, x, capture_intermediates=capture, mutable=["intermediates"])
     out.append(state["intermediates"])
   return out
 
@@ -104,13 +105,17 @@ def run_loop(kind, model, x, steps, graph=True):
     if kind == "fori":
       return nnx.fori_loop(0, steps, lambda i, c: (c[0], c[0](c[1])), (model, x), **kw)[0]
     if kind == "while":
+
       def body(c):
         m, y, i = c
         return m, m(y), i + 1
+
       return nnx.while_loop(lambda c: c[2] < steps, body, (model, x, jnp.asarray(0)), **kw)[0]
+
     def scan_body(c, _):
       m, y = c
       return (m, m(y)), None
+
     return nnx.scan(scan_body, length=steps, **kw)((model, x), None)[0][0]
 
   run(model, x)
@@ -165,8 +170,9 @@ def test_overflow_policies_apply_to_every_leaf(overflow):
       lb.recorded(model)
     return
   keep = slice(0, capacity) if overflow == "drop" else slice(steps - capacity, steps)
-  assert_tree_close(lb.recorded(model)["intermediates"]["pair"],
-                    jax.tree.map(lambda a: a[keep], ref))
+  assert_tree_close(
+    lb.recorded(model)["intermediates"]["pair"], jax.tree.map(lambda a: a[keep], ref)
+  )
 
 
 def test_reset_inside_a_jitted_loop_clears_every_leaf():
@@ -179,6 +185,7 @@ def test_reset_inside_a_jitted_loop_clears_every_leaf():
       m, y = c
       lb.reset(m)  # only the last step stays recorded
       return m, m(y)
+
     return nnx.fori_loop(0, 3, body, (model, x))
 
   run(model, X)
@@ -192,8 +199,11 @@ def test_capacity_keys_name_the_sow_and_cover_all_its_leaves():
   shapes = jax.tree.map(lambda b: b.shape, lb.buffers(model))["intermediates"]
   assert shapes["pair"] == {"h": (2, 2, 4), "rest": ((2, 2, 2), None)}
   assert shapes["stats"].mean == (5, 2) and shapes["stats"].top == (5, 2)
-  with pytest.raises(lb.CapacityError, match=r"no capacity key covers sow site\(s\) "
-                                             r"intermediates/stats"):
+  with pytest.raises(
+    lb.CapacityError,
+    match=r"no capacity key covers sow site\(s\) "
+    r"intermediates/stats",
+  ):
     lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), X, capacity={"pair": 2})
 
 
@@ -219,8 +229,11 @@ def test_a_changed_pytree_structure_is_a_clear_error_and_writes_nothing():
   model = lb.ToNNX(Switch(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, X, capacity=3)
   model(X)
-  with pytest.raises(lb.NotDeclaredError, match=r"declared for a pytree of structure .* "
-                                                r"Fix: declare this call signature"):
+  with pytest.raises(
+    lb.NotDeclaredError,
+    match=r"declared for a pytree of structure .* "
+    r"Fix: declare this call signature",
+  ):
     model(X, as_dict=True)
   assert [int(c) for c in lb.counts(model)["intermediates"]["v"]] == [1, 1]
 
@@ -243,16 +256,19 @@ def test_compile_step_and_explain_see_pytree_buffers():
   for _ in range(3):
     y = step(y)
   ref = linen_steps(Net(), lb.linen_variables(model), X, 3, capture=True)
-  assert_tree_close(lb.recorded(model)["intermediates"]["Attention_0"]["__call__"],
-                    stacked(ref, "Attention_0", "__call__"))
+  assert_tree_close(
+    lb.recorded(model)["intermediates"]["Attention_0"]["__call__"],
+    stacked(ref, "Attention_0", "__call__"),
+  )
   report = lb.explain(lambda m: (m(X), m)[1], model)
   assert report.ok, str(report)
 
 
 def test_checkpoint_round_trip_keeps_pytree_records(tmp_path):
   def fresh():
-    return lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0), capture_intermediates=True,
-                                 overflow="wrap"), X, capacity=2)
+    return lb.lazy_init(
+      lb.ToNNX(Net(), rngs=nnx.Rngs(0), capture_intermediates=True, overflow="wrap"), X, capacity=2
+    )
 
   whole, first = fresh(), fresh()
   y = X
@@ -275,6 +291,9 @@ def test_native_pytree_sow_is_a_clear_error_naming_the_fix():
       self.sow(nnx.Intermediate, "h", (h, h.sum()))
       return h
 
-  with pytest.raises(lb.NotDeclaredError, match=r"native sows of a pytree .* not recorded leaf "
-                                                r"by leaf yet.*one `sow` per leaf"):
+  with pytest.raises(
+    lb.NotDeclaredError,
+    match=r"native sows of a pytree .* not recorded leaf "
+    r"by leaf yet.*one `sow` per leaf",
+  ):
     lb.preallocate(Native(nnx.Rngs(0)), jnp.ones((1, 2)), capacity=4)

@@ -52,25 +52,34 @@ def test_a_scope_declares_third_party_lazy_init_and_records_like_linen():
   for x in xs:
     model(x)
   params = lb.linen_variables(model.llm)["params"]
-  expected = [Net().apply({"params": params}, x, mutable=["intermediates"])[1]
-              ["intermediates"]["h"][0] for x in xs]
-  np.testing.assert_allclose(lb.recorded(model)["llm"]["intermediates"]["h"],
-                             np.stack(expected), rtol=1e-6, atol=1e-6)
+  expected = [
+    Net().apply({"params": params}, x, mutable=["intermediates"])[1]["intermediates"]["h"][0]
+    for x in xs
+  ]
+  np.testing.assert_allclose(
+    lb.recorded(model)["llm"]["intermediates"]["h"], np.stack(expected), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_without_a_scope_the_error_names_every_way_to_declare():
-  with pytest.raises(lb.CapacityError, match=r"no capacity was declared.*"
-                     r"lazy_init\(model, \*args, capacity=N\).*"
-                     r"lb\.ToNNX\(module, rngs=\.\.\., capacity=N\).*"
-                     r"with lb\.capacity\(N\)"):
+  with pytest.raises(
+    lb.CapacityError,
+    match=r"no capacity was declared.*"
+    r"lazy_init\(model, \*args, capacity=N\).*"
+    r"lb\.ToNNX\(module, rngs=\.\.\., capacity=N\).*"
+    r"with lb\.capacity\(N\)",
+  ):
     ThirdParty(nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("entry,constructor,scope,expected", [
-    (2, 5, 7, 2),        # the entry's capacity= wins
-    (None, 5, 7, 5),     # then lb.ToNNX(capacity=)
+@pytest.mark.parametrize(
+  "entry,constructor,scope,expected",
+  [
+    (2, 5, 7, 2),  # the entry's capacity= wins
+    (None, 5, 7, 5),  # then lb.ToNNX(capacity=)
     (None, None, 7, 7),  # then the block
-])
+  ],
+)
 def test_precedence(entry, constructor, scope, expected):
   with lb.capacity(scope):
     model = lb.ToNNX(Net(), rngs=nnx.Rngs(0), capacity=constructor)
@@ -103,13 +112,16 @@ def test_a_mapping_block_may_name_sites_of_other_declarations():
 
 
 def test_a_mapping_block_that_misses_a_site_still_fails():
-  with lb.capacity({"not_h": 3}), pytest.raises(lb.CapacityError,
-                                                 match=r"no capacity key covers sow site"):
+  with (
+    lb.capacity({"not_h": 3}),
+    pytest.raises(lb.CapacityError, match=r"no capacity key covers sow site"),
+  ):
     lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), X)
 
 
-@pytest.mark.parametrize("spec,match", [(0, "positive int"), ("5", "positive int"),
-                                        ({}, "declares nothing")])
+@pytest.mark.parametrize(
+  "spec,match", [(0, "positive int"), ("5", "positive int"), ({}, "declares nothing")]
+)
 def test_a_malformed_block_fails_when_it_opens(spec, match):
   with pytest.raises(lb.CapacityError, match=match), lb.capacity(spec):
     pass  # pragma: no cover

@@ -30,10 +30,11 @@ from loopbridge import _compat
 from conftest import SHARDING_COMMAND, SHARDING_DEVICES, graph_kw
 
 pytestmark = [
-    pytest.mark.sharding,
-    pytest.mark.skipif(jax.device_count() < SHARDING_DEVICES,
-                       reason=f"needs {SHARDING_DEVICES} devices, found {jax.device_count()}; "
-                       f"run: {SHARDING_COMMAND}"),
+  pytest.mark.sharding,
+  pytest.mark.skipif(
+    jax.device_count() < SHARDING_DEVICES,
+    reason=f"needs {SHARDING_DEVICES} devices, found {jax.device_count()}; run: {SHARDING_COMMAND}",
+  ),
 ]
 
 BATCH, FEATURES, DEPTH, STEPS, CAPACITY = 8, 8, 2, 3, 4
@@ -48,9 +49,11 @@ def _dense(logical):
   """Dense with every param annotated: Linen pins annotated params under the mesh; params
   without metadata are laid out by XLA's propagation, as in plain Linen."""
   names = ("embed", "mlp") if logical else (None, "model")
-  return nn.Dense(FEATURES,
-                  kernel_init=_partitioned(nn.initializers.lecun_normal(), names, logical),
-                  bias_init=_partitioned(nn.initializers.zeros_init(), names[1:], logical))
+  return nn.Dense(
+    FEATURES,
+    kernel_init=_partitioned(nn.initializers.lecun_normal(), names, logical),
+    bias_init=_partitioned(nn.initializers.zeros_init(), names[1:], logical),
+  )
 
 
 class Block(nn.Module):
@@ -73,9 +76,13 @@ class Net(nn.Module):
     self.sow("intermediates", "x", x)
     h = _dense(self.logical)(x)
     self.sow("intermediates", "h", h)
-    carry, _ = nn.scan(Block, variable_axes={"params": 0, "intermediates": 0},
-                       split_rngs={"params": True}, length=DEPTH,
-                       metadata_params={nn.PARTITION_NAME: None})(self.logical)(h, None)
+    carry, _ = nn.scan(
+      Block,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=DEPTH,
+      metadata_params={nn.PARTITION_NAME: None},
+    )(self.logical)(h, None)
     return carry
 
 
@@ -115,8 +122,10 @@ def _shard_params(model, mesh, logical):
 
 
 def _array_shardings(tree):
-  return {jax.tree_util.keystr(path): leaf.sharding
-          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+  return {
+    jax.tree_util.keystr(path): leaf.sharding
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+  }
 
 
 def _spec_equal(array, mesh, spec):
@@ -135,9 +144,9 @@ def _reference(logical, params, xs):
     _, state = Net(logical).apply({"params": params}, jnp.asarray(x), mutable=["intermediates"])
     inters.append(state["intermediates"])
   return {
-      "x": np.stack([t["x"][0] for t in inters]),
-      "h": np.stack([t["h"][0] for t in inters]),
-      "carry": np.stack([t["ScanBlock_0"]["carry"][0] for t in inters]),
+    "x": np.stack([t["x"][0] for t in inters]),
+    "h": np.stack([t["h"][0] for t in inters]),
+    "carry": np.stack([t["ScanBlock_0"]["carry"][0] for t in inters]),
   }
 
 
@@ -176,8 +185,11 @@ def test_inferred_buffer_sharding_survives_jitted_while_loop(mesh, logical, grap
   params_before = _array_shardings(nnx.state(model, nnx.Param))
   bufs = lb.buffers(model)["intermediates"]
   # Sharded like the recorded value along the batch axis; capacity (and nn.scan) axes not.
-  expected = {"x": P(None, "data", None), "h": P(None, "data", None),
-              "carry": P(None, None, "data", None)}
+  expected = {
+    "x": P(None, "data", None),
+    "h": P(None, "data", None),
+    "carry": P(None, None, "data", None),
+  }
   got = {"x": bufs["x"], "h": bufs["h"], "carry": bufs["ScanBlock_0"]["carry"]}
   for name, spec in expected.items():
     assert _spec_equal(got[name], mesh, spec), (name, got[name].sharding)
@@ -217,7 +229,11 @@ def test_partition_spec_of_state_includes_buffers(mesh):
   specs = nnx.get_partition_spec(nnx.state(model, lb.Buffer)).to_pure_dict()
   assert tuple(specs["loopbridge__buffers"]["intermediates"]["x"]) == (None, "data", None)
   assert tuple(specs["loopbridge__buffers"]["intermediates"]["ScanBlock_0"]["carry"]) == (
-      None, None, "data", None)
+    None,
+    None,
+    "data",
+    None,
+  )
 
 
 def test_replicated_inputs_leave_buffers_unsharded(mesh):
@@ -230,8 +246,9 @@ def test_replicated_inputs_leave_buffers_unsharded(mesh):
 
 def test_shard_buffers_override_mapping(mesh, graph):
   model, xs = _build(mesh, logical=False)
-  lb.sharding.shard_buffers(model, {"h": P("data", "model"), "ScanBlock_0/*": P(None, None, "model")},
-                   mesh=mesh)
+  lb.sharding.shard_buffers(
+    model, {"h": P("data", "model"), "ScanBlock_0/*": P(None, None, "model")}, mesh=mesh
+  )
   bufs = lb.buffers(model)["intermediates"]
   assert _spec_equal(bufs["h"], mesh, P(None, "data", "model"))
   assert _spec_equal(bufs["ScanBlock_0"]["carry"], mesh, P(None, None, None, "model"))
@@ -269,7 +286,9 @@ def test_shard_buffers_rejects_uneven_split(mesh):
   with _compat.mesh_context(mesh):
     model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
     lb.lazy_init(model, jnp.ones((6, 4)), capacity=CAPACITY)
-  with pytest.raises(lb.sharding.ShardingError, match=r"axis 0 \(size 6\).*'data'.*does not divide"):
+  with pytest.raises(
+    lb.sharding.ShardingError, match=r"axis 0 \(size 6\).*'data'.*does not divide"
+  ):
     lb.sharding.shard_buffers(model, {"x": P("data")}, mesh=mesh)
 
 

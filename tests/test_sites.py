@@ -58,8 +58,13 @@ class ScanAxis(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scan = nn.scan(Dense, variable_axes={"params": 0, "intermediates": self.axis},
-                   split_rngs={"params": True}, length=self.length, reverse=self.reverse)
+    scan = nn.scan(
+      Dense,
+      variable_axes={"params": 0, "intermediates": self.axis},
+      split_rngs={"params": True},
+      length=self.length,
+      reverse=self.reverse,
+    )
     return scan(name="layers")(x, None)[0]
 
 
@@ -68,16 +73,18 @@ class Nested(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    inner = nn.scan(Dense, variable_axes={"params": 0, "intermediates": 1},
-                    split_rngs={"params": True}, length=2)
+    inner = nn.scan(
+      Dense, variable_axes={"params": 0, "intermediates": 1}, split_rngs={"params": True}, length=2
+    )
 
     class Outer(nn.Module):
       @nn.compact
       def __call__(self, c, _):
         return inner(name="inner")(c, None)[0], None
 
-    outer = nn.scan(Outer, variable_axes={"params": 0, "intermediates": 0},
-                    split_rngs={"params": True}, length=3)
+    outer = nn.scan(
+      Outer, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True}, length=3
+    )
     return outer(name="outer")(x, None)[0]
 
 
@@ -91,8 +98,12 @@ class ScanRemat(nn.Module):
   """The Gemma shape (scan of remat, built in setup) with the collection carried."""
 
   def setup(self):
-    self.layers = nn.scan(nn.remat(Dense), variable_axes={"params": 0, "intermediates": 0},
-                          split_rngs={"params": True}, length=2)()
+    self.layers = nn.scan(
+      nn.remat(Dense),
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=2,
+    )()
 
   def __call__(self, x):
     return self.layers(x, None)[0]
@@ -101,8 +112,12 @@ class ScanRemat(nn.Module):
 class Vmap(nn.Module):
   @nn.compact
   def __call__(self, xs):
-    vm = nn.vmap(Dense, variable_axes={"params": 0, "intermediates": 0},
-                 split_rngs={"params": True}, in_axes=(0, None))
+    vm = nn.vmap(
+      Dense,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      in_axes=(0, None),
+    )
     return vm(name="batched")(xs, None)[0]
 
 
@@ -114,8 +129,10 @@ def linen_reference(module, x):
     return module.apply(variables, x, mutable=["intermediates"])[1]
 
   state = jax.eval_shape(init_and_apply)
-  return {path: (tuple(v[0].shape), len(v), str(v[0].dtype))
-          for path, v in traverse_util.flatten_dict(dict(state["intermediates"])).items()}
+  return {
+    path: (tuple(v[0].shape), len(v), str(v[0].dtype))
+    for path, v in traverse_util.flatten_dict(dict(state["intermediates"])).items()
+  }
 
 
 def report_for(module, x, capacity=5):
@@ -221,19 +238,55 @@ def test_seed_model_table_and_json():
   assert report.table() == table
   lines = table.splitlines()
   assert lines[0] == "MLP: 2 sow site(s), buffers 640 B"
-  assert lines[1].split() == ["collection", "path", "value", "shape", "dtype", "per", "call",
-                              "inside", "capacity", "overflow", "buffer"]
-  assert lines[3].split() == ["intermediates", "ScanBlock_0/carry", "(3,", "1,", "8)",
-                              "float32", "1", "scan(axis=0,", "len=3)", "5", "error", "480", "B"]
-  assert lines[4].split() == ["intermediates", "x", "(1,", "8)", "float32", "1", "-", "5",
-                              "error", "160", "B"]
+  assert lines[1].split() == [
+    "collection",
+    "path",
+    "value",
+    "shape",
+    "dtype",
+    "per",
+    "call",
+    "inside",
+    "capacity",
+    "overflow",
+    "buffer",
+  ]
+  assert lines[3].split() == [
+    "intermediates",
+    "ScanBlock_0/carry",
+    "(3,",
+    "1,",
+    "8)",
+    "float32",
+    "1",
+    "scan(axis=0,",
+    "len=3)",
+    "5",
+    "error",
+    "480",
+    "B",
+  ]
+  assert lines[4].split() == [
+    "intermediates",
+    "x",
+    "(1,",
+    "8)",
+    "float32",
+    "1",
+    "-",
+    "5",
+    "error",
+    "160",
+    "B",
+  ]
   data = json.loads(json.dumps(report.to_dict()))
   assert data["model"] == "MLP" and data["buffer_bytes"] == 640 and data["dropped"] == []
   carry = data["sites"][0]
   assert carry["path"] == "ScanBlock_0/carry" and carry["shape"] == [3, 1, 8]
   assert carry["sown_shape"] == [1, 8] and carry["in_scan"] and carry["lifted"]
-  assert carry["transforms"] == [{"kind": "scan", "path": "ScanBlock_0", "axis": 0,
-                                  "length": 3, "reverse": False}]
+  assert carry["transforms"] == [
+    {"kind": "scan", "path": "ScanBlock_0", "axis": 0, "length": 3, "reverse": False}
+  ]
 
 
 def test_capacity_mapping_and_preallocate_update_the_report():
@@ -268,10 +321,13 @@ def _Lift(kind, axis, carries=True):
   return _site.Transform(kind, ("t",), axis, carries=carries)
 
 
-@pytest.mark.parametrize("shape,sown,axis,length", [
+@pytest.mark.parametrize(
+  "shape,sown,axis,length",
+  [
     ((1, 3, 4), (1, 4), 1, 3),  # unique position
     ((3, 3, 4), (3, 4), None, 3),  # adjacent equal sizes: position ambiguous, length known
-])
+  ],
+)
 def test_axis_from_shapes_when_discovery_did_not_see_it(shape, sown, axis, length):
   (t,) = _site.with_lengths([_Lift("scan", None)], shape, sown)
   assert (t.axis, t.length) == (axis, length)
@@ -285,4 +341,9 @@ def test_inconsistent_shapes_leave_length_unknown():
 
 def test_format_bytes():
   assert [_sites.format_bytes(n) for n in (0, 1023, 1536, 5 * 2**20, 3 * 2**30)] == [
-      "0 B", "1023 B", "1.5 KiB", "5.0 MiB", "3.0 GiB"]
+    "0 B",
+    "1023 B",
+    "1.5 KiB",
+    "5.0 MiB",
+    "3.0 GiB",
+  ]

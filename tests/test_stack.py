@@ -1,4 +1,4 @@
-"""lb.layers.stack / lb.layers.unstack / lb.layers.layer / lb.layers.scan against plain NNX references (seed 002)."""
+"""lb.layers.stack / unstack / layer / scan against plain NNX references."""
 
 from __future__ import annotations
 
@@ -106,9 +106,12 @@ def test_seed_heterogeneous_mlp_gets_clear_error():
   rngs = nnx.Rngs(0)
   widths = [12, 26, 12, 6, 3]  # the seed's [in, 265, 128, 64, out], scaled down
   layers = [nnx.Linear(a, b, rngs=rngs) for a, b in itertools.pairwise(widths)]
-  with pytest.raises(lb.layers.StackError, match=r"layer 1 differs from layer 0 at `(bias|kernel)`: "
-                     r"layer 0 has Param float32\[\d+(,\d+)?\], layer 1 has Param float32"
-                     r"(.|\n)*Python(.|\n)*nnx.switch(.|\n)*group"):
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"layer 1 differs from layer 0 at `(bias|kernel)`: "
+    r"layer 0 has Param float32\[\d+(,\d+)?\], layer 1 has Param float32"
+    r"(.|\n)*Python(.|\n)*nnx.switch(.|\n)*group",
+  ):
     lb.layers.stack(layers)
 
 
@@ -135,8 +138,9 @@ def test_stack_layout_matches_manual_stack_and_round_trips():
   stacked = lb.layers.stack(blocks)
   assert type(stacked) is Block and type(stacked.tag) is Tagged
   assert stacked.tag.get_metadata() == blocks[0].tag.get_metadata()
-  np.testing.assert_array_equal(get(stacked.linear.kernel),
-                                np.stack([np.asarray(get(b.linear.kernel)) for b in blocks]))
+  np.testing.assert_array_equal(
+    get(stacked.linear.kernel), np.stack([np.asarray(get(b.linear.kernel)) for b in blocks])
+  )
   assert get(stacked.calls).shape == (3,)
   for original, back in zip(blocks, lb.layers.unstack(stacked), strict=True):
     _assert_same_module(original, back)
@@ -162,8 +166,11 @@ class Leaves(nnx.Module):
     self.stat = nnx.BatchStat(jnp.full((), seed, jnp.int32))
 
 
-_specs = st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=3).map(tuple),
-                            st.sampled_from(_DTYPES)), min_size=1, max_size=3)
+_specs = st.lists(
+  st.tuples(st.lists(st.integers(0, 3), max_size=3).map(tuple), st.sampled_from(_DTYPES)),
+  min_size=1,
+  max_size=3,
+)
 
 
 @pytest.mark.slow  # hypothesis; run by `-m slow` (.ci/run)
@@ -195,9 +202,12 @@ def test_property_differing_member_names_path_and_both_shapes(specs, which, chan
     other[which] = (shape, np.int8)
   new_shape, new_dtype = other[which]
   fmt = lambda s, d: rf"{jnp.dtype(d).name}\[{','.join(map(str, s))}\]"  # noqa: E731
-  with pytest.raises(lb.layers.StackError, match=rf"layer 1 differs from layer 0 at `params/{which}`: "
-                     rf"layer 0 has Param {fmt(shape, dtype)}, layer 1 has Param "
-                     rf"{fmt(new_shape, new_dtype)}"):
+  with pytest.raises(
+    lb.layers.StackError,
+    match=rf"layer 1 differs from layer 0 at `params/{which}`: "
+    rf"layer 0 has Param {fmt(shape, dtype)}, layer 1 has Param "
+    rf"{fmt(new_shape, new_dtype)}",
+  ):
     lb.layers.stack([Leaves(specs, 0), Leaves(other, 1)])
 
 
@@ -211,23 +221,32 @@ def test_stack_errors():
     a, b = nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear(3, 2, rngs=nnx.Rngs(0))
     put(b.kernel, jnp.ones((2, 2)))
     lb.layers.stack([a, b])
-  with pytest.raises(lb.layers.StackError, match="layer 1 differs from layer 0 at `bias`: layer 0 has "
-                     r"Param float32\[2\], layer 1 has (Param )?None"):
-    lb.layers.stack([nnx.Linear(2, 2, rngs=nnx.Rngs(0)),
-              nnx.Linear(2, 2, use_bias=False, rngs=nnx.Rngs(0))])
+  with pytest.raises(
+    lb.layers.StackError,
+    match="layer 1 differs from layer 0 at `bias`: layer 0 has "
+    r"Param float32\[2\], layer 1 has (Param )?None",
+  ):
+    lb.layers.stack(
+      [nnx.Linear(2, 2, rngs=nnx.Rngs(0)), nnx.Linear(2, 2, use_bias=False, rngs=nnx.Rngs(0))]
+    )
 
 
 def test_unstack_errors():
-  with pytest.raises(lb.layers.StackError, match="`calls` is a scalar, so this module is not a layer"):
+  with pytest.raises(
+    lb.layers.StackError, match="`calls` is a scalar, so this module is not a layer"
+  ):
     lb.layers.unstack(Block(4, nnx.Rngs(0)))
-  with pytest.raises(lb.layers.StackError, match=r"leading axes disagree \(`bias` has 2 layers, "
-                     r"`kernel` has 3\)"):
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"leading axes disagree \(`bias` has 2 layers, "
+    r"`kernel` has 3\)",
+  ):
     lb.layers.unstack(nnx.Linear(3, 2, rngs=nnx.Rngs(0)))
   with pytest.raises(lb.layers.StackError, match="expects a stacked NNX module"):
     lb.layers.unstack([nnx.Linear(2, 2, rngs=nnx.Rngs(0))])
 
 
-# --- lb.layers.layer ------------------------------------------------------------------------------------
+# --- lb.layers.layer ------------------------------------------------------------------------------
 
 
 def test_layer_concrete_index_reads_like_the_layer():
@@ -290,8 +309,9 @@ def test_layers_with_rng_streams_and_batch_stats(graph):
   for layer in reference:  # plain NNX: each layer draws from its own stream, updates its stats
     expected = layer(expected)
   stacked = lb.layers.stack([Noisy(i) for i in range(3)])
-  _, y = nnx.fori_loop(0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (stacked, x),
-                       **graph_kw(graph))
+  _, y = nnx.fori_loop(
+    0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (stacked, x), **graph_kw(graph)
+  )
   # Same dropout masks (each layer's own key and count); BatchNorm may differ by an ulp between
   # the compiled loop and eager ops.
   np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
@@ -324,8 +344,9 @@ def test_scan_layers_equals_python_loop_and_writes_land(remat):
   y = nnx.jit(lambda s, x: lb.layers.scan(s, x, 0.5, remat=remat))(stacked, x)
   np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(get(stacked.calls), [1, 1, 1])
-  np.testing.assert_allclose(get(stacked.last), np.stack([get(b.last) for b in blocks]),
-                             rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    get(stacked.last), np.stack([get(b.last) for b in blocks]), rtol=1e-6, atol=1e-6
+  )
 
 
 def test_scan_layers_grad_with_and_without_remat_equals_python_loop():
@@ -336,22 +357,26 @@ def test_scan_layers_grad_with_and_without_remat_equals_python_loop():
     y = x
     for layer in layers:
       y = jnp.tanh(layer(y))
-    return (y ** 2).sum()
+    return (y**2).sum()
 
   call = lambda layer, y: jnp.tanh(layer(y))  # noqa: E731
   ref = nnx.grad(loss_list)(layers)
   ref_kernel = np.stack([np.asarray(get(ref[i]["kernel"])) for i in range(3)])
   for remat in (False, True):
-    grads = nnx.grad(lambda s, remat=remat: (lb.layers.scan(s, x, call=call, remat=remat) ** 2).sum())(
-        lb.layers.stack(layers))
+    grads = nnx.grad(
+      lambda s, remat=remat: (lb.layers.scan(s, x, call=call, remat=remat) ** 2).sum()
+    )(lb.layers.stack(layers))
     np.testing.assert_allclose(get(grads["kernel"]), ref_kernel, rtol=1e-5, atol=1e-6)
 
 
 def test_scan_layers_reverse_and_errors():
   layers = _linears(3, width=4)
   x = jnp.ones((1, 4))
-  np.testing.assert_allclose(lb.layers.scan(lb.layers.stack(layers), x, reverse=True),
-                             layers[0](layers[1](layers[2](x))), rtol=1e-6)
+  np.testing.assert_allclose(
+    lb.layers.scan(lb.layers.stack(layers), x, reverse=True),
+    layers[0](layers[1](layers[2](x))),
+    rtol=1e-6,
+  )
   with pytest.raises(lb.layers.StackError, match=r"lb\.layers\.scan: `calls` is a scalar"):
     lb.layers.scan(Block(4, nnx.Rngs(0)), x)
 
@@ -379,7 +404,9 @@ class SowingNet(nnx.Module):
     return lb.layers.scan(self.layers, x)
 
   def fori(self, x):
-    _, y = nnx.fori_loop(0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (self.layers, x))
+    _, y = nnx.fori_loop(
+      0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (self.layers, x)
+    )
     return y
 
 

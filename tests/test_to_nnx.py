@@ -212,7 +212,7 @@ def test_grad_through_fori_loop_with_static_bounds():
 
   def loss(model, x):
     _, h = nnx.fori_loop(0, 3, lambda i, c: (c[0], c[0](c[1])), (model, x))
-    return jnp.sum(h ** 2)
+    return jnp.sum(h**2)
 
   grads = nnx.jit(nnx.grad(loss))(model, x)
   linen_module = _compat.linen_module_of(model)
@@ -222,13 +222,12 @@ def test_grad_through_fori_loop_with_static_bounds():
     h = x
     for _ in range(3):
       h = linen_module.apply({"params": params}, h)
-    return jnp.sum(h ** 2)
+    return jnp.sum(h**2)
 
   want = jax.grad(linen_loss)(variables["params"])
   got = grads["ScanBlock_0"]["Dense_0"]["kernel"]
   got = got.get_value() if hasattr(got, "get_value") else got.value
-  np.testing.assert_allclose(got,
-                             want["ScanBlock_0"]["Dense_0"]["kernel"], rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(got, want["ScanBlock_0"]["Dense_0"]["kernel"], rtol=1e-4, atol=1e-6)
   # The loop inside the differentiated function recorded as well.
   assert int(lb.counts(model)["intermediates"]["x"]) == 3
 
@@ -248,12 +247,18 @@ def test_overflow_policies_inside_jitted_loop(overflow):
   _, inters = reference_chain(model, x, 7)
   assert int(lb.counts(model)["intermediates"]["x"]) == 7
   if overflow == "error":
-    with pytest.raises(lb.BufferOverflowError,
-                       match=r"intermediates/(x|ScanBlock_0/carry) recorded 7 values .*capacity=3"):
+    with pytest.raises(
+      lb.BufferOverflowError,
+      match=r"intermediates/(x|ScanBlock_0/carry) recorded 7 values .*capacity=3",
+    ):
       lb.recorded(model)
     # The first `capacity` values were kept; reading the raw buffer shows them.
-    np.testing.assert_allclose(lb.buffers(model)["intermediates"]["x"],
-                               stack_reference(inters, ["x"])[:3], rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(
+      lb.buffers(model)["intermediates"]["x"],
+      stack_reference(inters, ["x"])[:3],
+      rtol=RTOL,
+      atol=ATOL,
+    )
   elif overflow == "drop":
     assert_seed_records(model, inters, 0, 3)
   else:
@@ -272,8 +277,9 @@ def test_recorded_inside_a_trace_returns_full_buffers_oldest_first():
   assert rec["intermediates"]["x"].shape == (3, 1, 8)
   assert int(cnt["intermediates"]["x"]) == 4
   _, inters = reference_chain(model, x, 4)
-  np.testing.assert_allclose(rec["intermediates"]["x"], stack_reference(inters, ["x"])[1:4],
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    rec["intermediates"]["x"], stack_reference(inters, ["x"])[1:4], rtol=RTOL, atol=ATOL
+  )
 
 
 def test_reset_inside_loop_keeps_shapes_and_restarts_counts():
@@ -334,11 +340,16 @@ def test_is_a_stock_bridge_and_params_match_stock_lazy_init():
   stock = bridge.ToNNX(MLP(3, 8), rngs=nnx.Rngs(0))
   bridge.lazy_init(stock, x)
   assert isinstance(ours, bridge.ToNNX)
-  jax.tree.map(np.testing.assert_array_equal, nnx.state(ours, nnx.Param),
-               nnx.state(stock, nnx.Param))
+  jax.tree.map(
+    np.testing.assert_array_equal, nnx.state(ours, nnx.Param), nnx.state(stock, nnx.Param)
+  )
   # Buffers and counts are public Variable types, filterable like any other.
-  assert set(jax.tree.leaves(jax.tree.map(lambda a: a.shape, nnx.state(ours, lb.Buffer)),
-                             is_leaf=lambda s: isinstance(s, tuple))) == {(2, 1, 8), (2, 3, 1, 8)}
+  assert set(
+    jax.tree.leaves(
+      jax.tree.map(lambda a: a.shape, nnx.state(ours, lb.Buffer)),
+      is_leaf=lambda s: isinstance(s, tuple),
+    )
+  ) == {(2, 1, 8), (2, 3, 1, 8)}
   assert len(jax.tree.leaves(nnx.state(ours, lb.Count))) == 2
 
 
@@ -399,8 +410,13 @@ class VmapBody(nn.Module):
 class Lifted(nn.Module):
   @nn.compact
   def __call__(self, x):
-    v = nn.vmap(VmapBody, variable_axes={"params": 0, "intermediates": 0},
-                split_rngs={"params": True}, in_axes=0, out_axes=0)()(x)
+    v = nn.vmap(
+      VmapBody,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      in_axes=0,
+      out_axes=0,
+    )()(x)
 
     class Inner(nn.Module):
       @nn.compact
@@ -412,15 +428,25 @@ class Lifted(nn.Module):
     class Outer(nn.Module):
       @nn.compact
       def __call__(self, c, _):
-        c, _ = nn.scan(Inner, variable_axes={"params": 0, "intermediates": 0},
-                       split_rngs={"params": True}, length=2)()(c, None)
+        c, _ = nn.scan(
+          Inner,
+          variable_axes={"params": 0, "intermediates": 0},
+          split_rngs={"params": True},
+          length=2,
+        )()(c, None)
         self.sow("intermediates", "c", c)
         return c, None
 
-    nested, _ = nn.scan(Outer, variable_axes={"params": 0, "intermediates": 0},
-                        split_rngs={"params": True}, length=3)()(v[0], None)
-    rev = nn.scan(Inner, variable_axes={"params": 0, "intermediates": 1},
-                  split_rngs={"params": True}, length=4, reverse=True)(name="rev")
+    nested, _ = nn.scan(
+      Outer, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True}, length=3
+    )()(v[0], None)
+    rev = nn.scan(
+      Inner,
+      variable_axes={"params": 0, "intermediates": 1},
+      split_rngs={"params": True},
+      length=4,
+      reverse=True,
+    )(name="rev")
     axis1, _ = rev(nested, None)
     return axis1
 
@@ -444,8 +470,12 @@ def test_vmap_nested_scan_axis1_and_reverse_scan():
   variables = linen_variables(model)
   _, state = Lifted().apply(variables, x, mutable=["intermediates"])
   rec = lb.recorded(model)["intermediates"]
-  for path in [("VmapVmapBody_0", "y"), ("ScanOuter_0", "c"), ("ScanOuter_0", "ScanInner_0", "c"),
-               ("rev", "c")]:
+  for path in [
+    ("VmapVmapBody_0", "y"),
+    ("ScanOuter_0", "c"),
+    ("ScanOuter_0", "ScanInner_0", "c"),
+    ("rev", "c"),
+  ]:
     want = stack_reference([state["intermediates"]] * 2, list(path))
     got = rec
     for key in path:
@@ -465,8 +495,13 @@ class WithState(nn.Module):
     cache = self.variable("cache", "total", jnp.zeros, x.shape)
     if self.is_mutable_collection("cache"):
       cache.value = cache.value + x
-    self.sow("intermediates", "running_max", x,
-             init_fn=lambda: jnp.full(x.shape, -jnp.inf), reduce_fn=jnp.maximum)
+    self.sow(
+      "intermediates",
+      "running_max",
+      x,
+      init_fn=lambda: jnp.full(x.shape, -jnp.inf),
+      reduce_fn=jnp.maximum,
+    )
     self.sow("intermediates", "h", x)
     return x
 
@@ -496,14 +531,24 @@ def test_batch_stats_cache_and_custom_reduce_update_in_place_in_loop():
     variables = {**variables, **upd}
     variables["intermediates"] = {"running_max": upd["intermediates"]["running_max"]}
   got = linen_variables(model)
-  np.testing.assert_allclose(got["batch_stats"]["BatchNorm_0"]["mean"],
-                             variables["batch_stats"]["BatchNorm_0"]["mean"], rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(got["cache"]["total"], variables["cache"]["total"],
-                             rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(got["intermediates"]["running_max"],
-                             variables["intermediates"]["running_max"], rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], jnp.stack(hs),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    got["batch_stats"]["BatchNorm_0"]["mean"],
+    variables["batch_stats"]["BatchNorm_0"]["mean"],
+    rtol=RTOL,
+    atol=ATOL,
+  )
+  np.testing.assert_allclose(
+    got["cache"]["total"], variables["cache"]["total"], rtol=RTOL, atol=ATOL
+  )
+  np.testing.assert_allclose(
+    got["intermediates"]["running_max"],
+    variables["intermediates"]["running_max"],
+    rtol=RTOL,
+    atol=ATOL,
+  )
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["h"], jnp.stack(hs), rtol=RTOL, atol=ATOL
+  )
 
 
 def test_mutable_false_still_records_but_leaves_other_collections():
@@ -534,21 +579,29 @@ def test_preallocate_redeclares_for_another_signature_and_keeps_params():
   model = lb.ToNNX(Decoder(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, jnp.zeros((1, 1), jnp.int32), capacity=2)
   params = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
-  with pytest.raises(lb.NotDeclaredError, match=r"shape \(1, 5, 4\).*declared for shape \(1, 1, 4\).*lb.preallocate"):
+  with pytest.raises(
+    lb.NotDeclaredError, match=r"shape \(1, 5, 4\).*declared for shape \(1, 1, 4\).*lb.preallocate"
+  ):
     model(jnp.zeros((1, 5), jnp.int32))
   lb.preallocate(model, jnp.zeros((1, 5), jnp.int32), capacity=3)
   jax.tree.map(np.testing.assert_array_equal, nnx.state(model, nnx.Param), params)
   tokens = jnp.arange(5).reshape(1, 5)
+
   def step(i, c):
     m, t = c
     m(t)
     return m, t + 1
 
   nnx.jit(lambda m, t: nnx.fori_loop(0, 3, step, (m, t))[1])(model, tokens)
-  want = [Decoder().apply(linen_variables(model), tokens + i, mutable=["intermediates"])[1]
-          ["intermediates"]["h"][0] for i in range(3)]
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], jnp.stack(want),
-                             rtol=RTOL, atol=ATOL)
+  want = [
+    Decoder().apply(linen_variables(model), tokens + i, mutable=["intermediates"])[1][
+      "intermediates"
+    ]["h"][0]
+    for i in range(3)
+  ]
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["h"], jnp.stack(want), rtol=RTOL, atol=ATOL
+  )
   # A call that sows nothing records nothing and needs no declaration.
   assert int(model(tokens, method="prefix").sum()) == 0
 
@@ -569,14 +622,19 @@ class TwoMethods(nn.Module):
 def test_sow_without_a_buffer_is_reported_even_with_mutable_false():
   model = lb.ToNNX(TwoMethods(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, jnp.zeros((1, 1), jnp.int32), method="encode")  # sows nothing
-  with pytest.raises(lb.NotDeclaredError, match=r"sowed into 'intermediates/h', a site with no buffer.*lb.preallocate"):
+  with pytest.raises(
+    lb.NotDeclaredError,
+    match=r"sowed into 'intermediates/h', a site with no buffer.*lb.preallocate",
+  ):
     model(jnp.zeros((1, 1), jnp.int32))
 
 
 # --------------------------------------------------------------------------- bad inputs
 
 
-@pytest.mark.parametrize("capacity, match", [
+@pytest.mark.parametrize(
+  "capacity, match",
+  [
     (0, r"capacity must be a positive int, got 0"),
     (-3, r"capacity must be a positive int, got -3"),
     (2.5, r"capacity must be a positive int, got 2.5 of type float"),
@@ -585,7 +643,8 @@ def test_sow_without_a_buffer_is_reported_even_with_mutable_false():
     ({"nope": 3, "intermediates": 2}, r"capacity key\(s\) \['nope'\] match no sow site"),
     ({"x": 3}, r"no capacity key covers sow site\(s\) intermediates/ScanBlock_0/carry"),
     (None, r"MLP sows at 2 site\(s\) .* no capacity was declared"),
-])
+  ],
+)
 def test_bad_capacity(capacity, match):
   model = lb.ToNNX(MLP(3, 8), rngs=nnx.Rngs(0))
   with pytest.raises(lb.CapacityError, match=match):
@@ -615,7 +674,9 @@ class Echo(nn.Module):
 def test_dtype_drift_is_an_error_naming_the_path():
   model = lb.ToNNX(Echo())
   lb.lazy_init(model, jnp.ones((2, 4)), capacity=2)
-  with pytest.raises(lb.NotDeclaredError, match=r"intermediates/x received .* dtype bfloat16.*float32"):
+  with pytest.raises(
+    lb.NotDeclaredError, match=r"intermediates/x received .* dtype bfloat16.*float32"
+  ):
     model(jnp.ones((2, 4), jnp.bfloat16))
 
 
@@ -640,9 +701,11 @@ def test_new_variable_on_later_call_is_an_error_inside_a_trace():
   def step(model, x):
     return model(x, extra=True, mutable=True)
 
-  with pytest.raises(lb.StructureChangeError,
-                     match=r"created the variable 'batch_stats/late'.*inside a traced function"
-                           r".*Why.*Fix"):
+  with pytest.raises(
+    lb.StructureChangeError,
+    match=r"created the variable 'batch_stats/late'.*inside a traced function"
+    r".*Why.*Fix",
+  ):
     step(model, jnp.ones((1, 2)))
   assert "late" not in vars(model)  # all or nothing
 
@@ -689,8 +752,12 @@ class AccModel(nn.Module):
   @nn.compact
   def __call__(self, x):
     self.sow("intermediates", "top", x, init_fn=_acc_init, reduce_fn=_acc_reduce)
-    return nn.scan(AccBlock, variable_axes={"params": 0, "intermediates": 0},
-                   split_rngs={"params": True}, length=2)()(x, None)[0]
+    return nn.scan(
+      AccBlock,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=2,
+    )()(x, None)[0]
 
 
 def test_custom_reduce_accumulators_exist_before_the_loop_and_update_in_place():
@@ -700,8 +767,9 @@ def test_custom_reduce_accumulators_exist_before_the_loop_and_update_in_place():
   start = linen_variables(model)
   assert start["intermediates"]["ScanAccBlock_0"]["acc"]["x"].shape == (2, 4, 1, 3)
 
-  nnx.jit(lambda m, x: nnx.fori_loop(
-      0, 3, lambda i, c: (c[0], c[0](c[1], mutable=True)), (m, x)))(model, x)
+  nnx.jit(lambda m, x: nnx.fori_loop(0, 3, lambda i, c: (c[0], c[0](c[1], mutable=True)), (m, x)))(
+    model, x
+  )
 
   variables, h = {"params": start["params"]}, x
   for _ in range(3):  # Linen from scratch: the accumulator starts from init_fn() on first call
@@ -709,8 +777,12 @@ def test_custom_reduce_accumulators_exist_before_the_loop_and_update_in_place():
     variables = {"params": start["params"], "intermediates": upd["intermediates"]}
   got = linen_variables(model)["intermediates"]
   np.testing.assert_array_equal(got["top"]["i"], 3)
-  np.testing.assert_allclose(got["top"]["x"], variables["intermediates"]["top"]["x"],
-                             rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(got["ScanAccBlock_0"]["acc"]["x"],
-                             variables["intermediates"]["ScanAccBlock_0"]["acc"]["x"],
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    got["top"]["x"], variables["intermediates"]["top"]["x"], rtol=RTOL, atol=ATOL
+  )
+  np.testing.assert_allclose(
+    got["ScanAccBlock_0"]["acc"]["x"],
+    variables["intermediates"]["ScanAccBlock_0"]["acc"]["x"],
+    rtol=RTOL,
+    atol=ATOL,
+  )

@@ -27,6 +27,7 @@ def notes(error):
 @dataclasses.dataclass(frozen=True)
 class SowConfig:
   """A config object, as some Linen ports keep in a field named `sow`."""
+
   layers: tuple = ()
 
 
@@ -59,8 +60,9 @@ def test_a_field_named_sow_keeps_its_type_and_says_plain_linen_fails_too():
   text = notes(info.value)
   assert "raised inside lb.ToNNX(Top) while it ran the Linen init" in text
   assert "Linen module 'ShadowedSow_0' (ShadowedSow) was running" in text
-  assert ("plain Linen `Top.init(rngs, *args, capture_intermediates=True)` fails the same way"
-          in text)
+  assert (
+    "plain Linen `Top.init(rngs, *args, capture_intermediates=True)` fails the same way" in text
+  )
   assert "while lb.lazy_init ran Holder; NNX module 'llm' (ToNNX) was running" in text
   # The independent check: plain Linen does fail the same way.
   with pytest.raises(TypeError, match="not callable"):

@@ -61,8 +61,14 @@ class Count(nnx.Variable):
   """
 
 
-def new_buffer(capacity: int, shape: tp.Sequence[int], dtype: tp.Any, overflow: str,
-               sharding: tp.Any = None, stack: tp.Sequence[int] = ()) -> Buffer:
+def new_buffer(
+  capacity: int,
+  shape: tp.Sequence[int],
+  dtype: tp.Any,
+  overflow: str,
+  sharding: tp.Any = None,
+  stack: tp.Sequence[int] = (),
+) -> Buffer:
   """A zero-filled Buffer for `capacity` values of `shape`/`dtype`.
 
   `stack`: leading axes of a module stacked with `nnx.vmap` (its buffer is
@@ -97,17 +103,18 @@ def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
   shape, dtype = tuple(np.shape(value)), jnp.result_type(value)
   if shape != tuple(buf.shape[1:]) or dtype != buf.dtype:
     raise NotDeclaredError(
-        f"sow site {label} received a value of shape {shape} and dtype {dtype}, but its buffer "
-        f"was declared for shape {tuple(buf.shape[1:])} and dtype {buf.dtype} (buffer shape "
-        f"{tuple(buf.shape)}). Why: buffers keep a fixed shape so the model can run inside "
-        "NNX loops. Fix: declare buffers for this call signature with "
-        "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (it leaves the "
-        "parameters untouched)."
+      f"sow site {label} received a value of shape {shape} and dtype {dtype}, but its buffer "
+      f"was declared for shape {tuple(buf.shape[1:])} and dtype {buf.dtype} (buffer shape "
+      f"{tuple(buf.shape)}). Why: buffers keep a fixed shape so the model can run inside "
+      "NNX loops. Fix: declare buffers for this call signature with "
+      "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (it leaves the "
+      "parameters untouched)."
     )
 
 
-def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str, *,
-           checked: bool = False) -> None:
+def append(
+  buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str, *, checked: bool = False
+) -> None:
   """Write `values` (one call's sows at one site, in call order) after the recorded ones.
 
   Each write touches one slot (`dynamic_update_index_in_dim`), never the whole buffer, and the
@@ -133,11 +140,14 @@ def append(buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str
       slot = jnp.minimum(index, capacity - 1)
       kept = jax.lax.dynamic_index_in_dim(buf, slot, 0, keepdims=False)
       buf = jax.lax.dynamic_update_index_in_dim(
-          buf, jnp.where(index < capacity, value, kept), slot, 0)
+        buf, jnp.where(index < capacity, value, kept), slot, 0
+      )
   _compat.set_variable_value(buffer, _sharding.constrain(buffer, buf))
   added = len(values)
-  _compat.set_variable_value(count, jnp.where(start > COUNT_LIMIT - added, COUNT_LIMIT,
-                                              start + jnp.asarray(added, COUNT_DTYPE)))
+  _compat.set_variable_value(
+    count,
+    jnp.where(start > COUNT_LIMIT - added, COUNT_LIMIT, start + jnp.asarray(added, COUNT_DTYPE)),
+  )
 
 
 def reset(buffer: Buffer, count: Count) -> None:
@@ -172,20 +182,21 @@ def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
   n = int(n)
   if n >= COUNT_LIMIT:
     raise BufferOverflowError(
-        f"sow site {label} was sown {COUNT_LIMIT} times or more since the last reset, the "
-        "largest count an int32 holds; the count stopped there, so where the latest values "
-        "sit is no longer known. Why: counts are int32 on every device. Fix: call "
-        "lb.reset(model) between runs (it is shape-stable and works inside loops).")
+      f"sow site {label} was sown {COUNT_LIMIT} times or more since the last reset, the "
+      "largest count an int32 holds; the count stopped there, so where the latest values "
+      "sit is no longer known. Why: counts are int32 on every device. Fix: call "
+      "lb.reset(model) between runs (it is shape-stable and works inside loops)."
+    )
   if n <= capacity:
     return buf[:n]
   if policy == "error":
     raise BufferOverflowError(
-        f"sow site {label} recorded {n} values but its buffer holds capacity={capacity}; the "
-        f"first {capacity} were kept and the last {n - capacity} were not stored. Why: "
-        "overflow='error' (the default) refuses to hand back an incomplete record silently. "
-        "Fix: declare a larger capacity (lb.preallocate(model, *args, capacity=...)), call "
-        "lb.reset(model) between runs, or choose overflow='drop' (keep the first values) or "
-        "overflow='wrap' (keep the last values)."
+      f"sow site {label} recorded {n} values but its buffer holds capacity={capacity}; the "
+      f"first {capacity} were kept and the last {n - capacity} were not stored. Why: "
+      "overflow='error' (the default) refuses to hand back an incomplete record silently. "
+      "Fix: declare a larger capacity (lb.preallocate(model, *args, capacity=...)), call "
+      "lb.reset(model) between runs, or choose overflow='drop' (keep the first values) or "
+      "overflow='wrap' (keep the last values)."
     )
   if policy == "drop":
     return buf
@@ -229,7 +240,7 @@ def refill(buffer: Buffer, count: Count, values: jax.Array) -> None:
   capacity, k = buf.shape[0], values.shape[0]
   if overflow_of(buffer) == "wrap" and k > capacity:
     # The last `capacity` values, each in the slot a ring of this capacity would have used.
-    buf = jnp.roll(values[k - capacity:], k % capacity, axis=0)
+    buf = jnp.roll(values[k - capacity :], k % capacity, axis=0)
   else:
     take = min(k, capacity)
     buf = buf.at[:take].set(values[:take].astype(buf.dtype))

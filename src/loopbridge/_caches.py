@@ -23,28 +23,34 @@ from ._errors import CacheLengthWarning
 CACHE_NAME = "cached_key"  # flax's name (Linen and NNX attention, and most hand-written caches)
 
 _TOO_SHORT = (
-    "lb.{entry}: the attention cache '{path}' holds {length} position(s) (cached_key "
-    "{shape}, length axis -3) but capacity {capacity} is declared for '{part}', so a loop "
-    "recording {capacity} one-token steps writes past its end. Why: a decode=True cache is "
-    "sized by the input given to init, and flax clamps writes past the end to the last slot, "
-    "so decoding continues silently with wrong tokens. Fix: initialize on the full length and "
-    "declare the one-token step separately: lb.lazy_init(model, tokens_of_max_length, "
-    "capacity=N) then lb.preallocate(model, tokens[:, :1], capacity=N); or declare "
-    "capacity <= {length}.")
+  "lb.{entry}: the attention cache '{path}' holds {length} position(s) (cached_key "
+  "{shape}, length axis -3) but capacity {capacity} is declared for '{part}', so a loop "
+  "recording {capacity} one-token steps writes past its end. Why: a decode=True cache is "
+  "sized by the input given to init, and flax clamps writes past the end to the last slot, "
+  "so decoding continues silently with wrong tokens. Fix: initialize on the full length and "
+  "declare the one-token step separately: lb.lazy_init(model, tokens_of_max_length, "
+  "capacity=N) then lb.preallocate(model, tokens[:, :1], capacity=N); or declare "
+  "capacity <= {length}."
+)
 _ONE_POSITION = (
-    "lb.lazy_init: the attention cache '{path}' has length 1 (cached_key {shape}): the model "
-    "was initialized on a single token, so decoding past the first position writes over the "
-    "same slot with no error (flax does not check) and samples wrong tokens. Why: a "
-    "decode=True cache is sized by the input given to init. Fix: initialize on the full "
-    "length, then declare the one-token step: lb.lazy_init(model, tokens_of_max_length, "
-    "capacity=N) then lb.preallocate(model, tokens[:, :1], capacity=N).")
+  "lb.lazy_init: the attention cache '{path}' has length 1 (cached_key {shape}): the model "
+  "was initialized on a single token, so decoding past the first position writes over the "
+  "same slot with no error (flax does not check) and samples wrong tokens. Why: a "
+  "decode=True cache is sized by the input given to init. Fix: initialize on the full "
+  "length, then declare the one-token step: lb.lazy_init(model, tokens_of_max_length, "
+  "capacity=N) then lb.preallocate(model, tokens[:, :1], capacity=N)."
+)
 
 
 def _caches(node: tp.Any) -> tp.Iterator[tuple[str, nnx.Variable]]:
   """('/'-joined path, Variable) of every attention cache under `node`."""
   for path, child in _compat.iter_graph(node):
-    if (isinstance(child, nnx.Variable) and issubclass(type(child), nnx.Cache)
-        and path and path[-1] == CACHE_NAME):
+    if (
+      isinstance(child, nnx.Variable)
+      and issubclass(type(child), nnx.Cache)
+      and path
+      and path[-1] == CACHE_NAME
+    ):
       shape = getattr(_compat.variable_value(child), "shape", ())
       if len(shape) >= 3:  # (*batch, length, heads, head_dim)
         yield "/".join(map(str, path)), child
@@ -61,8 +67,11 @@ def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> N
   warned: set[int] = set()
   for part in parts:
     keys = {s.key for s in part.sites}
-    declared = [s.capacity for s in (_recorder.sites_of(part.node) or ())
-                if s.key in keys and s.capacity is not None]
+    declared = [
+      s.capacity
+      for s in (_recorder.sites_of(part.node) or ())
+      if s.key in keys and s.capacity is not None
+    ]
     if not declared:
       continue
     capacity = max(declared)
@@ -71,15 +80,22 @@ def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> N
       length, shape = _length(cache)
       if capacity > length and id(cache) not in warned:
         warned.add(id(cache))
-        warnings.warn(_TOO_SHORT.format(
-            entry=entry, path="/".join((*prefix, path)), length=length, shape=shape,
-            capacity=capacity, part="/".join(prefix) or "the model"),
-            CacheLengthWarning, stacklevel=3)
+        warnings.warn(
+          _TOO_SHORT.format(
+            entry=entry,
+            path="/".join((*prefix, path)),
+            length=length,
+            shape=shape,
+            capacity=capacity,
+            part="/".join(prefix) or "the model",
+          ),
+          CacheLengthWarning,
+          stacklevel=3,
+        )
   if entry != "lazy_init":
     return
   for path, cache in _caches(root):
     length, shape = _length(cache)
     if length == 1 and id(cache) not in warned:
       warned.add(id(cache))
-      warnings.warn(_ONE_POSITION.format(path=path, shape=shape), CacheLengthWarning,
-                    stacklevel=3)
+      warnings.warn(_ONE_POSITION.format(path=path, shape=shape), CacheLengthWarning, stacklevel=3)

@@ -27,16 +27,17 @@ CapacitySpec = int | tp.Mapping[str, int]
 SiteKey = tuple[str, ...]
 
 _CAPACITY_HELP = (
-    "Pass a positive int for every sow site (capacity=8) or a mapping from a collection name, "
-    "a '/'-joined sow path or a glob of one to a positive int "
-    "(capacity={'intermediates': 8, 'ScanBlock_0/*': 2})."
+  "Pass a positive int for every sow site (capacity=8) or a mapping from a collection name, "
+  "a '/'-joined sow path or a glob of one to a positive int "
+  "(capacity={'intermediates': 8, 'ScanBlock_0/*': 2})."
 )
 
 
 # The default of `with lb.capacity(N):`. A ContextVar, not a global: private to the thread (and
 # task) that opened the block. Read once per declaration by the entries, passed on as a value.
-_SCOPED: contextvars.ContextVar[tp.Any] = contextvars.ContextVar("loopbridge_capacity",
-                                                                 default=None)
+_SCOPED: contextvars.ContextVar[tp.Any] = contextvars.ContextVar(
+  "loopbridge_capacity", default=None
+)
 
 
 @contextlib.contextmanager
@@ -99,20 +100,20 @@ def check_capacity_value(value: tp.Any, where: str) -> int:
   """One capacity number: a static, positive Python/NumPy integer (not bool, not a tracer)."""
   if isinstance(value, jax.core.Tracer):
     raise CapacityError(
-        f"{where} is a traced value ({value}). Buffers are allocated with a static shape, so the "
-        "capacity must be known when the model is built, outside jit/vmap/loops. "
-        "Fix: pass a plain Python int."
+      f"{where} is a traced value ({value}). Buffers are allocated with a static shape, so the "
+      "capacity must be known when the model is built, outside jit/vmap/loops. "
+      "Fix: pass a plain Python int."
     )
   if isinstance(value, bool) or not hasattr(value, "__index__"):
     raise CapacityError(
-        f"{where} must be a positive int, got {value!r} of type {type(value).__name__}. "
-        f"{_CAPACITY_HELP}"
+      f"{where} must be a positive int, got {value!r} of type {type(value).__name__}. "
+      f"{_CAPACITY_HELP}"
     )
   number = operator.index(value)
   if number <= 0:
     raise CapacityError(
-        f"{where} must be a positive int, got {number}: a buffer needs room for at least one "
-        f"value. {_CAPACITY_HELP}"
+      f"{where} must be a positive int, got {number}: a buffer needs room for at least one "
+      f"value. {_CAPACITY_HELP}"
     )
   return number
 
@@ -128,8 +129,8 @@ def check_capacity_spec(capacity: tp.Any) -> CapacitySpec | None:
     for key, value in capacity.items():
       if not isinstance(key, str) or not key:
         raise CapacityError(
-            f"capacity key {key!r} must be a non-empty string (a collection name, a '/'-joined "
-            f"sow path, or a glob). {_CAPACITY_HELP}"
+          f"capacity key {key!r} must be a non-empty string (a collection name, a '/'-joined "
+          f"sow path, or a glob). {_CAPACITY_HELP}"
         )
       out[key] = check_capacity_value(value, f"capacity[{key!r}]")
     return out
@@ -140,25 +141,30 @@ def check_overflow(overflow: tp.Any) -> str:
   """Validate an overflow policy name."""
   if overflow not in OVERFLOW_POLICIES:
     raise CapacityError(
-        f"overflow={overflow!r} is not a policy loopbridge knows. Choose one of "
-        "'error' (keep the first `capacity` values and raise when they are read back after more "
-        "were sown), 'drop' (keep the first `capacity`, silently) or 'wrap' (ring buffer: keep "
-        "the last `capacity`)."
+      f"overflow={overflow!r} is not a policy loopbridge knows. Choose one of "
+      "'error' (keep the first `capacity` values and raise when they are read back after more "
+      "were sown), 'drop' (keep the first `capacity`, silently) or 'wrap' (ring buffer: keep "
+      "the last `capacity`)."
     )
   return overflow
 
 
 NO_CAPACITY_FIX = (
-    "Fix, any one of: lb.lazy_init(model, *args, capacity=N) (or lb.preallocate(...)) with an "
-    "int for every site or a mapping per path, e.g. capacity={'intermediates': 16}; "
-    "lb.ToNNX(module, rngs=..., capacity=N) when building the wrapper; or, when the code that "
-    "calls lazy_init is not yours (a third-party model's __init__), build the model inside "
-    "`with lb.capacity(N):`.")
+  "Fix, any one of: lb.lazy_init(model, *args, capacity=N) (or lb.preallocate(...)) with an "
+  "int for every site or a mapping per path, e.g. capacity={'intermediates': 16}; "
+  "lb.ToNNX(module, rngs=..., capacity=N) when building the wrapper; or, when the code that "
+  "calls lazy_init is not yours (a third-party model's __init__), build the model inside "
+  "`with lb.capacity(N):`."
+)
 
 
-def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey],
-                       *, model_name: str = "the model",
-                       unused_ok: bool = False) -> dict[SiteKey, int]:
+def resolve_capacities(
+  capacity: CapacitySpec | None,
+  sites: tp.Sequence[SiteKey],
+  *,
+  model_name: str = "the model",
+  unused_ok: bool = False,
+) -> dict[SiteKey, int]:
   """Map every site to its capacity; every site must be covered and every key must match.
 
   `unused_ok`: keys that match no site are allowed (an `lb.capacity` block's default).
@@ -168,9 +174,9 @@ def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey
   if capacity is None:
     listing = ", ".join(site_label(s) for s in sites)
     raise CapacityError(
-        f"{model_name} sows at {len(sites)} site(s) ({listing}) but no capacity was declared. "
-        "Why: inside NNX loops every recorded value needs a preallocated buffer of fixed size. "
-        + NO_CAPACITY_FIX
+      f"{model_name} sows at {len(sites)} site(s) ({listing}) but no capacity was declared. "
+      "Why: inside NNX loops every recorded value needs a preallocated buffer of fixed size. "
+      + NO_CAPACITY_FIX
     )
   if not isinstance(capacity, tp.Mapping):
     return dict.fromkeys(sites, capacity)
@@ -189,9 +195,9 @@ def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey
       values = {capacity[k] for k in globs}
       if len(values) > 1:
         raise CapacityError(
-            f"sow site {site_label(site)} matches several capacity globs with different values: "
-            + ", ".join(f"{k!r}: {capacity[k]}" for k in globs)
-            + ". Fix: add an exact key for this path, or make the globs disjoint."
+          f"sow site {site_label(site)} matches several capacity globs with different values: "
+          + ", ".join(f"{k!r}: {capacity[k]}" for k in globs)
+          + ". Fix: add an exact key for this path, or make the globs disjoint."
         )
       resolved[site] = values.pop()
       used.update(globs)
@@ -205,17 +211,17 @@ def resolve_capacities(capacity: CapacitySpec | None, sites: tp.Sequence[SiteKey
   all_paths = ", ".join(f"{s[0]}: {site_path_str(s)!r}" for s in sites)
   if uncovered:
     raise CapacityError(
-        "no capacity key covers sow site(s) "
-        + ", ".join(site_label(s) for s in uncovered)
-        + f". Why: every site needs a buffer size. The sites of this call are: {all_paths}. "
-        "Fix: add a key for the path, a glob, or the collection name (e.g. 'intermediates')."
+      "no capacity key covers sow site(s) "
+      + ", ".join(site_label(s) for s in uncovered)
+      + f". Why: every site needs a buffer size. The sites of this call are: {all_paths}. "
+      "Fix: add a key for the path, a glob, or the collection name (e.g. 'intermediates')."
     )
   unused = [k for k in capacity if k not in used]
   if unused and not unused_ok:
     raise CapacityError(
-        f"capacity key(s) {unused} match no sow site of this call. Why: a key that matches "
-        "nothing is usually a typo and would silently leave a site without the size you meant. "
-        f"The sites of this call are: {all_paths}. Keys are a collection name, a '/'-joined "
-        "path inside the collection, or a glob of one."
+      f"capacity key(s) {unused} match no sow site of this call. Why: a key that matches "
+      "nothing is usually a typo and would silently leave a site without the size you meant. "
+      f"The sites of this call are: {all_paths}. Keys are a collection name, a '/'-joined "
+      "path inside the collection, or a glob of one."
     )
   return resolved

@@ -55,15 +55,17 @@ _SAVED_RNGS_ATTR = "to_nnx__rngs"
 _ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
 
 _FIX_DECLARE = (
-    "Fix: build the fresh model from the same Linen module and declare it like the saved one "
-    "before restoring: lb.lazy_init(model, *sample_args, capacity=..., overflow=...) with the "
-    "same sample shapes, capacities and overflow policies (and lb.preallocate for any "
-    "signature declared later).")
+  "Fix: build the fresh model from the same Linen module and declare it like the saved one "
+  "before restoring: lb.lazy_init(model, *sample_args, capacity=..., overflow=...) with the "
+  "same sample shapes, capacities and overflow policies (and lb.preallocate for any "
+  "signature declared later)."
+)
 _WHY_DAMAGED = (
-    "Why: a checkpoint whose files were truncated, deleted or overwritten (e.g. a save "
-    "interrupted mid-way, or a partial copy) cannot be restored, and the model was left "
-    "untouched. Fix: restore an earlier complete checkpoint, or pass the path "
-    "lb.checkpoint.save returned.")
+  "Why: a checkpoint whose files were truncated, deleted or overwritten (e.g. a save "
+  "interrupted mid-way, or a partial copy) cannot be restored, and the model was left "
+  "untouched. Fix: restore an earlier complete checkpoint, or pass the path "
+  "lb.checkpoint.save returned."
+)
 
 
 def _key_str(key: tp.Any) -> str:
@@ -78,8 +80,8 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
   """
   if not isinstance(model, nnx.Module):
     raise TypeError(
-        f"expected an NNX module (e.g. an lb.ToNNX after lb.lazy_init), got "
-        f"{type(model).__name__}.")
+      f"expected an NNX module (e.g. an lb.ToNNX after lb.lazy_init), got {type(model).__name__}."
+    )
   nodes = [(tuple(_key_str(k) for k in path), node) for path, node in _compat.iter_graph(model)]
   renames = {}
   for path, node in nodes:
@@ -89,8 +91,8 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
 
   def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
     for prefix, new in renames.items():
-      if path[:len(prefix)] == prefix:
-        return new + path[len(prefix):]
+      if path[: len(prefix)] == prefix:
+        return new + path[len(prefix) :]
     return path
 
   return {saved_path(path): node for path, node in nodes if isinstance(node, nnx.Variable)}
@@ -126,16 +128,16 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
     if not isinstance(variable, _buffers.Buffer):
       continue
     i = key.index(_recorder.BUFFERS_ATTR) if _recorder.BUFFERS_ATTR in key else -1
-    count = variables.get((*key[:i], _recorder.COUNTS_ATTR, *key[i + 1:])) if i >= 0 else None
+    count = variables.get((*key[:i], _recorder.COUNTS_ATTR, *key[i + 1 :])) if i >= 0 else None
     stack = np.ndim(_compat.variable_value(count)) if count is not None else 0
     value = _compat.variable_value(variable)
     shape = tuple(int(d) for d in np.shape(value))
     out["/".join(key)] = {
-        "capacity": shape[stack],
-        "overflow": _buffers.overflow_of(variable),
-        "value_shape": list(shape[stack + 1:]),
-        "stack_shape": list(shape[:stack]),
-        "dtype": np.dtype(value.dtype).name,
+      "capacity": shape[stack],
+      "overflow": _buffers.overflow_of(variable),
+      "value_shape": list(shape[stack + 1 :]),
+      "stack_shape": list(shape[:stack]),
+      "dtype": np.dtype(value.dtype).name,
     }
   return out
 
@@ -179,33 +181,39 @@ def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False
   tree = {key: _saved_form(_compat.variable_value(v)) for key, v in variables.items()}
   declaration = {"format": FORMAT, "buffers": _declaration(variables)}
   checkpointer = _checkpointer()
-  checkpointer.save(path, traverse_util.unflatten_dict(tree), force=overwrite,
-                    custom_metadata={_METADATA_KEY: declaration})
+  checkpointer.save(
+    path,
+    traverse_util.unflatten_dict(tree),
+    force=overwrite,
+    custom_metadata={_METADATA_KEY: declaration},
+  )
   checkpointer.wait_until_finished()
   return path
 
 
 def _damaged(path: str, what: str, error: BaseException | None = None) -> CheckpointError:
   cause = f": {type(error).__name__}: {error}" if error is not None else ""
-  return CheckpointError(f"cannot restore the checkpoint at {path}: {what}{cause}. "
-                         + _WHY_DAMAGED)
+  return CheckpointError(f"cannot restore the checkpoint at {path}: {what}{cause}. " + _WHY_DAMAGED)
 
 
 def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
   """(saved shapes and dtypes by path, the saved declaration); CheckpointError if unreadable."""
   if not os.path.exists(path):
     raise CheckpointError(
-        f"no checkpoint at {path}: the path does not exist. Fix: pass the path "
-        "lb.checkpoint.save returned.")
+      f"no checkpoint at {path}: the path does not exist. Fix: pass the path "
+      "lb.checkpoint.save returned."
+    )
   if not os.path.isdir(path):
     raise CheckpointError(
-        f"no checkpoint at {path}: it is a file, not a checkpoint directory. Fix: pass the "
-        "directory lb.checkpoint.save returned.")
+      f"no checkpoint at {path}: it is a file, not a checkpoint directory. Fix: pass the "
+      "directory lb.checkpoint.save returned."
+    )
   if not os.listdir(path):
     raise CheckpointError(
-        f"no checkpoint at {path}: the directory is empty. Why: a save that never ran or was "
-        "interrupted before writing, or the wrong directory. Fix: pass the path "
-        "lb.checkpoint.save returned.")
+      f"no checkpoint at {path}: the directory is empty. Why: a save that never ran or was "
+      "interrupted before writing, or the wrong directory. Fix: pass the path "
+      "lb.checkpoint.save returned."
+    )
   try:
     metadata = checkpointer.metadata(path)
     # orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`); 0.11 returns the tree.
@@ -228,20 +236,23 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
         custom = json.load(f).get("custom_metadata")
     declaration = (custom or {}).get(_METADATA_KEY)
   except (OSError, ValueError, AttributeError) as error:
-    raise _damaged(path, "its step metadata (the buffers' declaration) cannot be read",
-                   error) from error
+    raise _damaged(
+      path, "its step metadata (the buffers' declaration) cannot be read", error
+    ) from error
   if not isinstance(declaration, dict) or "buffers" not in declaration:
     raise CheckpointError(
-        f"the checkpoint at {path} holds no loopbridge declaration (capacity and overflow "
-        "of each buffer). Why: it was not written by lb.checkpoint.save (e.g. a plain orbax "
-        "checkpoint, or one from loopbridge before the format carried the declaration), so "
-        "restoring cannot check that the records mean the same thing. Fix: save it with "
-        "lb.checkpoint.save; for a Linen variables dict use lb.checkpoint.load_linen_variables.")
+      f"the checkpoint at {path} holds no loopbridge declaration (capacity and overflow "
+      "of each buffer). Why: it was not written by lb.checkpoint.save (e.g. a plain orbax "
+      "checkpoint, or one from loopbridge before the format carried the declaration), so "
+      "restoring cannot check that the records mean the same thing. Fix: save it with "
+      "lb.checkpoint.save; for a Linen variables dict use lb.checkpoint.load_linen_variables."
+    )
   if declaration.get("format") != FORMAT:
     raise CheckpointError(
-        f"the checkpoint at {path} has loopbridge format {declaration.get('format')!r}, this "
-        f"loopbridge reads format {FORMAT}. Fix: restore it with the loopbridge version that "
-        "saved it.")
+      f"the checkpoint at {path} has loopbridge format {declaration.get('format')!r}, this "
+      f"loopbridge reads format {FORMAT}. Fix: restore it with the loopbridge version that "
+      "saved it."
+    )
   return saved, declaration["buffers"]
 
 
@@ -250,12 +261,16 @@ def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[s
   lines, grown = [], set()
   for key in sorted(set(saved) & set(model)):
     was, now = saved[key], model[key]
-    diffs = [f"{field} saved {was[field]!r} vs model {now[field]!r}"
-             for field in ("overflow", "value_shape", "dtype", "stack_shape")
-             if was[field] != now[field]]
+    diffs = [
+      f"{field} saved {was[field]!r} vs model {now[field]!r}"
+      for field in ("overflow", "value_shape", "dtype", "stack_shape")
+      if was[field] != now[field]
+    ]
     if was["capacity"] > now["capacity"]:
-      diffs.append(f"capacity saved {was['capacity']} vs model {now['capacity']} (smaller: "
-                   "the saved values would not fit)")
+      diffs.append(
+        f"capacity saved {was['capacity']} vs model {now['capacity']} (smaller: "
+        "the saved values would not fit)"
+      )
     elif was["capacity"] < now["capacity"] and not diffs:
       grown.add(key)
     elif was["capacity"] != now["capacity"]:
@@ -319,15 +334,16 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   variables = _model_variables(model)
   checkpointer = _checkpointer()
   saved, saved_declaration = _read_metadata(checkpointer, path)
-  declaration_lines, grown = _declaration_differences(saved_declaration,
-                                                      _declaration(variables))
+  declaration_lines, grown = _declaration_differences(saved_declaration, _declaration(variables))
   if declaration_lines:
     raise CheckpointError(
-        f"the checkpoint at {path} was declared differently from the model: "
-        + "; ".join(declaration_lines[:8]) + (" ..." if len(declaration_lines) > 8 else "")
-        + ". Why: a buffer's overflow policy, value shape and dtype say what its slots mean, "
-        "so the saved records would read back wrong in this model (a larger capacity is "
-        f"fine, a smaller one would lose values). {_FIX_DECLARE}")
+      f"the checkpoint at {path} was declared differently from the model: "
+      + "; ".join(declaration_lines[:8])
+      + (" ..." if len(declaration_lines) > 8 else "")
+      + ". Why: a buffer's overflow policy, value shape and dtype say what its slots mean, "
+      "so the saved records would read back wrong in this model (a larger capacity is "
+      f"fine, a smaller one would lose values). {_FIX_DECLARE}"
+    )
   expected, target = {}, {}
   for key, variable in variables.items():
     value = _saved_form(_compat.variable_value(variable))
@@ -342,45 +358,63 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   if missing or extra or differ:
     lines = []
     if differ:
-      lines.append("different shape/dtype: " + "; ".join(
+      lines.append(
+        "different shape/dtype: "
+        + "; ".join(
           f"{'/'.join(k)} saved {_describe(*saved[k])} vs model {_describe(*expected[k])}"
-          for k in differ[:8]) + (" ..." if len(differ) > 8 else ""))
+          for k in differ[:8]
+        )
+        + (" ..." if len(differ) > 8 else "")
+      )
     if missing:
-      lines.append("in the model but not saved: " + ", ".join("/".join(k) for k in missing[:8])
-                   + (" ..." if len(missing) > 8 else ""))
+      lines.append(
+        "in the model but not saved: "
+        + ", ".join("/".join(k) for k in missing[:8])
+        + (" ..." if len(missing) > 8 else "")
+      )
     if extra:
-      lines.append("saved but not in the model: " + ", ".join("/".join(k) for k in extra[:8])
-                   + (" ..." if len(extra) > 8 else ""))
+      lines.append(
+        "saved but not in the model: "
+        + ", ".join("/".join(k) for k in extra[:8])
+        + (" ..." if len(extra) > 8 else "")
+      )
     raise CheckpointError(
-        f"the checkpoint at {path} does not match the model's structure: "
-        + "; ".join(lines) + ". Why: restoring writes into the model's existing Variables "
-        "(NNX loops need them unchanged), so every saved array must find a Variable of the "
-        f"same shape and dtype. {_FIX_DECLARE}")
+      f"the checkpoint at {path} does not match the model's structure: "
+      + "; ".join(lines)
+      + ". Why: restoring writes into the model's existing Variables "
+      "(NNX loops need them unchanged), so every saved array must find a Variable of the "
+      f"same shape and dtype. {_FIX_DECLARE}"
+    )
   try:
     raw = traverse_util.flatten_dict(
-        checkpointer.restore(path, traverse_util.unflatten_dict(target)))
+      checkpointer.restore(path, traverse_util.unflatten_dict(target))
+    )
   except Exception as error:  # orbax/tensorstore raise many types for damaged data
     raise _damaged(path, "orbax cannot read its arrays", error) from error
   restored: dict[tuple[str, ...], tp.Any] = {tuple(map(str, k)): v for k, v in raw.items()}
-  unread = sorted("/".join(k) for k in expected
-                  if restored.get(k) is None or tuple(np.shape(restored[k])) != expected[k][0])
+  unread = sorted(
+    "/".join(k)
+    for k in expected
+    if restored.get(k) is None or tuple(np.shape(restored[k])) != expected[k][0]
+  )
   if unread:
     raise _damaged(path, "orbax returned no data for " + ", ".join(unread[:8]))
   for key in sorted(grown):
     saved_capacity = saved_declaration[key]["capacity"]
     buffer_key = tuple(key.split("/"))
     i = buffer_key.index(_recorder.BUFFERS_ATTR)
-    count_key = (*buffer_key[:i], _recorder.COUNTS_ATTR, *buffer_key[i + 1:])
+    count_key = (*buffer_key[:i], _recorder.COUNTS_ATTR, *buffer_key[i + 1 :])
     count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
     if count > saved_capacity:
       raise CheckpointError(
-          f"the checkpoint at {path} cannot be restored into a larger capacity: buffer {key} "
-          f"(overflow={saved_declaration[key]['overflow']!r}) had {count} values sown into "
-          f"capacity {saved_capacity}, so {count - saved_capacity} of them are not in the "
-          f"checkpoint, and a buffer of capacity {_declaration(variables)[key]['capacity']} "
-          "would present the missing ones as recorded. Fix: restore into a model declared "
-          f"with capacity {saved_capacity} for this site (then lb.preallocate a larger one, "
-          "or lb.reset between runs).")
+        f"the checkpoint at {path} cannot be restored into a larger capacity: buffer {key} "
+        f"(overflow={saved_declaration[key]['overflow']!r}) had {count} values sown into "
+        f"capacity {saved_capacity}, so {count - saved_capacity} of them are not in the "
+        f"checkpoint, and a buffer of capacity {_declaration(variables)[key]['capacity']} "
+        "would present the missing ones as recorded. Fix: restore into a model declared "
+        f"with capacity {saved_capacity} for this site (then lb.preallocate a larger one, "
+        "or lb.reset between runs)."
+      )
   for key, variable in variables.items():
     value = restored[key]
     current = _compat.variable_value(variable)
@@ -399,13 +433,15 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
 
 # ---------------------------------------------------------------- existing Linen variables
 
+
 def _plain_variables(variables: tp.Any, what: str) -> dict[str, tp.Any]:
   from flax.core import FrozenDict, unfreeze
 
   if not isinstance(variables, tp.Mapping):
     raise CheckpointError(
-        f"{what} needs a Linen variables dict like linen.init returns "
-        f"({{'params': {{...}}, ...}}), got {type(variables).__name__}.")
+      f"{what} needs a Linen variables dict like linen.init returns "
+      f"({{'params': {{...}}, ...}}), got {type(variables).__name__}."
+    )
   return unfreeze(variables) if isinstance(variables, FrozenDict) else dict(variables)
 
 
@@ -420,7 +456,8 @@ def _unbox(value: tp.Any) -> tp.Any:
 
 def _unboxed_leaves(tree: tp.Any) -> dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]]:
   flat = traverse_util.flatten_dict(
-      dict(tree), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple)))
+    dict(tree), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
+  )
   out = {}
   for path, value in flat.items():
     if isinstance(value, tuple):  # a sown record, not state
@@ -439,9 +476,13 @@ def _check_linen_structure(given: dict, expected: dict, what: str, module_name: 
     return
   lines = []
   if differ:
-    lines.append("different shape/dtype: " + "; ".join(
+    lines.append(
+      "different shape/dtype: "
+      + "; ".join(
         f"{'/'.join(k)} given {_describe(*have[k])} vs module {_describe(*want[k])}"
-        for k in differ[:8]))
+        for k in differ[:8]
+      )
+    )
   if missing:
     lines.append("missing: " + ", ".join("/".join(k) for k in missing[:8]))
   if extra:
@@ -450,23 +491,31 @@ def _check_linen_structure(given: dict, expected: dict, what: str, module_name: 
   if "params" not in given and any(k[0] == "params" and k[1] in given for k in want):
     hint = " (it looks like a bare params tree: pass {'params': params})"
   raise CheckpointError(
-      f"{what}: the variables do not match what {module_name} creates for these sample "
-      f"arguments{hint}: " + "; ".join(lines) + ". Why: the variables are used as they are, "
-      "without initializing, so they must have exactly the module's structure. Fix: pass the "
-      "dict linen.init (or the Linen checkpoint) produced for this module, with sample "
-      "arguments of the shapes it was initialized with.")
+    f"{what}: the variables do not match what {module_name} creates for these sample "
+    f"arguments{hint}: " + "; ".join(lines) + ". Why: the variables are used as they are, "
+    "without initializing, so they must have exactly the module's structure. Fix: pass the "
+    "dict linen.init (or the Linen checkpoint) produced for this module, with sample "
+    "arguments of the shapes it was initialized with."
+  )
 
 
 _NO_CAPACITY_HERE = (
-    "lb.checkpoint.from_linen_variables takes no {name}=: it builds the model around existing "
-    "variables, and buffers are declared where every other model declares them. Why: one "
-    "place declares capacity, so a model is recorded the same way however it was built. Fix: "
-    "model = lb.checkpoint.from_linen_variables(module, variables, *args), then "
-    "lb.preallocate(model, *args, {name}=...).")
+  "lb.checkpoint.from_linen_variables takes no {name}=: it builds the model around existing "
+  "variables, and buffers are declared where every other model declares them. Why: one "
+  "place declares capacity, so a model is recorded the same way however it was built. Fix: "
+  "model = lb.checkpoint.from_linen_variables(module, variables, *args), then "
+  "lb.preallocate(model, *args, {name}=...)."
+)
 
 
-def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *args: tp.Any,
-                         rngs: tp.Any = None, method: tp.Any = None, **kwargs: tp.Any) -> ToNNX:
+def from_linen_variables(
+  module: tp.Any,
+  variables: tp.Mapping[str, tp.Any],
+  *args: tp.Any,
+  rngs: tp.Any = None,
+  method: tp.Any = None,
+  **kwargs: tp.Any,
+) -> ToNNX:
   """Wrap a Linen module around variables that already exist, without initializing.
 
   The variables (from `linen.init`, a Linen checkpoint, or a converted model) become the
@@ -517,15 +566,20 @@ def from_linen_variables(module: tp.Any, variables: tp.Mapping[str, tp.Any], *ar
   # sowed (intermediates included, hence mutable=True) declares the buffers.
   capture = _pipeline.bridge_settings(model).capture_intermediates
   with _observe_linen.observe() as calls:
-    expected = jax.eval_shape(lambda: module.init(
-        rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs))
+    expected = jax.eval_shape(
+      lambda: module.init(
+        rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs
+      )
+    )
   found = _observe_linen.classify(expected, calls)
   expected = _without(expected, found.record_paths)
   # Collections linen.init returns but the user may have dropped (e.g. sown 'intermediates'
   # records) are not state; compare only collections that hold state.
   variables = _without(variables, found.record_paths)
   variables = {col: tree for col, tree in variables.items() if tree}
-  _check_linen_structure(variables, expected, "lb.checkpoint.from_linen_variables", type(module).__name__)
+  _check_linen_structure(
+    variables, expected, "lb.checkpoint.from_linen_variables", type(module).__name__
+  )
   # The arrays are used as given (e.g. host-loaded): partitioning stays metadata, and the
   # standard NNX recipe (nnx.get_partition_spec + device_put) places them.
   with _compat.no_eager_sharding():
@@ -572,9 +626,10 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Mo
   """
   if not isinstance(model, ToNNX) or _recorder.sites_of(model) is None:
     raise NotDeclaredError(
-        "lb.checkpoint.load_linen_variables needs an lb.ToNNX after lb.lazy_init (it writes into the "
-        "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
-        "build the model directly with lb.checkpoint.from_linen_variables(module, variables, *args).")
+      "lb.checkpoint.load_linen_variables needs an lb.ToNNX after lb.lazy_init (it writes into the "
+      "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
+      "build the model directly with lb.checkpoint.from_linen_variables(module, variables, *args)."
+    )
   variables = _plain_variables(variables, "lb.checkpoint.load_linen_variables")
   attrs = _linen_vars.attrs(model)
   current = bridge_variables.nnx_attrs_to_linen_vars(attrs)
@@ -583,17 +638,22 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Mo
   differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
   if unknown or differ:
     detail = "; ".join(
-        [f"{'/'.join(k)} given {_describe(*have[k])} vs model {_describe(*want[k])}"
-         for k in differ[:8]]
-        + ([("not in the model: " + ", ".join("/".join(k) for k in unknown[:8]))]
-           if unknown else []))
+      [
+        f"{'/'.join(k)} given {_describe(*have[k])} vs model {_describe(*want[k])}"
+        for k in differ[:8]
+      ]
+      + ([("not in the model: " + ", ".join("/".join(k) for k in unknown[:8]))] if unknown else [])
+    )
     raise CheckpointError(
-        f"lb.checkpoint.load_linen_variables: the variables do not fit the model: {detail}. Why: values "
-        "are written into the existing Variables, which keep their shapes for NNX loops. Fix: "
-        "initialize the model with sample arguments of the shapes the variables were made "
-        "for, or build it with lb.checkpoint.from_linen_variables(module, variables, *args).")
+      f"lb.checkpoint.load_linen_variables: the variables do not fit the model: {detail}. "
+      "Why: values "
+      "are written into the existing Variables, which keep their shapes for NNX loops. Fix: "
+      "initialize the model with sample arguments of the shapes the variables were made "
+      "for, or build it with lb.checkpoint.from_linen_variables(module, variables, *args)."
+    )
   flat = traverse_util.flatten_dict(
-      dict(variables), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple)))
+    dict(variables), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
+  )
   for path, value in flat.items():
     if isinstance(value, tuple):
       continue

@@ -57,70 +57,114 @@ class CliError(Exception):
 # ----------------------------------------------------------------------------- parsing
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog="loopbridge",
-      description="Tools for moving Flax Linen models to NNX loops with loopbridge.")
+    prog="loopbridge",
+    description="Tools for moving Flax Linen models to NNX loops with loopbridge.",
+  )
   commands = parser.add_subparsers(dest="command", metavar="COMMAND")
   commands.required = True
   p = commands.add_parser(
-      "inspect", help="show a Linen model's sow sites, buffer memory and a live loop check",
-      description=(
-          "Wrap a Linen model with lb.ToNNX, list its sow sites (shapes, sows per call, "
-          "enclosing nn.scan/nn.vmap), sows Linen drops, buffer memory and parameter sizes, "
-          "then run it in a jitted nnx.while_loop with stock flax.nnx.bridge.ToNNX (and "
-          "explain why that fails) and with lb.ToNNX (counting what it recorded)."),
-      epilog=(
-          "TARGET is package.module:attribute where attribute is a Linen module instance, a "
-          "Linen module class with no required fields, or a function taking no arguments "
-          "that returns one. Without TARGET: a built-in MLP (a sow at the top level and "
-          "inside nn.scan; width 100, depth 3; input float32[1,100]). Inputs: floats are "
-          "standard normal (seeded), integers zeros, bools True. Exit status: 0 ok, 1 the "
-          "target or model failed, 2 malformed command line."))
-  p.add_argument("target", nargs="?", metavar="TARGET",
-                 help="package.module:attribute (default: a built-in MLP that sows)")
-  p.add_argument("--arg", action="append", default=None, metavar="SPEC", dest="args",
-                 help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]', "
-                      "'int32[1,16]', 'bool[]'; repeat for each input")
-  p.add_argument("--method", default=None,
-                 help="the Linen method to call (default: __call__)")
-  p.add_argument("--capture", default=None, metavar="FILTER",
-                 help="also record submodule outputs (Linen capture_intermediates): 'all' for "
-                      "every submodule's __call__, or module class names, comma-separated "
-                      "(e.g. 'EncoderBlock,Dense'); for models that never call sow")
-  p.add_argument("--capacity", type=_positive_int, default=None,
-                 help="values each sow buffer holds (default: --steps)")
-  p.add_argument("--steps", type=_positive_int, default=5,
-                 help="loop steps of the live check (default: 5)")
+    "inspect",
+    help="show a Linen model's sow sites, buffer memory and a live loop check",
+    description=(
+      "Wrap a Linen model with lb.ToNNX, list its sow sites (shapes, sows per call, "
+      "enclosing nn.scan/nn.vmap), sows Linen drops, buffer memory and parameter sizes, "
+      "then run it in a jitted nnx.while_loop with stock flax.nnx.bridge.ToNNX (and "
+      "explain why that fails) and with lb.ToNNX (counting what it recorded)."
+    ),
+    epilog=(
+      "TARGET is package.module:attribute where attribute is a Linen module instance, a "
+      "Linen module class with no required fields, or a function taking no arguments "
+      "that returns one. Without TARGET: a built-in MLP (a sow at the top level and "
+      "inside nn.scan; width 100, depth 3; input float32[1,100]). Inputs: floats are "
+      "standard normal (seeded), integers zeros, bools True. Exit status: 0 ok, 1 the "
+      "target or model failed, 2 malformed command line."
+    ),
+  )
+  p.add_argument(
+    "target",
+    nargs="?",
+    metavar="TARGET",
+    help="package.module:attribute (default: a built-in MLP that sows)",
+  )
+  p.add_argument(
+    "--arg",
+    action="append",
+    default=None,
+    metavar="SPEC",
+    dest="args",
+    help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]', "
+    "'int32[1,16]', 'bool[]'; repeat for each input",
+  )
+  p.add_argument("--method", default=None, help="the Linen method to call (default: __call__)")
+  p.add_argument(
+    "--capture",
+    default=None,
+    metavar="FILTER",
+    help="also record submodule outputs (Linen capture_intermediates): 'all' for "
+    "every submodule's __call__, or module class names, comma-separated "
+    "(e.g. 'EncoderBlock,Dense'); for models that never call sow",
+  )
+  p.add_argument(
+    "--capacity",
+    type=_positive_int,
+    default=None,
+    help="values each sow buffer holds (default: --steps)",
+  )
+  p.add_argument(
+    "--steps", type=_positive_int, default=5, help="loop steps of the live check (default: 5)"
+  )
   p.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
   p.add_argument("--json", action="store_true", help="print one JSON document instead")
   p.add_argument("--debug", action="store_true", help="show tracebacks of failures")
   c = commands.add_parser(
-      "compare", help="find the first module where an NNX port diverges from its Linen original",
-      description=(
-          "Run a Linen model (OLD_TARGET) and its NNX port (NEW_TARGET) on the same sample "
-          "inputs, record every module call on both sides, align them and print where the "
-          "port first diverges (lb.compare)."),
-      epilog=(
-          "OLD_TARGET is package.module:attribute naming a Linen module instance, a Linen "
-          "module class with no required fields, or a function taking no arguments that "
-          "returns one; its params are initialized with --seed. NEW_TARGET names an NNX "
-          "module instance, or a class or function building one from no arguments or from "
-          "`rngs` alone. With --weights linen (default) the port receives the Linen params: "
-          "its attributes must be named like the Linen submodules (self.Dense_0 = "
-          "nnx.Linear(...); a list self.layers[0] matches Linen's layers_0). --weights random "
-          "keeps the port's own initialization (to check structure and shapes only). Exit "
-          "status: 0 the port agrees; 1 a divergence was found, or a target or model failed "
-          "(the message says which); 2 malformed command line."))
+    "compare",
+    help="find the first module where an NNX port diverges from its Linen original",
+    description=(
+      "Run a Linen model (OLD_TARGET) and its NNX port (NEW_TARGET) on the same sample "
+      "inputs, record every module call on both sides, align them and print where the "
+      "port first diverges (lb.compare)."
+    ),
+    epilog=(
+      "OLD_TARGET is package.module:attribute naming a Linen module instance, a Linen "
+      "module class with no required fields, or a function taking no arguments that "
+      "returns one; its params are initialized with --seed. NEW_TARGET names an NNX "
+      "module instance, or a class or function building one from no arguments or from "
+      "`rngs` alone. With --weights linen (default) the port receives the Linen params: "
+      "its attributes must be named like the Linen submodules (self.Dense_0 = "
+      "nnx.Linear(...); a list self.layers[0] matches Linen's layers_0). --weights random "
+      "keeps the port's own initialization (to check structure and shapes only). Exit "
+      "status: 0 the port agrees; 1 a divergence was found, or a target or model failed "
+      "(the message says which); 2 malformed command line."
+    ),
+  )
   c.add_argument("old", metavar="OLD_TARGET", help="the Linen original: package.module:attribute")
   c.add_argument("new", metavar="NEW_TARGET", help="the NNX port: package.module:attribute")
-  c.add_argument("--arg", action="append", default=None, metavar="SPEC", dest="args",
-                 help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]'; "
-                      "repeat for each input")
-  c.add_argument("--weights", choices=("linen", "random"), default="linen",
-                 help="the port's params: the Linen model's (default) or its own")
-  c.add_argument("--rtol", type=_non_negative_float, default=None,
-                 help="relative tolerance (default: per dtype, float32 1e-5)")
-  c.add_argument("--atol", type=_non_negative_float, default=None,
-                 help="absolute tolerance (default: per dtype, float32 1e-5)")
+  c.add_argument(
+    "--arg",
+    action="append",
+    default=None,
+    metavar="SPEC",
+    dest="args",
+    help="a sample positional input as DTYPE[DIMS], e.g. 'float32[1,100]'; repeat for each input",
+  )
+  c.add_argument(
+    "--weights",
+    choices=("linen", "random"),
+    default="linen",
+    help="the port's params: the Linen model's (default) or its own",
+  )
+  c.add_argument(
+    "--rtol",
+    type=_non_negative_float,
+    default=None,
+    help="relative tolerance (default: per dtype, float32 1e-5)",
+  )
+  c.add_argument(
+    "--atol",
+    type=_non_negative_float,
+    default=None,
+    help="absolute tolerance (default: per dtype, float32 1e-5)",
+  )
   c.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
   c.add_argument("--json", action="store_true", help="print the report as one JSON document")
   c.add_argument("--debug", action="store_true", help="show tracebacks of failures")
@@ -166,31 +210,37 @@ def parse_arg_spec(text: str) -> ArgSpec:
   match = _ARG_RE.match(text)
   if match is None:
     raise CliError(
-        f"--arg {text!r}: expected DTYPE[DIM,...] such as 'float32[1,100]', 'int32[1,16]' "
-        "or 'bool[]' (a scalar)", USAGE_ERROR)
+      f"--arg {text!r}: expected DTYPE[DIM,...] such as 'float32[1,100]', 'int32[1,16]' "
+      "or 'bool[]' (a scalar)",
+      USAGE_ERROR,
+    )
   name, dims = match.groups()
   try:
     dtype = jnp.dtype(name)
   except TypeError:
     raise CliError(
-        f"--arg {text!r}: unknown dtype {name!r}; use a NumPy/JAX dtype name such as "
-        "float32, bfloat16, int32 or bool", USAGE_ERROR) from None
+      f"--arg {text!r}: unknown dtype {name!r}; use a NumPy/JAX dtype name such as "
+      "float32, bfloat16, int32 or bool",
+      USAGE_ERROR,
+    ) from None
   if dtype.itemsize == 8 and dtype.kind in "fiuc" and not jax.config.read("jax_enable_x64"):
     raise CliError(
-        f"--arg {text!r}: {name} needs 64-bit JAX (set JAX_ENABLE_X64=1), or use the 32-bit "
-        "type", USAGE_ERROR)
+      f"--arg {text!r}: {name} needs 64-bit JAX (set JAX_ENABLE_X64=1), or use the 32-bit type",
+      USAGE_ERROR,
+    )
   try:  # e.g. object, str, datetime: NumPy dtypes no JAX array can have
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
       jnp.zeros((0,), dtype)
   except TypeError as e:
     raise CliError(
-        f"--arg {text!r}: JAX arrays cannot have dtype {name!r} ({_first_line(e)}); use a "
-        "number or bool dtype such as float32, bfloat16, int32 or bool", USAGE_ERROR) from None
+      f"--arg {text!r}: JAX arrays cannot have dtype {name!r} ({_first_line(e)}); use a "
+      "number or bool dtype such as float32, bfloat16, int32 or bool",
+      USAGE_ERROR,
+    ) from None
   pieces = [d.strip() for d in dims.split(",")] if dims.strip() else []
   if any(not p for p in pieces):
-    raise CliError(f"--arg {text!r}: empty dimension; write e.g. 'float32[1,100]'",
-                   USAGE_ERROR)
+    raise CliError(f"--arg {text!r}: empty dimension; write e.g. 'float32[1,100]'", USAGE_ERROR)
   return ArgSpec(dtype.name, tuple(int(p) for p in pieces))
 
 
@@ -215,19 +265,29 @@ def sample_inputs(specs: tp.Sequence[ArgSpec], seed: int) -> list[tp.Any]:
 
 # ----------------------------------------------------------------------------- target
 def _required_fields(cls: type) -> list[str]:
-  return [f.name for f in dataclasses.fields(cls)
-          if f.init and f.name not in ("parent", "name")
-          and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+  return [
+    f.name
+    for f in dataclasses.fields(cls)
+    if f.init
+    and f.name not in ("parent", "name")
+    and f.default is dataclasses.MISSING
+    and f.default_factory is dataclasses.MISSING
+  ]
 
 
 def _resolve(target: str, what: str = "TARGET") -> tp.Any:
   """Import `package.module:attr` and return the attribute (CliError otherwise)."""
   module_name, sep, attr = target.partition(":")
-  if not sep or not module_name or not attr or not all(
-      part.isidentifier() for part in module_name.split(".") + attr.split(".")):
+  if (
+    not sep
+    or not module_name
+    or not attr
+    or not all(part.isidentifier() for part in module_name.split(".") + attr.split("."))
+  ):
     raise CliError(
-        f"{what} {target!r} is not of the form package.module:attribute "
-        "(e.g. mypackage.models:MLP)", USAGE_ERROR)
+      f"{what} {target!r} is not of the form package.module:attribute (e.g. mypackage.models:MLP)",
+      USAGE_ERROR,
+    )
   # Like `python -m`: modules of the current directory are importable.
   if os.getcwd() not in sys.path and "" not in sys.path:
     sys.path.insert(0, os.getcwd())
@@ -236,18 +296,19 @@ def _resolve(target: str, what: str = "TARGET") -> tp.Any:
   except ModuleNotFoundError as e:
     if e.name and module_name.startswith(e.name):
       raise CliError(
-          f"cannot import module {module_name!r} ({e}); is its directory on PYTHONPATH "
-          "or the current directory?") from e
+        f"cannot import module {module_name!r} ({e}); is its directory on PYTHONPATH "
+        "or the current directory?"
+      ) from e
     raise CliError(f"importing {module_name!r} failed: {type(e).__name__}: {e}") from e
   except Exception as e:  # the module itself raised while importing
-    raise CliError(f"importing {module_name!r} failed: {type(e).__name__}: "
-                   f"{_first_line(e)}") from e
+    raise CliError(f"importing {module_name!r} failed: {type(e).__name__}: {_first_line(e)}") from e
   except SystemExit as e:  # e.g. a script's unguarded `sys.exit(main())`: not a model
     raise CliError(
-        f"importing {module_name!r} called sys.exit({e.code!r}), so it defines no model to "
-        "inspect. Fix: guard the script part of that module with "
-        "`if __name__ == \"__main__\":`, or point TARGET at a module that only defines the "
-        "model") from None
+      f"importing {module_name!r} called sys.exit({e.code!r}), so it defines no model to "
+      "inspect. Fix: guard the script part of that module with "
+      '`if __name__ == "__main__":`, or point TARGET at a module that only defines the '
+      "model"
+    ) from None
   obj: tp.Any = module
   for part in attr.split("."):
     if not hasattr(obj, part):
@@ -268,33 +329,39 @@ def load_target(target: str, command: str = "inspect", what: str = "TARGET") -> 
     missing = _required_fields(obj)
     if missing:
       raise CliError(
-          f"{where} is the Linen module class {obj.__name__}, which has required fields "
-          f"({', '.join(missing)}); point TARGET at an instance or at a function taking no "
-          "arguments that builds one")
+        f"{where} is the Linen module class {obj.__name__}, which has required fields "
+        f"({', '.join(missing)}); point TARGET at an instance or at a function taking no "
+        "arguments that builds one"
+      )
     try:
       return obj()
     except Exception as e:
-      raise CliError(f"{where}: {obj.__name__}() failed: {type(e).__name__}: "
-                     f"{_first_line(e)}") from e
+      raise CliError(
+        f"{where}: {obj.__name__}() failed: {type(e).__name__}: {_first_line(e)}"
+      ) from e
   if isinstance(obj, nnx.Module) or (isinstance(obj, type) and issubclass(obj, nnx.Module)):
     raise CliError(
-        f"{where} is an NNX module; loopbridge {command} takes a Linen module"
-        + (" (the model it wraps with lb.ToNNX)" if command == "inspect" else
-           f" as {what}"))
+      f"{where} is an NNX module; loopbridge {command} takes a Linen module"
+      + (" (the model it wraps with lb.ToNNX)" if command == "inspect" else f" as {what}")
+    )
   if callable(obj) and not isinstance(obj, type):
     try:
       signature = pyinspect.signature(obj)
     except (TypeError, ValueError):
       signature = None
     if signature is not None:
-      required = [p.name for p in signature.parameters.values()
-                  if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY,
-                                                         p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+      required = [
+        p.name
+        for p in signature.parameters.values()
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+      ]
       if required:
         raise CliError(
-            f"{where} is a function with required parameters ({', '.join(required)}); "
-            "TARGET must be a Linen module, a Linen module class, or a function taking no "
-            "arguments")
+          f"{where} is a function with required parameters ({', '.join(required)}); "
+          "TARGET must be a Linen module, a Linen module class, or a function taking no "
+          "arguments"
+        )
     try:
       result = obj()
     except Exception as e:
@@ -303,20 +370,22 @@ def load_target(target: str, command: str = "inspect", what: str = "TARGET") -> 
       raise CliError(f"{where} returned a {type(result).__name__}, not a Linen module")
     return result
   raise CliError(
-      f"{where} is a {type(obj).__name__}, not a Linen module, a Linen module class or a "
-      "function taking no arguments")
+    f"{where} is a {type(obj).__name__}, not a Linen module, a Linen module class or a "
+    "function taking no arguments"
+  )
 
 
 def _first_line(error: BaseException, limit: int = 300) -> str:
   text = str(error).strip().splitlines()
   line = text[0] if text else ""
-  return line if len(line) <= limit else line[:limit - 3] + "..."
+  return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # ----------------------------------------------------------------------------- progress
 @contextlib.contextmanager
-def progress(label: str, stream: tp.TextIO | None = None,
-             delay: float | None = None) -> tp.Iterator[None]:
+def progress(
+  label: str, stream: tp.TextIO | None = None, delay: float | None = None
+) -> tp.Iterator[None]:
   """Note on stderr what is running if it takes longer than `delay` seconds.
 
   On a terminal the note is a live timer erased when done; otherwise one line.
@@ -371,8 +440,9 @@ def _parameter_sizes(model: tp.Any) -> dict[str, dict[str, int]]:
     value = _compat.variable_value(node)
     if not hasattr(value, "shape"):
       continue
-    entry = sizes.setdefault(_compat.collection_name(type(node)),
-                             {"arrays": 0, "values": 0, "bytes": 0})
+    entry = sizes.setdefault(
+      _compat.collection_name(type(node)), {"arrays": 0, "values": 0, "bytes": 0}
+    )
     entry["arrays"] += 1
     entry["values"] += int(math.prod(value.shape))
     entry["bytes"] += int(math.prod(value.shape)) * value.dtype.itemsize
@@ -389,6 +459,7 @@ def _loop_runner(steps: int, call: tp.Callable[[tp.Any, tp.Sequence[tp.Any]], tp
       model, i = carry
       call(model, inputs)
       return model, i + 1
+
     return body
 
   # Donated as the README recommends: the buffers are written in place, so the "next call"
@@ -397,16 +468,24 @@ def _loop_runner(steps: int, call: tp.Callable[[tp.Any, tp.Sequence[tp.Any]], tp
   def run(model, *inputs):
     def cond(carry):
       return carry[1] < steps
+
     return nnx.while_loop(cond, make_body(inputs), (model, jnp.asarray(0, jnp.int32)))
 
   return make_body, run
 
 
-def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any],
-                 steps: int, seed: int, sows: bool) -> dict[str, tp.Any]:
+def _stock_check(
+  module: tp.Any,
+  inputs: list[tp.Any],
+  call_kwargs: dict[str, tp.Any],
+  steps: int,
+  seed: int,
+  sows: bool,
+) -> dict[str, tp.Any]:
   """Stock `flax.nnx.bridge.ToNNX` in the loop, called the way a user calls it for this model.
 
-  A user passes `mutable=True` when the model sows (stock drops sows otherwise) or keeps other collections it updates (`batch_stats`, a cache); a model with only
+  A user passes `mutable=True` when the model sows (stock drops sows otherwise) or keeps
+  other collections it updates (`batch_stats`, a cache); a model with only
   params is called plainly, and then the stock wrapper runs in the loop as well.
   """
   import jax.numpy as jnp
@@ -417,9 +496,15 @@ def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp
 
   from . import _linen_vars
 
-  result: dict[str, tp.Any] = {"wrapper": "flax.nnx.bridge.ToNNX", "ok": False, "error": None,
-                               "explain": None, "explain_text": None, "model_sows": sows,
-                               "mutable": None}
+  result: dict[str, tp.Any] = {
+    "wrapper": "flax.nnx.bridge.ToNNX",
+    "ok": False,
+    "error": None,
+    "explain": None,
+    "explain_text": None,
+    "model_sows": sows,
+    "mutable": None,
+  }
   try:
     stock = bridge.ToNNX(module, rngs=nnx.Rngs(seed))
     bridge.lazy_init(stock, *inputs, **call_kwargs)
@@ -454,8 +539,9 @@ def _stock_check(module: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp
   return result
 
 
-def _loopbridge_check(model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any],
-                      steps: int) -> dict[str, tp.Any]:
+def _loopbridge_check(
+  model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any], steps: int
+) -> dict[str, tp.Any]:
   """`lb.ToNNX` in the same loop: timings and what each site recorded."""
   import loopbridge as lb
 
@@ -490,10 +576,14 @@ def _loopbridge_check(model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str
     n = int(n)
     assert site.capacity is not None  # every site of a declared model has its capacity
     recorded[f"{site.collection}/{site.label}"] = {
-        "sown": n, "kept": min(n, site.capacity), "capacity": site.capacity,
-        "value_shape": list(site.shape)}
-  result.update(ok=True, steps_run=steps_run, first_call_s=first, next_call_s=again,
-                recorded=recorded)
+      "sown": n,
+      "kept": min(n, site.capacity),
+      "capacity": site.capacity,
+      "value_shape": list(site.shape),
+    }
+  result.update(
+    ok=True, steps_run=steps_run, first_call_s=first, next_call_s=again, recorded=recorded
+  )
   return result
 
 
@@ -514,8 +604,11 @@ class CaptureFilter:
   def __init__(self, text: str):
     names = [n.strip() for n in text.split(",")]
     if not text.strip() or not all(n.isidentifier() for n in names):
-      raise CliError(f"--capture {text!r}: expected 'all' or module class names separated by "
-                     "commas, e.g. --capture EncoderBlock,Dense", code=USAGE_ERROR)
+      raise CliError(
+        f"--capture {text!r}: expected 'all' or module class names separated by "
+        "commas, e.g. --capture EncoderBlock,Dense",
+        code=USAGE_ERROR,
+      )
     self.text = text
     self.names = None if names == ["all"] else set(names)
     self.seen: set[str] = set()
@@ -535,15 +628,25 @@ class CaptureFilter:
     missing = sorted(self.names - self.seen)
     if missing:
       raise CliError(
-          f"--capture {self.text!r}: no module of class {', '.join(missing)} runs in this call, "
-          f"so nothing would be captured; the module classes that run are: "
-          f"{', '.join(sorted(self.seen)) or 'none'}. Fix: name one of them, or --capture all",
-          code=USAGE_ERROR)
+        f"--capture {self.text!r}: no module of class {', '.join(missing)} runs in this call, "
+        f"so nothing would be captured; the module classes that run are: "
+        f"{', '.join(sorted(self.seen)) or 'none'}. Fix: name one of them, or --capture all",
+        code=USAGE_ERROR,
+      )
 
 
-def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | None,
-                  capacity: int, steps: int, seed: int, target: str | None,
-                  description: str | None, capture: str | None = None) -> dict[str, tp.Any]:
+def inspect_model(
+  module: tp.Any,
+  specs: tp.Sequence[ArgSpec],
+  *,
+  method: str | None,
+  capacity: int,
+  steps: int,
+  seed: int,
+  target: str | None,
+  description: str | None,
+  capture: str | None = None,
+) -> dict[str, tp.Any]:
   """Everything `loopbridge inspect` reports, as one JSON-ready dict."""
   import flax
   import jax
@@ -556,8 +659,9 @@ def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | 
   call_kwargs = {"method": method} if method is not None else {}
   inputs = sample_inputs(specs, seed)
   capture_filter = CaptureFilter(capture) if capture is not None else None
-  model = lb.ToNNX(module, rngs=nnx.Rngs(seed),
-                   capture_intermediates=capture_filter if capture_filter else False)
+  model = lb.ToNNX(
+    module, rngs=nnx.Rngs(seed), capture_intermediates=capture_filter if capture_filter else False
+  )
   try:
     with progress("initializing the model"), warnings.catch_warnings():
       # Dropped sows are listed in the report itself.
@@ -566,9 +670,10 @@ def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | 
   except Exception as e:
     given = " ".join(f"--arg {s}" for s in specs) or "no inputs"
     raise CliError(
-        f"{type(module).__name__} cannot run on the given inputs ({given}"
-        f"{f', --method {method}' if method else ''}): {type(e).__name__}: {_first_line(e)}"
-        + ("" if specs else "; pass its inputs with --arg, e.g. --arg 'float32[1,16]'")) from e
+      f"{type(module).__name__} cannot run on the given inputs ({given}"
+      f"{f', --method {method}' if method else ''}): {type(e).__name__}: {_first_line(e)}"
+      + ("" if specs else "; pass its inputs with --arg, e.g. --arg 'float32[1,16]'")
+    ) from e
   sites = lb.sow_sites(model)
   captured: set[tuple[str, ...]] = set()
   if capture_filter is not None:
@@ -577,18 +682,26 @@ def inspect_model(module: tp.Any, specs: tp.Sequence[ArgSpec], *, method: str | 
   model_sows = any(s.sow_key not in captured for s in sites) or bool(sites.dropped)
   counts_bytes = 4 * len(sites)
   doc: dict[str, tp.Any] = {
-      "target": target, "description": description, "model": type(module).__name__,
-      "inputs": [str(s) for s in specs], "method": method, "capture": capture,
-      "capacity": capacity,
-      "steps": steps, "versions": {"flax": flax.__version__, "jax": jax.__version__},
-      "sow_sites": sites.to_dict(),
-      "buffer_memory": {"buffers_bytes": sites.buffer_bytes, "counts_bytes": counts_bytes,
-                        "total_bytes": sites.buffer_bytes + counts_bytes},
-      "parameters": _parameter_sizes(model),
+    "target": target,
+    "description": description,
+    "model": type(module).__name__,
+    "inputs": [str(s) for s in specs],
+    "method": method,
+    "capture": capture,
+    "capacity": capacity,
+    "steps": steps,
+    "versions": {"flax": flax.__version__, "jax": jax.__version__},
+    "sow_sites": sites.to_dict(),
+    "buffer_memory": {
+      "buffers_bytes": sites.buffer_bytes,
+      "counts_bytes": counts_bytes,
+      "total_bytes": sites.buffer_bytes + counts_bytes,
+    },
+    "parameters": _parameter_sizes(model),
   }
   doc["live_check"] = {
-      "stock": _stock_check(module, inputs, call_kwargs, steps, seed, model_sows),
-      "loopbridge": _loopbridge_check(model, inputs, call_kwargs, steps),
+    "stock": _stock_check(module, inputs, call_kwargs, steps, seed, model_sows),
+    "loopbridge": _loopbridge_check(model, inputs, call_kwargs, steps),
   }
   doc["sow_sites_table"] = sites.table()
   return doc
@@ -600,39 +713,51 @@ def render_text(doc: dict[str, tp.Any]) -> str:
 
   out = []
   what = doc["target"] or "(default)"
-  out.append(f"loopbridge inspect {what}: {doc['model']}"
-             + (f" — {doc['description']}" if doc["description"] else ""))
-  out.append(f"inputs: {', '.join(doc['inputs']) or 'none'}"
-             + (f"; method: {doc['method']}" if doc["method"] else "")
-             + (f"; capture: {doc['capture']}" if doc.get("capture") else "")
-             + f"; capacity {doc['capacity']}; flax {doc['versions']['flax']}, "
-             f"jax {doc['versions']['jax']}")
+  out.append(
+    f"loopbridge inspect {what}: {doc['model']}"
+    + (f" — {doc['description']}" if doc["description"] else "")
+  )
+  out.append(
+    f"inputs: {', '.join(doc['inputs']) or 'none'}"
+    + (f"; method: {doc['method']}" if doc["method"] else "")
+    + (f"; capture: {doc['capture']}" if doc.get("capture") else "")
+    + f"; capacity {doc['capacity']}; flax {doc['versions']['flax']}, "
+    f"jax {doc['versions']['jax']}"
+  )
   out.append("")
   out.append("Sow sites")
-  out.extend("  " + line if i == 0 else line
-             for i, line in enumerate(doc["sow_sites_table"].splitlines()))
+  out.extend(
+    "  " + line if i == 0 else line for i, line in enumerate(doc["sow_sites_table"].splitlines())
+  )
   if not doc["sow_sites"]["dropped"]:
     out.append("  dropped sows: none")
   mem = doc["buffer_memory"]
   n = len(doc["sow_sites"]["sites"])
   out.append("")
-  out.append(f"Buffer memory at capacity {doc['capacity']}: {format_bytes(mem['total_bytes'])} "
-             f"({n} buffer(s) {format_bytes(mem['buffers_bytes'])} + counts "
-             f"{format_bytes(mem['counts_bytes'])})")
+  out.append(
+    f"Buffer memory at capacity {doc['capacity']}: {format_bytes(mem['total_bytes'])} "
+    f"({n} buffer(s) {format_bytes(mem['buffers_bytes'])} + counts "
+    f"{format_bytes(mem['counts_bytes'])})"
+  )
   out.append("")
   out.append("Parameters and other variables")
-  rows = [(col, str(v["arrays"]), f"{v['values']:,}", format_bytes(v["bytes"]))
-          for col, v in doc["parameters"].items()]
-  out.append(format_table(("collection", "arrays", "values", "bytes"), rows) if rows
-             else "  none")
+  rows = [
+    (col, str(v["arrays"]), f"{v['values']:,}", format_bytes(v["bytes"]))
+    for col, v in doc["parameters"].items()
+  ]
+  out.append(format_table(("collection", "arrays", "values", "bytes"), rows) if rows else "  none")
   live = doc["live_check"]
   out.append("")
-  out.append(f"Live check: {doc['steps']} steps of a jitted nnx.while_loop calling the model "
-             "on the sample inputs")
+  out.append(
+    f"Live check: {doc['steps']} steps of a jitted nnx.while_loop calling the model "
+    "on the sample inputs"
+  )
   stock = live["stock"]
   if stock["ok"] and not stock.get("model_sows"):
-    out.append(f"  stock flax.nnx.bridge.ToNNX: ran {stock.get('steps_run')} steps (the model "
-               "does not sow) — stock bridge works; loopbridge adds recording")
+    out.append(
+      f"  stock flax.nnx.bridge.ToNNX: ran {stock.get('steps_run')} steps (the model "
+      "does not sow) — stock bridge works; loopbridge adds recording"
+    )
   elif stock["ok"]:
     out.append(f"  stock flax.nnx.bridge.ToNNX: ran {stock.get('steps_run')} steps")
   else:
@@ -643,21 +768,36 @@ def render_text(doc: dict[str, tp.Any]) -> str:
     out.extend("    " + line for line in stock["explain_text"].splitlines())
   ours = live["loopbridge"]
   if ours["ok"]:
-    out.append(f"  lb.ToNNX: ran {ours['steps_run']} steps; first call "
-               f"{ours['first_call_s']:.2f} s (trace + compile + run), next call "
-               f"{ours['next_call_s'] * 1e3:.1f} ms (run)")
-    rows = [(path, str(r["sown"]), str(r["kept"]), str(r["capacity"]),
-             "(" + ", ".join(map(str, r["value_shape"])) + ")")
-            for path, r in ours["recorded"].items()]
+    out.append(
+      f"  lb.ToNNX: ran {ours['steps_run']} steps; first call "
+      f"{ours['first_call_s']:.2f} s (trace + compile + run), next call "
+      f"{ours['next_call_s'] * 1e3:.1f} ms (run)"
+    )
+    rows = [
+      (
+        path,
+        str(r["sown"]),
+        str(r["kept"]),
+        str(r["capacity"]),
+        "(" + ", ".join(map(str, r["value_shape"])) + ")",
+      )
+      for path, r in ours["recorded"].items()
+    ]
     if rows:
-      out.append(format_table(("recorded site", "sown", "kept", "capacity", "value shape"),
-                              rows, indent="    "))
+      out.append(
+        format_table(
+          ("recorded site", "sown", "kept", "capacity", "value shape"), rows, indent="    "
+        )
+      )
       if any(r["sown"] > r["kept"] for r in ours["recorded"].values()):
-        out.append("    some sites sowed more than their capacity; raise --capacity to keep "
-                   "every value")
+        out.append(
+          "    some sites sowed more than their capacity; raise --capacity to keep every value"
+        )
     else:
-      out.append("    (the model sows nothing; record submodule outputs with --capture all or "
-                 "--capture CLASS)")
+      out.append(
+        "    (the model sows nothing; record submodule outputs with --capture all or "
+        "--capture CLASS)"
+      )
   else:
     out.append(f"  lb.ToNNX: FAILED  {ours['error']}")
   return "\n".join(out)
@@ -673,25 +813,37 @@ def load_nnx_target(target: str, seed: int) -> tp.Any:
   if isinstance(obj, nnx.Module):
     return obj
   if isinstance(obj, linen.Module) or (isinstance(obj, type) and issubclass(obj, linen.Module)):
-    raise CliError(f"{where} is a Linen module; loopbridge compare takes the NNX port as "
-                   "NEW_TARGET (the Linen original is OLD_TARGET)")
+    raise CliError(
+      f"{where} is a Linen module; loopbridge compare takes the NNX port as "
+      "NEW_TARGET (the Linen original is OLD_TARGET)"
+    )
   if not callable(obj):
-    raise CliError(f"{where} is a {type(obj).__name__}, not an NNX module, an NNX module class "
-                   "or a function building one")
+    raise CliError(
+      f"{where} is a {type(obj).__name__}, not an NNX module, an NNX module class "
+      "or a function building one"
+    )
   try:
     # NNX module classes construct through a metaclass taking (*args, **kwargs): read __init__.
     signature = pyinspect.signature(obj.__init__ if isinstance(obj, type) else obj)
   except (TypeError, ValueError):
     signature = None
-  required = [] if signature is None else [
-      p.name for p in signature.parameters.values()
-      if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                             p.KEYWORD_ONLY)]
+  required = (
+    []
+    if signature is None
+    else [
+      p.name
+      for p in signature.parameters.values()
+      if p.default is p.empty
+      and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+  )
   if isinstance(obj, type) and required[:1] == ["self"]:
     required = required[1:]
   if required and required != ["rngs"]:
-    raise CliError(f"{where} needs arguments ({', '.join(required)}); point NEW_TARGET at an "
-                   "instance, or at a class or function taking no arguments or only `rngs`")
+    raise CliError(
+      f"{where} needs arguments ({', '.join(required)}); point NEW_TARGET at an "
+      "instance, or at a class or function taking no arguments or only `rngs`"
+    )
   try:
     result = obj(rngs=nnx.Rngs(seed)) if required else obj()
   except Exception as e:
@@ -732,7 +884,7 @@ def _split_scanned(flat: dict[str, tp.Any], wanted: tp.Iterable[str]) -> None:
       match = re.fullmatch(r"(.+)_(\d+)", part)
       if match is None:
         continue
-      scanned = "/".join([*parts[:at], match.group(1), *parts[at + 1:]])
+      scanned = "/".join([*parts[:at], match.group(1), *parts[at + 1 :]])
       index = int(match.group(2))
       value = flat.get(scanned)
       if value is not None and np.ndim(value) >= 1 and index < np.shape(value)[0]:
@@ -743,9 +895,10 @@ def _split_scanned(flat: dict[str, tp.Any], wanted: tp.Iterable[str]) -> None:
     depth = np.shape(flat[key])[0]
     if len(indices) != depth:
       raise CliError(
-          f"cannot load the Linen params into NEW_TARGET: the Linen param {key!r} stacks "
-          f"{depth} layers (nn.scan) but the port's list has {len(indices)}; build the port "
-          "with as many layers")
+        f"cannot load the Linen params into NEW_TARGET: the Linen param {key!r} stacks "
+        f"{depth} layers (nn.scan) but the port's list has {len(indices)}; build the port "
+        "with as many layers"
+      )
     del flat[key]
 
 
@@ -763,11 +916,14 @@ def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
 
   from . import _compare, _compat
 
-  reference = {name: _linen_flat(tree) for name, tree in variables.items()
-               if isinstance(tree, tp.Mapping)}
-  hint = ("Name the port's attributes like the Linen submodules (self.Dense_0 = "
-          "nnx.Linear(...); a list self.layers[0] for Linen's layers_0), or run with --weights "
-          "random to compare structure and shapes only.")
+  reference = {
+    name: _linen_flat(tree) for name, tree in variables.items() if isinstance(tree, tp.Mapping)
+  }
+  hint = (
+    "Name the port's attributes like the Linen submodules (self.Dense_0 = "
+    "nnx.Linear(...); a list self.layers[0] for Linen's layers_0), or run with --weights "
+    "random to compare structure and shapes only."
+  )
   seen: set[int] = set()
   targets: dict[tuple[str, str], tuple[str, tp.Any]] = {}
   for path, node in _compat.iter_graph(port):
@@ -784,18 +940,21 @@ def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
   for collection, flat in reference.items():
     _split_scanned(flat, [key for col, key in targets if col == collection])
   params = reference.get("params", {})
-  missing = [shown for (col, key), (shown, _) in targets.items()
-             if col == "params" and key not in params]
+  missing = [
+    shown for (col, key), (shown, _) in targets.items() if col == "params" and key not in params
+  ]
   if missing:
     raise CliError(
-        f"cannot load the Linen params into NEW_TARGET: the port has a Param at "
-        f"{missing[0]!r} that the Linen model lacks ({len(missing)} such; Linen params: "
-        f"{', '.join(sorted(params)[:8])}{', ...' if len(params) > 8 else ''}). {hint}")
+      f"cannot load the Linen params into NEW_TARGET: the port has a Param at "
+      f"{missing[0]!r} that the Linen model lacks ({len(missing)} such; Linen params: "
+      f"{', '.join(sorted(params)[:8])}{', ...' if len(params) > 8 else ''}). {hint}"
+    )
   extra = [k for k in params if ("params", k) not in targets]
   if extra:
     raise CliError(
-        f"cannot load the Linen params into NEW_TARGET: the Linen param {extra[0]!r} has no "
-        f"Param in the port ({len(extra)} such). {hint}")
+      f"cannot load the Linen params into NEW_TARGET: the Linen param {extra[0]!r} has no "
+      f"Param in the port ({len(extra)} such). {hint}"
+    )
   loaded = 0
   for (collection, key), (shown, variable) in targets.items():
     if key not in reference[collection]:
@@ -803,10 +962,11 @@ def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
     old, new = _compat.variable_value(variable), reference[collection][key]
     if np.shape(old) != np.shape(new):
       raise CliError(
-          f"cannot load the Linen params into NEW_TARGET: {collection} {key!r} is "
-          f"{list(np.shape(new))} in the Linen model but {shown!r} is {list(np.shape(old))} in "
-          "the port; build the port with the same widths and depths (a transposed layout, "
-          "such as a kernel stored (out, in), has to be converted by hand).")
+        f"cannot load the Linen params into NEW_TARGET: {collection} {key!r} is "
+        f"{list(np.shape(new))} in the Linen model but {shown!r} is {list(np.shape(old))} in "
+        "the port; build the port with the same widths and depths (a transposed layout, "
+        "such as a kernel stored (out, in), has to be converted by hand)."
+      )
     _compat.set_variable_value(variable, jnp.asarray(new, getattr(old, "dtype", None)))
     loaded += 1
   return loaded
@@ -828,9 +988,10 @@ def run_compare(ns: argparse.Namespace) -> int:
       variables = module.init(jax.random.key(ns.seed), *inputs)
   except Exception as e:
     raise CliError(
-        f"OLD_TARGET {type(module).__name__} cannot run on the given inputs ({given}): "
-        f"{type(e).__name__}: {_first_line(e)}"
-        + ("" if specs else "; pass its inputs with --arg, e.g. --arg 'float32[1,16]'")) from e
+      f"OLD_TARGET {type(module).__name__} cannot run on the given inputs ({given}): "
+      f"{type(e).__name__}: {_first_line(e)}"
+      + ("" if specs else "; pass its inputs with --arg, e.g. --arg 'float32[1,16]'")
+    ) from e
   if ns.weights == "linen":
     load_linen_params(port, variables)
   try:
@@ -885,9 +1046,17 @@ def run_inspect(ns: argparse.Namespace) -> int:
     with progress("importing the model"):
       module = _default_model.default_model() if target is None else load_target(target)
     capacity = ns.capacity if ns.capacity is not None else ns.steps
-    doc = inspect_model(module, specs, method=ns.method, capacity=capacity, steps=ns.steps,
-                        seed=ns.seed, target=target, description=description,
-                        capture=ns.capture)
+    doc = inspect_model(
+      module,
+      specs,
+      method=ns.method,
+      capacity=capacity,
+      steps=ns.steps,
+      seed=ns.seed,
+      target=target,
+      description=description,
+      capture=ns.capture,
+    )
   if ns.json:
     doc = {k: v for k, v in doc.items() if k != "sow_sites_table"}
     print(json.dumps(doc, indent=2))
@@ -917,7 +1086,10 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
   except Exception as e:  # a bug or an unforeseen failure: still one line unless --debug
     if ns.debug:
       raise
-    print(f"loopbridge {ns.command}: error: unexpected {type(e).__name__}: {_first_line(e)} "
-          "(run again with --debug for the traceback)", file=sys.stderr)
+    print(
+      f"loopbridge {ns.command}: error: unexpected {type(e).__name__}: {_first_line(e)} "
+      "(run again with --debug for the traceback)",
+      file=sys.stderr,
+    )
     return FAILURE
   return 0

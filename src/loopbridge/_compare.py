@@ -63,12 +63,17 @@ _MAX_LISTED = 12  # calls listed in an error message before "... and N more"
 _SAMPLE_SIZE = 32
 _SAMPLE_RTOL, _SAMPLE_ATOL = 1e-3, 1e-3
 # Linen layers whose NNX counterpart has another class name (a weaker tie-break than values).
-_SAME_LAYER = {"Dense": "Linear", "DenseGeneral": "LinearGeneral",
-               "MultiHeadDotProductAttention": "MultiHeadAttention",
-               "SelfAttention": "MultiHeadAttention", "MultiHeadAttention": "MultiHeadAttention"}
+_SAME_LAYER = {
+  "Dense": "Linear",
+  "DenseGeneral": "LinearGeneral",
+  "MultiHeadDotProductAttention": "MultiHeadAttention",
+  "SelfAttention": "MultiHeadAttention",
+  "MultiHeadAttention": "MultiHeadAttention",
+}
 
 _RECORDER: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar(
-    "loopbridge_compare_recorder", default=None)
+  "loopbridge_compare_recorder", default=None
+)
 
 
 # ----------------------------------------------------------------------------- the report
@@ -188,22 +193,31 @@ class ParityReport:
         continue
       leaf = pair.worst_leaf
       return Divergence(
-          reference_path=pair.reference_path, candidate_path=pair.candidate_path,
-          kind=pair.status, max_abs_err=pair.max_abs_err, max_rel_err=pair.max_rel_err,
-          leaf=leaf.leaf if leaf else "", reference=leaf.reference if leaf else pair.note,
-          candidate=leaf.candidate if leaf else "")
+        reference_path=pair.reference_path,
+        candidate_path=pair.candidate_path,
+        kind=pair.status,
+        max_abs_err=pair.max_abs_err,
+        max_rel_err=pair.max_rel_err,
+        leaf=leaf.leaf if leaf else "",
+        reference=leaf.reference if leaf else pair.note,
+        candidate=leaf.candidate if leaf else "",
+      )
     return None
 
   @property
   def mismatches(self) -> tuple[CallPair, ...]:
     """Pairs whose outputs differ in shape, dtype or tree structure (not only in values)."""
-    return tuple(p for p in self.pairs if p.status == STRUCTURE
-                 or any(d.reference != d.candidate for d in p.leaves))
+    return tuple(
+      p
+      for p in self.pairs
+      if p.status == STRUCTURE or any(d.reference != d.candidate for d in p.leaves)
+    )
 
   def to_dict(self) -> dict[str, tp.Any]:
     """Everything in the report as JSON-ready data (non-finite errors as strings)."""
     divergence = self.first_divergence
-    return _json_ready({
+    return _json_ready(
+      {
         "ok": self.ok,
         "rtol": self.rtol,
         "atol": self.atol,
@@ -213,7 +227,8 @@ class ParityReport:
         "unmatched_candidate": [dataclasses.asdict(c) for c in self.unmatched_candidate],
         "not_recorded_reference": list(self.not_recorded_reference),
         "not_recorded_candidate": list(self.not_recorded_candidate),
-    })
+      }
+    )
 
   def __str__(self) -> str:
     return _render(self)
@@ -239,8 +254,12 @@ def _shown(path: str) -> str:
   return path if path else "(top)"
 
 
-_KIND_TEXT = {VALUES: "values differ", DTYPE: "dtypes differ (values agree)",
-              SHAPE: "output shapes differ", STRUCTURE: "output trees differ"}
+_KIND_TEXT = {
+  VALUES: "values differ",
+  DTYPE: "dtypes differ (values agree)",
+  SHAPE: "output shapes differ",
+  STRUCTURE: "output trees differ",
+}
 
 
 def _render(report: ParityReport) -> str:
@@ -252,26 +271,34 @@ def _render(report: ParityReport) -> str:
   if divergence is None:
     out.append(f"lb.compare: OK, all {n} aligned module calls agree")
   else:
-    where = (f"reference {_shown(divergence.reference_path)} ~ candidate "
-             f"{_shown(divergence.candidate_path)}")
+    where = (
+      f"reference {_shown(divergence.reference_path)} ~ candidate "
+      f"{_shown(divergence.candidate_path)}"
+    )
     leaf = f" at leaf {divergence.leaf}" if divergence.leaf else ""
     detail = ""
     if divergence.kind in (VALUES, DTYPE):
-      detail = (f", max abs err {_err(divergence.max_abs_err)}, max rel err "
-                f"{_err(divergence.max_rel_err)}")
+      detail = (
+        f", max abs err {_err(divergence.max_abs_err)}, max rel err {_err(divergence.max_rel_err)}"
+      )
     if divergence.kind in (SHAPE, DTYPE):
       detail += f" ({divergence.reference} vs {divergence.candidate})"
     if divergence.kind == STRUCTURE:
       detail += f" ({divergence.reference})"
-    out.append(f"lb.compare: DIVERGES, first at {where}: {_KIND_TEXT[divergence.kind]}"
-               f"{leaf}{detail}")
+    out.append(
+      f"lb.compare: DIVERGES, first at {where}: {_KIND_TEXT[divergence.kind]}{leaf}{detail}"
+    )
   if report.rtol is None and report.atol is None:
-    out.append("tolerance: |candidate - reference| <= atol + rtol * |reference|, per dtype "
-               "(float32: rtol 1e-05, atol 1e-05; bfloat16: 1e-02; integers exact)")
+    out.append(
+      "tolerance: |candidate - reference| <= atol + rtol * |reference|, per dtype "
+      "(float32: rtol 1e-05, atol 1e-05; bfloat16: 1e-02; integers exact)"
+    )
   else:
-    out.append(f"tolerance: |candidate - reference| <= atol + rtol * |reference|, rtol "
-               f"{report.rtol if report.rtol is not None else 'per dtype'}, atol "
-               f"{report.atol if report.atol is not None else 'per dtype'}")
+    out.append(
+      f"tolerance: |candidate - reference| <= atol + rtol * |reference|, rtol "
+      f"{report.rtol if report.rtol is not None else 'per dtype'}, atol "
+      f"{report.atol if report.atol is not None else 'per dtype'}"
+    )
   rows = []
   first_marked = False
   for pair in report.pairs:
@@ -284,51 +311,85 @@ def _render(report: ParityReport) -> str:
       if not first_marked:
         mark, first_marked = ">>", True
         status += "  <- first divergence"
-    rows.append((mark, str(pair.reference_call), _shown(pair.reference_path),
-                 _shown(pair.candidate_path), pair.aligned_by, pair.output,
-                 _err(pair.max_abs_err), _err(pair.max_rel_err), status))
+    rows.append(
+      (
+        mark,
+        str(pair.reference_call),
+        _shown(pair.reference_path),
+        _shown(pair.candidate_path),
+        pair.aligned_by,
+        pair.output,
+        _err(pair.max_abs_err),
+        _err(pair.max_rel_err),
+        status,
+      )
+    )
   out.append("")
-  out.append(format_table(("", "#", "reference", "candidate", "aligned by", "output",
-                           "max abs err", "max rel err", "status"), rows, indent=""))
+  out.append(
+    format_table(
+      (
+        "",
+        "#",
+        "reference",
+        "candidate",
+        "aligned by",
+        "output",
+        "max abs err",
+        "max rel err",
+        "status",
+      ),
+      rows,
+      indent="",
+    )
+  )
   mismatches = report.mismatches
   if mismatches:
     out.append("")
     out.append("shape/dtype mismatches:")
     for pair in mismatches:
       if pair.status == STRUCTURE:
-        out.append(f"  {_shown(pair.reference_path)} ~ {_shown(pair.candidate_path)}: "
-                   f"{pair.note}")
+        out.append(f"  {_shown(pair.reference_path)} ~ {_shown(pair.candidate_path)}: {pair.note}")
         continue
       for leaf in pair.leaves:
         if leaf.reference != leaf.candidate:
           at = f" {leaf.leaf}" if leaf.leaf else ""
-          out.append(f"  {_shown(pair.reference_path)}{at}: {leaf.reference} vs "
-                     f"{_shown(pair.candidate_path)}{at}: {leaf.candidate}")
-  for title, calls in (("reference calls with no candidate counterpart",
-                        report.unmatched_reference),
-                       ("candidate calls with no reference counterpart",
-                        report.unmatched_candidate)):
+          out.append(
+            f"  {_shown(pair.reference_path)}{at}: {leaf.reference} vs "
+            f"{_shown(pair.candidate_path)}{at}: {leaf.candidate}"
+          )
+  for title, calls in (
+    ("reference calls with no candidate counterpart", report.unmatched_reference),
+    ("candidate calls with no reference counterpart", report.unmatched_candidate),
+  ):
     if calls:
       out.append("")
       out.append(f"{title}:")
       out.extend(f"  #{c.call} {_shown(c.path)}  {c.output}" for c in calls)
-  for side, paths in (("reference", report.not_recorded_reference),
-                      ("candidate", report.not_recorded_candidate)):
+  for side, paths in (
+    ("reference", report.not_recorded_reference),
+    ("candidate", report.not_recorded_candidate),
+  ):
     if paths:
       unique = list(dict.fromkeys(paths))
       out.append("")
-      out.append(f"not recorded in the {side} (called inside a JAX transform such as nn.scan, "
-                 "nn.remat or nnx.scan; compared through the enclosing module): "
-                 + ", ".join(_shown(p) for p in unique))
+      out.append(
+        f"not recorded in the {side} (called inside a JAX transform such as nn.scan, "
+        "nn.remat or nnx.scan; compared through the enclosing module): "
+        + ", ".join(_shown(p) for p in unique)
+      )
   if divergence is not None and divergence.kind == VALUES:
     out.append("")
-    out.append(f"Every aligned call before it agrees: look at {_shown(divergence.candidate_path)}"
-               " and at what runs between the previous call and it (activations, residuals, "
-               "parameters loaded into it).")
+    out.append(
+      f"Every aligned call before it agrees: look at {_shown(divergence.candidate_path)}"
+      " and at what runs between the previous call and it (activations, residuals, "
+      "parameters loaded into it)."
+    )
   if report.unmatched_reference or report.unmatched_candidate:
     out.append("")
-    out.append("Unmatched calls are compared only through the modules around them; to pair "
-               "them, pass mapping={reference_path: candidate_path}.")
+    out.append(
+      "Unmatched calls are compared only through the modules around them; to pair "
+      "them, pass mapping={reference_path: candidate_path}."
+    )
   return "\n".join(out)
 
 
@@ -434,8 +495,13 @@ def _recording_type(cls: type) -> type:
     recorder.add(*where, output, self)
     return output
 
-  namespace = {"__call__": __call__, "__slots__": (), "__module__": cls.__module__,
-               "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}
+  namespace = {
+    "__call__": __call__,
+    "__slots__": (),
+    "__module__": cls.__module__,
+    "__qualname__": cls.__qualname__,
+    "__doc__": cls.__doc__,
+  }
   # flax 0.12 Pytrees take `pytree=` at subclassing; keep the user's choice.
   options = {"pytree": cls._pytree__is_pytree} if hasattr(cls, "_pytree__is_pytree") else {}
   recording = type(cls)(cls.__name__, (cls,), namespace, **options)
@@ -458,13 +524,16 @@ def _instrumented_copy(model: nnx.Module) -> tuple[nnx.Module, dict[int, tuple[s
 def bridged_linen(model: bridge.ToNNX) -> tuple[nn.Module, dict[str, tp.Any]]:
   """The Linen module a bridge wraps and its variables as a Linen variables dict."""
   return _compat.linen_module_of(model), bridge_variables.nnx_attrs_to_linen_vars(
-      _linen_vars.attrs(model))
+    _linen_vars.attrs(model)
+  )
 
 
 _LINEN, _NNX = "linen", "nnx"
 
-_KINDS_HELP = ("a Linen module with its variables as `(module, variables)` (e.g. "
-               "`(module, module.init(key, *args))`), an initialized `lb.ToNNX`, or an NNX module")
+_KINDS_HELP = (
+  "a Linen module with its variables as `(module, variables)` (e.g. "
+  "`(module, module.init(key, *args))`), an initialized `lb.ToNNX`, or an NNX module"
+)
 
 
 def _describe(obj: tp.Any) -> str:
@@ -481,9 +550,10 @@ def _subject(obj: tp.Any, role: str) -> tuple[str, tp.Any]:
     module, variables = obj
     if not isinstance(variables, tp.Mapping):
       raise CompareError(
-          f"lb.compare: the {role} is (Linen module, {type(variables).__name__}), but the "
-          "second item must be the module's variables, a dict like `module.init(key, *args)` "
-          "returns ({'params': ...}).")
+        f"lb.compare: the {role} is (Linen module, {type(variables).__name__}), but the "
+        "second item must be the module's variables, a dict like `module.init(key, *args)` "
+        "returns ({'params': ...})."
+      )
     return _LINEN, (module, dict(variables))
   if isinstance(obj, bridge.ToNNX):
     return _LINEN, bridged_linen(obj)
@@ -491,13 +561,15 @@ def _subject(obj: tp.Any, role: str) -> tuple[str, tp.Any]:
     return _NNX, obj
   if isinstance(obj, nn.Module):
     raise CompareError(
-        f"lb.compare: the {role} is a Linen module without its variables, so it cannot run. "
-        f"Pass `({type(obj).__name__}(...), variables)` with the variables from "
-        "`module.init(key, *args)` or a checkpoint, or an initialized lb.ToNNX.")
+      f"lb.compare: the {role} is a Linen module without its variables, so it cannot run. "
+      f"Pass `({type(obj).__name__}(...), variables)` with the variables from "
+      "`module.init(key, *args)` or a checkpoint, or an initialized lb.ToNNX."
+    )
   if isinstance(obj, type) and issubclass(obj, (nn.Module, nnx.Module)):
     raise CompareError(
-        f"lb.compare: the {role} is {_describe(obj)}, not a model: build an instance (and "
-        f"initialize it). The {role} must be {_KINDS_HELP}.")
+      f"lb.compare: the {role} is {_describe(obj)}, not a model: build an instance (and "
+      f"initialize it). The {role} must be {_KINDS_HELP}."
+    )
   raise CompareError(f"lb.compare: the {role} is {_describe(obj)}; it must be {_KINDS_HELP}.")
 
 
@@ -529,15 +601,20 @@ def _record(role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict) ->
   except Exception as e:
     hint = ""
     if kind == _LINEN and not subject[1]:
-      hint = (" It has no variables: initialize an lb.ToNNX with lb.lazy_init(model, *args) "
-              "(or pass (module, module.init(key, *args))).")
+      hint = (
+        " It has no variables: initialize an lb.ToNNX with lb.lazy_init(model, *args) "
+        "(or pass (module, module.init(key, *args)))."
+      )
     elif kind == _LINEN and "params" not in subject[1]:
-      hint = (f" Its variables have no 'params' collection (keys: {sorted(subject[1])}): pass "
-              "the whole dict `module.init` returns, {'params': ...}, not the params alone.")
+      hint = (
+        f" Its variables have no 'params' collection (keys: {sorted(subject[1])}): pass "
+        "the whole dict `module.init` returns, {'params': ...}, not the params alone."
+      )
     raise CompareError(
-        f"lb.compare: running the {role} on the given inputs failed: {type(e).__name__}: "
-        f"{_first_line(e).rstrip('.')}.{hint} Both models are called with the same *args and "
-        "**kwargs; check that the inputs fit both.") from e
+      f"lb.compare: running the {role} on the given inputs failed: {type(e).__name__}: "
+      f"{_first_line(e).rstrip('.')}.{hint} Both models are called with the same *args and "
+      "**kwargs; check that the inputs fit both."
+    ) from e
   finally:
     _RECORDER.reset(token)
   return recorder
@@ -546,7 +623,7 @@ def _record(role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict) ->
 def _first_line(error: BaseException, limit: int = 400) -> str:
   lines = str(error).strip().splitlines()
   line = lines[0] if lines else ""
-  return line if len(line) <= limit else line[:limit - 3] + "..."
+  return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -566,8 +643,11 @@ def _is_float(dtype: np.dtype) -> bool:
 
 
 def _numeric(array: np.ndarray) -> bool:
-  return array.dtype.kind in "biu" or _is_float(array.dtype) or (
-      array.dtype.name.startswith(("int", "uint")))
+  return (
+    array.dtype.kind in "biu"
+    or _is_float(array.dtype)
+    or (array.dtype.name.startswith(("int", "uint")))
+  )
 
 
 def _default_tolerance(dtype: np.dtype) -> tuple[float, float]:
@@ -581,16 +661,18 @@ def _default_tolerance(dtype: np.dtype) -> tuple[float, float]:
   return _FLOAT_TOLERANCES.get(size, _FLOAT_TOLERANCES[1])
 
 
-def _leaf_diff(leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None,
-               atol: float | None) -> LeafDiff:
+def _leaf_diff(
+  leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None, atol: float | None
+) -> LeafDiff:
   a, b = _as_numpy(ref), _as_numpy(cand)
   da, db = _desc(a), _desc(b)
   if a.shape != b.shape:
     return LeafDiff(leaf, da, db, SHAPE)
   if not (_numeric(a) and _numeric(b)):
     same = bool(np.all(a == b))
-    return LeafDiff(leaf, da, db, OK if same and a.dtype == b.dtype else (
-        DTYPE if same else VALUES))
+    return LeafDiff(
+      leaf, da, db, OK if same and a.dtype == b.dtype else (DTYPE if same else VALUES)
+    )
   (rt_a, at_a), (rt_b, at_b) = _default_tolerance(a.dtype), _default_tolerance(b.dtype)
   rt = rtol if rtol is not None else max(rt_a, rt_b)
   at = atol if atol is not None else max(at_a, at_b)
@@ -601,8 +683,9 @@ def _leaf_diff(leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None,
     diff = np.where(same, 0.0, np.abs(y - x))
     diff = np.where(np.isnan(diff), np.inf, diff)  # NaN on one side only
     scale = np.abs(x)
-    rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1.0),
-                   np.where(diff > 0, np.inf, 0.0))
+    rel = np.where(
+      scale > 0, diff / np.where(scale > 0, scale, 1.0), np.where(diff > 0, np.inf, 0.0)
+    )
     within = bool(np.all(diff <= at + rt * scale))
   max_abs = float(diff.max()) if diff.size else 0.0
   max_rel = float(rel.max()) if rel.size else 0.0
@@ -613,38 +696,55 @@ def _leaf_diff(leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None,
   return LeafDiff(leaf, da, db, status, max_abs, max_rel)
 
 
-def _compare_pair(ref: _Call, cand: _Call, aligned_by: str, rtol: float | None,
-                  atol: float | None) -> CallPair:
-  common: dict[str, tp.Any] = dict(reference_path=ref.path, candidate_path=cand.path,
-                                   reference_call=ref.index, candidate_call=cand.index,
-                                   aligned_by=aligned_by)
+def _compare_pair(
+  ref: _Call, cand: _Call, aligned_by: str, rtol: float | None, atol: float | None
+) -> CallPair:
+  common: dict[str, tp.Any] = dict(
+    reference_path=ref.path,
+    candidate_path=cand.path,
+    reference_call=ref.index,
+    candidate_call=cand.index,
+    aligned_by=aligned_by,
+  )
   if len(ref.leaves) != len(cand.leaves):
-    note = (f"the reference returns {len(ref.leaves)} array(s), the candidate "
-            f"{len(cand.leaves)}: {_tree_text(ref.output)} vs {_tree_text(cand.output)}")
-    return CallPair(**common, status=STRUCTURE, max_abs_err=None, max_rel_err=None,
-                    leaves=(), note=note)
-  leaves = tuple(_leaf_diff(name, a, b, rtol, atol)
-                 for (name, a), (_, b) in zip(ref.leaves, cand.leaves))
+    note = (
+      f"the reference returns {len(ref.leaves)} array(s), the candidate "
+      f"{len(cand.leaves)}: {_tree_text(ref.output)} vs {_tree_text(cand.output)}"
+    )
+    return CallPair(
+      **common, status=STRUCTURE, max_abs_err=None, max_rel_err=None, leaves=(), note=note
+    )
+  leaves = tuple(
+    _leaf_diff(name, a, b, rtol, atol) for (name, a), (_, b) in zip(ref.leaves, cand.leaves)
+  )
   status = max((d.status for d in leaves), key=_SEVERITY.__getitem__, default=OK)
   errors_abs = [d.max_abs_err for d in leaves if d.max_abs_err is not None]
   errors_rel = [d.max_rel_err for d in leaves if d.max_rel_err is not None]
-  return CallPair(**common, status=status, max_abs_err=max(errors_abs, default=None),
-                  max_rel_err=max(errors_rel, default=None), leaves=leaves)
+  return CallPair(
+    **common,
+    status=status,
+    max_abs_err=max(errors_abs, default=None),
+    max_rel_err=max(errors_rel, default=None),
+    leaves=leaves,
+  )
 
 
 def _tree_text(tree: tp.Any, limit: int = 120) -> str:
   leaves = jax.tree_util.tree_leaves_with_path(tree)
-  text = ", ".join(f"{jax.tree_util.keystr(k) or 'out'}: {_desc(_as_numpy(v))}"
-                   for k, v in leaves) or "no arrays"
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  text = (
+    ", ".join(f"{jax.tree_util.keystr(k) or 'out'}: {_desc(_as_numpy(v))}" for k, v in leaves)
+    or "no arrays"
+  )
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ----------------------------------------------------------------------------- aligning
 def _prepare(calls: list[_Call]) -> None:
   for index, call in enumerate(calls):
     call.index = index
-    call.leaves = [(jax.tree_util.keystr(k), v)
-                   for k, v in jax.tree_util.tree_leaves_with_path(call.output)]
+    call.leaves = [
+      (jax.tree_util.keystr(k), v) for k, v in jax.tree_util.tree_leaves_with_path(call.output)
+    ]
     call.signature = tuple(tuple(np.shape(v)) for _, v in call.leaves)
     call.sample = _sample(call.leaves)
 
@@ -668,9 +768,9 @@ def _call_list(calls: tp.Sequence[_Call]) -> str:
   return "; ".join(shown) + more if shown else "none"
 
 
-def _forced_partners(ref: list[_Call], cand: list[_Call],
-                     mapping: tp.Mapping[str, str | None] | None
-                     ) -> tuple[dict[int, tuple[int, str]], set[int], set[int]]:
+def _forced_partners(
+  ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | None] | None
+) -> tuple[dict[int, tuple[int, str]], set[int], set[int]]:
   """Pairs fixed by the mapping and by equal paths; reference and candidate calls mapped away."""
   by_path_r: dict[str, list[int]] = {}
   by_path_c: dict[str, list[int]] = {}
@@ -687,23 +787,26 @@ def _forced_partners(ref: list[_Call], cand: list[_Call],
   for ref_path, cand_path in mapping.items():
     if not isinstance(ref_path, str) or not (cand_path is None or isinstance(cand_path, str)):
       raise CompareError(
-          f"lb.compare: mapping entry {ref_path!r}: {cand_path!r} is not a pair of paths: "
-          "write {'Block_0/Dense_0': 'blocks/0/linear'} ('/'-joined module paths as the "
-          "report shows them, '' for the top level; None for a reference call with no "
-          "counterpart).")
+        f"lb.compare: mapping entry {ref_path!r}: {cand_path!r} is not a pair of paths: "
+        "write {'Block_0/Dense_0': 'blocks/0/linear'} ('/'-joined module paths as the "
+        "report shows them, '' for the top level; None for a reference call with no "
+        "counterpart)."
+      )
     if ref_path not in by_path_r:
       raise CompareError(
-          f"lb.compare: mapping key {ref_path!r} names no module call of the reference, so it "
-          f"cannot be paired. The reference called: {_call_list(ref)}. Use these paths "
-          "('/'-joined, as the report shows them).")
+        f"lb.compare: mapping key {ref_path!r} names no module call of the reference, so it "
+        f"cannot be paired. The reference called: {_call_list(ref)}. Use these paths "
+        "('/'-joined, as the report shows them)."
+      )
     if cand_path is None:
       excluded_r.update(by_path_r[ref_path])
       continue
     if cand_path not in by_path_c:
       raise CompareError(
-          f"lb.compare: mapping value {cand_path!r} (for {ref_path!r}) names no module call of "
-          f"the candidate, so it cannot be paired. The candidate called: {_call_list(cand)}. "
-          "Use these paths ('/'-joined, as the report shows them).")
+        f"lb.compare: mapping value {cand_path!r} (for {ref_path!r}) names no module call of "
+        f"the candidate, so it cannot be paired. The candidate called: {_call_list(cand)}. "
+        "Use these paths ('/'-joined, as the report shows them)."
+      )
     claimed_c.update(by_path_c[cand_path])
     for i, j in zip(by_path_r[ref_path], by_path_c[cand_path]):
       partners[i] = (j, BY_MAPPING)
@@ -717,16 +820,18 @@ def _forced_partners(ref: list[_Call], cand: list[_Call],
   return partners, excluded_r, claimed_c
 
 
-def _align(ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | None] | None
-           ) -> list[tuple[int, int, str]]:
+def _align(
+  ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | None] | None
+) -> list[tuple[int, int, str]]:
   """(reference index, candidate index, how) for every aligned pair."""
   partners, excluded_r, claimed_c = _forced_partners(ref, cand, mapping)
   n, m = len(ref), len(cand)
   partnered_c = {j for j, _ in partners.values()}
   free_c = np.array([j not in partnered_c and j not in claimed_c for j in range(m)], bool)
   signature_ids: dict[tuple, int] = {}
-  sig_c = np.array([signature_ids.setdefault(c.signature, len(signature_ids)) for c in cand],
-                   np.int64)
+  sig_c = np.array(
+    [signature_ids.setdefault(c.signature, len(signature_ids)) for c in cand], np.int64
+  )
   # Weights: a pair by shape counts `unit`, plus 2 when sampled values agree and 1 when the
   # layer types agree (bonuses only break ties between equally long alignments); a forced
   # pair outweighs them all.
@@ -797,9 +902,15 @@ def _align(ref: list[_Call], cand: list[_Call], mapping: tp.Mapping[str, str | N
 
 
 # ----------------------------------------------------------------------------- entry point
-def compare(reference: tp.Any, candidate: tp.Any, *args: tp.Any, rtol: float | None = None,
-            atol: float | None = None, mapping: tp.Mapping[str, str | None] | None = None,
-            **kwargs: tp.Any) -> ParityReport:
+def compare(
+  reference: tp.Any,
+  candidate: tp.Any,
+  *args: tp.Any,
+  rtol: float | None = None,
+  atol: float | None = None,
+  mapping: tp.Mapping[str, str | None] | None = None,
+  **kwargs: tp.Any,
+) -> ParityReport:
   """Run two implementations of a model on the same inputs and find where they first diverge.
 
   Every module call's output is recorded on both sides, in call order (a module is recorded
@@ -857,19 +968,23 @@ def compare(reference: tp.Any, candidate: tp.Any, *args: tp.Any, rtol: float | N
     (False, 'Dense_1')
   """
   for name, value in (("rtol", rtol), ("atol", atol)):
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not value >= 0):
-      raise CompareError(f"lb.compare: {name}={value!r} must be a number >= 0 (or None for the "
-                         "per-dtype default).")
+    if value is not None and (
+      isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0
+    ):
+      raise CompareError(
+        f"lb.compare: {name}={value!r} must be a number >= 0 (or None for the per-dtype default)."
+      )
   if mapping is not None and not isinstance(mapping, tp.Mapping):
     raise CompareError(
-        f"lb.compare: mapping={_describe(mapping)} must be a dict "
-        "{reference_path: candidate_path}, e.g. {'Block_0/Dense_0': 'blocks/0/linear'}.")
+      f"lb.compare: mapping={_describe(mapping)} must be a dict "
+      "{reference_path: candidate_path}, e.g. {'Block_0/Dense_0': 'blocks/0/linear'}."
+    )
   if _has_tracer((args, kwargs)):
     raise CompareError(
-        "lb.compare: the inputs are JAX tracers (compare is called inside jax.jit, a loop or "
-        "another transform). It reads the value of every module call, so it runs eagerly: "
-        "call it outside any transform, on concrete arrays.")
+      "lb.compare: the inputs are JAX tracers (compare is called inside jax.jit, a loop or "
+      "another transform). It reads the value of every module call, so it runs eagerly: "
+      "call it outside any transform, on concrete arrays."
+    )
   ref_kind, ref_subject = _subject(reference, "reference")
   cand_kind, cand_subject = _subject(candidate, "candidate")
   ref_run = _record("reference", ref_kind, ref_subject, args, kwargs)
@@ -880,25 +995,34 @@ def compare(reference: tp.Any, candidate: tp.Any, *args: tp.Any, rtol: float | N
   aligned = _align(ref, cand, mapping)
   inner_r = [c for c in ref if c.path]
   inner_c = [c for c in cand if c.path]
-  if inner_r and inner_c and not any(
-      ref[i].path and cand[j].path and how != BY_POSITION for i, j, how in aligned):
+  if (
+    inner_r
+    and inner_c
+    and not any(ref[i].path and cand[j].path and how != BY_POSITION for i, j, how in aligned)
+  ):
     raise CompareError(
-        "lb.compare: no module call of the reference could be aligned with one of the "
-        "candidate (beyond the top level), so there is nothing to localize a divergence with. "
-        "Calls are aligned by equal paths or, in call order, by equal output shapes; these "
-        f"models share neither. Reference calls: {_call_list(inner_r)}. Candidate calls: "
-        f"{_call_list(inner_c)}. Check that the candidate is a port of the reference and "
-        "takes the same inputs, or pair calls with mapping={reference_path: candidate_path}.")
+      "lb.compare: no module call of the reference could be aligned with one of the "
+      "candidate (beyond the top level), so there is nothing to localize a divergence with. "
+      "Calls are aligned by equal paths or, in call order, by equal output shapes; these "
+      f"models share neither. Reference calls: {_call_list(inner_r)}. Candidate calls: "
+      f"{_call_list(inner_c)}. Check that the candidate is a port of the reference and "
+      "takes the same inputs, or pair calls with mapping={reference_path: candidate_path}."
+    )
   pairs = tuple(_compare_pair(ref[i], cand[j], how, rtol, atol) for i, j, how in aligned)
   used_r = {i for i, _, _ in aligned}
   used_c = {j for _, j, _ in aligned}
 
   def unmatched(calls, used):
-    return tuple(UnmatchedCall(c.path, c.index, _tree_text(c.output, 60))
-                 for c in calls if c.index not in used)
+    return tuple(
+      UnmatchedCall(c.path, c.index, _tree_text(c.output, 60)) for c in calls if c.index not in used
+    )
 
   return ParityReport(
-      pairs=pairs, unmatched_reference=unmatched(ref, used_r),
-      unmatched_candidate=unmatched(cand, used_c),
-      not_recorded_reference=tuple(ref_run.not_recorded),
-      not_recorded_candidate=tuple(cand_run.not_recorded), rtol=rtol, atol=atol)
+    pairs=pairs,
+    unmatched_reference=unmatched(ref, used_r),
+    unmatched_candidate=unmatched(cand, used_c),
+    not_recorded_reference=tuple(ref_run.not_recorded),
+    not_recorded_candidate=tuple(cand_run.not_recorded),
+    rtol=rtol,
+    atol=atol,
+  )

@@ -72,8 +72,9 @@ def linen_attribute_names(model: nnx.bridge.ToNNX) -> list[str]:
     # 0.12: every attribute that is not the wrapper's own.
     return [k for k in vars(model) if not k.startswith(_OWN_ATTR_PREFIXES)]
   # 0.10: the wrapper keeps the list itself.
-  return [k for k in vars(model).get("linen_attributes", ())
-          if not k.startswith(_OWN_ATTR_PREFIXES)]
+  return [
+    k for k in vars(model).get("linen_attributes", ()) if not k.startswith(_OWN_ATTR_PREFIXES)
+  ]
 
 
 def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) -> None:
@@ -163,8 +164,11 @@ def current_bridge_mutable() -> tp.Any:
     from flax.nnx.bridge import module as bridge_module  # 0.12 only
   except ImportError:
     bridge_module = None
-  if (bridge_module is not None and (m := bridge_module.current_module()) is not None
-      and m.scope is not None):
+  if (
+    bridge_module is not None
+    and (m := bridge_module.current_module()) is not None
+    and m.scope is not None
+  ):
     return m.scope.mutable
   stack = linen.module._context.module_stack  # pylint: disable=protected-access
   if stack and stack[-1] is not None and stack[-1].scope is not None:
@@ -228,7 +232,7 @@ def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
   return nnx.iter_graph(node)
 
 
-# --- layer views (lb.layers.layer) -------------------------------------------------------------------
+# --- layer views (lb.layers.layer) ----------------------------------------------------------
 # A layer view is a Variable of the stacked Variable's own type whose value reads and writes
 # `parent[index]` (leading layer axis). flax 0.12 routes every read/write through
 # `get_value(index=)` / `set_value(index=)` (and deprecates Variable hooks in favor of
@@ -240,8 +244,10 @@ _NO_INDEX = object()
 
 def _view_link(variable: tp.Any) -> tuple[tp.Any, tp.Any] | None:
   try:
-    return (object.__getattribute__(variable, "_loopbridge_parent"),
-            object.__getattribute__(variable, "_loopbridge_index"))
+    return (
+      object.__getattribute__(variable, "_loopbridge_parent"),
+      object.__getattribute__(variable, "_loopbridge_index"),
+    )
   except AttributeError:  # crossed a transform boundary (re-created from its pytree): a copy
     return None
 
@@ -275,12 +281,16 @@ def _view_type(var_type: type) -> type:
         value = self.get_value().at[index].set(value)
       if link is not None:
         parent, i = link
-        parent.set_value(jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(),
-                                      value))
+        parent.set_value(
+          jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(), value)
+        )
       self.set_raw_value(value)  # keep the snapshot (shape, dtype, pytree leaves) current
 
-    namespace = {"__slots__": ("_loopbridge_parent", "_loopbridge_index"),
-                 "get_value": get_value, "set_value": set_value}
+    namespace = {
+      "__slots__": ("_loopbridge_parent", "_loopbridge_index"),
+      "get_value": get_value,
+      "set_value": set_value,
+    }
   else:  # flax 0.10
 
     def _get(self):
@@ -297,17 +307,22 @@ def _view_type(var_type: type) -> type:
         parent.value = jax.tree.map(lambda full, new: _put(full, i, new), parent.value, value)
       var_type.value.fset(self, value)
 
-    namespace = {"__slots__": ("_loopbridge_parent", "_loopbridge_index"),
-                 "value": property(_get, _set)}
+    namespace = {
+      "__slots__": ("_loopbridge_parent", "_loopbridge_index"),
+      "value": property(_get, _set),
+    }
   namespace["__module__"] = __name__
-  namespace["__doc__"] = f"A view of one layer of a stacked `{var_type.__name__}` (lb.layers.layer)."
+  namespace["__doc__"] = (
+    f"A view of one layer of a stacked `{var_type.__name__}` (lb.layers.layer)."
+  )
   view_type = type(var_type.__name__, (var_type,), namespace)
   _VIEW_TYPES[var_type] = view_type
   return view_type
 
 
-def layer_view_variable(parent: nnx.Variable, index: tp.Any,
-                        snapshot: nnx.Variable) -> nnx.Variable:
+def layer_view_variable(
+  parent: nnx.Variable, index: tp.Any, snapshot: nnx.Variable
+) -> nnx.Variable:
   """A Variable of `type(parent)` reading and writing `parent`'s value at `index` on axis 0.
 
   `snapshot` is an ordinary Variable already holding that slice (e.g. from `nnx.merge`); its
@@ -358,8 +373,9 @@ def set_raw_value(variable: nnx.Variable, value: tp.Any, *, check: bool = True) 
     object.__setattr__(variable, "raw_value", value)
 
 
-def raw_value_accessors() -> tuple[tp.Callable[[nnx.Variable], tp.Any],
-                                   tp.Callable[[nnx.Variable, tp.Any], None]]:
+def raw_value_accessors() -> tuple[
+  tp.Callable[[nnx.Variable], tp.Any], tp.Callable[[nnx.Variable, tp.Any], None]
+]:
   """(get, set) of a Variable's stored value as C-level callables, for per-call hot paths.
 
   Same as `get_raw_value` / `set_raw_value(..., check=False)` without a Python frame per
@@ -378,8 +394,9 @@ def raw_value_accessors() -> tuple[tp.Callable[[nnx.Variable], tp.Any],
   return operator.attrgetter("raw_value"), set_value
 
 
-def key_data_accessors() -> tuple[tp.Callable[[nnx.Variable], tp.Any],
-                                  tp.Callable[[nnx.Variable], tp.Any]] | None:
+def key_data_accessors() -> (
+  tuple[tp.Callable[[nnx.Variable], tp.Any], tp.Callable[[nnx.Variable], tp.Any]] | None
+):
   """(key data, key impl) getters of a Variable holding a typed PRNG key array, C-level.
 
   jax flattens a typed key array argument through a Python callback on every call of a jitted
@@ -396,8 +413,11 @@ def key_data_accessors() -> tuple[tp.Callable[[nnx.Variable], tp.Any],
 def is_concrete_typed_key(value: tp.Any) -> bool:
   """A typed PRNG key array holding its data (not a tracer), as `key_data_accessors` reads."""
   dtype = getattr(value, "dtype", None)
-  return (dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-          and hasattr(value, "_base_array"))
+  return (
+    dtype is not None
+    and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
+    and hasattr(value, "_base_array")
+  )
 
 
 # --- loop carries (lb.while_loop, lb.fori_loop, lb.explain) -----------------------------------
@@ -428,8 +448,11 @@ def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
   if impl is None:
     raise TypeError(f"{type(node).__name__} is not an NNX graph node")
   children = impl.node_dict(node)
-  return {k: v for k, v in children.items()
-          if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))}
+  return {
+    k: v
+    for k, v in children.items()
+    if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))
+  }
 
 
 def state_leaf_type(leaf: tp.Any) -> type:

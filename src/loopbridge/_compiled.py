@@ -31,6 +31,14 @@ from ._errors import StructureChangeError
 Out = tp.TypeVar("Out")
 _get_raw, _set_raw = _compat.raw_value_accessors()
 _KEY_ACCESSORS = _compat.key_data_accessors()
+
+
+def _no_key_accessor(variable: tp.Any) -> tp.Any:
+  raise AttributeError("this jax has no typed-key accessors; keys are passed as they are")
+
+
+# (raw key data, PRNG implementation) of a typed-key Variable; only used when keys were found.
+_KEY_DATA, _KEY_IMPL = _KEY_ACCESSORS or (_no_key_accessor, _no_key_accessor)
 _TRACER = jax.core.Tracer
 
 
@@ -65,12 +73,13 @@ def _forwarded(jaxpr: tp.Any) -> list[int | None]:
     elif name == "while":
       body, skip = _inner(params["body_jaxpr"]), params["body_nconsts"]
       first = params["cond_nconsts"] + skip  # carry starts here among the eqn inputs
-      links = [first + j if f == skip + j else None
-               for j, f in enumerate(_forwarded(body))]
+      links = [first + j if f == skip + j else None for j, f in enumerate(_forwarded(body))]
     elif name == "scan":
       body, skip = _inner(params["jaxpr"]), params["num_consts"]
-      links = [skip + j if j < params["num_carry"] and f == skip + j else None
-               for j, f in enumerate(_forwarded(body))]
+      links = [
+        skip + j if j < params["num_carry"] and f == skip + j else None
+        for j, f in enumerate(_forwarded(body))
+      ]
     elif name == "copy":
       links = [0]
     for out, link in zip(eqn.outvars, links):
@@ -115,8 +124,9 @@ class CompiledStep(tp.Generic[Out]):
   def __init__(self, fn: tp.Callable[..., Out], model: nnx.Module, *, donate: bool = True):
     if not isinstance(model, nnx.Module):
       raise TypeError(
-          f"lb.compile_step needs an NNX module (e.g. an lb.ToNNX), got {type(model).__name__}. "
-          "Fix: wrap Linen modules with lb.ToNNX(module, rngs=...) and lb.lazy_init them first.")
+        f"lb.compile_step needs an NNX module (e.g. an lb.ToNNX), got {type(model).__name__}. "
+        "Fix: wrap Linen modules with lb.ToNNX(module, rngs=...) and lb.lazy_init them first."
+      )
     self._fn = fn
     self._model = model
     self._donate = donate
@@ -127,23 +137,31 @@ class CompiledStep(tp.Generic[Out]):
     model = self._model
     graphdef, state = nnx.split(model)
     flat, treedef = jax.tree_util.tree_flatten_with_path(state)
-    by_path = {tuple(path): node for path, node in _compat.iter_graph(model)
-               if isinstance(node, nnx.Variable)}
+    by_path = {
+      tuple(path): node
+      for path, node in _compat.iter_graph(model)
+      if isinstance(node, nnx.Variable)
+    }
     variables = []
     for path, leaf in flat:
       variable = by_path.get(_path_keys(path))
       if variable is None or _compat.get_raw_value(variable) is not leaf:
         raise TypeError(
-            f"lb.compile_step cannot follow the state leaf at {jax.tree_util.keystr(path)}: "
-            "it is not the single array held by one Variable. Why: the compiled step reads and "
-            "writes Variables directly to skip the per-call graph traversal. Fix: keep one "
-            "array per Variable, or use nnx.jit for this model.")
+          f"lb.compile_step cannot follow the state leaf at {jax.tree_util.keystr(path)}: "
+          "it is not the single array held by one Variable. Why: the compiled step reads and "
+          "writes Variables directly to skip the per-call graph traversal. Fix: keep one "
+          "array per Variable, or use nnx.jit for this model."
+        )
       variables.append(variable)
     self._generation = _recorder.generation()
     old = getattr(self, "_variables", None)
-    if (old is not None and len(old) == len(variables)
-        and all(a is b for a, b in zip(old, variables))
-        and self._treedef == treedef and self._graphdef == graphdef):
+    if (
+      old is not None
+      and len(old) == len(variables)
+      and all(a is b for a, b in zip(old, variables))
+      and self._treedef == treedef
+      and self._graphdef == graphdef
+    ):
       return  # a declaration elsewhere left this model as it was: keep the executable
     self._graphdef = graphdef
     self._treedef = treedef
@@ -160,22 +178,27 @@ class CompiledStep(tp.Generic[Out]):
     kept = [i for i in range(len(self._variables)) if i not in written]
     # Kept typed PRNG keys (an `nnx.Rngs` key) go last among the kept leaves and travel as
     # their uint32 data (see `_compat.key_data_accessors`); `_pure` wraps them back.
-    keys = [i for i in kept if _KEY_ACCESSORS is not None
-            and _compat.is_concrete_typed_key(_compat.get_raw_value(self._variables[i]))]
+    keys = [
+      i
+      for i in kept
+      if _KEY_ACCESSORS is not None
+      and _compat.is_concrete_typed_key(_compat.get_raw_value(self._variables[i]))
+    ]
     self._kept_idx = tuple([i for i in kept if i not in keys] + keys)
     self._moved_vars = tuple(self._variables[i] for i in self._moved_idx)
-    self._plain_vars = tuple(self._variables[i] for i in self._kept_idx[:len(kept) - len(keys)])
+    self._plain_vars = tuple(self._variables[i] for i in self._kept_idx[: len(kept) - len(keys)])
     self._key_vars = tuple(self._variables[i] for i in keys)
     self._key_impls = self._current_key_impls()
     # Every leaf is its own positional argument (jax's C++ dispatch handles those faster than
     # the leaves of a list); the written ones, right after the kept ones, are donated.
     n_kept, n_moved = len(self._kept_idx), len(self._moved_idx)
-    self._jitted = jax.jit(self._pure, donate_argnums=tuple(range(n_kept, n_kept + n_moved))
-                           if self._donate else ())
+    self._jitted = jax.jit(
+      self._pure, donate_argnums=tuple(range(n_kept, n_kept + n_moved)) if self._donate else ()
+    )
 
   def _current_key_impls(self) -> tuple[tp.Any, ...] | None:
     try:
-      return tuple(map(_KEY_ACCESSORS[1], self._key_vars)) if self._key_vars else ()
+      return tuple(map(_KEY_IMPL, self._key_vars)) if self._key_vars else ()
     except AttributeError:  # no longer a typed key: None differs from any recorded impls
       return None
 
@@ -194,6 +217,7 @@ class CompiledStep(tp.Generic[Out]):
     n_kept = len(self._kept_idx)
     kept, moved = list(flat[:n_kept]), flat[n_kept:-2]
     args, kwargs = flat[-2:]
+    assert self._key_impls is not None  # set by _set_written before the first trace
     n_keys = len(self._key_impls)
     for k, impl in enumerate(self._key_impls):
       j = n_kept - n_keys + k
@@ -227,20 +251,25 @@ class CompiledStep(tp.Generic[Out]):
   def _trace(self, leaves, args, kwargs):
     model = nnx.merge(self._graphdef, jax.tree_util.tree_unflatten(self._treedef, leaves))
     out = self._fn(model, *args, **kwargs)
-    if any(isinstance(x, nnx.Module)
-           for x in jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, nnx.Module))):
+    if any(
+      isinstance(x, nnx.Module)
+      for x in jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, nnx.Module))
+    ):
       raise TypeError(
-          "the function given to lb.compile_step returned an NNX module. Why: the step updates "
-          "the model in place and returns arrays only. Fix: return the outputs (arrays) and "
-          "read the model itself after the call.")
+        "the function given to lb.compile_step returned an NNX module. Why: the step updates "
+        "the model in place and returns arrays only. Fix: return the outputs (arrays) and "
+        "read the model itself after the call."
+      )
     new_leaves, new_treedef = jax.tree_util.tree_flatten(nnx.state(model))
     if new_treedef != self._treedef or any(
-        np.shape(a) != np.shape(b) or a.dtype != b.dtype for a, b in zip(leaves, new_leaves)):
+      np.shape(a) != np.shape(b) or a.dtype != b.dtype for a, b in zip(leaves, new_leaves)
+    ):
       raise StructureChangeError(
-          "the function given to lb.compile_step changed the model's structure (added or "
-          "removed a Variable, or changed a shape or dtype). Why: the compiled step keeps the "
-          "model's state layout fixed, as NNX loops do. Fix: create every Variable before "
-          "building the step (lb.lazy_init / lb.preallocate) and keep shapes fixed.")
+        "the function given to lb.compile_step changed the model's structure (added or "
+        "removed a Variable, or changed a shape or dtype). Why: the compiled step keeps the "
+        "model's state layout fixed, as NNX loops do. Fix: create every Variable before "
+        "building the step (lb.lazy_init / lb.preallocate) and keep shapes fixed."
+      )
     changed = frozenset(i for i, (a, b) in enumerate(zip(leaves, new_leaves)) if a is not b)
     return out, new_leaves, changed
 
@@ -248,26 +277,32 @@ class CompiledStep(tp.Generic[Out]):
   def _inputs(self) -> list[tp.Any]:
     """The leaves to call `_jitted` with (kept, then written), from the model's Variables."""
     self._refresh()
-    keys = map(_KEY_ACCESSORS[0], self._key_vars) if self._key_vars else ()
+    keys = map(_KEY_DATA, self._key_vars) if self._key_vars else ()
     return [*map(_get_raw, self._plain_vars), *keys, *map(_get_raw, self._moved_vars)]
 
   def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
     # The per-call path is kept to a few C-level loops: on a small model, Python work here
     # costs as much as jax's own dispatch (benchmarks/bench_recording.py, "D dispatch").
-    if (self._generation != _recorder.generation()
-        or (self._key_vars and self._current_key_impls() != self._key_impls)):
+    if self._generation != _recorder.generation() or (
+      self._key_vars and self._current_key_impls() != self._key_impls
+    ):
       self._refresh()
     if not self._analysed:  # first call: learn which leaves are written, then donate them
       self._analyse(args, kwargs)
     try:
       if self._key_vars:
-        out, new = self._jitted(*map(_get_raw, self._plain_vars),
-                                *map(_KEY_ACCESSORS[0], self._key_vars),
-                                *map(_get_raw, self._moved_vars), args, kwargs)
+        out, new = self._jitted(
+          *map(_get_raw, self._plain_vars),
+          *map(_KEY_DATA, self._key_vars),
+          *map(_get_raw, self._moved_vars),
+          args,
+          kwargs,
+        )
       else:
-        out, new = self._jitted(*map(_get_raw, self._plain_vars),
-                                *map(_get_raw, self._moved_vars), args, kwargs)
+        out, new = self._jitted(
+          *map(_get_raw, self._plain_vars), *map(_get_raw, self._moved_vars), args, kwargs
+        )
     except _NewWrites:  # new argument shapes made the function write more: learn again
       self._analyse(args, kwargs)
       return self(*args, **kwargs)
@@ -294,8 +329,9 @@ class CompiledStep(tp.Generic[Out]):
         self._analyse(args, kwargs)
 
 
-def compile_step(fn: tp.Callable[..., Out], model: nnx.Module, *,
-                 donate: bool = True) -> CompiledStep[Out]:
+def compile_step(
+  fn: tp.Callable[..., Out], model: nnx.Module, *, donate: bool = True
+) -> CompiledStep[Out]:
   """Compile `fn(model, *args, **kwargs)` with `jax.jit`, splitting the model only once.
 
   The fast way to call a model (or a whole loop over it) many times from Python: `nnx.jit`

@@ -49,9 +49,12 @@ def global_key(part: Part, site: SowSite) -> tuple[str, ...]:
   return (site.collection, *map(str, part.path), *site.path)
 
 
-def _capacities(parts: list[Part], capacity: _capacity.CapacitySpec | None,
-                model_name: str, scoped: _capacity.CapacitySpec | None = None
-                ) -> dict[int, dict[tuple[str, ...], int]]:
+def _capacities(
+  parts: list[Part],
+  capacity: _capacity.CapacitySpec | None,
+  model_name: str,
+  scoped: _capacity.CapacitySpec | None = None,
+) -> dict[int, dict[tuple[str, ...], int]]:
   """Capacity per (part index, site key).
 
   Precedence: the entry's `capacity`, then each lb.ToNNX's constructor capacity, then `scoped`
@@ -74,25 +77,31 @@ def _capacities(parts: list[Part], capacity: _capacity.CapacitySpec | None,
   for i, part in enumerate(parts):
     if part.default_capacity is not None and part.sites:
       sow_keys = sorted({s.sow_key for s in part.sites})
-      local = _capacity.resolve_capacities(part.default_capacity, sow_keys,
-                                           model_name=model_name)
+      local = _capacity.resolve_capacities(part.default_capacity, sow_keys, model_name=model_name)
       out[i] = {s.key: local[s.sow_key] for s in part.sites}
     else:
       for s in part.sites:
         uncovered.setdefault(global_key(part, s), []).append((i, s.key))
   if uncovered:
-    resolved = _capacity.resolve_capacities(scoped, sorted(uncovered), model_name=model_name,
-                                            unused_ok=True)
+    resolved = _capacity.resolve_capacities(
+      scoped, sorted(uncovered), model_name=model_name, unused_ok=True
+    )
     for key, locals_ in uncovered.items():
       for i, local_key in locals_:
         out.setdefault(i, {})[local_key] = resolved[key]
   return out
 
 
-def declare(parts: list[Part], *, capacity: _capacity.CapacitySpec | None,
-            overflow: str | None, shardings_from: tuple[tp.Any, tp.Any], model_name: str,
-            entry: str = "lazy_init", scoped_capacity: _capacity.CapacitySpec | None = None
-            ) -> None:
+def declare(
+  parts: list[Part],
+  *,
+  capacity: _capacity.CapacitySpec | None,
+  overflow: str | None,
+  shardings_from: tuple[tp.Any, tp.Any],
+  model_name: str,
+  entry: str = "lazy_init",
+  scoped_capacity: _capacity.CapacitySpec | None = None,
+) -> None:
   """(Re)declare the buffers of every part. `capacity`/`overflow` were validated by the entry;
   `scoped_capacity` is the entry's `lb.capacity` default (the lowest precedence)."""
   capacities = _capacities(parts, capacity, model_name, scoped_capacity)
@@ -100,45 +109,70 @@ def declare(parts: list[Part], *, capacity: _capacity.CapacitySpec | None,
     for dropped in part.dropped:
       warnings.warn(dropped.warning_text(), DroppedSowWarning, stacklevel=5)
     policy = overflow or part.default_overflow or "error"
-    sites = [dataclasses.replace(s, capacity=capacities[i][s.key], overflow=policy)
-             for s in part.sites]
+    sites = [
+      dataclasses.replace(s, capacity=capacities[i][s.key], overflow=policy) for s in part.sites
+    ]
     layouts = _sharding.infer_buffer_shardings(
-        *shardings_from, {s.key: (s.shape, s.sown_shape) for s in sites if not s.stack_axes})
+      *shardings_from, {s.key: (s.shape, s.sown_shape) for s in sites if not s.stack_axes}
+    )
     _declare_part(part, sites, layouts, entry)
   _recorder.bump_generation()
 
 
 _RECORDS_DISCARDED = (
-    "lb.{entry}: the buffer of sow site {label} held {n} recorded value(s) that cannot be kept: "
-    "{why}. Why: a buffer holds values of one shape. Fix: read them (lb.recorded) before "
-    "declaring the new signature, or call lb.reset(model) first to say they are not needed.")
+  "lb.{entry}: the buffer of sow site {label} held {n} recorded value(s) that cannot be kept: "
+  "{why}. Why: a buffer holds values of one shape. Fix: read them (lb.recorded) before "
+  "declaring the new signature, or call lb.reset(model) first to say they are not needed."
+)
 _RECORDS_LOST = (
-    "lb.{entry}: sow site {label} was sown {n} times into capacity {capacity}, so {lost} value(s) "
-    "were already not stored; the {kept} it holds move to the new buffer and its count restarts "
-    "at {kept}. Fix: declare the larger capacity before the loop runs.")
+  "lb.{entry}: sow site {label} was sown {n} times into capacity {capacity}, so {lost} value(s) "
+  "were already not stored; the {kept} it holds move to the new buffer and its count restarts "
+  "at {kept}. Fix: declare the larger capacity before the loop runs."
+)
 
 
-def _keep_records(site: SowSite, old: tp.Any, old_count: tp.Any, buffer: tp.Any, count: tp.Any,
-                  label: str, entry: str) -> None:
+def _keep_records(
+  site: SowSite,
+  old: tp.Any,
+  old_count: tp.Any,
+  buffer: tp.Any,
+  count: tp.Any,
+  label: str,
+  entry: str,
+) -> None:
   """Move what `old` recorded into the re-declared `buffer`, or say why it cannot."""
   n = int(np.max(_compat.variable_value(old_count)))
   if n == 0:
     return
   old_value = _compat.variable_value(old)
   k = getattr(old, "stack_axes", 0) or 0
-  if (tuple(old_value.shape[:k]) + tuple(old_value.shape[k + 1:]) != tuple(site.shape)
-      or str(old_value.dtype) != site.dtype or k != site.stack_axes or k):
-    why = ("stacked layers are re-declared empty" if k and k == site.stack_axes else
-           f"its values were {tuple(old_value.shape[k + 1:])} {old_value.dtype} and this call "
-           f"sows {site.value_shape} {site.dtype}")
-    warnings.warn(_RECORDS_DISCARDED.format(entry=entry, label=label, n=n, why=why),
-                  RecordsDiscardedWarning, stacklevel=6)
+  if (
+    tuple(old_value.shape[:k]) + tuple(old_value.shape[k + 1 :]) != tuple(site.shape)
+    or str(old_value.dtype) != site.dtype
+    or k != site.stack_axes
+    or k
+  ):
+    why = (
+      "stacked layers are re-declared empty"
+      if k and k == site.stack_axes
+      else f"its values were {tuple(old_value.shape[k + 1 :])} {old_value.dtype} and this call "
+      f"sows {site.value_shape} {site.dtype}"
+    )
+    warnings.warn(
+      _RECORDS_DISCARDED.format(entry=entry, label=label, n=n, why=why),
+      RecordsDiscardedWarning,
+      stacklevel=6,
+    )
     return
   values, lost = _buffers.kept_values(old, old_count)
   if lost:
-    warnings.warn(_RECORDS_LOST.format(entry=entry, label=label, n=n, capacity=old_value.shape[0],
-                                       lost=lost, kept=values.shape[0]),
-                  RecordsDiscardedWarning, stacklevel=6)
+    warnings.warn(
+      _RECORDS_LOST.format(
+        entry=entry, label=label, n=n, capacity=old_value.shape[0], lost=lost, kept=values.shape[0]
+      ),
+      RecordsDiscardedWarning,
+      stacklevel=6,
+    )
   _buffers.refill(buffer, count, values)
 
 
@@ -168,12 +202,13 @@ def _check_fits(new: list[tuple[str, SowSite, tp.Any]]) -> None:
   if available is not None and per_device > available:
     biggest = sorted(new, key=lambda t: -t[1].buffer_bytes)[:3]
     raise CapacityError(
-        f"the buffers declared need {per_device:,} bytes per device but only {available:,} "
-        f"bytes of {what} are left (largest: "
-        + ", ".join(f"{label} {site.buffer_shape} {site.dtype}" for label, site, _ in biggest)
-        + "). Why: every slot of every buffer is allocated up front. Fix: a smaller capacity "
-        "(a mapping gives each site its own, e.g. capacity={'intermediates': 64, "
-        "'ScanBlock_0/*': 8}), record fewer sites, or shard the buffers over devices.")
+      f"the buffers declared need {per_device:,} bytes per device but only {available:,} "
+      f"bytes of {what} are left (largest: "
+      + ", ".join(f"{label} {site.buffer_shape} {site.dtype}" for label, site, _ in biggest)
+      + "). Why: every slot of every buffer is allocated up front. Fix: a smaller capacity "
+      "(a mapping gives each site its own, e.g. capacity={'intermediates': 64, "
+      "'ScanBlock_0/*': 8}), record fewer sites, or shard the buffers over devices."
+    )
 
 
 def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -> None:
@@ -187,17 +222,26 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
   for site in sites:
     old = declared.get(site.key)
     existing = _recorder.get_nested(buffers, site.key)
-    same_storage = (old is not None and isinstance(existing, _buffers.Buffer)
-                    and (old.buffer_shape, old.dtype, old.overflow)
-                    == (site.buffer_shape, site.dtype, site.overflow))
+    same_storage = (
+      old is not None
+      and isinstance(existing, _buffers.Buffer)
+      and (old.buffer_shape, old.dtype, old.overflow)
+      == (site.buffer_shape, site.dtype, site.overflow)
+    )
     layout = layouts.get(site.key)
     if same_storage and layout is not None:
       # Same storage, a new layout inferred from these sample arguments: move what it holds.
       names, _ = _compat.variable_sharding(existing)
       if names != tuple(layout.spec):
-        _recorder.set_nested(buffers, site.key, _buffers.Buffer(
-            jax.device_put(_compat.variable_value(existing), layout), overflow=site.overflow,
-            **_sharding.buffer_metadata(layout)))
+        _recorder.set_nested(
+          buffers,
+          site.key,
+          _buffers.Buffer(
+            jax.device_put(_compat.variable_value(existing), layout),
+            overflow=site.overflow,
+            **_sharding.buffer_metadata(layout),
+          ),
+        )
     if not same_storage:
       label = "/".join(filter(None, (prefix, *site.key)))
       new.append((label, site, layout))
@@ -205,23 +249,27 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
   _check_fits(new)
   for label, site, layout in new:
     existing = _recorder.get_nested(buffers, site.key)
-    stack = site.shape[:site.stack_axes]
-    buffer = _buffers.new_buffer(site.capacity, site.value_shape, np.dtype(site.dtype),
-                                 site.overflow, layout, stack=stack)
+    stack = site.shape[: site.stack_axes]
+    buffer = _buffers.new_buffer(
+      site.capacity, site.value_shape, np.dtype(site.dtype), site.overflow, layout, stack=stack
+    )
     count = _buffers.Count(jnp.zeros(stack, _buffers.COUNT_DTYPE))
     if isinstance(existing, _buffers.Buffer):  # re-declared: keep what it recorded if it can
-      _keep_records(site, existing, _recorder.get_nested(counts, site.key), buffer, count,
-                    label, entry)
+      _keep_records(
+        site, existing, _recorder.get_nested(counts, site.key), buffer, count, label, entry
+      )
     _recorder.set_nested(buffers, site.key, buffer)
     _recorder.set_nested(counts, site.key, count)
   _compat.set_data_attribute(node, _recorder.BUFFERS_ATTR, buffers)
   _compat.set_data_attribute(node, _recorder.COUNTS_ATTR, counts)
   setattr(node, _recorder.SITES_ATTR, tuple(declared[k] for k in sorted(declared)))
   if part.dropped:
-    known = {(d.collection, d.module_path, d.name)
-             for d in vars(node).get(_recorder.DROPPED_ATTR, ())}
-    new_dropped = tuple(d for d in part.dropped
-                        if (d.collection, d.module_path, d.name) not in known)
+    known = {
+      (d.collection, d.module_path, d.name) for d in vars(node).get(_recorder.DROPPED_ATTR, ())
+    }
+    new_dropped = tuple(
+      d for d in part.dropped if (d.collection, d.module_path, d.name) not in known
+    )
     setattr(node, _recorder.DROPPED_ATTR, vars(node).get(_recorder.DROPPED_ATTR, ()) + new_dropped)
   if sites:
     _native_hook.install(type(node))

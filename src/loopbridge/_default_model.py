@@ -13,8 +13,9 @@ import flax.linen as nn
 WIDTH = 100
 DEPTH = 3
 DEFAULT_ARGS = (f"float32[1,{WIDTH}]",)
-DESCRIPTION = (f"default model: MLP(depth={DEPTH}), width {WIDTH}, a sow at the top level "
-               "and one inside nn.scan")
+DESCRIPTION = (
+  f"default model: MLP(depth={DEPTH}), width {WIDTH}, a sow at the top level and one inside nn.scan"
+)
 
 
 class Block(nn.Module):
@@ -40,10 +41,10 @@ class MLP(nn.Module):
   def __call__(self, x):
     self.sow("intermediates", "x", x)
     scan_block = nn.scan(
-        Block,
-        variable_axes={"params": 0, "intermediates": 0},
-        split_rngs={"params": True},
-        length=self.depth,
+      Block,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      length=self.depth,
     )(self.features)
     carry, _ = scan_block(x, None)
     return carry

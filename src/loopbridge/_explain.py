@@ -140,15 +140,25 @@ def _walk(snap: _Snapshot, obj: tp.Any, path: str, parent: str | None, owner: st
     return
   if graph_lib.is_graph_node(obj) or graph_lib.is_node(obj):
     is_object = graph_lib.is_graph_node(obj)  # modules are objects; dicts/lists/tuples are not
-    snap.items[path] = _Item(path, parent, _MODULE if is_object else _CONTAINER,
-                             type(obj).__name__, owner, ident=id(obj) if is_object else None)
+    snap.items[path] = _Item(
+      path,
+      parent,
+      _MODULE if is_object else _CONTAINER,
+      type(obj).__name__,
+      owner,
+      ident=id(obj) if is_object else None,
+    )
     if is_object:
       owner = _flavor(obj)
       if not snap.note(obj, path):
         return  # a shared reference: its contents are listed under its first path
     children = _compat.graph_children(obj)
-    if (not is_object and isinstance(obj, tuple) and children
-        and all(isinstance(c, nnx.Variable) for c in children.values())):
+    if (
+      not is_object
+      and isinstance(obj, tuple)
+      and children
+      and all(isinstance(c, nnx.Variable) for c in children.values())
+    ):
       # flax 0.10's stock bridge keeps a sow tuple as a tuple of Variables, one per value.
       snap.items[path].tuple_len = len(children)
     for key, child in children.items():
@@ -182,57 +192,71 @@ class Change:
     return dataclasses.asdict(self)
 
 
-_WHY = ("A JAX loop carries exactly the same structure through every step; NNX loops "
-        "(nnx.while_loop / nnx.fori_loop / nnx.scan) also need the same shared references and, "
-        "on flax 0.10 and in tree mode, the same Variable and module objects.")
+_WHY = (
+  "A JAX loop carries exactly the same structure through every step; NNX loops "
+  "(nnx.while_loop / nnx.fori_loop / nnx.scan) also need the same shared references and, "
+  "on flax 0.10 and in tree mode, the same Variable and module objects."
+)
 
 _FIXES: dict[str, str] = {
-    "sow:" + _BRIDGE: (
-        "sow tuples in a stock flax.nnx.bridge.ToNNX: every call appends each sown value to a "
-        "tuple. Build the model with lb.ToNNX(linen_module, rngs=...) and "
-        "lb.lazy_init(model, *sample_args, capacity=N): sows then go into preallocated buffers "
-        "(read them with lb.recorded(model))."),
-    "sow:" + _LB: (
-        "sow tuples in an lb.ToNNX: this call sows with another signature than the buffers were "
-        "declared for. Declare it before the loop: lb.preallocate(model, *args, capacity=N)."),
-    "sow:" + _NNX: (
-        "sow tuples: every `sow` call appends its value to a tuple. For a Linen model use "
-        "lb.ToNNX(linen_module, rngs=...) with lb.lazy_init(..., capacity=N); for a native NNX "
-        "module declare fixed-size buffers with lb.preallocate(model, *sample_args, capacity=N), "
-        "or pop the values inside the body (nnx.pop(model, nnx.Intermediate)) so the carry "
-        "leaves the step as it entered."),
-    "replaced:" + _BRIDGE: (
-        "replaced Variables: a stock flax.nnx.bridge.ToNNX called with `mutable=` builds new "
-        "Variables on every call. lb.ToNNX(linen_module, rngs=...) writes them in place."),
-    "replaced": (
-        "replaced objects: write into the existing Variable (var.value = new, or "
-        "var[...] = new) instead of assigning a new Variable or module; NNX loops on flax "
-        "0.10 and in tree mode track them by identity."),
-    "sharing": (
-        "sharing: keep shared submodules and Variables shared; do not copy or rebuild them inside "
-        "the body (nnx.clone, nnx.merge, copy.deepcopy), and assign one object to every place "
-        "that shares it."),
-    "added": (
-        "added/removed paths: create every attribute and Variable before the loop (in "
-        "__init__, or by running one step before the loop) and never delete one inside the "
-        "body."),
-    "shape": (
-        "shapes: keep each carried value at a fixed shape; preallocate it at its largest size "
-        "and write into it (x.at[i].set(v), jax.lax.dynamic_update_slice)."),
-    "dtype": (
-        "dtypes: keep each carried value at one dtype; cast the result back "
-        "(y.astype(x.dtype)) or start the carry in the dtype the body produces."),
-    "type": "types: keep each attribute's type (same Variable type, same module class).",
-    "type:" + _BRIDGE: (
-        "changed Variable types: a stock flax.nnx.bridge.ToNNX called with `mutable=` rebuilds "
-        "the updated collections as new Variables (on flax 0.10 even of another type). "
-        "lb.ToNNX(linen_module, rngs=...) with lb.lazy_init(..., capacity=N) keeps them."),
-    "static": (
-        "plain attributes: NNX keeps non-array attributes in the GraphDef, so a new value is a "
-        "new structure. Keep values that change in a Variable (e.g. nnx.Variable(jnp.array(0)))."),
-    "container": (
-        "carry layout: return the carry in the same container layout (same tuple/list/dict "
-        "structure) the step received."),
+  "sow:" + _BRIDGE: (
+    "sow tuples in a stock flax.nnx.bridge.ToNNX: every call appends each sown value to a "
+    "tuple. Build the model with lb.ToNNX(linen_module, rngs=...) and "
+    "lb.lazy_init(model, *sample_args, capacity=N): sows then go into preallocated buffers "
+    "(read them with lb.recorded(model))."
+  ),
+  "sow:" + _LB: (
+    "sow tuples in an lb.ToNNX: this call sows with another signature than the buffers were "
+    "declared for. Declare it before the loop: lb.preallocate(model, *args, capacity=N)."
+  ),
+  "sow:" + _NNX: (
+    "sow tuples: every `sow` call appends its value to a tuple. For a Linen model use "
+    "lb.ToNNX(linen_module, rngs=...) with lb.lazy_init(..., capacity=N); for a native NNX "
+    "module declare fixed-size buffers with lb.preallocate(model, *sample_args, capacity=N), "
+    "or pop the values inside the body (nnx.pop(model, nnx.Intermediate)) so the carry "
+    "leaves the step as it entered."
+  ),
+  "replaced:" + _BRIDGE: (
+    "replaced Variables: a stock flax.nnx.bridge.ToNNX called with `mutable=` builds new "
+    "Variables on every call. lb.ToNNX(linen_module, rngs=...) writes them in place."
+  ),
+  "replaced": (
+    "replaced objects: write into the existing Variable (var.value = new, or "
+    "var[...] = new) instead of assigning a new Variable or module; NNX loops on flax "
+    "0.10 and in tree mode track them by identity."
+  ),
+  "sharing": (
+    "sharing: keep shared submodules and Variables shared; do not copy or rebuild them inside "
+    "the body (nnx.clone, nnx.merge, copy.deepcopy), and assign one object to every place "
+    "that shares it."
+  ),
+  "added": (
+    "added/removed paths: create every attribute and Variable before the loop (in "
+    "__init__, or by running one step before the loop) and never delete one inside the "
+    "body."
+  ),
+  "shape": (
+    "shapes: keep each carried value at a fixed shape; preallocate it at its largest size "
+    "and write into it (x.at[i].set(v), jax.lax.dynamic_update_slice)."
+  ),
+  "dtype": (
+    "dtypes: keep each carried value at one dtype; cast the result back "
+    "(y.astype(x.dtype)) or start the carry in the dtype the body produces."
+  ),
+  "type": "types: keep each attribute's type (same Variable type, same module class).",
+  "type:" + _BRIDGE: (
+    "changed Variable types: a stock flax.nnx.bridge.ToNNX called with `mutable=` rebuilds "
+    "the updated collections as new Variables (on flax 0.10 even of another type). "
+    "lb.ToNNX(linen_module, rngs=...) with lb.lazy_init(..., capacity=N) keeps them."
+  ),
+  "static": (
+    "plain attributes: NNX keeps non-array attributes in the GraphDef, so a new value is a "
+    "new structure. Keep values that change in a Variable (e.g. nnx.Variable(jnp.array(0)))."
+  ),
+  "container": (
+    "carry layout: return the carry in the same container layout (same tuple/list/dict "
+    "structure) the step received."
+  ),
 }
 _FIXES["removed"] = _FIXES["added"]
 
@@ -280,13 +304,16 @@ class StructureReport:
     return out
 
   def __str__(self) -> str:
-    checked = ", ".join(f"{n} {what if n != 1 else what[:-1]}"
-                        for what, n in self.checked.items())
+    checked = ", ".join(f"{n} {what if n != 1 else what[:-1]}" for what, n in self.checked.items())
     if self.ok:
-      return (f"lb.explain({self.body}): one step keeps the loop carry's structure: same "
-              f"paths, shapes, dtypes, Variables and sharing ({checked} checked).")
-    lines = [f"lb.explain({self.body}): one step changes the loop carry's structure "
-             f"({len(self.changes)} change{'s' if len(self.changes) != 1 else ''}). {_WHY}"]
+      return (
+        f"lb.explain({self.body}): one step keeps the loop carry's structure: same "
+        f"paths, shapes, dtypes, Variables and sharing ({checked} checked)."
+      )
+    lines = [
+      f"lb.explain({self.body}): one step changes the loop carry's structure "
+      f"({len(self.changes)} change{'s' if len(self.changes) != 1 else ''}). {_WHY}"
+    ]
     shown: dict[str, int] = {}
     for change in self.changes:
       shown[change.kind] = shown.get(change.kind, 0) + 1
@@ -304,8 +331,13 @@ class StructureReport:
 
   def to_dict(self) -> dict[str, tp.Any]:
     """A JSON-ready dict: ok, body, checked counts, changes (kind, path, message, ...), fixes."""
-    return {"ok": self.ok, "body": self.body, "checked": dict(self.checked),
-            "changes": [c.to_dict() for c in self.changes], "fixes": self.fixes()}
+    return {
+      "ok": self.ok,
+      "body": self.body,
+      "checked": dict(self.checked),
+      "changes": [c.to_dict() for c in self.changes],
+      "fixes": self.fixes(),
+    }
 
 
 def _describe(item: _Item) -> str:
@@ -334,7 +366,7 @@ def _short(value: tp.Any, limit: int = 60) -> str:
   except Exception:  # pylint: disable=broad-except
     text = f"<{type(value).__name__}>"
   text = " ".join(text.split())
-  return text if len(text) <= limit else text[:limit - 3] + "..."
+  return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _same_static(a: tp.Any, b: tp.Any) -> bool:
@@ -361,8 +393,11 @@ def _sow_text(snap: _Snapshot, path: str) -> str:
   """'Intermediate, float32[1,4] each' for a sow tuple at `path` (a Variable or a tuple of them)."""
   item = snap.items[path]
   first = snap.items.get(path + "[0]")
-  type_name = item.type_name if item.kind == _VARIABLE else (
-      first.type_name if first is not None else item.type_name)
+  type_name = (
+    item.type_name
+    if item.kind == _VARIABLE
+    else (first.type_name if first is not None else item.type_name)
+  )
   if first is not None and first.shape is not None:
     return f"{type_name}, {_shape_text(first)} each"
   return type_name
@@ -376,8 +411,10 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
   no_identity: set[str] = set()  # paths already explained by a sharing change
 
   # Shared references: a group of paths holding one object must hold one object afterwards.
-  for label, this, other, verb in (("split", before, a, "different objects after it"),
-                                   ("joined", after, b, "one shared object after it")):
+  for label, this, other, verb in (
+    ("split", before, a, "different objects after it"),
+    ("joined", after, b, "one shared object after it"),
+  ):
     for _ident, paths in this.paths_of.items():
       if len(paths) < 2:
         continue
@@ -388,11 +425,15 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
       item = this.items[paths[0]]
       owner = item.owner
       if label == "split":
-        message = (f"{' and '.join(present)} were one shared {item.type_name} before the step "
-                   f"and are {len(idents)} {verb}")
+        message = (
+          f"{' and '.join(present)} were one shared {item.type_name} before the step "
+          f"and are {len(idents)} {verb}"
+        )
       else:
-        message = (f"{' and '.join(present)} were {len(idents)} different objects before the "
-                   f"step and are {verb}")
+        message = (
+          f"{' and '.join(present)} were {len(idents)} different objects before the "
+          f"step and are {verb}"
+        )
       changes.append(Change("sharing", present[0], message, before=None, after=None, owner=owner))
       skip.update(present[1:])
       no_identity.update(present)
@@ -402,73 +443,173 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
   replaced_modules: set[str] = set()
   for path, x in b.items():
     y = a.get(path)
-    if (y is None or _under_any(path, skip) or _under_any(path, type_changed)
-        or _under_any(path, grown)):
+    if (
+      y is None
+      or _under_any(path, skip)
+      or _under_any(path, type_changed)
+      or _under_any(path, grown)
+    ):
       continue
     if x.kind != y.kind or x.type_name != y.type_name:
-      changes.append(Change("type", path, f"{path}: {_describe(x)} became {_describe(y)}",
-                            _describe(x), _describe(y), y.owner))
+      changes.append(
+        Change(
+          "type",
+          path,
+          f"{path}: {_describe(x)} became {_describe(y)}",
+          _describe(x),
+          _describe(y),
+          y.owner,
+        )
+      )
       type_changed.add(path)
       continue
     if x.tuple_len is not None and y.tuple_len is not None and y.tuple_len > x.tuple_len:
       grown.add(path)
-      changes.append(Change(
-          "sow", path,
+      changes.append(
+        Change(
+          "sow",
+          path,
           f"{path}: sow tuple grew from {x.tuple_len} to {y.tuple_len} values "
           f"({_sow_text(after, path)}); every call appends, so the carry changes on every step",
-          _describe(x), _describe(y), y.owner))
+          _describe(x),
+          _describe(y),
+          y.owner,
+        )
+      )
       continue
-    if (x.kind in (_VARIABLE, _MODULE) and x.ident != y.ident and path not in no_identity
-        and not _under_any(path, replaced_modules)):
+    if (
+      x.kind in (_VARIABLE, _MODULE)
+      and x.ident != y.ident
+      and path not in no_identity
+      and not _under_any(path, replaced_modules)
+    ):
       if x.kind == _MODULE:
         replaced_modules.add(path)  # its Variables are new too: one change says it
       what = "Variable" if x.kind == _VARIABLE else "module"
-      changes.append(Change("replaced", path,
-                            f"{path}: {what} replaced by a new {y.type_name} object",
-                            _describe(x), _describe(y), y.owner))
+      changes.append(
+        Change(
+          "replaced",
+          path,
+          f"{path}: {what} replaced by a new {y.type_name} object",
+          _describe(x),
+          _describe(y),
+          y.owner,
+        )
+      )
     if x.shape is not None and y.shape is not None:
       if x.shape != y.shape:
-        changes.append(Change("shape", path, f"{path}: shape {x.shape} became {y.shape} "
-                              f"({y.dtype})", _shape_text(x), _shape_text(y), y.owner))
+        changes.append(
+          Change(
+            "shape",
+            path,
+            f"{path}: shape {x.shape} became {y.shape} ({y.dtype})",
+            _shape_text(x),
+            _shape_text(y),
+            y.owner,
+          )
+        )
       if x.dtype != y.dtype:
-        changes.append(Change("dtype", path, f"{path}: dtype {x.dtype} became {y.dtype} "
-                              f"(shape {y.shape})", _shape_text(x), _shape_text(y), y.owner))
+        changes.append(
+          Change(
+            "dtype",
+            path,
+            f"{path}: dtype {x.dtype} became {y.dtype} (shape {y.shape})",
+            _shape_text(x),
+            _shape_text(y),
+            y.owner,
+          )
+        )
     elif (x.shape is None) != (y.shape is None):
-      changes.append(Change("type", path, f"{path}: {_describe(x)} became {_describe(y)}",
-                            _describe(x), _describe(y), y.owner))
-    elif (x.kind in (_STATIC, _VARIABLE) and x.shape is None and x.tuple_len is None
-          and not _same_static(x.static, y.static)):
-      changes.append(Change("static", path, f"{path}: {_short(x.static)} became "
-                            f"{_short(y.static)}", _short(x.static), _short(y.static), y.owner))
+      changes.append(
+        Change(
+          "type",
+          path,
+          f"{path}: {_describe(x)} became {_describe(y)}",
+          _describe(x),
+          _describe(y),
+          y.owner,
+        )
+      )
+    elif (
+      x.kind in (_STATIC, _VARIABLE)
+      and x.shape is None
+      and x.tuple_len is None
+      and not _same_static(x.static, y.static)
+    ):
+      changes.append(
+        Change(
+          "static",
+          path,
+          f"{path}: {_short(x.static)} became {_short(y.static)}",
+          _short(x.static),
+          _short(y.static),
+          y.owner,
+        )
+      )
 
   def topmost(items: dict[str, _Item], other: dict[str, _Item]) -> list[str]:
-    return [p for p, it in items.items() if p not in other
-            and (it.parent is None or it.parent in other)
-            and not _under_any(p, skip) and not _under_any(p, type_changed)
-            and not _under_any(p, grown)]
+    return [
+      p
+      for p, it in items.items()
+      if p not in other
+      and (it.parent is None or it.parent in other)
+      and not _under_any(p, skip)
+      and not _under_any(p, type_changed)
+      and not _under_any(p, grown)
+    ]
 
   for path in topmost(b, a):
-    changes.append(Change("removed", path, f"{path}: removed (was {_describe(b[path])})",
-                          _describe(b[path]), None, b[path].owner))
+    changes.append(
+      Change(
+        "removed",
+        path,
+        f"{path}: removed (was {_describe(b[path])})",
+        _describe(b[path]),
+        None,
+        b[path].owner,
+      )
+    )
   for path in topmost(a, b):
     group = [p for p in a if (p == path or _under(p, path))]
     sows = [p for p in group if a[p].tuple_len is not None]
     for p in sows:
-      changes.append(Change(
-          "sow", p,
+      changes.append(
+        Change(
+          "sow",
+          p,
           f"{p}: new sow tuple of {a[p].tuple_len} value{'s' if a[p].tuple_len != 1 else ''} "
           f"({_sow_text(after, p)}); every later call appends to it, so the carry changes on "
-          "every step", None, _describe(a[p]), a[p].owner))
-    payload = [p for p in group if a[p].kind != _CONTAINER and p not in sows
-               and not _under_any(p, sows)]
+          "every step",
+          None,
+          _describe(a[p]),
+          a[p].owner,
+        )
+      )
+    payload = [
+      p for p in group if a[p].kind != _CONTAINER and p not in sows and not _under_any(p, sows)
+    ]
     if payload or not sows:
-      changes.append(Change("added", path, f"{path}: added ({_describe(a[path])})", None,
-                            _describe(a[path]), a[path].owner))
+      changes.append(
+        Change(
+          "added",
+          path,
+          f"{path}: added ({_describe(a[path])})",
+          None,
+          _describe(a[path]),
+          a[path].owner,
+        )
+      )
 
   if before.treedef != after.treedef and before.treedef.num_leaves == after.treedef.num_leaves:
-    changes.append(Change("container", "carry",
-                          f"carry: container layout {before.treedef} became {after.treedef}",
-                          str(before.treedef), str(after.treedef)))
+    changes.append(
+      Change(
+        "container",
+        "carry",
+        f"carry: container layout {before.treedef} became {after.treedef}",
+        str(before.treedef),
+        str(after.treedef),
+      )
+    )
   order = {p: i for i, p in enumerate([*b, *(p for p in a if p not in b)])}
   changes.sort(key=lambda c: order.get(c.path, len(order)))
   return changes
@@ -479,9 +620,12 @@ def _body_name(body_fn: tp.Callable[..., tp.Any]) -> str:
   return getattr(body_fn, "__name__", None) or type(body_fn).__name__
 
 
-def explain_step(body_fn: tp.Callable[..., tp.Any], carry: tp.Any,
-                 extra_args: tuple[tp.Any, ...] = (), name: str | None = None
-                 ) -> StructureReport:
+def explain_step(
+  body_fn: tp.Callable[..., tp.Any],
+  carry: tp.Any,
+  extra_args: tuple[tp.Any, ...] = (),
+  name: str | None = None,
+) -> StructureReport:
   """`explain` without the raise: the report of one abstract step of `body_fn(carry, *extra)`."""
   everything = (carry, extra_args)
   leaves, treedef = jax.tree_util.tree_flatten(everything, is_leaf=is_graph_object)
@@ -495,21 +639,28 @@ def explain_step(body_fn: tp.Callable[..., tp.Any], carry: tp.Any,
   def step(state: tp.Any, dynamic: list[tp.Any]) -> None:
     fresh = iter(nnx.merge(graphdef, state))
     values = iter(dynamic)
-    rebuilt = [next(fresh) if n else next(values) if d else leaf
-               for leaf, n, d in zip(leaves, node_mask, dyn_mask)]
+    rebuilt = [
+      next(fresh) if n else next(values) if d else leaf
+      for leaf, n, d in zip(leaves, node_mask, dyn_mask)
+    ]
     carry_in, extra_in = treedef.unflatten(rebuilt)
     before = snapshot(carry_in)
     carry_out = body_fn(carry_in, *extra_in)
     after = snapshot(carry_out)
-    result["report"] = StructureReport(diff(before, after), before.counts(),
-                                       name or _body_name(body_fn))
+    result["report"] = StructureReport(
+      diff(before, after), before.counts(), name or _body_name(body_fn)
+    )
 
   jax.eval_shape(step, state, dynamic)
   return result["report"]
 
 
-def explain(body_fn: tp.Callable[..., tp.Any], carry: tp.Any, *extra_args: tp.Any,
-            raise_on_change: bool = False) -> StructureReport:
+def explain(
+  body_fn: tp.Callable[..., tp.Any],
+  carry: tp.Any,
+  *extra_args: tp.Any,
+  raise_on_change: bool = False,
+) -> StructureReport:
   """Run one loop step abstractly and report what it changes in the loop carry.
 
   Calls `body_fn(carry, *extra_args)` under `jax.eval_shape` (no FLOPs; the caller's modules

@@ -6,7 +6,8 @@ Three layouts hold the same numbers:
   leaf has a leading layer axis (`{'Dense_0': {'kernel': f32[L, i, o]}}`);
 * *per-layer*: one subtree per layer under generated names (`{'layers_0': ..., 'layers_1': ...}`,
   what an unrolled Linen loop of `Block(name=f'layers_{i}')` stores), or a plain list;
-* *NNX*: a stack (`lb.layers.stack` / `nnx.vmap`; the scanned layout in Variables) or a list of layers.
+* *NNX*: a stack (`lb.layers.stack` / `nnx.vmap`; the scanned layout in Variables) or a list
+  of layers.
 
 All conversions copy values without casting, so every round trip is exact.
 """
@@ -33,8 +34,10 @@ def _namer(names: Names) -> tp.Callable[[int], str]:
   if callable(names):
     return names
   if not isinstance(names, str) or ("{}" not in names and "{i}" not in names):
-    raise StackError(f"names={names!r} must be a format string with one `{{}}` (e.g. "
-                     "'layers_{}') or a function from the layer index to a name.")
+    raise StackError(
+      f"names={names!r} must be a format string with one `{{}}` (e.g. "
+      "'layers_{}') or a function from the layer index to a name."
+    )
   return lambda i: names.format(i, i=i)
 
 
@@ -43,20 +46,25 @@ def _leaf_sizes(tree: Tree) -> dict[int, str]:
   for key_path, leaf in jax.tree_util.tree_leaves_with_path(tree):
     where = jax.tree_util.keystr(key_path) or "<root>"
     if np.ndim(leaf) == 0:
-      raise StackError(f"`{where}` is a scalar, so this is not a scanned (stacked) subtree: "
-                       "every leaf of one has a leading layer axis.")
+      raise StackError(
+        f"`{where}` is a scalar, so this is not a scanned (stacked) subtree: "
+        "every leaf of one has a leading layer axis."
+      )
     sizes.setdefault(np.shape(leaf)[0], where)
   if not sizes:
     raise StackError("the scanned subtree holds no arrays, so it has no layer axis.")
   if len(sizes) > 1:
     (n1, p1), (n2, p2) = list(sizes.items())[:2]
-    raise StackError(f"leading axes disagree (`{p1}` has {n1} layers, `{p2}` has {n2}), so "
-                     "this is not one scanned subtree.")
+    raise StackError(
+      f"leading axes disagree (`{p1}` has {n1} layers, `{p2}` has {n2}), so "
+      "this is not one scanned subtree."
+    )
   return sizes
 
 
-def unstack_params(scanned: Tree, *, names: Names | None = "layers_{}"
-                   ) -> dict[str, Tree] | list[Tree]:
+def unstack_params(
+  scanned: Tree, *, names: Names | None = "layers_{}"
+) -> dict[str, Tree] | list[Tree]:
   """Split a scanned params subtree (leading layer axis) into one subtree per layer.
 
   Args:
@@ -94,15 +102,20 @@ def _layer_list(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], names: Names)
   found = []
   while name(len(found)) in layers:
     found.append(layers[name(len(found))])
-  stray = [name(j) for j in range(len(found) + 1, len(found) + 1 + len(layers))
-           if name(j) in layers]
+  stray = [
+    name(j) for j in range(len(found) + 1, len(found) + 1 + len(layers)) if name(j) in layers
+  ]
   hint = " Pass names= matching your checkpoint (e.g. names='block_{}')."
   if not found:
-    raise StackError(f"no per-layer entries {name(0)!r}, {name(1)!r}, ... among the keys "
-                     f"{sorted(map(str, layers))}.{hint}")
+    raise StackError(
+      f"no per-layer entries {name(0)!r}, {name(1)!r}, ... among the keys "
+      f"{sorted(map(str, layers))}.{hint}"
+    )
   if stray:
-    raise StackError(f"per-layer entries stop at {name(len(found))!r} but {stray[0]!r} exists: "
-                     f"a layer is missing.{hint}")
+    raise StackError(
+      f"per-layer entries stop at {name(len(found))!r} but {stray[0]!r} exists: "
+      f"a layer is missing.{hint}"
+    )
   return found
 
 
@@ -110,8 +123,9 @@ def _desc(leaf: tp.Any) -> str:
   return "nothing" if leaf is None else f"{jnp.result_type(leaf)}{list(np.shape(leaf))}"
 
 
-def stack_params(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *,
-                 names: Names = "layers_{}") -> Tree:
+def stack_params(
+  layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *, names: Names = "layers_{}"
+) -> Tree:
   """Stack per-layer params into one scanned subtree (what `nn.scan` stores), exactly.
 
   Args:
@@ -139,17 +153,25 @@ def stack_params(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *,
     other = dict(jax.tree_util.tree_leaves_with_path(tree))
     for key in list(first) + [k for k in other if k not in first]:
       a, b = first.get(key), other.get(key)
-      if a is None or b is None or np.shape(a) != np.shape(b) or (
-          jnp.result_type(a) != jnp.result_type(b)):
+      if (
+        a is None
+        or b is None
+        or np.shape(a) != np.shape(b)
+        or (jnp.result_type(a) != jnp.result_type(b))
+      ):
         raise StackError(
-            f"layer {index} differs from layer 0 at `{jax.tree_util.keystr(key)}`: layer 0 has "
-            f"{_desc(a)}, layer {index} has {_desc(b)}. Only equal layers share a scanned subtree.")
+          f"layer {index} differs from layer 0 at `{jax.tree_util.keystr(key)}`: layer 0 has "
+          f"{_desc(a)}, layer {index} has {_desc(b)}. Only equal layers share a scanned subtree."
+        )
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *found)
 
 
 def _params_of(module: nnx.Module) -> dict[tuple[str, ...], nnx.Variable]:
-  return {tuple(str(p) for p in path): v for path, v in variables_by_path(module).items()
-          if isinstance(v, nnx.Param)}
+  return {
+    tuple(str(p) for p in path): v
+    for path, v in variables_by_path(module).items()
+    if isinstance(v, nnx.Param)
+  }
 
 
 def _flatten_params(tree: Tree) -> dict[tuple[str, ...], tp.Any]:
@@ -180,20 +202,25 @@ def _load_into(module: nnx.Module, tree: Tree, what: str) -> None:
   targets, values = _params_of(module), _flatten_params(tree)
   for path in list(targets) + [p for p in values if p not in targets]:
     if path not in values:
-      raise StackError(f"{what}: the NNX module has a Param at `{_path_str(path)}` that the "
-                       f"checkpoint lacks (checkpoint keys: {sorted('/'.join(p) for p in values)}"
-                       "). Name the NNX attributes like the Linen submodules (e.g. "
-                       "`self.Dense_0 = nnx.Linear(...)`) or rename the checkpoint's keys.")
+      raise StackError(
+        f"{what}: the NNX module has a Param at `{_path_str(path)}` that the "
+        f"checkpoint lacks (checkpoint keys: {sorted('/'.join(p) for p in values)}"
+        "). Name the NNX attributes like the Linen submodules (e.g. "
+        "`self.Dense_0 = nnx.Linear(...)`) or rename the checkpoint's keys."
+      )
     if path not in targets:
-      raise StackError(f"{what}: the checkpoint has `{_path_str(path)}`, which the NNX module "
-                       "has no Param for. Name the NNX attributes like the Linen submodules or "
-                       "rename the checkpoint's keys.")
+      raise StackError(
+        f"{what}: the checkpoint has `{_path_str(path)}`, which the NNX module "
+        "has no Param for. Name the NNX attributes like the Linen submodules or "
+        "rename the checkpoint's keys."
+      )
     old, new = _compat.variable_value(targets[path]), values[path]
     if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
       raise StackError(
-          f"{what}: `{_path_str(path)}` is {jnp.result_type(new)}{list(np.shape(new))} in the "
-          f"checkpoint but {jnp.result_type(old)}{list(np.shape(old))} in the NNX module. Build "
-          "the NNX port with the same widths, dtypes and number of layers.")
+        f"{what}: `{_path_str(path)}` is {jnp.result_type(new)}{list(np.shape(new))} in the "
+        f"checkpoint but {jnp.result_type(old)}{list(np.shape(old))} in the NNX module. Build "
+        "the NNX port with the same widths, dtypes and number of layers."
+      )
   for path, variable in targets.items():
     _compat.set_variable_value(variable, jnp.asarray(values[path]))
 
@@ -205,8 +232,9 @@ _M = tp.TypeVar("_M", bound=nnx.Module)
 def load_params(params: Tree, target: _M, *, names: Names = ...) -> _M: ...
 @tp.overload
 def load_params(params: Tree, target: tp.Sequence[_M], *, names: Names = ...) -> list[_M]: ...
-def load_params(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
-                names: Names = "layers_{}") -> nnx.Module | tp.Sequence[nnx.Module]:
+def load_params(
+  params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *, names: Names = "layers_{}"
+) -> nnx.Module | tp.Sequence[nnx.Module]:
   """Load layer params in any layout into an NNX stack or list of layers, in place.
 
   Every `nnx.Param` of the target receives the checkpoint value at the same path (NNX
@@ -239,25 +267,35 @@ def load_params(params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *,
   is_per_layer = not isinstance(params, tp.Mapping) or _namer(names)(0) in params
   if isinstance(target, nnx.Module):
     scanned = stack_params(params, names=names) if is_per_layer else params
-    depth, got = _num_layers(target, "lb.layers.load_params"), next(iter(_leaf_sizes(
-        linen_meta.unbox(scanned))))
+    depth, got = (
+      _num_layers(target, "lb.layers.load_params"),
+      next(iter(_leaf_sizes(linen_meta.unbox(scanned)))),
+    )
     if depth != got:
-      raise StackError(f"lb.layers.load_params: the checkpoint has {got} layers, the NNX stack "
-                       f"{depth}. Build the stack with {got} layers.")
+      raise StackError(
+        f"lb.layers.load_params: the checkpoint has {got} layers, the NNX stack "
+        f"{depth}. Build the stack with {got} layers."
+      )
     _load_into(target, scanned, "lb.layers.load_params")
     return target
   layers = list(target)
   per_layer = _layer_list(params, names) if is_per_layer else unstack_params(params, names=None)
   if len(per_layer) != len(layers):
-    raise StackError(f"lb.layers.load_params: the checkpoint has {len(per_layer)} layers, the list "
-                     f"of NNX layers {len(layers)}. Build as many layers as the checkpoint has.")
+    raise StackError(
+      f"lb.layers.load_params: the checkpoint has {len(per_layer)} layers, the list "
+      f"of NNX layers {len(layers)}. Build as many layers as the checkpoint has."
+    )
   for index, (module, tree) in enumerate(zip(layers, per_layer)):
     _load_into(module, tree, f"lb.layers.load_params (layer {index})")
   return layers
 
 
-def export_params(source: nnx.Module | tp.Sequence[nnx.Module], *, scanned: bool = True,
-                  names: Names | None = "layers_{}") -> Tree:
+def export_params(
+  source: nnx.Module | tp.Sequence[nnx.Module],
+  *,
+  scanned: bool = True,
+  names: Names | None = "layers_{}",
+) -> Tree:
   """Export the `nnx.Param`s of an NNX stack or list of layers as Linen-style params.
 
   Args:
@@ -284,8 +322,9 @@ def export_params(source: nnx.Module | tp.Sequence[nnx.Module], *, scanned: bool
     _num_layers(source, "lb.layers.export_params")
     tree = _unflatten({p: _compat.variable_value(v) for p, v in _params_of(source).items()})
     return tree if scanned else unstack_params(tree, names=names)
-  per_layer = [_unflatten({p: _compat.variable_value(v) for p, v in _params_of(m).items()})
-               for m in source]
+  per_layer = [
+    _unflatten({p: _compat.variable_value(v) for p, v in _params_of(m).items()}) for m in source
+  ]
   if scanned:
     return stack_params(per_layer)
   if names is None:

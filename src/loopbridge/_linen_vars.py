@@ -51,8 +51,9 @@ def linen_variables(model: tp.Any) -> dict[str, tp.Any]:
   """
   if not isinstance(model, bridge.ToNNX):
     raise TypeError(
-        f"lb.linen_variables needs a bridged Linen module (lb.ToNNX), got "
-        f"{type(model).__name__}. Fix: pass the lb.ToNNX part of the model (e.g. policy.llm).")
+      f"lb.linen_variables needs a bridged Linen module (lb.ToNNX), got "
+      f"{type(model).__name__}. Fix: pass the lb.ToNNX part of the model (e.g. policy.llm)."
+    )
   return bridge_variables.nnx_attrs_to_linen_vars(attrs(model))
 
 
@@ -69,18 +70,19 @@ def unbox(value: tp.Any) -> tp.Any:
 # same way, with a message that does not say how to get past it.
 _NO_MESH_MARK = "An auto mesh context or metadata is required"
 NO_MESH_FOR_PARTITIONED = (
-    "lb.ToNNX({model}) cannot create its partition-annotated params: {flax_message} Why: from "
-    "flax 0.12 on, a Variable with partitioning metadata (nn.with_logical_partitioning, "
-    "nn.with_partitioning) is sharded when it is created (the flax flag "
-    "flax_always_shard_variable, on by default), which needs a mesh; flax 0.10 kept the "
-    "annotation as metadata only. Fix: either initialize under a mesh and your logical axis "
-    "rules, e.g.\n"
-    "  mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))\n"
-    "  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):\n"
-    "    lb.lazy_init(model, *sample_args, capacity=N)\n"
-    "or create the params unsharded as flax 0.10 did: wrap the call in "
-    "`with nnx.use_eager_sharding(False):`, or set it for the process with "
-    "flax.config.update('flax_always_shard_variable', False).")
+  "lb.ToNNX({model}) cannot create its partition-annotated params: {flax_message} Why: from "
+  "flax 0.12 on, a Variable with partitioning metadata (nn.with_logical_partitioning, "
+  "nn.with_partitioning) is sharded when it is created (the flax flag "
+  "flax_always_shard_variable, on by default), which needs a mesh; flax 0.10 kept the "
+  "annotation as metadata only. Fix: either initialize under a mesh and your logical axis "
+  "rules, e.g.\n"
+  "  mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))\n"
+  "  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):\n"
+  "    lb.lazy_init(model, *sample_args, capacity=N)\n"
+  "or create the params unsharded as flax 0.10 did: wrap the call in "
+  "`with nnx.use_eager_sharding(False):`, or set it for the process with "
+  "flax.config.update('flax_always_shard_variable', False)."
+)
 
 
 def _nnx_attrs(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
@@ -90,8 +92,11 @@ def _nnx_attrs(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> dict[str, tp
   except ValueError as error:
     if _NO_MESH_MARK not in str(error):
       raise
-    raise ShardingError(NO_MESH_FOR_PARTITIONED.format(
-        model=type(_compat.linen_module_of(node)).__name__, flax_message=error)) from error
+    raise ShardingError(
+      NO_MESH_FOR_PARTITIONED.format(
+        model=type(_compat.linen_module_of(node)).__name__, flax_message=error
+      )
+    ) from error
 
 
 def set_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
@@ -107,8 +112,9 @@ def add_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
   for name, value in _nnx_attrs(node, variables).items():
     existing = getattr(node, name, None) if name in _compat.linen_attribute_names(node) else None
     if isinstance(existing, dict) and isinstance(value, dict):
-      merged = traverse_util.unflatten_dict({**traverse_util.flatten_dict(existing),
-                                             **traverse_util.flatten_dict(value)})
+      merged = traverse_util.unflatten_dict(
+        {**traverse_util.flatten_dict(existing), **traverse_util.flatten_dict(value)}
+      )
       _compat.set_data_attribute(node, name, merged)
     else:
       _compat.set_data_attribute(node, name, value)
@@ -116,8 +122,9 @@ def add_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
   _compat.set_linen_attribute_names(node, set(_compat.linen_attribute_names(node)) | names)
 
 
-def add_accumulators(node: tp.Any, new: tp.Mapping[tuple[str, ...], tuple[tp.Callable[[], tp.Any],
-                                                                          tp.Any]]) -> None:
+def add_accumulators(
+  node: tp.Any, new: tp.Mapping[tuple[str, ...], tuple[tp.Callable[[], tp.Any], tp.Any]]
+) -> None:
   """Give custom-reduce sows their `init_fn()` value now, so no call creates a Variable.
 
   Linen's `sow` starts an accumulator from `init_fn()` when it does not exist yet; storing that
@@ -138,11 +145,12 @@ def add_accumulators(node: tp.Any, new: tp.Mapping[tuple[str, ...], tuple[tp.Cal
         return jnp.broadcast_to(init, want.shape).astype(want.dtype)
       except ValueError:
         raise StructureChangeError(
-            f"the accumulator sown at '{'/'.join(site)}' starts as init_fn() of shape "
-            f"{init.shape} but Linen stores it as {tuple(want.shape)} (a lifted transform "
-            "stacks it on a non-leading axis). Why: loopbridge must create it before the "
-            "loop. Fix: stack it on axis 0 (variable_axes={'intermediates': 0}) or sow it "
-            "outside the transform.") from None
+          f"the accumulator sown at '{'/'.join(site)}' starts as init_fn() of shape "
+          f"{init.shape} but Linen stores it as {tuple(want.shape)} (a lifted transform "
+          "stacks it on a non-leading axis). Why: loopbridge must create it before the "
+          "loop. Fix: stack it on axis 0 (variable_axes={'intermediates': 0}) or sow it "
+          "outside the transform."
+        ) from None
 
     initial = init_fn()
     if target is not None:

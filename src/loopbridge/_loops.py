@@ -8,7 +8,8 @@ into fresh objects, calls the user's body, and splits the result. After the loop
 own objects are updated in place (`nnx.update`), as the `nnx` loops do.
 
 Why not `nnx.fori_loop`: on flax 0.10 its bookkeeping of references across the body rejects
-two different modules in one carry (e.g. `nnx.fori_loop(0, n, f, (model, model2))`). Splitting the whole carry as one graph has no
+two different modules in one carry (e.g. `nnx.fori_loop(0, n, f, (model, model2))`).
+Splitting the whole carry as one graph has no
 such bookkeeping to get wrong, and a structure change is caught at trace time and explained
 with `lb.explain`'s report instead of a GraphDef dump.
 
@@ -68,28 +69,46 @@ def _flatten(carry: tp.Any) -> tuple[list[tp.Any], tp.Any, tuple[bool, ...]]:
 def _join(plan: _Plan, nodes: tp.Sequence[tp.Any], values: tp.Sequence[tp.Any]) -> tp.Any:
   nodes_it, values_it = iter(nodes), iter(values)
   return plan.treedef.unflatten(
-      [next(nodes_it) if is_node else next(values_it) for is_node in plan.node_mask])
+    [next(nodes_it) if is_node else next(values_it) for is_node in plan.node_mask]
+  )
 
 
 def _avals(tree: tp.Any) -> list[tuple[tuple[int, ...], tp.Any]]:
   return [(jnp.shape(x), jax.dtypes.result_type(x)) for x in jax.tree_util.tree_leaves(tree)]
 
 
-def _structure_error(loop_name: str, plan: _Plan, body: tp.Callable[[tp.Any], tp.Any],
-                     state: tp.Any, values: tp.Any, detail: str) -> StructureChangeError:
+def _structure_error(
+  loop_name: str,
+  plan: _Plan,
+  body: tp.Callable[[tp.Any], tp.Any],
+  state: tp.Any,
+  values: tp.Any,
+  detail: str,
+) -> StructureChangeError:
   """The readable error: `lb.explain`'s report of one step from the same carry."""
   carry = _join(plan, nnx.merge(plan.graphdef, state), values)
   report = _explain.explain_step(body, carry, name=_explain._body_name(plan.body_fn))
-  text = str(report) if not report.ok else (
+  text = (
+    str(report)
+    if not report.ok
+    else (
       f"{detail}. (lb.explain found no difference in paths, shapes, dtypes, identity or "
-      "sharing, so the difference is in Variable metadata or in the GraphDef itself.)")
+      "sharing, so the difference is in Variable metadata or in the GraphDef itself.)"
+    )
+  )
   return StructureChangeError(
-      f"{loop_name}: the body changes the structure of the loop carry, so the loop cannot carry "
-      f"it from one step to the next.\n{text}")
+    f"{loop_name}: the body changes the structure of the loop carry, so the loop cannot carry "
+    f"it from one step to the next.\n{text}"
+  )
 
 
-def _step(loop_name: str, plan: _Plan, body: tp.Callable[[tp.Any], tp.Any], state: tp.Any,
-          values: list[tp.Any]) -> tuple[tp.Any, list[tp.Any]]:
+def _step(
+  loop_name: str,
+  plan: _Plan,
+  body: tp.Callable[[tp.Any], tp.Any],
+  state: tp.Any,
+  values: list[tp.Any],
+) -> tuple[tp.Any, list[tp.Any]]:
   """One traced step: merge, call the body, split, and check the structure is unchanged."""
   # On flax 0.12 `merge` puts the state's own Variables into the modules, so the body mutates
   # `state`; keep an untouched copy (new Variable objects around the same arrays) to compare
@@ -100,22 +119,38 @@ def _step(loop_name: str, plan: _Plan, body: tp.Callable[[tp.Any], tp.Any], stat
   state = state_in
   leaves, treedef, node_mask = _flatten(out)
   if treedef != plan.treedef or node_mask != plan.node_mask:
-    raise _structure_error(loop_name, plan, body, state, values,
-                           f"the carry's pytree changed from {plan.treedef} to {treedef}")
+    raise _structure_error(
+      loop_name,
+      plan,
+      body,
+      state,
+      values,
+      f"the carry's pytree changed from {plan.treedef} to {treedef}",
+    )
   nodes_out = [leaf for leaf, is_node in zip(leaves, node_mask) if is_node]
   values_out = [leaf for leaf, is_node in zip(leaves, node_mask) if not is_node]
   graphdef_out, state_out = _compat.split_graph(nodes_out)
   if graphdef_out != plan.graphdef:
     raise _structure_error(loop_name, plan, body, state, values, "the GraphDef changed")
-  if (jax.tree_util.tree_structure(state_out) != jax.tree_util.tree_structure(state)
-      or _avals(state_out) != _avals(state) or _avals(values_out) != _avals(values)):
-    raise _structure_error(loop_name, plan, body, state, values,
-                           "a Variable or array changed its structure, shape or dtype")
+  if (
+    jax.tree_util.tree_structure(state_out) != jax.tree_util.tree_structure(state)
+    or _avals(state_out) != _avals(state)
+    or _avals(values_out) != _avals(values)
+  ):
+    raise _structure_error(
+      loop_name,
+      plan,
+      body,
+      state,
+      values,
+      "a Variable or array changed its structure, shape or dtype",
+    )
   return state_out, values_out
 
 
-def _run(plan: _Plan, state: tp.Any, values: list[tp.Any], lower: tp.Any,
-         upper: tp.Any) -> tuple[tp.Any, list[tp.Any]]:
+def _run(
+  plan: _Plan, state: tp.Any, values: list[tp.Any], lower: tp.Any, upper: tp.Any
+) -> tuple[tp.Any, list[tp.Any]]:
   if plan.kind == "while":
 
     def cond(val):
@@ -140,8 +175,22 @@ def _compiled(plan: _Plan) -> tp.Callable[..., tp.Any]:
   return jax.jit(functools.partial(_run, plan))
 
 
-_STATIC_ATOMS = (type(None), bool, int, float, complex, str, bytes, type, types.ModuleType,
-                 types.BuiltinFunctionType, np.dtype, np.generic, enum.Enum, range)
+_STATIC_ATOMS = (
+  type(None),
+  bool,
+  int,
+  float,
+  complex,
+  str,
+  bytes,
+  type,
+  types.ModuleType,
+  types.BuiltinFunctionType,
+  np.dtype,
+  np.generic,
+  enum.Enum,
+  range,
+)
 _WALK_DEPTH = 8
 _WALK_WIDTH = 256
 
@@ -185,12 +234,18 @@ def _closure_state(*fns: tp.Any) -> _Reach:
     elif isinstance(obj, types.MethodType):
       children = [obj.__func__, obj.__self__]
     elif isinstance(obj, types.FunctionType):
-      cells = [cell.cell_contents for cell in obj.__closure__ or ()
-               if cell.cell_contents is not None]
-      globals_ = [obj.__globals__[name] for name in code_names(obj.__code__)
-                  if name in obj.__globals__]
-      children = [*cells, *(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values(),
-                  *globals_]
+      cells = [
+        cell.cell_contents for cell in obj.__closure__ or () if cell.cell_contents is not None
+      ]
+      globals_ = [
+        obj.__globals__[name] for name in code_names(obj.__code__) if name in obj.__globals__
+      ]
+      children = [
+        *cells,
+        *(obj.__defaults__ or ()),
+        *(obj.__kwdefaults__ or {}).values(),
+        *globals_,
+      ]
     elif isinstance(obj, (tuple, list, set, frozenset)):
       children = list(obj)
     elif isinstance(obj, dict):
@@ -217,16 +272,18 @@ def _closure_state(*fns: tp.Any) -> _Reach:
   return reach
 
 
-def _closure_write_error(loop_name: str, reach: _Reach, cause: BaseException | None
-                         ) -> StructureChangeError:
+def _closure_write_error(
+  loop_name: str, reach: _Reach, cause: BaseException | None
+) -> StructureChangeError:
   names = ", ".join(sorted({type(node).__name__ for node in reach.nodes}))
   detail = f" ({type(cause).__name__}: {str(cause).splitlines()[0]})" if cause else ""
   return StructureChangeError(
-      f"{loop_name}: the body writes to a module it reaches outside the loop carry ({names}, "
-      f"from its closure, defaults or globals){detail}. Why: the loop carries only the state "
-      "in its carry, so a write anywhere else would be lost or leak a traced value. Fix: "
-      "pass that module in the carry, e.g. lb.fori_loop(lo, hi, lambda i, c: (c[0], "
-      "c[0](c[1])), (model, x)), and read it from the carry inside the body.")
+    f"{loop_name}: the body writes to a module it reaches outside the loop carry ({names}, "
+    f"from its closure, defaults or globals){detail}. Why: the loop carries only the state "
+    "in its carry, so a write anywhere else would be lost or leak a traced value. Fix: "
+    "pass that module in the carry, e.g. lb.fori_loop(lo, hi, lambda i, c: (c[0], "
+    "c[0](c[1])), (model, x)), and read it from the carry inside the body."
+  )
 
 
 def _is_static_int(x: tp.Any) -> bool:
@@ -237,8 +294,15 @@ def _is_traced(tree: tp.Any) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.Any = None,
-          upper: tp.Any = None, unroll: tp.Any = None) -> tp.Any:
+def _loop(
+  kind: str,
+  cond_fn: tp.Any,
+  body_fn: tp.Any,
+  carry: tp.Any,
+  lower: tp.Any = None,
+  upper: tp.Any = None,
+  unroll: tp.Any = None,
+) -> tp.Any:
   leaves, treedef, node_mask = _flatten(carry)
   nodes = [leaf for leaf, is_node in zip(leaves, node_mask) if is_node]
   values = [leaf for leaf, is_node in zip(leaves, node_mask) if not is_node]
@@ -246,8 +310,16 @@ def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.
   # Python/NumPy integer bounds stay static, as `jax.lax.fori_loop` keeps them (a scan with a
   # known trip count, reverse-differentiable); anything else is traced.
   static_bounds = kind == "fori" and _is_static_int(lower) and _is_static_int(upper)
-  plan = _Plan(kind, cond_fn, body_fn, graphdef, treedef, node_mask,
-               (int(lower), int(upper)) if static_bounds else None, unroll)
+  plan = _Plan(
+    kind,
+    cond_fn,
+    body_fn,
+    graphdef,
+    treedef,
+    node_mask,
+    (int(lower), int(upper)) if static_bounds else None,
+    unroll,
+  )
   run: tp.Callable[..., tp.Any] = functools.partial(_run, plan)
   reach = _closure_state(cond_fn, body_fn)
   # A cached compilation would keep the values it read from outside the carry (e.g. the
@@ -257,15 +329,20 @@ def _loop(kind: str, cond_fn: tp.Any, body_fn: tp.Any, carry: tp.Any, lower: tp.
     # An unhashable body or cond raises TypeError: run the loop without the cache.
     with contextlib.suppress(TypeError):
       run = _compiled(plan)
-  outside = [v for node in reach.nodes for _, v in _compat.iter_graph(node)
-             if isinstance(v, nnx.Variable)]
+  outside = [
+    v for node in reach.nodes for _, v in _compat.iter_graph(node) if isinstance(v, nnx.Variable)
+  ]
   before = [_compat.get_raw_value(v) for v in outside]
   loop_name = f"lb.{kind}_loop"
   try:
-    state_out, values_out = run(state, values, None if static_bounds else lower,
-                                None if static_bounds else upper)
-  except (flax_errors.TraceContextError, jax.errors.UnexpectedTracerError,
-          ForeignTraceError) as error:
+    state_out, values_out = run(
+      state, values, None if static_bounds else lower, None if static_bounds else upper
+    )
+  except (
+    flax_errors.TraceContextError,
+    jax.errors.UnexpectedTracerError,
+    ForeignTraceError,
+  ) as error:
     if not outside:
       raise
     _restore(outside, before)
@@ -326,9 +403,14 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
   return _loop("while", cond_fn, body_fn, carry)
 
 
-def fori_loop(lower: int | np.integer | jax.Array, upper: int | np.integer | jax.Array,
-              body_fn: tp.Callable[[tp.Any, T], T], carry: T, *,
-              unroll: int | bool | None = None) -> T:
+def fori_loop(
+  lower: int | np.integer | jax.Array,
+  upper: int | np.integer | jax.Array,
+  body_fn: tp.Callable[[tp.Any, T], T],
+  carry: T,
+  *,
+  unroll: int | bool | None = None,
+) -> T:
   """`nnx.fori_loop` for any carry of NNX modules and arrays, on every supported flax.
 
   Works where `nnx.fori_loop` of flax 0.10 fails, e.g. two different models in one carry. The

@@ -30,10 +30,11 @@ DEFAULT_INIT = _SOW_PARAMS["init_fn"].default
 _lock = threading.Lock()
 
 _NO_BUFFER = (
-    "{label} was sown, but this module has no buffer for it. Why: buffers are declared for the "
-    "sows of the call given to lb.preallocate/lb.lazy_init, and this call makes a different one "
-    "(other method, arguments or branch). Fix: declare it before the loop with "
-    "lb.preallocate(model, *args, capacity=..., method=...); buffers already declared are kept.")
+  "{label} was sown, but this module has no buffer for it. Why: buffers are declared for the "
+  "sows of the call given to lb.preallocate/lb.lazy_init, and this call makes a different one "
+  "(other method, arguments or branch). Fix: declare it before the loop with "
+  "lb.preallocate(model, *args, capacity=..., method=...); buffers already declared are kept."
+)
 
 
 @functools.cache
@@ -85,8 +86,12 @@ def install(cls: type) -> None:
 
     def sow(self, variable_type, name, value, reduce_fn=DEFAULT_REDUCE, init_fn=DEFAULT_INIT):
       buffers = vars(self).get(_recorder.BUFFERS_ATTR)
-      if (buffers is None or reduce_fn is not DEFAULT_REDUCE or init_fn is not DEFAULT_INIT
-          or _session.current() is not None):
+      if (
+        buffers is None
+        or reduce_fn is not DEFAULT_REDUCE
+        or init_fn is not DEFAULT_INIT
+        or _session.current() is not None
+      ):
         return previous(self)(variable_type, name, value, reduce_fn, init_fn)
       collection = collection_of(variable_type)
       buffer = buffers.get(collection, {}).get(name)
@@ -94,11 +99,14 @@ def install(cls: type) -> None:
       if not isinstance(buffer, _buffers.Buffer):
         if in_capture:  # an undeclared sow (e.g. method_outputs=) goes to the capture only
           return previous(self)(variable_type, name, value, reduce_fn, init_fn)
-        raise NotDeclaredError(_NO_BUFFER.format(label=f"{type(self).__name__}: {collection}/{name}"))
+        raise NotDeclaredError(
+          _NO_BUFFER.format(label=f"{type(self).__name__}: {collection}/{name}")
+        )
       counts = getattr(self, _recorder.COUNTS_ATTR)
       _trace_check.check([counts[collection][name]], f"{type(self).__name__}.sow")
-      _buffers.append(buffer, counts[collection][name], [value],
-                      f"{type(self).__name__}: {collection}/{name}")
+      _buffers.append(
+        buffer, counts[collection][name], [value], f"{type(self).__name__}: {collection}/{name}"
+      )
       if in_capture:  # the capture also returns this call's sows, as without loopbridge
         previous(self)(variable_type, name, value, reduce_fn, init_fn)
       return True

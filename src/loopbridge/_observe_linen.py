@@ -46,15 +46,18 @@ from ._site import (
 )
 
 _SOW_LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
-    "loopbridge_linen_sow_log", default=None)
+  "loopbridge_linen_sow_log", default=None
+)
 # Enclosing lifted transforms of the current context: (kind, path, out filters, axes, reverse).
 _LIFTS: contextvars.ContextVar[tuple[tuple[tp.Any, ...], ...]] = contextvars.ContextVar(
-    "loopbridge_linen_lifts", default=())
+  "loopbridge_linen_lifts", default=()
+)
 
 
 def _is_array(value: tp.Any) -> bool:
   return isinstance(value, (jax.Array, np.ndarray, np.generic, float, int, bool)) or hasattr(
-      value, "aval")
+    value, "aval"
+  )
 
 
 def _transforms_for(col: str) -> tuple[Transform, ...]:
@@ -62,8 +65,16 @@ def _transforms_for(col: str) -> tuple[Transform, ...]:
   for kind, path, filters, axes, reverse in _LIFTS.get():
     index = next((i for i, f in enumerate(filters) if core_scope.in_filter(f, col)), None)
     axis = axes[index] if index is not None else None
-    out.append(Transform(kind, path, axis if isinstance(axis, int) else None, None, reverse,
-                         carries=index is not None))
+    out.append(
+      Transform(
+        kind,
+        path,
+        axis if isinstance(axis, int) else None,
+        None,
+        reverse,
+        carries=index is not None,
+      )
+    )
   return tuple(out)
 
 
@@ -76,31 +87,55 @@ class _Installed:
   pack: tp.Any = None  # what `flax.core.lift.pack` was then
 
 
-def _observing_sow(self, col, name, value, reduce_fn=linen_module_lib.tuple_reduce,
-                   init_fn=linen_module_lib.tuple_init):
+def _observing_sow(
+  self,
+  col,
+  name,
+  value,
+  reduce_fn=linen_module_lib.tuple_reduce,
+  init_fn=linen_module_lib.tuple_init,
+):
   log = _SOW_LOG.get()
   if log is not None and self.scope is not None:
-    shape, dtype = ((tuple(jnp.shape(value)), str(jnp.result_type(value)))
-                    if _is_array(value) else (None, None))
+    shape, dtype = (
+      (tuple(jnp.shape(value)), str(jnp.result_type(value))) if _is_array(value) else (None, None)
+    )
     leaf_shapes = None
     if shape is None:
       treedef, leaves = flatten_value(value)
       if is_pytree_value(treedef, leaves):
         leaf_shapes = tuple(tuple(jnp.shape(v)) if _is_array(v) else None for _, v in leaves)
-    log.append(SowCall(
-        collection=col, module_path=tuple(self.scope.path), name=name, shape=shape,
+    log.append(
+      SowCall(
+        collection=col,
+        module_path=tuple(self.scope.path),
+        name=name,
+        shape=shape,
         dtype=dtype,
-        default_reduce=(reduce_fn is linen_module_lib.tuple_reduce
-                        and init_fn is linen_module_lib.tuple_init),
-        dropped=not self.scope.is_mutable_collection(col), module_type=type(self).__name__,
-        init_fn=init_fn, transforms=_transforms_for(col), leaf_shapes=leaf_shapes))
+        default_reduce=(
+          reduce_fn is linen_module_lib.tuple_reduce and init_fn is linen_module_lib.tuple_init
+        ),
+        dropped=not self.scope.is_mutable_collection(col),
+        module_type=type(self).__name__,
+        init_fn=init_fn,
+        transforms=_transforms_for(col),
+        leaf_shapes=leaf_shapes,
+      )
+    )
   return _Installed.sow(self, col, name, value, reduce_fn, init_fn)
 
 
-def _observing_pack(fn, in_variable_filters, out_variable_filters, rng_filters, name=None,
-                    enable_kwargs=False):
-  packed = _Installed.pack(fn, in_variable_filters, out_variable_filters, rng_filters,
-                           name=name, enable_kwargs=enable_kwargs)
+def _observing_pack(
+  fn, in_variable_filters, out_variable_filters, rng_filters, name=None, enable_kwargs=False
+):
+  packed = _Installed.pack(
+    fn,
+    in_variable_filters,
+    out_variable_filters,
+    rng_filters,
+    name=name,
+    enable_kwargs=enable_kwargs,
+  )
   if _SOW_LOG.get() is None:
     return packed
   # The stacking axes are not an argument of `pack`; scan and vmap keep them in the closure of
@@ -165,20 +200,22 @@ class LinenFindings:
 
 
 _NON_ARRAY_HELP = (
-    "Why: one buffer holds one array shape; a pytree (tuple, dict, struct dataclass) gets one "
-    "buffer per array leaf, so its structure and leaf shapes must be the same on every sow. "
-    "Fix: sow each kind of value under its own name, and sow arrays or pytrees of arrays. If "
-    "the site is '__call__' (or another method name) it comes from capture_intermediates "
-    "capturing what a method returns: pass capture_intermediates=filter_fn that selects "
-    "modules returning arrays, e.g. lambda mdl, name: not isinstance(mdl, Block).")
+  "Why: one buffer holds one array shape; a pytree (tuple, dict, struct dataclass) gets one "
+  "buffer per array leaf, so its structure and leaf shapes must be the same on every sow. "
+  "Fix: sow each kind of value under its own name, and sow arrays or pytrees of arrays. If "
+  "the site is '__call__' (or another method name) it comes from capture_intermediates "
+  "capturing what a method returns: pass capture_intermediates=filter_fn that selects "
+  "modules returning arrays, e.g. lambda mdl, name: not isinstance(mdl, Block)."
+)
 
 
 def _describe_value(value: tp.Any) -> tp.Any:
   if hasattr(value, "shape"):
     return tuple(value.shape)
   if isinstance(value, (tuple, list, dict)) or dataclasses.is_dataclass(value):
-    return jax.tree.map(lambda v: tuple(v.shape) if hasattr(v, "shape") else type(v).__name__,
-                        value)
+    return jax.tree.map(
+      lambda v: tuple(v.shape) if hasattr(v, "shape") else type(v).__name__, value
+    )
   return type(value).__name__
 
 
@@ -186,33 +223,50 @@ def _record_sites(path: tuple[str, ...], value: tuple, call: SowCall) -> list[So
   """The sites of one tuple-reduce sow: one for an array, one per array leaf of a pytree."""
   flat = [flatten_value(v) for v in value]
   treedefs = {treedef for treedef, _ in flat}
-  leaves_ok = all(hasattr(leaf, "shape") and hasattr(leaf, "dtype")
-                  for _, leaves in flat for _, leaf in leaves)
+  leaves_ok = all(
+    hasattr(leaf, "shape") and hasattr(leaf, "dtype") for _, leaves in flat for _, leaf in leaves
+  )
   if len(treedefs) != 1 or not leaves_ok:
     raise NotDeclaredError(
-        f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
-        f"values within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP)
+      f"sow site {'/'.join(path)} receives values of different shapes/dtypes or non-array "
+      f"values within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP
+    )
   (treedef,) = treedefs
   first = flat[0][1]
   pytree = is_pytree_value(treedef, first)
   sites = []
   for index, (keys, _) in enumerate(first):
-    shapes = {(tuple(leaves[index][1].shape), np.dtype(leaves[index][1].dtype))
-              for _, leaves in flat}
+    shapes = {
+      (tuple(leaves[index][1].shape), np.dtype(leaves[index][1].dtype)) for _, leaves in flat
+    }
     if len(shapes) != 1:
       where = f"leaf {''.join(f'[{k}]' for k in keys)} of " if pytree else ""
       raise NotDeclaredError(
-          f"{where}sow site {'/'.join(path)} receives values of different shapes/dtypes "
-          f"within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP)
-    (shape, dtype), = shapes
+        f"{where}sow site {'/'.join(path)} receives values of different shapes/dtypes "
+        f"within one call ({[_describe_value(v) for v in value]}). " + _NON_ARRAY_HELP
+      )
+    ((shape, dtype),) = shapes
     sown_shape = call.shape
     if pytree:
-      sown_shape = (call.leaf_shapes[index]
-                    if call.leaf_shapes is not None and index < len(call.leaf_shapes) else None)
-    sites.append(SowSite(
-        path[0], path[1:], shape, str(dtype), sown_shape, len(value),
+      sown_shape = (
+        call.leaf_shapes[index]
+        if call.leaf_shapes is not None and index < len(call.leaf_shapes)
+        else None
+      )
+    sites.append(
+      SowSite(
+        path[0],
+        path[1:],
+        shape,
+        str(dtype),
+        sown_shape,
+        len(value),
         with_lengths(call.transforms, shape, sown_shape),
-        leaf=keys if pytree else (), treedef=treedef if pytree else None, leaf_index=index))
+        leaf=keys if pytree else (),
+        treedef=treedef if pytree else None,
+        leaf_index=index,
+      )
+    )
   return sites
 
 

@@ -37,7 +37,8 @@ from ._native_hook import DEFAULT_INIT, DEFAULT_REDUCE, collection_of
 from ._site import SowCall, SowSite
 
 _LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
-    "loopbridge_native_sow_log", default=None)
+  "loopbridge_native_sow_log", default=None
+)
 
 _SUBCLASSES: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -45,7 +46,8 @@ _lock = threading.Lock()
 
 def _shape_dtype(value):
   if isinstance(value, (jax.Array, np.ndarray, np.generic, float, int, bool)) or hasattr(
-      value, "aval"):
+    value, "aval"
+  ):
     return tuple(jnp.shape(value)), str(jnp.result_type(value))
   return None, None
 
@@ -58,21 +60,39 @@ def _observing_class(cls: type) -> type:
       def sow(self, variable_type, name, value, reduce_fn=DEFAULT_REDUCE, init_fn=DEFAULT_INIT):
         log = _LOG.get()
         if log is not None:
-          log.append(SowCall(collection_of(variable_type), (), name, *_shape_dtype(value),
-                             default_reduce=reduce_fn is DEFAULT_REDUCE and init_fn is DEFAULT_INIT,
-                             module_type=cls.__name__, init_fn=init_fn))
+          log.append(
+            SowCall(
+              collection_of(variable_type),
+              (),
+              name,
+              *_shape_dtype(value),
+              default_reduce=reduce_fn is DEFAULT_REDUCE and init_fn is DEFAULT_INIT,
+              module_type=cls.__name__,
+              init_fn=init_fn,
+            )
+          )
         return super(sub, self).sow(variable_type, name, value, reduce_fn, init_fn)  # type: ignore[misc]
 
-      sub = type(cls.__name__, (cls,), {"sow": sow, "__module__": cls.__module__,
-                                        "__qualname__": cls.__qualname__,
-                                        "__loopbridge_observer__": True})
+      sub = type(
+        cls.__name__,
+        (cls,),
+        {
+          "sow": sow,
+          "__module__": cls.__module__,
+          "__qualname__": cls.__qualname__,
+          "__loopbridge_observer__": True,
+        },
+      )
       _SUBCLASSES[cls] = sub
     return sub
 
 
 def _observable(node: tp.Any) -> bool:
-  return (isinstance(node, nnx.Module) and not isinstance(node, bridge.ToNNX)
-          and not getattr(type(node), "__loopbridge_observer__", False))
+  return (
+    isinstance(node, nnx.Module)
+    and not isinstance(node, bridge.ToNNX)
+    and not getattr(type(node), "__loopbridge_observer__", False)
+  )
 
 
 def observable_modules(root: nnx.Module) -> list[nnx.Module]:
@@ -120,22 +140,28 @@ class NativeFindings:
 
 
 def _stack_axes(path, entry_shape, calls: list[SowCall]) -> int:
-  candidates = {len(entry_shape) - len(c.shape) for c in calls
-                if c.shape is not None and len(c.shape) <= len(entry_shape)
-                and tuple(entry_shape[len(entry_shape) - len(c.shape):]) == c.shape}
+  candidates = {
+    len(entry_shape) - len(c.shape)
+    for c in calls
+    if c.shape is not None
+    and len(c.shape) <= len(entry_shape)
+    and tuple(entry_shape[len(entry_shape) - len(c.shape) :]) == c.shape
+  }
   if len(candidates) != 1:
     shapes = sorted({c.shape for c in calls if c.shape is not None})
     raise NotDeclaredError(
-        f"native sow site {'/'.join(map(str, path))} holds values of shape {entry_shape}, "
-        f"which loopbridge cannot relate to the sown shapes {shapes}. "
-        "Why: transforms over stacked modules (nnx.scan, nnx.vmap) must add their axes in "
-        "front (axis 0), as they do by default. Fix: sow arrays, and stack modules along "
-        "axis 0.")
+      f"native sow site {'/'.join(map(str, path))} holds values of shape {entry_shape}, "
+      f"which loopbridge cannot relate to the sown shapes {shapes}. "
+      "Why: transforms over stacked modules (nnx.scan, nnx.vmap) must add their axes in "
+      "front (axis 0), as they do by default. Fix: sow arrays, and stack modules along "
+      "axis 0."
+    )
   return candidates.pop()
 
 
-def diff(before: dict[tuple, tp.Any], after: dict[tuple, tp.Any],
-         calls: list[SowCall]) -> NativeFindings:
+def diff(
+  before: dict[tuple, tp.Any], after: dict[tuple, tp.Any], calls: list[SowCall]
+) -> NativeFindings:
   """Compare a graph's flat state before and after one call (concrete or abstract leaves)."""
   sites: dict[tuple, list[SowSite]] = {}
   tuple_paths, created = [], []
@@ -150,23 +176,25 @@ def diff(before: dict[tuple, tp.Any], after: dict[tuple, tp.Any],
     these = by_name.get((collection, name), [])
     if isinstance(value, tuple) and these and all(c.default_reduce for c in these):
       old_value = _compat.variable_value(old) if old is not None else ()
-      entries = value[len(old_value):] if isinstance(old_value, tuple) else value
+      entries = value[len(old_value) :] if isinstance(old_value, tuple) else value
       tuple_paths.append(path)
       if not entries:
         continue
       shapes = {(tuple(e.shape), np.dtype(e.dtype)) for e in entries if hasattr(e, "shape")}
       if len(shapes) != 1 or not all(hasattr(e, "shape") for e in entries):
         raise NotDeclaredError(
-            f"native sow site {'/'.join(map(str, path))} receives values of different "
-            "shapes/dtypes or non-array values within one call. Why: one buffer holds one "
-            "array shape, and native sows of a pytree (tuple, dict) are not recorded leaf by "
-            "leaf yet (Linen sows and captures through lb.ToNNX are). Fix: sow each kind of "
-            "value under its own name, and sow arrays (one `sow` per leaf of a pytree).")
-      (shape, dtype), = shapes
+          f"native sow site {'/'.join(map(str, path))} receives values of different "
+          "shapes/dtypes or non-array values within one call. Why: one buffer holds one "
+          "array shape, and native sows of a pytree (tuple, dict) are not recorded leaf by "
+          "leaf yet (Linen sows and captures through lb.ToNNX are). Fix: sow each kind of "
+          "value under its own name, and sow arrays (one `sow` per leaf of a pytree)."
+        )
+      ((shape, dtype),) = shapes
       stack = _stack_axes(path, shape, these)
       sown = next((c.shape for c in these if c.shape is not None), None)
       sites.setdefault(tuple(path[:-1]), []).append(
-          SowSite(collection, (name,), shape, str(dtype), sown, len(entries), stack_axes=stack))
+        SowSite(collection, (name,), shape, str(dtype), sown, len(entries), stack_axes=stack)
+      )
     elif old is None and not isinstance(value, tuple) and hasattr(value, "shape"):
       created.append((path, var_type, value, these))
   return NativeFindings(sites, tuple_paths, created)

@@ -99,21 +99,24 @@ def _root_of(fn: tp.Any) -> nnx.Module | None:
   return None
 
 
-def target(model: tp.Any, method: tp.Any, what: str
-           ) -> tuple[nnx.Module, tp.Callable[..., tp.Any]]:
+def target(model: tp.Any, method: tp.Any, what: str) -> tuple[nnx.Module, tp.Callable[..., tp.Any]]:
   """(root module, function called as call(root, *args, **kwargs))."""
   root = _root_of(model)
   if root is None:
     raise TypeError(
-        f"{what} needs an NNX module (e.g. lb.ToNNX(linen_module, rngs=...)) or a bound method "
-        f"of one, got {type(model).__name__}. "
-        + ("Fix: wrap the Linen module first: lb.ToNNX(module, rngs=nnx.Rngs(0))."
-           if isinstance(model, linen.Module) else
-           "Fix: pass the model, or a method of it (model.method or method='name')."))
+      f"{what} needs an NNX module (e.g. lb.ToNNX(linen_module, rngs=...)) or a bound method "
+      f"of one, got {type(model).__name__}. "
+      + (
+        "Fix: wrap the Linen module first: lb.ToNNX(module, rngs=nnx.Rngs(0))."
+        if isinstance(model, linen.Module)
+        else "Fix: pass the model, or a method of it (model.method or method='name')."
+      )
+    )
   if isinstance(root, bridge.ToNNX) and not _is_bridge(root) and model is root:
     raise TypeError(
-        f"{what} needs a loopbridge.ToNNX, got a stock flax.nnx.bridge.ToNNX. Why: the stock "
-        "wrapper has no buffers. Fix: build it with lb.ToNNX(linen_module, rngs=...) instead.")
+      f"{what} needs a loopbridge.ToNNX, got a stock flax.nnx.bridge.ToNNX. Why: the stock "
+      "wrapper has no buffers. Fix: build it with lb.ToNNX(linen_module, rngs=...) instead."
+    )
   call = _rebind(model, root)
   if method is None:
     return root, call
@@ -125,21 +128,25 @@ def target(model: tp.Any, method: tp.Any, what: str
     return root, lambda m, *a, **k: getattr(m, method)(*a, **k)
   if callable(method):
     return root, method
-  raise TypeError(f"{what}: method= must be a method name or a function taking the module "
-                  f"first, got {type(method).__name__}.")
+  raise TypeError(
+    f"{what}: method= must be a method name or a function taking the module "
+    f"first, got {type(method).__name__}."
+  )
 
 
 # ------------------------------------------------------------------------- collecting parts
-def _merge_reports(items: list[tuple[tp.Any, _session.BridgeReport]]
-                   ) -> list[tuple[tp.Any, _session.BridgeReport]]:
+def _merge_reports(
+  items: list[tuple[tp.Any, _session.BridgeReport]],
+) -> list[tuple[tp.Any, _session.BridgeReport]]:
   """One report per bridged node: a node called k times per call sows k times per site."""
   merged: dict[tp.Any, _session.BridgeReport] = {}
   for path, r in items:
     key = path if path is not None else ("<transient>", id(r))
     into = merged.get(key)
     if into is None:
-      merged[key] = dataclasses.replace(r, sites=list(r.sites), dropped=list(r.dropped),
-                                        new_accumulators=dict(r.new_accumulators))
+      merged[key] = dataclasses.replace(
+        r, sites=list(r.sites), dropped=list(r.dropped), new_accumulators=dict(r.new_accumulators)
+      )
       continue
     by_key = {s.key: i for i, s in enumerate(into.sites)}
     for s in r.sites:
@@ -149,19 +156,26 @@ def _merge_reports(items: list[tuple[tp.Any, _session.BridgeReport]]
       old = into.sites[by_key[s.key]]
       if (old.shape, old.dtype) != (s.shape, s.dtype):
         raise NotDeclaredError(
-            f"sow site {'/'.join(s.key)} of lb.ToNNX({r.label}) receives {old.shape} "
-            f"{old.dtype} in one call and {s.shape} {s.dtype} in another, within one call of "
-            "the model. Why: one buffer holds one value shape. Fix: sow the two under "
-            "different names, or declare and run the two call signatures separately.")
+          f"sow site {'/'.join(s.key)} of lb.ToNNX({r.label}) receives {old.shape} "
+          f"{old.dtype} in one call and {s.shape} {s.dtype} in another, within one call of "
+          "the model. Why: one buffer holds one value shape. Fix: sow the two under "
+          "different names, or declare and run the two call signatures separately."
+        )
       into.sites[by_key[s.key]] = dataclasses.replace(old, per_call=old.per_call + s.per_call)
     into.dropped.extend(d for d in r.dropped if d not in into.dropped)
     into.new_accumulators.update(r.new_accumulators)
-  return [(None if isinstance(k, tuple) and k[:1] == ("<transient>",) else k, r)
-          for k, r in merged.items()]
+  return [
+    (None if isinstance(k, tuple) and k[:1] == ("<transient>",) else k, r)
+    for k, r in merged.items()
+  ]
 
 
-def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: dict[tuple, tp.Any],
-                  what: str, transient_ok: bool = False) -> list[_declare.Part]:
+def _bridge_parts(
+  items: list[tuple[tp.Any, _session.BridgeReport]],
+  node_at: dict[tuple, tp.Any],
+  what: str,
+  transient_ok: bool = False,
+) -> list[_declare.Part]:
   """Declaration parts of the bridged nodes a call reached; `items` are (path or None, report).
 
   Path-less reports (copies inside NNX transforms) are left to `_transformed_parts` when
@@ -173,20 +187,27 @@ def _bridge_parts(items: list[tuple[tp.Any, _session.BridgeReport]], node_at: di
       if transient_ok or (not report.sites and not report.new_accumulators):
         continue  # a part that sows nothing needs no buffers, wherever it runs
       raise TypeError(
-          f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
-          "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
-          "lb.preallocate on that lb.ToNNX directly with the arguments it receives there.")
+        f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
+        "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
+        "lb.preallocate on that lb.ToNNX directly with the arguments it receives there."
+      )
     node = node_at[path]
     settings = bridge_settings(node)
     _linen_vars.add_accumulators(node, report.new_accumulators)
-    parts.append(_declare.Part(path, node, report.sites, settings.capacity_spec,
-                               settings.overflow, report.dropped))
+    parts.append(
+      _declare.Part(
+        path, node, report.sites, settings.capacity_spec, settings.overflow, report.dropped
+      )
+    )
   return parts
 
 
-def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
-                       node_at: dict[tuple, tp.Any], probes_of: dict[int, dict[str, tp.Any]],
-                       what: str) -> list[_declare.Part]:
+def _transformed_parts(
+  items: list[tuple[tp.Any, _session.BridgeReport]],
+  node_at: dict[tuple, tp.Any],
+  probes_of: dict[int, dict[str, tp.Any]],
+  what: str,
+) -> list[_declare.Part]:
   """Parts of the lb.ToNNX nodes initialized by a copy inside an NNX transform.
 
   Such a copy reports with no path (`nnx.vmap`/`nnx.scan`/`nnx.remat` call a merged copy), and
@@ -200,10 +221,14 @@ def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
     return []
   reached = {id(r.node) for path, r in items if path is not None}
   # Only nodes the call did initialize: they hold Linen variables (or probes) now.
-  candidates = [(path, node) for path, node in node_at.items()
-                if _is_bridge(node) and id(node) not in reached
-                and _recorder.sites_of(node) is None
-                and (_linen_vars.attrs(node) or id(node) in probes_of)]
+  candidates = [
+    (path, node)
+    for path, node in node_at.items()
+    if _is_bridge(node)
+    and id(node) not in reached
+    and _recorder.sites_of(node) is None
+    and (_linen_vars.attrs(node) or id(node) in probes_of)
+  ]
   parts, used = [], set()
   for path, node in candidates:
     label = type(_compat.linen_module_of(node)).__name__
@@ -224,15 +249,23 @@ def _transformed_parts(items: list[tuple[tp.Any, _session.BridgeReport]],
         sites[site.key] = dataclasses.replace(site, shape=stacked, stack_axes=axes)
         used.add(id(report))
     settings = bridge_settings(node)
-    parts.append(_declare.Part(path, node, [sites[k] for k in sorted(sites)],
-                               settings.capacity_spec, settings.overflow,
-                               [d for r in reports for d in r.dropped]))
+    parts.append(
+      _declare.Part(
+        path,
+        node,
+        [sites[k] for k in sorted(sites)],
+        settings.capacity_spec,
+        settings.overflow,
+        [d for r in reports for d in r.dropped],
+      )
+    )
   for report in transient:
     if (report.sites or report.new_accumulators) and id(report) not in used:
       raise TypeError(
-          f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
-          "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
-          "lb.preallocate on that lb.ToNNX directly with the arguments it receives there.")
+        f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
+        "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
+        "lb.preallocate on that lb.ToNNX directly with the arguments it receives there."
+      )
   return parts
 
 
@@ -274,8 +307,13 @@ def _flat_state(root: nnx.Module) -> dict[tuple, tp.Any]:
 
 
 # ------------------------------------------------------------------------------- the entries
-def lazy_init(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
-              overflow: str | None = None, **kwargs: tp.Any) -> Model:
+def lazy_init(
+  model: Model,
+  *args: tp.Any,
+  capacity: int | tp.Mapping[str, int] | None = None,
+  overflow: str | None = None,
+  **kwargs: tp.Any,
+) -> Model:
   """Initialize bridged parts from sample inputs and preallocate a buffer per sow site.
 
   On an `lb.ToNNX`: `flax.nnx.bridge.lazy_init` plus buffers for its Linen sows, found in the
@@ -321,8 +359,7 @@ def lazy_init(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] 
   native = _observe_native.observable_modules(root)
   before = _flat_state(root) if native else {}
   bridged = [id(n) for _, n in _compat.iter_graph(root) if _is_bridge(n)]
-  with (_session.open_session("init", bridged) as session,
-        _observe_native.observe(native) as calls):
+  with _session.open_session("init", bridged) as session, _observe_native.observe(native) as calls:
     _compat.set_initializing(root, True)
     try:
       tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
@@ -331,11 +368,12 @@ def lazy_init(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] 
         _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
         raise
       raise TypeError(
-          "lb.lazy_init found an lb.ToNNX that sows inside an NNX transform which does not "
-          "stack it (e.g. nnx.vmap with in_axes=None for the module): every member sows its own "
-          "value, but the module, and so its buffers, would be shared. Why: one buffer records "
-          "one value per call. Fix: give the module the transform axis (in_axes=0, with "
-          "nnx.split_rngs), or call it outside the transform.") from error
+        "lb.lazy_init found an lb.ToNNX that sows inside an NNX transform which does not "
+        "stack it (e.g. nnx.vmap with in_axes=None for the module): every member sows its own "
+        "value, but the module, and so its buffers, would be shared. Why: one buffer records "
+        "one value per call. Fix: give the module the transform axis (in_axes=0, with "
+        "nnx.split_rngs), or call it outside the transform."
+      ) from error
     except Exception as error:
       _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
       raise
@@ -350,44 +388,67 @@ def lazy_init(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] 
     path_of, node_at = ({id(root): ()}, {(): root}) if _is_bridge(root) else _graph_index(root)
     findings = _observe_native.NativeFindings({}, [], [])
   items = [(path_of.get(id(r.node)), r) for r in session.reports]
-  parts = (_bridge_parts(items, node_at, "lb.lazy_init", transient_ok=True)
-           + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
-           + _native_parts(findings, node_at.__getitem__))
-  _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
-                   model_name=_model_name(root), scoped_capacity=scoped)
+  parts = (
+    _bridge_parts(items, node_at, "lb.lazy_init", transient_ok=True)
+    + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
+    + _native_parts(findings, node_at.__getitem__)
+  )
+  _declare.declare(
+    parts,
+    capacity=capacity,
+    overflow=overflow,
+    shardings_from=(args, kwargs),
+    model_name=_model_name(root),
+    scoped_capacity=scoped,
+  )
   _caches.warn_short_caches(root, parts, "lazy_init")
   return model
 
 
-def _note_running(error: BaseException, entry: str, root: tp.Any,
-                  path_of: dict[int, tuple]) -> None:
+def _note_running(
+  error: BaseException, entry: str, root: tp.Any, path_of: dict[int, tuple]
+) -> None:
   """Say which module of the model was running when its own code raised `error`."""
   if not _user_errors.is_users(error):
     return
   where = _user_errors.running_nnx_module(error, path_of)
-  _user_errors.add_note(error, f"raised by the model's own code while {entry} ran "
-                        f"{_model_name(root)}" + (f"; NNX module {where} was running." if where
-                                                  else "."))
+  _user_errors.add_note(
+    error,
+    f"raised by the model's own code while {entry} ran "
+    f"{_model_name(root)}" + (f"; NNX module {where} was running." if where else "."),
+  )
 
 
-def declare_alone(node: nnx.Module, report: _session.BridgeReport, args: tuple,
-                  kwargs: dict) -> None:
+def declare_alone(
+  node: nnx.Module, report: _session.BridgeReport, args: tuple, kwargs: dict
+) -> None:
   """Declare one `lb.ToNNX` initialized without a loopbridge entry (stock `bridge.lazy_init`),
   with the capacity and overflow given to its constructor."""
   settings = bridge_settings(node)
-  part = _declare.Part((), node, report.sites, settings.capacity_spec, settings.overflow,
-                       report.dropped)
-  _declare.declare([part], capacity=None, overflow=None, shardings_from=(args, kwargs),
-                   model_name=_model_name(node), scoped_capacity=_capacity.scoped_capacity())
+  part = _declare.Part(
+    (), node, report.sites, settings.capacity_spec, settings.overflow, report.dropped
+  )
+  _declare.declare(
+    [part],
+    capacity=None,
+    overflow=None,
+    shardings_from=(args, kwargs),
+    model_name=_model_name(node),
+    scoped_capacity=_capacity.scoped_capacity(),
+  )
 
 
 def _variable_shapes(node: tp.Any) -> list[tuple[tp.Any, tuple[int, ...]]]:
-  return [(path, tuple(getattr(_compat.variable_value(v), "shape", ())))
-          for path, v in _compat.iter_graph(node) if isinstance(v, nnx.Variable)]
+  return [
+    (path, tuple(getattr(_compat.variable_value(v), "shape", ())))
+    for path, v in _compat.iter_graph(node)
+    if isinstance(v, nnx.Variable)
+  ]
 
 
-def _report_path(report: _session.BridgeReport, paths: dict[int, tuple],
-                 node_at: dict[tuple, tp.Any]) -> tuple | None:
+def _report_path(
+  report: _session.BridgeReport, paths: dict[int, tuple], node_at: dict[tuple, tp.Any]
+) -> tuple | None:
   """Where a bridged node that reported in `preallocate`'s run sits in the model (None: unknown).
 
   A node of the model's clone is found by identity. An NNX loop or transform inside the call
@@ -414,12 +475,22 @@ def _report_path(report: _session.BridgeReport, paths: dict[int, tuple],
 
 
 def _abstract(tree: tp.Any) -> tp.Any:
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
-                      if hasattr(x, "shape") and hasattr(x, "dtype") else x, tree)
+  return jax.tree.map(
+    lambda x: (
+      jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+    ),
+    tree,
+  )
 
 
-def preallocate(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
-                overflow: str | None = None, method: tp.Any = None, **kwargs: tp.Any) -> Model:
+def preallocate(
+  model: Model,
+  *args: tp.Any,
+  capacity: int | tp.Mapping[str, int] | None = None,
+  overflow: str | None = None,
+  method: tp.Any = None,
+  **kwargs: tp.Any,
+) -> Model:
   """Declare buffers for every sow a call makes, anywhere in an NNX module graph.
 
   Runs the call once abstractly (`jax.eval_shape`, no FLOPs) on a copy of the model and
@@ -473,11 +544,12 @@ def preallocate(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int
     if _is_bridge(node) and _recorder.sites_of(node) is None:
       where = f" at '{'/'.join(map(str, path))}'" if path else ""
       raise NotDeclaredError(
-          f"lb.preallocate needs an initialized model: the lb.ToNNX("
-          f"{type(_compat.linen_module_of(node)).__name__}){where} is not initialized. Why: its "
-          "Linen parameters are created from sample inputs. Fix: lb.lazy_init(model, "
-          "*sample_args, capacity=...) first (preallocate then declares buffers for other "
-          "call signatures).")
+        f"lb.preallocate needs an initialized model: the lb.ToNNX("
+        f"{type(_compat.linen_module_of(node)).__name__}){where} is not initialized. Why: its "
+        "Linen parameters are created from sample inputs. Fix: lb.lazy_init(model, "
+        "*sample_args, capacity=...) first (preallocate then declares buffers for other "
+        "call signatures)."
+      )
   graphdef, state = _compat.split_graph(root)
   before = _observe_native.flat_state(state)
   found: dict[str, tp.Any] = {}
@@ -485,8 +557,10 @@ def preallocate(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int
   def run(state):
     clone = nnx.merge(graphdef, state)
     clone_paths, clone_at = _graph_index(clone)
-    with (_session.open_session("apply") as session,
-          _observe_native.observe(_observe_native.observable_modules(clone)) as calls):
+    with (
+      _session.open_session("apply") as session,
+      _observe_native.observe(_observe_native.observable_modules(clone)) as calls,
+    ):
       try:
         call(clone, *args, **kwargs)
       except Exception as error:
@@ -494,10 +568,16 @@ def preallocate(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int
         raise
     # Nothing traced may leave the trace: keep shapes and paths only.
     found["reports"] = [
-        (_report_path(r, clone_paths, clone_at), dataclasses.replace(
-            r, node=None, new_accumulators={k: (f, _abstract(v))
-                                            for k, (f, v) in r.new_accumulators.items()}))
-        for r in session.reports]
+      (
+        _report_path(r, clone_paths, clone_at),
+        dataclasses.replace(
+          r,
+          node=None,
+          new_accumulators={k: (f, _abstract(v)) for k, (f, v) in r.new_accumulators.items()},
+        ),
+      )
+      for r in session.reports
+    ]
     found["calls"] = list(calls)
     return _compat.split_graph(clone)[1]
 
@@ -513,7 +593,14 @@ def preallocate(model: Model, *args: tp.Any, capacity: int | tp.Mapping[str, int
     if isinstance(module, nnx.Module) and variable is not None:
       setattr(module, path[-1], variable)
   parts += _native_parts(findings, node_at.__getitem__)
-  _declare.declare(parts, capacity=capacity, overflow=overflow, shardings_from=(args, kwargs),
-                   model_name=_model_name(root), entry="preallocate", scoped_capacity=scoped)
+  _declare.declare(
+    parts,
+    capacity=capacity,
+    overflow=overflow,
+    shardings_from=(args, kwargs),
+    model_name=_model_name(root),
+    entry="preallocate",
+    scoped_capacity=scoped,
+  )
   _caches.warn_short_caches(root, parts, "preallocate")
   return model

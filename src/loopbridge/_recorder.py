@@ -58,15 +58,17 @@ def iter_recorders(model: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], nnx.M
   """Every recorder in `model`'s graph with its path from the root (the root itself: `()`)."""
   if not isinstance(model, nnx.Module):
     raise TypeError(
-        f"expected an NNX module holding loopbridge buffers (e.g. lb.ToNNX), got "
-        f"{type(model).__name__}.")
+      f"expected an NNX module holding loopbridge buffers (e.g. lb.ToNNX), got "
+      f"{type(model).__name__}."
+    )
   for path, node in _compat.iter_graph(model):
     if is_recorder(node):
       yield tuple(path), node
 
 
-def pairs(recorder: nnx.Module) -> tp.Iterator[tuple[tuple[str, ...], _buffers.Buffer,
-                                                     _buffers.Count]]:
+def pairs(
+  recorder: nnx.Module,
+) -> tp.Iterator[tuple[tuple[str, ...], _buffers.Buffer, _buffers.Count]]:
   """(site key, Buffer, Count) for every buffer of one recorder, in sorted key order."""
 
   def walk(tree_b, tree_c, prefix):

@@ -24,9 +24,10 @@ from ._site import SowSite
 Model = tp.TypeVar("Model")
 
 _NOT_INITIALIZED = (
-    "{what} has not declared its buffers yet, so there is nothing to read. Why: buffers are "
-    "created by lb.lazy_init / lb.preallocate from sample inputs. Fix: "
-    "lb.lazy_init(model, *sample_args, capacity=N) first.")
+  "{what} has not declared its buffers yet, so there is nothing to read. Why: buffers are "
+  "created by lb.lazy_init / lb.preallocate from sample inputs. Fix: "
+  "lb.lazy_init(model, *sample_args, capacity=N) first."
+)
 
 
 def _describe(path: tuple, node: tp.Any) -> str:
@@ -36,8 +37,9 @@ def _describe(path: tuple, node: tp.Any) -> str:
   return f"{type(node).__name__}{where}"
 
 
-def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffers.Count], tp.Any]
-                 ) -> dict:
+def _map_records(
+  model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffers.Count], tp.Any]
+) -> dict:
   result: dict = {}
   found = False
   for root_path, recorder in _recorder.iter_recorders(model):
@@ -60,10 +62,11 @@ def _map_records(model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffer
     node[root_path[-1]] = tree
   if not found:
     raise NotDeclaredError(
-        f"{type(model).__name__} holds no loopbridge buffers: nothing was declared on it. Why: "
-        "buffers are created by lb.lazy_init / lb.preallocate from sample inputs. Fix: wrap "
-        "Linen modules with lb.ToNNX and call lb.lazy_init(model, *args, capacity=N), or "
-        "lb.preallocate(model, *args, capacity=N) for native NNX sows.")
+      f"{type(model).__name__} holds no loopbridge buffers: nothing was declared on it. Why: "
+      "buffers are created by lb.lazy_init / lb.preallocate from sample inputs. Fix: wrap "
+      "Linen modules with lb.ToNNX and call lb.lazy_init(model, *args, capacity=N), or "
+      "lb.preallocate(model, *args, capacity=N) for native NNX sows."
+    )
   return result
 
 
@@ -85,7 +88,8 @@ def _rebuild_pytrees(tree: dict, sites: tp.Sequence[SowSite]) -> None:
       continue
     leaves.sort(key=lambda s: s.leaf_index)
     parent[sow_key[-1]] = leaves[0].treedef.unflatten(
-        [_recorder.get_nested(node, s.leaf) for s in leaves])
+      [_recorder.get_nested(node, s.leaf) for s in leaves]
+    )
 
 
 def recorded(model: tp.Any) -> dict:
@@ -123,8 +127,9 @@ def recorded(model: tp.Any) -> dict:
     >>> lb.recorded(model)["intermediates"]["x"].tolist()
     [[0.0, 0.0], [1.0, 1.0]]
   """
-  return _map_records(model, lambda path, b, c: _buffers.read(*_buffers.flat_view(b, c),
-                                                             "/".join(map(str, path))))
+  return _map_records(
+    model, lambda path, b, c: _buffers.read(*_buffers.flat_view(b, c), "/".join(map(str, path)))
+  )
 
 
 def counts(model: tp.Any) -> dict:

@@ -9,12 +9,19 @@ from flax import nnx
 from ._stack import _num_layers
 
 
-def scan(stacked: nnx.Module, x: tp.Any, *args: tp.Any,
-         call: tp.Callable[..., tp.Any] | None = None, remat: bool = False,
-         unroll: int | bool = 1, reverse: bool = False) -> tp.Any:
+def scan(
+  stacked: nnx.Module,
+  x: tp.Any,
+  *args: tp.Any,
+  call: tp.Callable[..., tp.Any] | None = None,
+  remat: bool = False,
+  unroll: int | bool = 1,
+  reverse: bool = False,
+) -> tp.Any:
   """Run `x` through every layer of a stack in order, with `nnx.scan` (optionally `nnx.remat`).
 
-  Equivalent to `for layer in lb.layers.unstack(stacked): x = layer(x, *args)`, but the layer body is
+  Equivalent to `for layer in lb.layers.unstack(stacked): x = layer(x, *args)`, but the layer
+  body is
   traced and compiled once whatever the depth. Writes the layers make (statistics, recorded
   sows into preallocated buffers, any Variable update) land in the stack at their layer's index.
 
@@ -51,6 +58,7 @@ def scan(stacked: nnx.Module, x: tp.Any, *args: tp.Any,
 
   if remat:
     body = nnx.remat(body)
-  scan = nnx.scan(body, in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry, unroll=unroll,
-                  reverse=reverse)
+  scan = nnx.scan(
+    body, in_axes=(0, nnx.Carry, None), out_axes=nnx.Carry, unroll=unroll, reverse=reverse
+  )
   return scan(stacked, x, args)

@@ -44,7 +44,8 @@ class Session:
 
 
 _CURRENT: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
-    "loopbridge_discovery_session", default=None)
+  "loopbridge_discovery_session", default=None
+)
 
 
 def current() -> Session | None:

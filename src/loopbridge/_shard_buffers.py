@@ -80,8 +80,7 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
           continue
         # The most specific key wins, as for capacity: exact path, then glob, then collection.
         path = "/".join(site[1:])
-        key = (path if path in keys else
-               next((k for k in keys if k != site[0]), keys[0]))
+        key = path if path in keys else next((k for k in keys if k != site[0]), keys[0])
         keys_used.update(keys)
         spec = sharding[key]
       elif callable(sharding) and not isinstance(sharding, (PartitionSpec, NamedSharding)):
@@ -89,8 +88,9 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
       else:
         spec = sharding
       target = _sharding.value_sharding(label, value_shape, spec, mesh)
-      new = _buffers.Buffer(jax.device_put(value, target), overflow=buffer.overflow,
-                            **_sharding.buffer_metadata(target))
+      new = _buffers.Buffer(
+        jax.device_put(value, target), overflow=buffer.overflow, **_sharding.buffer_metadata(target)
+      )
       node = buffers
       for key_ in site[:-1]:
         node = node[key_]
@@ -100,13 +100,13 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
     unused = [k for k in sharding if k not in keys_used]
     if unused or not found_any:
       raise ShardingError(
-          f"buffer sharding key(s) {unused} name no buffer of this model. Why: a key that "
-          "matches nothing is usually a typo and would leave a buffer on the wrong devices. "
-          "Keys are a collection name, a '/'-joined sow path inside it, or a glob; the buffers "
-          f"are: {sorted('/'.join(s) for s in _all_sites(model))}.")
+        f"buffer sharding key(s) {unused} name no buffer of this model. Why: a key that "
+        "matches nothing is usually a typo and would leave a buffer on the wrong devices. "
+        "Keys are a collection name, a '/'-joined sow path inside it, or a glob; the buffers "
+        f"are: {sorted('/'.join(s) for s in _all_sites(model))}."
+      )
   return model
 
 
 def _all_sites(model: tp.Any) -> list[tuple[str, ...]]:
-  return [site for _, rec in _recorder.iter_recorders(model)
-          for site, _, _ in _recorder.pairs(rec)]
+  return [site for _, rec in _recorder.iter_recorders(model) for site, _, _ in _recorder.pairs(rec)]

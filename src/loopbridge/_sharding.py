@@ -55,8 +55,9 @@ def _axes_size(mesh: tp.Any, axes: tp.Any) -> int:
   return math.prod(mesh.shape[n] for n in names)
 
 
-def _leading_axis_position(shape: tuple[int, ...],
-                           sown_shape: tuple[int, ...] | None) -> int | None:
+def _leading_axis_position(
+  shape: tuple[int, ...], sown_shape: tuple[int, ...] | None
+) -> int | None:
   """Where the sown value's axis 0 sits in the recorded value (lifted transforms add axes)."""
   if not sown_shape or not shape:
     return None
@@ -68,9 +69,11 @@ def _leading_axis_position(shape: tuple[int, ...],
   return None
 
 
-def infer_buffer_shardings(args: tp.Any, kwargs: tp.Any,
-                           sites: tp.Mapping[tp.Any, tuple[tuple[int, ...], tuple[int, ...] | None]]
-                           ) -> dict[tp.Any, NamedSharding]:
+def infer_buffer_shardings(
+  args: tp.Any,
+  kwargs: tp.Any,
+  sites: tp.Mapping[tp.Any, tuple[tuple[int, ...], tuple[int, ...] | None]],
+) -> dict[tp.Any, NamedSharding]:
   """Buffer shardings inferred from batch-sharded sample args (rule 1 of the module doc).
 
   `sites` maps a site to (recorded value shape, shape passed to `sow`). Sites left out of the
@@ -106,8 +109,9 @@ def constrain(variable: tp.Any, value: tp.Any) -> tp.Any:
   return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, PartitionSpec(*names)))
 
 
-def value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: tp.Any
-                    ) -> NamedSharding:
+def value_sharding(
+  label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: tp.Any
+) -> NamedSharding:
   """The buffer sharding for a value-level spec: capacity axis prepended, unsharded."""
   if isinstance(spec, NamedSharding):
     mesh, spec = spec.mesh, spec.spec
@@ -115,20 +119,23 @@ def value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, mes
     spec = PartitionSpec()
   elif not isinstance(spec, PartitionSpec):
     raise ShardingError(
-        f"the sharding given for buffer {label} is a {type(spec).__name__}; loopbridge takes a "
-        "jax.sharding.PartitionSpec or NamedSharding of the recorded value (without the "
-        "capacity axis), or None for replicated. Fix: e.g. PartitionSpec('data', None).")
+      f"the sharding given for buffer {label} is a {type(spec).__name__}; loopbridge takes a "
+      "jax.sharding.PartitionSpec or NamedSharding of the recorded value (without the "
+      "capacity axis), or None for replicated. Fix: e.g. PartitionSpec('data', None)."
+    )
   if mesh is None:
     raise ShardingError(
-        f"a PartitionSpec was given for buffer {label} but no mesh. Why: a PartitionSpec names "
-        "mesh axes, so the mesh must be known to place the buffer. Fix: pass "
-        "lb.sharding.shard_buffers(model, spec, mesh=mesh), or give a NamedSharding(mesh, spec).")
+      f"a PartitionSpec was given for buffer {label} but no mesh. Why: a PartitionSpec names "
+      "mesh axes, so the mesh must be known to place the buffer. Fix: pass "
+      "lb.sharding.shard_buffers(model, spec, mesh=mesh), or give a NamedSharding(mesh, spec)."
+    )
   if len(spec) > len(value_shape):
     raise ShardingError(
-        f"the spec {spec} for buffer {label} has {len(spec)} entries but the recorded value has "
-        f"shape {value_shape} ({len(value_shape)} axes). Why: the spec describes the recorded "
-        "value; loopbridge adds the (unsharded) capacity axis itself. Fix: one entry per value "
-        "axis at most, e.g. PartitionSpec('data').")
+      f"the spec {spec} for buffer {label} has {len(spec)} entries but the recorded value has "
+      f"shape {value_shape} ({len(value_shape)} axes). Why: the spec describes the recorded "
+      "value; loopbridge adds the (unsharded) capacity axis itself. Fix: one entry per value "
+      "axis at most, e.g. PartitionSpec('data')."
+    )
   for axis, axes in enumerate(spec):
     if axes is None:
       continue
@@ -136,14 +143,16 @@ def value_sharding(label: str, value_shape: tuple[int, ...], spec: SpecLike, mes
     unknown = [n for n in names if n not in mesh.shape]
     if unknown:
       raise ShardingError(
-          f"buffer {label}: mesh axis {unknown[0]!r} in {spec} is not an axis of the mesh "
-          f"{dict(mesh.shape)}. Fix: use one of {list(mesh.shape)}.")
+        f"buffer {label}: mesh axis {unknown[0]!r} in {spec} is not an axis of the mesh "
+        f"{dict(mesh.shape)}. Fix: use one of {list(mesh.shape)}."
+      )
     size = _axes_size(mesh, axes)
     if value_shape[axis] % size:
       raise ShardingError(
-          f"buffer {label} records values of shape {value_shape}; axis {axis} (size "
-          f"{value_shape[axis]}) is split over mesh axes {axes!r} of total size {size}, which "
-          f"does not divide {value_shape[axis]}. Why: every device must hold an equal slice of "
-          f"the buffer. Fix: make that axis (e.g. the batch) a multiple of {size}, use a mesh "
-          "whose axes divide it, or leave the axis unsharded (None in the spec).")
+        f"buffer {label} records values of shape {value_shape}; axis {axis} (size "
+        f"{value_shape[axis]}) is split over mesh axes {axes!r} of total size {size}, which "
+        f"does not divide {value_shape[axis]}. Why: every device must hold an equal slice of "
+        f"the buffer. Fix: make that axis (e.g. the batch) a multiple of {size}, use a mesh "
+        "whose axes divide it, or leave the axis unsharded (None in the spec)."
+      )
   return NamedSharding(mesh, PartitionSpec(None, *spec))

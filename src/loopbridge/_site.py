@@ -43,8 +43,13 @@ class Transform:
     return f"{self.kind}(axis={axis}, len={length}{', reverse' if self.reverse else ''})"
 
   def to_dict(self) -> dict[str, tp.Any]:
-    return {"kind": self.kind, "path": "/".join(self.path), "axis": self.axis,
-            "length": self.length, "reverse": self.reverse}
+    return {
+      "kind": self.kind,
+      "path": "/".join(self.path),
+      "axis": self.axis,
+      "length": self.length,
+      "reverse": self.reverse,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,12 +135,12 @@ class SowSite:
   @property
   def value_shape(self) -> tuple[int, ...]:
     """One recorded value without the stack axes."""
-    return self.shape[self.stack_axes:]
+    return self.shape[self.stack_axes :]
 
   @property
   def buffer_shape(self) -> tuple[int, ...]:
     """`(*stack, capacity, *value)`."""
-    return (*self.shape[:self.stack_axes], self.capacity or 0, *self.value_shape)
+    return (*self.shape[: self.stack_axes], self.capacity or 0, *self.value_shape)
 
   @property
   def lifted(self) -> bool:
@@ -155,16 +160,21 @@ class SowSite:
 
   def to_dict(self) -> dict[str, tp.Any]:
     return {
-        "collection": self.collection, "path": self.name, "shape": list(self.shape),
-        "dtype": self.dtype,
-        "sown_shape": None if self.sown_shape is None else list(self.sown_shape),
-        "per_call": self.per_call, "lifted": self.lifted,
-        "in_scan": any(t.kind == "scan" for t in self.transforms),
-        "in_vmap": any(t.kind == "vmap" for t in self.transforms),
-        "transforms": [t.to_dict() for t in self.transforms], "capacity": self.capacity,
-        "overflow": self.overflow, "calls_to_fill": self.calls_to_fill,
-        "buffer_bytes": self.buffer_bytes,
-        "leaf": list(self.leaf) if self.treedef is not None else None,
+      "collection": self.collection,
+      "path": self.name,
+      "shape": list(self.shape),
+      "dtype": self.dtype,
+      "sown_shape": None if self.sown_shape is None else list(self.sown_shape),
+      "per_call": self.per_call,
+      "lifted": self.lifted,
+      "in_scan": any(t.kind == "scan" for t in self.transforms),
+      "in_vmap": any(t.kind == "vmap" for t in self.transforms),
+      "transforms": [t.to_dict() for t in self.transforms],
+      "capacity": self.capacity,
+      "overflow": self.overflow,
+      "calls_to_fill": self.calls_to_fill,
+      "buffer_bytes": self.buffer_bytes,
+      "leaf": list(self.leaf) if self.treedef is not None else None,
     }
 
 
@@ -206,37 +216,55 @@ class DroppedSow:
   @classmethod
   def from_call(cls, call: SowCall) -> DroppedSow:
     culprit = next((t for t in reversed(call.transforms) if not t.carries), None)
-    return cls(call.collection, tuple(call.module_path), call.name, call.module_type,
-               call.shape, call.dtype, culprit)
+    return cls(
+      call.collection,
+      tuple(call.module_path),
+      call.name,
+      call.module_type,
+      call.shape,
+      call.dtype,
+      culprit,
+    )
 
   @property
   def fix(self) -> str:
-    where = (f"the nn.{self.dropped_by.kind} at '{'/'.join(self.dropped_by.path) or '<root>'}'"
-             if self.dropped_by is not None else "the enclosing lifted transform")
+    where = (
+      f"the nn.{self.dropped_by.kind} at '{'/'.join(self.dropped_by.path) or '<root>'}'"
+      if self.dropped_by is not None
+      else "the enclosing lifted transform"
+    )
     return f"add '{self.collection}': 0 to the variable_axes of {where}"
 
   def warning_text(self) -> str:
-    culprit = (f"nn.{self.dropped_by.kind} at '{'/'.join(self.dropped_by.path) or '<root>'}'"
-               if self.dropped_by is not None else "lifted transform (nn.scan, nn.vmap, ...)")
+    culprit = (
+      f"nn.{self.dropped_by.kind} at '{'/'.join(self.dropped_by.path) or '<root>'}'"
+      if self.dropped_by is not None
+      else "lifted transform (nn.scan, nn.vmap, ...)"
+    )
     return (
-        f"{self.module_type} at Linen path '{'/'.join(self.module_path) or '<root>'}' sows "
-        f"'{self.name}' into collection '{self.collection}', but Linen discarded it: an "
-        f"enclosing {culprit} does not carry the '{self.collection}' collection, so the value "
-        f"is silently lost. Fix: add '{self.collection}': 0 to that transform's `variable_axes` "
-        f"(e.g. nn.scan(..., variable_axes={{'params': 0, '{self.collection}': 0}})).")
+      f"{self.module_type} at Linen path '{'/'.join(self.module_path) or '<root>'}' sows "
+      f"'{self.name}' into collection '{self.collection}', but Linen discarded it: an "
+      f"enclosing {culprit} does not carry the '{self.collection}' collection, so the value "
+      f"is silently lost. Fix: add '{self.collection}': 0 to that transform's `variable_axes` "
+      f"(e.g. nn.scan(..., variable_axes={{'params': 0, '{self.collection}': 0}}))."
+    )
 
   def to_dict(self) -> dict[str, tp.Any]:
     return {
-        "collection": self.collection, "module_path": "/".join(self.module_path),
-        "name": self.name, "module_type": self.module_type,
-        "shape": None if self.shape is None else list(self.shape), "dtype": self.dtype,
-        "dropped_by": None if self.dropped_by is None else self.dropped_by.to_dict(),
-        "fix": self.fix,
+      "collection": self.collection,
+      "module_path": "/".join(self.module_path),
+      "name": self.name,
+      "module_type": self.module_type,
+      "shape": None if self.shape is None else list(self.shape),
+      "dtype": self.dtype,
+      "dropped_by": None if self.dropped_by is None else self.dropped_by.to_dict(),
+      "fix": self.fix,
     }
 
 
-def with_lengths(transforms: tp.Sequence[Transform], shape: tuple[int, ...],
-                 sown_shape: tuple[int, ...] | None) -> tuple[Transform, ...]:
+def with_lengths(
+  transforms: tp.Sequence[Transform], shape: tuple[int, ...], sown_shape: tuple[int, ...] | None
+) -> tuple[Transform, ...]:
   """Transforms with the length of each stacked axis (and the axis, where discovery missed it)."""
   transforms = list(transforms)
   stacking = [i for i, t in enumerate(transforms) if t.kind in STACKING_KINDS and t.carries]
@@ -260,12 +288,16 @@ def with_lengths(transforms: tp.Sequence[Transform], shape: tuple[int, ...],
       # Axis unknown (e.g. a transform discovery did not see): where one axis can be removed
       # to give the sown shape. Adjacent equal sizes leave the position ambiguous (None).
       (i,) = stacking
-      candidates = [a for a in range(len(shape))
-                    if shape[:a] + shape[a + 1:] == tuple(sown_shape)]
+      candidates = [a for a in range(len(shape)) if shape[:a] + shape[a + 1 :] == tuple(sown_shape)]
       if candidates:
         lengths[i] = shape[candidates[0]]
         axes[i] = candidates[0] if len(candidates) == 1 else None
   return tuple(
-      dataclasses.replace(t, axis=axes.get(i) if i in axes else None, length=lengths.get(i),
-                          reverse=bool(t.reverse) if t.kind == "scan" else False)
-      for i, t in enumerate(transforms))
+    dataclasses.replace(
+      t,
+      axis=axes.get(i) if i in axes else None,
+      length=lengths.get(i),
+      reverse=bool(t.reverse) if t.kind == "scan" else False,
+    )
+    for i, t in enumerate(transforms)
+  )

@@ -50,27 +50,57 @@ class SowSites:
 
   def to_dict(self) -> dict[str, tp.Any]:
     """Plain dicts, lists, strings and numbers (`json.dumps` works on it)."""
-    return {"model": self.model, "sites": [s.to_dict() for s in self.sites],
-            "dropped": [d.to_dict() for d in self.dropped], "buffer_bytes": self.buffer_bytes}
+    return {
+      "model": self.model,
+      "sites": [s.to_dict() for s in self.sites],
+      "dropped": [d.to_dict() for d in self.dropped],
+      "buffer_bytes": self.buffer_bytes,
+    }
 
   def table(self) -> str:
     """The sites as a text table, followed by any dropped sows."""
-    lines = [f"{self.model}: {len(self.sites)} sow site(s), buffers "
-             f"{format_bytes(self.buffer_bytes)}"]
+    lines = [
+      f"{self.model}: {len(self.sites)} sow site(s), buffers {format_bytes(self.buffer_bytes)}"
+    ]
     if self.sites:
-      rows = [(s.collection, s.label, _shape_str(s.shape), s.dtype, str(s.per_call),
-               " > ".join(t.label() for t in s.transforms) or "-",
-               str(s.capacity), str(s.overflow), format_bytes(s.buffer_bytes))
-              for s in self.sites]
-      lines.append(format_table(
-          ("collection", "path", "value shape", "dtype", "per call", "inside", "capacity",
-           "overflow", "buffer"), rows))
+      rows = [
+        (
+          s.collection,
+          s.label,
+          _shape_str(s.shape),
+          s.dtype,
+          str(s.per_call),
+          " > ".join(t.label() for t in s.transforms) or "-",
+          str(s.capacity),
+          str(s.overflow),
+          format_bytes(s.buffer_bytes),
+        )
+        for s in self.sites
+      ]
+      lines.append(
+        format_table(
+          (
+            "collection",
+            "path",
+            "value shape",
+            "dtype",
+            "per call",
+            "inside",
+            "capacity",
+            "overflow",
+            "buffer",
+          ),
+          rows,
+        )
+      )
     if self.dropped:
       lines.append(f"{len(self.dropped)} sow(s) dropped by Linen (never recorded):")
       for d in self.dropped:
         shape = "" if d.shape is None else f" {_shape_str(d.shape)} {d.dtype}"
-        lines.append(f"  {d.module_type} at '{'/'.join(d.module_path) or '<root>'}' sows "
-                     f"'{d.name}' into '{d.collection}'{shape}; fix: {d.fix}")
+        lines.append(
+          f"  {d.module_type} at '{'/'.join(d.module_path) or '<root>'}' sows "
+          f"'{d.name}' into '{d.collection}'{shape}; fix: {d.fix}"
+        )
     return "\n".join(lines)
 
   def __str__(self) -> str:
@@ -87,8 +117,9 @@ def format_bytes(n: int) -> str:
   raise AssertionError("unreachable")
 
 
-def format_table(headers: tp.Sequence[str], rows: tp.Sequence[tp.Sequence[str]],
-                 indent: str = "  ") -> str:
+def format_table(
+  headers: tp.Sequence[str], rows: tp.Sequence[tp.Sequence[str]], indent: str = "  "
+) -> str:
   """Left-aligned columns separated by two spaces, a dashed rule under the header."""
   widths = [max(len(str(r[i])) for r in (headers, *rows)) for i in range(len(headers))]
 
@@ -139,15 +170,18 @@ def sow_sites(model: tp.Any) -> SowSites:
   """
   if not isinstance(model, bridge.ToNNX) or _recorder.BUFFERS_ATTR not in vars(model):
     raise TypeError(
-        f"lb.sow_sites needs an lb.ToNNX, got {type(model).__name__}. Fix: wrap the Linen module "
-        "with lb.ToNNX(module, rngs=nnx.Rngs(0)) and call lb.lazy_init(model, *sample_args, "
-        "capacity=N) first.")
+      f"lb.sow_sites needs an lb.ToNNX, got {type(model).__name__}. Fix: wrap the Linen module "
+      "with lb.ToNNX(module, rngs=nnx.Rngs(0)) and call lb.lazy_init(model, *sample_args, "
+      "capacity=N) first."
+    )
   sites = _recorder.sites_of(model)
   name = type(_compat.linen_module_of(model)).__name__
   if sites is None:
     raise NotDeclaredError(
-        f"lb.sow_sites: lb.ToNNX({name}) is not initialized, so its sow sites are not known "
-        "yet. Why: sites are found from a call with sample inputs. Fix: "
-        "lb.lazy_init(model, *sample_args, capacity=N) first.")
-  return SowSites(model=name, sites=tuple(sites),
-                  dropped=tuple(vars(model).get(_recorder.DROPPED_ATTR, ())))
+      f"lb.sow_sites: lb.ToNNX({name}) is not initialized, so its sow sites are not known "
+      "yet. Why: sites are found from a call with sample inputs. Fix: "
+      "lb.lazy_init(model, *sample_args, capacity=N) first."
+    )
+  return SowSites(
+    model=name, sites=tuple(sites), dropped=tuple(vars(model).get(_recorder.DROPPED_ATTR, ()))
+  )

@@ -1,7 +1,8 @@
 """Layer stacks: `stack` equal NNX modules into one, `unstack` them, and view `layer(stacked, i)`.
 
 A *stack* is an ordinary NNX module whose every array has a leading layer axis: the layout
-`nnx.vmap`-built stacks have and `nnx.scan(in_axes=0)` consumes. `lb.layers.layer(stacked, i)` returns
+`nnx.vmap`-built stacks have and `nnx.scan(in_axes=0)` consumes.
+`lb.layers.layer(stacked, i)` returns
 the i-th layer as a module of the layer's own class whose Variables read and write the stack at
 `i`, so `i` may be a tracer (inside `nnx.fori_loop` / `lb.fori_loop`).
 """
@@ -24,15 +25,16 @@ M = tp.TypeVar("M", bound=nnx.Module)
 _INTERNAL_PREFIXES = ("_pytree__", "_object__")
 
 _ALTERNATIVES = (
-    "Stacking needs every layer to have the same structure, Variable types, shapes and dtypes "
-    "(each Variable becomes one array with a leading layer axis). Layers that differ cannot "
-    "share a stack; instead:\n"
-    "  * keep them in a list and loop in Python (`for layer in layers: x = layer(x)`; under jit "
-    "the loop is unrolled, fine for a few layers);\n"
-    "  * choose among a few distinct layers with a traced index using `nnx.switch` "
-    "(every branch must return the same shape);\n"
-    "  * group runs of equal layers and stack each group (e.g. stack the equal-width hidden "
-    "layers, keep the input and output layers apart).")
+  "Stacking needs every layer to have the same structure, Variable types, shapes and dtypes "
+  "(each Variable becomes one array with a leading layer axis). Layers that differ cannot "
+  "share a stack; instead:\n"
+  "  * keep them in a list and loop in Python (`for layer in layers: x = layer(x)`; under jit "
+  "the loop is unrolled, fine for a few layers);\n"
+  "  * choose among a few distinct layers with a traced index using `nnx.switch` "
+  "(every branch must return the same shape);\n"
+  "  * group runs of equal layers and stack each group (e.g. stack the equal-width hidden "
+  "layers, keep the input and output layers apart)."
+)
 
 
 def _path_str(path: tp.Sequence[tp.Any]) -> str:
@@ -144,8 +146,10 @@ def stack(modules: tp.Sequence[M]) -> M:
   for index, module in enumerate(modules):
     if not isinstance(module, nnx.Module):
       raise StackError(
-          f"lb.layers.stack: item {index} is a {type(module).__name__}, not an NNX module. Pass a list "
-          "of NNX modules (for Linen parameter trees use lb.layers.stack_params).")
+        f"lb.layers.stack: item {index} is a {type(module).__name__}, not an NNX module. "
+        "Pass a list "
+        "of NNX modules (for Linen parameter trees use lb.layers.stack_params)."
+      )
   graphdef, first_state = nnx.split(modules[0])
   states = [first_state]
   for index, module in enumerate(modules[1:], start=1):
@@ -156,8 +160,9 @@ def stack(modules: tp.Sequence[M]) -> M:
     if difference is not None:
       path, ref_desc, other_desc = difference
       raise StackError(
-          f"lb.layers.stack: layer {index} differs from layer 0 at `{path}`: layer 0 has {ref_desc}, "
-          f"layer {index} has {other_desc}.\n{_ALTERNATIVES}")
+        f"lb.layers.stack: layer {index} differs from layer 0 at `{path}`: layer 0 has {ref_desc}, "
+        f"layer {index} has {other_desc}.\n{_ALTERNATIVES}"
+      )
     states.append(state)
   stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
   return nnx.merge(graphdef, stacked_state)
@@ -165,31 +170,36 @@ def stack(modules: tp.Sequence[M]) -> M:
 
 def _num_layers(stacked: nnx.Module, what: str) -> int:
   if not isinstance(stacked, nnx.Module):
-    raise StackError(f"{what} expects a stacked NNX module (from lb.layers.stack or nnx.vmap), got "
-                     f"{type(stacked).__name__}.")
+    raise StackError(
+      f"{what} expects a stacked NNX module (from lb.layers.stack or nnx.vmap), got "
+      f"{type(stacked).__name__}."
+    )
   sizes: dict[int, str] = {}
   for path, variable in variables_by_path(stacked).items():
     for key_path, leaf in jax.tree_util.tree_leaves_with_path(_compat.variable_value(variable)):
       where = _path_str(path) + jax.tree_util.keystr(key_path)
       if np.ndim(leaf) == 0:
         raise StackError(
-            f"{what}: `{where}` is a scalar, so this module is not a layer stack (every array of "
-            "a stack has a leading layer axis). Build stacks with lb.layers.stack or nnx.vmap.")
+          f"{what}: `{where}` is a scalar, so this module is not a layer stack (every array of "
+          "a stack has a leading layer axis). Build stacks with lb.layers.stack or nnx.vmap."
+        )
       sizes.setdefault(np.shape(leaf)[0], where)
   if not sizes:
     raise StackError(f"{what}: the module holds no arrays, so it has no layer axis.")
   if len(sizes) > 1:
     (n1, p1), (n2, p2) = list(sizes.items())[:2]
     raise StackError(
-        f"{what}: leading axes disagree (`{p1}` has {n1} layers, `{p2}` has {n2}), so this "
-        "module is not a layer stack. Build stacks with lb.layers.stack or nnx.vmap.")
+      f"{what}: leading axes disagree (`{p1}` has {n1} layers, `{p2}` has {n2}), so this "
+      "module is not a layer stack. Build stacks with lb.layers.stack or nnx.vmap."
+    )
   return next(iter(sizes))
 
 
 def unstack(stacked: M) -> list[M]:
   """Split a stacked module into a list of independent modules, one per layer.
 
-  Exact inverse of `lb.layers.stack` (values, Variable types and metadata); also accepts stacks built
+  Exact inverse of `lb.layers.stack` (values, Variable types and metadata); also accepts
+  stacks built
   with `nnx.vmap`.
 
   Args:
@@ -205,7 +215,8 @@ def unstack(stacked: M) -> list[M]:
   Examples:
     >>> import loopbridge as lb
     >>> from flax import nnx
-    >>> layers = lb.layers.unstack(lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]))
+    >>> linears = [nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]
+    >>> layers = lb.layers.unstack(lb.layers.stack(linears))
     >>> len(layers), layers[0].kernel.shape
     (3, (4, 4))
   """
@@ -215,8 +226,9 @@ def unstack(stacked: M) -> list[M]:
 
 
 def _set_child(owner: tp.Any, key: tp.Any, value: tp.Any) -> None:
-  if isinstance(owner, (list, dict)) or (not isinstance(owner, nnx.Module) and
-                                        hasattr(owner, "__setitem__")):
+  if isinstance(owner, (list, dict)) or (
+    not isinstance(owner, nnx.Module) and hasattr(owner, "__setitem__")
+  ):
     owner[key] = value
   else:
     setattr(owner, key, value)
@@ -258,16 +270,22 @@ def layer(stacked: M, i: int | jax.Array) -> M:
   n = _num_layers(stacked, "lb.layers.layer")
   if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
     if not -n <= i < n:
-      raise IndexError(f"lb.layers.layer: layer index {i} is out of range for a stack of {n} layers.")
+      raise IndexError(
+        f"lb.layers.layer: layer index {i} is out of range for a stack of {n} layers."
+      )
     i = int(i) % n
   else:
     i = jnp.asarray(i)
     if i.ndim != 0 or not jnp.issubdtype(i.dtype, jnp.integer):
-      raise StackError(f"lb.layers.layer: the layer index must be an integer scalar, got "
-                       f"{i.dtype}[{','.join(map(str, i.shape))}].")
+      raise StackError(
+        f"lb.layers.layer: the layer index must be an integer scalar, got "
+        f"{i.dtype}[{','.join(map(str, i.shape))}]."
+      )
   graphdef, state = nnx.split(stacked)
-  view = nnx.merge(graphdef, jax.tree.map(
-      lambda leaf: jax.lax.dynamic_index_in_dim(leaf, i, 0, keepdims=False), state))
+  view = nnx.merge(
+    graphdef,
+    jax.tree.map(lambda leaf: jax.lax.dynamic_index_in_dim(leaf, i, 0, keepdims=False), state),
+  )
   parents = variables_by_path(stacked)
   nodes = dict(_graph_nodes(view))
   for path, snapshot in variables_by_path(view).items():

@@ -71,11 +71,12 @@ def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.
 
 
 _SOW_WITHOUT_BUFFER = (
-    "this call sowed into '{label}', a site with no buffer. Why: buffers are declared for the "
-    "sows of the call signature given to lazy_init/preallocate, and this call makes a different "
-    "one (other method, arguments or branch). Fix: declare it before the loop with "
-    "lb.preallocate(model, *args, capacity=..., method=..., **kwargs); buffers already declared "
-    "are kept.")
+  "this call sowed into '{label}', a site with no buffer. Why: buffers are declared for the "
+  "sows of the call signature given to lazy_init/preallocate, and this call makes a different "
+  "one (other method, arguments or branch). Fix: declare it before the loop with "
+  "lb.preallocate(model, *args, capacity=..., method=..., **kwargs); buffers already declared "
+  "are kept."
+)
 
 
 class ToNNX(bridge.ToNNX):
@@ -118,31 +119,47 @@ class ToNNX(bridge.ToNNX):
     (1, 1, 3)
   """
 
-  def __init__(self, module: linen.Module, rngs: tp.Any = None, *,
-               capacity: int | tp.Mapping[str, int] | None = None, overflow: str = "error",
-               capture_intermediates: bool | tp.Callable[[linen.Module, str], bool] = False):
+  def __init__(
+    self,
+    module: linen.Module,
+    rngs: tp.Any = None,
+    *,
+    capacity: int | tp.Mapping[str, int] | None = None,
+    overflow: str = "error",
+    capture_intermediates: bool | tp.Callable[[linen.Module, str], bool] = False,
+  ):
     if not isinstance(module, linen.Module):
       raise TypeError(
-          f"lb.ToNNX wraps a Linen module (an instance of flax.linen.Module), got "
-          f"{type(module).__name__}. "
-          + ("It is an NNX module: it needs no bridge; use lb.preallocate on it directly."
-             if isinstance(module, nnx.Module) else
-             "Fix: pass an instance, e.g. lb.ToNNX(MyLinenModule(...), rngs=nnx.Rngs(0))."
-             if isinstance(module, type) else
-             "Fix: pass a Linen module instance.")
+        f"lb.ToNNX wraps a Linen module (an instance of flax.linen.Module), got "
+        f"{type(module).__name__}. "
+        + (
+          "It is an NNX module: it needs no bridge; use lb.preallocate on it directly."
+          if isinstance(module, nnx.Module)
+          else "Fix: pass an instance, e.g. lb.ToNNX(MyLinenModule(...), rngs=nnx.Rngs(0))."
+          if isinstance(module, type)
+          else "Fix: pass a Linen module instance."
+        )
       )
     capacity = _capacity.check_capacity_spec(capacity)
     overflow = _capacity.check_overflow(overflow)
     super().__init__(module, rngs)
-    setattr(self, _pipeline.SETTINGS_ATTR, _pipeline.BridgeSettings(
-        _freeze_capacity(capacity), overflow, capture_intermediates))
+    setattr(
+      self,
+      _pipeline.SETTINGS_ATTR,
+      _pipeline.BridgeSettings(_freeze_capacity(capacity), overflow, capture_intermediates),
+    )
     setattr(self, _recorder.SITES_ATTR, None)
     setattr(self, _recorder.DROPPED_ATTR, ())
     _recorder.make_recorder(self)
 
   # ------------------------------------------------------------------ initialization
-  def lazy_init(self, *args: tp.Any, capacity: int | tp.Mapping[str, int] | None = None,
-                overflow: str | None = None, **kwargs: tp.Any) -> Self:
+  def lazy_init(
+    self,
+    *args: tp.Any,
+    capacity: int | tp.Mapping[str, int] | None = None,
+    overflow: str | None = None,
+    **kwargs: tp.Any,
+  ) -> Self:
     """Initialize the Linen variables from sample inputs and declare the sow buffers.
 
     Same as `lb.lazy_init(self, *args, capacity=..., overflow=..., **kwargs)`.
@@ -152,8 +169,9 @@ class ToNNX(bridge.ToNNX):
   def _loopbridge_initialize(self, args, kwargs, rngs, method):
     """What `__call__` does in initializing mode: Linen init, and the sites that trace sowed."""
     module = _compat.linen_module_of(self)
-    init_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
-                                         initializing=True)
+    init_rngs = _compat.bridge_call_rngs(
+      rngs if rngs is not None else _compat.rngs_of(self), initializing=True
+    )
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # mutable=True: Linen's init leaves 'intermediates' out by default; with it, init returns
     # every value the trace sowed, so the sites come from this one trace.
@@ -161,26 +179,36 @@ class ToNNX(bridge.ToNNX):
     try:
       with _observe_linen.observe() as calls:
         out, variables = module.init_with_output(
-            init_rngs, *args, method=method, mutable=True, capture_intermediates=capture,
-            **kwargs)
+          init_rngs, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs
+        )
     except Exception as error:
       _user_errors.note_linen_call(
-          error, label=type(module).__name__, what="init",
-          plain=_plain_call(module, "init", method, capture),
-          # Linen's own init, even where the class defines an `init` method of its own.
-          rerun=lambda: linen.Module.init(module, init_rngs, *args, method=method,
-                                          capture_intermediates=capture, **kwargs))
+        error,
+        label=type(module).__name__,
+        what="init",
+        plain=_plain_call(module, "init", method, capture),
+        # Linen's own init, even where the class defines an `init` method of its own.
+        rerun=lambda: linen.Module.init(
+          module, init_rngs, *args, method=method, capture_intermediates=capture, **kwargs
+        ),
+      )
       raise
     found = _observe_linen.classify(variables, calls)
     # Values sown with the default tuple reduce are records, not state: keep them out of the
     # Variables, or they would grow on every later call.
     # Accumulators in 'intermediates' would not exist after Linen's own init (it leaves that
     # collection immutable): they start from `init_fn()`, as on a plain Linen model's first call.
-    fresh = {site: (_init_fn(call), value) for site, (call, value) in found.accumulators.items()
-             if site[0] == "intermediates"}
+    fresh = {
+      site: (_init_fn(call), value)
+      for site, (call, value) in found.accumulators.items()
+      if site[0] == "intermediates"
+    }
     flat = traverse_util.flatten_dict(dict(variables), is_leaf=lambda _, v: isinstance(v, tuple))
-    kept = {p: v for p, v in flat.items()
-            if p not in found.record_paths and not any(p[:len(s)] == s for s in fresh)}
+    kept = {
+      p: v
+      for p, v in flat.items()
+      if p not in found.record_paths and not any(p[: len(s)] == s for s in fresh)
+    }
     _linen_vars.set_variables(self, traverse_util.unflatten_dict(kept))
     _linen_vars.add_accumulators(self, fresh)
     report = _session.BridgeReport(self, type(module).__name__, found.sites, found.dropped, {})
@@ -199,35 +227,66 @@ class ToNNX(bridge.ToNNX):
     variables = _linen_vars.linen_variables(self)
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # This is a throwaway clone under jax.eval_shape: drawing from its streams changes nothing.
-    call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
-                                         initializing=False)
+    call_rngs = _compat.bridge_call_rngs(
+      rngs if rngs is not None else _compat.rngs_of(self), initializing=False
+    )
     capture = _pipeline.bridge_settings(self).capture_intermediates
     try:
       with _observe_linen.observe() as calls:
         out, updates = module.apply(
-            variables, *args, rngs=call_rngs, method=method, mutable=True,
-            capture_intermediates=capture, **kwargs)
+          variables,
+          *args,
+          rngs=call_rngs,
+          method=method,
+          mutable=True,
+          capture_intermediates=capture,
+          **kwargs,
+        )
     except Exception as error:
       _user_errors.note_linen_call(
-          error, label=type(module).__name__, what="apply",
-          plain=_plain_call(module, "apply", method, capture),
-          rerun=lambda: linen.Module.apply(module, variables, *args, rngs=call_rngs,
-                                           method=method, capture_intermediates=capture,
-                                           **kwargs))
+        error,
+        label=type(module).__name__,
+        what="apply",
+        plain=_plain_call(module, "apply", method, capture),
+        rerun=lambda: linen.Module.apply(
+          module,
+          variables,
+          *args,
+          rngs=call_rngs,
+          method=method,
+          capture_intermediates=capture,
+          **kwargs,
+        ),
+      )
       raise
     found = _observe_linen.classify(updates, calls)
-    new_accumulators = {site: (_init_fn(call), value)
-                        for site, (call, value) in found.accumulators.items()
-                        if _recorder.get_nested(variables, site) is None}
+    new_accumulators = {
+      site: (_init_fn(call), value)
+      for site, (call, value) in found.accumulators.items()
+      if _recorder.get_nested(variables, site) is None
+    }
     sown = [updates[s.collection] for s in found.sites if s.collection in updates]
-    session.reports.append(_session.BridgeReport(
-        self, type(module).__name__, found.sites, found.dropped, new_accumulators,
-        batched=any(map(_compat.is_batched, jax.tree.leaves(sown)))))
+    session.reports.append(
+      _session.BridgeReport(
+        self,
+        type(module).__name__,
+        found.sites,
+        found.dropped,
+        new_accumulators,
+        batched=any(map(_compat.is_batched, jax.tree.leaves(sown))),
+      )
+    )
     return out
 
   # ------------------------------------------------------------------ calling
-  def __call__(self, *args: tp.Any, rngs: tp.Any = None, method: tp.Any = None,
-               mutable: tp.Any = None, **kwargs: tp.Any) -> tp.Any:
+  def __call__(
+    self,
+    *args: tp.Any,
+    rngs: tp.Any = None,
+    method: tp.Any = None,
+    mutable: tp.Any = None,
+    **kwargs: tp.Any,
+  ) -> tp.Any:
     """Apply the Linen module, recording its sows in place. Same signature as stock ToNNX.
 
     Recording rule: collections that hold declared sow sites, and `intermediates`, are always
@@ -256,10 +315,11 @@ class ToNNX(bridge.ToNNX):
       sites = ()
     if sites is None:
       raise NotDeclaredError(
-          f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
-          "initialized. Why: the Linen variables and the sow buffers are created from sample "
-          "inputs. Fix: lb.lazy_init(model, *sample_args, capacity=N) first (or "
-          "model.lazy_init(...)).")
+        f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
+        "initialized. Why: the Linen variables and the sow buffers are created from sample "
+        "inputs. Fix: lb.lazy_init(model, *sample_args, capacity=N) first (or "
+        "model.lazy_init(...))."
+      )
     module = _compat.linen_module_of(self)
     variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
     # 'intermediates' (where `sow` writes by default) is always recorded too, so a sow this
@@ -267,15 +327,25 @@ class ToNNX(bridge.ToNNX):
     record_cols = {site.collection for site in sites} | {"intermediates"}
     apply_mutable = _merge_mutable(mutable, record_cols)
     # Before drawing from the rng streams (a write too): a closed-over model fails here.
-    _trace_check.check([_first_variable(getattr(self, COUNTS_ATTR)),
-                        *(_rng_counts(_compat.rngs_of(self)) if rngs is None else ())],
-                       f"lb.ToNNX({type(module).__name__})")
-    call_rngs = _compat.bridge_call_rngs(rngs if rngs is not None else _compat.rngs_of(self),
-                                         initializing=False)
-    result = module.apply(variables, *args, rngs=call_rngs, method=method,
-                          mutable=apply_mutable,
-                          capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
-                          **kwargs)
+    _trace_check.check(
+      [
+        _first_variable(getattr(self, COUNTS_ATTR)),
+        *(_rng_counts(_compat.rngs_of(self)) if rngs is None else ()),
+      ],
+      f"lb.ToNNX({type(module).__name__})",
+    )
+    call_rngs = _compat.bridge_call_rngs(
+      rngs if rngs is not None else _compat.rngs_of(self), initializing=False
+    )
+    result = module.apply(
+      variables,
+      *args,
+      rngs=call_rngs,
+      method=method,
+      mutable=apply_mutable,
+      capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
+      **kwargs,
+    )
     if apply_mutable is False:
       return result
     out, updates = result
@@ -309,26 +379,30 @@ class ToNNX(bridge.ToNNX):
       if not isinstance(variable, nnx.Variable):
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
           raise StructureChangeError(
-              f"this call created the variable '{label}', which did not exist after "
-              "lazy_init, inside a traced function (jit, an NNX loop or transform). Why: NNX "
-              "loops and transforms need every Variable to exist before they start; a call "
-              "that adds one changes the model's structure. Fix: make lazy_init create it "
-              "(initialize with the same method and arguments the loop uses, or call "
-              "lb.preallocate with them), make one such call before tracing, or keep the "
-              "value out of Linen variables.")
+            f"this call created the variable '{label}', which did not exist after "
+            "lazy_init, inside a traced function (jit, an NNX loop or transform). Why: NNX "
+            "loops and transforms need every Variable to exist before they start; a call "
+            "that adds one changes the model's structure. Fix: make lazy_init create it "
+            "(initialize with the same method and arguments the loop uses, or call "
+            "lb.preallocate with them), make one such call before tracing, or keep the "
+            "value out of Linen variables."
+          )
         created[path] = value  # as stock: outside a trace a call may add a Variable
         continue
       new = _linen_vars.unbox(value)
       old = _compat.variable_value(variable)
       if np.shape(new) != np.shape(old) or jnp.result_type(new) != jnp.result_type(old):
         raise StructureChangeError(
-            f"this call changed '{label}' from shape {np.shape(old)} "
-            f"{jnp.result_type(old)} to {np.shape(new)} {jnp.result_type(new)}. Why: NNX loops "
-            "need every Variable to keep its shape and dtype. Fix: keep the collection's "
-            "shapes fixed (e.g. preallocate a cache at its full length).")
+          f"this call changed '{label}' from shape {np.shape(old)} "
+          f"{jnp.result_type(old)} to {np.shape(new)} {jnp.result_type(new)}. Why: NNX loops "
+          "need every Variable to keep its shape and dtype. Fix: keep the collection's "
+          "shapes fixed (e.g. preallocate a cache at its full length)."
+        )
       writes.append((variable, new))
-    _trace_check.check([variable for variable, _ in writes],
-                       f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__})")
+    _trace_check.check(
+      [variable for variable, _ in writes],
+      f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__})",
+    )
     for buffer, count, values, label in records:
       _buffers.append(buffer, count, values, label, checked=True)
     for variable, new in writes:
@@ -338,18 +412,22 @@ class ToNNX(bridge.ToNNX):
 
 
 _PYTREE_CHANGED = (
-    "sow site {label} was declared for a pytree of structure {declared} and this call sows "
-    "{got}. Why: each array leaf of a sown pytree has its own preallocated buffer, so the "
-    "structure must stay the same inside NNX loops. Fix: declare this call signature with "
-    "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (a changed structure "
-    "starts that site's buffers anew), or sow the two structures under different names.")
+  "sow site {label} was declared for a pytree of structure {declared} and this call sows "
+  "{got}. Why: each array leaf of a sown pytree has its own preallocated buffer, so the "
+  "structure must stay the same inside NNX loops. Fix: declare this call signature with "
+  "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (a changed structure "
+  "starts that site's buffers anew), or sow the two structures under different names."
+)
 
 
-def _pytree_records(node: nnx.Module, path: tuple[str, ...], value: tuple, buffers: dict,
-                    counts: dict, label: str) -> list[tuple[tp.Any, tp.Any, list, str]]:
+def _pytree_records(
+  node: nnx.Module, path: tuple[str, ...], value: tuple, buffers: dict, counts: dict, label: str
+) -> list[tuple[tp.Any, tp.Any, list, str]]:
   """(buffer, count, values, label) per array leaf of one call's pytree sows at `path`."""
-  sites = sorted((s for s in (_recorder.sites_of(node) or ()) if s.sow_key == path
-                  and s.treedef is not None), key=lambda s: s.leaf_index)
+  sites = sorted(
+    (s for s in (_recorder.sites_of(node) or ()) if s.sow_key == path and s.treedef is not None),
+    key=lambda s: s.leaf_index,
+  )
   flat = [_site.flatten_value(v) for v in value]
   if not sites:
     if all(not leaves for _, leaves in flat):
@@ -398,9 +476,11 @@ def _probe_value(site: tp.Any, sown: tp.Any) -> tp.Any:
 
 def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping) -> None:
   if sites:
-    _compat.set_data_attribute(node, PROBES_ATTR, {
-        "/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key)))
-        for site in sites})
+    _compat.set_data_attribute(
+      node,
+      PROBES_ATTR,
+      {"/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key))) for site in sites},
+    )
 
 
 def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.Any) -> str:
@@ -444,12 +524,14 @@ def _check_method(module: linen.Module, method: tp.Any) -> None:
   """A `method=` name must name a method of the Linen module (Linen's own error says less)."""
   if not isinstance(method, str) or callable(getattr(type(module), method, None)):
     return
-  methods = sorted(n for n, v in vars(type(module)).items()
-                   if callable(v) and (not n.startswith("_") or n == "__call__")
-                   and n != "setup")
+  methods = sorted(
+    n
+    for n, v in vars(type(module)).items()
+    if callable(v) and (not n.startswith("_") or n == "__call__") and n != "setup"
+  )
   raise AttributeError(
-      f"method={method!r} is not a method of the Linen module {type(module).__name__} "
-      f"(its methods: {', '.join(methods) or 'none'}). Why: lb.ToNNX calls the Linen module "
-      "with module.apply(..., method=...), which needs a method defined on its class. Fix: "
-      "pass one of those names, or the function itself (e.g. method=MyModule.decode).")
-
+    f"method={method!r} is not a method of the Linen module {type(module).__name__} "
+    f"(its methods: {', '.join(methods) or 'none'}). Why: lb.ToNNX calls the Linen module "
+    "with module.apply(..., method=...), which needs a method defined on its class. Fix: "
+    "pass one of those names, or the function itself (e.g. method=MyModule.decode)."
+  )

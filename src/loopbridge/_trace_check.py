@@ -18,26 +18,27 @@ from . import _compat
 from ._errors import ForeignTraceError
 
 FOREIGN_TRACE = (
-    "{who} was called inside a traced function (a jax.lax loop body, jax.jit, ...) that closed "
-    "over the model instead of carrying it: its Variables belong to an outer trace, so the "
-    "values it records (and any state it updates) could not leave this one. Why: JAX keeps "
-    "only what a traced function returns; flax 0.10 would drop the records silently and flax "
-    "0.12 raises TraceContextError. Fix: carry the model through the loop. Use an NNX loop, "
-    "which passes it for you:\n"
-    "    model, x = nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x))\n"
-    "(or lb.fori_loop / lb.while_loop / nnx.while_loop), or split it and merge it in the body, "
-    "returning its state:\n"
-    "    graphdef, state = nnx.split(model)\n"
-    "    def body(i, carry):\n"
-    "      state, x = carry\n"
-    "      m = nnx.merge(graphdef, state)\n"
-    "      x = m(x)\n"
-    "      return nnx.state(m), x\n"
-    "    state, x = jax.lax.fori_loop(0, n, body, (state, x))\n"
-    "    nnx.update(model, state)\n"
-    "A jit wrapper that merges a copy of the model (e.g. one that freezes the state and "
-    "discards changes) must also return nnx.state(copy) and nnx.update the model with it, or "
-    "the records stay inside the jit.")
+  "{who} was called inside a traced function (a jax.lax loop body, jax.jit, ...) that closed "
+  "over the model instead of carrying it: its Variables belong to an outer trace, so the "
+  "values it records (and any state it updates) could not leave this one. Why: JAX keeps "
+  "only what a traced function returns; flax 0.10 would drop the records silently and flax "
+  "0.12 raises TraceContextError. Fix: carry the model through the loop. Use an NNX loop, "
+  "which passes it for you:\n"
+  "    model, x = nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x))\n"
+  "(or lb.fori_loop / lb.while_loop / nnx.while_loop), or split it and merge it in the body, "
+  "returning its state:\n"
+  "    graphdef, state = nnx.split(model)\n"
+  "    def body(i, carry):\n"
+  "      state, x = carry\n"
+  "      m = nnx.merge(graphdef, state)\n"
+  "      x = m(x)\n"
+  "      return nnx.state(m), x\n"
+  "    state, x = jax.lax.fori_loop(0, n, body, (state, x))\n"
+  "    nnx.update(model, state)\n"
+  "A jit wrapper that merges a copy of the model (e.g. one that freezes the state and "
+  "discards changes) must also return nnx.state(copy) and nnx.update the model with it, or "
+  "the records stay inside the jit."
+)
 
 
 def check(variables: tp.Iterable[nnx.Variable | None], who: str) -> None:

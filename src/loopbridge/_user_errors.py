@@ -76,8 +76,9 @@ def running_nnx_module(error: BaseException, path_of: tp.Mapping[int, tuple]) ->
   return None
 
 
-def note_linen_call(error: BaseException, *, label: str, what: str, plain: str,
-                    rerun: tp.Callable[[], tp.Any]) -> None:
+def note_linen_call(
+  error: BaseException, *, label: str, what: str, plain: str, rerun: tp.Callable[[], tp.Any]
+) -> None:
   """Note where in the wrapped Linen module `error` was raised and what plain Linen does.
 
   `rerun` calls plain Linen the way a user would (`module.init`/`module.apply` with the same
@@ -94,16 +95,29 @@ def note_linen_call(error: BaseException, *, label: str, what: str, plain: str,
   except Exception as failure:
     plain_error = failure
   same = plain_error is not None and type(plain_error) is type(error)
-  where = ((running_linen_module(plain_error) if same and plain_error is not None else None)
-           or running_linen_module(error))
-  add_note(error, f"raised inside lb.ToNNX({label}) while it ran the Linen {what}"
-           + (f"; Linen module {where} was running." if where else "."))
+  where = (
+    running_linen_module(plain_error) if same and plain_error is not None else None
+  ) or running_linen_module(error)
+  add_note(
+    error,
+    f"raised inside lb.ToNNX({label}) while it ran the Linen {what}"
+    + (f"; Linen module {where} was running." if where else "."),
+  )
   if plain_error is None:
-    add_note(error, f"plain Linen {plain} succeeds, so loopbridge's way of calling it "
-             "(every collection mutable, sows observed) is involved: please report it with "
-             "this traceback.")
+    add_note(
+      error,
+      f"plain Linen {plain} succeeds, so loopbridge's way of calling it "
+      "(every collection mutable, sows observed) is involved: please report it with "
+      "this traceback.",
+    )
     return
-  add_note(error, f"plain Linen {plain} fails "
-           + ("the same way" if same else
-              f"too, differently ({type(plain_error).__name__}: {str(plain_error)[:200]})")
-           + ": the error is in the model (or its inputs), not in loopbridge.")
+  add_note(
+    error,
+    f"plain Linen {plain} fails "
+    + (
+      "the same way"
+      if same
+      else f"too, differently ({type(plain_error).__name__}: {str(plain_error)[:200]})"
+    )
+    + ": the error is in the model (or its inputs), not in loopbridge.",
+  )

@@ -23,9 +23,9 @@ from ._checkpoint import save as save
 from ._errors import CheckpointError as CheckpointError
 
 __all__ = [
-    "CheckpointError",
-    "from_linen_variables",
-    "load_linen_variables",
-    "restore",
-    "save",
+  "CheckpointError",
+  "from_linen_variables",
+  "load_linen_variables",
+  "restore",
+  "save",
 ]

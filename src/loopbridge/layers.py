@@ -25,13 +25,13 @@ from ._stack import stack as stack
 from ._stack import unstack as unstack
 
 __all__ = [
-    "StackError",
-    "export_params",
-    "layer",
-    "load_params",
-    "scan",
-    "stack",
-    "stack_params",
-    "unstack",
-    "unstack_params",
+  "StackError",
+  "export_params",
+  "layer",
+  "load_params",
+  "scan",
+  "stack",
+  "stack_params",
+  "unstack",
+  "unstack_params",
 ]

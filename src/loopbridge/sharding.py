@@ -8,6 +8,6 @@ from ._errors import ShardingError as ShardingError
 from ._shard_buffers import shard_buffers as shard_buffers
 
 __all__ = [
-    "ShardingError",
-    "shard_buffers",
+  "ShardingError",
+  "shard_buffers",
 ]

@@ -86,7 +86,7 @@ def capture_logits(module, method_name):
 
 
 def _start_tokens():
-  return jnp.zeros((PROMPT.shape[0], MAX_LEN), jnp.int32).at[:, :PROMPT.shape[1]].set(PROMPT)
+  return jnp.zeros((PROMPT.shape[0], MAX_LEN), jnp.int32).at[:, : PROMPT.shape[1]].set(PROMPT)
 
 
 def _next_token(t, tokens, logits):
@@ -115,12 +115,15 @@ def linen_decode(module, params):
   """The model's own Linen decode: init on the full length, one apply per token."""
   cache = module.init(jax.random.key(1), _start_tokens())["cache"]  # empty, full length
   # One plain Linen apply per token, jitted only so the steps share one compilation.
-  step = jax.jit(functools.partial(module.apply, mutable=["cache", "intermediates"],
-                                   capture_intermediates=capture_logits))
+  step = jax.jit(
+    functools.partial(
+      module.apply, mutable=["cache", "intermediates"], capture_intermediates=capture_logits
+    )
+  )
   tokens = _start_tokens()
   hidden, logits_seen = [], []
   for t in range(STEPS):
-    logits, state = step({"params": params, "cache": cache}, tokens[:, t:t + 1])
+    logits, state = step({"params": params, "cache": cache}, tokens[:, t : t + 1])
     cache = state["cache"]
     hidden.append(state["intermediates"][f"Block_{LAYERS - 1}"]["hidden"][0])
     logits_seen.append(state["intermediates"]["logits"]["__call__"][0])
@@ -129,9 +132,8 @@ def linen_decode(module, params):
 
 
 def _build(partitioned=False):
-  model = lb.ToNNX(DecoderLM(partitioned), rngs=nnx.Rngs(0),
-                   capture_intermediates=capture_logits)
-  lb.lazy_init(model, _start_tokens(), capacity=STEPS)      # full length: caches of MAX_LEN
+  model = lb.ToNNX(DecoderLM(partitioned), rngs=nnx.Rngs(0), capture_intermediates=capture_logits)
+  lb.lazy_init(model, _start_tokens(), capacity=STEPS)  # full length: caches of MAX_LEN
   lb.preallocate(model, _start_tokens()[:, :1], capacity=STEPS)  # the one-token step
   return model
 
@@ -160,7 +162,7 @@ def test_greedy_tokens_equal_linen_decode_and_a_second_generation_needs_no_retra
   assert key.shape == (PROMPT.shape[0], MAX_LEN, HEADS, WIDTH // HEADS)  # full length
   empty_cache = jax.tree.map(jnp.copy, nnx.state(model, nnx.Cache))
   tokens = _check_against_linen(model)
-  assert tokens[:, :PROMPT.shape[1]].tolist() == PROMPT.tolist()
+  assert tokens[:, : PROMPT.shape[1]].tolist() == PROMPT.tolist()
 
   hidden = lb.recorded(model)["intermediates"]["Block_1"]["hidden"]
   lb.reset(model)
@@ -209,10 +211,13 @@ def test_partitioned_params_without_a_mesh_name_the_flag_and_both_fixes():
   with pytest.raises(ValueError, match="An auto mesh context or metadata is required"):
     bridge.lazy_init(stock, _start_tokens())
   model = lb.ToNNX(DecoderLM(partitioned=True), rngs=nnx.Rngs(0))
-  with pytest.raises(lb.sharding.ShardingError, match=r"(?s)lb\.ToNNX\(DecoderLM\) cannot create its "
-                     r"partition-annotated params.*flax_always_shard_variable.*"
-                     r"jax\.set_mesh\(mesh\), nn\.logical_axis_rules.*"
-                     r"nnx\.use_eager_sharding\(False\)"):
+  with pytest.raises(
+    lb.sharding.ShardingError,
+    match=r"(?s)lb\.ToNNX\(DecoderLM\) cannot create its "
+    r"partition-annotated params.*flax_always_shard_variable.*"
+    r"jax\.set_mesh\(mesh\), nn\.logical_axis_rules.*"
+    r"nnx\.use_eager_sharding\(False\)",
+  ):
     lb.lazy_init(model, _start_tokens(), capacity=STEPS)
 
 

@@ -43,9 +43,11 @@ class DecoderBlock(nn.Module):
   @nn.compact
   def __call__(self, y, encoded, cross_mask):
     y = y + nn.MultiHeadDotProductAttention(num_heads=HEADS, decode=True, name="self_attn")(
-        nn.LayerNorm()(y))
+      nn.LayerNorm()(y)
+    )
     y = y + nn.MultiHeadDotProductAttention(num_heads=HEADS, name="cross_attn")(
-        nn.LayerNorm()(y), encoded, mask=cross_mask, sow_weights=True)
+      nn.LayerNorm()(y), encoded, mask=cross_mask, sow_weights=True
+    )
     y = y + nn.Dense(WIDTH)(nn.relu(nn.Dense(2 * WIDTH)(nn.LayerNorm()(y))))
     self.sow("intermediates", "out", y)
     return y
@@ -97,8 +99,7 @@ def test_greedy_translation_with_cross_attention_and_decode_cache_matches_linen(
   model = lb.ToNNX(EncoderDecoder(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, SRC, _start_tokens(), capacity=STEPS)  # caches of TGT_LEN positions
   encoded_shape = jnp.zeros((SRC.shape[0], SRC_LEN, WIDTH))
-  lb.preallocate(model, encoded_shape, SRC, _start_tokens()[:, :1], method="decode",
-                 capacity=STEPS)
+  lb.preallocate(model, encoded_shape, SRC, _start_tokens()[:, :1], method="decode", capacity=STEPS)
   tokens = translate(model, SRC, _start_tokens())
   rec = lb.recorded(model)["intermediates"]["decoder"]
 
@@ -107,12 +108,16 @@ def test_greedy_translation_with_cross_attention_and_decode_cache_matches_linen(
   module = EncoderDecoder()
   cache = module.init(jax.random.key(1), SRC, _start_tokens())["cache"]  # empty, TGT_LEN
   encoded = module.apply({"params": params}, SRC, method="encode")
-  step = jax.jit(functools.partial(module.apply, method="decode",  # one compile for all steps
-                                   mutable=["cache", "intermediates"]))
+  step = jax.jit(
+    functools.partial(
+      module.apply,
+      method="decode",  # one compile for all steps
+      mutable=["cache", "intermediates"],
+    )
+  )
   ref_tokens, ref_out, ref_cross = _start_tokens(), [], []
   for t in range(STEPS):
-    logits, state = step({"params": params, "cache": cache}, encoded, SRC,
-                         ref_tokens[:, t:t + 1])
+    logits, state = step({"params": params, "cache": cache}, encoded, SRC, ref_tokens[:, t : t + 1])
     cache = state["cache"]
     sown = state["intermediates"]["decoder"]
     ref_out.append(sown["out"][0])

@@ -33,9 +33,12 @@ ATOL = 1e-5
 
 def empty_cache(batch):
   def layer():
-    return {"k": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
-            "v": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
-            "end_index": jnp.zeros((batch,), jnp.int32)}
+    return {
+      "k": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
+      "v": jnp.zeros((batch, CACHE_LEN, HEADS, HEAD_DIM)),
+      "end_index": jnp.zeros((batch,), jnp.int32),
+    }
+
   return {f"layer_{i}": layer() for i in range(LAYERS)}
 
 
@@ -49,7 +52,8 @@ class Attention(nn.Module):
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / np.sqrt(HEAD_DIM)
     weights = jax.nn.softmax(jnp.where(attn_mask[:, None], logits, -1e30), axis=-1)
     out = nn.DenseGeneral(WIDTH, axis=(-2, -1), name="o")(
-        jnp.einsum("bhqk,bkhd->bqhd", weights, values))
+      jnp.einsum("bhqk,bkhd->bqhd", weights, values)
+    )
     new_cache = {"k": keys, "v": values, "end_index": cache["end_index"] + x.shape[1]}
     return out, new_cache
 
@@ -90,7 +94,7 @@ def _next(t, tokens, logits):
 
 
 def _start_tokens():
-  return jnp.zeros((PROMPT.shape[0], CACHE_LEN), jnp.int32).at[:, :PROMPT.shape[1]].set(PROMPT)
+  return jnp.zeros((PROMPT.shape[0], CACHE_LEN), jnp.int32).at[:, : PROMPT.shape[1]].set(PROMPT)
 
 
 @nnx.jit
@@ -99,8 +103,9 @@ def generate(model, tokens, cache):
     model, tokens, cache = carry
     token, positions, attn_mask = _step_inputs(tokens, t)
     logits, cache = model(token, positions, cache, attn_mask)
-    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, _next(t, tokens, logits)[:, None],
-                                                 t + 1, axis=1)
+    tokens = jax.lax.dynamic_update_slice_in_dim(
+      tokens, _next(t, tokens, logits)[:, None], t + 1, axis=1
+    )
     return model, tokens, cache
 
   _, tokens, cache = nnx.fori_loop(0, STEPS, body, (model, tokens, cache))
@@ -110,8 +115,13 @@ def generate(model, tokens, cache):
 def test_cache_dict_threaded_through_the_loop_matches_linen():
   batch = PROMPT.shape[0]
   model = lb.ToNNX(GemmaLike(), rngs=nnx.Rngs(0))
-  lb.lazy_init(model, *_step_inputs(_start_tokens(), 0)[:2], empty_cache(batch),
-               _step_inputs(_start_tokens(), 0)[2], capacity=STEPS)
+  lb.lazy_init(
+    model,
+    *_step_inputs(_start_tokens(), 0)[:2],
+    empty_cache(batch),
+    _step_inputs(_start_tokens(), 0)[2],
+    capacity=STEPS,
+  )
   tokens, cache = generate(model, _start_tokens(), empty_cache(batch))
   rec = lb.recorded(model)["intermediates"]
 
@@ -122,14 +132,18 @@ def test_cache_dict_threaded_through_the_loop_matches_linen():
   ref_tokens, ref_cache = _start_tokens(), empty_cache(batch)
   ref_out = {i: [] for i in range(LAYERS)}
   for t in range(STEPS):
-    (logits, ref_cache), sown = step({"params": params}, *_step_inputs(ref_tokens, t)[:2],
-                                     ref_cache, _step_inputs(ref_tokens, t)[2])
+    (logits, ref_cache), sown = step(
+      {"params": params},
+      *_step_inputs(ref_tokens, t)[:2],
+      ref_cache,
+      _step_inputs(ref_tokens, t)[2],
+    )
     for i in range(LAYERS):
       ref_out[i].append(sown["intermediates"][f"layer_{i}"]["out"][0])
     ref_tokens = ref_tokens.at[:, t + 1].set(_next(t, ref_tokens, logits))
 
   np.testing.assert_array_equal(tokens, ref_tokens)
-  assert tokens[:, :PROMPT.shape[1]].tolist() == PROMPT.tolist()
+  assert tokens[:, : PROMPT.shape[1]].tolist() == PROMPT.tolist()
   for i in range(LAYERS):
     out = rec[f"layer_{i}"]["out"]
     assert out.shape == (STEPS, batch, 1, WIDTH)

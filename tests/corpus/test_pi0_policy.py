@@ -89,12 +89,14 @@ class Policy(nnx.Module):
     _, kv_cache = self.llm(obs)  # the prefix pass: sows nothing
     dt = -1.0 / num_steps
     if self.loop == "while":
+
       def body(carry):
         model, x_t, t = carry
         return model, x_t + dt * model.velocity(x_t, t, kv_cache), t + dt
 
-      _, x_0, _ = nnx.while_loop(lambda c: c[2] >= -dt / 2, body,
-                                 (self, noise, jnp.asarray(1.0, jnp.float32)))
+      _, x_0, _ = nnx.while_loop(
+        lambda c: c[2] >= -dt / 2, body, (self, noise, jnp.asarray(1.0, jnp.float32))
+      )
       return x_0
 
     def step(i, carry):
@@ -113,8 +115,9 @@ class Policy(nnx.Module):
       x_t, t = carry
       return x_t + dt * self.velocity(x_t, t, kv_cache), t + dt
 
-    return jax.lax.while_loop(lambda c: c[1] >= -dt / 2, body,
-                              (noise, jnp.asarray(1.0, jnp.float32)))[0]
+    return jax.lax.while_loop(
+      lambda c: c[1] >= -dt / 2, body, (noise, jnp.asarray(1.0, jnp.float32))
+    )[0]
 
 
 def inputs():
@@ -131,8 +134,9 @@ def linen_reference(policy: Policy, obs, noise, num_steps: int = STEPS):
   x, resid = noise, {f"layer_{i}": [] for i in range(DEPTH)}
   for i in range(num_steps):
     t = 1.0 + dt * i
-    (h, _), inter = Decoder().apply(variables, policy.action_in(x) + t, kv_cache=kv_cache,
-                                    mutable=["intermediates"])
+    (h, _), inter = Decoder().apply(
+      variables, policy.action_in(x) + t, kv_cache=kv_cache, mutable=["intermediates"]
+    )
     for name, steps in resid.items():
       steps.append(inter["intermediates"][name]["resid"][0])
     x = x + dt * policy.action_out(h)
@@ -150,11 +154,19 @@ def test_one_root_preallocate_then_a_jitted_denoising_loop_matches_linen(loop):
     policy = Policy(nnx.Rngs(0), loop)
   # init declared the one-token signature; the loop decodes SUFFIX tokens.
   assert lb.buffers(policy)["llm"]["intermediates"]["layer_0"]["resid"].shape == (
-      STEPS, 1, 1, WIDTH)
+    STEPS,
+    1,
+    1,
+    WIDTH,
+  )
   obs, noise = inputs()
   lb.preallocate(policy, obs, noise, method=Policy.sample_actions, capacity=STEPS)
   assert lb.buffers(policy)["llm"]["intermediates"]["layer_0"]["resid"].shape == (
-      STEPS, BATCH, SUFFIX, WIDTH)
+    STEPS,
+    BATCH,
+    SUFFIX,
+    WIDTH,
+  )
 
   actions = nnx.jit(lambda p, o, n: p.sample_actions(o, n))(policy, obs, noise)
 

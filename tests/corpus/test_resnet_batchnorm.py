@@ -44,8 +44,11 @@ class ResBlock(nn.Module):
 class ResNet(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool = True):
-    x = nn.relu(nn.BatchNorm(use_running_average=not train, momentum=0.9)(
-        nn.Conv(CHANNELS, (3, 3), use_bias=False)(x)))
+    x = nn.relu(
+      nn.BatchNorm(use_running_average=not train, momentum=0.9)(
+        nn.Conv(CHANNELS, (3, 3), use_bias=False)(x)
+      )
+    )
     for _ in range(BLOCKS):
       x = ResBlock()(x, train)
     return nn.Dense(CLASSES)(jnp.mean(x, axis=(1, 2)))
@@ -88,8 +91,12 @@ def linen_train(variables, xs, ys):
   @jax.jit  # plain Linen train step; jitted only so the steps share one compilation
   def step(params, batch_stats, x, y):
     def loss_fn(params):
-      logits, updates = module.apply({"params": params, "batch_stats": batch_stats}, x,
-                                     train=True, mutable=["batch_stats", "intermediates"])
+      logits, updates = module.apply(
+        {"params": params, "batch_stats": batch_stats},
+        x,
+        train=True,
+        mutable=["batch_stats", "intermediates"],
+      )
       return _loss(logits, y), updates
 
     (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -110,8 +117,10 @@ def test_training_loop_updates_batch_stats_and_records_like_linen_train_steps():
   xs, ys = _data()
   model = lb.ToNNX(ResNet(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, xs[0], capacity=STEPS)
-  initial = {"params": _pure(nnx.state(model, nnx.Param)),
-             "batch_stats": _pure(nnx.state(model, nnx.BatchStat))}
+  initial = {
+    "params": _pure(nnx.state(model, nnx.Param)),
+    "batch_stats": _pure(nnx.state(model, nnx.BatchStat)),
+  }
   initial = jax.tree.map(jnp.copy, initial)  # a snapshot: the loop updates the model in place
 
   losses = train(model, xs, ys)
@@ -128,7 +137,9 @@ def test_training_loop_updates_batch_stats_and_records_like_linen_train_steps():
   for got, want in zip(jax.tree.leaves(stats), jax.tree.leaves(ref_stats)):
     np.testing.assert_allclose(got, want, **TOL)
   # The running statistics did move (the loop really updated them in place).
-  assert not np.allclose(stats["BatchNorm_0"]["mean"], initial["batch_stats"]["BatchNorm_0"]["mean"])
+  assert not np.allclose(
+    stats["BatchNorm_0"]["mean"], initial["batch_stats"]["BatchNorm_0"]["mean"]
+  )
   params = _pure(nnx.state(model, nnx.Param))
   assert jax.tree.structure(params) == jax.tree.structure(ref_params)
   for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):

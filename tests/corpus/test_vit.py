@@ -67,9 +67,13 @@ class Encoder(nn.Module):
   def __call__(self, x):
     # 'intermediates': 0 carries the captures out of the scan, stacked per layer (without it
     # Linen drops them, and loopbridge warns).
-    layers = nn.scan(nn.remat(EncoderBlock),
-                     variable_axes={"params": 0, "intermediates": 0},
-                     split_rngs={"params": True}, in_axes=nn.broadcast, length=self.depth)
+    layers = nn.scan(
+      nn.remat(EncoderBlock),
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      in_axes=nn.broadcast,
+      length=self.depth,
+    )
     x, aux = layers(self.heads, self.mlp_dim, name="layers")(x, None)
     return nn.LayerNorm(name="norm")(x), aux
 
@@ -77,8 +81,9 @@ class Encoder(nn.Module):
 class ViT(nn.Module):
   @nn.compact
   def __call__(self, images):
-    x = nn.Conv(WIDTH, (PATCH, PATCH), strides=(PATCH, PATCH), padding="VALID",
-                name="embedding")(images)
+    x = nn.Conv(WIDTH, (PATCH, PATCH), strides=(PATCH, PATCH), padding="VALID", name="embedding")(
+      images
+    )
     x = x.reshape(x.shape[0], -1, WIDTH)
     cls = self.param("cls", nn.initializers.normal(0.02), (1, 1, WIDTH))
     x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, WIDTH)), x], axis=1)
@@ -103,8 +108,10 @@ def run_jitted(model, images, graph):
     def body(t, carry):
       m, logits = carry
       return m, logits.at[t].set(m(images[t]))
-    return nnx.fori_loop(0, STEPS, body, (model, jnp.zeros((STEPS, BATCH, CLASSES))),
-                         **graph_kw(graph))[1]
+
+    return nnx.fori_loop(
+      0, STEPS, body, (model, jnp.zeros((STEPS, BATCH, CLASSES))), **graph_kw(graph)
+    )[1]
 
   return run(model, images)
 
@@ -112,8 +119,9 @@ def run_jitted(model, images, graph):
 def linen_reference(variables, capture):
   """Logits and 'intermediates' of plain Linen, one apply per step."""
   # Plain Linen, jitted per step only to keep the test fast (eager nn.scan is slow).
-  apply = jax.jit(lambda v, x: ViT().apply(v, x, capture_intermediates=capture,
-                                           mutable=["intermediates"]))
+  apply = jax.jit(
+    lambda v, x: ViT().apply(v, x, capture_intermediates=capture, mutable=["intermediates"])
+  )
   logits, inters = [], []
   for t in range(STEPS):
     y, state = apply(variables, IMAGES[t])
@@ -165,10 +173,14 @@ def test_vit_blocks_recorded_through_a_capture_filter(graph):
   np.testing.assert_allclose(aux["attn"].sum(-1), 1.0, rtol=1e-5)  # softmax rows
 
   labels = [s.label for s in lb.sow_sites(model)]
-  assert labels == ["encoder/layers/__call__[0]", "encoder/layers/__call__[1][attn]",
-                    "encoder/layers/__call__[1][mlp]"]
-  assert all(s.transforms[0].kind == "scan" and s.transforms[0].length == DEPTH
-             for s in lb.sow_sites(model))
+  assert labels == [
+    "encoder/layers/__call__[0]",
+    "encoder/layers/__call__[1][attn]",
+    "encoder/layers/__call__[1][mlp]",
+  ]
+  assert all(
+    s.transforms[0].kind == "scan" and s.transforms[0].length == DEPTH for s in lb.sow_sites(model)
+  )
 
 
 def test_vit_everything_recorded_with_capture_true(graph):
@@ -181,9 +193,13 @@ def test_vit_everything_recorded_with_capture_true(graph):
   rec = lb.recorded(model)["intermediates"]
   paths = leaf_paths(inters[0])
   # Tuple-returning modules among them: the attention, the block and the encoder.
-  assert {("encoder", "layers", "SelfAttention_0", "__call__"),
-          ("encoder", "layers", "__call__"), ("encoder", "__call__"),
-          ("embedding", "__call__"), ("__call__",)} <= set(paths)
+  assert {
+    ("encoder", "layers", "SelfAttention_0", "__call__"),
+    ("encoder", "layers", "__call__"),
+    ("encoder", "__call__"),
+    ("embedding", "__call__"),
+    ("__call__",),
+  } <= set(paths)
   for path in paths:
     got = rec
     for key in path:
