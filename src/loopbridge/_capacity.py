@@ -60,7 +60,7 @@ def capacity(spec: CapacitySpec | None) -> tp.Iterator[None]:
   Raises:
     CapacityError: a malformed `spec` (checked when the block opens).
 
-  Example:
+  Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
     >>> from flax import linen as nn, nnx
     >>> class Net(nn.Module):
