@@ -7,6 +7,17 @@ Python program that cannot run in this process (e.g. one process of a multi-host
 ```py block: shown with highlighting, not executed (the parser runs ```python only).
 """
 
+import os
+
+# Tests compile many tiny XLA programs: LLVM's optimization level barely changes their run
+# time but is a quarter of the suite's. Set before the first JAX computation creates the CPU
+# backend (which reads XLA_FLAGS once); a level the caller chose is kept. Benchmarks do not
+# load this file.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+  ).strip()
+
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser
 

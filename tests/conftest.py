@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
+# Tests compile many tiny XLA programs: LLVM's optimization level barely changes their run
+# time but is a quarter of the suite's. Set before the first JAX computation creates the CPU
+# backend (which reads XLA_FLAGS once); a level the caller chose is kept. Benchmarks do not
+# load this file.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+  ).strip()
+
+
 import typing as tp
 
 import pytest
@@ -61,7 +73,8 @@ def pytest_configure(config):
 # runs exactly once there.
 SLOW_REASON = (
   "subprocess runs of the examples and the CLI (the guides and in-process tests "
-  "cover the same code), hypothesis property tests, the 2-process job"
+  "cover the same code), hypothesis property tests, the 2-process job, the real-model corpus "
+  "(tests/corpus: each feature it uses has a faster test of its own)"
 )
 SLOW_COMMAND = "python -m pytest -q -m slow"
 

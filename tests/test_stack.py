@@ -285,9 +285,12 @@ def test_layer_writes_in_fori_loop_land_in_the_stack(graph):
     return s, lb.layers.layer(s, i)(x, 0.5)
 
   _, y = nnx.fori_loop(0, 3, body, (stacked, x), **graph_kw(graph))
-  np.testing.assert_array_equal(y, ref)
+  # Eager reference vs one compiled loop: equal up to float rounding (XLA may fuse differently).
+  np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-6)
   np.testing.assert_array_equal(get(stacked.calls), [1, 1, 1])
-  np.testing.assert_array_equal(get(stacked.last), np.stack([get(b.last) for b in blocks]))
+  np.testing.assert_allclose(
+    get(stacked.last), np.stack([get(b.last) for b in blocks]), rtol=1e-6, atol=1e-6
+  )
 
 
 class Noisy(nnx.Module):

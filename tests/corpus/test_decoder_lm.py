@@ -35,6 +35,10 @@ from jax.sharding import PartitionSpec as P
 import loopbridge as lb
 from loopbridge import _compat
 
+# Real-model shapes end to end: each feature they use has its own faster test; CI runs
+# these in its `-m slow` pass (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 VOCAB, WIDTH, HEADS, LAYERS, MAX_LEN = 16, 16, 2, 2, 8
 STEPS = MAX_LEN - 1
 PROMPT = jnp.array([[1, 5, 3], [2, 7, 7]], jnp.int32)

@@ -22,9 +22,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import loopbridge as lb
+
+# Real-model shapes end to end: each feature they use has its own faster test; CI runs
+# these in its `-m slow` pass (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 VOCAB, WIDTH, HEADS, SRC_LEN, TGT_LEN = 12, 16, 2, 5, 6
 STEPS = TGT_LEN - 1

@@ -20,9 +20,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import loopbridge as lb
+
+# Real-model shapes end to end: each feature they use has its own faster test; CI runs
+# these in its `-m slow` pass (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 VOCAB, WIDTH, HEADS, LAYERS, CACHE_LEN = 16, 16, 2, 2, 8
 HEAD_DIM = WIDTH // HEADS

@@ -22,9 +22,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import loopbridge as lb
+
+# Real-model shapes end to end: each feature they use has its own faster test; CI runs
+# these in its `-m slow` pass (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 BATCH, SIZE, CHANNELS, CLASSES, BLOCKS, STEPS, LR = 4, 6, 4, 3, 2, 3, 0.1
 TOL = dict(atol=1e-4, rtol=1e-4)

@@ -19,11 +19,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 import loopbridge as lb
 
 from conftest import graph_kw
+
+# Real-model shapes end to end: each feature they use has its own faster test; CI runs
+# these in its `-m slow` pass (tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 RTOL, ATOL = 1e-5, 1e-5
 STEPS, BATCH, IMAGE, PATCH, WIDTH, DEPTH, HEADS, CLASSES = 3, 2, 8, 4, 16, 3, 2, 5
