@@ -18,6 +18,7 @@ variables given to `lb.checkpoint.load_linen_variables`, stay valid).
 
 from __future__ import annotations
 
+import collections
 import typing as tp
 
 import jax
@@ -40,6 +41,8 @@ def _no_key_accessor(variable: tp.Any) -> tp.Any:
 # (raw key data, PRNG implementation) of a typed-key Variable; only used when keys were found.
 _KEY_DATA, _KEY_IMPL = _KEY_ACCESSORS or (_no_key_accessor, _no_key_accessor)
 _TRACER = jax.core.Tracer
+# Runs an iterator to its end in C (here: `map` of a setter), without a Python-level loop.
+_consume = collections.deque(maxlen=0).extend
 
 
 class _NewWrites(Exception):
@@ -189,11 +192,13 @@ class CompiledStep(tp.Generic[Out]):
     self._plain_vars = tuple(self._variables[i] for i in self._kept_idx[: len(kept) - len(keys)])
     self._key_vars = tuple(self._variables[i] for i in keys)
     self._key_impls = self._current_key_impls()
+    # The leaves whose raw values go as they are: the plain kept ones, then the written ones.
+    self._raw_vars = self._plain_vars + self._moved_vars
     # Every leaf is its own positional argument (jax's C++ dispatch handles those faster than
-    # the leaves of a list); the written ones, right after the kept ones, are donated.
-    n_kept, n_moved = len(self._kept_idx), len(self._moved_idx)
+    # the leaves of a list): plain kept, written (donated), then the kept keys' data.
+    n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
     self._jitted = jax.jit(
-      self._pure, donate_argnums=tuple(range(n_kept, n_kept + n_moved)) if self._donate else ()
+      self._pure, donate_argnums=tuple(range(n_plain, n_plain + n_moved)) if self._donate else ()
     )
 
   def _current_key_impls(self) -> tuple[tp.Any, ...] | None:
@@ -214,14 +219,15 @@ class CompiledStep(tp.Generic[Out]):
 
   # ---------------------------------------------------------------- traced
   def _pure(self, *flat):
-    n_kept = len(self._kept_idx)
-    kept, moved = list(flat[:n_kept]), flat[n_kept:-2]
+    n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
+    moved = flat[n_plain : n_plain + n_moved]
     args, kwargs = flat[-2:]
     assert self._key_impls is not None  # set by _set_written before the first trace
-    n_keys = len(self._key_impls)
-    for k, impl in enumerate(self._key_impls):
-      j = n_kept - n_keys + k
-      kept[j] = jax.random.wrap_key_data(kept[j], impl=impl)
+    key_data = flat[n_plain + n_moved : -2]
+    kept = [
+      *flat[:n_plain],
+      *(jax.random.wrap_key_data(d, impl=impl) for d, impl in zip(key_data, self._key_impls)),
+    ]
     leaves: list[tp.Any] = [None] * len(self._variables)
     for i, leaf in zip(self._kept_idx, kept):
       leaves[i] = leaf
@@ -277,32 +283,27 @@ class CompiledStep(tp.Generic[Out]):
   def _inputs(self) -> list[tp.Any]:
     """The leaves to call `_jitted` with (kept, then written), from the model's Variables."""
     self._refresh()
-    keys = map(_KEY_DATA, self._key_vars) if self._key_vars else ()
-    return [*map(_get_raw, self._plain_vars), *keys, *map(_get_raw, self._moved_vars)]
+    return [*map(_get_raw, self._raw_vars), *map(_KEY_DATA, self._key_vars)]
 
   def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
     # The per-call path is kept to a few C-level loops: on a small model, Python work here
     # costs as much as jax's own dispatch (benchmarks/bench_recording.py, "D dispatch").
-    if self._generation != _recorder.generation() or (
-      self._key_vars and self._current_key_impls() != self._key_impls
-    ):
+    # The generation is read as the module attribute (no Python frame, unlike `generation()`).
+    try:
+      fresh = self._generation == _recorder._current_generation and (
+        not self._key_vars or tuple(map(_KEY_IMPL, self._key_vars)) == self._key_impls
+      )
+    except AttributeError:  # a key Variable no longer holds a typed key
+      fresh = False
+    if not fresh:
       self._refresh()
     if not self._analysed:  # first call: learn which leaves are written, then donate them
       self._analyse(args, kwargs)
     try:
-      if self._key_vars:
-        out, new = self._jitted(
-          *map(_get_raw, self._plain_vars),
-          *map(_KEY_DATA, self._key_vars),
-          *map(_get_raw, self._moved_vars),
-          args,
-          kwargs,
-        )
-      else:
-        out, new = self._jitted(
-          *map(_get_raw, self._plain_vars), *map(_get_raw, self._moved_vars), args, kwargs
-        )
+      out, new = self._jitted(
+        *map(_get_raw, self._raw_vars), *map(_KEY_DATA, self._key_vars), args, kwargs
+      )
     except _NewWrites:  # new argument shapes made the function write more: learn again
       self._analyse(args, kwargs)
       return self(*args, **kwargs)
@@ -312,8 +313,7 @@ class CompiledStep(tp.Generic[Out]):
       for variable, value in zip(self._moved_vars, new):
         _compat.set_raw_value(variable, value)
     else:
-      for variable, value in zip(self._moved_vars, new):
-        _set_raw(variable, value)
+      _consume(map(_set_raw, self._moved_vars, new))
     return out
 
   def lower(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
