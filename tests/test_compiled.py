@@ -255,3 +255,32 @@ def test_rng_stream_draws_match_stock_bridge_under_nnx_jit(impl):
   np.testing.assert_allclose(
     lb.recorded(ours)["intermediates"]["h"], np.stack(expected), rtol=RTOL, atol=ATOL
   )
+
+
+class _TwoWeights(nnx.Module):
+  def __init__(self):
+    self.a = nnx.Param(jnp.full((2,), 2.0))
+    self.b = nnx.Param(jnp.full((2,), 10.0))
+    self.calls = nnx.BatchStat(jnp.zeros((), jnp.int32))
+
+
+def test_leaves_read_only_for_some_argument_shapes_are_read_when_needed():
+  """A value the function does not read is not passed to the executable; when new argument
+  shapes make the function read it, the step reads the model's current value."""
+  model = _TwoWeights()
+
+  def weigh(m, x):
+    _compat.set_variable_value(m.calls, _compat.variable_value(m.calls) + 1)
+    weight = m.a if x.ndim == 1 else m.b
+    return x * _compat.variable_value(weight)
+
+  step = lb.compile_step(weigh, model)
+  np.testing.assert_array_equal(step(jnp.ones((2,))), [2.0, 2.0])
+  _compat.set_variable_value(model.b, jnp.full((2,), 5.0))  # unread by the 1-d calls
+  np.testing.assert_array_equal(step(jnp.ones((2,))), [2.0, 2.0])
+  np.testing.assert_array_equal(step(jnp.ones((1, 2))), [[5.0, 5.0]])
+  _compat.set_variable_value(model.b, jnp.full((2,), 3.0))
+  np.testing.assert_array_equal(step(jnp.ones((1, 2))), [[3.0, 3.0]])
+  _compat.set_variable_value(model.a, jnp.full((2,), 7.0))
+  np.testing.assert_array_equal(step(jnp.ones((2,))), [7.0, 7.0])
+  assert int(_compat.variable_value(model.calls)) == 5

@@ -29,6 +29,11 @@ from flax import nnx
 from . import _compat, _recorder
 from ._errors import StructureChangeError
 
+try:  # dead-code elimination of a jaxpr: which inputs its outputs need (a jax internal)
+  from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
+except ImportError:  # pragma: no cover - then every leaf is passed on every call
+  _dce_jaxpr = None
+
 Out = tp.TypeVar("Out")
 _get_raw, _set_raw = _compat.raw_value_accessors()
 _KEY_ACCESSORS = _compat.key_data_accessors()
@@ -43,6 +48,10 @@ _KEY_DATA, _KEY_IMPL = _KEY_ACCESSORS or (_no_key_accessor, _no_key_accessor)
 _TRACER = jax.core.Tracer
 # Runs an iterator to its end in C (here: `map` of a setter), without a Python-level loop.
 _consume = collections.deque(maxlen=0).extend
+
+
+class _NewReads(Exception):
+  """Raised while tracing when the function reads leaves that the calls no longer pass."""
 
 
 class _NewWrites(Exception):
@@ -172,13 +181,14 @@ class CompiledStep(tp.Generic[Out]):
     # `lb.preallocate` / `lb.lazy_init` re-declare buffers by replacing Variables (on any
     # module of the graph, native ones included); each declaration bumps the generation.
     self._unchanged: frozenset[int] = frozenset()  # new objects, provably the same values
+    self._dropped: frozenset[int] = frozenset()  # kept leaves the function never reads
     self._set_written(frozenset())
     self._analysed = False
 
   def _set_written(self, written: frozenset[int]) -> None:
     self._written = written
     self._moved_idx = tuple(sorted(written))
-    kept = [i for i in range(len(self._variables)) if i not in written]
+    kept = [i for i in range(len(self._variables)) if i not in written | self._dropped]
     # Kept typed PRNG keys (an `nnx.Rngs` key) go last among the kept leaves and travel as
     # their uint32 data (see `_compat.key_data_accessors`); `_pure` wraps them back.
     keys = [
@@ -197,8 +207,15 @@ class CompiledStep(tp.Generic[Out]):
     # Every leaf is its own positional argument (jax's C++ dispatch handles those faster than
     # the leaves of a list): plain kept, written (donated), then the kept keys' data.
     n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
+
+    # A new function object per layout: jax caches traces by function (a bound method of this
+    # step compares equal to every other) and argument types, and two layouts can pass the
+    # same types (e.g. one read-only leaf dropped instead of another of the same shape).
+    def pure(*flat):
+      return self._pure(*flat)
+
     self._jitted = jax.jit(
-      self._pure, donate_argnums=tuple(range(n_plain, n_plain + n_moved)) if self._donate else ()
+      pure, donate_argnums=tuple(range(n_plain, n_plain + n_moved)) if self._donate else ()
     )
 
   def _current_key_impls(self) -> tuple[tp.Any, ...] | None:
@@ -233,25 +250,64 @@ class CompiledStep(tp.Generic[Out]):
       leaves[i] = leaf
     for i, leaf in zip(self._moved_idx, moved):
       leaves[i] = leaf
-    out, new_leaves, changed = self._trace(leaves, args, kwargs)
+    if self._dropped:
+      out, new_leaves, changed = self._trace_without_dropped(leaves, args, kwargs)
+    else:
+      out, new_leaves, changed = self._trace(leaves, args, kwargs)
     if not changed <= self._written | self._unchanged:
       raise _NewWrites(changed)
     return out, [new_leaves[i] for i in self._moved_idx]
+
+  def _trace_without_dropped(self, leaves, args, kwargs):
+    """`_trace` for a call that does not pass the dropped leaves (see `_analyse`).
+
+    The function is traced to a jaxpr that takes every leaf (the dropped ones at their current
+    values, which only give shapes and dtypes); if it now reads a dropped leaf (new argument
+    shapes can change what it reads) `_NewReads` asks the caller to analyse again.
+    """
+    for i in self._dropped:
+      leaves[i] = _compat.get_raw_value(self._variables[i])
+    seen: dict[str, tp.Any] = {}
+
+    def state_fn(leaves, args, kwargs):
+      out, new_leaves, seen["changed"] = self._trace(leaves, args, kwargs)
+      return new_leaves, out
+
+    flat, _ = jax.tree_util.tree_flatten((leaves, args, kwargs))
+    closed, shapes = jax.make_jaxpr(state_fn, return_shape=True)(leaves, args, kwargs)
+    assert _dce_jaxpr is not None  # nothing is dropped without it
+    n = len(self._variables)  # the outputs are the new leaves, then the result (as in _analyse)
+    outputs = [i in self._written for i in range(n)] + [True] * (len(closed.jaxpr.outvars) - n)
+    _, used = _dce_jaxpr(closed.jaxpr, outputs)
+    if any(used[i] for i in self._dropped):
+      raise _NewReads()
+    results = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)
+    new_leaves, out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), results)
+    return out, new_leaves, seen["changed"]
 
   def _analyse(self, args, kwargs) -> None:
     """Learn which leaves the function writes, from its jaxpr (see the module docstring)."""
     seen: dict[str, frozenset[int]] = {}
 
     def state_fn(leaves, args, kwargs):
-      _, new_leaves, seen["changed"] = self._trace(leaves, args, kwargs)
-      return new_leaves
+      out, new_leaves, seen["changed"] = self._trace(leaves, args, kwargs)
+      return new_leaves, out
 
     leaves = [_compat.get_raw_value(v) for v in self._variables]
     closed = jax.make_jaxpr(state_fn)(leaves, args, kwargs)
     forwarded = _forwarded(closed.jaxpr)  # the leaves are the first inputs and the outputs
     same = frozenset(i for i in seen["changed"] if forwarded[i] == i)
     self._unchanged = (self._unchanged | same) - (seen["changed"] - same)
-    self._set_written(self._written | (seen["changed"] - same))
+    written = self._written | (seen["changed"] - same)
+    # Kept leaves that no output (the result, the written leaves) depends on are not passed:
+    # on a small model each argument costs about as much as a small op (e.g. an unused rng key).
+    n = len(self._variables)
+    self._dropped = frozenset()
+    if _dce_jaxpr is not None:
+      outputs = [i in written for i in range(n)] + [True] * (len(closed.jaxpr.outvars) - n)
+      _, used = _dce_jaxpr(closed.jaxpr, outputs)
+      self._dropped = frozenset(i for i in range(n) if not used[i] and i not in written)
+    self._set_written(written)
     self._analysed = True
 
   def _trace(self, leaves, args, kwargs):
@@ -304,7 +360,7 @@ class CompiledStep(tp.Generic[Out]):
       out, new = self._jitted(
         *map(_get_raw, self._raw_vars), *map(_KEY_DATA, self._key_vars), args, kwargs
       )
-    except _NewWrites:  # new argument shapes made the function write more: learn again
+    except (_NewWrites, _NewReads):  # new argument shapes changed what it does: learn again
       self._analyse(args, kwargs)
       return self(*args, **kwargs)
     if new and isinstance(new[0], _TRACER):
@@ -325,7 +381,7 @@ class CompiledStep(tp.Generic[Out]):
       leaves = self._inputs()
       try:
         return self._jitted.lower(*leaves, args, kwargs)
-      except _NewWrites:
+      except (_NewWrites, _NewReads):
         self._analyse(args, kwargs)
 
 
