@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 
@@ -50,12 +51,23 @@ def linen_step_reference(module: nn.Module, variables, inputs_per_step):
   return outs, inters
 
 
+def linen_feedback_steps(module: nn.Module, variables, x, steps: int, capture=False):
+  """Plain Linen, each output fed back as the next input: the per-step 'intermediates' trees."""
+  inters = []
+  for _ in range(steps):
+    x, state = module.apply(variables, x, capture_intermediates=capture, mutable=["intermediates"])
+    inters.append(state["intermediates"])
+  return inters
+
+
 def stack_reference(inters, path):
-  """Stack the tuple entries found at `path` across steps, in call order: Array[n, ...]."""
+  """Stack the tuple entries found at `path` across steps, in call order: Array[n, ...].
+
+  A sown pytree is stacked leaf by leaf (the same pytree, each leaf with a leading axis)."""
   values = []
   for tree in inters:
     node = tree
     for key in path:
       node = node[key]
     values.extend(node)
-  return jnp.stack(values)
+  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *values)

@@ -18,7 +18,7 @@ import loopbridge as lb
 from loopbridge import _compat
 
 from conftest import graph_kw
-from models import MLP
+from models import MLP, linen_feedback_steps, stack_reference
 
 RTOL, ATOL = 1e-5, 1e-6
 val = _compat.variable_value  # Variable contents on every flax (0.12 deprecates `.value`)
@@ -35,24 +35,6 @@ class CapNet(nn.Module):
     return nn.Dense(3)(h)
 
 
-def linen_capture_steps(module, variables, x, steps, capture):
-  """Feed each output back; returns the list of per-step 'intermediates' trees."""
-  inters = []
-  for _ in range(steps):
-    x, state = module.apply(variables, x, capture_intermediates=capture, mutable=["intermediates"])
-    inters.append(state["intermediates"])
-  return inters
-
-
-def stacked(inters, *path):
-  values = []
-  for tree in inters:
-    for key in path:
-      tree = tree[key]
-    values.extend(tree)
-  return jnp.stack(values)
-
-
 def run_fori(model, x, steps, graph=True):
   @nnx.jit
   def run(model, x):
@@ -67,14 +49,14 @@ def test_capture_intermediates_true_records_every_call_output(graph):
   model = lb.ToNNX(CapNet(), rngs=nnx.Rngs(0), capture_intermediates=True)
   lb.lazy_init(model, x, capacity=steps)
   model, _ = run_fori(model, x, steps, graph)
-  inters = linen_capture_steps(CapNet(), linen_variables(model), x, steps, True)
+  inters = linen_feedback_steps(CapNet(), linen_variables(model), x, steps, True)
   rec = lb.recorded(model)["intermediates"]
   assert sorted(rec) == ["Dense_0", "Dense_1", "__call__"]
   for path in (("Dense_0", "__call__"), ("Dense_1", "__call__"), ("__call__",)):
     got = rec
     for key in path:
       got = got[key]
-    np.testing.assert_allclose(got, stacked(inters, *path), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(got, stack_reference(inters, path), rtol=RTOL, atol=ATOL)
 
 
 def test_capture_filter_inside_scan_with_user_sows():
@@ -87,27 +69,30 @@ def test_capture_filter_inside_scan_with_user_sows():
   model = lb.ToNNX(MLP(depth=2, features=4), rngs=nnx.Rngs(0), capture_intermediates=only_dense)
   lb.lazy_init(model, x, capacity=steps)
   model, _ = run_fori(model, x, steps)
-  inters = linen_capture_steps(
+  inters = linen_feedback_steps(
     MLP(depth=2, features=4), linen_variables(model), x, steps, only_dense
   )
   rec = lb.recorded(model)["intermediates"]
-  want = stacked(inters, "ScanBlock_0", "Dense_0", "__call__")
+  want = stack_reference(inters, ("ScanBlock_0", "Dense_0", "__call__"))
   assert want.shape == (steps, 2, 1, 4)  # stacked along the nn.scan axis, as Linen returns it
   np.testing.assert_allclose(rec["ScanBlock_0"]["Dense_0"]["__call__"], want, rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(
-    rec["ScanBlock_0"]["carry"], stacked(inters, "ScanBlock_0", "carry"), rtol=RTOL, atol=ATOL
+    rec["ScanBlock_0"]["carry"],
+    stack_reference(inters, ("ScanBlock_0", "carry")),
+    rtol=RTOL,
+    atol=ATOL,
   )
 
 
 def test_capture_true_records_the_scan_body_tuple_leaf_by_leaf(graph):
-  # The seed's scan Block returns (carry, None): Linen captures that tuple, stacked along the
+  # The MLP's scan Block returns (carry, None): Linen captures that tuple, stacked along the
   # nn.scan axis; the array leaf gets a buffer and reads back inside the same tuple.
   steps = 3
   x = jnp.linspace(-1, 1, 4).reshape(1, 4)
   model = lb.ToNNX(MLP(depth=2, features=4), rngs=nnx.Rngs(0), capture_intermediates=True)
   lb.lazy_init(model, x, capacity=steps)
   model, _ = run_fori(model, x, steps, graph)
-  inters = linen_capture_steps(MLP(depth=2, features=4), linen_variables(model), x, steps, True)
+  inters = linen_feedback_steps(MLP(depth=2, features=4), linen_variables(model), x, steps, True)
   got = lb.recorded(model)["intermediates"]["ScanBlock_0"]["__call__"]
   assert isinstance(got, tuple) and len(got) == 2 and got[1] is None
   want = jnp.stack([t["ScanBlock_0"]["__call__"][0][0] for t in inters])

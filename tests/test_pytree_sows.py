@@ -18,6 +18,7 @@ from flax import nnx
 import loopbridge as lb
 
 from conftest import graph_kw
+from models import linen_feedback_steps, stack_reference
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -72,25 +73,6 @@ class Scanned(nn.Module):
 X = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
 
 
-def linen_steps(module, variables, x, steps, capture=False):
-  """Per-step 'intermediates' of plain Linen, each output fed back as the next input."""
-  out = []
-  for _ in range(steps):
-    x, state = module.apply(variables, x, capture_intermediates=capture, mutable=["intermediates"])
-    out.append(state["intermediates"])
-  return out
-
-
-def stacked(per_step, *path):
-  """The Linen reference for one sow: its values over the steps, stacked leaf by leaf."""
-  values = []
-  for tree in per_step:
-    for key in path:
-      tree = tree[key]
-    values.extend(tree)
-  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *values)
-
-
 def assert_tree_close(got, want):
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -128,14 +110,16 @@ def test_pytree_sows_and_tuple_capture_match_linen_in_jitted_loops(kind, graph):
   model = lb.ToNNX(Net(), rngs=nnx.Rngs(0), capture_intermediates=True)
   lb.lazy_init(model, X, capacity=steps)
   run_loop(kind, model, X, steps, graph)
-  ref = linen_steps(Net(), lb.linen_variables(model), X, steps, capture=True)
+  ref = linen_feedback_steps(Net(), lb.linen_variables(model), X, steps, capture=True)
   rec = lb.recorded(model)["intermediates"]
-  assert_tree_close(rec["pair"], stacked(ref, "pair"))
-  assert_tree_close(rec["stats"], stacked(ref, "stats"))
+  assert_tree_close(rec["pair"], stack_reference(ref, ("pair",)))
+  assert_tree_close(rec["stats"], stack_reference(ref, ("stats",)))
   assert rec["stats"].tag == "stats" and rec["pair"]["rest"][1] is None
-  assert_tree_close(rec["Attention_0"]["__call__"], stacked(ref, "Attention_0", "__call__"))
+  assert_tree_close(
+    rec["Attention_0"]["__call__"], stack_reference(ref, ("Attention_0", "__call__"))
+  )
   assert rec["Attention_0"]["__call__"][1].shape == (steps, 2, 2)
-  assert_tree_close(rec["__call__"], stacked(ref, "__call__"))
+  assert_tree_close(rec["__call__"], stack_reference(ref, ("__call__",)))
   # counts are shaped like the records: one per leaf, all equal
   counts = lb.counts(model)["intermediates"]["Attention_0"]["__call__"]
   assert [int(c) for c in counts] == [steps, steps]
@@ -146,9 +130,9 @@ def test_pytree_sow_inside_nn_scan_stacks_every_leaf(graph):
   model = lb.ToNNX(Scanned(), rngs=nnx.Rngs(0))
   lb.lazy_init(model, X, capacity=steps)
   run_loop("fori", model, X, steps, graph)
-  ref = linen_steps(Scanned(), lb.linen_variables(model), X, steps)
+  ref = linen_feedback_steps(Scanned(), lb.linen_variables(model), X, steps)
   got = lb.recorded(model)["intermediates"]["layers"]["both"]
-  want = stacked(ref, "layers", "both")
+  want = stack_reference(ref, ("layers", "both"))
   assert want[0].shape == (steps, 2, 2, 3) and want[1].shape == (steps, 2, 2)
   assert_tree_close(got, want)
   sites = lb.sow_sites(model)
@@ -164,7 +148,7 @@ def test_overflow_policies_apply_to_every_leaf(overflow):
   y = X
   for _ in range(steps):
     y = model(y)
-  ref = stacked(linen_steps(Net(), lb.linen_variables(model), X, steps), "pair")
+  ref = stack_reference(linen_feedback_steps(Net(), lb.linen_variables(model), X, steps), ("pair",))
   if overflow == "error":
     with pytest.raises(lb.BufferOverflowError, match=r"pair/h recorded 3 values"):
       lb.recorded(model)
@@ -189,8 +173,10 @@ def test_reset_inside_a_jitted_loop_clears_every_leaf():
     return nnx.fori_loop(0, 3, body, (model, x))
 
   run(model, X)
-  ref = linen_steps(Net(), lb.linen_variables(model), X, 3)
-  assert_tree_close(lb.recorded(model)["intermediates"]["stats"], stacked(ref[2:], "stats"))
+  ref = linen_feedback_steps(Net(), lb.linen_variables(model), X, 3)
+  assert_tree_close(
+    lb.recorded(model)["intermediates"]["stats"], stack_reference(ref[2:], ("stats",))
+  )
 
 
 def test_capacity_keys_name_the_sow_and_cover_all_its_leaves():
@@ -255,10 +241,10 @@ def test_compile_step_and_explain_see_pytree_buffers():
   y = X
   for _ in range(3):
     y = step(y)
-  ref = linen_steps(Net(), lb.linen_variables(model), X, 3, capture=True)
+  ref = linen_feedback_steps(Net(), lb.linen_variables(model), X, 3, capture=True)
   assert_tree_close(
     lb.recorded(model)["intermediates"]["Attention_0"]["__call__"],
-    stacked(ref, "Attention_0", "__call__"),
+    stack_reference(ref, ("Attention_0", "__call__")),
   )
   report = lb.explain(lambda m: (m(X), m)[1], model)
   assert report.ok, str(report)

@@ -543,6 +543,8 @@ def _loopbridge_check(
   model: tp.Any, inputs: list[tp.Any], call_kwargs: dict[str, tp.Any], steps: int
 ) -> dict[str, tp.Any]:
   """`lb.ToNNX` in the same loop: timings and what each site recorded."""
+  import jax
+
   import loopbridge as lb
 
   def call(m, args):
@@ -570,8 +572,6 @@ def _loopbridge_check(
   for site in lb.sow_sites(model):
     n = _nested(counts, (site.collection, *site.path))
     if site.treedef is not None:  # one leaf of a sown pytree: counts are shaped alike
-      import jax
-
       n = jax.tree.leaves(n)[site.leaf_index]
     n = int(n)
     assert site.capacity is not None  # every site of a declared model has its capacity
