@@ -14,10 +14,13 @@ costs):
   A  jax.lax.while_loop around linen apply, nothing recorded (the floor)
   B  the hand-written loop: linen apply(mutable=['intermediates']) writing each sown value into a
      preallocated buffer with dynamic_update_index_in_dim, buffers donated (the practical limit)
+  W  loop A plus a dynamic_update_index_in_dim of every sown array's bytes (values the step
+     already has, no Linen sow machinery): what XLA's slot write of the sown bytes costs alone
   C  lb.ToNNX in nnx.while_loop under nnx.jit (graph mode; tree mode where flax has graph=);
      "C-graph donate" is the same with nnx.jit(donate_argnums=0)
   D  lb.compile_step around the same nnx.while_loop (split once, jax.jit, state donated)
   lb.while_loop (eager): lb.while_loop called from Python, outside any jit
+The main loops record every step (capacity MAIN_CAPACITY > the long loop).
 C-graph donate and D also run at capacity 16 and 4096 under each overflow policy ("D drop@16"),
 and a copy of a buffer-sized array measures this machine's copy bandwidth in the same rounds
 (the roofline row: recording's extra time per step against moving every sown byte once).
@@ -52,7 +55,10 @@ from loopbridge import _compat
 
 WIDTH, DEPTH, BATCH = 256, 6, 32
 SHORT, LONG = 50, 500
-MAIN_CAPACITY = 64
+# Larger than the long loop: every timed step of the main loops records (past the capacity,
+# 'error'/'drop' keep rewriting one hot slot, which is cheaper and is not what users time).
+MAIN_CAPACITY = 512
+LAZY_INIT_CAPACITY = 64  # lazy_init times declaration, not the zero-filling of large buffers
 CAPACITIES = (16, 256, 4096)
 POLICIES = ("error", "drop", "wrap")  # "error" is the default; its rows carry no policy name
 GRAPH_MODES = (True, False) if _compat.HAS_GRAPH_SWITCH else (True,)
@@ -123,6 +129,27 @@ def functional_loops(module: nn.Module):
   return jax.jit(loop_a), jax.jit(loop_b, donate_argnums=1)
 
 
+def slot_write_loop(module: nn.Module):
+  """W: loop A plus one slot write per sown array, of values the step already has.
+
+  The same bytes as recording, written by the same XLA op (`dynamic-update-slice`), with no
+  Linen sow machinery (no `nn.scan` stacking): what writing the sown bytes costs on its own.
+  """
+
+  def loop_w(params, rec, x, n):
+    def body(c):
+      i, h, (bx, bc, k) = c
+      y = module.apply(params, h)
+      bx = jax.lax.dynamic_update_index_in_dim(bx, h, k, 0)
+      bc = jax.lax.dynamic_update_index_in_dim(bc, jnp.broadcast_to(y, bc.shape[1:]), k, 0)
+      return i + 1, y, (bx, bc, k + 1)
+
+    _, h, rec = jax.lax.while_loop(lambda c: c[0] < n, body, (0, x, rec))
+    return h, rec
+
+  return jax.jit(loop_w, donate_argnums=1)
+
+
 def functional_steps(module: nn.Module):
   """One call, functional: plain apply, and apply writing the sows into donated buffers."""
 
@@ -137,7 +164,21 @@ def functional_steps(module: nn.Module):
     bc = jax.lax.dynamic_update_index_in_dim(bc, sown["ScanBlock_0"]["carry"][0], k, 0)
     return y, (bx, bc, k + 1)
 
-  return jax.jit(step_a), jax.jit(step_b, donate_argnums=1)
+  def step_b_sites(params, rec, x):
+    # The state loopbridge keeps: one count per sow site and the rng stream's counter
+    # (lb.ToNNX draws a key per call, as flax.nnx.bridge.ToNNX does).
+    y, state = module.apply(params, x, mutable=["intermediates"])
+    sown = state["intermediates"]
+    bx, bc, kx, kc, rng_count = rec
+    bx = jax.lax.dynamic_update_index_in_dim(bx, sown["x"][0], kx, 0)
+    bc = jax.lax.dynamic_update_index_in_dim(bc, sown["ScanBlock_0"]["carry"][0], kc, 0)
+    return y, (bx, bc, kx + 1, kc + 1, rng_count + 1)
+
+  return (
+    jax.jit(step_a),
+    jax.jit(step_b, donate_argnums=1),
+    jax.jit(step_b_sites, donate_argnums=1),
+  )
 
 
 def new_records(capacity: int, depth: int, batch: int, width: int):
@@ -187,7 +228,8 @@ class CopyBandwidth:
   """One in-place elementwise pass over a donated array: reads and writes every byte once.
 
   Its bytes moved (read + written) per second is the copy bandwidth the roofline row divides
-  by; the array is as large as the capacity-64 buffers, the memory the recording loop writes.
+  by; the array is as large as the main loop's buffers (MAIN_CAPACITY), the memory the
+  recording loop writes.
   """
 
   def __init__(self, nbytes: int):
@@ -286,11 +328,13 @@ def bench_loops(args, module, params, x) -> dict:
   """
   loop_a, loop_b = functional_loops(module)
   rec_b = Stateful(loop_b, params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
+  rec_w = Stateful(slot_write_loop(module), params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
   models = {cap: new_model(module, x, cap) for cap in (MAIN_CAPACITY, *CAPACITIES)}
   copy = CopyBandwidth(lb.sow_sites(models[MAIN_CAPACITY]).buffer_bytes)
   cases: dict[str, tp.Callable] = {
     "A": lambda n: loop_a(params, x, n),
     "B": lambda n: rec_b(x, n),
+    "W": lambda n: rec_w(x, n),
   }
   copying: dict[str, tp.Callable] = {}
   for cap, model in models.items():
@@ -378,7 +422,7 @@ def bench_calls(args, module, x, *, capacities, tiny: bool) -> dict:
   key = jax.random.key(1)
   params = module.init(key, x)
   params = {"params": params["params"]}
-  step_a, step_b = functional_steps(module)
+  step_a, step_b, step_b_sites = functional_steps(module)
   depth, batch, width = module.depth, x.shape[0], x.shape[1]
   cases: dict[str, tp.Callable] = {"jax.jit apply": lambda: step_a(params, x)}
   copying: dict[str, tp.Callable] = {}
@@ -386,6 +430,14 @@ def bench_calls(args, module, x, *, capacities, tiny: bool) -> dict:
     suffix = f"@{cap}"
     rec = Stateful(step_b, params, new_records(cap, depth, batch, width))
     cases[f"jax.jit apply+buffers{suffix}"] = functools.partial(lambda rec: rec(x), rec)
+    if tiny:
+      site_state = (jnp.zeros((), jnp.int32), jnp.zeros((), jnp.uint32))
+      rec_sites = Stateful(
+        step_b_sites, params, (*new_records(cap, depth, batch, width), *site_state)
+      )
+      cases[f"jax.jit apply+buffers, per-site counts{suffix}"] = functools.partial(
+        lambda rec: rec(x), rec_sites
+      )
     model = new_model(module, x, cap)
     for graph in GRAPH_MODES:
       jitted = nnx.jit(nnx_step, **graph_kw(graph))
@@ -420,7 +472,7 @@ def memory_stats(compiled) -> dict:
 
 
 def bench_memory(module, params, x) -> dict:
-  """Compiled argument/output/alias/temp bytes of the capacity-64 loops."""
+  """Compiled argument/output/alias/temp bytes of the main loops (MAIN_CAPACITY)."""
   loop_a, loop_b = functional_loops(module)
   out = {"A": memory_stats(loop_a.lower(params, x, SHORT).compile())}
   rec = new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH)
@@ -481,7 +533,7 @@ def bench_lazy_init(args, cases_by_model: dict[str, tuple[nn.Module, tp.Any]]) -
 
     def ours(module=module, x=x):
       model = lb.ToNNX(module, rngs=nnx.Rngs(0))
-      lb.lazy_init(model, x, capacity=MAIN_CAPACITY)
+      lb.lazy_init(model, x, capacity=LAZY_INIT_CAPACITY)
       return jax.tree_util.tree_leaves(nnx.state(model))
 
     def stock(module=module, x=x):
@@ -603,7 +655,7 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
       ratio(f"C-{mode_name(graph)}/B step", loops[f"C-{mode_name(graph)}"], loops["B"], 1.05)
     ratio("D/B step", loops["D"], loops["B"], 1.05)
     ratio("B/A step", loops["B"], loops["A"], None)
-    ratio("D/A step (cap 64)", loops["D"], loops["A"], max(1.15, b_over_a))
+    ratio(f"D/A step (cap {MAIN_CAPACITY})", loops["D"], loops["A"], max(1.15, b_over_a))
     for overflow in POLICIES:
       for name in ("D", "C-graph donate"):
         label = f"{name}{policy_name(overflow)}"
@@ -612,16 +664,28 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
     # and write every sown byte once at the copy bandwidth measured in the same round.
     copy = loops["copy"]
     floor = [t * copy["sown_bytes_per_step"] / copy["bytes"] for t in copy["samples"]]
-    for name, target in (("D", 1.5), ("B", None)):
-      extra = [
+    extra = {
+      name: [
         np.asarray(a) - np.asarray(b) for a, b in zip(loops[name]["samples"], loops["A"]["samples"])
       ]
+      for name in ("D", "B", "W")
+    }
+    for name, target in (("D", 1.5), ("B", None), ("W", None)):
       ratio(
         f"roofline: ({name} - A) step / sown-bytes floor",
-        {"samples": extra},
+        {"samples": extra[name]},
         {"samples": floor},
         target,
       )
+    # What is left above the floor, split: W is XLA writing the sown bytes one slot at a time
+    # (no sow machinery), B adds Linen's sow collection (nn.scan stacks the body's sows before
+    # they are seen), D adds loopbridge (overflow policy, counts, rng counter).
+    ratio(
+      "roofline: (D - A) / (W - A), against XLA's slot write",
+      {"samples": extra["D"]},
+      {"samples": extra["W"]},
+      None,
+    )
     ratios["roofline floor µs (2 x sown bytes / copy bandwidth)"] = {
       "value": per_clock(floor, 1e6),
       "target": None,
@@ -638,6 +702,12 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
       1.3,
     )
     ratio("D dispatch / jax.jit apply", dispatch["D@16"], dispatch["jax.jit apply"], None)
+    ratio(
+      "D dispatch / jax.jit apply+buffers, per-site counts",
+      dispatch["D@16"],
+      dispatch["jax.jit apply+buffers, per-site counts@16"],
+      None,
+    )
     ratio(
       "C-graph dispatch / jax.jit apply+buffers",
       dispatch["C-graph@16"],

@@ -259,6 +259,56 @@ def test_no_buffer_sized_op_in_the_loop_body_under_each_policy(overflow, graph):
     assert buffer_sized_ops(comps, inside) == []
 
 
+_DEFINED = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\w+\[([\d,]*)\]")
+
+
+def slot_reads_apart_from_writes(comps, names) -> list[str]:
+  """`dynamic-slice`s of a buffer in `names` outside a computation rooted at the slot write.
+
+  Reading the old slot inside the fusion that writes it is free (XLA updates in place and the
+  read and write touch the same elements); reading it anywhere else materialises the slot, an
+  extra pass over every sown byte per step.
+  """
+  found = []
+  for name in names:
+    lines = comps[name]
+    shapes = {m.group(1): m.group(2) for m in map(_DEFINED.match, lines) if m}
+    roots = [_ROOT.match(line) for line in lines]
+    if any(m and m.group(1) == "dynamic-update-slice" for m in roots):
+      continue
+    for line in lines:
+      if " dynamic-slice(" in line:
+        operand = line.split("dynamic-slice(")[1].split(",")[0].strip().lstrip("%")
+        if shapes.get(operand, "").split(",")[0] == str(CAPACITY):
+          found.append(line.strip())
+  return found
+
+
+@pytest.mark.parametrize("overflow", ["error", "drop"])
+def test_keeping_the_first_values_reads_no_slot_apart_from_its_write(overflow, graph):
+  """'error' and 'drop' rewrite the last slot once full; that read must fuse into the write."""
+  model, x = new_model(overflow)
+  comps = parse_hlo(lb.compile_step(loop(graph), model).lower(x, 3).compile().as_text())
+  inside = reachable(comps, while_bodies(comps))
+  assert slot_reads_apart_from_writes(comps, inside) == []
+
+
+def test_slot_read_guard_can_fail():
+  """The guard above sees a slot read XLA cannot fuse into the write (different indices)."""
+
+  def run(buf, n):
+    def body(c):
+      i, buf = c
+      kept = jax.lax.dynamic_index_in_dim(buf, jnp.minimum(i, CAPACITY - 1), 0)
+      return i + 1, jax.lax.dynamic_update_index_in_dim(buf, kept * 2.0, (i + 1) % CAPACITY, 0)
+
+    return jax.lax.while_loop(lambda c: c[0] < n, body, (0, buf))
+
+  fn = jax.jit(run, donate_argnums=0)
+  comps = parse_hlo(fn.lower(jnp.zeros((CAPACITY, 3)), 5).compile().as_text())
+  assert slot_reads_apart_from_writes(comps, reachable(comps, while_bodies(comps)))
+
+
 # --------------------------------------------------------------------------- per call
 def test_single_step_is_in_place_too():
   model, x = new_model()

@@ -176,6 +176,7 @@ class CompiledStep(tp.Generic[Out]):
       and self._treedef == treedef
       and self._graphdef == graphdef
     ):
+      self._mark_ready()
       return  # a declaration elsewhere left this model as it was: keep the executable
     self._graphdef = graphdef
     self._treedef = treedef
@@ -186,6 +187,16 @@ class CompiledStep(tp.Generic[Out]):
     self._dropped: frozenset[int] = frozenset()  # kept leaves the function never reads
     self._set_written(frozenset())
     self._analysed = False
+    self._mark_ready()
+
+  def _mark_ready(self) -> None:
+    """Let calls take the short path while the generation stays `_ready` (see `__call__`).
+
+    Only an analysed step without typed keys qualifies: a key Variable can be given a key of
+    another PRNG implementation between calls, which the long path checks.
+    """
+    ready = self._analysed and not self._key_vars
+    self._ready = self._generation if ready else -1
 
   def _set_written(self, written: frozenset[int]) -> None:
     self._written = written
@@ -207,14 +218,17 @@ class CompiledStep(tp.Generic[Out]):
     # The leaves whose raw values go as they are: the plain kept ones, then the written ones.
     self._raw_vars = self._plain_vars + self._moved_vars
     # Every leaf is its own positional argument (jax's C++ dispatch handles those faster than
-    # the leaves of a list): plain kept, written (donated), then the kept keys' data.
+    # the leaves of a list): plain kept, written (donated), then the kept keys' data; the
+    # caller's positional arguments follow and its keyword arguments stay keywords (wrapping
+    # them in an (args, kwargs) pair costs about half a microsecond per call).
     n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
+    self._n_leaves = len(self._raw_vars) + len(self._key_vars)
 
     # A new function object per layout: jax caches traces by function (a bound method of this
     # step compares equal to every other) and argument types, and two layouts can pass the
     # same types (e.g. one read-only leaf dropped instead of another of the same shape).
-    def pure(*flat):
-      return self._pure(*flat)
+    def pure(*flat, **kwargs):
+      return self._pure(*flat, **kwargs)
 
     self._jitted = jax.jit(
       pure, donate_argnums=tuple(range(n_plain, n_plain + n_moved)) if self._donate else ()
@@ -237,12 +251,12 @@ class CompiledStep(tp.Generic[Out]):
     return self._generation != _recorder.generation()
 
   # ---------------------------------------------------------------- traced
-  def _pure(self, *flat):
+  def _pure(self, *flat, **kwargs):
     n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
     moved = flat[n_plain : n_plain + n_moved]
-    args, kwargs = flat[-2:]
+    args = flat[self._n_leaves :]
     assert self._key_impls is not None  # set by _set_written before the first trace
-    key_data = flat[n_plain + n_moved : -2]
+    key_data = flat[n_plain + n_moved : self._n_leaves]
     kept = [
       *flat[:n_plain],
       *(jax.random.wrap_key_data(d, impl=impl) for d, impl in zip(key_data, self._key_impls)),
@@ -311,6 +325,7 @@ class CompiledStep(tp.Generic[Out]):
       self._dropped = frozenset(i for i in range(n) if not used[i] and i not in written)
     self._set_written(written)
     self._analysed = True
+    self._mark_ready()
 
   def _trace(self, leaves, args, kwargs):
     model = nnx.merge(self._graphdef, jax.tree_util.tree_unflatten(self._treedef, leaves))
@@ -345,26 +360,38 @@ class CompiledStep(tp.Generic[Out]):
 
   def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
-    # The per-call path is kept to a few C-level loops: on a small model, Python work here
-    # costs as much as jax's own dispatch (benchmarks/bench_recording.py, "D dispatch").
-    # The generation is read as the module attribute (no Python frame, unlike `generation()`).
+    # The usual call (no declaration since the last one, analysed, no typed keys) is kept to
+    # one comparison and a few C-level loops: on a small model, Python work here costs as much
+    # as jax's own dispatch (benchmarks/bench_recording.py, "D dispatch"). The generation is
+    # read as a module attribute (no Python frame, unlike `_recorder.generation()`).
+    if self._ready != _recorder._current_generation:
+      return self._checked_call(args, kwargs)
     try:
-      fresh = self._generation == _recorder._current_generation and (
-        not self._key_vars or tuple(map(_KEY_IMPL, self._key_vars)) == self._key_impls
-      )
-    except AttributeError:  # a key Variable no longer holds a typed key
-      fresh = False
-    if not fresh:
-      self._refresh()
+      out, new = self._jitted(*map(_get_raw, self._raw_vars), *args, **kwargs)
+    except (_NewWrites, _NewReads):  # new argument shapes changed what it does: learn again
+      self._analyse(args, kwargs)
+      return self._checked_call(args, kwargs)
+    if new and isinstance(new[0], _TRACER):
+      self._store(new)
+    else:  # concrete results (called from Python): no trace-level check needed
+      _consume(map(_set_raw, self._moved_vars, new))
+    return out
+
+  def _checked_call(self, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]) -> Out:
+    """A call that first follows re-declarations, checks the keys and analyses if needed."""
+    self._refresh()
     if not self._analysed:  # first call: learn which leaves are written, then donate them
       self._analyse(args, kwargs)
     try:
-      out, new = self._jitted(
-        *map(_get_raw, self._raw_vars), *map(_KEY_DATA, self._key_vars), args, kwargs
-      )
-    except (_NewWrites, _NewReads):  # new argument shapes changed what it does: learn again
+      out, new = self._jitted(*self._inputs(), *args, **kwargs)
+    except (_NewWrites, _NewReads):
       self._analyse(args, kwargs)
-      return self(*args, **kwargs)
+      return self._checked_call(args, kwargs)
+    self._store(new)
+    return out
+
+  def _store(self, new: tp.Sequence[tp.Any]) -> None:
+    """Write the changed leaves back into their Variables."""
     if new and isinstance(new[0], _TRACER):
       # Under an outer trace the per-Variable trace-level check runs; concrete results (the
       # usual case: called from Python) cannot belong to another trace, so it is skipped.
@@ -372,7 +399,6 @@ class CompiledStep(tp.Generic[Out]):
         _compat.set_raw_value(variable, value)
     else:
       _consume(map(_set_raw, self._moved_vars, new))
-    return out
 
   def lower(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
     """`jax.stages.Lowered` of a call with these arguments (e.g. `.compile().memory_analysis()`)."""
@@ -382,7 +408,7 @@ class CompiledStep(tp.Generic[Out]):
         self._analyse(args, kwargs)
       leaves = self._inputs()
       try:
-        return self._jitted.lower(*leaves, args, kwargs)
+        return self._jitted.lower(*leaves, *args, **kwargs)
       except (_NewWrites, _NewReads):
         self._analyse(args, kwargs)
 
