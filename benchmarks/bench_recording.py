@@ -14,16 +14,18 @@ costs):
   A  jax.lax.while_loop around linen apply, nothing recorded (the floor)
   B  the hand-written loop: linen apply(mutable=['intermediates']) writing each sown value into a
      preallocated buffer with dynamic_update_index_in_dim, buffers donated (the practical limit)
-  W  loop A plus a dynamic_update_index_in_dim of every sown array's bytes (values the step
-     already has, no Linen sow machinery): what XLA's slot write of the sown bytes costs alone
   C  lb.ToNNX in nnx.while_loop under nnx.jit (graph mode; tree mode where flax has graph=);
      "C-graph donate" is the same with nnx.jit(donate_argnums=0)
   D  lb.compile_step around the same nnx.while_loop (split once, jax.jit, state donated)
   lb.while_loop (eager): lb.while_loop called from Python, outside any jit
 The main loops record every step (capacity MAIN_CAPACITY > the long loop).
-C-graph donate and D also run at capacity 16 and 4096 under each overflow policy ("D drop@16"),
-and a copy of a buffer-sized array measures this machine's copy bandwidth in the same rounds
-(the roofline row: recording's extra time per step against moving every sown byte once).
+C-graph donate and D also run at capacity 16 and 4096 under each overflow policy ("D drop@16").
+Roofline section: A, B, D and
+  W  loop A plus a dynamic_update_index_in_dim of every sown array's bytes (values the step
+     already has, no Linen sow machinery): what XLA's slot write of the sown bytes costs alone
+in three times the rounds, with an in-place pass over a buffer-sized array measuring this
+machine's copy bandwidth in the same rounds (recording's extra time per step against moving
+every sown byte once). Ratios carry a 90% bootstrap interval over rounds.
 
 Run:  python benchmarks/bench_recording.py [--quick]
 Writes benchmarks/results/recording.json (medians and ratios) and prints a markdown table.
@@ -303,6 +305,18 @@ def per_clock(values: tp.Sequence[np.ndarray], scale: float = 1.0) -> dict[str, 
   return {clock: float(np.median(arr[:, k])) for k, clock in enumerate(CLOCKS)}
 
 
+def bootstrap_interval(per_round: np.ndarray, draws: int = 2000) -> dict[str, list[float]]:
+  """90% bootstrap interval of the median over rounds, per clock (rounds resampled)."""
+  rng = np.random.default_rng(0)
+  values = np.asarray(per_round)
+  picks = rng.integers(0, len(values), size=(draws, len(values)))
+  medians = np.median(values[picks], axis=1)
+  return {
+    clock: [float(np.percentile(medians[:, k], 5)), float(np.percentile(medians[:, k], 95))]
+    for k, clock in enumerate(CLOCKS)
+  }
+
+
 def paired_ratio(num: tp.Sequence[np.ndarray], den: tp.Sequence[np.ndarray]) -> dict[str, float]:
   """Median over rounds of num/den, per clock (samples of the same round are paired)."""
   r = np.asarray(num) / np.asarray(den)
@@ -328,13 +342,10 @@ def bench_loops(args, module, params, x) -> dict:
   """
   loop_a, loop_b = functional_loops(module)
   rec_b = Stateful(loop_b, params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
-  rec_w = Stateful(slot_write_loop(module), params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
   models = {cap: new_model(module, x, cap) for cap in (MAIN_CAPACITY, *CAPACITIES)}
-  copy = CopyBandwidth(lb.sow_sites(models[MAIN_CAPACITY]).buffer_bytes)
   cases: dict[str, tp.Callable] = {
     "A": lambda n: loop_a(params, x, n),
     "B": lambda n: rec_b(x, n),
-    "W": lambda n: rec_w(x, n),
   }
   copying: dict[str, tp.Callable] = {}
   for cap, model in models.items():
@@ -377,15 +388,15 @@ def bench_loops(args, module, params, x) -> dict:
     f"  compiled {len(cases) + len(copying)} loops in {time.perf_counter() - t0:.1f}s",
     file=sys.stderr,
   )
-  jax.block_until_ready(copy())
-  passes = calls_for(copy, args.sample_s * 5)
-  timers = {name: loop_case(fn) for name, fn in cases.items()}
-  timers["copy"] = lambda: np.stack([timed(copy, passes)] * 3)  # per pass, in loop_case's shape
-  samples = run_rounds(timers, args.rounds)
+  samples = run_rounds({name: loop_case(fn) for name, fn in cases.items()}, args.rounds)
   samples.update(
     run_rounds({name: loop_case(fn) for name, fn in copying.items()}, max(3, args.rounds // 3))
   )
-  out = {
+  return loop_results(samples)
+
+
+def loop_results(samples: dict[str, list[np.ndarray]]) -> dict:
+  return {
     name: {
       "per_step_us": per_clock([x[0] for x in v], 1e6),
       f"t{SHORT}_ms": per_clock([x[1] for x in v], 1e3),
@@ -395,11 +406,39 @@ def bench_loops(args, module, params, x) -> dict:
     for name, v in samples.items()
     if name != "copy"
   }
+
+
+def bench_roofline(args, module, params, x) -> dict:
+  """A, W, B and D only, with three times the rounds, and the copy bandwidth in each round.
+
+  Recording adds a few percent to a step (tens of µs on ~600): the difference of two loop
+  timings, which needs more rounds than the other rows to be told apart from noise.
+  """
+  loop_a, loop_b = functional_loops(module)
+  rec_b = Stateful(loop_b, params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
+  rec_w = Stateful(slot_write_loop(module), params, new_records(MAIN_CAPACITY, DEPTH, BATCH, WIDTH))
+  model = new_model(module, x, MAIN_CAPACITY)
+  step = lb.compile_step(nnx_loop(True), model)
+  cases = {
+    "A": lambda n: loop_a(params, x, n),
+    "W": lambda n: rec_w(x, n),
+    "B": lambda n: rec_b(x, n),
+    "D": lambda n: step(x, n),
+  }
+  for fn in cases.values():
+    jax.block_until_ready(fn(SHORT))
+  copy = CopyBandwidth(lb.sow_sites(model).buffer_bytes)
+  jax.block_until_ready(copy())
+  passes = calls_for(copy, args.sample_s * 5)
+  timers = {name: loop_case(fn) for name, fn in cases.items()}
+  timers["copy"] = lambda: np.stack([timed(copy, passes)] * 3)  # per pass, in loop_case's shape
+  samples = run_rounds(timers, 3 * args.rounds)
+  out = loop_results(samples)
   per_pass = [x[0] for x in samples["copy"]]
   out["copy"] = {
     "bytes": copy.nbytes,
     "GBps": per_clock([2 * copy.nbytes / t / 1e9 for t in per_pass]),
-    "sown_bytes_per_step": sown_bytes_per_step(models[MAIN_CAPACITY]),
+    "sown_bytes_per_step": sown_bytes_per_step(model),
     "samples": per_pass,
   }
   return out
@@ -591,7 +630,7 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   parser.add_argument(
     "--only",
     default=None,
-    help="comma-separated sections to run: loops,calls,memory,lazy_init,"
+    help="comma-separated sections to run: loops,roofline,calls,memory,lazy_init,"
     "plain_sow (default: all); ratios of sections not run are left out",
   )
   parser.add_argument(
@@ -611,12 +650,15 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
   only = (
     set(args.only.split(","))
     if args.only
-    else {"loops", "calls", "memory", "lazy_init", "plain_sow"}
+    else {"loops", "roofline", "calls", "memory", "lazy_init", "plain_sow"}
   )
-  loops = dispatch = per_call = memory = lazy = plain_sow = {}
+  loops = roofline = dispatch = per_call = memory = lazy = plain_sow = {}
   if "loops" in only:
     print("loops ...", file=sys.stderr)
     loops = bench_loops(args, module, params, x)
+  if "roofline" in only:
+    print("roofline ...", file=sys.stderr)
+    roofline = bench_roofline(args, module, params, x)
   if "calls" in only:
     print("per-call, tiny model ...", file=sys.stderr)
     tiny_module, tiny_x = MLP(depth=3, features=8), jnp.ones((1, 8))
@@ -645,6 +687,7 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
     value = paired_ratio(num["samples"], den["samples"])
     ratios[name] = {
       "value": value,
+      "interval": bootstrap_interval(np.asarray(num["samples"]) / np.asarray(den["samples"])),
       "target": target,
       "status": "info" if target is None else check(value[args.judge], target),
     }
@@ -660,40 +703,39 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
       for name in ("D", "C-graph donate"):
         label = f"{name}{policy_name(overflow)}"
         ratio(f"{label} step cap 4096/16", loops[f"{label}@4096"], loops[f"{label}@16"], 1.10)
-    # Roofline: recording's extra time per step over the plain loop, against the time to read
-    # and write every sown byte once at the copy bandwidth measured in the same round.
-    copy = loops["copy"]
+    # Without donation each call of C copies the buffers (0.6 s at 4096); that per-call time
+    # dominates both loop lengths, so their difference is too noisy to check against 1.10.
+    ratio("C-graph step cap 4096/16", loops["C-graph@4096"], loops["C-graph@16"], None)
+  if roofline:
+    # Recording's extra time per step over the plain loop, against the time to read and write
+    # every sown byte once at the copy bandwidth measured in the same round. W (XLA writing the
+    # same bytes one slot at a time, no sow machinery) and B (plus Linen's sow collection) show
+    # where the rest goes. With a 90% bootstrap interval: the differences are a few percent of
+    # a step.
+    copy = roofline["copy"]
     floor = [t * copy["sown_bytes_per_step"] / copy["bytes"] for t in copy["samples"]]
-    extra = {
-      name: [
-        np.asarray(a) - np.asarray(b) for a, b in zip(loops[name]["samples"], loops["A"]["samples"])
-      ]
-      for name in ("D", "B", "W")
-    }
     for name, target in (("D", 1.5), ("B", None), ("W", None)):
+      extra = [
+        np.asarray(a) - np.asarray(b)
+        for a, b in zip(roofline[name]["samples"], roofline["A"]["samples"])
+      ]
       ratio(
         f"roofline: ({name} - A) step / sown-bytes floor",
-        {"samples": extra[name]},
+        {"samples": extra},
         {"samples": floor},
         target,
       )
-    # What is left above the floor, split: W is XLA writing the sown bytes one slot at a time
-    # (no sow machinery), B adds Linen's sow collection (nn.scan stacks the body's sows before
-    # they are seen), D adds loopbridge (overflow policy, counts, rng counter).
-    ratio(
-      "roofline: (D - A) / (W - A), against XLA's slot write",
-      {"samples": extra["D"]},
-      {"samples": extra["W"]},
-      None,
-    )
+      ratios[f"roofline: {name} - A, µs per step"] = {
+        "value": per_clock(extra, 1e6),
+        "interval": bootstrap_interval(np.asarray(extra) * 1e6),
+        "target": None,
+        "status": "info",
+      }
     ratios["roofline floor µs (2 x sown bytes / copy bandwidth)"] = {
       "value": per_clock(floor, 1e6),
       "target": None,
       "status": "info",
     }
-    # Without donation each call of C copies the buffers (0.6 s at 4096); that per-call time
-    # dominates both loop lengths, so their difference is too noisy to check against 1.10.
-    ratio("C-graph step cap 4096/16", loops["C-graph@4096"], loops["C-graph@16"], None)
   if dispatch:
     ratio(
       "D dispatch / jax.jit apply+buffers",
@@ -773,6 +815,7 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
       "capacity": MAIN_CAPACITY,
     },
     "loops": strip(loops),
+    "roofline": strip(roofline),
     "dispatch_tiny": strip(dispatch),
     "per_call_wide": strip(per_call),
     "memory": memory,
@@ -818,8 +861,17 @@ def render(r: dict) -> str:
         f"| {name} | {_cw(d['per_step_us'], '.0f')} | "
         f"{_cw(d[f't{SHORT}_ms'], '.1f')} | {_cw(d[f't{LONG}_ms'], '.1f')} |"
       )
-  if r["loops"].get("copy"):
-    c = r["loops"]["copy"]
+  if r.get("roofline"):
+    lines += [
+      "",
+      f"Roofline loops ({3 * r['rounds']} rounds): per step µs, cpu | wall: "
+      + "; ".join(
+        f"{name} {_cw(d['per_step_us'], '.0f')}"
+        for name, d in r["roofline"].items()
+        if name != "copy"
+      ),
+    ]
+    c = r["roofline"]["copy"]
     lines += [
       "",
       f"Copy bandwidth (read + written bytes per second, in-place pass over "
@@ -872,7 +924,8 @@ def render(r: dict) -> str:
     ]
   lines += [
     "",
-    f"| ratio (median of paired ratios) | cpu | wall | target | status ({r['judge']}) |",
+    f"| ratio: median of paired ratios [90% bootstrap interval] | cpu | wall | target | "
+    f"status ({r['judge']}) |",
     "|---|---:|---:|---:|---|",
   ]
   for name, d in r["ratios"].items():
@@ -880,7 +933,12 @@ def render(r: dict) -> str:
     if isinstance(target, int) and not isinstance(target, bool) and target > 1000:
       cells, tgt = f"{value['cpu']} | ", f"≤ {target}"
     else:
-      cells = _cw(value, ".3f")
+      fmt = ".1f" if "µs" in name else ".3f"
+      cells = " | ".join(
+        f"{value[clock]:{fmt}}"
+        + (" [{:{f}}, {:{f}}]".format(*d["interval"][clock], f=fmt) if d.get("interval") else "")
+        for clock in CLOCKS
+      )
       tgt = "" if target is None else f"≤ {target:.3f}"
     lines.append(f"| {name} | {cells} | {tgt} | {d['status']} |")
   return "\n".join(lines)
