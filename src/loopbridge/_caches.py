@@ -56,6 +56,18 @@ def _caches(node: tp.Any) -> tp.Iterator[tuple[str, nnx.Variable]]:
         yield "/".join(map(str, path)), child
 
 
+def _under(
+  caches: tp.Sequence[tuple[str, nnx.Variable]], prefix: tuple[str, ...]
+) -> tp.Iterator[tuple[str, nnx.Variable]]:
+  """The caches whose path starts with `prefix`, with their path relative to it."""
+  head = "/".join(prefix)
+  for path, cache in caches:
+    if not head:
+      yield path, cache
+    elif path.startswith(head + "/"):
+      yield path[len(head) + 1 :], cache
+
+
 def _length(cache: nnx.Variable) -> tuple[int, tuple[int, ...]]:
   shape = tuple(_compat.variable_value(cache).shape)
   return shape[-3], shape
@@ -65,6 +77,9 @@ def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> N
   """Warn once per cache that is shorter than the capacity declared for its part, and (after
   `lazy_init`) once per cache of length 1. `parts` are the declaration's `_declare.Part`s."""
   warned: set[int] = set()
+  # One walk of the whole graph (a Python-level traversal costs milliseconds on a model with
+  # many Variables); each part takes the caches under its own path.
+  all_caches = list(_caches(root))
   for part in parts:
     keys = {s.key for s in part.sites}
     declared = [
@@ -76,7 +91,7 @@ def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> N
       continue
     capacity = max(declared)
     prefix = tuple(map(str, part.path))
-    for path, cache in _caches(part.node):
+    for path, cache in _under(all_caches, prefix):
       length, shape = _length(cache)
       if capacity > length and id(cache) not in warned:
         warned.add(id(cache))
@@ -94,7 +109,7 @@ def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> N
         )
   if entry != "lazy_init":
     return
-  for path, cache in _caches(root):
+  for path, cache in all_caches:
     length, shape = _length(cache)
     if length == 1 and id(cache) not in warned:
       warned.add(id(cache))

@@ -7,6 +7,7 @@ differ and how. Code elsewhere in the package never checks a version itself.
 
 from __future__ import annotations
 
+import inspect
 import operator
 import typing as tp
 
@@ -227,9 +228,12 @@ def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
   flax 0.12's `nnx.iter_graph` takes `graph=` (tree mode would refuse shared references);
   0.10's has graph semantics only.
   """
-  if "graph" in __import__("inspect").signature(nnx.iter_graph).parameters:
+  if _ITER_GRAPH_TAKES_GRAPH:
     return nnx.iter_graph(node, graph=True)
   return nnx.iter_graph(node)
+
+
+_ITER_GRAPH_TAKES_GRAPH = "graph" in inspect.signature(nnx.iter_graph).parameters
 
 
 # --- layer views (lb.layers.layer) ----------------------------------------------------------
