@@ -106,6 +106,14 @@ def mode_name(graph: bool) -> str:
 
 
 # ------------------------------------------------------------------------------ the scenarios
+def write_sows(bx, bc, state, kx, kc):
+  """The hand-written recording: each value one `apply(..., mutable=...)` sowed into its slot."""
+  sown = state["intermediates"]
+  bx = jax.lax.dynamic_update_index_in_dim(bx, sown["x"][0], kx, 0)
+  bc = jax.lax.dynamic_update_index_in_dim(bc, sown["ScanBlock_0"]["carry"][0], kc, 0)
+  return bx, bc
+
+
 def functional_loops(module: nn.Module):
   """A and B: what an expert writes with plain Linen and jax.lax."""
 
@@ -120,9 +128,7 @@ def functional_loops(module: nn.Module):
     def body(c):
       i, h, (bx, bc, k) = c
       y, state = module.apply(params, h, mutable=["intermediates"])
-      sown = state["intermediates"]
-      bx = jax.lax.dynamic_update_index_in_dim(bx, sown["x"][0], k, 0)
-      bc = jax.lax.dynamic_update_index_in_dim(bc, sown["ScanBlock_0"]["carry"][0], k, 0)
+      bx, bc = write_sows(bx, bc, state, k, k)
       return i + 1, y, (bx, bc, k + 1)
 
     _, h, rec = jax.lax.while_loop(lambda c: c[0] < n, body, (0, x, rec))
@@ -160,20 +166,16 @@ def functional_steps(module: nn.Module):
 
   def step_b(params, rec, x):
     y, state = module.apply(params, x, mutable=["intermediates"])
-    sown = state["intermediates"]
     bx, bc, k = rec
-    bx = jax.lax.dynamic_update_index_in_dim(bx, sown["x"][0], k, 0)
-    bc = jax.lax.dynamic_update_index_in_dim(bc, sown["ScanBlock_0"]["carry"][0], k, 0)
+    bx, bc = write_sows(bx, bc, state, k, k)
     return y, (bx, bc, k + 1)
 
   def step_b_sites(params, rec, x):
     # The state loopbridge keeps: one count per sow site and the rng stream's counter
     # (lb.ToNNX draws a key per call, as flax.nnx.bridge.ToNNX does).
     y, state = module.apply(params, x, mutable=["intermediates"])
-    sown = state["intermediates"]
     bx, bc, kx, kc, rng_count = rec
-    bx = jax.lax.dynamic_update_index_in_dim(bx, sown["x"][0], kx, 0)
-    bc = jax.lax.dynamic_update_index_in_dim(bc, sown["ScanBlock_0"]["carry"][0], kc, 0)
+    bx, bc = write_sows(bx, bc, state, kx, kc)
     return y, (bx, bc, kx + 1, kc + 1, rng_count + 1)
 
   return (
@@ -683,6 +685,9 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
 
   ratios = {}
 
+  def info(name, value, interval=None):
+    ratios[name] = {"value": value, "interval": interval, "target": None, "status": "info"}
+
   def ratio(name, num, den, target):
     value = paired_ratio(num["samples"], den["samples"])
     ratios[name] = {
@@ -725,17 +730,12 @@ def main(argv: tp.Sequence[str] | None = None) -> dict:
         {"samples": floor},
         target,
       )
-      ratios[f"roofline: {name} - A, µs per step"] = {
-        "value": per_clock(extra, 1e6),
-        "interval": bootstrap_interval(np.asarray(extra) * 1e6),
-        "target": None,
-        "status": "info",
-      }
-    ratios["roofline floor µs (2 x sown bytes / copy bandwidth)"] = {
-      "value": per_clock(floor, 1e6),
-      "target": None,
-      "status": "info",
-    }
+      info(
+        f"roofline: {name} - A, µs per step",
+        per_clock(extra, 1e6),
+        bootstrap_interval(np.asarray(extra) * 1e6),
+      )
+    info("roofline floor µs (2 x sown bytes / copy bandwidth)", per_clock(floor, 1e6))
   if dispatch:
     ratio(
       "D dispatch / jax.jit apply+buffers",

@@ -354,8 +354,10 @@ class CompiledStep(tp.Generic[Out]):
 
   # ---------------------------------------------------------------- calling
   def _inputs(self) -> list[tp.Any]:
-    """The leaves to call `_jitted` with (kept, then written), from the model's Variables."""
-    self._refresh()
+    """The leaves to call `_jitted` with (kept, written, key data), from the model's Variables.
+
+    Read after `_refresh` and `_analyse`: both can change which Variables go where.
+    """
     return [*map(_get_raw, self._raw_vars), *map(_KEY_DATA, self._key_vars)]
 
   def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
@@ -402,13 +404,12 @@ class CompiledStep(tp.Generic[Out]):
 
   def lower(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
     """`jax.stages.Lowered` of a call with these arguments (e.g. `.compile().memory_analysis()`)."""
+    self._refresh()
     while True:
       if not self._analysed:
-        self._inputs()
         self._analyse(args, kwargs)
-      leaves = self._inputs()
       try:
-        return self._jitted.lower(*leaves, *args, **kwargs)
+        return self._jitted.lower(*self._inputs(), *args, **kwargs)
       except (_NewWrites, _NewReads):
         self._analyse(args, kwargs)
 

@@ -340,6 +340,12 @@ class StructureReport:
     }
 
 
+def _type_change(path: str, x: _Item, y: _Item) -> Change:
+  """A node at `path` that became another kind or type of node (`x` before, `y` after)."""
+  before, after = _describe(x), _describe(y)
+  return Change("type", path, f"{path}: {before} became {after}", before, after, y.owner)
+
+
 def _describe(item: _Item) -> str:
   if item.kind == _VARIABLE:
     if item.tuple_len is not None:
@@ -451,16 +457,7 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
     ):
       continue
     if x.kind != y.kind or x.type_name != y.type_name:
-      changes.append(
-        Change(
-          "type",
-          path,
-          f"{path}: {_describe(x)} became {_describe(y)}",
-          _describe(x),
-          _describe(y),
-          y.owner,
-        )
-      )
+      changes.append(_type_change(path, x, y))
       type_changed.add(path)
       continue
     if x.tuple_len is not None and y.tuple_len is not None and y.tuple_len > x.tuple_len:
@@ -520,16 +517,7 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
           )
         )
     elif (x.shape is None) != (y.shape is None):
-      changes.append(
-        Change(
-          "type",
-          path,
-          f"{path}: {_describe(x)} became {_describe(y)}",
-          _describe(x),
-          _describe(y),
-          y.owner,
-        )
-      )
+      changes.append(_type_change(path, x, y))
     elif (
       x.kind in (_STATIC, _VARIABLE)
       and x.shape is None
