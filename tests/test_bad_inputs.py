@@ -148,20 +148,6 @@ def _count_at_int32_limit():
   return lb.recorded(model)
 
 
-def _two_shapes_in_one_bridged_call():
-  class Twice(nnx.Module):
-    def __init__(self):
-      self.part = lb.ToNNX(Net(), rngs=nnx.Rngs(0))
-
-    def __call__(self, x):
-      self.part(x)
-      return self.part(jnp.concatenate([x, x]))
-
-  root = Twice()
-  lb.lazy_init(root.part, X, capacity=2)
-  return lb.preallocate(root, X, capacity=2)
-
-
 def _native_sow_without_buffer():
   class Switch(nnx.Module):
     def __call__(self, x, other=False):
@@ -400,12 +386,6 @@ CASES: dict[str, Case] = {
     lambda: _model(capacity=10**13),
     lb.CapacityError,
     r"need [\d,]+ bytes per device but only [\d,]+ bytes.*Fix: a smaller capacity",
-  ),
-  "bridged-part-sows-two-shapes-in-one-call": Case(
-    _two_shapes_in_one_bridged_call,
-    lb.NotDeclaredError,
-    r"Inner_0/h of lb.ToNNX\(Net\) receives \(1, 3\) float32 in one call and \(2, 3\) "
-    r"float32 in another.*Fix",
   ),
   "native-sow-without-buffer": Case(
     _native_sow_without_buffer,

@@ -114,8 +114,26 @@ def test_preallocate_after_an_overflow_says_how_many_values_were_already_lost():
   np.testing.assert_allclose(lb.recorded(model)["intermediates"]["a"], want["a"])
 
 
-def test_preallocate_for_a_new_value_shape_warns_that_records_are_discarded():
+def test_preallocate_for_another_signature_keeps_the_first_signatures_records():
   model = _model(capacity=3)
+  model(jnp.ones((1, 3)))
+  assert not _discarded(lb.preallocate, model, jnp.ones((2, 3)), capacity=3)
+  assert lb.recorded(model)["intermediates"]["a"].shape == (1, 1, 3)  # 0.2 discarded it
+  model(jnp.ones((2, 3)))
+  assert lb.recorded(model, signature="(float32[1,3])")["intermediates"]["a"].shape == (1, 1, 3)
+  assert lb.recorded(model, signature="(float32[2,3])")["intermediates"]["a"].shape == (1, 2, 3)
+
+
+class _NativeTwoSites(nnx.Module):
+  def __call__(self, x):
+    self.sow(nnx.Intermediate, "a", x)
+    self.sow(nnx.Intermediate, "b", 2 * x)
+    return x
+
+
+def test_native_preallocate_for_a_new_value_shape_warns_that_records_are_discarded():
+  """Native sows keep one signature per site: a new value shape replaces its buffer."""
+  model = lb.preallocate(_NativeTwoSites(), jnp.ones((1, 3)), capacity=3)
   model(jnp.ones((1, 3)))
   texts = _discarded(lb.preallocate, model, jnp.ones((2, 3)), capacity=3)
   assert len(texts) == 2  # one per site that held records

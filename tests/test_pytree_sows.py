@@ -283,3 +283,60 @@ def test_native_pytree_sow_is_a_clear_error_naming_the_fix():
     r"by leaf yet.*one `sow` per leaf",
   ):
     lb.preallocate(Native(nnx.Rngs(0)), jnp.ones((1, 2)), capacity=4)
+
+
+class _PickedPair(nn.Module):
+  @nn.compact
+  def __call__(self, x, pick=slice(None)):
+    h = nn.Dense(3)(x)[pick]
+    self.sow("intermediates", "pair", (h, h.sum()))
+    return h
+
+
+def test_pytree_sow_redeclared_with_a_new_leaf_shape_starts_every_leaf_empty():
+  """A re-declaration of one signature (a `slice` argument is not part of its label) where
+  one leaf's shape changes: keeping the scalar leaf's record while the array leaf starts
+  empty would pair values of different calls (issue 24, defect 3). Every leaf starts empty,
+  with a warning."""
+  model = lb.ToNNX(_PickedPair(), rngs=nnx.Rngs(0))
+  x = jnp.arange(6.0).reshape(2, 3)
+  lb.lazy_init(model, x, capacity=4, pick=slice(0, 1))
+  model(x, pick=slice(0, 1))
+  assert {s.slot for s in lb.sow_sites(model)} == {0}
+  with pytest.warns(lb.RecordsDiscardedWarning, match="pair"):
+    lb.preallocate(model, x, capacity=4, pick=slice(0, 2))
+  assert {s.slot for s in lb.sow_sites(model)} == {0}
+  model(x, pick=slice(0, 2))
+  out, total = lb.recorded(model)["intermediates"]["pair"]
+  _, want = _PickedPair().apply(
+    lb.linen_variables(model), x, pick=slice(0, 2), mutable=["intermediates"]
+  )
+  want_out, want_total = want["intermediates"]["pair"][0]
+  assert out.shape == (1, 2, 3) and total.shape == (1,)
+  np.testing.assert_allclose(out[0], want_out, rtol=1e-6)
+  np.testing.assert_allclose(total[0], want_total, rtol=1e-6)
+
+
+def test_bridged_pytree_sow_declared_for_a_new_batch_size_keeps_both_signatures():
+  class Pair(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = nn.Dense(3)(x)
+      self.sow("intermediates", "pair", (h, h.sum()))
+      return h
+
+  model = lb.ToNNX(Pair(), rngs=nnx.Rngs(0))
+  x1, x2 = jnp.ones((1, 3)), jnp.arange(6.0).reshape(2, 3)
+  lb.lazy_init(model, x1, capacity=4)
+  model(x1)
+  lb.preallocate(model, x2, capacity=4)
+  model(x2)
+  model(x2)
+  variables = lb.linen_variables(model)
+  for x, label, n in ((x1, "(float32[1,3])", 1), (x2, "(float32[2,3])", 2)):
+    out, total = lb.recorded(model, signature=label)["intermediates"]["pair"]
+    _, want = Pair().apply(variables, x, mutable=["intermediates"])
+    want_out, want_total = want["intermediates"]["pair"][0]
+    assert out.shape == (n, *x.shape) and total.shape == (n,)
+    np.testing.assert_allclose(out[-1], want_out, rtol=1e-6)
+    np.testing.assert_allclose(total[-1], want_total, rtol=1e-6)

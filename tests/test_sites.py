@@ -295,10 +295,17 @@ def test_capacity_mapping_and_preallocate_update_the_report():
   lb.lazy_init(model, x, capacity={"x": 2, "ScanBlock_0/*": 7})
   report = lb.sow_sites(model)
   assert (report["x"].capacity, report["ScanBlock_0/carry"].capacity) == (2, 7)
-  lb.preallocate(model, jnp.ones((4, 8)), capacity=3)
+  lb.preallocate(model, jnp.ones((4, 8)), capacity=3)  # another signature, beside the first
   report = lb.sow_sites(model)
-  assert report["x"].shape == (4, 8) and report["x"].capacity == 3
-  assert report["ScanBlock_0/carry"].shape == (3, 4, 8)
+  assert report.signatures == ("(float32[1,8])", "(float32[4,8])")
+  with pytest.raises(KeyError, match=r"declared for 2 call signatures.*for_signature"):
+    report["x"]
+  batch_4 = report.for_signature("(float32[4,8])")
+  assert batch_4["x"].shape == (4, 8) and batch_4["x"].capacity == 3
+  assert batch_4["ScanBlock_0/carry"].shape == (3, 4, 8)
+  assert report.for_signature("(float32[1,8])")["x"].capacity == 2
+  with pytest.raises(KeyError, match=r"no call signature '\(\)'"):
+    report.for_signature("()")
 
 
 def test_missing_site_name_raises():

@@ -35,6 +35,7 @@ from ._loops import fori_loop as fori_loop
 from ._loops import while_loop as while_loop
 from ._pipeline import lazy_init as lazy_init
 from ._pipeline import preallocate as preallocate
+from ._recording import recording as recording
 from ._records import buffers as buffers
 from ._records import counts as counts
 from ._records import recorded as recorded
@@ -72,6 +73,7 @@ __all__ = [
   "linen_variables",
   "preallocate",
   "recorded",
+  "recording",
   "reset",
   "sow_sites",
   "while_loop",

@@ -162,7 +162,7 @@ def reset(buffer: Buffer, count: Count) -> None:
   _compat.set_variable_value(count, jnp.zeros_like(_compat.variable_value(count)))
 
 
-def _is_traced(x: tp.Any) -> bool:
+def is_traced(x: tp.Any) -> bool:
   return isinstance(x, jax.core.Tracer)
 
 
@@ -178,7 +178,7 @@ def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
   n = _compat.variable_value(count)
   capacity = buf.shape[0]
   policy = overflow_of(buffer)
-  if _is_traced(buf) or _is_traced(n):
+  if is_traced(buf) or is_traced(n):
     if policy == "wrap":
       shift = jnp.where(n > capacity, n % capacity, 0)
       return jnp.roll(buf, -shift, axis=0)

@@ -81,11 +81,12 @@ def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> N
   # many Variables); each part takes the caches under its own path.
   all_caches = list(_caches(root))
   for part in parts:
-    keys = {s.key for s in part.sites}
+    # The part's sites, not yet in their signature's slot: matched by signature and path.
+    keys = {(s.signature, s.collection, s.path, s.leaf) for s in part.sites}
     declared = [
       s.capacity
       for s in (_recorder.sites_of(part.node) or ())
-      if s.key in keys and s.capacity is not None
+      if (s.signature, s.collection, s.path, s.leaf) in keys and s.capacity is not None
     ]
     if not declared:
       continue

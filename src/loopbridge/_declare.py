@@ -109,14 +109,31 @@ def declare(
     for dropped in part.dropped:
       warnings.warn(dropped.warning_text(), DroppedSowWarning, stacklevel=5)
     policy = overflow or part.default_overflow or "error"
-    sites = [
-      dataclasses.replace(s, capacity=capacities[i][s.key], overflow=policy) for s in part.sites
-    ]
+    sites = _in_slots(
+      part.node,
+      [dataclasses.replace(s, capacity=capacities[i][s.key], overflow=policy) for s in part.sites],
+    )
     layouts = _sharding.infer_buffer_shardings(
       *shardings_from, {s.key: (s.shape, s.sown_shape) for s in sites if not s.stack_axes}
     )
     _declare_part(part, sites, layouts, entry)
   _recorder.bump_generation()
+
+
+def _in_slots(node: tp.Any, sites: list[SowSite]) -> list[SowSite]:
+  """Each site in the slot of its call signature: the slot already declared for that
+  signature on `node`, else a new one (0 for the node's first signature). A declaration for
+  another signature adds buffers beside the others instead of replacing them."""
+  declared = _recorder.sites_of(node) or ()
+  slot_of = {s.signature: s.slot for s in declared}
+  next_slot = max((s.slot for s in declared), default=-1) + 1
+  placed = []
+  for site in sites:
+    if site.signature not in slot_of:
+      slot_of[site.signature] = next_slot
+      next_slot += 1
+    placed.append(dataclasses.replace(site, slot=slot_of[site.signature]))
+  return placed
 
 
 _RECORDS_DISCARDED = (
@@ -131,6 +148,41 @@ _RECORDS_LOST = (
 )
 
 
+def _why_not_kept(site: SowSite, old: tp.Any) -> str:
+  """Why the records of buffer `old` cannot move to `site`'s new buffer ("" if they can)."""
+  old_value = _compat.variable_value(old)
+  k = getattr(old, "stack_axes", 0) or 0
+  if (
+    tuple(old_value.shape[:k]) + tuple(old_value.shape[k + 1 :]) == tuple(site.shape)
+    and str(old_value.dtype) == site.dtype
+    and k == site.stack_axes
+    and not k
+  ):
+    return ""
+  if k and k == site.stack_axes:
+    return "stacked layers are re-declared empty"
+  return (
+    f"its values were {tuple(old_value.shape[k + 1 :])} {old_value.dtype} and this call "
+    f"sows {site.value_shape} {site.dtype}"
+  )
+
+
+def _pytree_discards(new: list, sites: list[SowSite], buffers: dict) -> dict[tuple, str]:
+  """Sown pytrees some leaf of which cannot keep its records: (slot, sow key) -> why.
+
+  The leaves of one sow are one record each call: keeping some leaves' records and not the
+  others' would pair values of different calls, so such a sow starts empty on every leaf.
+  """
+  out: dict[tuple, str] = {}
+  for _, site, _ in new:
+    existing = _recorder.get_nested(buffers, site.key)
+    if site.treedef is not None and isinstance(existing, _buffers.Buffer):
+      why = _why_not_kept(site, existing)
+      if why:
+        out.setdefault((site.slot, site.sow_key), f"leaf {site.label}: {why}")
+  return out
+
+
 def _keep_records(
   site: SowSite,
   old: tp.Any,
@@ -139,25 +191,16 @@ def _keep_records(
   count: tp.Any,
   label: str,
   entry: str,
+  why: str = "",
 ) -> None:
-  """Move what `old` recorded into the re-declared `buffer`, or say why it cannot."""
+  """Move what `old` recorded into the re-declared `buffer`, or say why it cannot
+  (`why`: a reason decided by the caller, e.g. a sibling leaf of a sown pytree)."""
   n = int(np.max(_compat.variable_value(old_count)))
   if n == 0:
     return
   old_value = _compat.variable_value(old)
-  k = getattr(old, "stack_axes", 0) or 0
-  if (
-    tuple(old_value.shape[:k]) + tuple(old_value.shape[k + 1 :]) != tuple(site.shape)
-    or str(old_value.dtype) != site.dtype
-    or k != site.stack_axes
-    or k
-  ):
-    why = (
-      "stacked layers are re-declared empty"
-      if k and k == site.stack_axes
-      else f"its values were {tuple(old_value.shape[k + 1 :])} {old_value.dtype} and this call "
-      f"sows {site.value_shape} {site.dtype}"
-    )
+  why = why or _why_not_kept(site, old)
+  if why:
     warnings.warn(
       _RECORDS_DISCARDED.format(entry=entry, label=label, n=n, why=why),
       RecordsDiscardedWarning,
@@ -246,6 +289,11 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
       label = "/".join(filter(None, (prefix, *site.key)))
       new.append((label, site, layout))
     declared[site.key] = site
+  discards = _pytree_discards(new, sites, buffers)
+  renewed = {id(site) for _, site, _ in new}
+  for site in sites:  # the other leaves of such a pytree start empty too
+    if (site.slot, site.sow_key) in discards and id(site) not in renewed:
+      new.append(("/".join(filter(None, (prefix, *site.key))), site, layouts.get(site.key)))
   _check_fits(new)
   for label, site, layout in new:
     existing = _recorder.get_nested(buffers, site.key)
@@ -256,13 +304,22 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
     count = _buffers.Count(jnp.zeros(stack, _buffers.COUNT_DTYPE))
     if isinstance(existing, _buffers.Buffer):  # re-declared: keep what it recorded if it can
       _keep_records(
-        site, existing, _recorder.get_nested(counts, site.key), buffer, count, label, entry
+        site,
+        existing,
+        _recorder.get_nested(counts, site.key),
+        buffer,
+        count,
+        label,
+        entry,
+        why=discards.get((site.slot, site.sow_key), ""),
       )
     _recorder.set_nested(buffers, site.key, buffer)
     _recorder.set_nested(counts, site.key, count)
   _compat.set_data_attribute(node, _recorder.BUFFERS_ATTR, buffers)
   _compat.set_data_attribute(node, _recorder.COUNTS_ATTR, counts)
-  setattr(node, _recorder.SITES_ATTR, tuple(declared[k] for k in sorted(declared)))
+  setattr(
+    node, _recorder.SITES_ATTR, tuple(sorted(declared.values(), key=lambda s: (s.slot, s.key)))
+  )
   if part.dropped:
     known = {
       (d.collection, d.module_path, d.name) for d in vars(node).get(_recorder.DROPPED_ATTR, ())

@@ -20,7 +20,7 @@ import typing as tp
 from flax import nnx
 from flax.nnx import bridge
 
-from . import _buffers, _compat, _recorder, _session, _trace_check
+from . import _buffers, _compat, _recorder, _recording, _session, _trace_check
 from ._errors import NotDeclaredError
 
 _SOW_PARAMS = inspect.signature(nnx.Module.sow).parameters
@@ -93,6 +93,8 @@ def install(cls: type) -> None:
         or _session.current() is not None
       ):
         return previous(self)(variable_type, name, value, reduce_fn, init_fn)
+      if not _recording.is_on():
+        return False  # inside `lb.recording(False)`: nothing is stored
       collection = collection_of(variable_type)
       buffer = buffers.get(collection, {}).get(name)
       in_capture = hasattr(self, "__captures__")  # inside flax 0.12's nnx.capture

@@ -141,7 +141,8 @@ def _merge_reports(
   """One report per bridged node: a node called k times per call sows k times per site."""
   merged: dict[tp.Any, _session.BridgeReport] = {}
   for path, r in items:
-    key = path if path is not None else ("<transient>", id(r))
+    # A node called with two signatures in one call declares both (a prompt, then a step).
+    key = (path, r.signature) if path is not None else ("<transient>", id(r))
     into = merged.get(key)
     if into is None:
       merged[key] = dataclasses.replace(
@@ -164,10 +165,7 @@ def _merge_reports(
       into.sites[by_key[s.key]] = dataclasses.replace(old, per_call=old.per_call + s.per_call)
     into.dropped.extend(d for d in r.dropped if d not in into.dropped)
     into.new_accumulators.update(r.new_accumulators)
-  return [
-    (None if isinstance(k, tuple) and k[:1] == ("<transient>",) else k, r)
-    for k, r in merged.items()
-  ]
+  return [(None if k[:1] == ("<transient>",) else k[0], r) for k, r in merged.items()]
 
 
 def _bridge_parts(
@@ -196,10 +194,20 @@ def _bridge_parts(
     _linen_vars.add_accumulators(node, report.new_accumulators)
     parts.append(
       _declare.Part(
-        path, node, report.sites, settings.capacity_spec, settings.overflow, report.dropped
+        path,
+        node,
+        _for_signature(report),
+        settings.capacity_spec,
+        settings.overflow,
+        report.dropped,
       )
     )
   return parts
+
+
+def _for_signature(report: _session.BridgeReport) -> list[tp.Any]:
+  """The report's sites, each marked with the call signature it is declared for."""
+  return [dataclasses.replace(s, signature=report.signature) for s in report.sites]
 
 
 def _transformed_parts(
@@ -238,7 +246,7 @@ def _transformed_parts(
     probes = probes_of.get(id(node), {})
     sites: dict[tuple, tp.Any] = {}
     for report in reports:
-      for site in report.sites:
+      for site in _for_signature(report):
         probe = probes.get("/".join(site.key))
         if probe is None:
           continue
@@ -246,7 +254,9 @@ def _transformed_parts(
         axes = len(stacked) - len(site.shape)
         if axes < 0 or stacked[axes:] != tuple(site.shape):
           continue
-        sites[site.key] = dataclasses.replace(site, shape=stacked, stack_axes=axes)
+        sites[(site.signature, *site.key)] = dataclasses.replace(
+          site, shape=stacked, stack_axes=axes
+        )
         used.add(id(report))
     settings = bridge_settings(node)
     parts.append(
@@ -426,7 +436,7 @@ def declare_alone(
   with the capacity and overflow given to its constructor."""
   settings = bridge_settings(node)
   part = _declare.Part(
-    (), node, report.sites, settings.capacity_spec, settings.overflow, report.dropped
+    (), node, _for_signature(report), settings.capacity_spec, settings.overflow, report.dropped
   )
   _declare.declare(
     [part],

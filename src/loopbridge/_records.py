@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import typing as tp
 
+import jax.numpy as jnp
 from flax.nnx import bridge
 
 from . import _buffers, _compat, _recorder
 from ._errors import NotDeclaredError
-from ._site import SowSite
+from ._site import SowSite, split_slot
 
 Model = tp.TypeVar("Model")
 
@@ -37,22 +38,44 @@ def _describe(path: tuple, node: tp.Any) -> str:
   return f"{type(node).__name__}{where}"
 
 
+_UNKNOWN_SIGNATURE = (
+  "signature={signature!r} names no call signature declared on {what}; its signatures: "
+  "{labels}. Why: a signature is named by the call it was declared for (its method and the "
+  "shapes of its arguments, e.g. '(float32[2,1,32])'). Fix: pass one of those labels, or "
+  "signature=None for every signature."
+)
+
+
 def _map_records(
-  model: tp.Any, fn: tp.Callable[[tuple, _buffers.Buffer, _buffers.Count], tp.Any]
+  model: tp.Any,
+  fn: tp.Callable[[tuple, _buffers.Buffer, _buffers.Count], tp.Any],
+  signature: str | None = None,
 ) -> dict:
   result: dict = {}
   found = False
+  labels_seen: list[str] = []
   for root_path, recorder in _recorder.iter_recorders(model):
     found = True
-    if _recorder.sites_of(recorder) is None:
+    sites = _recorder.sites_of(recorder)
+    if sites is None:
       raise NotDeclaredError(_NOT_INITIALIZED.format(what=_describe(root_path, recorder)))
-    tree: dict = {}
+    by_slot: dict[int, dict] = {}
+    counts: dict[tuple[int, tuple[str, ...]], _buffers.Count] = {}
     for path, buffer, count in _recorder.pairs(recorder):
-      node = tree
-      for key in path[:-1]:
-        node = node.setdefault(key, {})
-      node[path[-1]] = fn((*root_path, *path), buffer, count)
-    _rebuild_pytrees(tree, _recorder.sites_of(recorder) or ())
+      slot, key = split_slot(path)
+      _recorder.set_nested(by_slot.setdefault(slot, {}), key, fn((*root_path, *key), buffer, count))
+      counts[slot, key] = count
+    for slot, tree in by_slot.items():
+      _rebuild_pytrees(tree, [s for s in sites if s.slot == slot])
+    labels = _slot_labels(sites)
+    labels_seen.extend(labels.values())
+    if signature is not None:
+      chosen = [slot for slot, name in labels.items() if name == signature]
+      if not chosen:
+        continue
+      tree = by_slot.get(chosen[0], {})
+    else:
+      tree = _merge_signatures(by_slot, sites, counts, labels)
     if not root_path:  # the root records too (native sows): its tree sits at the top
       result.update(tree)
       continue
@@ -67,7 +90,59 @@ def _map_records(
       "Linen modules with lb.ToNNX and call lb.lazy_init(model, *args, capacity=N), or "
       "lb.preallocate(model, *args, capacity=N) for native NNX sows."
     )
+  if signature is not None and signature not in labels_seen:
+    raise NotDeclaredError(
+      _UNKNOWN_SIGNATURE.format(
+        signature=signature,
+        what=_describe((), model),
+        labels=", ".join(repr(x) for x in dict.fromkeys(labels_seen)) or "none",
+      )
+    )
   return result
+
+
+def _slot_labels(sites: tp.Sequence[SowSite]) -> dict[int, str]:
+  """Each signature slot of a recorder and its label, in declaration order."""
+  return dict(sorted({s.slot: s.signature for s in sites}.items()))
+
+
+def _merge_signatures(
+  by_slot: dict[int, dict],
+  sites: tp.Sequence[SowSite],
+  counts: dict[tuple[int, tuple[str, ...]], _buffers.Count],
+  labels: dict[int, str],
+) -> dict:
+  """One Linen-shaped tree over every signature of a recorder (`signature=None`).
+
+  A sow declared for one signature reads as that signature's value. A sow declared for
+  several reads as the one signature that holds records, or, when several do (or inside a
+  trace, where counts are not known), as `{label: value}` in declaration order.
+  """
+  if len(by_slot) <= 1:
+    return next(iter(by_slot.values()), {})
+  slots_of: dict[tuple[str, ...], list[SowSite]] = {}
+  for site in sites:
+    slots_of.setdefault(site.sow_key, []).append(site)
+  merged: dict = {}
+  for sow_key, its_sites in slots_of.items():
+    slots = sorted({s.slot for s in its_sites})
+    values = {slot: _recorder.get_nested(by_slot.get(slot, {}), sow_key) for slot in slots}
+    if len(slots) > 1:
+      holding = []
+      for slot in slots:
+        site = next(s for s in its_sites if s.slot == slot)
+        n = _compat.variable_value(counts[slot, split_slot(site.key)[1]])
+        if _buffers.is_traced(n):
+          holding = slots  # inside a trace: every signature, by label
+          break
+        if int(jnp.max(n)) > 0:
+          holding.append(slot)
+      if len(holding) > 1:
+        _recorder.set_nested(merged, sow_key, {labels[slot]: values[slot] for slot in holding})
+        continue
+      slots = holding or [slots[-1]]  # no records anywhere: the latest signature's (empty)
+    _recorder.set_nested(merged, sow_key, values[slots[0]])
+  return merged
 
 
 def _rebuild_pytrees(tree: dict, sites: tp.Sequence[SowSite]) -> None:
@@ -92,7 +167,7 @@ def _rebuild_pytrees(tree: dict, sites: tp.Sequence[SowSite]) -> None:
     )
 
 
-def recorded(model: tp.Any) -> dict:
+def recorded(model: tp.Any, *, signature: str | None = None) -> dict:
   """What the model recorded, Linen-shaped: each sow tuple becomes one array, index first.
 
   For an `lb.ToNNX` the tree is the one `linen.apply(..., mutable=[...])` returns, e.g.
@@ -104,8 +179,15 @@ def recorded(model: tp.Any) -> dict:
   Inside a trace (jit, loops) shapes must be static, so each array is the whole buffer,
   `(capacity, ...)`, oldest first, with zeros past the count; read `lb.counts(model)` there.
 
+  A model declared for several call signatures (a prompt and one-token decode steps) keeps
+  each signature's records apart. With `signature=None` a sow reads as today when one
+  signature holds its records; when several do (or inside a trace, for a sow declared for
+  several), it reads as `{label: value}` in declaration order, labels such as
+  `"(float32[2,3,32])"`. `signature=label` reads that signature alone, Linen-shaped.
+
   Args:
     model: an `lb.ToNNX`, or an NNX module holding some (then keyed by path from the root).
+    signature: the label of one declared call signature (see `lb.sow_sites`), or None.
 
   Returns:
     A nested dict of arrays.
@@ -128,18 +210,21 @@ def recorded(model: tp.Any) -> dict:
     [[0.0, 0.0], [1.0, 1.0]]
   """
   return _map_records(
-    model, lambda path, b, c: _buffers.read(*_buffers.flat_view(b, c), "/".join(map(str, path)))
+    model,
+    lambda path, b, c: _buffers.read(*_buffers.flat_view(b, c), "/".join(map(str, path))),
+    signature,
   )
 
 
-def counts(model: tp.Any) -> dict:
+def counts(model: tp.Any, *, signature: str | None = None) -> dict:
   """How many values each sow site received since the last reset (may exceed capacity).
 
   Args:
     model: as for `recorded`.
+    signature: as for `recorded`.
 
   Returns:
-    A nested dict shaped like `recorded(model)` holding int32 scalars.
+    A nested dict shaped like `recorded(model, signature=signature)` holding int32 scalars.
 
   Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
@@ -153,16 +238,19 @@ def counts(model: tp.Any) -> dict:
     >>> int(lb.counts(model)["intermediates"]["x"])
     2
   """
-  return _map_records(model, lambda path, b, c: _compat.variable_value(_buffers.flat_view(b, c)[1]))
+  return _map_records(
+    model, lambda path, b, c: _compat.variable_value(_buffers.flat_view(b, c)[1]), signature
+  )
 
 
-def buffers(model: tp.Any) -> dict:
+def buffers(model: tp.Any, *, signature: str | None = None) -> dict:
   """The raw buffers, `(capacity, *value_shape)` each, shaped like `recorded(model)`.
 
   Buffers of native modules stacked with `nnx.vmap` are `(*stack, capacity, *value_shape)`.
 
   Args:
     model: as for `recorded`.
+    signature: as for `recorded`.
 
   Returns:
     A nested dict of arrays (no trimming, no reordering).
@@ -178,11 +266,13 @@ def buffers(model: tp.Any) -> dict:
     >>> lb.buffers(model)["intermediates"]["x"].shape
     (4, 2)
   """
-  return _map_records(model, lambda path, b, c: _compat.variable_value(b))
+  return _map_records(model, lambda path, b, c: _compat.variable_value(b), signature)
 
 
 def reset(model: Model) -> Model:
-  """Set every count back to zero and clear the buffers, in place; shapes never change.
+  """Set every count back to zero and clear the buffers (of every signature), in place.
+
+  Shapes never change.
 
   Usable inside jit and loop bodies (e.g. to record only the last step of each outer step).
 

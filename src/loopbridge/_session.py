@@ -30,6 +30,8 @@ class BridgeReport:
   # Sown inside jax.vmap/nnx.vmap: one value per member, which one buffer of the node cannot
   # hold when the node itself is shared (broadcast) by the transform.
   batched: bool = False
+  # The call's signature label (`_signature.label`): the sites are declared for it.
+  signature: str = ""
 
 
 @dataclasses.dataclass

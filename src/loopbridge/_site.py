@@ -96,6 +96,12 @@ class SowSite:
       array leaf is its own site (own buffer and count) under the sow's path.
     treedef: the sown pytree's structure (`None` for an array); `lb.recorded` rebuilds it.
     leaf_index: the leaf's position in the flattened pytree.
+    signature: the call signature the site was declared for (an `lb.ToNNX` call's method and
+      argument shapes, e.g. `"(float32[2,1,32])"`); `""` for native sows, which keep one
+      signature per site.
+    slot: where that signature's buffers sit on the recorder: 0 (the first signature declared)
+      at the site's Linen path, as before signatures existed; later ones under
+      `loopbridge__signature_<slot>`.
   """
 
   collection: str
@@ -111,11 +117,14 @@ class SowSite:
   leaf: tuple[str, ...] = ()
   treedef: tp.Any = None
   leaf_index: int = 0
+  signature: str = ""
+  slot: int = 0
 
   @property
   def key(self) -> tuple[str, ...]:
-    """`(collection, *path, *leaf)`: where the buffer sits in the recorder's buffer tree."""
-    return (self.collection, *self.path, *self.leaf)
+    """Where the buffer sits in the recorder's buffer tree: `(collection, *path, *leaf)`,
+    behind the signature's slot key for every signature but the first."""
+    return (*slot_prefix(self.slot), self.collection, *self.path, *self.leaf)
 
   @property
   def sow_key(self) -> tuple[str, ...]:
@@ -175,7 +184,24 @@ class SowSite:
       "calls_to_fill": self.calls_to_fill,
       "buffer_bytes": self.buffer_bytes,
       "leaf": list(self.leaf) if self.treedef is not None else None,
+      "signature": self.signature,
     }
+
+
+SLOT_KEY_PREFIX = "loopbridge__signature_"
+
+
+def slot_prefix(slot: int) -> tuple[str, ...]:
+  """The buffer-tree key in front of a signature's sites: none for the first signature, so a
+  model declared for one signature keeps the state layout (and checkpoints) it always had."""
+  return (f"{SLOT_KEY_PREFIX}{slot}",) if slot else ()
+
+
+def split_slot(key: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
+  """(slot, key without the slot prefix) of a buffer-tree key."""
+  if key and key[0].startswith(SLOT_KEY_PREFIX):
+    return int(key[0][len(SLOT_KEY_PREFIX) :]), key[1:]
+  return 0, key
 
 
 def _key_str(entry: tp.Any) -> str:

@@ -36,12 +36,36 @@ class SowSites:
   def __getitem__(self, name: str) -> SowSite:
     """The site with this `collection/path` or (if unambiguous) `path`.
 
-    A leaf of a sown pytree is named with its keys: `"Block_0/__call__[1]"`.
+    A leaf of a sown pytree is named with its keys: `"Block_0/__call__[1]"`. A site declared
+    for several call signatures is read per signature: `report.for_signature(label)[name]`.
     """
-    for site in self.sites:
-      if name in (f"{site.collection}/{site.label}", site.label):
-        return site
+    found = [s for s in self.sites if name in (f"{s.collection}/{s.label}", s.label)]
+    if len(found) > 1:
+      raise KeyError(
+        f"sow site {name!r} is declared for {len(found)} call signatures "
+        f"({', '.join(repr(s.signature) for s in found)}). Why: each signature has its own "
+        f"buffer. Fix: report.for_signature(label)[{name!r}]."
+      )
+    if found:
+      return found[0]
     raise KeyError(f"no sow site {name!r}; sites: {[s.label for s in self.sites]}")
+
+  @property
+  def signatures(self) -> tuple[str, ...]:
+    """The labels of the declared call signatures, in declaration order."""
+    return tuple(dict.fromkeys(s.signature for s in sorted(self.sites, key=lambda s: s.slot)))
+
+  def for_signature(self, label: str) -> SowSites:
+    """The sites declared for one call signature (`label` as in `signatures`).
+
+    Raises:
+      KeyError: no signature has this label.
+    """
+    if label not in self.signatures:
+      raise KeyError(
+        f"no call signature {label!r}; declared: {', '.join(map(repr, self.signatures))}"
+      )
+    return dataclasses.replace(self, sites=tuple(s for s in self.sites if s.signature == label))
 
   @property
   def buffer_bytes(self) -> int:
@@ -63,8 +87,11 @@ class SowSites:
       f"{self.model}: {len(self.sites)} sow site(s), buffers {format_bytes(self.buffer_bytes)}"
     ]
     if self.sites:
+      # One signature (the common case) needs no column; several name each site's.
+      several = len({s.slot for s in self.sites}) > 1
       rows = [
         (
+          *((s.signature,) if several else ()),
           s.collection,
           s.label,
           _shape_str(s.shape),
@@ -80,6 +107,7 @@ class SowSites:
       lines.append(
         format_table(
           (
+            *(("signature",) if several else ()),
             "collection",
             "path",
             "value shape",

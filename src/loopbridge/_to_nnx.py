@@ -34,7 +34,9 @@ from . import (
   _observe_linen,
   _pipeline,
   _recorder,
+  _recording,
   _session,
+  _signature,
   _site,
   _trace_check,
   _user_errors,
@@ -211,7 +213,14 @@ class ToNNX(bridge.ToNNX):
     }
     _linen_vars.set_variables(self, traverse_util.unflatten_dict(kept))
     _linen_vars.add_accumulators(self, fresh)
-    report = _session.BridgeReport(self, type(module).__name__, found.sites, found.dropped, {})
+    report = _session.BridgeReport(
+      self,
+      type(module).__name__,
+      found.sites,
+      found.dropped,
+      {},
+      signature=_signature.label(args, kwargs, method),
+    )
     session = _session.current()
     if session is not None:
       session.reports.append(report)
@@ -274,6 +283,7 @@ class ToNNX(bridge.ToNNX):
         found.dropped,
         new_accumulators,
         batched=any(map(_compat.is_batched, jax.tree.leaves(sown))),
+        signature=_signature.label(args, kwargs, method),
       )
     )
     return out
@@ -349,29 +359,37 @@ class ToNNX(bridge.ToNNX):
     if apply_mutable is False:
       return result
     out, updates = result
-    self._loopbridge_absorb(updates, attrs, variables)
+    self._loopbridge_absorb(updates, attrs, variables, (args, kwargs, method))
     return out
 
-  def _loopbridge_absorb(self, updates, attrs, variables_in) -> None:
+  def _loopbridge_absorb(self, updates, attrs, variables_in, call) -> None:
     """Write one call's updates into the existing Variables and buffers, all or nothing.
 
     Everything is checked before anything is written, so a call that fails (a sow without a
     buffer, a new shape, a new Variable) leaves every buffer, count and Variable as it was.
+    The sows go to the buffers of the call's own signature (`call`: its args, kwargs and
+    method); inside `lb.recording(False)` they are left out.
     """
     buffers = getattr(self, BUFFERS_ATTR)
     counts = getattr(self, COUNTS_ATTR)
     flat_in = traverse_util.flatten_dict(dict(variables_in))
+    flat_updates = traverse_util.flatten_dict(dict(updates))
+    recording = _recording.is_on()
+    slot = self._loopbridge_slot(flat_updates, call) if recording else 0
+    prefix = _site.slot_prefix(slot)
     records, writes, created = [], [], {}
-    for path, value in traverse_util.flatten_dict(dict(updates)).items():
+    for path, value in flat_updates.items():
       label = "/".join(path)
       if isinstance(value, tuple):
-        buffer = _recorder.get_nested(buffers, path)
+        if not recording:
+          continue  # an unrecorded call: its sows are dropped, by the user's choice
+        buffer = _recorder.get_nested(buffers, prefix + path)
         if isinstance(buffer, _buffers.Buffer):
           for v in value:
             _buffers.check_value(buffer, v, label)
-          records.append((buffer, _recorder.get_nested(counts, path), value, label))
+          records.append((buffer, _recorder.get_nested(counts, prefix + path), value, label))
         else:
-          records.extend(_pytree_records(self, path, value, buffers, counts, label))
+          records.extend(_pytree_records(self, path, value, buffers, counts, label, slot))
         continue
       if path in flat_in and flat_in[path] is value:
         continue  # unchanged (e.g. params under mutable=True): nothing to write
@@ -410,6 +428,43 @@ class ToNNX(bridge.ToNNX):
     if created:
       _linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
 
+  def _loopbridge_slot(self, flat_updates: tp.Mapping[tuple[str, ...], tp.Any], call) -> int:
+    """The signature slot whose buffers this call's sows go to (chosen while tracing)."""
+    sites = _recorder.sites_of(self) or ()
+    if len({s.slot for s in sites}) <= 1:
+      return 0  # one signature: every call writes it (its checks say what does not fit)
+    records = {p: v for p, v in flat_updates.items() if isinstance(v, tuple)}
+    if not records:
+      return 0
+    label = _signature.label(*call)
+    slot = _signature.choose_slot(sites, label, records)
+    if slot is None:
+      declared = dict(sorted({s.slot: s.signature for s in sites}.items()))
+      raise NotDeclaredError(
+        _NO_SIGNATURE.format(
+          model=type(_compat.linen_module_of(self)).__name__,
+          label=label,
+          declared=", ".join(repr(x) for x in declared.values()),
+          sown=", ".join(
+            f"{'/'.join(p)}: {[_describe_sown(v) for v in vals]}" for p, vals in records.items()
+          ),
+        )
+      )
+    return slot
+
+
+_NO_SIGNATURE = (
+  "this call of lb.ToNNX({model}), signature {label!r}, matches none of its declared call "
+  "signatures ({declared}): it sows {sown}. Why: each call signature records into buffers "
+  "declared for it, so records of a prompt and of decode steps are never mixed. Fix: declare "
+  "this signature before the loop with lb.preallocate(model, *args, capacity=..., "
+  "**kwargs); the signatures already declared keep their buffers and records."
+)
+
+
+def _describe_sown(value: tp.Any) -> tp.Any:
+  return jax.tree.map(lambda v: f"{jnp.result_type(v)}{list(np.shape(v))}", value)
+
 
 _PYTREE_CHANGED = (
   "sow site {label} was declared for a pytree of structure {declared} and this call sows "
@@ -421,11 +476,21 @@ _PYTREE_CHANGED = (
 
 
 def _pytree_records(
-  node: nnx.Module, path: tuple[str, ...], value: tuple, buffers: dict, counts: dict, label: str
+  node: nnx.Module,
+  path: tuple[str, ...],
+  value: tuple,
+  buffers: dict,
+  counts: dict,
+  label: str,
+  slot: int,
 ) -> list[tuple[tp.Any, tp.Any, list, str]]:
   """(buffer, count, values, label) per array leaf of one call's pytree sows at `path`."""
   sites = sorted(
-    (s for s in (_recorder.sites_of(node) or ()) if s.sow_key == path and s.treedef is not None),
+    (
+      s
+      for s in (_recorder.sites_of(node) or ())
+      if s.sow_key == path and s.treedef is not None and s.slot == slot
+    ),
     key=lambda s: s.leaf_index,
   )
   flat = [_site.flatten_value(v) for v in value]
