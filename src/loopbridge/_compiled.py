@@ -38,15 +38,21 @@ except ImportError:  # pragma: no cover - then every leaf is passed on every cal
 
 Out = tp.TypeVar("Out")
 _get_raw, _set_raw = _compat.raw_value_accessors()
-_KEY_ACCESSORS = _compat.key_data_accessors()
 
 
 def _no_key_accessor(variable: tp.Any) -> tp.Any:
   raise AttributeError("this jax has no typed-key accessors; keys are passed as they are")
 
 
-# (raw key data, PRNG implementation) of a typed-key Variable; only used when keys were found.
-_KEY_DATA, _KEY_IMPL = _KEY_ACCESSORS or (_no_key_accessor, _no_key_accessor)
+def _key_accessors() -> tuple[tp.Callable[[tp.Any], tp.Any], tp.Callable[[tp.Any], tp.Any]]:
+  """(raw key data, PRNG implementation) getters of a typed-key Variable.
+
+  Only used when keys were found. Asked per use (a cached call), not bound at import:
+  probing them starts the JAX backend (see `_compat.key_data_accessors`).
+  """
+  return _compat.key_data_accessors() or (_no_key_accessor, _no_key_accessor)
+
+
 _TRACER = jax.core.Tracer
 # Runs an iterator to its end in C (here: `map` of a setter), without a Python-level loop.
 _consume = collections.deque(maxlen=0).extend
@@ -207,7 +213,7 @@ class CompiledStep(tp.Generic[Out]):
     keys = [
       i
       for i in kept
-      if _KEY_ACCESSORS is not None
+      if _compat.key_data_accessors() is not None
       and _compat.is_concrete_typed_key(_compat.get_raw_value(self._variables[i]))
     ]
     self._kept_idx = tuple([i for i in kept if i not in keys] + keys)
@@ -236,7 +242,7 @@ class CompiledStep(tp.Generic[Out]):
 
   def _current_key_impls(self) -> tuple[tp.Any, ...] | None:
     try:
-      return tuple(map(_KEY_IMPL, self._key_vars)) if self._key_vars else ()
+      return tuple(map(_key_accessors()[1], self._key_vars)) if self._key_vars else ()
     except AttributeError:  # no longer a typed key: None differs from any recorded impls
       return None
 
@@ -358,7 +364,7 @@ class CompiledStep(tp.Generic[Out]):
 
     Read after `_refresh` and `_analyse`: both can change which Variables go where.
     """
-    return [*map(_get_raw, self._raw_vars), *map(_KEY_DATA, self._key_vars)]
+    return [*map(_get_raw, self._raw_vars), *map(_key_accessors()[0], self._key_vars)]
 
   def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
