@@ -97,6 +97,23 @@ def test_changed_values_are_donated_and_parameters_are_not():
   assert _compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]) is kernel
 
 
+@pytest.mark.parametrize("overflow,calls", [("error", 4), ("drop", 4), ("drop", 6), ("wrap", 4)])
+def test_a_read_full_buffer_survives_the_next_donating_call(overflow, calls):
+  # An exactly full buffer (and an overflowed 'drop' one) is read whole: the read must be a
+  # copy, as a partial read is, or the next call's donation deletes the caller's array.
+  model, x = seed_model(capacity=4)
+  model = lb.preallocate(model, x, capacity=4, overflow=overflow)
+  step = lb.compile_step(lambda m, x: m(x), model)
+  xs = [x * (i + 1) for i in range(calls)]
+  for xi in xs:
+    step(xi)
+  read = lb.recorded(model)["intermediates"]["x"]
+  step(x)
+  _, inters = linen_step_reference(_compat.linen_module_of(model), lb.linen_variables(model), xs)
+  assert not read.is_deleted()
+  np.testing.assert_allclose(read, stack_reference(inters, ["x"])[:4], rtol=RTOL, atol=ATOL)
+
+
 def _fori_run(graph):
   def run(model, x, n):
     return nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x), **graph_kw(graph))[1]
