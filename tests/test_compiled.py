@@ -114,6 +114,36 @@ def test_a_read_full_buffer_survives_the_next_donating_call(overflow, calls):
   np.testing.assert_allclose(read, stack_reference(inters, ["x"])[:4], rtol=RTOL, atol=ATOL)
 
 
+class _LastInput(nn.Module):
+  """A cache initialised from the input itself: Linen init stores the caller's array as is."""
+
+  @nn.compact
+  def __call__(self, x):
+    last = self.variable("cache", "last", lambda: x)
+    self.sow("intermediates", "last", last.value)
+    last.value = x
+    return x + 1
+
+
+def test_a_cache_initialised_from_the_sample_does_not_donate_the_callers_array():
+  sample = jnp.arange(3.0)
+  model = lb.lazy_init(lb.ToNNX(_LastInput(), rngs=nnx.Rngs(0)), sample, capacity=4)
+  step = lb.compile_step(lambda m, x: m(x, mutable=["cache"]), model)
+  xs = [jnp.full(3, 10.0), jnp.full(3, 20.0)]
+  for x in xs:
+    step(x)
+  assert not sample.is_deleted()
+  np.testing.assert_array_equal(sample, np.arange(3.0))
+  # Plain Linen: init from the sample, then one apply per step carrying the cache.
+  variables = _LastInput().init(jax.random.key(0), sample)
+  want = []
+  for x in xs:
+    _, state = _LastInput().apply(variables, x, mutable=["cache", "intermediates"])
+    variables = {**variables, "cache": state["cache"]}
+    want.append(state["intermediates"]["last"][0])
+  np.testing.assert_array_equal(lb.recorded(model)["intermediates"]["last"], np.stack(want))
+
+
 def _fori_run(graph):
   def run(model, x, n):
     return nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x), **graph_kw(graph))[1]
