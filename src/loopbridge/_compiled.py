@@ -451,7 +451,8 @@ def compile_step(
     StructureChangeError: `fn` adds or removes Variables or changes their shapes.
 
   The step follows the Variables the model held when it was built; it notices buffers
-  re-declared by `lb.preallocate`. After replacing Variables any other way, build a new step.
+  re-declared by `lb.preallocate` or moved by `lb.sharding.shard_buffers`. After replacing
+  Variables any other way, build a new step.
 
   Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
