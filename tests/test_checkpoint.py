@@ -296,6 +296,30 @@ def test_a_larger_capacity_after_an_overflow_is_refused(tmp_path, overflow):
   _assert_untouched(model, before)
 
 
+class _SlashNames(nn.Module):
+  """A '/' inside a sow name and inside a sown dict's key (Linen accepts both)."""
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "a/b", x)
+    self.sow("intermediates", "d", {"k/1": 2 * x})
+    return x
+
+
+def test_a_larger_capacity_restores_sites_with_a_slash_in_their_name(tmp_path):
+  xs = _xs(3)
+  small = lb.lazy_init(lb.ToNNX(_SlashNames()), X0, capacity=2)
+  small(xs[0])
+  small(xs[1])
+  path = lb.checkpoint.save(tmp_path / "c", small)
+  model = lb.checkpoint.restore(path, lb.lazy_init(lb.ToNNX(_SlashNames()), X0, capacity=4))
+  model(xs[2])
+  want = [_SlashNames().apply({}, x, mutable=["intermediates"])[1]["intermediates"] for x in xs]
+  rec = lb.recorded(model)["intermediates"]
+  np.testing.assert_array_equal(rec["a/b"], np.stack([w["a/b"][0] for w in want]))
+  np.testing.assert_array_equal(rec["d"]["k/1"], np.stack([w["d"][0]["k/1"] for w in want]))
+
+
 # ---------------------------------------------------------------- damaged checkpoints
 
 

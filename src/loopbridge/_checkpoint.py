@@ -399,9 +399,12 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   )
   if unread:
     raise _damaged(path, "orbax returned no data for " + ", ".join(unread[:8]))
+  # The declaration is keyed by the joined path; a sow name or sown dict key may itself hold
+  # a '/', so the path is looked up, not split.
+  path_of = {"/".join(k): k for k in variables}
   for key in sorted(grown):
     saved_capacity = saved_declaration[key]["capacity"]
-    buffer_key = tuple(key.split("/"))
+    buffer_key = path_of[key]
     i = buffer_key.index(_recorder.BUFFERS_ATTR)
     count_key = (*buffer_key[:i], _recorder.COUNTS_ATTR, *buffer_key[i + 1 :])
     count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
