@@ -144,6 +144,51 @@ def test_a_cache_initialised_from_the_sample_does_not_donate_the_callers_array()
   np.testing.assert_array_equal(lb.recorded(model)["intermediates"]["last"], np.stack(want))
 
 
+def test_a_step_called_inside_an_outer_jit_is_refused_and_changes_nothing():
+  model, x = seed_model()
+  step = lb.compile_step(lambda m, x: m(x), model)
+  step(x)
+  with pytest.raises(lb.StructureChangeError, match=r"inside a traced function.*Fix: call"):
+    jax.jit(lambda x: step(x))(x)
+  assert int(lb.counts(model)["intermediates"]["x"]) == 1
+  y = step(x)  # no tracer was left in the model: the next call records on
+  _, inters = reference_chain(model, x, 1)
+  want = stack_reference(inters + inters, ["x"])
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["x"], want, rtol=RTOL, atol=ATOL)
+  assert not isinstance(y, jax.core.Tracer)
+
+
+def test_a_step_built_inside_nnx_jit_from_its_model_records():
+  model, x = seed_model()
+
+  @nnx.jit
+  def run(model, x):
+    return lb.compile_step(lambda m, x: m(m(x)), model)(x)
+
+  run(model, x)
+  _, inters = reference_chain(model, x, 2)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["x"],
+    stack_reference(inters, ["x"]),
+    rtol=RTOL,
+    atol=ATOL,
+  )
+
+
+@pytest.mark.parametrize("name", ["flat", "fun", "jit_info", "self", "kwargs", "packed"])
+def test_keyword_arguments_of_any_name_reach_the_function(name):
+  # Names of the jitted function's own parameters (or of jax's dispatch) must not collide.
+  model, x = seed_model()
+  step = lb.compile_step(lambda m, **kw: m(kw[name]), model)
+  y = step(**{name: x})
+  want_y, inters = reference_chain(model, x, 1)
+  np.testing.assert_allclose(y, want_y, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["x"], stack_reference(inters, ["x"]), rtol=RTOL, atol=ATOL
+  )
+  assert step.lower(**{name: x}).compile() is not None
+
+
 def _fori_run(graph):
   def run(model, x, n):
     return nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x), **graph_kw(graph))[1]
