@@ -171,6 +171,12 @@ class _CliExit(Exception):
   """The command line's exit status and stderr, raised so the catalog can match them."""
 
 
+def _compile_step_inside_jit():
+  model = _model(capacity=4)
+  step = lb.compile_step(lambda m, x: m(x), model)
+  return jax.jit(step)(X)
+
+
 def _cli_exit_code(*argv):
   import contextlib
   import io
@@ -396,6 +402,12 @@ CASES: dict[str, Case] = {
     _native_without_capacity,
     lb.CapacityError,
     r"Sows sows at 1 site\(s\) \(intermediates/h\) but no capacity was declared.*Fix",
+  ),
+  "compile-step-called-inside-jax-jit": Case(
+    _compile_step_inside_jit,
+    lb.StructureChangeError,
+    r"lb.compile_step was called inside a traced function \(jax.jit.*while its model lives "
+    r"outside it.*Why: the step updates the model in place.*Fix: call the step from Python",
   ),
   "mesh-does-not-divide-batch": Case(
     _uneven_mesh,

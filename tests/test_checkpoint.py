@@ -296,6 +296,57 @@ def test_a_larger_capacity_after_an_overflow_is_refused(tmp_path, overflow):
   _assert_untouched(model, before)
 
 
+class _SlashNames(nn.Module):
+  """A '/' inside a sow name and inside a sown dict's key (Linen accepts both)."""
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "a/b", x)
+    self.sow("intermediates", "d", {"k/1": 2 * x})
+    return x
+
+
+def test_a_larger_capacity_restores_sites_with_a_slash_in_their_name(tmp_path):
+  xs = _xs(3)
+  small = lb.lazy_init(lb.ToNNX(_SlashNames()), X0, capacity=2)
+  small(xs[0])
+  small(xs[1])
+  path = lb.checkpoint.save(tmp_path / "c", small)
+  model = lb.checkpoint.restore(path, lb.lazy_init(lb.ToNNX(_SlashNames()), X0, capacity=4))
+  model(xs[2])
+  want = [_SlashNames().apply({}, x, mutable=["intermediates"])[1]["intermediates"] for x in xs]
+  rec = lb.recorded(model)["intermediates"]
+  np.testing.assert_array_equal(rec["a/b"], np.stack([w["a/b"][0] for w in want]))
+  np.testing.assert_array_equal(rec["d"]["k/1"], np.stack([w["d"][0]["k/1"] for w in want]))
+
+
+class _SowsEmpty(nn.Module):
+  """Sows a zero-size slice next to a regular value (orbax refuses zero-size arrays)."""
+
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "x", x)
+    self.sow("intermediates", "none", x[:, :0])
+    return x
+
+
+@pytest.mark.parametrize("capacity", [3, 5])
+def test_a_zero_size_sow_saves_and_restores(tmp_path, capacity):
+  xs = _xs(3)
+  model = lb.lazy_init(lb.ToNNX(_SowsEmpty()), X0, capacity=3)
+  model(xs[0])
+  model(xs[1])
+  path = lb.checkpoint.save(tmp_path / "c", model)
+  fresh = lb.lazy_init(lb.ToNNX(_SowsEmpty()), X0, capacity=capacity)
+  model = lb.checkpoint.restore(path, fresh)
+  model(xs[2])
+  assert int(lb.counts(model)["intermediates"]["none"]) == 3
+  want = [_SowsEmpty().apply({}, x, mutable=["intermediates"])[1]["intermediates"] for x in xs]
+  rec = lb.recorded(model)["intermediates"]
+  np.testing.assert_array_equal(rec["x"], np.stack([w["x"][0] for w in want]))
+  np.testing.assert_array_equal(rec["none"], np.stack([w["none"][0] for w in want]))
+
+
 # ---------------------------------------------------------------- damaged checkpoints
 
 

@@ -97,6 +97,98 @@ def test_changed_values_are_donated_and_parameters_are_not():
   assert _compat.variable_value(model.ScanBlock_0["Dense_0"]["kernel"]) is kernel
 
 
+@pytest.mark.parametrize("overflow,calls", [("error", 4), ("drop", 4), ("drop", 6), ("wrap", 4)])
+def test_a_read_full_buffer_survives_the_next_donating_call(overflow, calls):
+  # An exactly full buffer (and an overflowed 'drop' one) is read whole: the read must be a
+  # copy, as a partial read is, or the next call's donation deletes the caller's array.
+  model, x = seed_model(capacity=4)
+  model = lb.preallocate(model, x, capacity=4, overflow=overflow)
+  step = lb.compile_step(lambda m, x: m(x), model)
+  xs = [x * (i + 1) for i in range(calls)]
+  for xi in xs:
+    step(xi)
+  read = lb.recorded(model)["intermediates"]["x"]
+  step(x)
+  _, inters = linen_step_reference(_compat.linen_module_of(model), lb.linen_variables(model), xs)
+  assert not read.is_deleted()
+  np.testing.assert_allclose(read, stack_reference(inters, ["x"])[:4], rtol=RTOL, atol=ATOL)
+
+
+class _LastInput(nn.Module):
+  """A cache initialised from the input itself: Linen init stores the caller's array as is."""
+
+  @nn.compact
+  def __call__(self, x):
+    last = self.variable("cache", "last", lambda: x)
+    self.sow("intermediates", "last", last.value)
+    last.value = x
+    return x + 1
+
+
+def test_a_cache_initialised_from_the_sample_does_not_donate_the_callers_array():
+  sample = jnp.arange(3.0)
+  model = lb.lazy_init(lb.ToNNX(_LastInput(), rngs=nnx.Rngs(0)), sample, capacity=4)
+  step = lb.compile_step(lambda m, x: m(x, mutable=["cache"]), model)
+  xs = [jnp.full(3, 10.0), jnp.full(3, 20.0)]
+  for x in xs:
+    step(x)
+  assert not sample.is_deleted()
+  np.testing.assert_array_equal(sample, np.arange(3.0))
+  # Plain Linen: init from the sample, then one apply per step carrying the cache.
+  variables = _LastInput().init(jax.random.key(0), sample)
+  want = []
+  for x in xs:
+    _, state = _LastInput().apply(variables, x, mutable=["cache", "intermediates"])
+    variables = {**variables, "cache": state["cache"]}
+    want.append(state["intermediates"]["last"][0])
+  np.testing.assert_array_equal(lb.recorded(model)["intermediates"]["last"], np.stack(want))
+
+
+def test_a_step_called_inside_an_outer_jit_is_refused_and_changes_nothing():
+  model, x = seed_model()
+  step = lb.compile_step(lambda m, x: m(x), model)
+  step(x)
+  with pytest.raises(lb.StructureChangeError, match=r"inside a traced function.*Fix: call"):
+    jax.jit(lambda x: step(x))(x)
+  assert int(lb.counts(model)["intermediates"]["x"]) == 1
+  y = step(x)  # no tracer was left in the model: the next call records on
+  _, inters = reference_chain(model, x, 1)
+  want = stack_reference(inters + inters, ["x"])
+  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["x"], want, rtol=RTOL, atol=ATOL)
+  assert not isinstance(y, jax.core.Tracer)
+
+
+def test_a_step_built_inside_nnx_jit_from_its_model_records():
+  model, x = seed_model()
+
+  @nnx.jit
+  def run(model, x):
+    return lb.compile_step(lambda m, x: m(m(x)), model)(x)
+
+  run(model, x)
+  _, inters = reference_chain(model, x, 2)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["x"],
+    stack_reference(inters, ["x"]),
+    rtol=RTOL,
+    atol=ATOL,
+  )
+
+
+@pytest.mark.parametrize("name", ["flat", "fun", "jit_info", "self", "kwargs", "packed"])
+def test_keyword_arguments_of_any_name_reach_the_function(name):
+  # Names of the jitted function's own parameters (or of jax's dispatch) must not collide.
+  model, x = seed_model()
+  step = lb.compile_step(lambda m, **kw: m(kw[name]), model)
+  y = step(**{name: x})
+  want_y, inters = reference_chain(model, x, 1)
+  np.testing.assert_allclose(y, want_y, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["x"], stack_reference(inters, ["x"]), rtol=RTOL, atol=ATOL
+  )
+  assert step.lower(**{name: x}).compile() is not None
+
+
 def _fori_run(graph):
   def run(model, x, n):
     return nnx.fori_loop(0, n, lambda i, c: (c[0], c[0](c[1])), (model, x), **graph_kw(graph))[1]

@@ -93,3 +93,31 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
       seen.add(node)
       todo.extend(graph[node])
   return seen
+
+
+# Imports every public namespace, then checks that no backend was started: flax's docs and
+# tests set `jax_num_cpu_devices` after their imports, which jax refuses once a backend exists.
+_IMPORT_STARTS_NO_BACKEND = """
+import jax
+from jax._src import xla_bridge
+import loopbridge, loopbridge.layers, loopbridge.checkpoint, loopbridge.sharding
+import loopbridge._cli
+assert not xla_bridge._backends, sorted(xla_bridge._backends)
+jax.config.update("jax_num_cpu_devices", 2)
+assert len(jax.devices()) == 2, jax.devices()
+"""
+
+
+@pytest.mark.slow
+def test_import_starts_no_backend():
+  import os
+  import subprocess
+  import sys
+
+  # A fresh interpreter (this one has a backend already); no forced device count from outside.
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), env.get("PYTHONPATH", "")])
+  done = subprocess.run(
+    [sys.executable, "-c", _IMPORT_STARTS_NO_BACKEND], env=env, capture_output=True, text=True
+  )
+  assert done.returncode == 0, done.stderr[-2000:]

@@ -265,6 +265,53 @@ def test_shard_buffers_override_mapping(mesh, graph):
   np.testing.assert_allclose(rec["ScanBlock_0"]["carry"], ref["carry"], **TOL)
 
 
+def test_shard_buffers_between_compile_step_calls(mesh):
+  # A compiled step built before shard_buffers must write the new buffers, not the replaced
+  # ones (which it would otherwise keep donating: zeros read back, or deleted arrays).
+  model, xs = _build(mesh, logical=False)
+  step = lb.compile_step(lambda m, x: m(x), model)
+  with _compat.mesh_context(mesh):
+    step(xs[0])
+    lb.sharding.shard_buffers(model, {"h": P("data", "model")}, mesh=mesh)
+    step(xs[1])
+    step(xs[2])
+  assert int(lb.counts(model)["intermediates"]["h"]) == STEPS
+  bufs = lb.buffers(model)["intermediates"]
+  assert _spec_equal(bufs["h"], mesh, P(None, "data", "model"))
+  rec = lb.recorded(model)["intermediates"]
+  ref = _reference(False, nnx.state(model, nnx.Param).to_pure_dict(), xs)
+  np.testing.assert_allclose(rec["h"], ref["h"], **TOL)
+  np.testing.assert_allclose(rec["x"], ref["x"], **TOL)
+
+
+class _SowsPair(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(FEATURES)(x)
+    self.sow("intermediates", "pair", (h, h.sum(-1)))
+    return h
+
+
+def test_shard_buffers_takes_a_pytree_sows_path_as_capacity_does(mesh):
+  # The sow's path names every leaf of the sown pytree, for shard_buffers as for capacity=.
+  xs = _inputs()
+  model = lb.lazy_init(lb.ToNNX(_SowsPair(), rngs=nnx.Rngs(0)), xs[0], capacity={"pair": 4})
+  lb.sharding.shard_buffers(model, {"pair": P("data")}, mesh=mesh)
+  bufs = lb.buffers(model)["intermediates"]["pair"]
+  assert _spec_equal(bufs[0], mesh, P(None, "data", None))
+  assert _spec_equal(bufs[1], mesh, P(None, "data"))
+  with _compat.mesh_context(mesh):
+    for x in xs:
+      model(x)
+  params = jax.device_get(nnx.state(model, nnx.Param).to_pure_dict())
+  for i, x in enumerate(xs):
+    _, state = _SowsPair().apply({"params": params}, x, mutable=["intermediates"])
+    (want,) = state["intermediates"]["pair"]
+    got = lb.recorded(model)["intermediates"]["pair"]
+    np.testing.assert_allclose(got[0][i], want[0], **TOL)
+    np.testing.assert_allclose(got[1][i], want[1], **TOL)
+
+
 def test_shard_buffers_callable_and_reset_keep_layout(mesh):
   model, xs = _build(mesh, logical=False)
 

@@ -191,8 +191,12 @@ def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
       "sit is no longer known. Why: counts are int32 on every device. Fix: call "
       "lb.reset(model) between runs (it is shape-stable and works inside loops)."
     )
-  if n <= capacity:
-    return buf[:n]
+  if n < capacity:
+    return buf[:n]  # a slice: a new array
+  if n == capacity:
+    # The whole buffer: jax hands back `buf` itself for a full slice, which the next
+    # donating call (lb.compile_step) deletes; a read must survive it like a partial one.
+    return jnp.array(buf, copy=True)
   if policy == "error":
     raise BufferOverflowError(
       f"sow site {label} recorded {n} values but its buffer holds capacity={capacity}; the "
@@ -203,7 +207,7 @@ def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
       "overflow='wrap' (keep the last values)."
     )
   if policy == "drop":
-    return buf
+    return jnp.array(buf, copy=True)  # not `buf` itself (see above)
   start = n % capacity
   return jnp.concatenate([buf[start:], buf[:start]], axis=0)
 

@@ -50,6 +50,8 @@ FORMAT = 1
 # Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
 # version saves under (the newest flax's own name).
 _METADATA_KEY = "loopbridge"
+# In the declaration: [path, shape, dtype] of each zero-size array (not written by orbax).
+_EMPTY_KEY = "empty_arrays"
 _SAVED_RNGS_ATTR = "to_nnx__rngs"
 # orbax's step metadata file: orbax 0.11 has no public reader for its custom metadata.
 _ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
@@ -149,7 +151,8 @@ def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False
   checkpoint also holds the buffers' declaration (capacity, overflow policy, value shape and
   dtype), which `restore` compares with the model's, and restores on every
   supported flax version (0.10.2 through 0.12.8), whichever one saved it. With several JAX
-  processes, every process calls it with the same path (as with orbax).
+  processes, every process calls it with the same path (as with orbax). Zero-size arrays
+  (e.g. a sown empty slice), which orbax refuses, are kept as their shape and dtype.
 
   Args:
     directory: where to write the checkpoint (a new directory; made absolute).
@@ -179,11 +182,18 @@ def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False
   path = os.path.abspath(os.fspath(directory))
   variables = _model_variables(model)
   tree = {key: _saved_form(_compat.variable_value(v)) for key, v in variables.items()}
-  declaration = {"format": FORMAT, "buffers": _declaration(variables)}
+  # orbax refuses zero-size arrays; they hold no data, so their shape and dtype are all that
+  # is kept (in the declaration) and `restore` makes them again.
+  empty = sorted(key for key, value in tree.items() if np.size(value) == 0)
+  declaration = {
+    "format": FORMAT,
+    "buffers": _declaration(variables),
+    _EMPTY_KEY: [[list(k), list(np.shape(tree[k])), jnp.dtype(tree[k].dtype).name] for k in empty],
+  }
   checkpointer = _checkpointer()
   checkpointer.save(
     path,
-    traverse_util.unflatten_dict(tree),
+    traverse_util.unflatten_dict({k: v for k, v in tree.items() if np.size(v) != 0}),
     force=overwrite,
     custom_metadata={_METADATA_KEY: declaration},
   )
@@ -253,6 +263,11 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
       f"loopbridge reads format {FORMAT}. Fix: restore it with the loopbridge version that "
       "saved it."
     )
+  try:
+    for key, shape, dtype in declaration.get(_EMPTY_KEY, ()):
+      saved[tuple(map(str, key))] = (tuple(shape), jnp.dtype(dtype))
+  except (TypeError, ValueError) as error:
+    raise _damaged(path, "its list of zero-size arrays cannot be read", error) from error
   return saved, declaration["buffers"]
 
 
@@ -385,13 +400,17 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
       "(NNX loops need them unchanged), so every saved array must find a Variable of the "
       f"same shape and dtype. {_FIX_DECLARE}"
     )
+  empty = {k for k, (shape, _) in expected.items() if 0 in shape}  # not saved by orbax
   try:
     raw = traverse_util.flatten_dict(
-      checkpointer.restore(path, traverse_util.unflatten_dict(target))
+      checkpointer.restore(
+        path, traverse_util.unflatten_dict({k: v for k, v in target.items() if k not in empty})
+      )
     )
   except Exception as error:  # orbax/tensorstore raise many types for damaged data
     raise _damaged(path, "orbax cannot read its arrays", error) from error
   restored: dict[tuple[str, ...], tp.Any] = {tuple(map(str, k)): v for k, v in raw.items()}
+  restored.update({k: jnp.zeros(*expected[k]) for k in empty})
   unread = sorted(
     "/".join(k)
     for k in expected
@@ -399,9 +418,12 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   )
   if unread:
     raise _damaged(path, "orbax returned no data for " + ", ".join(unread[:8]))
+  # The declaration is keyed by the joined path; a sow name or sown dict key may itself hold
+  # a '/', so the path is looked up, not split.
+  path_of = {"/".join(k): k for k in variables}
   for key in sorted(grown):
     saved_capacity = saved_declaration[key]["capacity"]
-    buffer_key = tuple(key.split("/"))
+    buffer_key = path_of[key]
     i = buffer_key.index(_recorder.BUFFERS_ATTR)
     count_key = (*buffer_key[:i], _recorder.COUNTS_ATTR, *buffer_key[i + 1 :])
     count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1

@@ -7,6 +7,7 @@ differ and how. Code elsewhere in the package never checks a version itself.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import operator
 import typing as tp
@@ -398,6 +399,7 @@ def raw_value_accessors() -> tuple[
   return operator.attrgetter("raw_value"), set_value
 
 
+@functools.cache
 def key_data_accessors() -> (
   tuple[tp.Callable[[nnx.Variable], tp.Any], tp.Callable[[nnx.Variable], tp.Any]] | None
 ):
@@ -406,6 +408,8 @@ def key_data_accessors() -> (
   jax flattens a typed key array argument through a Python callback on every call of a jitted
   function; its uint32 data goes through the C++ path. The attributes are jax internals that
   every supported jax has (0.5.3 to 0.10.2); None if they are gone (keys then go as they are).
+  Probed on first use, not at import: making a key starts the JAX backend, after which
+  `jax.config.update('jax_num_cpu_devices', ...)` is refused.
   """
   key = jax.random.key(0)
   if not (hasattr(key, "_base_array") and hasattr(key, "_impl")):

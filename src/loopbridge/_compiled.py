@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from . import _compat, _recorder
-from ._errors import StructureChangeError
+from ._errors import ForeignTraceError, StructureChangeError
 
 try:  # dead-code elimination of a jaxpr: which inputs its outputs need (a jax internal)
   from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
@@ -38,18 +38,48 @@ except ImportError:  # pragma: no cover - then every leaf is passed on every cal
 
 Out = tp.TypeVar("Out")
 _get_raw, _set_raw = _compat.raw_value_accessors()
-_KEY_ACCESSORS = _compat.key_data_accessors()
 
 
 def _no_key_accessor(variable: tp.Any) -> tp.Any:
   raise AttributeError("this jax has no typed-key accessors; keys are passed as they are")
 
 
-# (raw key data, PRNG implementation) of a typed-key Variable; only used when keys were found.
-_KEY_DATA, _KEY_IMPL = _KEY_ACCESSORS or (_no_key_accessor, _no_key_accessor)
+def _key_accessors() -> tuple[tp.Callable[[tp.Any], tp.Any], tp.Callable[[tp.Any], tp.Any]]:
+  """(raw key data, PRNG implementation) getters of a typed-key Variable.
+
+  Only used when keys were found. Asked per use (a cached call), not bound at import:
+  probing them starts the JAX backend (see `_compat.key_data_accessors`).
+  """
+  return _compat.key_data_accessors() or (_no_key_accessor, _no_key_accessor)
+
+
 _TRACER = jax.core.Tracer
 # Runs an iterator to its end in C (here: `map` of a setter), without a Python-level loop.
 _consume = collections.deque(maxlen=0).extend
+
+
+# The caller's keyword arguments go to the jitted function as one keyword argument: passed
+# as they are, a name could meet a parameter of the jitted function (`flat`: a bare
+# AssertionError in jax 0.10) or of jax's own dispatch (`fun`, `jit_info` in jax 0.5).
+_KWARGS = "loopbridge__kwargs"
+
+
+def _packed(kwargs: dict[str, tp.Any]) -> dict[str, tp.Any]:
+  return {_KWARGS: kwargs} if kwargs else kwargs
+
+
+STEP_IN_OUTER_TRACE = (
+  "a step made by lb.compile_step was called inside a traced function (jax.jit, jax.vmap, a "
+  "jax.lax loop body, ...) while its model lives outside it: the values the step updates "
+  "(records, counts, rng counters) would be tracers of that trace, which cannot be stored in "
+  "the model. Why: the step updates the model in place from Python, and JAX keeps only what "
+  "a traced function returns (flax 0.10 lost the records and left tracers in the model; "
+  "flax 0.12 raised TraceContextError). Fix: call the step from Python, it is already "
+  "compiled, and put the loop inside the function given to lb.compile_step:\n"
+  "    step = lb.compile_step(lambda m, x, n: nnx.fori_loop(0, n, body, (m, x))[1], model)\n"
+  "or, inside your own traced function, call the model itself under nnx.jit (which carries "
+  "its state), or build the step inside it from the model it was given."
+)
 
 
 class _NewReads(Exception):
@@ -207,7 +237,7 @@ class CompiledStep(tp.Generic[Out]):
     keys = [
       i
       for i in kept
-      if _KEY_ACCESSORS is not None
+      if _compat.key_data_accessors() is not None
       and _compat.is_concrete_typed_key(_compat.get_raw_value(self._variables[i]))
     ]
     self._kept_idx = tuple([i for i in kept if i not in keys] + keys)
@@ -220,15 +250,16 @@ class CompiledStep(tp.Generic[Out]):
     # Every leaf is its own positional argument (jax's C++ dispatch handles those faster than
     # the leaves of a list): plain kept, written (donated), then the kept keys' data; the
     # caller's positional arguments follow and its keyword arguments stay keywords (wrapping
-    # them in an (args, kwargs) pair costs about half a microsecond per call).
+    # them in an (args, kwargs) pair costs about half a microsecond per call). They travel
+    # as one keyword `_KWARGS` (see `_packed`), so no name of theirs meets a parameter name.
     n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
     self._n_leaves = len(self._raw_vars) + len(self._key_vars)
 
     # A new function object per layout: jax caches traces by function (a bound method of this
     # step compares equal to every other) and argument types, and two layouts can pass the
     # same types (e.g. one read-only leaf dropped instead of another of the same shape).
-    def pure(*flat, **kwargs):
-      return self._pure(*flat, **kwargs)
+    def pure(*flat, **packed):
+      return self._pure(flat, packed.get(_KWARGS, {}))
 
     self._jitted = jax.jit(
       pure, donate_argnums=tuple(range(n_plain, n_plain + n_moved)) if self._donate else ()
@@ -236,7 +267,7 @@ class CompiledStep(tp.Generic[Out]):
 
   def _current_key_impls(self) -> tuple[tp.Any, ...] | None:
     try:
-      return tuple(map(_KEY_IMPL, self._key_vars)) if self._key_vars else ()
+      return tuple(map(_key_accessors()[1], self._key_vars)) if self._key_vars else ()
     except AttributeError:  # no longer a typed key: None differs from any recorded impls
       return None
 
@@ -251,7 +282,7 @@ class CompiledStep(tp.Generic[Out]):
     return self._generation != _recorder.generation()
 
   # ---------------------------------------------------------------- traced
-  def _pure(self, *flat, **kwargs):
+  def _pure(self, flat: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]):
     n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
     moved = flat[n_plain : n_plain + n_moved]
     args = flat[self._n_leaves :]
@@ -358,9 +389,9 @@ class CompiledStep(tp.Generic[Out]):
 
     Read after `_refresh` and `_analyse`: both can change which Variables go where.
     """
-    return [*map(_get_raw, self._raw_vars), *map(_KEY_DATA, self._key_vars)]
+    return [*map(_get_raw, self._raw_vars), *map(_key_accessors()[0], self._key_vars)]
 
-  def __call__(self, *args: tp.Any, **kwargs: tp.Any) -> Out:
+  def __call__(self, /, *args: tp.Any, **kwargs: tp.Any) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
     # The usual call (no declaration since the last one, analysed, no typed keys) is kept to
     # one comparison and a few C-level loops: on a small model, Python work here costs as much
@@ -369,7 +400,9 @@ class CompiledStep(tp.Generic[Out]):
     if self._ready != _recorder._current_generation:
       return self._checked_call(args, kwargs)
     try:
-      out, new = self._jitted(*map(_get_raw, self._raw_vars), *args, **kwargs)
+      out, new = self._jitted(
+        *map(_get_raw, self._raw_vars), *args, **({_KWARGS: kwargs} if kwargs else kwargs)
+      )
     except (_NewWrites, _NewReads):  # new argument shapes changed what it does: learn again
       self._analyse(args, kwargs)
       return self._checked_call(args, kwargs)
@@ -385,7 +418,7 @@ class CompiledStep(tp.Generic[Out]):
     if not self._analysed:  # first call: learn which leaves are written, then donate them
       self._analyse(args, kwargs)
     try:
-      out, new = self._jitted(*self._inputs(), *args, **kwargs)
+      out, new = self._jitted(*self._inputs(), *args, **_packed(kwargs))
     except (_NewWrites, _NewReads):
       self._analyse(args, kwargs)
       return self._checked_call(args, kwargs)
@@ -397,19 +430,23 @@ class CompiledStep(tp.Generic[Out]):
     if new and isinstance(new[0], _TRACER):
       # Under an outer trace the per-Variable trace-level check runs; concrete results (the
       # usual case: called from Python) cannot belong to another trace, so it is skipped.
+      # Checked for all Variables before any is written, so a refused call changes nothing.
+      trace = _compat.current_trace()
+      if any(_compat.written_in_another_trace(v, trace) for v in self._moved_vars):
+        raise ForeignTraceError(STEP_IN_OUTER_TRACE)
       for variable, value in zip(self._moved_vars, new):
         _compat.set_raw_value(variable, value)
     else:
       _consume(map(_set_raw, self._moved_vars, new))
 
-  def lower(self, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+  def lower(self, /, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
     """`jax.stages.Lowered` of a call with these arguments (e.g. `.compile().memory_analysis()`)."""
     self._refresh()
     while True:
       if not self._analysed:
         self._analyse(args, kwargs)
       try:
-        return self._jitted.lower(*self._inputs(), *args, **kwargs)
+        return self._jitted.lower(*self._inputs(), *args, **_packed(kwargs))
       except (_NewWrites, _NewReads):
         self._analyse(args, kwargs)
 
@@ -445,7 +482,8 @@ def compile_step(
     StructureChangeError: `fn` adds or removes Variables or changes their shapes.
 
   The step follows the Variables the model held when it was built; it notices buffers
-  re-declared by `lb.preallocate`. After replacing Variables any other way, build a new step.
+  re-declared by `lb.preallocate` or moved by `lb.sharding.shard_buffers`. After replacing
+  Variables any other way, build a new step.
 
   Examples:
     >>> import jax.numpy as jnp, loopbridge as lb

@@ -412,7 +412,28 @@ def lazy_init(
     scoped_capacity=scoped,
   )
   _caches.warn_short_caches(root, parts, "lazy_init")
+  _unalias_sample_arrays(root, (args, kwargs))
   return model
+
+
+def _unalias_sample_arrays(root: tp.Any, sample: tp.Any) -> None:
+  """Give each Variable that holds one of the caller's sample arrays its own copy.
+
+  Linen init may store an input as it is (a cache initialised from `x`); `lb.compile_step`
+  later donates the Variables it writes, which would delete the caller's array.
+  """
+  given = {id(x) for x in jax.tree_util.tree_leaves(sample) if isinstance(x, jax.Array)}
+  if not given:
+    return
+
+  def own(leaf: tp.Any) -> tp.Any:
+    return jax.numpy.array(leaf, copy=True) if id(leaf) in given else leaf
+
+  for _, node in _compat.iter_graph(root):
+    if isinstance(node, nnx.Variable):
+      value = _compat.get_raw_value(node)
+      if any(id(leaf) in given for leaf in jax.tree_util.tree_leaves(value)):
+        _compat.set_raw_value(node, jax.tree_util.tree_map(own, value))
 
 
 def _note_running(

@@ -19,11 +19,20 @@ Model = tp.TypeVar("Model")
 ShardingSpec = _sharding.ShardingSpec
 
 
-def _key_matches(key: str, site: tuple[str, ...]) -> bool:
-  path = "/".join(site[1:])
-  if key == path or key == site[0]:
+def _names(root_path: tuple[tp.Any, ...], site: tuple[str, ...], sow: tuple[str, ...]) -> set[str]:
+  """The `/`-joined paths a mapping key may give for one buffer, as `capacity=` takes them.
+
+  The sow's path (every leaf of a sown pytree shares it) or the leaf's own, each from the
+  recorder or, as `capacity=` counts it, from the root of the model.
+  """
+  inside = [site[1:], sow[1:]]
+  return {"/".join(map(str, p)) for q in inside for p in (q, (*root_path, *q))}
+
+
+def _key_matches(key: str, names: set[str], collection: str) -> bool:
+  if key == collection or key in names:
     return True
-  return any(c in key for c in "*?[") and fnmatch.fnmatchcase(path, key)
+  return any(c in key for c in "*?[") and any(fnmatch.fnmatchcase(n, key) for n in names)
 
 
 def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) -> Model:
@@ -39,7 +48,8 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
     sharding: one of
       - a `PartitionSpec` / `NamedSharding` (or `None`: replicated) for every buffer;
       - a mapping whose keys are a collection name, a `/`-joined sow path or a glob of one
-        (as for `capacity=`) to such a spec; buffers no key names keep their layout;
+        (as for `capacity=`; a sown pytree's path names all its leaves, a leaf's own path
+        such as `"pair/0"` names one) to such a spec; buffers no key names keep their layout;
       - a callable `(site, value_shape) -> spec`, `site` like `"intermediates/x"`.
     mesh: the mesh a `PartitionSpec` refers to (not needed for `NamedSharding`s).
 
@@ -66,21 +76,23 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
     (None, 'data')
   """
   keys_used: set[str] = set()
-  found_any = False
+  found_any = replaced = False
   for root_path, recorder in _recorder.iter_recorders(model):
     buffers = getattr(recorder, _recorder.BUFFERS_ATTR)
+    sow_of = {s.key: s.sow_key for s in _recorder.sites_of(recorder) or ()}
     for site, buffer, _ in _recorder.pairs(recorder):
       found_any = True
       label = "/".join(map(str, (*root_path, *site)))
       value = _compat.variable_value(buffer)
       value_shape = tuple(value.shape[1:])
       if isinstance(sharding, tp.Mapping):
-        keys = [k for k in sharding if _key_matches(k, site)]
+        names = _names(tuple(root_path), site, sow_of.get(site, site))
+        keys = [k for k in sharding if _key_matches(k, names, site[0])]
         if not keys:
           continue
         # The most specific key wins, as for capacity: exact path, then glob, then collection.
-        path = "/".join(site[1:])
-        key = path if path in keys else next((k for k in keys if k != site[0]), keys[0])
+        exact = [k for k in keys if k in names]
+        key = exact[0] if exact else next((k for k in keys if k != site[0]), keys[0])
         keys_used.update(keys)
         spec = sharding[key]
       elif callable(sharding) and not isinstance(sharding, (PartitionSpec, NamedSharding)):
@@ -95,7 +107,12 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
       for key_ in site[:-1]:
         node = node[key_]
       node[site[-1]] = new
+      replaced = True
     _compat.set_data_attribute(recorder, _recorder.BUFFERS_ATTR, buffers)
+  if replaced:
+    # New Buffer Variables, as a declaration makes: a compiled step built before must follow
+    # them, or it keeps writing (and donating) the replaced ones.
+    _recorder.bump_generation()
   if isinstance(sharding, tp.Mapping):
     unused = [k for k in sharding if k not in keys_used]
     if unused or not found_any:
