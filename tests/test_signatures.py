@@ -327,3 +327,23 @@ def test_sow_sites_table_has_a_signature_column_only_with_several():
   table = str(lb.sow_sites(decoding_model()))
   assert table.splitlines()[1].split()[0] == "signature"
   assert PROMPT_SIG in table and STEP_SIG in table
+
+
+def test_checkpoint_keeps_every_signature(tmp_path):
+  def declared():
+    model = lb.ToNNX(MLP(2, 4), rngs=nnx.Rngs(0))
+    lb.lazy_init(model, jnp.ones((1, 4)), capacity=3)
+    lb.preallocate(model, jnp.ones((2, 4)), capacity=3)
+    return model
+
+  model = declared()
+  model(jnp.ones((1, 4)))
+  model(jnp.full((2, 4), 2.0))
+  model(jnp.full((2, 4), 3.0))
+  lb.checkpoint.save(tmp_path / "ckpt", model)
+  restored = lb.checkpoint.restore(tmp_path / "ckpt", declared())
+  want = lb.recorded(model)
+  got = lb.recorded(restored)
+  assert list(got["intermediates"]["x"]) == ["(float32[1,4])", "(float32[2,4])"]
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  assert float(got["intermediates"]["x"]["(float32[2,4])"][1, 0, 0]) == 3.0
