@@ -211,6 +211,11 @@ class ToNNX(bridge.ToNNX):
     }
     _linen_vars.set_variables(self, traverse_util.unflatten_dict(kept))
     _linen_vars.add_accumulators(self, fresh)
+    if calls.direct_writes:
+      # A module wrote its variables itself (`put_variable`, e.g. nnx.bridge.ToLinen): what it
+      # writes in apply (an NNX module's sows) is not in init's variables. One abstract apply
+      # shows it; nothing runs concretely a second time, so caches stay as init left them.
+      _add_apply_only_sites(self, found, args, kwargs, init_rngs, method, capture)
     report = _session.BridgeReport(self, type(module).__name__, found.sites, found.dropped, {})
     session = _session.current()
     if session is not None:
@@ -259,7 +264,7 @@ class ToNNX(bridge.ToNNX):
         ),
       )
       raise
-    found = _observe_linen.classify(updates, calls)
+    found = _observe_linen.classify(updates, calls, inputs=variables)
     new_accumulators = {
       site: (_init_fn(call), value)
       for site, (call, value) in found.accumulators.items()
@@ -481,6 +486,50 @@ def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping
       PROBES_ATTR,
       {"/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key))) for site in sites},
     )
+
+
+def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> None:
+  """Add to `found` (init's findings) the sites one abstract `apply` of `node` shows in addition.
+
+  Used after an init in which a module wrote its variables itself: such a module may write
+  records in apply only (`nnx.bridge.ToLinen` puts an NNX module's sows after its call, and
+  not at all in init). Linen sows that happen only outside init are found too, and so are
+  custom-reduce accumulators that first appear in apply (they start from `init_fn()` now).
+  The rng keys are init's, so the wrapper's streams are not advanced.
+  """
+  module = _compat.linen_module_of(node)
+  variables = _linen_vars.linen_variables(node)
+
+  def run(variables, rngs):
+    return module.apply(
+      variables,
+      *args,
+      rngs=rngs,
+      method=method,
+      mutable=True,
+      capture_intermediates=capture,
+      **kwargs,
+    )
+
+  with _observe_linen.observe() as calls:
+    _, updates = jax.eval_shape(run, variables, rngs)
+  more = _observe_linen.classify(updates, calls, inputs=variables)
+  known = {s.sow_key for s in found.sites} | found.record_paths | set(found.accumulators)
+  found.sites.extend(s for s in more.sites if s.sow_key not in known)
+  found.sites.sort(key=lambda s: s.key)
+  found.record_paths.update(more.record_paths)
+  seen = {(d.collection, d.module_path, d.name) for d in found.dropped}
+  found.dropped.extend(
+    d for d in more.dropped if (d.collection, d.module_path, d.name) not in seen
+  )
+  _linen_vars.add_accumulators(
+    node,
+    {
+      site: (_init_fn(call), value)
+      for site, (call, value) in more.accumulators.items()
+      if site not in known and _recorder.get_nested(variables, site) is None
+    },
+  )
 
 
 def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.Any) -> str:
