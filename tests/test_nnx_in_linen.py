@@ -158,3 +158,178 @@ def test_preallocate_finds_the_nnx_sow_of_another_signature():
   assert {s.label: s.shape for s in lb.sow_sites(model)}["part/h"] == (3, 3)
   model(x3)
   assert_step_equal(lb.recorded(model), linen_steps(Wrapped(), params_only(model), [x3]))
+
+
+# ====================================================== transforms and depth around the NNX part
+class Deep(nn.Module):
+  """The NNX part two Linen levels down."""
+
+  @nn.compact
+  def __call__(self, x):
+    return Wrapped(name="mid")(x)
+
+
+class ScanStep(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return jnp.tanh(bridge.ToLinen(SowingLinear, args=(x.shape[-1], x.shape[-1]), name="p")(x)), None
+
+
+LAYER_AXES = {"params": 0, "intermediates": 0, "nnx": 0}  # 'nnx': flax 0.10's graphdef
+
+
+class ScanOver(nn.Module):
+  remat: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    step = nn.remat(ScanStep) if self.remat else ScanStep
+    stack = nn.scan(step, variable_axes=LAYER_AXES, split_rngs={"params": True}, length=3)
+    return stack(name="layers")(x, None)[0]
+
+
+class VmapOver(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    part = nn.vmap(
+      ScanStep, variable_axes=LAYER_AXES, split_rngs={"params": True}, in_axes=(0, None)
+    )
+    return part(name="members")(jnp.stack([x, -x]), None)[0]
+
+
+class RematOnly(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.remat(Wrapped)(name="r")(x)
+
+
+@pytest.mark.parametrize(
+  "module, stacked",
+  [(Deep(), False), (ScanOver(), True), (ScanOver(remat=True), True), (VmapOver(), True),
+   (RematOnly(), False)],
+  ids=["depth", "scan", "scan-remat", "vmap", "remat"],
+)
+def test_nnx_sows_under_linen_transforms_are_recorded_as_linen_returns_them(module, stacked):
+  model = lb.lazy_init(lb.ToNNX(module, rngs=nnx.Rngs(0)), X, capacity=3)
+  nnx_sites = [s for s in lb.sow_sites(model) if s.path[-1] == "h"]
+  assert len(nnx_sites) == 1
+  if stacked:
+    (site,) = nnx_sites
+    assert site.lifted and site.shape[0] in (2, 3), site
+    # The write log saw the lifted transform: its stacked axis and length are known.
+    (lift,) = [t for t in site.transforms if t.kind in ("scan", "vmap")]
+    assert (lift.axis, lift.length, site.sown_shape) == (0, site.shape[0], site.shape[1:])
+  xs = [X, X * 0.5]
+
+  @nnx.jit
+  def call(model, x):
+    return model(x)
+
+  for x in xs:
+    call(model, x)
+  assert_step_equal(lb.recorded(model), linen_steps(module, params_only(model), xs))
+
+
+# ================================================================ a MaxText-shaped decoder
+B, WIDTH, HEADS, MAX_LEN, VOCAB, LAYERS, STEPS = 2, 8, 2, 6, 11, 2, 5
+
+
+class DecoderLayer(nnx.Module):
+  """NNX attention with its KV cache in `nnx.Cache` variables (flax's layout: batch, length,
+  heads, head dim); sows the attention weights and the output."""
+
+  def __init__(self, width, heads, max_len, batch, *, rngs):
+    self.heads = heads
+    self.qkv = nnx.Linear(width, 3 * width, rngs=rngs)
+    self.out = nnx.Linear(width, width, rngs=rngs)
+    shape = (batch, max_len, heads, width // heads)
+    self.cached_key = nnx.Cache(jnp.zeros(shape))
+    self.cached_value = nnx.Cache(jnp.zeros(shape))
+    self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
+
+  def __call__(self, x):
+    split = lambda t: t.reshape(*t.shape[:-1], self.heads, -1)  # noqa: E731
+    q, k, v = map(split, jnp.split(self.qkv(x), 3, axis=-1))
+    i = value(self.cache_index)
+    keys = jax.lax.dynamic_update_slice(value(self.cached_key), k, (0, i, 0, 0))
+    values = jax.lax.dynamic_update_slice(value(self.cached_value), v, (0, i, 0, 0))
+    set_value(self.cached_key, keys)
+    set_value(self.cached_value, values)
+    set_value(self.cache_index, i + 1)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / jnp.sqrt(q.shape[-1])
+    weights = jax.nn.softmax(jnp.where(jnp.arange(keys.shape[1]) <= i, scores, -1e9), axis=-1)
+    self.sow(nnx.Intermediate, "attn_weights", weights)
+    attended = jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(x.shape)
+    h = x + self.out(attended)
+    self.sow(nnx.Intermediate, "hidden", h)
+    return h
+
+
+class DecoderBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    layer = bridge.ToLinen(DecoderLayer, args=(WIDTH, HEADS, MAX_LEN, B), name="layer")
+    return layer(x), None
+
+
+class Decoder(nn.Module):
+  """Embedding, an `nn.scan` over NNX decoder layers (as MaxText stacks them), logits."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, WIDTH)(tokens)
+    layers = nn.scan(
+      DecoderBlock,
+      variable_axes={"params": 0, "cache": 0, "intermediates": 0, "nnx": 0},
+      split_rngs={"params": True},
+      length=LAYERS,
+    )
+    x, _ = layers(name="layers")(x, None)
+    self.sow("intermediates", "final", x)
+    return nn.Dense(VOCAB)(x)
+
+
+class Generator(nnx.Module):
+  def __init__(self):
+    self.decoder = lb.ToNNX(Decoder(), rngs=nnx.Rngs(0))
+
+  def __call__(self, token):
+    return self.decoder(token, mutable=["cache"])
+
+
+def greedy(logits):
+  return jnp.argmax(logits[:, -1], axis=-1)[:, None].astype(jnp.int32)
+
+
+@pytest.mark.slow
+def test_maxtext_shaped_greedy_decode_in_one_jit_matches_linen_step_by_step():
+  first = jnp.array([[3], [7]], jnp.int32)
+  gen = lb.lazy_init(Generator(), first, capacity=STEPS)
+  labels = {s.label for s in lb.sow_sites(gen.decoder)}
+  assert labels == {"final", "layers/layer/attn_weights", "layers/layer/hidden"}
+  start = params_only(gen.decoder)
+  assert int(jnp.sum(start["cache"]["layers"]["layer"]["cache_index"])) == 0
+
+  @nnx.jit
+  def decode(gen, token):
+    def body(i, carry):
+      gen, token, tokens = carry
+      token = greedy(gen(token))
+      return gen, token, tokens.at[:, i].set(token[:, 0])
+
+    return nnx.fori_loop(0, STEPS, body, (gen, token, jnp.zeros((B, STEPS), jnp.int32)))[2]
+
+  tokens = decode(gen, first)
+
+  # Plain Linen, one jitted apply per token (compiled once: the reference stays fast).
+  linen_step = jax.jit(functools.partial(Decoder().apply, mutable=["cache", "intermediates"]))
+  variables, token, want_tokens, steps = start, first, [], []
+  for _ in range(STEPS):
+    logits, updates = linen_step(variables, token)
+    variables = {**variables, "cache": updates["cache"]}
+    steps.append(updates["intermediates"])
+    token = greedy(logits)
+    want_tokens.append(token[:, 0])
+  np.testing.assert_array_equal(tokens, jnp.stack(want_tokens, axis=1))
+  assert_step_equal(lb.recorded(gen.decoder), steps)
+  jax.tree.map(assert_close, params_only(gen.decoder)["cache"], variables["cache"])
