@@ -333,3 +333,48 @@ def test_maxtext_shaped_greedy_decode_in_one_jit_matches_linen_step_by_step():
   np.testing.assert_array_equal(tokens, jnp.stack(want_tokens, axis=1))
   assert_step_equal(lb.recorded(gen.decoder), steps)
   jax.tree.map(assert_close, params_only(gen.decoder)["cache"], variables["cache"])
+
+
+# ==================================================================== checkpoints and loaders
+def test_checkpoint_save_restore_keeps_the_nnx_records(tmp_path):
+  model = lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(0)), X, capacity=4)
+  model(X)
+  path = lb.checkpoint.save(tmp_path / "step", model)
+  fresh = lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(1)), X, capacity=4)
+  lb.checkpoint.restore(path, fresh)
+  fresh(X * 2.0)
+  variables = params_only(model)
+  assert_step_equal(lb.recorded(fresh), linen_steps(Wrapped(), variables, [X, X * 2.0]))
+
+
+@pytest.mark.parametrize("given", ["params", "all"])
+def test_load_linen_variables_into_a_model_with_a_tolinen_part(given):
+  """flax 0.10 keeps ToLinen's graphdef in an 'nnx' collection; loading must not trip on it."""
+  model = lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(0)), X, capacity=4)
+  variables = Wrapped().init(jax.random.key(7), X)
+  loaded = {"params": variables["params"]} if given == "params" else variables
+  lb.checkpoint.load_linen_variables(model, loaded)
+  out = model(X)
+  want, updates = Wrapped().apply(variables, X, mutable=["intermediates"])
+  assert_close(out, want)
+  assert_step_equal(lb.recorded(model), [updates["intermediates"]])
+
+
+@pytest.mark.parametrize("given", ["params", "all"])
+def test_from_linen_variables_with_a_tolinen_part(given):
+  variables = Wrapped().init(jax.random.key(7), X)
+  loaded = {"params": variables["params"]} if given == "params" else variables
+  model = lb.checkpoint.from_linen_variables(Wrapped(), loaded, X)
+  lb.preallocate(model, X, capacity=2)
+  assert {s.label for s in lb.sow_sites(model)} == {"part/h", "out"}
+  out = model(X)
+  want, updates = Wrapped().apply(variables, X, mutable=["intermediates"])
+  assert_close(out, want)
+  assert_step_equal(lb.recorded(model), [updates["intermediates"]])
+
+
+def test_load_linen_variables_names_a_wrong_shape_under_the_tolinen_part():
+  model = lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(0)), X, capacity=4)
+  wrong = Wrapped().init(jax.random.key(7), jnp.ones((2, 5)))
+  with pytest.raises(lb.checkpoint.CheckpointError, match=r"part/lin/kernel given \(5, 3\)"):
+    lb.checkpoint.load_linen_variables(model, {"params": wrong["params"]})
