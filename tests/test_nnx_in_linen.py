@@ -378,3 +378,77 @@ def test_load_linen_variables_names_a_wrong_shape_under_the_tolinen_part():
   wrong = Wrapped().init(jax.random.key(7), jnp.ones((2, 5)))
   with pytest.raises(lb.checkpoint.CheckpointError, match=r"part/lin/kernel given \(5, 3\)"):
     lb.checkpoint.load_linen_variables(model, {"params": wrong["params"]})
+
+
+# ===================================================== nnx.bridge.Module: sows after init
+HAS_BRIDGE_MODULE = hasattr(bridge, "Module") and hasattr(bridge, "linen_in_bridge_mdl")
+needs_bridge_module = pytest.mark.skipif(
+  not HAS_BRIDGE_MODULE,
+  reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no nnx.bridge.Module / "
+  "linen_in_bridge_mdl (added in flax 0.11)",
+)
+
+
+class CountingLayer(nn.Module):
+  """flax's test_linen_submodule layer: sows only after init (a counter and an output)."""
+
+  dim: int
+  dropout_rate: float
+
+  def setup(self):
+    self.linear = nn.Dense(self.dim, use_bias=False)
+    self.dropout = nn.Dropout(self.dropout_rate, deterministic=False)
+
+  def __call__(self, x):
+    if not self.is_initializing():
+      self.sow("intermediates", "count", 1, init_fn=lambda: 0, reduce_fn=lambda a, b: a + b)
+    x = self.dropout(self.linear(x))
+    if not self.is_initializing():
+      self.sow("intermediates", "out", x)
+    return x
+
+
+def bridge_mlp():
+  class BridgeMLP(bridge.Module):
+    @bridge.compact
+    def __call__(self, x):
+      x = bridge.linen_in_bridge_mdl(CountingLayer(8, 0.3))(x)
+      return bridge.linen_in_bridge_mdl(CountingLayer(8, 0.3), name="another")(x)
+
+  return BridgeMLP()
+
+
+def run_flax_linen_submodule():
+  """flax's tests/nnx/bridge/module_test.py::test_linen_submodule (its checks), returning
+  the mutable apply's output and updates."""
+  model = bridge_mlp()
+  x = jax.random.normal(jax.random.key(0), (4, 8))
+  variables = model.init(jax.random.key(1), x)
+  params = variables["params"]
+  assert not jnp.array_equal(
+    params["CountingLayer_0"]["linear"]["kernel"], params["another"]["linear"]["kernel"]
+  )
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  y1 = model.apply(variables, x, rngs={"params": k1, "dropout": k2})
+  y2 = model.apply(variables, x, rngs={"params": k1, "dropout": k3})
+  assert not jnp.array_equal(y1, y2)
+  y3, updates = model.apply(variables, x, rngs={"params": k1, "dropout": k3}, mutable=True)
+  assert updates["intermediates"]["CountingLayer_0"]["count"] == 1
+  # The updated params are the ones passed in (the call applies, it does not initialize).
+  jax.tree.map(np.testing.assert_array_equal, updates["params"], params)
+  return y3, updates
+
+
+@needs_bridge_module
+def test_flax_linen_submodule_with_lb_to_nnx(monkeypatch):
+  """Stock wrappers first (the reference), then `lb.ToNNX` swapped in for
+  `linen_in_bridge_mdl`: flax's checks pass and the updates are the stock ones."""
+  want_y, want_updates = run_flax_linen_submodule()
+  monkeypatch.setattr(bridge.wrappers, "ToNNX", lb.ToNNX)
+  y, updates = run_flax_linen_submodule()
+  np.testing.assert_array_equal(y, want_y)
+  assert flat(updates).keys() == flat(want_updates).keys()
+  jax.tree.map(np.testing.assert_array_equal, updates, want_updates)
+  # The default-reduce sow first made after init is there, as Linen returns it.
+  (out,) = updates["intermediates"]["another"]["out"]
+  np.testing.assert_array_equal(out, y)

@@ -309,15 +309,16 @@ class ToNNX(bridge.ToNNX):
     sites = _recorder.sites_of(self)
     if mutable is None:
       mutable = _compat.current_bridge_mutable()
+    attrs = _linen_vars.attrs(self)
+    if sites is None and attrs:
+      # Variables set from outside without a declaration (nnx.bridge.Module.apply builds the
+      # wrapper anew on every apply and fills them in): applied exactly as stock does, sows
+      # included (no buffers: nothing loops over a wrapper that lives for one apply).
+      return self._loopbridge_apply_undeclared(args, kwargs, rngs, method, mutable, attrs)
     if sites is None and _creates_params(mutable):
       # As stock: a call that may create parameters (e.g. inside nnx.bridge.Module.init, whose
       # scope passes mutable=True) initializes the wrapper instead of failing.
       return self._loopbridge_initialize(args, kwargs, rngs, method)
-    attrs = _linen_vars.attrs(self)
-    if sites is None and attrs:
-      # Variables set from outside without a declaration (e.g. nnx.bridge.Module.apply builds
-      # the wrapper anew and fills them in): applied as stock does, with no buffers.
-      sites = ()
     if sites is None:
       raise NotDeclaredError(
         f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
@@ -355,6 +356,40 @@ class ToNNX(bridge.ToNNX):
       return result
     out, updates = result
     self._loopbridge_absorb(updates, attrs, variables)
+    return out
+
+  def _loopbridge_apply_undeclared(self, args, kwargs, rngs, method, mutable, attrs):
+    """Stock `ToNNX.__call__` on variables set from outside: updates become Variables.
+
+    Linen's `mutable=` is the caller's (or the enclosing bridge module's); every update,
+    sown tuples and accumulators included, lands on the wrapper where stock puts it, so
+    `nnx.bridge.Module.apply(..., mutable=True)` returns what Linen's `apply` returns.
+    """
+    module = _compat.linen_module_of(self)
+    call_rngs = _compat.bridge_call_rngs(
+      rngs if rngs is not None else _compat.rngs_of(self), initializing=False
+    )
+    result = module.apply(
+      bridge_variables.nnx_attrs_to_linen_vars(attrs),
+      *args,
+      rngs=call_rngs,
+      method=method,
+      mutable=mutable,
+      capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
+      **kwargs,
+    )
+    if mutable is False:
+      return result
+    out, updates = result
+    new = {}
+    for path, update in traverse_util.flatten_dict(dict(updates)).items():
+      variable = _recorder.get_nested(attrs, path[1:])
+      if isinstance(variable, nnx.Variable) and not isinstance(update, tuple):
+        _compat.set_variable_value(variable, _linen_vars.unbox(update))
+      else:
+        new[path] = update
+    if new:
+      _linen_vars.add_variables(self, traverse_util.unflatten_dict(new))
     return out
 
   def _loopbridge_absorb(self, updates, attrs, variables_in) -> None:
