@@ -605,9 +605,10 @@ def from_linen_variables(
 def _with_static_values(variables: dict, expected: tp.Mapping[str, tp.Any]) -> dict:
   """`variables` plus the static values init creates that they lack (flax 0.10's ToLinen keeps
   its graphdef in an 'nnx' collection, which a params-only dict or a checkpoint has not)."""
-  flat = traverse_util.flatten_dict(dict(variables), is_leaf=lambda _, v: isinstance(v, tuple))
-  for path, value in traverse_util.flatten_dict(dict(expected)).items():
-    if path not in flat and not _is_data(value):
+  is_leaf = lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))  # noqa: E731
+  flat = traverse_util.flatten_dict(dict(variables), is_leaf=is_leaf)
+  for path, value in traverse_util.flatten_dict(dict(expected), is_leaf=is_leaf).items():
+    if path not in flat and not isinstance(value, tuple) and not _is_data(_unbox(value)):
       flat[path] = value
   return traverse_util.unflatten_dict(flat)
 
