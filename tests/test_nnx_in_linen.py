@@ -452,3 +452,73 @@ def test_flax_linen_submodule_with_lb_to_nnx(monkeypatch):
   # The default-reduce sow first made after init is there, as Linen returns it.
   (out,) = updates["intermediates"]["another"]["out"]
   np.testing.assert_array_equal(out, y)
+
+
+# ======================================================================== the CLI report
+CLI_TARGET = """
+import flax.linen as nn
+from flax import nnx
+from flax.nnx import bridge
+
+
+class SowingLinear(nnx.Module):
+  def __init__(self, din, dout, *, rngs):
+    self.lin = nnx.Linear(din, dout, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.lin(x)
+    self.sow(nnx.Intermediate, "h", h)
+    return h
+
+
+class Wrapped(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return bridge.ToLinen(SowingLinear, args=(x.shape[-1], 3), name="part")(x)
+"""
+
+
+def test_cli_inspect_lists_and_records_the_nnx_sow(tmp_path, monkeypatch, capsys):
+  import json
+  import sys
+  import uuid
+
+  from loopbridge.__main__ import main
+
+  name = f"lb_nnx_in_linen_target_{uuid.uuid4().hex[:8]}"
+  (tmp_path / f"{name}.py").write_text(CLI_TARGET)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  try:
+    argv = ["inspect", f"{name}:Wrapped", "--arg", "float32[2,4]", "--steps", "2"]
+    code = main([*argv, "--capacity", "4", "--json"])
+  finally:
+    sys.modules.pop(name, None)
+  out, _ = capsys.readouterr()
+  assert code == 0
+  doc = json.loads(out)
+  sites = {s["path"]: s for s in doc["sow_sites"]["sites"]}
+  assert set(sites) == {"part/h"} and sites["part/h"]["shape"] == [2, 3]
+  ours = doc["live_check"]["loopbridge"]
+  assert ours["ok"] and ours["recorded"]["intermediates/part/h"]["sown"] == 2
+
+
+def test_mutable_true_calls_loop_with_a_tolinen_part():
+  """`mutable=True` makes every collection mutable: flax 0.10's ToLinen then puts its
+  graphdef again on each call, which the loop must carry unchanged."""
+  model = lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(0)), X, capacity=3)
+
+  @nnx.jit
+  def run(model, x):
+    def body(i, carry):
+      model, x = carry
+      return model, jnp.tanh(model(x, mutable=True))
+
+    return nnx.fori_loop(0, 3, body, (model, x))[1]
+
+  out = run(model, X)
+  xs, x, variables = [], X, params_only(model)
+  for _ in range(3):
+    xs.append(x)
+    x = jnp.tanh(Wrapped().apply(variables, x))
+  assert_close(out, x)
+  assert_step_equal(lb.recorded(model), linen_steps(Wrapped(), variables, xs))

@@ -415,6 +415,8 @@ class ToNNX(bridge.ToNNX):
         continue
       if path in flat_in and flat_in[path] is value:
         continue  # unchanged (e.g. params under mutable=True): nothing to write
+      if path in flat_in and _linen_vars.is_static_rewrite(flat_in[path], value):
+        continue  # a static value put again (flax 0.10 ToLinen's graphdef): keep the first
       variable = _recorder.get_nested(attrs, path[1:])
       if not isinstance(variable, nnx.Variable):
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
