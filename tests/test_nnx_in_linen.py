@@ -522,3 +522,39 @@ def test_mutable_true_calls_loop_with_a_tolinen_part():
     x = jnp.tanh(Wrapped().apply(variables, x))
   assert_close(out, x)
   assert_step_equal(lb.recorded(model), linen_steps(Wrapped(), variables, xs))
+
+
+# ============================================ lazy_init's extra apply is abstract: caches stay
+class CachedLM(nn.Module):
+  """flax's decode attention (cache sized at init) next to a ToLinen part."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, WIDTH)(tokens)
+    x = nn.MultiHeadDotProductAttention(num_heads=HEADS, decode=True)(x)
+    x = bridge.ToLinen(SowingLinear, args=(WIDTH, WIDTH), name="part")(x)
+    return nn.Dense(VOCAB)(x)
+
+
+def test_lazy_init_on_the_full_length_leaves_the_decode_cache_as_linen_init_does():
+  prompt = jnp.arange(B * MAX_LEN, dtype=jnp.int32).reshape(B, MAX_LEN) % VOCAB
+  model = lb.lazy_init(lb.ToNNX(CachedLM(), rngs=nnx.Rngs(0)), prompt, capacity=MAX_LEN)
+  want = CachedLM().init(jax.random.key(0), prompt)["cache"]
+  jax.tree.map(np.testing.assert_array_equal, lb.linen_variables(model)["cache"], want)
+  # flax's decode attention applies one token at a time, so the init signature cannot be
+  # applied (even abstractly): the NNX sow is found when the step signature is declared, and a
+  # step before that says so.
+  assert list(lb.sow_sites(model)) == []
+  with pytest.raises(lb.NotDeclaredError, match=r"'intermediates/part/h'.*lb\.preallocate"):
+    model(prompt[:, :1], mutable=["cache"])
+  lb.preallocate(model, prompt[:, :1], capacity=MAX_LEN)
+  assert {s.label for s in lb.sow_sites(model)} == {"part/h"}
+  # Decoding one token at a time from there matches Linen (the cache was not advanced).
+  variables, steps = params_only(model), []
+  for t in range(3):
+    token = prompt[:, t : t + 1]
+    model(token, mutable=["cache"])
+    _, updates = CachedLM().apply(variables, token, mutable=["cache", "intermediates"])
+    variables = {**variables, "cache": updates["cache"]}
+    steps.append(updates["intermediates"])
+  assert_step_equal(lb.recorded(model), steps)

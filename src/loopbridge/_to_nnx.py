@@ -532,7 +532,8 @@ def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> N
   records in apply only (`nnx.bridge.ToLinen` puts an NNX module's sows after its call, and
   not at all in init). Linen sows that happen only outside init are found too, and so are
   custom-reduce accumulators that first appear in apply (they start from `init_fn()` now).
-  The rng keys are init's, so the wrapper's streams are not advanced.
+  The rng keys are init's, so the wrapper's streams are not advanced. When the init
+  signature is not one apply accepts, nothing is added (see below).
   """
   module = _compat.linen_module_of(node)
   variables = _linen_vars.linen_variables(node)
@@ -548,8 +549,15 @@ def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> N
       **kwargs,
     )
 
-  with _observe_linen.observe() as calls:
-    _, updates = jax.eval_shape(run, variables, rngs)
+  try:
+    with _observe_linen.observe() as calls:
+      _, updates = jax.eval_shape(run, variables, rngs)
+  except Exception:
+    # The init signature need not be one apply accepts (flax's decode attention, initialized
+    # on the full length, applies one token at a time). Nothing is lost: a call that writes
+    # at a site with no buffer raises NotDeclaredError naming lb.preallocate, whose abstract
+    # apply of the call's own signature finds these sites.
+    return
   more = _observe_linen.classify(updates, calls, inputs=variables)
   known = {s.sow_key for s in found.sites} | found.record_paths | set(found.accumulators)
   found.sites.extend(s for s in more.sites if s.sow_key not in known)
