@@ -172,7 +172,9 @@ class Deep(nn.Module):
 class ScanStep(nn.Module):
   @nn.compact
   def __call__(self, x, _):
-    return jnp.tanh(bridge.ToLinen(SowingLinear, args=(x.shape[-1], x.shape[-1]), name="p")(x)), None
+    return jnp.tanh(
+      bridge.ToLinen(SowingLinear, args=(x.shape[-1], x.shape[-1]), name="p")(x)
+    ), None
 
 
 LAYER_AXES = {"params": 0, "intermediates": 0, "nnx": 0}  # 'nnx': flax 0.10's graphdef
@@ -205,8 +207,13 @@ class RematOnly(nn.Module):
 
 @pytest.mark.parametrize(
   "module, stacked",
-  [(Deep(), False), (ScanOver(), True), (ScanOver(remat=True), True), (VmapOver(), True),
-   (RematOnly(), False)],
+  [
+    (Deep(), False),
+    (ScanOver(), True),
+    (ScanOver(remat=True), True),
+    (VmapOver(), True),
+    (RematOnly(), False),
+  ],
   ids=["depth", "scan", "scan-remat", "vmap", "remat"],
 )
 def test_nnx_sows_under_linen_transforms_are_recorded_as_linen_returns_them(module, stacked):

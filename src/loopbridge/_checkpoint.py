@@ -606,7 +606,7 @@ def _with_static_values(variables: dict, expected: tp.Mapping[str, tp.Any]) -> d
   """`variables` plus the static values init creates that they lack (flax 0.10's ToLinen keeps
   its graphdef in an 'nnx' collection, which a params-only dict or a checkpoint has not)."""
   is_leaf = lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))  # noqa: E731
-  flat = traverse_util.flatten_dict(dict(variables), is_leaf=is_leaf)
+  flat: dict[tp.Any, tp.Any] = dict(traverse_util.flatten_dict(dict(variables), is_leaf=is_leaf))
   for path, value in traverse_util.flatten_dict(dict(expected), is_leaf=is_leaf).items():
     if path not in flat and not isinstance(value, tuple) and not _is_data(_unbox(value)):
       flat[path] = value

@@ -74,6 +74,7 @@ def is_static_rewrite(old: tp.Any, new: tp.Any) -> bool:
   cannot carry a changed static value (it is part of the carry's structure) and the module's
   structure cannot change inside a trace, so the value already held is kept.
   """
+
   def is_array(x):
     numbers = (np.ndarray, np.generic, int, float, complex, bool)
     return isinstance(x, numbers) or (hasattr(x, "shape") and hasattr(x, "dtype"))

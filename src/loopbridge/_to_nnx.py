@@ -564,9 +564,7 @@ def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> N
   found.sites.sort(key=lambda s: s.key)
   found.record_paths.update(more.record_paths)
   seen = {(d.collection, d.module_path, d.name) for d in found.dropped}
-  found.dropped.extend(
-    d for d in more.dropped if (d.collection, d.module_path, d.name) not in seen
-  )
+  found.dropped.extend(d for d in more.dropped if (d.collection, d.module_path, d.name) not in seen)
   _linen_vars.add_accumulators(
     node,
     {
