@@ -543,6 +543,7 @@ class CachedLM(nn.Module):
     return nn.Dense(VOCAB)(x)
 
 
+@pytest.mark.slow
 def test_lazy_init_on_the_full_length_leaves_the_decode_cache_as_linen_init_does():
   prompt = jnp.arange(B * MAX_LEN, dtype=jnp.int32).reshape(B, MAX_LEN) % VOCAB
   model = lb.lazy_init(lb.ToNNX(CachedLM(), rngs=nnx.Rngs(0)), prompt, capacity=MAX_LEN)
