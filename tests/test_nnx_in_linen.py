@@ -566,3 +566,42 @@ def test_lazy_init_on_the_full_length_leaves_the_decode_cache_as_linen_init_does
     variables = {**variables, "cache": updates["cache"]}
     steps.append(updates["intermediates"])
   assert_step_equal(lb.recorded(model), steps)
+
+
+# ==================================================== a layer stack made by nnx.vmap at init
+MEMBERS = 3
+
+
+class TanhPart(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return jnp.tanh(bridge.ToLinen(SowingLinear, args=(x.shape[-1], x.shape[-1]), name="part")(x))
+
+
+class VmapStack(nnx.Module):
+  """lb.ToNNX members stacked by nnx.vmap (lazy_init runs a copy inside the transform)."""
+
+  def __init__(self, *, rngs):
+    self.inner = lb.ToNNX(TanhPart(), rngs=rngs)
+
+  def __call__(self, x):
+    @nnx.split_rngs(splits=MEMBERS)
+    @nnx.vmap(in_axes=(0, None), axis_size=MEMBERS)
+    def run(inner, x):
+      return inner(x)
+
+    return run(self.inner, x)
+
+
+@pytest.mark.slow
+def test_nnx_sow_in_a_layer_stack_made_by_nnx_vmap():
+  model = lb.lazy_init(VmapStack(rngs=nnx.Rngs(0)), X, capacity=2)
+  assert [s.label for s in lb.sow_sites(model.inner)] == ["part/h"]
+  model(X)
+  got = lb.recorded(model.inner)["intermediates"]["part"]["h"]
+  assert got.shape == (1, MEMBERS, *X.shape[:-1], X.shape[-1])
+  variables = params_only(model.inner)
+  for i in range(MEMBERS):
+    member = jax.tree.map(lambda a, i=i: a[i] if hasattr(a, "shape") else a, variables)
+    _, updates = TanhPart().apply(member, X, mutable=["intermediates"])
+    assert_close(got[0, i], updates["intermediates"]["part"]["h"][0])
