@@ -605,3 +605,58 @@ def test_nnx_sow_in_a_layer_stack_made_by_nnx_vmap():
     member = jax.tree.map(lambda a, i=i: a[i] if hasattr(a, "shape") else a, variables)
     _, updates = TanhPart().apply(member, X, mutable=["intermediates"])
     assert_close(got[0, i], updates["intermediates"]["part"]["h"][0])
+
+
+# ============================================================= what discovery costs and patches
+class Tally:
+  """A plain object (Linen would freeze a list attribute into a tuple)."""
+
+  def __init__(self):
+    self.traces = []
+
+
+class Counted(nn.Module):
+  """Counts how often its Linen call is traced (init, abstract apply, real calls)."""
+
+  inner: nn.Module
+  tally: Tally
+
+  @nn.compact
+  def __call__(self, x):
+    self.tally.traces.append(self.is_initializing())
+    return self.inner(x)
+
+
+class PlainSow(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "h", x * 2.0)
+    return nn.Dense(3)(x)
+
+
+def test_lazy_init_applies_abstractly_once_only_when_a_module_wrote_its_variables_itself():
+  plain = Tally()
+  lb.lazy_init(lb.ToNNX(Counted(PlainSow(), plain), rngs=nnx.Rngs(0)), X, capacity=2)
+  assert plain.traces == [True]  # Linen's own sow: init shows it, no second trace
+  with_part = Tally()
+  lb.lazy_init(lb.ToNNX(Counted(Wrapped(), with_part), rngs=nnx.Rngs(0)), X, capacity=2)
+  assert with_part.traces == [True, False]  # init, then one abstract apply
+
+
+def test_put_variable_is_wrapped_only_during_discovery_and_a_foreign_patch_is_chained():
+  original = nn.Module.put_variable
+  seen = []
+
+  def foreign(self, *args, **kwargs):
+    seen.append(args[0])
+    return original(self, *args, **kwargs)
+
+  nn.Module.put_variable = foreign
+  try:
+    model = lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(0)), X, capacity=2)
+    assert nn.Module.put_variable is foreign and "intermediates" in seen
+    assert [s.label for s in lb.sow_sites(model)] == ["out", "part/h"]
+  finally:
+    nn.Module.put_variable = original
+  lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(0)), X, capacity=2)
+  assert nn.Module.put_variable is original
