@@ -476,6 +476,14 @@ def _unbox(value: tp.Any) -> tp.Any:
   return value
 
 
+def _is_data(value: tp.Any) -> bool:
+  """Whether a Linen variable holds array data, rather than a static value such as the
+  graphdef flax 0.10's `nnx.bridge.ToLinen` keeps in its 'nnx' collection."""
+  return isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)) or (
+    hasattr(value, "shape") and hasattr(value, "dtype")
+  )
+
+
 def _unboxed_leaves(tree: tp.Any) -> dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]]:
   flat = traverse_util.flatten_dict(
     dict(tree), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
@@ -485,6 +493,8 @@ def _unboxed_leaves(tree: tp.Any) -> dict[tuple[str, ...], tuple[tuple[int, ...]
     if isinstance(value, tuple):  # a sown record, not state
       continue
     value = _unbox(value)
+    if not _is_data(value):  # static structure (a graphdef): not loaded, not compared
+      continue
     out[tuple(map(str, path))] = (tuple(np.shape(value)), np.dtype(jnp.result_type(value)))
   return out
 
@@ -599,6 +609,7 @@ def from_linen_variables(
   # records) are not state; compare only collections that hold state.
   variables = _without(variables, found.record_paths)
   variables = {col: tree for col, tree in variables.items() if tree}
+  variables = _with_static_values(variables, expected)
   _check_linen_structure(
     variables, expected, "lb.checkpoint.from_linen_variables", type(module).__name__
   )
@@ -611,6 +622,17 @@ def from_linen_variables(
   report = _session.BridgeReport(model, type(module).__name__, [], found.dropped, {})
   _pipeline.declare_alone(model, report, args, kwargs)
   return model
+
+
+def _with_static_values(variables: dict, expected: tp.Mapping[str, tp.Any]) -> dict:
+  """`variables` plus the static values init creates that they lack (flax 0.10's ToLinen keeps
+  its graphdef in an 'nnx' collection, which a params-only dict or a checkpoint has not)."""
+  is_leaf = lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))  # noqa: E731
+  flat: dict[tp.Any, tp.Any] = dict(traverse_util.flatten_dict(dict(variables), is_leaf=is_leaf))
+  for path, value in traverse_util.flatten_dict(dict(expected), is_leaf=is_leaf).items():
+    if path not in flat and not isinstance(value, tuple) and not _is_data(_unbox(value)):
+      flat[path] = value
+  return traverse_util.unflatten_dict(flat)
 
 
 def _without(variables: tp.Mapping[str, tp.Any], paths: set[tuple[str, ...]]) -> dict:
@@ -677,8 +699,8 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Mo
     dict(variables), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
   )
   for path, value in flat.items():
-    if isinstance(value, tuple):
-      continue
+    if isinstance(value, tuple) or not _is_data(_unbox(value)):
+      continue  # records, and static values the model already holds (a graphdef)
     node: tp.Any = attrs
     for key in path[1:]:
       node = node[key]

@@ -11,6 +11,7 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
 from flax.core import meta
 from flax.nnx import bridge
@@ -63,6 +64,24 @@ def unbox(value: tp.Any) -> tp.Any:
   if isinstance(value, bridge_variables.NNXMeta):
     return value.value
   return value
+
+
+def is_static_rewrite(old: tp.Any, new: tp.Any) -> bool:
+  """Whether `new` is a static (non-array) value written over a static value of its type.
+
+  flax 0.10's `nnx.bridge.ToLinen` puts its NNX module's graphdef into the 'nnx' collection
+  on every mutable call: a new object each time, equal in structure but not `==`. A loop
+  cannot carry a changed static value (it is part of the carry's structure) and the module's
+  structure cannot change inside a trace, so the value already held is kept.
+  """
+
+  def is_array(x):
+    numbers = (np.ndarray, np.generic, int, float, complex, bool)
+    return isinstance(x, numbers) or (hasattr(x, "shape") and hasattr(x, "dtype"))
+
+  old, new = unbox(old), unbox(new)
+  leaves = jax.tree.leaves((old, new))
+  return type(old) is type(new) and not is_array(new) and not any(map(is_array, leaves))
 
 
 # flax >= 0.12 shards a Variable with partitioning metadata when it is created

@@ -9,6 +9,14 @@ Two facts are not in that tree, so `observe()` watches the call itself:
   dropped because an enclosing lifted transform does not carry their collection;
 - which lifted transforms enclose each sow, and along which axis they stack it.
 
+Some values reach a collection without Linen's `sow`: a wrapper that runs an NNX module
+(`nnx.bridge.ToLinen`, `to_linen`, or one a user writes the same way) writes the NNX module's
+sows into the Linen collection with `Module.put_variable` *after* the call, and not at all
+during `init`. `observe()` therefore also logs every `Module.put_variable` (the writes a module
+makes itself), and `classify()` counts as a record every tuple an apply returns that no Linen
+`sow` explains and that was not among the variables passed in: exactly what Linen's own
+`apply(mutable=[...])` returns for such a site (a tuple of the call's values).
+
 How the call is watched: `flax.linen.Module.sow` and `flax.core.lift.pack` (the building block
 of every Linen lifted transform) are wrapped only while at least one `observe()` block is open.
 The wrappers chain to the functions installed when the first block opened (so a patch someone
@@ -78,13 +86,29 @@ def _transforms_for(col: str) -> tuple[Transform, ...]:
   return tuple(out)
 
 
+class SowLog(list):
+  """The Linen `sow` calls of one observed block (a list), and the writes made without `sow`.
+
+  `writes` holds one entry per tuple a module wrote itself with `Module.put_variable` (where
+  a wrapper such as `nnx.bridge.ToLinen` puts an NNX module's sows); `direct_writes` counts
+  every `put_variable` call, tuple or not: a module that writes its variables itself may write
+  sows in `apply` that `init` never shows.
+  """
+
+  def __init__(self) -> None:
+    super().__init__()
+    self.writes: list[SowCall] = []
+    self.direct_writes = 0
+
+
 class _Installed:
-  """The process-wide install state of the two wrappers (guarded by `lock`)."""
+  """The process-wide install state of the wrappers (guarded by `lock`)."""
 
   lock = threading.Lock()
   depth = 0
   sow: tp.Any = None  # what `linen.Module.sow` was when the first block opened
   pack: tp.Any = None  # what `flax.core.lift.pack` was then
+  put_variable: tp.Any = None  # what `linen.Module.put_variable` was then
 
 
 def _observing_sow(
@@ -123,6 +147,47 @@ def _observing_sow(
       )
     )
   return _Installed.sow(self, col, name, value, reduce_fn, init_fn)
+
+
+def _observing_put_variable(self, col, name, value, *args, **kwargs):
+  log = _SOW_LOG.get()
+  if isinstance(log, SowLog) and self.scope is not None:
+    log.direct_writes += 1
+    # A wrapper writes a whole subtree at once (`put_variable('intermediates', 'block', {...})`):
+    # each tuple inside it is one site.
+    items: tp.Iterable[tuple[tuple[str, ...], tp.Any]] = ()
+    if isinstance(value, tuple):
+      items = [((), value)]
+    elif isinstance(value, tp.Mapping):
+      is_leaf = lambda _, v: isinstance(v, tuple)  # noqa: E731
+      items = traverse_util.flatten_dict(dict(value), is_leaf=is_leaf).items()
+    for sub, leaf in items:
+      if isinstance(leaf, tuple) and leaf:
+        log.writes.append(_write_call(self, col, (name, *sub), leaf[0]))
+  return _Installed.put_variable(self, col, name, value, *args, **kwargs)
+
+
+def _write_call(module: tp.Any, col: str, keys: tuple[str, ...], first: tp.Any) -> SowCall:
+  """A write of a tuple of values, described as the default-reduce sow it stands for."""
+  shape, dtype, leaf_shapes = None, None, None
+  if _is_array(first):
+    shape, dtype = tuple(jnp.shape(first)), str(jnp.result_type(first))
+  else:
+    treedef, leaves = flatten_value(first)
+    if is_pytree_value(treedef, leaves):
+      leaf_shapes = tuple(tuple(jnp.shape(v)) if _is_array(v) else None for _, v in leaves)
+  return SowCall(
+    collection=col,
+    module_path=(*module.scope.path, *keys[:-1]),
+    name=keys[-1],
+    shape=shape,
+    dtype=dtype,
+    default_reduce=True,
+    module_type=type(module).__name__,
+    init_fn=linen_module_lib.tuple_init,
+    transforms=_transforms_for(col),
+    leaf_shapes=leaf_shapes,
+  )
 
 
 def _observing_pack(
@@ -164,15 +229,17 @@ def _observing_pack(
 
 
 @contextlib.contextmanager
-def observe() -> tp.Iterator[list[SowCall]]:
-  """Collect every Linen `Module.sow` call made in the current context inside the block."""
+def observe() -> tp.Iterator[SowLog]:
+  """Collect every Linen `Module.sow` and `Module.put_variable` call made in this context."""
   with _Installed.lock:
     if _Installed.depth == 0:
       _Installed.sow, _Installed.pack = linen.Module.sow, core_lift.pack
+      _Installed.put_variable = linen.Module.put_variable
       linen.Module.sow = _observing_sow
+      linen.Module.put_variable = _observing_put_variable
       core_lift.pack = _observing_pack
     _Installed.depth += 1
-  log: list[SowCall] = []
+  log = SowLog()
   token = _SOW_LOG.set(log)
   try:
     yield log
@@ -187,6 +254,8 @@ def observe() -> tp.Iterator[list[SowCall]]:
           linen.Module.sow = _Installed.sow
         if core_lift.pack is _observing_pack:
           core_lift.pack = _Installed.pack
+        if linen.Module.put_variable is _observing_put_variable:
+          linen.Module.put_variable = _Installed.put_variable
 
 
 @dataclasses.dataclass
@@ -270,25 +339,74 @@ def _record_sites(path: tuple[str, ...], value: tuple, call: SowCall) -> list[So
   return sites
 
 
-def classify(collections: tp.Mapping[str, tp.Any], calls: tp.Sequence[SowCall]) -> LinenFindings:
-  """Sort the collections a Linen call returned (concrete or abstract) using its sow log."""
+def _unlogged_call(path: tuple[str, ...], value: tuple) -> SowCall:
+  """A tuple written neither by `sow` nor by `put_variable` (e.g. `variable(...).value = t`):
+  a default-reduce record whose sown shape and enclosing transforms are unknown."""
+  first = value[0] if value else None
+  return SowCall(
+    collection=path[0],
+    module_path=tuple(path[1:-1]),
+    name=path[-1],
+    shape=None,
+    dtype=None if first is None or not hasattr(first, "dtype") else str(first.dtype),
+    default_reduce=True,
+    init_fn=linen_module_lib.tuple_init,
+  )
+
+
+def classify(
+  collections: tp.Mapping[str, tp.Any],
+  calls: tp.Sequence[SowCall],
+  inputs: tp.Mapping[str, tp.Any] | None = None,
+) -> LinenFindings:
+  """Sort the collections a Linen call returned (concrete or abstract) using its sow log.
+
+  Args:
+    collections: what the call returned (all of `init`'s variables, or `apply`'s updates).
+    calls: the `observe()` log of the same call.
+    inputs: for an `apply`, the variables passed in. A tuple the call returned that no Linen
+      `sow` explains and that was not passed in is a record written without `sow` (an NNX
+      module's sows, written by a wrapper such as `nnx.bridge.ToLinen`). Without `inputs` (an
+      `init`) only tuples the log shows written by `Module.put_variable` count.
+
+  Returns:
+    The records' sites, their paths, the accumulators and the sows Linen dropped.
+  """
   recordable = {c.site for c in calls if c.default_reduce and not c.dropped}
   custom = {c.site: c for c in calls if not c.default_reduce and not c.dropped}
+  dropped_sites = {c.site for c in calls if c.dropped}
   first_call = {}
   for c in calls:
     first_call.setdefault(c.site, c)
-  flat = traverse_util.flatten_dict(dict(collections), is_leaf=lambda _, v: isinstance(v, tuple))
+  writes: dict[tuple[str, ...], SowCall] = {}
+  for c in getattr(calls, "writes", ()):
+    writes.setdefault(c.site, c)
+  is_tuple = lambda _, v: isinstance(v, tuple)  # noqa: E731
+  passed_in = (
+    None if inputs is None else set(traverse_util.flatten_dict(dict(inputs), is_leaf=is_tuple))
+  )
+  flat = traverse_util.flatten_dict(dict(collections), is_leaf=is_tuple)
   sites, record_paths, accumulators = [], set(), {}
   for path, value in flat.items():
     if path in custom:
       accumulators[path] = (custom[path], value)
       continue
-    if path not in recordable or not isinstance(value, tuple):
+    if not isinstance(value, tuple):
+      continue
+    if path in recordable:
+      call = first_call[path]
+    elif path in dropped_sites:
+      continue
+    elif path in writes and (passed_in is None or path not in passed_in):
+      call = writes[path]
+    elif passed_in is not None and path not in passed_in:
+      call = _unlogged_call(path, value)
+    else:
       continue
     record_paths.add(path)
     if not value:
       continue
-    sites.extend(_record_sites(path, value, first_call[path]))
+    sites.extend(_record_sites(path, value, call))
   # Custom-reduce sows nested in a path (not a leaf of `flat`): look them up directly.
   for site, call in custom.items():
     if site not in accumulators:

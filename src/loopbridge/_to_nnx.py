@@ -213,6 +213,11 @@ class ToNNX(bridge.ToNNX):
     }
     _linen_vars.set_variables(self, traverse_util.unflatten_dict(kept))
     _linen_vars.add_accumulators(self, fresh)
+    if calls.direct_writes:
+      # A module wrote its variables itself (`put_variable`, e.g. nnx.bridge.ToLinen): what it
+      # writes in apply (an NNX module's sows) is not in init's variables. One abstract apply
+      # shows it; nothing runs concretely a second time, so caches stay as init left them.
+      _add_apply_only_sites(self, found, args, kwargs, init_rngs, method, capture)
     report = _session.BridgeReport(
       self,
       type(module).__name__,
@@ -268,7 +273,7 @@ class ToNNX(bridge.ToNNX):
         ),
       )
       raise
-    found = _observe_linen.classify(updates, calls)
+    found = _observe_linen.classify(updates, calls, inputs=variables)
     new_accumulators = {
       site: (_init_fn(call), value)
       for site, (call, value) in found.accumulators.items()
@@ -314,15 +319,16 @@ class ToNNX(bridge.ToNNX):
     sites = _recorder.sites_of(self)
     if mutable is None:
       mutable = _compat.current_bridge_mutable()
+    attrs = _linen_vars.attrs(self)
+    if sites is None and attrs:
+      # Variables set from outside without a declaration (nnx.bridge.Module.apply builds the
+      # wrapper anew on every apply and fills them in): applied exactly as stock does, sows
+      # included (no buffers: nothing loops over a wrapper that lives for one apply).
+      return self._loopbridge_apply_undeclared(args, kwargs, rngs, method, mutable, attrs)
     if sites is None and _creates_params(mutable):
       # As stock: a call that may create parameters (e.g. inside nnx.bridge.Module.init, whose
       # scope passes mutable=True) initializes the wrapper instead of failing.
       return self._loopbridge_initialize(args, kwargs, rngs, method)
-    attrs = _linen_vars.attrs(self)
-    if sites is None and attrs:
-      # Variables set from outside without a declaration (e.g. nnx.bridge.Module.apply builds
-      # the wrapper anew and fills them in): applied as stock does, with no buffers.
-      sites = ()
     if sites is None:
       raise NotDeclaredError(
         f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__}) was called before it was "
@@ -362,6 +368,40 @@ class ToNNX(bridge.ToNNX):
     self._loopbridge_absorb(updates, attrs, variables, (args, kwargs, method))
     return out
 
+  def _loopbridge_apply_undeclared(self, args, kwargs, rngs, method, mutable, attrs):
+    """Stock `ToNNX.__call__` on variables set from outside: updates become Variables.
+
+    Linen's `mutable=` is the caller's (or the enclosing bridge module's); every update,
+    sown tuples and accumulators included, lands on the wrapper where stock puts it, so
+    `nnx.bridge.Module.apply(..., mutable=True)` returns what Linen's `apply` returns.
+    """
+    module = _compat.linen_module_of(self)
+    call_rngs = _compat.bridge_call_rngs(
+      rngs if rngs is not None else _compat.rngs_of(self), initializing=False
+    )
+    result = module.apply(
+      bridge_variables.nnx_attrs_to_linen_vars(attrs),
+      *args,
+      rngs=call_rngs,
+      method=method,
+      mutable=mutable,
+      capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
+      **kwargs,
+    )
+    if mutable is False:
+      return result
+    out, updates = result
+    new = {}
+    for path, update in traverse_util.flatten_dict(dict(updates)).items():
+      variable = _recorder.get_nested(attrs, path[1:])
+      if isinstance(variable, nnx.Variable) and not isinstance(update, tuple):
+        _compat.set_variable_value(variable, _linen_vars.unbox(update))
+      else:
+        new[path] = update
+    if new:
+      _linen_vars.add_variables(self, traverse_util.unflatten_dict(new))
+    return out
+
   def _loopbridge_absorb(self, updates, attrs, variables_in, call) -> None:
     """Write one call's updates into the existing Variables and buffers, all or nothing.
 
@@ -393,6 +433,8 @@ class ToNNX(bridge.ToNNX):
         continue
       if path in flat_in and flat_in[path] is value:
         continue  # unchanged (e.g. params under mutable=True): nothing to write
+      if path in flat_in and _linen_vars.is_static_rewrite(flat_in[path], value):
+        continue  # a static value put again (flax 0.10 ToLinen's graphdef): keep the first
       variable = _recorder.get_nested(attrs, path[1:])
       if not isinstance(variable, nnx.Variable):
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value)):
@@ -546,6 +588,56 @@ def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping
       PROBES_ATTR,
       {"/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key))) for site in sites},
     )
+
+
+def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> None:
+  """Add to `found` (init's findings) the sites one abstract `apply` of `node` shows in addition.
+
+  Used after an init in which a module wrote its variables itself: such a module may write
+  records in apply only (`nnx.bridge.ToLinen` puts an NNX module's sows after its call, and
+  not at all in init). Linen sows that happen only outside init are found too, and so are
+  custom-reduce accumulators that first appear in apply (they start from `init_fn()` now).
+  The rng keys are init's, so the wrapper's streams are not advanced. When the init
+  signature is not one apply accepts, nothing is added (see below).
+  """
+  module = _compat.linen_module_of(node)
+  variables = _linen_vars.linen_variables(node)
+
+  def run(variables, rngs):
+    return module.apply(
+      variables,
+      *args,
+      rngs=rngs,
+      method=method,
+      mutable=True,
+      capture_intermediates=capture,
+      **kwargs,
+    )
+
+  try:
+    with _observe_linen.observe() as calls:
+      _, updates = jax.eval_shape(run, variables, rngs)
+  except Exception:
+    # The init signature need not be one apply accepts (flax's decode attention, initialized
+    # on the full length, applies one token at a time). Nothing is lost: a call that writes
+    # at a site with no buffer raises NotDeclaredError naming lb.preallocate, whose abstract
+    # apply of the call's own signature finds these sites.
+    return
+  more = _observe_linen.classify(updates, calls, inputs=variables)
+  known = {s.sow_key for s in found.sites} | found.record_paths | set(found.accumulators)
+  found.sites.extend(s for s in more.sites if s.sow_key not in known)
+  found.sites.sort(key=lambda s: s.key)
+  found.record_paths.update(more.record_paths)
+  seen = {(d.collection, d.module_path, d.name) for d in found.dropped}
+  found.dropped.extend(d for d in more.dropped if (d.collection, d.module_path, d.name) not in seen)
+  _linen_vars.add_accumulators(
+    node,
+    {
+      site: (_init_fn(call), value)
+      for site, (call, value) in more.accumulators.items()
+      if site not in known and _recorder.get_nested(variables, site) is None
+    },
+  )
 
 
 def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.Any) -> str:
