@@ -262,9 +262,10 @@ class DecoderLayer(nnx.Module):
     values = jax.lax.dynamic_update_slice(value(self.cached_value), v, (0, i, 0, 0))
     set_value(self.cached_key, keys)
     set_value(self.cached_value, values)
-    set_value(self.cache_index, i + 1)
+    set_value(self.cache_index, i + x.shape[1])  # a prefill writes its P tokens at once
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys) / jnp.sqrt(q.shape[-1])
-    weights = jax.nn.softmax(jnp.where(jnp.arange(keys.shape[1]) <= i, scores, -1e9), axis=-1)
+    visible = jnp.arange(keys.shape[1])[None, :] <= (i + jnp.arange(x.shape[1]))[:, None]
+    weights = jax.nn.softmax(jnp.where(visible, scores, -1e9), axis=-1)
     self.sow(nnx.Intermediate, "attn_weights", weights)
     attended = jnp.einsum("bhqk,bkhd->bqhd", weights, values).reshape(x.shape)
     h = x + self.out(attended)
@@ -339,6 +340,48 @@ def test_maxtext_shaped_greedy_decode_in_one_jit_matches_linen_step_by_step():
     want_tokens.append(token[:, 0])
   np.testing.assert_array_equal(tokens, jnp.stack(want_tokens, axis=1))
   assert_step_equal(lb.recorded(gen.decoder), steps)
+  jax.tree.map(assert_close, params_only(gen.decoder)["cache"], variables["cache"])
+
+
+@pytest.mark.slow
+def test_maxtext_shaped_prefill_then_decode_records_both_signatures_as_linen():
+  """MaxText's engine: one prefill call on the prompt, then one-token decode steps, in one
+  `nnx.jit`; each call records into its own signature's buffers."""
+  prompt = jnp.array([[3, 1, 4], [7, 2, 2]], jnp.int32)
+  decode_steps = MAX_LEN - prompt.shape[1]
+  gen = lb.lazy_init(Generator(), prompt, capacity=1)  # the prefill signature
+  lb.preallocate(gen, prompt[:, :1], capacity=decode_steps)  # the decode step's, beside it
+  start = params_only(gen.decoder)
+
+  @nnx.jit
+  def prefill_and_decode(gen, prompt):
+    token = greedy(gen(prompt))
+
+    def body(i, carry):
+      gen, token, tokens = carry
+      token = greedy(gen(token))
+      return gen, token, tokens.at[:, i].set(token[:, 0])
+
+    tokens = jnp.zeros((B, decode_steps), jnp.int32)
+    return token, nnx.fori_loop(0, decode_steps, body, (gen, token, tokens))[2]
+
+  first, tokens = prefill_and_decode(gen, prompt)
+
+  linen_step = jax.jit(functools.partial(Decoder().apply, mutable=["cache", "intermediates"]))
+  logits, updates = linen_step(start, prompt)
+  variables = {**start, "cache": updates["cache"]}
+  prefill_steps, token = [updates["intermediates"]], greedy(logits)
+  np.testing.assert_array_equal(first, token)
+  want_tokens, steps = [], []
+  for _ in range(decode_steps):
+    logits, updates = linen_step(variables, token)
+    variables = {**variables, "cache": updates["cache"]}
+    steps.append(updates["intermediates"])
+    token = greedy(logits)
+    want_tokens.append(token[:, 0])
+  np.testing.assert_array_equal(tokens, jnp.stack(want_tokens, axis=1))
+  assert_step_equal(lb.recorded(gen.decoder, signature=f"(int32[{B},3])"), prefill_steps)
+  assert_step_equal(lb.recorded(gen.decoder, signature=f"(int32[{B},1])"), steps)
   jax.tree.map(assert_close, params_only(gen.decoder)["cache"], variables["cache"])
 
 
