@@ -97,7 +97,14 @@ def unstack_params(
 
 def _layer_list(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], names: Names) -> list[Tree]:
   if not isinstance(layers, tp.Mapping):
-    return list(layers)
+    found = list(layers)
+    if not found:
+      raise StackError(
+        "lb.layers.stack_params got an empty list: there are no layers to stack, so the "
+        "stacked subtree would have no leaves. Fix: pass the per-layer subtrees "
+        "([params_0, params_1, ...]) or the mapping holding 'layers_0', 'layers_1', ..."
+      )
+    return found
   name = _namer(names)
   found = []
   while name(len(found)) in layers:
