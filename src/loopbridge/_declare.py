@@ -108,9 +108,15 @@ def declare(
   for i, part in enumerate(parts):
     for dropped in part.dropped:
       warnings.warn(dropped.warning_text(), DroppedSowWarning, stacklevel=5)
-    policy = overflow or part.default_overflow or "error"
+    # A re-declared site keeps the policy it was declared with unless `overflow=` is given.
+    declared = {s.key: s.overflow for s in (_recorder.sites_of(part.node) or ())}
     sites = [
-      dataclasses.replace(s, capacity=capacities[i][s.key], overflow=policy) for s in part.sites
+      dataclasses.replace(
+        s,
+        capacity=capacities[i][s.key],
+        overflow=overflow or declared.get(s.key) or part.default_overflow or "error",
+      )
+      for s in part.sites
     ]
     layouts = _sharding.infer_buffer_shardings(
       *shardings_from, {s.key: (s.shape, s.sown_shape) for s in sites if not s.stack_axes}
@@ -129,6 +135,23 @@ _RECORDS_LOST = (
   "were already not stored; the {kept} it holds move to the new buffer and its count restarts "
   "at {kept}. Fix: declare the larger capacity before the loop runs."
 )
+
+
+def _records_cut(entry: str, label: str, held: int, capacity: int, policy: str | None) -> str:
+  """What a re-declaration to fewer slots than the records held keeps, by the site's policy."""
+  kept = {
+    "wrap": f"the last {capacity} stay and the oldest {held - capacity} are discarded",
+    "drop": f"the first {capacity} stay and the latest {held - capacity} are discarded",
+  }.get(
+    policy or "error",
+    f"the first {capacity} stay, the latest {held - capacity} are discarded and reading the "
+    "site raises BufferOverflowError (overflow='error')",
+  )
+  return (
+    f"lb.{entry}: sow site {label} held {held} recorded value(s) and is re-declared with "
+    f"capacity {capacity}: {kept}. Fix: declare a capacity of at least {held}, or read the "
+    "records (lb.recorded) before declaring the smaller capacity."
+  )
 
 
 def _keep_records(
@@ -170,6 +193,13 @@ def _keep_records(
       _RECORDS_LOST.format(
         entry=entry, label=label, n=n, capacity=old_value.shape[0], lost=lost, kept=values.shape[0]
       ),
+      RecordsDiscardedWarning,
+      stacklevel=6,
+    )
+  capacity = _compat.variable_value(buffer).shape[0]
+  if values.shape[0] > capacity:  # a smaller capacity than the records held
+    warnings.warn(
+      _records_cut(entry, label, values.shape[0], capacity, site.overflow),
       RecordsDiscardedWarning,
       stacklevel=6,
     )

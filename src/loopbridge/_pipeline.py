@@ -329,7 +329,8 @@ def lazy_init(
       path from the root inside the collection (e.g. `"ScanBlock_0/carry"`, `"llm/Block_0/x"`)
       or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`, then to
       an enclosing `with lb.capacity(N):` block.
-    overflow: `"error"` (default), `"drop"` or `"wrap"`.
+    overflow: `"error"`, `"drop"` or `"wrap"`. Default: a site declared before keeps its
+      policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
     **kwargs: keyword arguments of the call (`method=` included for an `lb.ToNNX`).
 
   Returns:
@@ -506,7 +507,8 @@ def preallocate(
     *args: sample inputs of the call (only shapes, dtypes and shardings matter).
     capacity: as for `lb.lazy_init` (the same defaults); native sows need it or an
       enclosing `with lb.capacity(N):` block.
-    overflow: `"error"` (default), `"drop"` or `"wrap"`.
+    overflow: `"error"`, `"drop"` or `"wrap"`. Default: a site declared before keeps its
+      policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
     method: the method the loop calls: a name, a function taking the module first, or (for
       an `lb.ToNNX`) a Linen method. Default `__call__`.
     **kwargs: keyword arguments of the call.
