@@ -43,6 +43,7 @@ USAGE_ERROR = 2
 FAILURE = 1
 PROGRESS_DELAY = 0.5  # seconds of silence before a progress note appears on stderr
 
+_MAX_ARRAY_SIZE = 2**63 - 1  # array dimensions and sizes are int64 in JAX
 _ARG_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
 
 
@@ -242,7 +243,16 @@ def parse_arg_spec(text: str) -> ArgSpec:
   pieces = [d.strip() for d in dims.split(",")] if dims.strip() else []
   if any(not p for p in pieces):
     raise CliError(f"--arg {text!r}: empty dimension; write e.g. 'float32[1,100]'", USAGE_ERROR)
-  return ArgSpec(dtype.name, tuple(int(p) for p in pieces))
+  shape = tuple(int(p) for p in pieces)
+  # JAX sizes arrays with int64: beyond it, jax fails with an unreadable binding error.
+  if any(d > _MAX_ARRAY_SIZE for d in shape) or math.prod(shape) > _MAX_ARRAY_SIZE:
+    raise CliError(
+      f"--arg {text!r}: {math.prod(shape)} elements, more than a JAX array can hold "
+      f"({_MAX_ARRAY_SIZE}, the int64 limit); give the shape a sample input of the model has, "
+      "e.g. 'float32[1,100]'",
+      USAGE_ERROR,
+    )
+  return ArgSpec(dtype.name, shape)
 
 
 def sample_inputs(specs: tp.Sequence[ArgSpec], seed: int) -> list[tp.Any]:

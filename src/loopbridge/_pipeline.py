@@ -124,6 +124,11 @@ def target(model: tp.Any, method: tp.Any, what: str) -> tuple[nnx.Module, tp.Cal
   if model is not root:
     raise TypeError(f"{what}: pass either a bound method or method=, not both.")
   if _is_bridge(root):  # a Linen method of the wrapped module
+    if not (isinstance(method, str) or callable(method)):
+      raise TypeError(
+        f"{what}: method= must be the name of a method of the Linen module or the function "
+        f"itself (method='decode' or method=MyModule.decode), got {type(method).__name__}."
+      )
     return root, lambda m, *a, **k: m(*a, method=method, **k)
   if isinstance(method, str):
     return root, lambda m, *a, **k: getattr(m, method)(*a, **k)
