@@ -443,3 +443,222 @@ def _params():
 def test_bad_input_raises_a_clear_error(case: Case, tmp_path):
   with pytest.raises(case.error, match=case.match):
     case.run(tmp_path) if case.needs_tmp else case.run()
+
+
+# ------------------------------------------------------------------ round 3: more bad inputs
+# Kept in their own block (and test) so that other additions to CASES merge without conflict.
+
+
+class _SowsTypedKey(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    self.sow("intermediates", "key", jax.random.key(0))
+    return x
+
+
+class _NativeSowsTypedKey(nnx.Module):
+  def __call__(self, x):
+    self.sow(nnx.Intermediate, "key", jax.random.key(0))
+    return x
+
+
+def _linears(n=2):
+  return [nnx.Linear(2, 2, rngs=nnx.Rngs(i)) for i in range(n)]
+
+
+def _port_without_bias_cli(tmp_path):
+  import sys
+
+  (tmp_path / "lb_catalog_port.py").write_text(
+    "import flax.linen as nn\n"
+    "from flax import nnx\n"
+    "class Mlp(nn.Module):\n"
+    "  @nn.compact\n"
+    "  def __call__(self, x):\n"
+    "    return nn.Dense(3, name='Dense_1')(nn.Dense(4, name='Dense_0')(x))\n"
+    "class Port(nnx.Module):\n"
+    "  def __init__(self, rngs):\n"
+    "    self.Dense_0 = nnx.Linear(2, 4, rngs=rngs)\n"
+    "    self.Dense_1 = nnx.Linear(4, 3, use_bias=False, rngs=rngs)\n"
+    "  def __call__(self, x):\n"
+    "    return self.Dense_1(self.Dense_0(x))\n"
+  )
+  sys.path.insert(0, str(tmp_path))
+  try:
+    return _cli_exit_code(
+      "compare", "lb_catalog_port:Mlp", "lb_catalog_port:Port", "--arg", "float32[1,2]"
+    )
+  finally:
+    sys.path.remove(str(tmp_path))
+    sys.modules.pop("lb_catalog_port", None)
+
+
+def _save_twice(tmp_path):
+  lb.checkpoint.save(tmp_path / "c", _model())
+  return lb.checkpoint.save(tmp_path / "c", _model())
+
+
+MORE_CASES: dict[str, Case] = {
+  "capacity-array": Case(
+    lambda: _model(capacity=jnp.ones(2)),
+    lb.CapacityError,
+    r"capacity must be a positive int, got a float32 array of shape \(2,\).*single integer"
+    r".*Pass a positive int",
+  ),
+  "capacity-string": Case(
+    lambda: _model(capacity="8"),
+    lb.CapacityError,
+    r"got '8' of type str.*Pass a positive int for every sow site \(capacity=8\)",
+  ),
+  "capacity-empty-mapping": Case(
+    lambda: _model(capacity={}), lb.CapacityError, r"capacity=\{\} declares nothing.*Pass"
+  ),
+  "capacity-key-not-a-string": Case(
+    lambda: _model(capacity={1: 2}),
+    lb.CapacityError,
+    r"capacity key 1 must be a non-empty string \(a collection name.*Pass",
+  ),
+  "capacity-block-negative": Case(
+    lambda: lb.capacity(-1).__enter__(),
+    lb.CapacityError,
+    r"capacity must be a positive int, got -1: a buffer needs room for at least one value",
+  ),
+  "overflow-unknown-in-constructor": Case(
+    lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0), overflow="Wrap"),
+    lb.CapacityError,
+    r"overflow='Wrap' is not a policy.*Choose one of 'error'.*'drop'.*'wrap'",
+  ),
+  "to-nnx-rngs-an-int": Case(
+    lambda: lb.ToNNX(Net(), rngs=0),
+    TypeError,
+    r"rngs= must be an nnx\.Rngs.*got int\. Why: .*streams\. Fix: rngs=nnx\.Rngs\(0\)",
+  ),
+  "to-nnx-capture-intermediates-a-string": Case(
+    lambda: lb.ToNNX(Net(), rngs=nnx.Rngs(0), capture_intermediates="yes"),
+    TypeError,
+    r"capture_intermediates= must be True, False or a filter function.*got 'yes'\. Fix",
+  ),
+  "preallocate-method-of-wrong-type": Case(
+    lambda: lb.preallocate(_model(), X, capacity=2, method=123),
+    TypeError,
+    r"lb\.preallocate: method= must be the name of a method of the Linen module or the "
+    r"function itself.*got int",
+  ),
+  "sow-typed-prng-key": Case(
+    lambda: lb.lazy_init(lb.ToNNX(_SowsTypedKey(), rngs=nnx.Rngs(0)), X, capacity=2),
+    lb.NotDeclaredError,
+    r"sow site intermediates/key sows a typed PRNG key \(key<fry>.*Why: record buffers hold "
+    r"numeric arrays.*Fix: .*jax\.random\.key_data\(key\).*wrap_key_data",
+  ),
+  "native-sow-typed-prng-key": Case(
+    lambda: lb.preallocate(_NativeSowsTypedKey(), X, capacity=2),
+    lb.NotDeclaredError,
+    r"native sow site intermediates/key sows a typed PRNG key.*Why.*Fix: .*key_data",
+  ),
+  "stack-no-modules": Case(
+    lambda: lb.layers.stack([]),
+    lb.layers.StackError,
+    r"lb\.layers\.stack got no modules: pass a non-empty list of NNX modules",
+  ),
+  "stack-params-empty-list": Case(
+    lambda: lb.layers.stack_params([]),
+    lb.layers.StackError,
+    r"stack_params got an empty list: there are no layers to stack.*Fix: pass the per-layer",
+  ),
+  "stack-params-a-name": Case(
+    lambda: lb.layers.stack_params("layers"),
+    lb.layers.StackError,
+    r"stack_params takes per-layer params.*got str\. Fix: pass the params tree itself",
+  ),
+  "load-params-none": Case(
+    lambda: lb.layers.load_params(None, _linears()),
+    lb.layers.StackError,
+    r"load_params takes per-layer params.*got NoneType\. Fix",
+  ),
+  "export-params-none": Case(
+    lambda: lb.layers.export_params(None),
+    lb.layers.StackError,
+    r"export_params takes a layer stack.*got NoneType\. Fix: pass the stacked module",
+  ),
+  "layer-index-out-of-range": Case(
+    lambda: lb.layers.layer(lb.layers.stack(_linears()), 5),
+    IndexError,
+    r"layer index 5 is out of range for a stack of 2 layers",
+  ),
+  "fori-loop-fractional-bound": Case(
+    lambda: lb.fori_loop(0, 2.5, lambda i, c: c, X),
+    TypeError,
+    r"lb\.fori_loop: upper=2\.5 must be an integer.*Why: the bounds count loop steps.*"
+    r"Fix: pass int\(upper\)",
+  ),
+  "fori-loop-arguments-out-of-order": Case(
+    lambda: lb.fori_loop(0, 2, X, lambda i, c: c),
+    TypeError,
+    r"lb\.fori_loop: body_fn must be a function, got .*Note the order: "
+    r"lb\.fori_loop\(lower, upper, body_fn, carry\)",
+  ),
+  "while-loop-condition-not-a-function": Case(
+    lambda: lb.while_loop(True, lambda c: c, X),
+    TypeError,
+    r"lb\.while_loop: cond_fn must be a function, got bool.*lb\.while_loop\(cond_fn, body_fn",
+  ),
+  "explain-arguments-out-of-order": Case(
+    lambda: lb.explain(X, lambda c: c),
+    TypeError,
+    r"lb\.explain: body_fn must be the loop step.*Note the order: lb\.explain\(body_fn, carry",
+  ),
+  "checkpoint-save-arguments-out-of-order": Case(
+    lambda: lb.checkpoint.save(_model(), "/tmp/never-written"),
+    lb.checkpoint.CheckpointError,
+    r"lb\.checkpoint\.save: the directory must be a path.*got ToNNX; note the order: "
+    r"lb\.checkpoint\.save\(directory, model\)",
+  ),
+  "checkpoint-save-over-existing": Case(
+    _save_twice,
+    lb.checkpoint.CheckpointError,
+    r"lb\.checkpoint\.save: .*/c already exists\. Why: .*never done silently\. "
+    r"Fix: pass overwrite=True",
+    needs_tmp=True,
+  ),
+  "checkpoint-restore-path-none": Case(
+    lambda: lb.checkpoint.restore(None, _model()),
+    lb.checkpoint.CheckpointError,
+    r"lb\.checkpoint\.restore: the directory must be a path \(a str or pathlib\.Path\), "
+    r"got NoneType",
+  ),
+  "compare-linen-module-without-variables": Case(
+    lambda: lb.compare(Net(), _model(), X),
+    lb.CompareError,
+    r"the reference is a Linen module without its variables.*Pass `\(Net\(\.\.\.\), variables\)`",
+  ),
+  "sow-sites-of-a-plain-nnx-module": Case(
+    lambda: lb.sow_sites(nnx.Linear(2, 2, rngs=nnx.Rngs(0))),
+    TypeError,
+    r"lb\.sow_sites needs an lb\.ToNNX, got Linear\. Fix: wrap the Linen module",
+  ),
+  "cli-arg-dimension-beyond-int64": Case(
+    lambda: _cli_exit_code("inspect", "--arg", "float32[99999999999999999999]"),
+    _CliExit,
+    r"exit 2: .*--arg 'float32\[99999999999999999999\]': 99999999999999999999 elements, more "
+    r"than a JAX array can hold \(9223372036854775807, the int64 limit\); give the shape",
+  ),
+  "cli-compare-port-layer-without-bias": Case(
+    _port_without_bias_cli,
+    _CliExit,
+    r"(?s)exit 1: .*the Linen param 'Dense_1/bias' has no Param in the port.*Why: the port's "
+    r"layer 'Dense_1' has no 'bias' \(built with use_bias=False\?\).*Fix: build the port's "
+    r"layer 'Dense_1' with use_bias=True",
+    needs_tmp=True,
+  ),
+}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=n) for n, c in MORE_CASES.items()])
+def test_more_bad_inputs_raise_a_clear_error(case: Case, tmp_path):
+  with pytest.raises(case.error, match=case.match):
+    case.run(tmp_path) if case.needs_tmp else case.run()
+
+
+def test_the_catalog_holds_at_least_60_cases():
+  assert len(CASES) + len(MORE_CASES) >= 60
+  assert not set(CASES) & set(MORE_CASES)

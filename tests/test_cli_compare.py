@@ -130,6 +130,20 @@ def needs_width(width):
   return None
 
 
+class NoBias(Port):
+  def __init__(self, rngs):
+    super().__init__(rngs)
+    self.Dense_1 = nnx.Linear(8, 3, use_bias=False, rngs=rngs)
+
+
+class MLPNoBias(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.relu(nn.Dense(8, name="Dense_0")(x))
+    h = nn.LayerNorm(name="LayerNorm_0")(h)
+    return nn.Dense(3, use_bias=False, name="Dense_1")(h)
+
+
 instance = Port(nnx.Rngs(3))
 """
 
@@ -215,7 +229,32 @@ def test_random_weights_compare_structure_only(capsys, target):
     "--weights",
     "random",
   )
-  assert code == 1 and "Dense_0" in out and "fc1" in out
+  # Structure and shapes agree (aligned by order), so a correct port passes though its own
+  # random weights give other values.
+  assert code == 0, out
+  assert "Dense_0" in out and "fc1" in out and "values are not compared" in out
+  code, out, _ = run(
+    capsys,
+    "compare",
+    f"{target}:MLP",
+    f"{target}:Port",
+    "--arg",
+    "float32[2,4]",
+    "--weights",
+    "random",
+  )
+  assert code == 0 and "lb.compare: OK" in out, out
+  code, out, _ = run(  # a shape difference is still a divergence
+    capsys,
+    "compare",
+    f"{target}:MLP",
+    f"{target}:Wider",
+    "--arg",
+    "float32[2,4]",
+    "--weights",
+    "random",
+  )
+  assert code == 1 and "output shapes differ" in out, out
 
 
 def assert_error(capsys, argv, code, pattern):
@@ -239,6 +278,12 @@ def assert_error(capsys, argv, code, pattern):
       "Wider",
       r"Dense_0/\w+' is \[\d+\] in the Linen model but 'Dense_0/\w+' is \[16\] in the "
       r"port",
+    ),
+    (
+      "NoBias",
+      r"the Linen param 'Dense_1/bias' has no Param in the port.*Why: the port's layer "
+      r"'Dense_1' has no 'bias' \(built with use_bias=False\?\).*the names match\. "
+      r"Fix: build the port's layer 'Dense_1' with use_bias=True",
     ),
     ("MLP", r"NEW_TARGET '.*:MLP' is a Linen module; loopbridge compare takes the NNX port"),
     ("needs_width", r"needs arguments \(width\)"),
@@ -318,3 +363,13 @@ def test_end_to_end_subprocess(tmp_path):
   )
   assert result.returncode == 1, result.stderr
   assert ">>" in result.stdout and "first divergence" in result.stdout
+
+
+def test_port_with_a_bias_the_linen_layer_lacks(capsys, target):
+  assert_error(
+    capsys,
+    ["compare", f"{target}:MLPNoBias", f"{target}:Port", "--arg", "float32[2,4]"],
+    1,
+    r"the port has a Param at 'Dense_1/bias' that the Linen model lacks.*Why: the Linen "
+    r"layer 'Dense_1' has no 'bias'.*Fix: build the port's layer 'Dense_1' with use_bias=False",
+  )

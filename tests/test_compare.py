@@ -572,3 +572,40 @@ def test_tolerances_are_used(setup):
   port = make_port(variables, block_kwargs=({}, {"epsilon": 1e-3}))
   assert not lb.compare((Net(), variables), port, x).ok
   assert lb.compare((Net(), variables), port, x, rtol=1.0, atol=1.0).ok
+
+
+class LogNet(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return jnp.log(nn.Dense(D, name="Dense_0")(x))  # NaN where the Dense output is negative
+
+
+class LogPort(nnx.Module):
+  def __init__(self, rngs, shift=0.0):
+    self.Dense_0 = nnx.Linear(4, D, rngs=rngs)
+    self.shift = shift
+
+  def __call__(self, x):
+    return jnp.log(self.Dense_0(x)) + self.shift
+
+
+def test_nan_in_the_same_places_is_equal():
+  x = jax.random.normal(jax.random.key(1), (2, 4))
+  variables = LogNet().init(jax.random.key(0), x)
+  reference = np.asarray(LogNet().apply(variables, x))
+  assert np.isnan(reference).any() and not np.isnan(reference).all()  # the case under test
+  port = LogPort(nnx.Rngs(0))
+  lb.layers.load_params([variables["params"]], [port])
+  report = lb.compare((LogNet(), variables), port, x)
+  assert report.ok, str(report)
+  port.shift = 1.0  # same NaN places, other finite values: still a divergence
+  report = lb.compare((LogNet(), variables), port, x)
+  assert not report.ok and report.first_divergence.kind == "values"
+
+
+def test_infinite_atol_compares_structure_shapes_and_dtypes_only(setup):
+  x, variables = setup
+  port = make_port(variables, block_kwargs=({}, {"epsilon": 1e-3}))
+  assert not lb.compare((Net(), variables), port, x).ok
+  report = lb.compare((Net(), variables), port, x, atol=float("inf"))
+  assert report.ok and "values are not compared" in str(report), str(report)

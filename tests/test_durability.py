@@ -177,3 +177,42 @@ def test_a_capacity_that_cannot_fit_is_refused_before_allocating():
   ):
     lb.lazy_init(model, jnp.ones((1, 3)), capacity=10**12)
   assert lb.preallocate(_model(), jnp.ones((1, 3)), capacity=8) is not None
+
+
+@pytest.mark.parametrize("policy", ["drop", "wrap", "error"])
+def test_a_smaller_capacity_than_the_records_held_warns_and_keeps_what_the_policy_says(policy):
+  model = _model(capacity=4, overflow=policy)
+  xs = [jnp.full((1, 3), float(i)) for i in range(3)]
+  for x in xs:
+    model(x)
+  texts = _discarded(lb.preallocate, model, xs[0], capacity=2)
+  assert len(texts) == 2  # sites a and b
+  assert all("held 3 recorded value(s) and is re-declared with capacity 2" in t for t in texts)
+  assert all("Fix: declare a capacity of at least 3" in t for t in texts)
+  want = _linen_steps(lb.linen_variables(model), xs)
+  if policy == "error":
+    assert "raises BufferOverflowError" in texts[0]
+    with pytest.raises(lb.BufferOverflowError):
+      lb.recorded(model)
+    return
+  keep = slice(1, None) if policy == "wrap" else slice(None, 2)
+  assert ("oldest 1 are discarded" if policy == "wrap" else "latest 1 are discarded") in texts[0]
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["a"], want["a"][keep], rtol=RTOL, atol=ATOL
+  )
+
+
+@pytest.mark.parametrize("policy", ["drop", "wrap"])
+def test_preallocate_with_only_a_capacity_keeps_the_declared_policy(policy):
+  model = _model(capacity=2, overflow=policy)
+  xs = [jnp.full((1, 3), float(i)) for i in range(4)]
+  lb.preallocate(model, xs[0], capacity=3)  # no overflow=: the site stays `policy`
+  assert {s.overflow for s in lb.sow_sites(model)} == {policy}
+  for x in xs:
+    model(x)
+  want = _linen_steps(lb.linen_variables(model), xs)["b"]
+  got = lb.recorded(model)["intermediates"]["b"]  # 4 calls into 3 slots: no overflow error
+  np.testing.assert_allclose(got, want[1:] if policy == "wrap" else want[:3], rtol=RTOL, atol=ATOL)
+  lb.reset(model)
+  lb.preallocate(model, xs[0], capacity=3, overflow="error")  # an explicit policy still wins
+  assert {s.overflow for s in lb.sow_sites(model)} == {"error"}

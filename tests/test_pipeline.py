@@ -8,6 +8,7 @@ References are plain Linen `apply` step by step (decoding) and flax's own `nnx.M
 from __future__ import annotations
 
 import threading
+import warnings
 
 import flax.linen as nn
 import jax
@@ -333,3 +334,57 @@ def test_preallocate_traces_once_and_leaves_params_and_rng_streams_alone():
   assert len(traces) == 1
   after = jax.tree.map(_host, nnx.state(model, records))
   jax.tree.map(np.testing.assert_array_equal, after, state)
+
+
+# ------------------------------------------------- a failed lazy_init leaves the model as it was
+class DenseSow(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(4)(x)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+def test_a_lazy_init_that_fails_on_its_capacity_changes_nothing():
+  x = jnp.linspace(-1, 1, 6).reshape(2, 3)
+  model = lb.ToNNX(DenseSow(), rngs=nnx.Rngs(0))
+  before = jax.tree.map(_host, nnx.state(model))  # the rng streams among them
+  with pytest.raises(lb.CapacityError, match=r"no capacity key covers"):
+    lb.lazy_init(model, x, capacity={"typo": 2})  # known wrong only after the call
+  assert not lb.linen_variables(model)  # Linen's init undone
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(_host, nnx.state(model)), before)
+  lb.lazy_init(model, x, capacity=2)  # the retry initializes as a first correct call would
+  fresh = lb.lazy_init(lb.ToNNX(DenseSow(), rngs=nnx.Rngs(0)), x, capacity=2)
+  jax.tree.map(
+    np.testing.assert_array_equal,
+    jax.tree.map(_host, nnx.state(model)),
+    jax.tree.map(_host, nnx.state(fresh)),
+  )
+  model(x)
+  _, sown = DenseSow().apply(lb.linen_variables(model), x, mutable=["intermediates"])
+  np.testing.assert_allclose(
+    lb.recorded(model)["intermediates"]["h"],
+    np.stack(sown["intermediates"]["h"]),
+    rtol=RTOL,
+    atol=ATOL,
+  )
+
+
+def test_a_second_lazy_init_warns_that_it_replaces_the_params():
+  x = jnp.ones((2, 3))
+  model = lb.lazy_init(lb.ToNNX(nn.Dense(4), rngs=nnx.Rngs(0)), x, capacity=2)
+  loaded = {"params": jax.tree.map(jnp.ones_like, lb.linen_variables(model)["params"])}
+  lb.checkpoint.load_linen_variables(model, loaded)
+  with pytest.warns(
+    lb.ParamsReinitializedWarning,
+    match=r"re-initialized the parameters of lb.ToNNX\(Dense\).*already held parameters.*"
+    r"Fix: .*lb\.preallocate\(model, \*args, capacity=\.\.\.\)",
+  ):
+    lb.lazy_init(model, x, capacity=4)
+  # As stock flax.nnx.bridge does, the loaded params are replaced (the warning is the fix).
+  assert not np.all(lb.linen_variables(model)["params"]["kernel"] == 1.0)
+  lb.checkpoint.load_linen_variables(model, loaded)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", lb.ParamsReinitializedWarning)
+    lb.preallocate(model, x, capacity=4)  # the way to a new capacity keeps them, silently
+  np.testing.assert_array_equal(lb.linen_variables(model)["params"]["kernel"], 1.0)

@@ -13,7 +13,7 @@ from flax import nnx
 from hypothesis import given, settings
 
 import loopbridge as lb
-from loopbridge import _compat
+from loopbridge import _compat, _recorder
 
 from conftest import graph_kw
 
@@ -433,3 +433,45 @@ def test_sowing_layers_record_every_layer_of_every_call(how):
     step(net, x)
   recorded = lb.recorded(net)["layers"]["intermediates"]["h"]  # [calls, layers, ...]
   np.testing.assert_allclose(recorded, np.stack(expected), rtol=1e-6, atol=1e-6)
+
+
+def test_unstack_recording_layers_keeps_each_layers_records():
+  """Each unstacked layer reads its own records `(calls, *value)` and records further calls."""
+  xs = [jax.random.normal(jax.random.key(k), (2, 4)) for k in range(2)]
+  ref_layers = [Sowing(nnx.Rngs(i)) for i in range(3)]
+  expected, x = [], xs[0]
+  for layer in ref_layers:  # plain NNX, step by step
+    x = jnp.tanh(layer.lin(x))
+    expected.append(x)
+  net = SowingNet(3)
+  lb.preallocate(net, xs[0], capacity=4, method="scan")
+  net.scan(xs[0])
+  layers = lb.layers.unstack(net.layers)
+  for layer, want in zip(layers, expected, strict=True):
+    got = lb.recorded(layer)["intermediates"]["h"]
+    assert got.shape == (1, 2, 4)
+    np.testing.assert_allclose(got[0], want, rtol=1e-6, atol=1e-6)
+  layers[0](xs[1])  # a later call appends, without a spurious overflow
+  got = lb.recorded(layers[0])["intermediates"]["h"]
+  assert got.shape == (2, 2, 4)
+  np.testing.assert_allclose(got[1], jnp.tanh(ref_layers[0].lin(xs[1])), rtol=1e-6, atol=1e-6)
+  assert [s.shape for s in _recorder.sites_of(layers[0])] == [(2, 4)]  # re-declarations see it
+
+
+def test_stack_of_recording_layers_reads_calls_first_and_unstacks_back():
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  layers = [lb.preallocate(Sowing(nnx.Rngs(i)), x, capacity=3) for i in range(2)]
+  for layer in layers:
+    layer(x)
+  stacked = lb.layers.stack(layers)
+  got = lb.recorded(stacked)["intermediates"]["h"]  # [calls, layers, ...], as a vmap stack
+  assert got.shape == (1, 2, 2, 4)
+  for i in range(2):
+    np.testing.assert_allclose(
+      got[0, i], jnp.tanh(Sowing(nnx.Rngs(i)).lin(x)), rtol=1e-6, atol=1e-6
+    )
+  assert lb.recorded(layers[0])["intermediates"]["h"].shape == (1, 2, 4)  # originals untouched
+  back = lb.layers.unstack(stacked)
+  np.testing.assert_allclose(
+    lb.recorded(back[1])["intermediates"]["h"], lb.recorded(layers[1])["intermediates"]["h"]
+  )

@@ -786,3 +786,31 @@ def test_custom_reduce_accumulators_exist_before_the_loop_and_update_in_place():
     rtol=RTOL,
     atol=ATOL,
   )
+
+
+class SowsNumbers(nn.Module):
+  """Sows Python numbers (a float, an int, one inside a tuple) next to an array."""
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Dense(2)(x)
+    self.sow("intermediates", "scale", 0.5)
+    self.sow("intermediates", "step", 3)
+    self.sow("intermediates", "pair", (y, 2.0))
+    return y * 0.5
+
+
+def test_python_numbers_sown_are_recorded_as_0d_arrays(graph):
+  x = jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)
+  model = lb.lazy_init(lb.ToNNX(SowsNumbers(), rngs=nnx.Rngs(0)), x, capacity=4)
+  model(x)
+  nnx.fori_loop(0, 2, lambda i, m: (m(x), m)[1], model, **graph_kw(graph))
+  _, sown = SowsNumbers().apply(linen_variables(model), x, mutable=["intermediates"])
+  want = sown["intermediates"]  # plain Linen keeps the Python numbers as they were sown
+  got = lb.recorded(model)["intermediates"]
+  assert got["scale"].shape == (3,) and got["scale"].dtype == jnp.float32
+  assert got["step"].dtype == jnp.int32
+  np.testing.assert_array_equal(got["scale"], [want["scale"][0]] * 3)
+  np.testing.assert_array_equal(got["step"], [want["step"][0]] * 3)
+  np.testing.assert_allclose(got["pair"][0], np.stack([want["pair"][0][0]] * 3), rtol=1e-6)
+  np.testing.assert_array_equal(got["pair"][1], [want["pair"][0][1]] * 3)

@@ -26,6 +26,7 @@ from ._errors import CompareError as CompareError
 from ._errors import DroppedSowWarning as DroppedSowWarning
 from ._errors import LoopbridgeError as LoopbridgeError
 from ._errors import NotDeclaredError as NotDeclaredError
+from ._errors import ParamsReinitializedWarning as ParamsReinitializedWarning
 from ._errors import RecordsDiscardedWarning as RecordsDiscardedWarning
 from ._errors import StructureChangeError as StructureChangeError
 from ._explain import StructureReport as StructureReport
@@ -59,6 +60,7 @@ __all__ = [
   "DroppedSowWarning",
   "LoopbridgeError",
   "NotDeclaredError",
+  "ParamsReinitializedWarning",
   "RecordsDiscardedWarning",
   "StructureChangeError",
   "ToNNX",

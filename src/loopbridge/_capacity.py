@@ -109,7 +109,14 @@ def check_capacity_value(value: tp.Any, where: str) -> int:
       f"{where} must be a positive int, got {value!r} of type {type(value).__name__}. "
       f"{_CAPACITY_HELP}"
     )
-  number = operator.index(value)
+  try:
+    number = operator.index(value)
+  except TypeError:  # an array: only a 0-d integer array is one number
+    raise CapacityError(
+      f"{where} must be a positive int, got a {getattr(value, 'dtype', '?')} array of shape "
+      f"{getattr(value, 'shape', '?')}: a capacity is a single integer (the number of slots). "
+      f"{_CAPACITY_HELP}"
+    ) from None
   if number <= 0:
     raise CapacityError(
       f"{where} must be a positive int, got {number}: a buffer needs room for at least one "

@@ -144,6 +144,16 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
   return out
 
 
+def _path(directory: tp.Any, entry: str) -> str:
+  """The absolute path of a checkpoint directory given as a str or os.PathLike."""
+  if not isinstance(directory, (str, os.PathLike)):
+    raise CheckpointError(
+      f"lb.checkpoint.{entry}: the directory must be a path (a str or pathlib.Path), got "
+      f"{type(directory).__name__}; note the order: lb.checkpoint.{entry}(directory, model)."
+    )
+  return os.path.abspath(os.fspath(directory))
+
+
 def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False) -> str:
   """Save a model's full state (params, buffers, counts, rng streams) with orbax.
 
@@ -164,6 +174,7 @@ def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False
 
   Raises:
     TypeError: `model` is not an NNX module.
+    CheckpointError: `directory` is not a path, or exists already (without `overwrite=True`).
 
   Examples:
     >>> import tempfile, jax.numpy as jnp, loopbridge as lb
@@ -179,7 +190,13 @@ def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False
     >>> int(lb.counts(lb.checkpoint.restore(path, fresh))["intermediates"]["x"])
     1
   """
-  path = os.path.abspath(os.fspath(directory))
+  path = _path(directory, "save")
+  if os.path.exists(path) and not overwrite:
+    raise CheckpointError(
+      f"lb.checkpoint.save: {path} already exists. Why: saving over it would replace what it "
+      "holds, so it is never done silently. Fix: pass overwrite=True to replace it, or save "
+      "into a new directory (e.g. one per step: f'{root}/step_{step}')."
+    )
   variables = _model_variables(model)
   tree = {key: _saved_form(_compat.variable_value(v)) for key, v in variables.items()}
   # orbax refuses zero-size arrays; they hold no data, so their shape and dtype are all that
@@ -345,7 +362,7 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
     >>> lb.recorded(lb.checkpoint.restore(path, larger))["intermediates"]["x"]
     Array([[0., 1.]], dtype=float32)
   """
-  path = os.path.abspath(os.fspath(directory))
+  path = _path(directory, "restore")
   variables = _model_variables(model)
   checkpointer = _checkpointer()
   saved, saved_declaration = _read_metadata(checkpointer, path)

@@ -43,6 +43,7 @@ USAGE_ERROR = 2
 FAILURE = 1
 PROGRESS_DELAY = 0.5  # seconds of silence before a progress note appears on stderr
 
+_MAX_ARRAY_SIZE = 2**63 - 1  # array dimensions and sizes are int64 in JAX
 _ARG_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[\s*([0-9,\s]*)\]\s*$")
 
 
@@ -151,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     "--weights",
     choices=("linen", "random"),
     default="linen",
-    help="the port's params: the Linen model's (default) or its own",
+    help="the port's params: the Linen model's (default), or its own (random: values are "
+    "not compared, only structure, shapes and dtypes; --atol is ignored)",
   )
   c.add_argument(
     "--rtol",
@@ -241,7 +243,16 @@ def parse_arg_spec(text: str) -> ArgSpec:
   pieces = [d.strip() for d in dims.split(",")] if dims.strip() else []
   if any(not p for p in pieces):
     raise CliError(f"--arg {text!r}: empty dimension; write e.g. 'float32[1,100]'", USAGE_ERROR)
-  return ArgSpec(dtype.name, tuple(int(p) for p in pieces))
+  shape = tuple(int(p) for p in pieces)
+  # JAX sizes arrays with int64: beyond it, jax fails with an unreadable binding error.
+  if any(d > _MAX_ARRAY_SIZE for d in shape) or math.prod(shape) > _MAX_ARRAY_SIZE:
+    raise CliError(
+      f"--arg {text!r}: {math.prod(shape)} elements, more than a JAX array can hold "
+      f"({_MAX_ARRAY_SIZE}, the int64 limit); give the shape a sample input of the model has, "
+      "e.g. 'float32[1,100]'",
+      USAGE_ERROR,
+    )
+  return ArgSpec(dtype.name, shape)
 
 
 def sample_inputs(specs: tp.Sequence[ArgSpec], seed: int) -> list[tp.Any]:
@@ -902,6 +913,31 @@ def _split_scanned(flat: dict[str, tp.Any], wanted: tp.Iterable[str]) -> None:
     del flat[key]
 
 
+def _sibling(key: str, keys: tp.Iterable[str]) -> bool:
+  """Whether another param of the same layer as `key` ('Dense_1/bias') is among `keys`."""
+  layer = key.rpartition("/")[0]
+  return any(k != key and k.rpartition("/")[0] == layer for k in keys)
+
+
+def _layer_lacks(key: str, lacking: str, having: str, side: str, add: bool = False) -> str:
+  """Why a param exists on one side only when its layer exists on both: the layer's options.
+
+  `side` is the side to rebuild; `add`: give it the param (else: drop it).
+  """
+  layer, _, name = key.rpartition("/")
+  option = {"bias": "use_bias", "scale": "use_scale"}.get(name)
+  why = f" (built with {option}=False?)" if option and add else ""
+  fix = (
+    f"build the {side}'s layer {layer!r} with {option}={add}"
+    if option
+    else f"build the {side}'s layer {layer!r} with the same options as the Linen layer"
+  )
+  return (
+    f"Why: {lacking} {layer!r} has no {name!r}{why}, while {having} has one; the names "
+    f"match. Fix: {fix}."
+  )
+
+
 def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
   """Write the Linen variables into the port's Variables at the same paths; returns how many.
 
@@ -943,14 +979,27 @@ def load_linen_params(port: tp.Any, variables: tp.Mapping[str, tp.Any]) -> int:
   missing = [
     shown for (col, key), (shown, _) in targets.items() if col == "params" and key not in params
   ]
+  port_keys = [key for col, key in targets if col == "params"]
   if missing:
+    key = next(k for (col, k), (shown, _) in targets.items() if shown == missing[0])
     raise CliError(
       f"cannot load the Linen params into NEW_TARGET: the port has a Param at "
       f"{missing[0]!r} that the Linen model lacks ({len(missing)} such; Linen params: "
-      f"{', '.join(sorted(params)[:8])}{', ...' if len(params) > 8 else ''}). {hint}"
+      f"{', '.join(sorted(params)[:8])}{', ...' if len(params) > 8 else ''}). "
+      + (
+        _layer_lacks(key, "the Linen layer", "the port's layer", "port")
+        if _sibling(key, params)
+        else hint
+      )
     )
   extra = [k for k in params if ("params", k) not in targets]
   if extra:
+    if _sibling(extra[0], port_keys):
+      raise CliError(
+        f"cannot load the Linen params into NEW_TARGET: the Linen param {extra[0]!r} has no "
+        f"Param in the port ({len(extra)} such), though the port's layer at that path exists. "
+        + _layer_lacks(extra[0], "the port's layer", "the Linen layer", "port", add=True)
+      )
     raise CliError(
       f"cannot load the Linen params into NEW_TARGET: the Linen param {extra[0]!r} has no "
       f"Param in the port ({len(extra)} such). {hint}"
@@ -996,7 +1045,10 @@ def run_compare(ns: argparse.Namespace) -> int:
     load_linen_params(port, variables)
   try:
     with progress("running both models"):
-      report = lb.compare((module, variables), port, *inputs, rtol=ns.rtol, atol=ns.atol)
+      # Each model keeps its own random weights: their values cannot agree, so only the
+      # structure, shapes and dtypes are compared (an infinite atol compares no values).
+      atol = math.inf if ns.weights == "random" else ns.atol
+      report = lb.compare((module, variables), port, *inputs, rtol=ns.rtol, atol=atol)
   except lb.CompareError as e:
     raise CliError(str(e).removeprefix("lb.compare: ")) from e
   if ns.json:

@@ -288,7 +288,12 @@ def _render(report: ParityReport) -> str:
     out.append(
       f"lb.compare: DIVERGES, first at {where}: {_KIND_TEXT[divergence.kind]}{leaf}{detail}"
     )
-  if report.rtol is None and report.atol is None:
+  if report.atol == math.inf:
+    out.append(
+      "tolerance: atol inf, so values are not compared: only the module structure, output "
+      "shapes and dtypes (the errors below are shown for information)"
+    )
+  elif report.rtol is None and report.atol is None:
     out.append(
       "tolerance: |candidate - reference| <= atol + rtol * |reference|, per dtype "
       "(float32: rtol 1e-05, atol 1e-05; bfloat16: 1e-02; integers exact)"
@@ -686,7 +691,9 @@ def _leaf_diff(
     rel = np.where(
       scale > 0, diff / np.where(scale > 0, scale, 1.0), np.where(diff > 0, np.inf, 0.0)
     )
-    within = bool(np.all(diff <= at + rt * scale))
+    # `same` first: NaN in the same places is equal, though NaN fails every `<=`. An infinite
+    # atol compares no values at all (structure, shapes and dtypes only).
+    within = at == math.inf or bool(np.all(same | (diff <= at + rt * scale)))
   max_abs = float(diff.max()) if diff.size else 0.0
   max_rel = float(rel.max()) if rel.size else 0.0
   if not within:
@@ -928,7 +935,9 @@ def compare(
     *args: positional inputs, passed to both models.
     rtol: relative tolerance; None picks one per dtype (float32 1e-5, bfloat16 1e-2, float64
       1e-9, integers and bools exact).
-    atol: absolute tolerance; None picks one per dtype (the same values as `rtol`).
+    atol: absolute tolerance; None picks one per dtype (the same values as `rtol`);
+      `math.inf` compares structure, shapes and dtypes only (e.g. models with their own
+      random weights).
     mapping: `{reference_path: candidate_path}` pairs to align explicitly ('/'-joined module
       paths as the report prints them, '' for the top level); a value None marks a reference
       call that has no counterpart. Repeated calls of one path pair up in order.

@@ -108,11 +108,18 @@ def declare(
   for i, part in enumerate(parts):
     for dropped in part.dropped:
       warnings.warn(dropped.warning_text(), DroppedSowWarning, stacklevel=5)
-    policy = overflow or part.default_overflow or "error"
-    sites = _in_slots(
-      part.node,
-      [dataclasses.replace(s, capacity=capacities[i][s.key], overflow=policy) for s in part.sites],
+    # A re-declared site (same signature, so same slot) keeps the policy it was declared
+    # with unless `overflow=` is given.
+    declared = {s.key: s.overflow for s in (_recorder.sites_of(part.node) or ())}
+    placed = _in_slots(
+      part.node, [dataclasses.replace(s, capacity=capacities[i][s.key]) for s in part.sites]
     )
+    sites = [
+      dataclasses.replace(
+        s, overflow=overflow or declared.get(s.key) or part.default_overflow or "error"
+      )
+      for s in placed
+    ]
     layouts = _sharding.infer_buffer_shardings(
       *shardings_from, {s.key: (s.shape, s.sown_shape) for s in sites if not s.stack_axes}
     )
@@ -183,6 +190,23 @@ def _pytree_discards(new: list, sites: list[SowSite], buffers: dict) -> dict[tup
   return out
 
 
+def _records_cut(entry: str, label: str, held: int, capacity: int, policy: str | None) -> str:
+  """What a re-declaration to fewer slots than the records held keeps, by the site's policy."""
+  kept = {
+    "wrap": f"the last {capacity} stay and the oldest {held - capacity} are discarded",
+    "drop": f"the first {capacity} stay and the latest {held - capacity} are discarded",
+  }.get(
+    policy or "error",
+    f"the first {capacity} stay, the latest {held - capacity} are discarded and reading the "
+    "site raises BufferOverflowError (overflow='error')",
+  )
+  return (
+    f"lb.{entry}: sow site {label} held {held} recorded value(s) and is re-declared with "
+    f"capacity {capacity}: {kept}. Fix: declare a capacity of at least {held}, or read the "
+    "records (lb.recorded) before declaring the smaller capacity."
+  )
+
+
 def _keep_records(
   site: SowSite,
   old: tp.Any,
@@ -213,6 +237,13 @@ def _keep_records(
       _RECORDS_LOST.format(
         entry=entry, label=label, n=n, capacity=old_value.shape[0], lost=lost, kept=values.shape[0]
       ),
+      RecordsDiscardedWarning,
+      stacklevel=6,
+    )
+  capacity = _compat.variable_value(buffer).shape[0]
+  if values.shape[0] > capacity:  # a smaller capacity than the records held
+    warnings.warn(
+      _records_cut(entry, label, values.shape[0], capacity, site.overflow),
       RecordsDiscardedWarning,
       stacklevel=6,
     )

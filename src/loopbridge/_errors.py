@@ -56,6 +56,12 @@ class RecordsDiscardedWarning(UserWarning):
   a site's value shape changed, or its buffer had already overflowed."""
 
 
+class ParamsReinitializedWarning(UserWarning):
+  """`lb.lazy_init` on a model whose `lb.ToNNX` parts already hold parameters (from an earlier
+  `lazy_init`, or loaded from a checkpoint): Linen's init replaces them with fresh random ones.
+  `lb.preallocate` declares another capacity or call signature and keeps them."""
+
+
 class CacheLengthWarning(UserWarning):
   """A flax attention cache (`cached_key`) shorter than the loop a declaration prepares: a
   capacity larger than its length, or a length-1 cache after `lazy_init` (the model was

@@ -684,6 +684,11 @@ def explain(
     >>> print(report.changes[0].message)
     carry[1]: shape (1, 2) became (2, 2) (float32)
   """
+  if not callable(body_fn):
+    raise TypeError(
+      f"lb.explain: body_fn must be the loop step, a function carry -> carry, got "
+      f"{type(body_fn).__name__}. Note the order: lb.explain(body_fn, carry, *extra_args)."
+    )
   report = explain_step(body_fn, carry, tuple(extra_args))
   if raise_on_change and not report.ok:
     raise StructureChangeError(str(report))

@@ -95,9 +95,25 @@ def unstack_params(
   return {name(i): tree for i, tree in enumerate(per_layer)}
 
 
+_NOT_LAYERS = (
+  "{what} takes per-layer params: a list of per-layer subtrees ([params_0, params_1, ...]) or "
+  "a mapping holding 'layers_0', 'layers_1', ... (e.g. variables['params']), got {got}. "
+  "Fix: pass the params tree itself, not its name or None."
+)
+
+
 def _layer_list(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], names: Names) -> list[Tree]:
   if not isinstance(layers, tp.Mapping):
-    return list(layers)
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, tp.Iterable):
+      raise StackError(_NOT_LAYERS.format(what="lb.layers.stack_params", got=type(layers).__name__))
+    found = list(layers)
+    if not found:
+      raise StackError(
+        "lb.layers.stack_params got an empty list: there are no layers to stack, so the "
+        "stacked subtree would have no leaves. Fix: pass the per-layer subtrees "
+        "([params_0, params_1, ...]) or the mapping holding 'layers_0', 'layers_1', ..."
+      )
+    return found
   name = _namer(names)
   found = []
   while name(len(found)) in layers:
@@ -264,6 +280,8 @@ def load_params(
     >>> float(lb.layers.load_params(scanned, stacked).kernel[...].sum())
     48.0
   """
+  if not isinstance(params, (tp.Mapping, list, tuple)):
+    raise StackError(_NOT_LAYERS.format(what="lb.layers.load_params", got=type(params).__name__))
   is_per_layer = not isinstance(params, tp.Mapping) or _namer(names)(0) in params
   if isinstance(target, nnx.Module):
     scanned = stack_params(params, names=names) if is_per_layer else params
@@ -318,6 +336,12 @@ def export_params(
     >>> lb.layers.export_params(layers)['kernel'].shape
     (3, 4, 4)
   """
+  if not isinstance(source, (nnx.Module, list, tuple)):
+    raise StackError(
+      f"lb.layers.export_params takes a layer stack (lb.layers.stack / nnx.vmap) or a list of "
+      f"NNX layers, got {type(source).__name__}. Fix: pass the stacked module (e.g. "
+      "model.layers) or the list of layers."
+    )
   if isinstance(source, nnx.Module):
     _num_layers(source, "lb.layers.export_params")
     tree = _unflatten({p: _compat.variable_value(v) for p, v in _params_of(source).items()})

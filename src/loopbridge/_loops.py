@@ -294,6 +294,39 @@ def _is_traced(tree: tp.Any) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
+def _check_loop_args(kind: str, cond_fn: tp.Any, body_fn: tp.Any, lower: tp.Any, upper: tp.Any):
+  """Refuse what would fail deep inside the trace (a non-function) or run another number of
+  steps than the caller meant (a float bound is compared as a float: 0 to 2.5 runs 3 steps)."""
+  name = f"lb.{kind}_loop"
+  functions = (("cond_fn", cond_fn),) if kind == "while" else ()
+  for what, fn in (*functions, ("body_fn", body_fn)):
+    if not callable(fn):
+      raise TypeError(
+        f"{name}: {what} must be a function, got {type(fn).__name__}. Note the order: "
+        + (
+          "lb.fori_loop(lower, upper, body_fn, carry)."
+          if kind == "fori"
+          else "lb.while_loop(cond_fn, body_fn, carry)."
+        )
+      )
+  if kind != "fori":
+    return
+  for what, bound in (("lower", lower), ("upper", upper)):
+    dtype = getattr(bound, "dtype", None)
+    integer = (
+      jnp.issubdtype(dtype, jnp.integer)
+      if dtype is not None
+      else isinstance(bound, (int, np.integer)) and not isinstance(bound, bool)
+    )
+    if not integer:
+      raise TypeError(
+        f"{name}: {what}={bound!r} must be an integer (a Python int or an integer array), "
+        f"got {type(bound).__name__}. Why: the bounds count loop steps; a fractional bound "
+        f"would run a number of steps you did not write. Fix: pass int({what}) or "
+        f"jnp.asarray({what}, jnp.int32)."
+      )
+
+
 def _loop(
   kind: str,
   cond_fn: tp.Any,
@@ -303,6 +336,7 @@ def _loop(
   upper: tp.Any = None,
   unroll: tp.Any = None,
 ) -> tp.Any:
+  _check_loop_args(kind, cond_fn, body_fn, lower, upper)
   leaves, treedef, node_mask = _flatten(carry)
   nodes = [leaf for leaf, is_node in zip(leaves, node_mask) if is_node]
   values = [leaf for leaf, is_node in zip(leaves, node_mask) if not is_node]

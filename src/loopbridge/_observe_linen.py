@@ -278,6 +278,14 @@ _NON_ARRAY_HELP = (
 )
 
 
+PRNG_KEY_SOWN = (
+  "{where}sow site {site} sows a typed PRNG key ({dtype}, from jax.random.key). Why: record "
+  "buffers hold numeric arrays, and a typed key has no numeric dtype to allocate them with. "
+  "Fix: sow its data, self.sow(..., jax.random.key_data(key)), and rebuild keys from the "
+  "record with jax.random.wrap_key_data(records)."
+)
+
+
 def _describe_value(value: tp.Any) -> tp.Any:
   if hasattr(value, "shape"):
     return tuple(value.shape)
@@ -288,9 +296,17 @@ def _describe_value(value: tp.Any) -> tp.Any:
   return type(value).__name__
 
 
+def _scalar_as_array(leaf: tp.Any) -> tp.Any:
+  if isinstance(leaf, (bool, int, float, complex)):
+    return jnp.asarray(leaf)
+  return leaf
+
+
 def _record_sites(path: tuple[str, ...], value: tuple, call: SowCall) -> list[SowSite]:
   """The sites of one tuple-reduce sow: one for an array, one per array leaf of a pytree."""
-  flat = [flatten_value(v) for v in value]
+  # A Python number is recorded as a 0-d array of JAX's default dtype for it, as Linen keeps
+  # it in the collection (and as 0.1 recorded it).
+  flat = [flatten_value(jax.tree.map(_scalar_as_array, v)) for v in value]
   treedefs = {treedef for treedef, _ in flat}
   leaves_ok = all(
     hasattr(leaf, "shape") and hasattr(leaf, "dtype") for _, leaves in flat for _, leaf in leaves
@@ -302,6 +318,12 @@ def _record_sites(path: tuple[str, ...], value: tuple, call: SowCall) -> list[So
     )
   (treedef,) = treedefs
   first = flat[0][1]
+  for keys, leaf in first:
+    if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      where = f"leaf {''.join(f'[{k}]' for k in keys)} of " if keys else ""
+      raise NotDeclaredError(
+        PRNG_KEY_SOWN.format(where=where, site="/".join(path), dtype=leaf.dtype)
+      )
   pytree = is_pytree_value(treedef, first)
   sites = []
   for index, (keys, _) in enumerate(first):

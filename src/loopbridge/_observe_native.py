@@ -34,6 +34,7 @@ from flax.nnx import bridge
 from . import _compat
 from ._errors import NotDeclaredError
 from ._native_hook import DEFAULT_INIT, DEFAULT_REDUCE, collection_of
+from ._observe_linen import PRNG_KEY_SOWN
 from ._site import SowCall, SowSite
 
 _LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
@@ -159,6 +160,10 @@ def _stack_axes(path, entry_shape, calls: list[SowCall]) -> int:
   return candidates.pop()
 
 
+def _is_typed_key(value: tp.Any) -> bool:
+  return hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jax.dtypes.prng_key)
+
+
 def diff(
   before: dict[tuple, tp.Any], after: dict[tuple, tp.Any], calls: list[SowCall]
 ) -> NativeFindings:
@@ -180,6 +185,13 @@ def diff(
       tuple_paths.append(path)
       if not entries:
         continue
+      key = next((e for e in entries if _is_typed_key(e)), None)
+      if key is not None:
+        raise NotDeclaredError(
+          PRNG_KEY_SOWN.format(
+            where="native ", site="/".join(map(str, (collection, *path))), dtype=key.dtype
+          )
+        )
       shapes = {(tuple(e.shape), np.dtype(e.dtype)) for e in entries if hasattr(e, "shape")}
       if len(shapes) != 1 or not all(hasattr(e, "shape") for e in entries):
         raise NotDeclaredError(

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import inspect
 import typing as tp
+import warnings
 
 import jax
 from flax import linen, nnx
@@ -32,7 +33,7 @@ from . import (
   _session,
   _user_errors,
 )
-from ._errors import NotDeclaredError
+from ._errors import NotDeclaredError, ParamsReinitializedWarning
 
 SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
 
@@ -123,6 +124,11 @@ def target(model: tp.Any, method: tp.Any, what: str) -> tuple[nnx.Module, tp.Cal
   if model is not root:
     raise TypeError(f"{what}: pass either a bound method or method=, not both.")
   if _is_bridge(root):  # a Linen method of the wrapped module
+    if not (isinstance(method, str) or callable(method)):
+      raise TypeError(
+        f"{what}: method= must be the name of a method of the Linen module or the function "
+        f"itself (method='decode' or method=MyModule.decode), got {type(method).__name__}."
+      )
     return root, lambda m, *a, **k: m(*a, method=method, **k)
   if isinstance(method, str):
     return root, lambda m, *a, **k: getattr(m, method)(*a, **k)
@@ -316,7 +322,83 @@ def _flat_state(root: nnx.Module) -> dict[tuple, tp.Any]:
   return _observe_native.flat_state(_compat.split_graph(root)[1])
 
 
+# ----------------------------------------------------------- a lazy_init that fails changes nothing
+_INTERNAL_ATTRS = ("_pytree__", "_object__")
+
+_REINITIALIZED = (
+  "lb.lazy_init re-initialized the parameters of {parts}, which already held parameters (from "
+  "an earlier lazy_init, or loaded): they were replaced by fresh random values. Why: lazy_init "
+  "runs Linen's init. Fix: to declare buffers for a new capacity or call signature and keep "
+  "the parameters, use lb.preallocate(model, *args, capacity=...) instead."
+)
+
+
+def _snapshot(root: nnx.Module) -> tuple[list, list]:
+  """Every Variable's value and every module's attributes (references only, nothing copied)."""
+  values, attributes = [], []
+  for _, node in _compat.iter_graph(root):
+    if isinstance(node, nnx.Variable):
+      values.append((node, _compat.variable_value(node)))
+    elif isinstance(node, nnx.Module):
+      attributes.append((node, dict(vars(node))))
+  return values, attributes
+
+
+def _restore(snapshot: tuple[list, list]) -> None:
+  """Put back what `_snapshot` saw: values (rng counters too), attributes; drop new attributes."""
+  values, attributes = snapshot
+  for variable, value in values:
+    _compat.set_variable_value(variable, value)
+  for node, before in attributes:
+    for name in [k for k in vars(node) if not k.startswith(_INTERNAL_ATTRS)]:
+      if name not in before:
+        delattr(node, name)
+      elif vars(node)[name] is not before[name]:
+        vars(node)[name] = before[name]  # the very object it held, as it was accepted then
+
+
+def _holding_params(root: nnx.Module) -> list[str]:
+  """Labels of the lb.ToNNX parts of `root` that hold Linen params already."""
+  found = []
+  for path, node in _compat.iter_graph(root):
+    if _is_bridge(node) and _linen_vars.linen_variables(node).get("params"):
+      where = f" at '{'/'.join(map(str, path))}'" if path else ""
+      found.append(f"lb.ToNNX({type(_compat.linen_module_of(node)).__name__}){where}")
+  return found
+
+
+def _all_or_nothing(entry: tp.Callable[..., Model]) -> tp.Callable[..., Model]:
+  """`entry` (lazy_init) leaves the model as it was when it fails, and warns when it succeeds
+  in replacing parameters the model held.
+
+  Not everything can be validated before the model runs: which capacity keys match which
+  sites is known only from the call. A failure after the call (a capacity key matching no
+  site) would otherwise leave Linen's init done and the rng streams advanced, so a corrected
+  retry would initialize other parameters than a first correct call.
+  """
+
+  @functools.wraps(entry)
+  def run(model: tp.Any, *args: tp.Any, **kwargs: tp.Any) -> Model:
+    root = _root_of(model)
+    if root is None:  # entry raises the clear error
+      return entry(model, *args, **kwargs)
+    snapshot, held = _snapshot(root), _holding_params(root)
+    try:
+      result = entry(model, *args, **kwargs)
+    except BaseException:
+      _restore(snapshot)
+      raise
+    if held:
+      warnings.warn(
+        _REINITIALIZED.format(parts=", ".join(held)), ParamsReinitializedWarning, stacklevel=2
+      )
+    return result
+
+  return run
+
+
 # ------------------------------------------------------------------------------- the entries
+@_all_or_nothing
 def lazy_init(
   model: Model,
   *args: tp.Any,
@@ -339,7 +421,8 @@ def lazy_init(
       path from the root inside the collection (e.g. `"ScanBlock_0/carry"`, `"llm/Block_0/x"`)
       or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`, then to
       an enclosing `with lb.capacity(N):` block.
-    overflow: `"error"` (default), `"drop"` or `"wrap"`.
+    overflow: `"error"`, `"drop"` or `"wrap"`. Default: a site declared before keeps its
+      policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
     **kwargs: keyword arguments of the call (`method=` included for an `lb.ToNNX`).
 
   Returns:
@@ -537,7 +620,8 @@ def preallocate(
     *args: sample inputs of the call (only shapes, dtypes and shardings matter).
     capacity: as for `lb.lazy_init` (the same defaults); native sows need it or an
       enclosing `with lb.capacity(N):` block.
-    overflow: `"error"` (default), `"drop"` or `"wrap"`.
+    overflow: `"error"`, `"drop"` or `"wrap"`. Default: a site declared before keeps its
+      policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
     method: the method the loop calls: a name, a function taking the module first, or (for
       an `lb.ToNNX`) a Linen method. Default `__call__`.
     **kwargs: keyword arguments of the call.

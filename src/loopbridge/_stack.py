@@ -9,6 +9,7 @@ the i-th layer as a module of the layer's own class whose Variables read and wri
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 
 import jax
@@ -17,7 +18,7 @@ import numpy as np
 from flax import nnx
 from flax.nnx import graph as nnx_graph
 
-from . import _compat
+from . import _compat, _recorder
 from ._errors import StackError
 
 M = tp.TypeVar("M", bound=nnx.Module)
@@ -112,6 +113,34 @@ def _first_difference(reference: tp.Any, other: tp.Any) -> tuple[str, str, str] 
   return None
 
 
+def _shift_stack_axes(module: nnx.Module, layers: int | None) -> None:
+  """Keep the record bookkeeping of `module`'s recorders in step with a new layer axis.
+
+  A recorder's buffers say how many leading stack axes they carry (`stack_axes`), and its
+  declared sites give the stacked value shape: reads put the record index first by them, so a
+  layer axis added (`layers`: its size) or removed (`layers=None`) by stacking must be counted.
+  """
+  by = 1 if layers is not None else -1
+  for _, node in _recorder.iter_recorders(module):
+    for _, buffer, _ in _recorder.pairs(node):
+      axes = getattr(buffer, "stack_axes", 0) or 0
+      _compat.set_variable_metadata(buffer, "stack_axes", max(axes + by, 0))
+    sites = _recorder.sites_of(node)
+    if sites:
+      setattr(
+        node,
+        _recorder.SITES_ATTR,
+        tuple(
+          dataclasses.replace(s, shape=(layers, *s.shape), stack_axes=s.stack_axes + 1)
+          if layers is not None
+          else dataclasses.replace(s, shape=s.shape[1:], stack_axes=s.stack_axes - 1)
+          if s.stack_axes
+          else s
+          for s in sites
+        ),
+      )
+
+
 def stack(modules: tp.Sequence[M]) -> M:
   """Stack equal NNX modules into one module whose every array has a leading layer axis.
 
@@ -165,7 +194,9 @@ def stack(modules: tp.Sequence[M]) -> M:
       )
     states.append(state)
   stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
-  return nnx.merge(graphdef, stacked_state)
+  stacked = nnx.merge(graphdef, stacked_state)
+  _shift_stack_axes(stacked, len(modules))
+  return stacked
 
 
 def _num_layers(stacked: nnx.Module, what: str) -> int:
@@ -222,7 +253,10 @@ def unstack(stacked: M) -> list[M]:
   """
   n = _num_layers(stacked, "lb.layers.unstack")
   graphdef, state = nnx.split(stacked)
-  return [nnx.merge(graphdef, jax.tree.map(lambda leaf, i=i: leaf[i], state)) for i in range(n)]
+  layers = [nnx.merge(graphdef, jax.tree.map(lambda leaf, i=i: leaf[i], state)) for i in range(n)]
+  for one in layers:
+    _shift_stack_axes(one, None)
+  return layers
 
 
 def _set_child(owner: tp.Any, key: tp.Any, value: tp.Any) -> None:

@@ -81,6 +81,22 @@ _SOW_WITHOUT_BUFFER = (
 )
 
 
+def _check_rngs_and_capture(rngs: tp.Any, capture: tp.Any) -> None:
+  """Refuse constructor options that would fail only later, inside Linen, with a raw error."""
+  if rngs is not None and not isinstance(rngs, (nnx.Rngs, jax.Array)):
+    raise TypeError(
+      f"lb.ToNNX: rngs= must be an nnx.Rngs (or None for a module without randomness), got "
+      f"{type(rngs).__name__}. Why: the wrapper draws Linen's 'params', 'dropout', ... keys "
+      f"from its streams. Fix: rngs=nnx.Rngs({rngs if isinstance(rngs, int) else 0})."
+    )
+  if not (isinstance(capture, bool) or callable(capture)):
+    raise TypeError(
+      f"lb.ToNNX: capture_intermediates= must be True, False or a filter function "
+      f"(module, method_name) -> bool, as for Linen's apply, got {capture!r}. Fix: e.g. "
+      "capture_intermediates=True, or lambda mdl, name: name == '__call__'."
+    )
+
+
 class ToNNX(bridge.ToNNX):
   """A loop-stable `flax.nnx.bridge.ToNNX`: records every `sow` into preallocated buffers.
 
@@ -144,6 +160,7 @@ class ToNNX(bridge.ToNNX):
       )
     capacity = _capacity.check_capacity_spec(capacity)
     overflow = _capacity.check_overflow(overflow)
+    _check_rngs_and_capture(rngs, capture_intermediates)
     super().__init__(module, rngs)
     setattr(
       self,
