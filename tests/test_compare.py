@@ -600,7 +600,8 @@ def test_nan_in_the_same_places_is_equal():
   assert report.ok, str(report)
   port.shift = 1.0  # same NaN places, other finite values: still a divergence
   report = lb.compare((LogNet(), variables), port, x)
-  assert not report.ok and report.first_divergence.kind == "values"
+  divergence = report.first_divergence
+  assert not report.ok and divergence is not None and divergence.kind == "values"
 
 
 def test_infinite_atol_compares_structure_shapes_and_dtypes_only(setup):

@@ -9,6 +9,7 @@ during `init`. Every recorded value is compared with plain Linen
 from __future__ import annotations
 
 import functools
+import typing as tp
 
 import flax.linen as nn
 import jax
@@ -49,7 +50,7 @@ def assert_step_equal(recorded, linen_steps):
   for path in want_sites:
     assert got[path].shape[0] == len(linen_steps), path
     for k, step in enumerate(linen_steps):
-      (want,) = flat(step)[path]
+      (want,) = tp.cast(tuple, flat(step)[path])
       assert_close(got[path][k], want)
 
 
