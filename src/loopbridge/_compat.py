@@ -101,7 +101,7 @@ from flax.nnx.bridge import wrappers as _bridge_wrappers  # noqa: E402
 FLAX_VERSION: tuple[int, ...] = _version_tuple(flax.__version__)
 JAX_VERSION: tuple[int, ...] = _version_tuple(jax.__version__)
 
-# flax 0.11 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
+# flax 0.11.1 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
 # `_object__state` to `_pytree__state`.
 _STATE_ATTR = "_pytree__state" if hasattr(nnx, "Pytree") else "_object__state"
 
@@ -176,13 +176,15 @@ def bridge_call_rngs(rngs: tp.Any, *, initializing: bool) -> dict[str, jax.Array
 
   flax 0.12 calls every stream (advancing its count) and renames `default` to `params`.
   flax 0.10 uses the raw keys without advancing them at init, calls the streams at apply, and
-  renames `default` only at init.
+  renames `default` only at init. flax 0.11 (nnx.Pytree, from 0.11.1) calls the streams as 0.12
+  does but renames only at init, so its stock wrapper cannot create params outside lazy_init;
+  ours takes the 0.12 path there and can (nnx.bridge.Module.init needs it).
   """
   if rngs is None:
     return {}
   if isinstance(rngs, jax.Array):
     return {"params": rngs}
-  if hasattr(nnx, "Pytree"):  # 0.12
+  if hasattr(nnx, "Pytree"):  # 0.11.1 on
     out = {name: stream() for name, stream in rngs.items()}
     if "params" not in out and "default" in out:
       out["params"] = out.pop("default")
