@@ -88,11 +88,9 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
       else:
         spec = sharding
       target = _sharding.value_sharding(label, value_shape, spec, mesh)
-      placed = jax.device_put(value, target)
-      # Already placed: flax's eager sharding has nothing to do, and flax 0.12.0's constrains
-      # against the context mesh only (none here), which fails.
-      with _compat.no_eager_sharding():
-        new = _buffers.Buffer(placed, overflow=buffer.overflow, **_sharding.buffer_metadata(target))
+      new = _buffers.placed_buffer(
+        jax.device_put(value, target), overflow=buffer.overflow, **_sharding.buffer_metadata(target)
+      )
       node = buffers
       for key_ in site[:-1]:
         node = node[key_]
