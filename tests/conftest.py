@@ -37,7 +37,7 @@ def graph(request) -> bool:
 needs_graph_switch = pytest.mark.skipif(
   not _compat.HAS_GRAPH_SWITCH,
   reason=f"flax {'.'.join(map(str, _compat.FLAX_VERSION))} has no graph=/tree mode switch "
-  "(added in flax 0.11)",
+  "(loops and transforms take it from flax 0.12.5)",
 )
 
 

@@ -16,6 +16,7 @@ module_test.py in google/flax) plus the ones issue 15 lists.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing as tp
 
 import flax
@@ -35,9 +36,9 @@ from conftest import graph_kw
 RTOL, ATOL = 1e-5, 1e-6  # float32 round-off between compiled/transformed and eager Linen
 CAPACITY = 8  # what "swap the import" adds for a model that sows
 
-# flax >= 0.11: `ToNNX.__getattr__` turns `model.<linen method>` into a bound partial.
+# flax >= 0.10.7: `ToNNX.__getattr__` turns `model.<linen method>` into a bound partial.
 HAS_LINEN_METHOD_ATTRS = "__getattr__" in vars(bridge.ToNNX)
-# flax >= 0.11: Linen-style NNX modules (`nnx.bridge.Module`).
+# flax >= 0.10.4: Linen-style NNX modules (`nnx.bridge.Module`).
 HAS_BRIDGE_MODULE = hasattr(bridge, "Module")
 FLAX = ".".join(map(str, _compat.FLAX_VERSION))
 
@@ -348,7 +349,7 @@ def test_submodule_of_nnx_module(impl):
 # =============================================================== methods other than __call__
 @pytest.mark.skipif(
   not HAS_LINEN_METHOD_ATTRS,
-  reason=(f"flax {FLAX}: ToNNX has no __getattr__ forwarding Linen methods (added in flax 0.11)"),
+  reason=(f"flax {FLAX}: ToNNX has no __getattr__ forwarding Linen methods (added in flax 0.10.7)"),
 )
 def test_lazy_init_through_bound_linen_method(impl):
   model = impl.ToNNX(Foo(), rngs=nnx.Rngs(0))
@@ -519,9 +520,48 @@ def test_to_nnx_inside_to_linen_inside_to_nnx(impl):
   assert_close(model(X * 2), jnp.tanh(nn.Dense(3).apply({"params": dense}, X * 2)) * 2.0)
 
 
+# ============================================= what the installed flax's stock wrapper can do
+# Probed by running stock, not read from the version: a test whose stock run hits one of these
+# limits skips that run only (the `ours` run is the contract and still runs).
+@functools.cache
+def stock_inits_outside_lazy_init() -> bool:
+  """Stock, called with mutable=True before lazy_init, creates its variables (flax >= 0.12.0).
+
+  Before 0.12.0 only lazy_init hands Linen a 'params' rng (InvalidRngError), and
+  nnx.bridge.Module.init relies on such a call.
+  """
+  try:
+    bridge.ToNNX(nn.Dense(1), rngs=nnx.Rngs(0))(jnp.ones((1, 1)), mutable=True)
+  except flax.errors.InvalidRngError:
+    return False
+  return True
+
+
+@functools.cache
+def stock_calls_again_after_a_sow() -> bool:
+  """Stock can be called again after a mutable=True call that sowed.
+
+  flax 0.11 keeps the sown tuple as an attribute its next call cannot convert (ValueError:
+  "Cannot infer collection name from value").
+  """
+  model = bridge.lazy_init(bridge.ToNNX(Sower(), rngs=nnx.Rngs(0)), X)
+  model(X, mutable=True)
+  try:
+    model(X, mutable=True)
+  except ValueError:
+    return False
+  return True
+
+
+def skip_stock_unless(impl: Impl, can: tp.Callable[[], bool]) -> None:
+  """Skip the stock run of a test where the installed flax's stock wrapper cannot do `can`."""
+  if not impl.records and not can():
+    pytest.skip(f"flax {FLAX}: stock ToNNX cannot: {(can.__doc__ or '').splitlines()[0]}")
+
+
 # ================================================================== nnx.bridge.Module parents
 needs_bridge_module = pytest.mark.skipif(
-  not HAS_BRIDGE_MODULE, reason=(f"flax {FLAX} has no nnx.bridge.Module (added in flax 0.11)")
+  not HAS_BRIDGE_MODULE, reason=(f"flax {FLAX} has no nnx.bridge.Module (added in flax 0.10.4)")
 )
 
 
@@ -532,6 +572,7 @@ needs_bridge_module = pytest.mark.skipif(
 def test_mutable_call_before_lazy_init_creates_the_variables(impl):
   """What nnx.bridge.Module.init relies on: an un-initialized wrapper called with
   mutable=True creates its variables through Linen, and later calls use them."""
+  skip_stock_unless(impl, stock_inits_outside_lazy_init)
   model = impl.ToNNX(nn.Dense(3), rngs=nnx.Rngs(0))
   y = model(X, mutable=True)
   params = linen_variables(model)["params"]
@@ -543,6 +584,7 @@ def test_mutable_call_before_lazy_init_creates_the_variables(impl):
 @needs_bridge_module
 @pytest.mark.parametrize("style", ["setup", "compact"])
 def test_bridge_module_submodule(impl, style):
+  skip_stock_unless(impl, stock_inits_outside_lazy_init)
   if style == "setup":
 
     class SetupParent(bridge.Module):
@@ -573,6 +615,7 @@ def test_bridge_module_submodule(impl, style):
 @needs_bridge_module
 def test_bridge_module_mutable_collection_inherited(impl):
   """A bridge.Module's `mutable=` reaches the wrapped Linen module (no `mutable` on the call)."""
+  skip_stock_unless(impl, stock_inits_outside_lazy_init)
 
   class Parent(bridge.Module):
     def setup(self):
@@ -713,6 +756,7 @@ def test_sowing_child_inside_transform_records_stacked(impl, transform, graph):
   In tree mode stock loses the sow: the Variable its call creates inside the transform does
   not leave it; only its outputs are compared there.
   """
+  skip_stock_unless(impl, stock_calls_again_after_a_sow)
   if transform == "vmap":
     model = VmapParent(impl, Sower(), rngs=nnx.Rngs(0))
     impl.lazy_init(model, X, sows=True)
@@ -732,6 +776,7 @@ def test_sowing_child_inside_transform_records_stacked(impl, transform, graph):
 
 
 def test_sowing_child_inside_remat_records_like_linen(impl):
+  skip_stock_unless(impl, stock_calls_again_after_a_sow)
   model = RematParent(impl, Sower(), rngs=nnx.Rngs(0))
   impl.lazy_init(model, X, sows=True)
   params = linen_variables(model.inner)["params"]

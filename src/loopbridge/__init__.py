@@ -9,6 +9,9 @@ Families of names live in namespaces: `lb.layers` (layer stacks and their params
 record buffers on a mesh).
 """
 
+# First: checks the installed flax/jax pair before anything imports `flax.nnx` (a pair that
+# cannot import gets one clear line instead of an ImportError from inside flax).
+from . import _compat  # noqa: F401  # pyright: ignore[reportUnusedImport]
 from . import checkpoint as checkpoint
 from . import layers as layers
 from . import sharding as sharding

@@ -82,7 +82,17 @@ def new_buffer(
   metadata = _sharding.buffer_metadata(sharding)
   if stack:
     metadata["stack_axes"] = len(stack)
-  return Buffer(value, overflow=overflow, **metadata)
+  return placed_buffer(value, overflow=overflow, **metadata)
+
+
+def placed_buffer(value: tp.Any, **metadata: tp.Any) -> Buffer:
+  """A Buffer holding `value`, which is already placed as its partitioning metadata says.
+
+  flax's eager sharding (0.12) has nothing left to do, and flax 0.12.0's constrains against the
+  context mesh only (ignoring the `mesh` metadata), which fails outside one: it is off here.
+  """
+  with _compat.no_eager_sharding():
+    return Buffer(value, **metadata)
 
 
 def new_count() -> Count:

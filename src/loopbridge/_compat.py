@@ -1,21 +1,20 @@
 """Every difference between the supported flax versions, in one place.
 
-Supported: flax 0.10.2 + jax 0.5.3 (what openpi pins) through flax 0.12.8 + jax 0.10.2.
-Each function below hides exactly one difference; the comment says which versions
-differ and how. Code elsewhere in the package never checks a version itself.
+Supported: every flax minor from 0.10.2 + jax 0.5.3 (what openpi pins) through flax 0.12.8 +
+jax 0.10.2; the tested pairs are the files in `constraints/` (README, "Supported versions").
+Each function below hides exactly one difference and tests for the capability itself (a
+signature, an attribute), not the version number; the comment says which versions differ and
+how. The one exception is the installed-pair check below, which must run before flax is
+imported. Code elsewhere in the package never checks a version itself.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import inspect
 import operator
 import typing as tp
-
-import flax
-import jax
-from flax import linen, nnx
-from flax.nnx.bridge import wrappers as _bridge_wrappers
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -26,16 +25,90 @@ def _version_tuple(version: str) -> tuple[int, ...]:
   return tuple(parts)
 
 
+# --- the installed flax/jax pair --------------------------------------------------------------
+# flax's own `jax>=` bound has no upper end, so pip can pair an older flax with a jax that has
+# removed what `from flax import nnx` imports (jax internals); the import then fails deep inside
+# flax. Each row: (flax from, flax up to, first jax that breaks it, the tested pair to install).
+#   flax 0.11.0 imports `jax._src.core.mutable_array`, gone in jax 0.8.0;
+#   flax 0.11.1 to 0.12.0 fall back to it when `jax.array_ref` is missing, both gone in jax 0.9.0.
+# flax 0.10.2 (jax 0.5.3) and 0.12.1 on (flax asks for jax >= 0.8.1) import with jax 0.10.2.
+_BROKEN_PAIRS: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], ...] = (
+  ((0, 11, 0), (0, 11, 0), (0, 8, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
+  ((0, 11, 1), (0, 11, 99), (0, 9, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
+  ((0, 12, 0), (0, 12, 0), (0, 9, 0), "constraints/flax-0.12.0.txt: flax 0.12.0, jax 0.8.0"),
+)
+
+_BROKEN_PAIR_MESSAGE = (
+  "loopbridge: flax {flax} cannot import with jax {jax} (jax {jax_bad} removed internals this "
+  "flax imports, so `from flax import nnx` fails; flax's own bounds allow the pair); install "
+  "jax and jaxlib below {jax_bad} as in the tested pair ({fix}), or flax 0.12.8 with jax "
+  '0.10.2 (constraints/newest.txt); see loopbridge\'s README, "Supported versions".'
+)
+
+
+def broken_pair_message(flax_version: str, jax_version: str) -> str | None:
+  """One line naming a flax/jax pair that cannot import `flax.nnx`, and the fix; else None.
+
+  Args:
+    flax_version: the installed flax version string, e.g. "0.11.2".
+    jax_version: the installed jax version string, e.g. "0.10.2".
+
+  Returns:
+    The error text for a known-broken pair, or None for a pair that imports.
+
+  Example:
+    >>> broken_pair_message("0.12.8", "0.10.2") is None
+    True
+    >>> print(broken_pair_message("0.11.2", "0.10.2"))  # doctest: +ELLIPSIS
+    loopbridge: flax 0.11.2 cannot import with jax 0.10.2 ...constraints/flax-0.11.txt...
+  """
+  flax_v, jax_v = _version_tuple(flax_version), _version_tuple(jax_version)
+  for flax_from, flax_to, jax_bad, fix in _BROKEN_PAIRS:
+    if flax_from <= flax_v <= flax_to and jax_v >= jax_bad:
+      return _BROKEN_PAIR_MESSAGE.format(
+        flax=flax_version, jax=jax_version, jax_bad=".".join(map(str, jax_bad)), fix=fix
+      )
+  return None
+
+
+def check_installed_pair() -> None:
+  """Raise ImportError (one line) if the installed flax cannot import with the installed jax.
+
+  Reads the installed versions from package metadata, without importing flax (whose
+  `from flax import nnx` is what fails on such a pair). Missing metadata (a source checkout on
+  `sys.path`) skips the check.
+
+  Raises:
+    ImportError: the installed pair is known not to import; the text names the fix.
+  """
+  try:
+    flax_version = importlib.metadata.version("flax")
+    jax_version = importlib.metadata.version("jax")
+  except importlib.metadata.PackageNotFoundError:
+    return
+  message = broken_pair_message(flax_version, jax_version)
+  if message is not None:
+    raise ImportError(message)
+
+
+check_installed_pair()
+
+# After the pair check: on a broken pair these imports fail deep inside flax.
+import flax  # noqa: E402
+import jax  # noqa: E402
+from flax import linen, nnx  # noqa: E402
+from flax.nnx.bridge import wrappers as _bridge_wrappers  # noqa: E402
+
 FLAX_VERSION: tuple[int, ...] = _version_tuple(flax.__version__)
 JAX_VERSION: tuple[int, ...] = _version_tuple(jax.__version__)
 
-# flax 0.11 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
+# flax 0.11.1 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
 # `_object__state` to `_pytree__state`.
 _STATE_ATTR = "_pytree__state" if hasattr(nnx, "Pytree") else "_object__state"
 
-# flax >= 0.11 loops and transforms accept `graph=` (graph mode vs tree mode, FLIP 5310);
-# 0.10 has graph mode only.
-HAS_GRAPH_SWITCH: bool = "graph" in __import__("inspect").signature(nnx.while_loop).parameters
+# flax >= 0.12.5 loops and transforms accept `graph=` (graph mode vs tree mode, FLIP 5310;
+# `nnx.jit` alone from 0.12.4); 0.10.2 to 0.12.4 loops have graph mode only.
+HAS_GRAPH_SWITCH: bool = "graph" in inspect.signature(nnx.while_loop).parameters
 
 # Prefixes of attributes on a bridge.ToNNX that are not Linen variables. flax 0.12 namespaces
 # its own (`to_nnx__module`, `to_nnx__rngs`); 0.10 uses plain `module`, `rngs`,
@@ -55,14 +128,14 @@ def set_initializing(module: nnx.Module, initializing: bool) -> None:
 
 
 def linen_module_of(model: nnx.bridge.ToNNX) -> linen.Module:
-  """The wrapped Linen module: `to_nnx__module` (0.12) or `module` (0.10)."""
+  """The wrapped Linen module: `to_nnx__module` (flax >= 0.12.0) or `module` (before)."""
   if "to_nnx__module" in vars(model):
     return vars(model)["to_nnx__module"]
   return vars(model)["module"]
 
 
 def rngs_of(model: nnx.bridge.ToNNX) -> tp.Any:
-  """The wrapper's rngs: `to_nnx__rngs` (0.12) or `rngs` (0.10)."""
+  """The wrapper's rngs: `to_nnx__rngs` (flax >= 0.12.0) or `rngs` (before)."""
   if "to_nnx__module" in vars(model):
     return vars(model)["to_nnx__rngs"]
   return vars(model)["rngs"]
@@ -70,19 +143,21 @@ def rngs_of(model: nnx.bridge.ToNNX) -> tp.Any:
 
 def linen_attribute_names(model: nnx.bridge.ToNNX) -> list[str]:
   """Names of the attributes holding Linen variables, as stock `ToNNX.__call__` reads them."""
-  if "to_nnx__module" in vars(model):
-    # 0.12: every attribute that is not the wrapper's own.
-    return [k for k in vars(model) if not k.startswith(_OWN_ATTR_PREFIXES)]
-  # 0.10: the wrapper keeps the list itself.
-  return [
-    k for k in vars(model).get("linen_attributes", ()) if not k.startswith(_OWN_ATTR_PREFIXES)
-  ]
+  own = vars(model)
+  if "to_nnx__module" in own:
+    # flax >= 0.12.0: every attribute that is not the wrapper's own.
+    return [k for k in own if not k.startswith(_OWN_ATTR_PREFIXES)]
+  if "linen_attributes" in own:
+    # flax 0.10.2: the wrapper keeps the list itself.
+    return [k for k in own["linen_attributes"] if not k.startswith(_OWN_ATTR_PREFIXES)]
+  # flax 0.11 (no list, attributes not namespaced yet): every attribute but `module` and `rngs`.
+  return [k for k in own if k not in ("module", "rngs") and not k.startswith(_OWN_ATTR_PREFIXES)]
 
 
 def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) -> None:
-  """Keep 0.10's `linen_attributes` list in step when we add or remove Linen attributes."""
-  if "to_nnx__module" not in vars(model):
-    # 0.10 only: the newest flax (the one type-checked against) has no such attribute.
+  """Keep flax 0.10.2's `linen_attributes` list in step when we add or remove Linen attributes."""
+  if "linen_attributes" in vars(model):
+    # 0.10.2 only: the newest flax (the one type-checked against) has no such attribute.
     model.linen_attributes = tuple(sorted(names))  # pyright: ignore[reportAttributeAccessIssue]
 
 
@@ -102,13 +177,15 @@ def bridge_call_rngs(rngs: tp.Any, *, initializing: bool) -> dict[str, jax.Array
 
   flax 0.12 calls every stream (advancing its count) and renames `default` to `params`.
   flax 0.10 uses the raw keys without advancing them at init, calls the streams at apply, and
-  renames `default` only at init.
+  renames `default` only at init. flax 0.11 (nnx.Pytree, from 0.11.1) calls the streams as 0.12
+  does but renames only at init, so its stock wrapper cannot create params outside lazy_init;
+  ours takes the 0.12 path there and can (nnx.bridge.Module.init needs it).
   """
   if rngs is None:
     return {}
   if isinstance(rngs, jax.Array):
     return {"params": rngs}
-  if hasattr(nnx, "Pytree"):  # 0.12
+  if hasattr(nnx, "Pytree"):  # 0.11.1 on
     out = {name: stream() for name, stream in rngs.items()}
     if "params" not in out and "default" in out:
       out["params"] = out.pop("default")
@@ -486,10 +563,20 @@ def state_leaf_type(leaf: tp.Any) -> type:
   return type(leaf)
 
 
-# flax 0.12 stores a Variable's partitioning under the metadata key `out_sharding` (and warns
-# that `sharding` is deprecated); flax 0.10 stores it under `sharding`. Both read it back in
-# `nnx.get_partition_spec`, so buffers carrying it are sharded by the standard NNX recipe.
-_SHARDING_KEY = "out_sharding" if hasattr(nnx, "use_eager_sharding") else "sharding"
+def _partitioning_key() -> str:
+  """The Variable metadata key under which `nnx.with_partitioning` records partition names.
+
+  flax 0.10.2 uses `sharding`, 0.11 to 0.12.3 `sharding_names`, 0.12.4 on `out_sharding` (and
+  warns that the older names are deprecated); each reads its own back in
+  `nnx.get_partition_spec`, so buffers carrying it are sharded by the standard NNX recipe.
+  Asked of flax itself: the initializer it returns boxes the value with that metadata.
+  """
+  boxed = nnx.with_partitioning(lambda *args: None, ("axis",))(None)
+  names = [k for k, v in getattr(boxed, "metadata", {}).items() if v == ("axis",)]
+  return names[0] if names else "sharding"
+
+
+_SHARDING_KEY = _partitioning_key()
 
 
 def sharding_metadata(names: tp.Sequence[tp.Any], mesh: tp.Any) -> dict[str, tp.Any]:
@@ -522,12 +609,16 @@ def no_eager_sharding() -> tp.ContextManager[tp.Any]:
   """Create Variables from existing arrays as they are, keeping partitioning as metadata only.
 
   flax 0.12 shards a Variable with partitioning metadata eagerly at creation (which needs a
-  mesh); `nnx.use_eager_sharding(False)` turns that off. flax 0.10 never shards eagerly.
+  mesh); `nnx.use_eager_sharding(False)` (flax >= 0.12.1) turns that off for the block, and on
+  flax 0.12.0, which has only the process-wide flag `flax_always_shard_variable`, the flag is
+  flipped for the block. flax 0.10 and 0.11 never shard eagerly.
   """
   import contextlib
 
   if hasattr(nnx, "use_eager_sharding"):
     return nnx.use_eager_sharding(False)
+  if getattr(flax.config, "flax_always_shard_variable", False):
+    return flax.config.temp_flip_flag("always_shard_variable", False)
   return contextlib.nullcontext()
 
 

@@ -310,7 +310,7 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
         _recorder.set_nested(
           buffers,
           site.key,
-          _buffers.Buffer(
+          _buffers.placed_buffer(
             jax.device_put(_compat.variable_value(existing), layout),
             overflow=site.overflow,
             **_sharding.buffer_metadata(layout),

@@ -100,7 +100,7 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
       else:
         spec = sharding
       target = _sharding.value_sharding(label, value_shape, spec, mesh)
-      new = _buffers.Buffer(
+      new = _buffers.placed_buffer(
         jax.device_put(value, target), overflow=buffer.overflow, **_sharding.buffer_metadata(target)
       )
       node = buffers
