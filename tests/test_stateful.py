@@ -72,6 +72,10 @@ POLICIES = st.sampled_from(["error", "drop", "wrap"])
 STEPS = st.integers(1, 3)
 GRAPH_MODES = [True, False] if _compat.HAS_GRAPH_SWITCH else [True]
 TOL = dict(rtol=2e-5, atol=2e-5)
+# Issue 24 defects to step around, e.g. "3,8,9" (default: none): a run then explores past them
+# to find what else breaks (tests/STATEFUL.md). Each is avoided the way a user would work around
+# it, never by loosening a check of what was recorded.
+KNOWN = {int(n) for n in os.environ.get("LOOPBRIDGE_STATEFUL_KNOWN", "").split(",") if n.strip()}
 # Examples per run unless the `deep` profile is loaded (each example compiles a few programs).
 STATEFUL_CI_EXAMPLES = 6
 
@@ -180,7 +184,7 @@ class Sig:
       return new, True
     if len(held) > capacity:
       # Documented for drop/wrap (issue 24, #8); under 'error' the read raises anyway.
-      return new, None if policy == "error" else True
+      return new, None if policy == "error" or 8 in KNOWN else True
     return new, False
 
 
@@ -368,6 +372,9 @@ class LinenMachine(RuleBasedStateMachine):
     self.calls = 0
     self.saved: list[tuple[str, Ref]] = []
     self.step = None
+    # Stacking needs equal layers, Variable metadata included: a model whose buffers were
+    # placed by shard_buffers does not stack with a fresh one (see tests/STATEFUL.md).
+    self.sharded = False
 
   def teardown(self):
     shutil.rmtree(self.tmp, ignore_errors=True)
@@ -394,8 +401,9 @@ class LinenMachine(RuleBasedStateMachine):
 
   @rule(batch=BATCHES, capacity=CAPACITIES, policy=st.one_of(st.none(), POLICIES))
   def preallocate(self, batch, capacity, policy):
-    if policy is None and self.ref.sig(batch) is None:
-      policy = "error"  # a new signature: the documented default
+    if policy is None and (self.ref.sig(batch) is None or 9 in KNOWN):
+      policy = "error" if self.ref.sig(batch) is None else self.ref.sig(batch).policy
+    self._before_new_signature(batch)
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always")
       kw = {} if policy is None else {"overflow": policy}
@@ -403,9 +411,16 @@ class LinenMachine(RuleBasedStateMachine):
     expected = self.ref.declare(batch, capacity, policy)
     check_warning(caught, expected, f"preallocate(batch={batch}, capacity={capacity}, {policy})")
 
+  def _before_new_signature(self, batch: int) -> None:
+    """With defect 3 known, read-and-drop the records first, as the warning's fix says."""
+    if 3 in KNOWN and not MULTI_SIGNATURE and self.ref.sig(batch) is None:
+      lb.reset(self.model)
+      self.ref.reset()
+
   @rule(batch=BATCHES, capacity=CAPACITIES, policy=POLICIES)
   def lazy_init_again(self, batch, capacity, policy):
     """A second lazy_init re-runs Linen init (new params, as stock ToNNX) and re-declares."""
+    self._before_new_signature(batch)
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always")
       lb.lazy_init(self.model, jnp.ones((batch, FEATURES)), capacity=capacity, overflow=policy)
@@ -461,13 +476,14 @@ class LinenMachine(RuleBasedStateMachine):
         return NamedSharding(mesh, PartitionSpec("data") if split else PartitionSpec())
 
       lb.sharding.shard_buffers(self.model, spec)
+    self.sharded = True
 
   @rule()
   def reset(self):
     lb.reset(self.model)
     self.ref.reset()
 
-  @precondition(lambda self: len(self.ref.sigs) == 1)
+  @precondition(lambda self: len(self.ref.sigs) == 1 and not self.sharded)
   @rule(scans=st.integers(0, 2), keep=st.integers(0, 1), jit=st.booleans())
   def stack_scan_unstack(self, scans, keep, jit):
     """Stack this model with a fresh one, run the stack with lb.layers.scan, unstack it and go
@@ -486,7 +502,7 @@ class LinenMachine(RuleBasedStateMachine):
       np.testing.assert_allclose(np.asarray(y), x, **TOL)
     self.model = lb.layers.unstack(stacked)[keep]
     self.ref = refs[keep]
-    self.step = None
+    self.step, self.sharded = None, False
 
   @rule()
   def save(self):
@@ -522,7 +538,7 @@ class LinenMachine(RuleBasedStateMachine):
       s.capacity = t.capacity
     self.ref = restored
     if fresh:
-      self.model, self.step = model, None
+      self.model, self.step, self.sharded = model, None, False
 
   @invariant()
   def records_match(self):
