@@ -477,6 +477,8 @@ class LinenMachine(RuleBasedStateMachine):
 
       lb.sharding.shard_buffers(self.model, spec)
     self.sharded = True
+    if 1 in KNOWN:  # the compile_step docstring's workaround: a new step after replacing Variables
+      self.step = None
 
   @rule()
   def reset(self):
