@@ -107,12 +107,15 @@ def _register_hypothesis_profiles() -> None:
   from hypothesis import HealthCheck, settings
 
   # Every example compiles small JAX programs, so examples are slow and timing varies: no
-  # deadline, and a CI-sized default. LOOPBRIDGE_HYPOTHESIS_PROFILE=thorough for a deep run.
+  # deadline, and a CI-sized default. LOOPBRIDGE_HYPOTHESIS_PROFILE=thorough (or `deep`, or
+  # pytest's --hypothesis-profile=deep) for a deep run; `deep` also takes longer stateful
+  # sequences (tests/test_stateful.py, tests/STATEFUL.md).
   common: dict[str, tp.Any] = dict(
     deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
   )
   settings.register_profile("ci", max_examples=20, **common)
   settings.register_profile("thorough", max_examples=300, **common)
+  settings.register_profile("deep", max_examples=300, stateful_step_count=25, **common)
   settings.load_profile(os.environ.get("LOOPBRIDGE_HYPOTHESIS_PROFILE", "ci"))
 
 
