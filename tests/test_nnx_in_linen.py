@@ -500,9 +500,13 @@ def test_flax_linen_submodule_with_lb_to_nnx(monkeypatch):
   np.testing.assert_array_equal(y, want_y)
   assert flat(updates).keys() == flat(want_updates).keys()
   jax.tree.map(np.testing.assert_array_equal, updates, want_updates)
-  # The default-reduce sow first made after init is there, as Linen returns it.
+  # The default-reduce sow first made after init is there, as the stock wrapper returns it
+  # (the output itself from flax 0.12; flax 0.11.2's stock wrapper returns a zero there).
   (out,) = updates["intermediates"]["another"]["out"]
-  np.testing.assert_array_equal(out, y)
+  (want_out,) = want_updates["intermediates"]["another"]["out"]
+  np.testing.assert_array_equal(out, want_out)
+  if np.shape(want_out) == np.shape(y):
+    np.testing.assert_array_equal(out, y)
 
 
 # ======================================================================== the CLI report

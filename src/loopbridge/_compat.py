@@ -235,11 +235,12 @@ def set_variable_value(variable: nnx.Variable, value: tp.Any) -> None:
 def set_variable_metadata(variable: nnx.Variable, name: str, value: tp.Any) -> None:
   """Change one metadata entry of a Variable in place.
 
-  0.12 refuses attribute assignment for metadata (`set_metadata` only); 0.10 has no
-  `set_metadata` (a missing attribute is looked up on the value) and takes assignment.
+  0.12 refuses attribute assignment for metadata (`set_metadata` only; 0.12.0 takes keyword
+  arguments only, later releases also `(name, value)`); 0.10 has no `set_metadata` (a missing
+  attribute is looked up on the value) and takes assignment.
   """
   if hasattr(type(variable), "set_metadata"):
-    variable.set_metadata(name, value)
+    variable.set_metadata(**{name: value})
   else:
     setattr(variable, name, value)
 
