@@ -16,6 +16,7 @@ import loopbridge as lb
 from loopbridge import _compat, _recorder
 
 from conftest import graph_kw
+from models import MLP
 
 get = _compat.variable_value
 put = _compat.set_variable_value
@@ -477,3 +478,20 @@ def test_stack_of_recording_layers_reads_calls_first_and_unstacks_back():
   np.testing.assert_allclose(
     lb.recorded(back[1])["intermediates"]["h"], lb.recorded(layers[1])["intermediates"]["h"]
   )
+
+
+def test_unstacked_recording_layers_stack_again():
+  """Found by the stateful test: unstacking left a `stack_axes=0` metadata entry that a
+  never-stacked buffer does not have, so the unstacked layers could not be stacked again."""
+
+  def declared():
+    model = lb.ToNNX(MLP(2, 3), rngs=nnx.Rngs(0))
+    return lb.lazy_init(model, jnp.ones((1, 3)), capacity=2)
+
+  first, second = lb.layers.unstack(lb.layers.stack([declared(), declared()]))
+  restacked = lb.layers.stack([first, second])
+  lb.layers.stack([first, declared()])  # and beside a layer that was never stacked
+  x = jnp.arange(3.0)[None]
+  first(x)
+  np.testing.assert_array_equal(lb.recorded(first)["intermediates"]["x"], x[None])
+  assert lb.recorded(restacked)["intermediates"]["x"].shape == (0, 2, 1, 3)

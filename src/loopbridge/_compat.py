@@ -245,6 +245,21 @@ def set_variable_metadata(variable: nnx.Variable, name: str, value: tp.Any) -> N
     setattr(variable, name, value)
 
 
+def drop_variable_metadata(variable: nnx.Variable, name: str) -> None:
+  """Remove one metadata entry of a Variable in place (a no-op when it has none).
+
+  0.12 replaces the whole metadata with `set_metadata(dict)`; 0.10 keeps metadata as instance
+  attributes.
+  """
+  if hasattr(type(variable), "set_metadata"):
+    metadata = dict(variable.get_metadata())
+    if name in metadata:
+      del metadata[name]
+      variable.set_metadata(metadata)
+  elif name in vars(variable):
+    delattr(variable, name)
+
+
 def current_bridge_mutable() -> tp.Any:
   """`mutable` inherited from an enclosing bridge/Linen module, as stock `ToNNX.__call__` does.
 

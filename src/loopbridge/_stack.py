@@ -123,8 +123,11 @@ def _shift_stack_axes(module: nnx.Module, layers: int | None) -> None:
   by = 1 if layers is not None else -1
   for _, node in _recorder.iter_recorders(module):
     for _, buffer, _ in _recorder.pairs(node):
-      axes = getattr(buffer, "stack_axes", 0) or 0
-      _compat.set_variable_metadata(buffer, "stack_axes", max(axes + by, 0))
+      axes = max((getattr(buffer, "stack_axes", 0) or 0) + by, 0)
+      if axes:
+        _compat.set_variable_metadata(buffer, "stack_axes", axes)
+      else:  # as a buffer that was never stacked has it, so the two stack together again
+        _compat.drop_variable_metadata(buffer, "stack_axes")
     sites = _recorder.sites_of(node)
     if sites:
       setattr(
