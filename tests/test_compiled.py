@@ -175,7 +175,16 @@ def test_a_step_built_inside_nnx_jit_from_its_model_records():
   )
 
 
-@pytest.mark.parametrize("name", ["flat", "fun", "jit_info", "self", "kwargs", "packed"])
+@pytest.mark.parametrize(
+  "name",
+  [
+    "flat",
+    *(
+      pytest.param(n, marks=pytest.mark.slow)
+      for n in ("fun", "jit_info", "self", "kwargs", "packed")
+    ),
+  ],
+)
 def test_keyword_arguments_of_any_name_reach_the_function(name):
   # Names of the jitted function's own parameters (or of jax's dispatch) must not collide.
   model, x = seed_model()

@@ -387,6 +387,7 @@ def test_maxtext_shaped_prefill_then_decode_records_both_signatures_as_linen():
 
 
 # ==================================================================== checkpoints and loaders
+@pytest.mark.slow
 def test_checkpoint_save_restore_keeps_the_nnx_records(tmp_path):
   model = lb.lazy_init(lb.ToNNX(Wrapped(), rngs=nnx.Rngs(0)), X, capacity=4)
   model(X)
@@ -533,6 +534,7 @@ class Wrapped(nn.Module):
 """
 
 
+@pytest.mark.slow
 def test_cli_inspect_lists_and_records_the_nnx_sow(tmp_path, monkeypatch, capsys):
   import json
   import sys

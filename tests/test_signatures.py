@@ -4,7 +4,8 @@ The model is shaped like HuggingFace's Flax decoders (transformers 4.x): a KV ca
 an initializing call on the full length (`init_cache`), then one call on the prompt `(B, P)`
 and one call per generated token `(B, 1)`, all in one jitted program, with a capture filter
 recording every attention block's `(out, weights)`. Every recorded value is compared with
-plain Linen `apply`, call by call.
+plain Linen `apply`, call by call. The default run keeps the prompt + decode test and the
+cheap ones; the rest (each declares the decoder three times) runs in the slow pass.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ def test_prompt_and_decode_steps_both_recorded_equal_to_linen():
   assert f"(int32[{B},{MAX_LEN}])" not in both
 
 
+@pytest.mark.slow
 def test_a_second_program_appends_to_each_signature_and_reset_clears_all():
   model = decoding_model()
   generate(model, prompt_ids())
@@ -197,6 +199,7 @@ def test_one_signature_read_back_is_unchanged():
   }
 
 
+@pytest.mark.slow
 def test_openpi_flow_reads_the_signature_that_recorded():
   """lazy_init on one shape, loop on another: the sites read as the loop's records."""
   model = lb.ToNNX(MLP(2, 4), rngs=nnx.Rngs(0))
@@ -214,6 +217,7 @@ def test_openpi_flow_reads_the_signature_that_recorded():
   )
 
 
+@pytest.mark.slow
 def test_redeclaring_a_signature_keeps_its_records():
   model = lb.ToNNX(MLP(2, 4), rngs=nnx.Rngs(0))
   x = jnp.ones((1, 4))
@@ -225,6 +229,7 @@ def test_redeclaring_a_signature_keeps_its_records():
   assert {s.capacity for s in lb.sow_sites(model)} == {6}
 
 
+@pytest.mark.slow
 def test_recording_false_leaves_calls_out_and_keeps_caches_running():
   model = decoding_model()
   ids = prompt_ids()
@@ -265,6 +270,7 @@ def test_recording_requires_a_bool():
     pass
 
 
+@pytest.mark.slow
 def test_an_undeclared_signature_is_refused_naming_the_fix():
   model = decoding_model()
   with pytest.raises(lb.NotDeclaredError, match=r"matches none of its declared call signatures"):
@@ -273,6 +279,7 @@ def test_an_undeclared_signature_is_refused_naming_the_fix():
   assert int(lb.counts(model, signature=STEP_SIG)["intermediates"]["last_hidden"]) == 0
 
 
+@pytest.mark.slow
 def test_unknown_signature_label_is_refused_listing_the_labels():
   model = decoding_model()
   with pytest.raises(
@@ -281,6 +288,7 @@ def test_unknown_signature_label_is_refused_listing_the_labels():
     lb.recorded(model, signature="(int32[9,9])")
 
 
+@pytest.mark.slow
 def test_sow_sites_name_each_signature():
   sites = lb.sow_sites(decoding_model())
   labels = {s.signature for s in sites}
@@ -300,6 +308,7 @@ class Net(nn.Module):
     return h
 
 
+@pytest.mark.slow
 def test_a_part_called_with_two_shapes_in_one_call_records_each_apart():
   """0.2 refused this; each call now records into its own signature's buffers."""
 
@@ -325,6 +334,7 @@ def test_a_part_called_with_two_shapes_in_one_call_records_each_apart():
   np.testing.assert_allclose(got["(float32[2,3])"][0], two["intermediates"]["h"][0], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_sow_sites_table_has_a_signature_column_only_with_several():
   one = lb.ToNNX(MLP(2, 4), rngs=nnx.Rngs(0))
   lb.lazy_init(one, jnp.ones((1, 4)), capacity=2)
@@ -334,6 +344,7 @@ def test_sow_sites_table_has_a_signature_column_only_with_several():
   assert PROMPT_SIG in table and STEP_SIG in table
 
 
+@pytest.mark.slow
 def test_checkpoint_keeps_every_signature(tmp_path):
   def declared():
     model = lb.ToNNX(MLP(2, 4), rngs=nnx.Rngs(0))

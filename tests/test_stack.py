@@ -480,6 +480,7 @@ def test_stack_of_recording_layers_reads_calls_first_and_unstacks_back():
   )
 
 
+@pytest.mark.slow
 def test_unstacked_recording_layers_stack_again():
   """Found by the stateful test: unstacking left a `stack_axes=0` metadata entry that a
   never-stacked buffer does not have, so the unstacked layers could not be stacked again."""
