@@ -248,7 +248,8 @@ def set_variable_metadata(variable: nnx.Variable, name: str, value: tp.Any) -> N
 def drop_variable_metadata(variable: nnx.Variable, name: str) -> None:
   """Remove one metadata entry of a Variable in place (a no-op when it has none).
 
-  0.12 replaces the whole metadata with `set_metadata(dict)`; 0.10 keeps metadata as instance
+  0.12 replaces the whole metadata with `set_metadata(dict)`; 0.11 has `get_metadata` but no
+  `set_metadata` (attribute deletion removes an entry); 0.10 keeps metadata as instance
   attributes.
   """
   if hasattr(type(variable), "set_metadata"):
@@ -256,7 +257,9 @@ def drop_variable_metadata(variable: nnx.Variable, name: str) -> None:
     if name in metadata:
       del metadata[name]
       variable.set_metadata(metadata)
-  elif name in vars(variable):
+    return
+  held = variable.get_metadata() if hasattr(variable, "get_metadata") else vars(variable)
+  if name in held:
     delattr(variable, name)
 
 
