@@ -16,6 +16,8 @@ import typing as tp
 import jax
 import numpy as np
 
+from ._site import flatten_value
+
 
 def _leaf_label(leaf: tp.Any) -> str | None:
   if isinstance(leaf, (bool, int, float, str)) or leaf is None:
@@ -56,8 +58,6 @@ def label(args: tp.Sequence[tp.Any], kwargs: tp.Mapping[str, tp.Any], method: tp
 
 def _fits(site_values: tp.Sequence[tp.Any], sites: tp.Sequence[tp.Any]) -> bool:
   """Whether one call's values at one sow fit the sites (array or pytree leaves) declared."""
-  from ._site import flatten_value  # a record module: no cycle
-
   if not sites:
     return all(not flatten_value(v)[1] for v in site_values)
   sites = sorted(sites, key=lambda s: s.leaf_index)
