@@ -310,6 +310,22 @@ def greedy(logits):
   return jnp.argmax(logits[:, -1], axis=-1)[:, None].astype(jnp.int32)
 
 
+_linen_step = jax.jit(functools.partial(Decoder().apply, mutable=["cache", "intermediates"]))
+
+
+def linen_greedy(variables, tokens, steps):
+  """Plain Linen, one jitted apply per call (compiled once per shape), each greedy token fed
+  back: (variables after, the tokens chosen (B, steps), each call's intermediates)."""
+  chosen, calls = [], []
+  for _ in range(steps):
+    logits, updates = _linen_step(variables, tokens)
+    variables = {**variables, "cache": updates["cache"]}
+    calls.append(updates["intermediates"])
+    tokens = greedy(logits)
+    chosen.append(tokens[:, 0])
+  return variables, jnp.stack(chosen, axis=1), calls
+
+
 @pytest.mark.slow
 def test_maxtext_shaped_greedy_decode_in_one_jit_matches_linen_step_by_step():
   first = jnp.array([[3], [7]], jnp.int32)
@@ -330,16 +346,8 @@ def test_maxtext_shaped_greedy_decode_in_one_jit_matches_linen_step_by_step():
 
   tokens = decode(gen, first)
 
-  # Plain Linen, one jitted apply per token (compiled once: the reference stays fast).
-  linen_step = jax.jit(functools.partial(Decoder().apply, mutable=["cache", "intermediates"]))
-  variables, token, want_tokens, steps = start, first, [], []
-  for _ in range(STEPS):
-    logits, updates = linen_step(variables, token)
-    variables = {**variables, "cache": updates["cache"]}
-    steps.append(updates["intermediates"])
-    token = greedy(logits)
-    want_tokens.append(token[:, 0])
-  np.testing.assert_array_equal(tokens, jnp.stack(want_tokens, axis=1))
+  variables, want_tokens, steps = linen_greedy(start, first, STEPS)
+  np.testing.assert_array_equal(tokens, want_tokens)
   assert_step_equal(lb.recorded(gen.decoder), steps)
   jax.tree.map(assert_close, params_only(gen.decoder)["cache"], variables["cache"])
 
@@ -368,19 +376,10 @@ def test_maxtext_shaped_prefill_then_decode_records_both_signatures_as_linen():
 
   first, tokens = prefill_and_decode(gen, prompt)
 
-  linen_step = jax.jit(functools.partial(Decoder().apply, mutable=["cache", "intermediates"]))
-  logits, updates = linen_step(start, prompt)
-  variables = {**start, "cache": updates["cache"]}
-  prefill_steps, token = [updates["intermediates"]], greedy(logits)
-  np.testing.assert_array_equal(first, token)
-  want_tokens, steps = [], []
-  for _ in range(decode_steps):
-    logits, updates = linen_step(variables, token)
-    variables = {**variables, "cache": updates["cache"]}
-    steps.append(updates["intermediates"])
-    token = greedy(logits)
-    want_tokens.append(token[:, 0])
-  np.testing.assert_array_equal(tokens, jnp.stack(want_tokens, axis=1))
+  variables, want_first, prefill_steps = linen_greedy(start, prompt, 1)
+  np.testing.assert_array_equal(first, want_first)
+  variables, want_tokens, steps = linen_greedy(variables, first, decode_steps)
+  np.testing.assert_array_equal(tokens, want_tokens)
   assert_step_equal(lb.recorded(gen.decoder, signature=f"(int32[{B},3])"), prefill_steps)
   assert_step_equal(lb.recorded(gen.decoder, signature=f"(int32[{B},1])"), steps)
   jax.tree.map(assert_close, params_only(gen.decoder)["cache"], variables["cache"])
