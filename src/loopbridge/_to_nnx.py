@@ -367,23 +367,28 @@ class ToNNX(bridge.ToNNX):
       ],
       f"lb.ToNNX({type(module).__name__})",
     )
-    call_rngs = _compat.bridge_call_rngs(
-      rngs if rngs is not None else _compat.rngs_of(self), initializing=False
-    )
-    result = module.apply(
-      variables,
-      *args,
-      rngs=call_rngs,
-      method=method,
-      mutable=apply_mutable,
-      capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
-      **kwargs,
-    )
+    result = self._loopbridge_apply(variables, args, kwargs, rngs, method, apply_mutable)
     if apply_mutable is False:
       return result
     out, updates = result
     self._loopbridge_absorb(updates, attrs, variables, (args, kwargs, method))
     return out
+
+  def _loopbridge_apply(self, variables, args, kwargs, rngs, method, mutable) -> tp.Any:
+    """Linen `apply` of the wrapped module as a call (not an init) draws its rngs: from `rngs`
+    when given, else from the wrapper's own streams; with the constructor's capture filter."""
+    call_rngs = _compat.bridge_call_rngs(
+      rngs if rngs is not None else _compat.rngs_of(self), initializing=False
+    )
+    return _compat.linen_module_of(self).apply(
+      variables,
+      *args,
+      rngs=call_rngs,
+      method=method,
+      mutable=mutable,
+      capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
+      **kwargs,
+    )
 
   def _loopbridge_apply_undeclared(self, args, kwargs, rngs, method, mutable, attrs):
     """Stock `ToNNX.__call__` on variables set from outside: updates become Variables.
@@ -392,19 +397,8 @@ class ToNNX(bridge.ToNNX):
     sown tuples and accumulators included, lands on the wrapper where stock puts it, so
     `nnx.bridge.Module.apply(..., mutable=True)` returns what Linen's `apply` returns.
     """
-    module = _compat.linen_module_of(self)
-    call_rngs = _compat.bridge_call_rngs(
-      rngs if rngs is not None else _compat.rngs_of(self), initializing=False
-    )
-    result = module.apply(
-      bridge_variables.nnx_attrs_to_linen_vars(attrs),
-      *args,
-      rngs=call_rngs,
-      method=method,
-      mutable=mutable,
-      capture_intermediates=_pipeline.bridge_settings(self).capture_intermediates,
-      **kwargs,
-    )
+    variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
+    result = self._loopbridge_apply(variables, args, kwargs, rngs, method, mutable)
     if mutable is False:
       return result
     out, updates = result
