@@ -139,7 +139,8 @@ def _second_site_mismatch():
 
 
 def _count_at_int32_limit():
-  from loopbridge import _buffers, _compat
+  from loopbridge import _compat
+  from loopbridge._core import buffers as _buffers
 
   model = _model(capacity=2, overflow="wrap")
   _compat.set_variable_value(
@@ -181,7 +182,7 @@ def _cli_exit_code(*argv):
   import contextlib
   import io
 
-  from loopbridge._cli import main
+  from loopbridge._cli.main import main
 
   err = io.StringIO()
   with contextlib.redirect_stderr(err):

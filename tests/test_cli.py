@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loopbridge import _cli
 from loopbridge.__main__ import main
+from loopbridge._cli import main as _cli
 
 TARGET_SOURCE = '''
 import flax.linen as nn

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from loopbridge import _cli
 from loopbridge.__main__ import main
+from loopbridge._cli import main as _cli
 
 SOURCE = """
 import flax.linen as nn

@@ -244,7 +244,7 @@ def test_a_loop_donates_only_what_it_writes(graph, loop):
 
 def test_written_values_found_inside_a_loop_are_donated():
   """The test above can fail: the forwarding analysis keeps written leaves donated."""
-  from loopbridge import _compiled
+  from loopbridge._loops import compile_step as _compiled
 
   def body(i, c):
     return c[0], c[1] + 1.0, c[2]

@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
-from loopbridge import _buffers, _compat
+from loopbridge import _compat
+from loopbridge._core import buffers as _buffers
 
 RTOL, ATOL = 1e-5, 1e-6
 

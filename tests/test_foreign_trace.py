@@ -18,7 +18,7 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
-from loopbridge import _trace_check
+from loopbridge._core import trace_check as _trace_check
 
 STEPS = 3
 MATCH = r"closed over the model instead of carrying it.*Fix: carry the model through the loop"

@@ -1,8 +1,10 @@
-"""The package's modules import each other in one direction only (no import cycles).
+"""The package's layering: a recording core and wings around it, with no import cycle.
 
-Every `from . import x` / `from ._x import y` inside src/loopbridge, at module level or inside a
-function, is an edge; the graph must have a topological order. The order is the data path
-described in src/loopbridge/README.md (discover -> declare -> append -> read).
+Every relative import inside src/loopbridge (at module level or inside a function) is an edge
+between modules named by their dotted path below the package (`_core.recorder`,
+`_loops.compile_step`, `_compat`). The graph must have a topological order, the recording core
+(`_core`) must import no wing, and within the core the stages point downward, in the order of
+the data path described in src/loopbridge/README.md (discover -> declare -> append -> read).
 """
 
 from __future__ import annotations
@@ -13,27 +15,45 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "loopbridge"
+WINGS = ("_loops", "_layers", "_diagnostics", "_checkpoint", "_sharding", "_cli")
 
 
-def _imports(path: pathlib.Path) -> set[str]:
+def _module_name(path: pathlib.Path) -> str:
+  parts = path.relative_to(PACKAGE).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_of(path: pathlib.Path) -> list[str]:
+  parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+  return parts[:-1]
+
+
+def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
+  """Modules of the package that `path` imports (a package import counts as its `__init__`)."""
   found = set()
   for node in ast.walk(ast.parse(path.read_text())):
-    if isinstance(node, ast.ImportFrom) and node.level == 1:
-      if node.module:
-        found.add(node.module.split(".")[0])
-      else:
-        found.update(alias.name for alias in node.names)
-    elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("loopbridge."):
-      found.add(node.module.split(".")[1])
-  return found
+    if not isinstance(node, ast.ImportFrom):
+      continue
+    if node.level:
+      base = _package_of(path)[: len(_package_of(path)) - (node.level - 1)]
+    elif node.module and node.module.startswith("loopbridge."):
+      base = []
+    else:
+      continue
+    module = (
+      node.module.removeprefix("loopbridge.") if not node.level and node.module else node.module
+    )
+    target = base + (module.split(".") if module else [])
+    for alias in node.names:
+      as_module = ".".join([*target, alias.name])
+      found.add(as_module if as_module in modules else ".".join(target))
+  return {m for m in found if m in modules}
 
 
 def _graph() -> dict[str, set[str]]:
-  modules = {p.stem: p for p in PACKAGE.glob("*.py")}
-  return {
-    name: {m for m in _imports(path) if m in modules and m != name}
-    for name, path in modules.items()
-  }
+  paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+  names = set(paths)
+  return {name: {m for m in _imports(path, names) if m != name} for name, path in paths.items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -68,15 +88,37 @@ def test_the_check_finds_a_cycle():
   assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+def test_the_graph_sees_every_kind_of_import():
+  graph = _graph()
+  assert "_core.recorder" in graph["_core.declare"]  # from . import recorder
+  assert "_core.errors" in graph["_core.buffers"]  # from .errors import ...
+  assert "_core.to_nnx" in graph[""]  # from ._core.to_nnx import ToNNX
+  assert "_compat" in graph["_core.buffers"]  # from .. import _compat
+
+
+def test_the_core_imports_no_wing():
+  graph = _graph()
+  for name, imported in graph.items():
+    if name.startswith("_core"):
+      wings = sorted(m for m in imported if m.split(".")[0] in WINGS)
+      assert not wings, f"the recording core module {name} imports wing modules {wings}"
+
+
+def test_every_module_is_in_the_core_a_wing_or_the_public_front():
+  front = {"", "__main__", "_compat", "checkpoint", "layers", "sharding"}
+  for name in _graph():
+    assert name in front or name.split(".")[0] in ("_core", *WINGS), name
+
+
 @pytest.mark.parametrize(
   "low,high",
   [
-    ("_site", "_observe_linen"),
-    ("_observe_linen", "_declare"),
-    ("_declare", "_pipeline"),
-    ("_pipeline", "_to_nnx"),
-    ("_buffers", "_records"),
-    ("_recorder", "_records"),
+    ("_core.site", "_core.observe_linen"),
+    ("_core.observe_linen", "_core.declare"),
+    ("_core.declare", "_core.pipeline"),
+    ("_core.pipeline", "_core.to_nnx"),
+    ("_core.buffers", "_core.readback"),
+    ("_core.recorder", "_core.readback"),
   ],
 )
 def test_stages_point_downward(low, high):
@@ -101,7 +143,7 @@ _IMPORT_STARTS_NO_BACKEND = """
 import jax
 from jax._src import xla_bridge
 import loopbridge, loopbridge.layers, loopbridge.checkpoint, loopbridge.sharding
-import loopbridge._cli
+import loopbridge._cli.main
 assert not xla_bridge._backends, sorted(xla_bridge._backends)
 jax.config.update("jax_num_cpu_devices", 2)
 assert len(jax.devices()) == 2, jax.devices()

@@ -486,7 +486,7 @@ def test_a_module_outside_the_carry_is_read_at_each_call(kind, how):
 
 def test_a_body_reaching_nothing_outside_the_carry_is_still_compiled_once():
   """The test above can fail: a cached loop over a closed-over module reads stale params."""
-  from loopbridge import _loops
+  from loopbridge._loops import loops as _loops
 
   model = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
   assert _loops._closure_state(lambda i, c: (c[0], c[0](c[1]))).dynamic is False

@@ -16,7 +16,8 @@ import pytest
 from flax import nnx, traverse_util
 
 import loopbridge as lb
-from loopbridge import _site, _sites
+from loopbridge._core import site as _site
+from loopbridge._diagnostics import sow_sites as _sites
 
 from models import MLP
 

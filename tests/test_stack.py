@@ -13,7 +13,9 @@ from flax import nnx
 from hypothesis import given, settings
 
 import loopbridge as lb
-from loopbridge import _compat, _recorder
+from loopbridge import _compat
+from loopbridge._core import recorder as _recorder
+from loopbridge._layers import stack as stack_module
 
 from conftest import graph_kw
 from models import MLP
@@ -58,7 +60,7 @@ class Block(nnx.Module):
 def _assert_same_module(a, b, rtol=0.0, atol=0.0):
   """Same class, same Variable paths, types, metadata and values (exact unless a tolerance)."""
   assert type(a) is type(b)
-  va, vb = lb._stack.variables_by_path(a), lb._stack.variables_by_path(b)
+  va, vb = stack_module.variables_by_path(a), stack_module.variables_by_path(b)
   assert list(va) == list(vb)
   for path in va:
     assert type(va[path]) is type(vb[path]), path

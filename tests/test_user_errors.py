@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
-from loopbridge import _user_errors
+from loopbridge._core import user_errors as _user_errors
 
 X = jnp.ones((1, 2))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import typing as tp
 
-from ._cli import main as _cli_main
+from ._cli.main import main as _cli_main
 
 
 def main(argv: tp.Sequence[str] | None = None) -> int:

@@ -16,11 +16,11 @@ Examples:
 """
 
 # In reading order (the API reference lists them in this order).
-from ._checkpoint import from_linen_variables as from_linen_variables
-from ._checkpoint import load_linen_variables as load_linen_variables
-from ._checkpoint import restore as restore
-from ._checkpoint import save as save
-from ._errors import CheckpointError as CheckpointError
+from ._checkpoint.save_restore import from_linen_variables as from_linen_variables
+from ._checkpoint.save_restore import load_linen_variables as load_linen_variables
+from ._checkpoint.save_restore import restore as restore
+from ._checkpoint.save_restore import save as save
+from ._core.errors import CheckpointError as CheckpointError
 
 __all__ = [
   "CheckpointError",

@@ -14,15 +14,15 @@ Examples:
 """
 
 # In reading order (the API reference lists them in this order): modules, then params.
-from ._errors import StackError as StackError
-from ._layout import export_params as export_params
-from ._layout import load_params as load_params
-from ._layout import stack_params as stack_params
-from ._layout import unstack_params as unstack_params
-from ._scan_layers import scan as scan
-from ._stack import layer as layer
-from ._stack import stack as stack
-from ._stack import unstack as unstack
+from ._core.errors import StackError as StackError
+from ._layers.param_layout import export_params as export_params
+from ._layers.param_layout import load_params as load_params
+from ._layers.param_layout import stack_params as stack_params
+from ._layers.param_layout import unstack_params as unstack_params
+from ._layers.scan_layers import scan as scan
+from ._layers.stack import layer as layer
+from ._layers.stack import stack as stack
+from ._layers.stack import unstack as unstack
 
 __all__ = [
   "StackError",

@@ -4,8 +4,8 @@
 arguments it records; `shard_buffers` overrides that layout explicitly.
 """
 
-from ._errors import ShardingError as ShardingError
-from ._shard_buffers import shard_buffers as shard_buffers
+from ._core.errors import ShardingError as ShardingError
+from ._sharding.shard_buffers import shard_buffers as shard_buffers
 
 __all__ = [
   "ShardingError",

@@ -1,0 +1,1 @@
+"""Wing: saving and restoring recorded models (`lb.checkpoint`)."""

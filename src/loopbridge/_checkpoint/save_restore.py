@@ -1,0 +1,726 @@
+"""Saving and restoring recording models with orbax, and loading existing Linen variables.
+
+A recording model's whole state is its NNX Variables: the Linen variables (params,
+batch_stats, ...), the record `Buffer`s and `Count`s, and the rng streams (keys and counts).
+`save` writes every one of them with orbax (the checkpoint library flax uses);
+`restore` writes them back *into the existing Variables* of a model declared the
+same way, so a loop can stop mid-way and go on in another process and record exactly what an
+uninterrupted run records.
+
+The saved format (version 1) is the same on every supported flax:
+- arrays keyed by the model's attribute paths, except that a bridge's rng attribute (`rngs`
+  on flax 0.10, `to_nnx__rngs` from 0.11 on) is always saved as `to_nnx__rngs`; typed PRNG
+  keys are stored as their key data and re-wrapped with the target key's implementation;
+- the declaration, in orbax's custom metadata: per Buffer its capacity, overflow policy,
+  value shape, dtype and leading stack shape, read from the Buffer and Count Variables only.
+
+Restore reads both before writing anything. A different overflow policy, value shape or
+dtype, a smaller capacity or another set of Variables is a `CheckpointError` listing each
+difference (orbax alone would silently pad or truncate a differently shaped buffer). A larger
+capacity is restored when no saved buffer has overflowed: every value sown is then in the
+saved buffer, in sowing order from slot 0 under every policy, and lands in the same slots of
+the larger buffer. Anything orbax cannot read (a damaged or partial checkpoint) is a
+`CheckpointError` too; the model is written only once everything was read and checked.
+
+`from_linen_variables` builds an `lb.ToNNX` around variables that already exist (from
+`linen.init` or a Linen checkpoint) without initializing anything; `load_linen_variables`
+writes such variables into an initialized model in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, traverse_util
+from flax.core import meta
+from flax.nnx.bridge import variables as bridge_variables
+
+from .. import _compat
+from .._core import buffers, discovery_session, linen_vars, observe_linen, pipeline, recorder
+from .._core.errors import CheckpointError, NotDeclaredError
+from .._core.to_nnx import ToNNX
+
+Model = tp.TypeVar("Model")
+
+FORMAT = 1
+# Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
+# version saves under (the newest flax's own name).
+_METADATA_KEY = "loopbridge"
+# In the declaration: [path, shape, dtype] of each zero-size array (not written by orbax).
+_EMPTY_KEY = "empty_arrays"
+_SAVED_RNGS_ATTR = "to_nnx__rngs"
+# orbax's step metadata file: orbax 0.11 has no public reader for its custom metadata.
+_ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
+
+_FIX_DECLARE = (
+  "Fix: build the fresh model from the same Linen module and declare it like the saved one "
+  "before restoring: lb.lazy_init(model, *sample_args, capacity=..., overflow=...) with the "
+  "same sample shapes, capacities and overflow policies (and lb.preallocate for any "
+  "signature declared later)."
+)
+_WHY_DAMAGED = (
+  "Why: a checkpoint whose files were truncated, deleted or overwritten (e.g. a save "
+  "interrupted mid-way, or a partial copy) cannot be restored, and the model was left "
+  "untouched. Fix: restore an earlier complete checkpoint, or pass the path "
+  "lb.checkpoint.save returned."
+)
+
+
+def _key_str(key: tp.Any) -> str:
+  return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
+
+
+def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
+  """Every Variable of the model's graph by its saved path (shared ones once).
+
+  A bridge's rng attribute is renamed to `to_nnx__rngs` whatever the installed flax calls it,
+  so checkpoints move between flax versions.
+  """
+  if not isinstance(model, nnx.Module):
+    raise TypeError(
+      f"expected an NNX module (e.g. an lb.ToNNX after lb.lazy_init), got {type(model).__name__}."
+    )
+  nodes = [(tuple(_key_str(k) for k in path), node) for path, node in _compat.iter_graph(model)]
+  renames = {}
+  for path, node in nodes:
+    if isinstance(node, nnx.bridge.ToNNX):
+      local = "to_nnx__rngs" if "to_nnx__rngs" in vars(node) else "rngs"
+      renames[(*path, local)] = (*path, _SAVED_RNGS_ATTR)
+
+  def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
+    for prefix, new in renames.items():
+      if path[: len(prefix)] == prefix:
+        return new + path[len(prefix) :]
+    return path
+
+  return {saved_path(path): node for path, node in nodes if isinstance(node, nnx.Variable)}
+
+
+def _is_key(value: tp.Any) -> bool:
+  return jnp.issubdtype(jnp.result_type(value), jax.dtypes.prng_key)
+
+
+def _saved_form(value: tp.Any) -> tp.Any:
+  return jax.random.key_data(value) if _is_key(value) else value
+
+
+def _checkpointer() -> tp.Any:
+  import orbax.checkpoint as ocp  # flax depends on it; imported only when used
+
+  return ocp.StandardCheckpointer()
+
+
+def _describe(shape: tp.Any, dtype: tp.Any) -> str:
+  return f"{tuple(shape)} {np.dtype(dtype).name if not isinstance(dtype, str) else dtype}"
+
+
+def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, dict[str, tp.Any]]:
+  """Per Buffer (by saved path): capacity, overflow, value shape, dtype, stack shape.
+
+  Read from the Variables alone. A Buffer's paired Count sits at the same path under the
+  counts attribute; its shape is the buffer's leading stack axes (native layers stacked with
+  `nnx.vmap`), so the capacity is the buffer axis right after them.
+  """
+  out = {}
+  for key, variable in variables.items():
+    if not isinstance(variable, buffers.Buffer):
+      continue
+    i = key.index(recorder.BUFFERS_ATTR) if recorder.BUFFERS_ATTR in key else -1
+    count = variables.get((*key[:i], recorder.COUNTS_ATTR, *key[i + 1 :])) if i >= 0 else None
+    stack = np.ndim(_compat.variable_value(count)) if count is not None else 0
+    value = _compat.variable_value(variable)
+    shape = tuple(int(d) for d in np.shape(value))
+    out["/".join(key)] = {
+      "capacity": shape[stack],
+      "overflow": buffers.overflow_of(variable),
+      "value_shape": list(shape[stack + 1 :]),
+      "stack_shape": list(shape[:stack]),
+      "dtype": np.dtype(value.dtype).name,
+    }
+  return out
+
+
+def _path(directory: tp.Any, entry: str) -> str:
+  """The absolute path of a checkpoint directory given as a str or os.PathLike."""
+  if not isinstance(directory, (str, os.PathLike)):
+    raise CheckpointError(
+      f"lb.checkpoint.{entry}: the directory must be a path (a str or pathlib.Path), got "
+      f"{type(directory).__name__}; note the order: lb.checkpoint.{entry}(directory, model)."
+    )
+  return os.path.abspath(os.fspath(directory))
+
+
+def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False) -> str:
+  """Save a model's full state (params, buffers, counts, rng streams) with orbax.
+
+  Safe mid-loop: call it between loop segments on the model the loop updates in place. The
+  checkpoint also holds the buffers' declaration (capacity, overflow policy, value shape and
+  dtype), which `restore` compares with the model's, and restores on every
+  supported flax version (0.10.2 through 0.12.8), whichever one saved it. With several JAX
+  processes, every process calls it with the same path (as with orbax). Zero-size arrays
+  (e.g. a sown empty slice), which orbax refuses, are kept as their shape and dtype.
+
+  Args:
+    directory: where to write the checkpoint (a new directory; made absolute).
+    model: an `lb.ToNNX` (or any NNX module holding some).
+    overwrite: replace an existing checkpoint at `directory`.
+
+  Returns:
+    The absolute checkpoint path.
+
+  Raises:
+    TypeError: `model` is not an NNX module.
+    CheckpointError: `directory` is not a path, or exists already (without `overwrite=True`).
+
+  Examples:
+    >>> import tempfile, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> _ = model(jnp.ones(2))
+    >>> path = lb.checkpoint.save(tempfile.mkdtemp() + "/step_1", model)
+    >>> fresh = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> int(lb.counts(lb.checkpoint.restore(path, fresh))["intermediates"]["x"])
+    1
+  """
+  path = _path(directory, "save")
+  if os.path.exists(path) and not overwrite:
+    raise CheckpointError(
+      f"lb.checkpoint.save: {path} already exists. Why: saving over it would replace what it "
+      "holds, so it is never done silently. Fix: pass overwrite=True to replace it, or save "
+      "into a new directory (e.g. one per step: f'{root}/step_{step}')."
+    )
+  variables = _model_variables(model)
+  tree = {key: _saved_form(_compat.variable_value(v)) for key, v in variables.items()}
+  # orbax refuses zero-size arrays; they hold no data, so their shape and dtype are all that
+  # is kept (in the declaration) and `restore` makes them again.
+  empty = sorted(key for key, value in tree.items() if np.size(value) == 0)
+  declaration = {
+    "format": FORMAT,
+    "buffers": _declaration(variables),
+    _EMPTY_KEY: [[list(k), list(np.shape(tree[k])), jnp.dtype(tree[k].dtype).name] for k in empty],
+  }
+  checkpointer = _checkpointer()
+  checkpointer.save(
+    path,
+    traverse_util.unflatten_dict({k: v for k, v in tree.items() if np.size(v) != 0}),
+    force=overwrite,
+    custom_metadata={_METADATA_KEY: declaration},
+  )
+  checkpointer.wait_until_finished()
+  return path
+
+
+def _damaged(path: str, what: str, error: BaseException | None = None) -> CheckpointError:
+  cause = f": {type(error).__name__}: {error}" if error is not None else ""
+  return CheckpointError(f"cannot restore the checkpoint at {path}: {what}{cause}. " + _WHY_DAMAGED)
+
+
+def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
+  """(saved shapes and dtypes by path, the saved declaration); CheckpointError if unreadable."""
+  if not os.path.exists(path):
+    raise CheckpointError(
+      f"no checkpoint at {path}: the path does not exist. Fix: pass the path "
+      "lb.checkpoint.save returned."
+    )
+  if not os.path.isdir(path):
+    raise CheckpointError(
+      f"no checkpoint at {path}: it is a file, not a checkpoint directory. Fix: pass the "
+      "directory lb.checkpoint.save returned."
+    )
+  if not os.listdir(path):
+    raise CheckpointError(
+      f"no checkpoint at {path}: the directory is empty. Why: a save that never ran or was "
+      "interrupted before writing, or the wrong directory. Fix: pass the path "
+      "lb.checkpoint.save returned."
+    )
+  try:
+    metadata = checkpointer.metadata(path)
+    # orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`); 0.11 returns the tree.
+    tree = getattr(metadata, "item_metadata", metadata)
+    tree = getattr(tree, "tree", tree)
+  except Exception as error:  # orbax/tensorstore raise many types for unreadable files
+    raise _damaged(path, "its array metadata cannot be read", error) from error
+  if tree is None:  # orbax 0.12 logs why and returns nothing
+    raise _damaged(path, "orbax found no readable array metadata (its log says which file)")
+  try:
+    flat: dict[tuple[tp.Any, ...], tp.Any] = traverse_util.flatten_dict(dict(tree))
+    saved = {tuple(map(str, k)): (tuple(v.shape), np.dtype(v.dtype)) for k, v in flat.items()}
+  except Exception as error:  # orbax/tensorstore raise many types for unreadable files
+    raise _damaged(path, "its array metadata cannot be read", error) from error
+  try:
+    custom = getattr(metadata, "custom_metadata", None)
+    if not isinstance(custom, dict) or _METADATA_KEY not in custom:
+      # orbax 0.11 does not return it; 0.12 returns None for an unreadable file (and logs).
+      with open(os.path.join(path, _ORBAX_STEP_METADATA), encoding="utf-8") as f:
+        custom = json.load(f).get("custom_metadata")
+    declaration = (custom or {}).get(_METADATA_KEY)
+  except (OSError, ValueError, AttributeError) as error:
+    raise _damaged(
+      path, "its step metadata (the buffers' declaration) cannot be read", error
+    ) from error
+  if not isinstance(declaration, dict) or "buffers" not in declaration:
+    raise CheckpointError(
+      f"the checkpoint at {path} holds no loopbridge declaration (capacity and overflow "
+      "of each buffer). Why: it was not written by lb.checkpoint.save (e.g. a plain orbax "
+      "checkpoint, or one from loopbridge before the format carried the declaration), so "
+      "restoring cannot check that the records mean the same thing. Fix: save it with "
+      "lb.checkpoint.save; for a Linen variables dict use lb.checkpoint.load_linen_variables."
+    )
+  if declaration.get("format") != FORMAT:
+    raise CheckpointError(
+      f"the checkpoint at {path} has loopbridge format {declaration.get('format')!r}, this "
+      f"loopbridge reads format {FORMAT}. Fix: restore it with the loopbridge version that "
+      "saved it."
+    )
+  try:
+    for key, shape, dtype in declaration.get(_EMPTY_KEY, ()):
+      saved[tuple(map(str, key))] = (tuple(shape), jnp.dtype(dtype))
+  except (TypeError, ValueError) as error:
+    raise _damaged(path, "its list of zero-size arrays cannot be read", error) from error
+  return saved, declaration["buffers"]
+
+
+def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[str]]:
+  """(what differs in words, buffers restorable into a larger capacity)."""
+  lines, grown = [], set()
+  for key in sorted(set(saved) & set(model)):
+    was, now = saved[key], model[key]
+    diffs = [
+      f"{field} saved {was[field]!r} vs model {now[field]!r}"
+      for field in ("overflow", "value_shape", "dtype", "stack_shape")
+      if was[field] != now[field]
+    ]
+    if was["capacity"] > now["capacity"]:
+      diffs.append(
+        f"capacity saved {was['capacity']} vs model {now['capacity']} (smaller: "
+        "the saved values would not fit)"
+      )
+    elif was["capacity"] < now["capacity"] and not diffs:
+      grown.add(key)
+    elif was["capacity"] != now["capacity"]:
+      diffs.append(f"capacity saved {was['capacity']} vs model {now['capacity']}")
+    if diffs:
+      lines.append(f"{key}: " + ", ".join(diffs))
+  return lines, grown
+
+
+def _host_max(value: tp.Any) -> int:
+  """Largest element of an array that may span several JAX processes."""
+  if not getattr(value, "is_fully_addressable", True):
+    from jax.experimental import multihost_utils
+
+    value = multihost_utils.process_allgather(value, tiled=True)
+  return int(np.max(np.asarray(value))) if np.size(value) else 0
+
+
+def restore(directory: str | os.PathLike, model: Model) -> Model:
+  """Restore a `save` into a model declared like the saved one, in place.
+
+  Works across the supported flax range (a checkpoint saved on flax 0.10.2 restores on
+  0.12.8 and back). The saved declaration is compared with the model's before anything is
+  read: each buffer must have the same overflow policy, value shape and dtype, and at least
+  the saved capacity. A larger capacity keeps every value when no saved buffer has
+  overflowed (count <= saved capacity): the values stay in their slots, oldest first, and
+  the model records on from there. On any error the model is left untouched.
+
+  Args:
+    directory: the checkpoint path `save` returned.
+    model: a fresh `lb.ToNNX` of the same Linen module, `lb.lazy_init`-ed (and
+      `lb.preallocate`-d) with the same sample shapes and overflow policies, and capacities
+      at least the saved ones.
+
+  Returns:
+    `model`, holding the saved params, buffers, counts and rng state (same Variables).
+
+  Raises:
+    CheckpointError: no checkpoint at `directory` (missing path, empty directory); a
+      damaged checkpoint (truncated or deleted data, unreadable metadata), naming the path
+      and orbax's error; a checkpoint without loopbridge's declaration; a buffer declared
+      with another overflow policy, value shape, dtype or a smaller capacity; a larger
+      capacity for a buffer that overflowed; or other Variables (paths, shapes, dtypes).
+      The message lists the differences.
+
+  Examples:
+    >>> import tempfile, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> _ = model(jnp.arange(2.0))
+    >>> path = lb.checkpoint.save(tempfile.mkdtemp() + "/c", model)
+    >>> larger = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=10)
+    >>> lb.recorded(lb.checkpoint.restore(path, larger))["intermediates"]["x"]
+    Array([[0., 1.]], dtype=float32)
+  """
+  path = _path(directory, "restore")
+  variables = _model_variables(model)
+  checkpointer = _checkpointer()
+  saved, saved_declaration = _read_metadata(checkpointer, path)
+  declaration_lines, grown = _declaration_differences(saved_declaration, _declaration(variables))
+  if declaration_lines:
+    raise CheckpointError(
+      f"the checkpoint at {path} was declared differently from the model: "
+      + "; ".join(declaration_lines[:8])
+      + (" ..." if len(declaration_lines) > 8 else "")
+      + ". Why: a buffer's overflow policy, value shape and dtype say what its slots mean, "
+      "so the saved records would read back wrong in this model (a larger capacity is "
+      f"fine, a smaller one would lose values). {_FIX_DECLARE}"
+    )
+  expected, target = {}, {}
+  for key, variable in variables.items():
+    value = _saved_form(_compat.variable_value(variable))
+    shape, dtype = tuple(np.shape(value)), np.dtype(jnp.result_type(value))
+    if "/".join(key) in grown:  # read at the saved capacity, padded below
+      shape = saved[key][0]
+    expected[key] = (shape, dtype)
+    target[key] = jax.ShapeDtypeStruct(shape, dtype, sharding=getattr(value, "sharding", None))
+  missing = sorted(set(expected) - set(saved))
+  extra = sorted(set(saved) - set(expected))
+  differ = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])
+  if missing or extra or differ:
+    lines = []
+    if differ:
+      lines.append(
+        "different shape/dtype: "
+        + "; ".join(
+          f"{'/'.join(k)} saved {_describe(*saved[k])} vs model {_describe(*expected[k])}"
+          for k in differ[:8]
+        )
+        + (" ..." if len(differ) > 8 else "")
+      )
+    if missing:
+      lines.append(
+        "in the model but not saved: "
+        + ", ".join("/".join(k) for k in missing[:8])
+        + (" ..." if len(missing) > 8 else "")
+      )
+    if extra:
+      lines.append(
+        "saved but not in the model: "
+        + ", ".join("/".join(k) for k in extra[:8])
+        + (" ..." if len(extra) > 8 else "")
+      )
+    raise CheckpointError(
+      f"the checkpoint at {path} does not match the model's structure: "
+      + "; ".join(lines)
+      + ". Why: restoring writes into the model's existing Variables "
+      "(NNX loops need them unchanged), so every saved array must find a Variable of the "
+      f"same shape and dtype. {_FIX_DECLARE}"
+    )
+  empty = {k for k, (shape, _) in expected.items() if 0 in shape}  # not saved by orbax
+  try:
+    raw = traverse_util.flatten_dict(
+      checkpointer.restore(
+        path, traverse_util.unflatten_dict({k: v for k, v in target.items() if k not in empty})
+      )
+    )
+  except Exception as error:  # orbax/tensorstore raise many types for damaged data
+    raise _damaged(path, "orbax cannot read its arrays", error) from error
+  restored: dict[tuple[str, ...], tp.Any] = {tuple(map(str, k)): v for k, v in raw.items()}
+  restored.update({k: jnp.zeros(*expected[k]) for k in empty})
+  unread = sorted(
+    "/".join(k)
+    for k in expected
+    if restored.get(k) is None or tuple(np.shape(restored[k])) != expected[k][0]
+  )
+  if unread:
+    raise _damaged(path, "orbax returned no data for " + ", ".join(unread[:8]))
+  # The declaration is keyed by the joined path; a sow name or sown dict key may itself hold
+  # a '/', so the path is looked up, not split.
+  path_of = {"/".join(k): k for k in variables}
+  for key in sorted(grown):
+    saved_capacity = saved_declaration[key]["capacity"]
+    buffer_key = path_of[key]
+    i = buffer_key.index(recorder.BUFFERS_ATTR)
+    count_key = (*buffer_key[:i], recorder.COUNTS_ATTR, *buffer_key[i + 1 :])
+    count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
+    if count > saved_capacity:
+      raise CheckpointError(
+        f"the checkpoint at {path} cannot be restored into a larger capacity: buffer {key} "
+        f"(overflow={saved_declaration[key]['overflow']!r}) had {count} values sown into "
+        f"capacity {saved_capacity}, so {count - saved_capacity} of them are not in the "
+        f"checkpoint, and a buffer of capacity {_declaration(variables)[key]['capacity']} "
+        "would present the missing ones as recorded. Fix: restore into a model declared "
+        f"with capacity {saved_capacity} for this site (then lb.preallocate a larger one, "
+        "or lb.reset between runs)."
+      )
+  for key, variable in variables.items():
+    value = restored[key]
+    current = _compat.variable_value(variable)
+    if "/".join(key) in grown:  # same slots, zeros after them (as an unwritten buffer holds)
+      axis = len(saved_declaration["/".join(key)]["stack_shape"])
+      padded = jnp.zeros(current.shape, current.dtype)
+      value = jax.lax.dynamic_update_slice_in_dim(padded, value, 0, axis)
+      sharding = getattr(current, "sharding", None)
+      if sharding is not None:
+        value = jax.device_put(value, sharding)
+    if _is_key(current):
+      value = jax.random.wrap_key_data(value, impl=jax.random.key_impl(current))
+    _compat.set_variable_value(variable, value)
+  return model
+
+
+# ---------------------------------------------------------------- existing Linen variables
+
+
+def _plain_variables(variables: tp.Any, what: str) -> dict[str, tp.Any]:
+  from flax.core import FrozenDict, unfreeze
+
+  if not isinstance(variables, tp.Mapping):
+    raise CheckpointError(
+      f"{what} needs a Linen variables dict like linen.init returns "
+      f"({{'params': {{...}}, ...}}), got {type(variables).__name__}."
+    )
+  return unfreeze(variables) if isinstance(variables, FrozenDict) else dict(variables)
+
+
+def _unbox(value: tp.Any) -> tp.Any:
+  """The raw value of a boxed Linen variable, without applying a sharding constraint."""
+  if isinstance(value, meta.Partitioned):  # includes LogicallyPartitioned
+    return value.unbox(apply_constraint=False)
+  if isinstance(value, meta.AxisMetadata):
+    return value.unbox()
+  return value
+
+
+def _is_data(value: tp.Any) -> bool:
+  """Whether a Linen variable holds array data, rather than a static value such as the
+  graphdef flax 0.10's `nnx.bridge.ToLinen` keeps in its 'nnx' collection."""
+  return isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)) or (
+    hasattr(value, "shape") and hasattr(value, "dtype")
+  )
+
+
+def _unboxed_leaves(tree: tp.Any) -> dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]]:
+  flat = traverse_util.flatten_dict(
+    dict(tree), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
+  )
+  out = {}
+  for path, value in flat.items():
+    if isinstance(value, tuple):  # a sown record, not state
+      continue
+    value = _unbox(value)
+    if not _is_data(value):  # static structure (a graphdef): not loaded, not compared
+      continue
+    out[tuple(map(str, path))] = (tuple(np.shape(value)), np.dtype(jnp.result_type(value)))
+  return out
+
+
+def _check_linen_structure(given: dict, expected: dict, what: str, module_name: str) -> None:
+  have, want = _unboxed_leaves(given), _unboxed_leaves(expected)
+  missing = sorted(set(want) - set(have))
+  extra = sorted(set(have) - set(want))
+  differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
+  if not (missing or extra or differ):
+    return
+  lines = []
+  if differ:
+    lines.append(
+      "different shape/dtype: "
+      + "; ".join(
+        f"{'/'.join(k)} given {_describe(*have[k])} vs module {_describe(*want[k])}"
+        for k in differ[:8]
+      )
+    )
+  if missing:
+    lines.append("missing: " + ", ".join("/".join(k) for k in missing[:8]))
+  if extra:
+    lines.append("not in the module: " + ", ".join("/".join(k) for k in extra[:8]))
+  hint = ""
+  if "params" not in given and any(k[0] == "params" and k[1] in given for k in want):
+    hint = " (it looks like a bare params tree: pass {'params': params})"
+  raise CheckpointError(
+    f"{what}: the variables do not match what {module_name} creates for these sample "
+    f"arguments{hint}: " + "; ".join(lines) + ". Why: the variables are used as they are, "
+    "without initializing, so they must have exactly the module's structure. Fix: pass the "
+    "dict linen.init (or the Linen checkpoint) produced for this module, with sample "
+    "arguments of the shapes it was initialized with."
+  )
+
+
+_NO_CAPACITY_HERE = (
+  "lb.checkpoint.from_linen_variables takes no {name}=: it builds the model around existing "
+  "variables, and buffers are declared where every other model declares them. Why: one "
+  "place declares capacity, so a model is recorded the same way however it was built. Fix: "
+  "model = lb.checkpoint.from_linen_variables(module, variables, *args), then "
+  "lb.preallocate(model, *args, {name}=...)."
+)
+
+
+def from_linen_variables(
+  module: tp.Any,
+  variables: tp.Mapping[str, tp.Any],
+  *args: tp.Any,
+  rngs: tp.Any = None,
+  method: tp.Any = None,
+  **kwargs: tp.Any,
+) -> ToNNX:
+  """Wrap a Linen module around variables that already exist, without initializing.
+
+  The variables (from `linen.init`, a Linen checkpoint, or a converted model) become the
+  model's Variables as `lb.lazy_init` would have created them (partitioning metadata kept);
+  the sample arguments are only traced abstractly to check the structure. No initializer
+  runs and no rng stream is consumed. The model comes back with no record buffers: when the
+  module sows, declare them with `lb.preallocate(model, *args, capacity=...)`.
+
+  Args:
+    module: the Linen module the variables belong to.
+    variables: a Linen variables dict, e.g. `{'params': ..., 'batch_stats': ...}`.
+    *args: sample inputs of the call the loop makes (shapes and dtypes only).
+    rngs: the model's rng streams for later calls (e.g. dropout), as for `lb.ToNNX`.
+    method: the Linen method the loop calls, default `__call__`.
+    **kwargs: keyword arguments of that call.
+
+  Returns:
+    An initialized `lb.ToNNX` holding `variables`.
+
+  Raises:
+    CheckpointError: `variables` is not a dict, or its paths/shapes/dtypes differ from what
+      `module.init` would create for these arguments.
+    TypeError: `capacity=` or `overflow=` given (declare them with `lb.preallocate`).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return nn.Dense(2)(x)
+    >>> variables = Net().init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> model = lb.checkpoint.from_linen_variables(Net(), variables, jnp.ones((1, 3)))
+    >>> model = lb.preallocate(model, jnp.ones((1, 3)), capacity=4)
+    >>> bool((model(jnp.ones((1, 3))) == Net().apply(variables, jnp.ones((1, 3)))).all())
+    True
+  """
+  for name in ("capacity", "overflow"):
+    if name in kwargs:
+      raise TypeError(_NO_CAPACITY_HERE.format(name=name))
+  model = ToNNX(module, rngs=rngs)
+  variables = _plain_variables(variables, "lb.checkpoint.from_linen_variables")
+  rng_source = _compat.rngs_of(model)
+  rng_names = [n for n, _ in rng_source.items()] if isinstance(rng_source, nnx.Rngs) else []
+  rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
+  # One abstract init (no FLOPs): its variables check the given ones' structure, and what it
+  # sowed (intermediates included, hence mutable=True) declares the buffers.
+  capture = pipeline.bridge_settings(model).capture_intermediates
+  with observe_linen.observe() as calls:
+    expected = jax.eval_shape(
+      lambda: module.init(
+        rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs
+      )
+    )
+  found = observe_linen.classify(expected, calls)
+  expected = _without(expected, found.record_paths)
+  # Collections linen.init returns but the user may have dropped (e.g. sown 'intermediates'
+  # records) are not state; compare only collections that hold state.
+  variables = _without(variables, found.record_paths)
+  variables = {col: tree for col, tree in variables.items() if tree}
+  variables = _with_static_values(variables, expected)
+  _check_linen_structure(
+    variables, expected, "lb.checkpoint.from_linen_variables", type(module).__name__
+  )
+  # The arrays are used as given (e.g. host-loaded): partitioning stays metadata, and the
+  # standard NNX recipe (nnx.get_partition_spec + device_put) places them.
+  with _compat.no_eager_sharding():
+    linen_vars.set_variables(model, variables)
+  # Declared with no sites (so the model counts as initialized); lb.preallocate adds the
+  # buffers with the capacity the user gives there.
+  report = discovery_session.BridgeReport(model, type(module).__name__, [], found.dropped, {})
+  pipeline.declare_alone(model, report, args, kwargs)
+  return model
+
+
+def _with_static_values(variables: dict, expected: tp.Mapping[str, tp.Any]) -> dict:
+  """`variables` plus the static values init creates that they lack (flax 0.10's ToLinen keeps
+  its graphdef in an 'nnx' collection, which a params-only dict or a checkpoint has not)."""
+  is_leaf = lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))  # noqa: E731
+  flat: dict[tp.Any, tp.Any] = dict(traverse_util.flatten_dict(dict(variables), is_leaf=is_leaf))
+  for path, value in traverse_util.flatten_dict(dict(expected), is_leaf=is_leaf).items():
+    if path not in flat and not isinstance(value, tuple) and not _is_data(_unbox(value)):
+      flat[path] = value
+  return traverse_util.unflatten_dict(flat)
+
+
+def _without(variables: tp.Mapping[str, tp.Any], paths: set[tuple[str, ...]]) -> dict:
+  """`variables` minus the given leaf paths (sown records are not state)."""
+  flat = traverse_util.flatten_dict(dict(variables), is_leaf=lambda _, v: isinstance(v, tuple))
+  return traverse_util.unflatten_dict({p: v for p, v in flat.items() if p not in paths})
+
+
+def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Model:
+  """Write a Linen variables dict into an initialized `lb.ToNNX`, in place.
+
+  Use it to load Linen weights (e.g. a Linen checkpoint) into a model already declared with
+  `lb.lazy_init`; buffers, counts and rng streams are left as they are.
+
+  Args:
+    model: an initialized `lb.ToNNX`.
+    variables: a Linen variables dict with the model's structure (a subset of collections is
+      fine, e.g. only `{'params': ...}`).
+
+  Returns:
+    `model` (same Variables, new values).
+
+  Raises:
+    NotDeclaredError: `model` was not initialized.
+    CheckpointError: a path the model does not have, or a different shape/dtype.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))
+    >>> variables = nn.Dense(2).init(jax.random.key(7), jnp.ones((1, 3)))
+    >>> out = lb.checkpoint.load_linen_variables(model, variables)(jnp.ones((1, 3)))
+    >>> bool((out == nn.Dense(2).apply(variables, jnp.ones((1, 3)))).all())
+    True
+  """
+  if not isinstance(model, ToNNX) or recorder.sites_of(model) is None:
+    raise NotDeclaredError(
+      "lb.checkpoint.load_linen_variables needs an lb.ToNNX after lb.lazy_init (it writes into the "
+      "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
+      "build the model directly with lb.checkpoint.from_linen_variables(module, variables, *args)."
+    )
+  variables = _plain_variables(variables, "lb.checkpoint.load_linen_variables")
+  attrs = linen_vars.attrs(model)
+  current = bridge_variables.nnx_attrs_to_linen_vars(attrs)
+  have, want = _unboxed_leaves(variables), _unboxed_leaves(current)
+  unknown = sorted(set(have) - set(want))
+  differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
+  if unknown or differ:
+    detail = "; ".join(
+      [
+        f"{'/'.join(k)} given {_describe(*have[k])} vs model {_describe(*want[k])}"
+        for k in differ[:8]
+      ]
+      + ([("not in the model: " + ", ".join("/".join(k) for k in unknown[:8]))] if unknown else [])
+    )
+    raise CheckpointError(
+      f"lb.checkpoint.load_linen_variables: the variables do not fit the model: {detail}. "
+      "Why: values "
+      "are written into the existing Variables, which keep their shapes for NNX loops. Fix: "
+      "initialize the model with sample arguments of the shapes the variables were made "
+      "for, or build it with lb.checkpoint.from_linen_variables(module, variables, *args)."
+    )
+  flat = traverse_util.flatten_dict(
+    dict(variables), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
+  )
+  for path, value in flat.items():
+    if isinstance(value, tuple) or not _is_data(_unbox(value)):
+      continue  # records, and static values the model already holds (a graphdef)
+    node: tp.Any = attrs
+    for key in path[1:]:
+      node = node[key]
+    _compat.set_variable_value(node, jnp.asarray(_unbox(value)))
+  return model

@@ -1,0 +1,1 @@
+"""Wing: the `loopbridge` command line."""

@@ -1,0 +1,1 @@
+"""The recording core: discover -> declare -> append -> read. It imports no wing."""

@@ -1,0 +1,267 @@
+"""Preallocated record buffers: the Variable types, the O(1) in-place append, and read-back.
+
+One sow site owns a `Buffer` of shape `(capacity, *value_shape)` and a scalar `Count` of values
+sown since the last reset (it keeps counting past `capacity`, so overflow is visible). The
+overflow policy travels with the Buffer as static Variable metadata, so any code holding the
+pair can append or read without looking anything up.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import jax.core
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .. import _compat
+from . import placement
+from .errors import BufferOverflowError, NotDeclaredError
+
+COUNT_DTYPE = jnp.int32
+# A count stops here instead of wrapping around to negative numbers (which would read back as
+# an empty record); reading a buffer whose count reached it is an error.
+COUNT_LIMIT = int(np.iinfo(np.int32).max)
+
+
+class Buffer(nnx.Variable):
+  """Preallocated storage of one sow site: shape `(capacity, *value_shape)`, the sown dtype.
+
+  Metadata: `overflow` (`"error"`, `"drop"` or `"wrap"`). Filter with
+  `nnx.state(model, lb.Buffer)`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> [b.shape for b in jax.tree.leaves(nnx.state(model, lb.Buffer))]
+    [(3, 2)]
+  """
+
+
+class Count(nnx.Variable):
+  """Number of values sown into the paired `Buffer` since the last reset (may exceed capacity).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return x
+    >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
+    >>> _ = model(jnp.ones(2)); _ = model(jnp.ones(2))
+    >>> [int(c) for c in jax.tree.leaves(nnx.state(model, lb.Count))]
+    [2]
+  """
+
+
+def new_buffer(
+  capacity: int,
+  shape: tp.Sequence[int],
+  dtype: tp.Any,
+  overflow: str,
+  sharding: tp.Any = None,
+  stack: tp.Sequence[int] = (),
+) -> Buffer:
+  """A zero-filled Buffer for `capacity` values of `shape`/`dtype`.
+
+  `stack`: leading axes of a module stacked with `nnx.vmap` (its buffer is
+  `(*stack, capacity, *shape)`, so NNX transforms slice it like the module's parameters).
+  """
+  value = jnp.zeros((*stack, capacity, *shape), dtype)
+  if sharding is not None:
+    value = jax.device_put(value, sharding)
+  # A NamedSharding is also kept as NNX partitioning metadata: writes re-apply it (see
+  # `placement`), and `nnx.get_partition_spec` sees it like a param's.
+  metadata = placement.buffer_metadata(sharding)
+  if stack:
+    metadata["stack_axes"] = len(stack)
+  return placed_buffer(value, overflow=overflow, **metadata)
+
+
+def placed_buffer(value: tp.Any, **metadata: tp.Any) -> Buffer:
+  """A Buffer holding `value`, which is already placed as its partitioning metadata says.
+
+  flax's eager sharding (0.12) has nothing left to do, and flax 0.12.0's constrains against the
+  context mesh only (ignoring the `mesh` metadata), which fails outside one: it is off here.
+  """
+  with _compat.no_eager_sharding():
+    return Buffer(value, **metadata)
+
+
+def new_count() -> Count:
+  return Count(jnp.zeros((), COUNT_DTYPE))
+
+
+def overflow_of(buffer: Buffer) -> str:
+  return buffer.overflow
+
+
+def capacity_of(buffer: Buffer) -> int:
+  return _compat.variable_value(buffer).shape[0]
+
+
+def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
+  """Raise if `value` cannot be stored in `buffer` (shape and dtype are fixed at declaration)."""
+  buf = _compat.variable_value(buffer)
+  shape, dtype = tuple(np.shape(value)), jnp.result_type(value)
+  if shape != tuple(buf.shape[1:]) or dtype != buf.dtype:
+    raise NotDeclaredError(
+      f"sow site {label} received a value of shape {shape} and dtype {dtype}, but its buffer "
+      f"was declared for shape {tuple(buf.shape[1:])} and dtype {buf.dtype} (buffer shape "
+      f"{tuple(buf.shape)}). Why: buffers keep a fixed shape so the model can run inside "
+      "NNX loops. Fix: declare buffers for this call signature with "
+      "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (it leaves the "
+      "parameters untouched)."
+    )
+
+
+def append(
+  buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str, *, checked: bool = False
+) -> None:
+  """Write `values` (one call's sows at one site, in call order) after the recorded ones.
+
+  Each write touches one slot (`dynamic_update_index_in_dim`), never the whole buffer, and the
+  Variables are updated in place so NNX loops see the same structure before and after.
+  `checked=True`: the caller already ran `check_value` on every value.
+  """
+  if not values:
+    return
+  if not checked:
+    for value in values:
+      check_value(buffer, value, label)
+  buf = placement.constrain(buffer, _compat.variable_value(buffer))
+  start = _compat.variable_value(count)
+  capacity = buf.shape[0]
+  policy = overflow_of(buffer)
+  for offset, value in enumerate(values):
+    index = start + offset
+    if policy == "wrap":
+      buf = jax.lax.dynamic_update_index_in_dim(buf, value, index % capacity, 0)
+    else:
+      # "error"/"drop" keep the first `capacity` values: past the end, rewrite the last slot
+      # with what it already holds instead of branching. The read and the write use the very
+      # same start indices, so XLA fuses them into one in-place update of the slot: with
+      # `dynamic_index_in_dim` it materialised the old slot first (an extra pass over every
+      # sown byte, about a fifth of the write's cost; benchmarks/bench_recording.py).
+      start_indices = (jnp.minimum(index, capacity - 1),) + (0,) * (buf.ndim - 1)
+      kept = jax.lax.dynamic_slice(buf, start_indices, (1, *buf.shape[1:]))
+      fresh = jnp.expand_dims(jnp.asarray(value, buf.dtype), 0)
+      buf = jax.lax.dynamic_update_slice(
+        buf, jnp.where(index < capacity, fresh, kept), start_indices
+      )
+  _compat.set_variable_value(buffer, placement.constrain(buffer, buf))
+  added = len(values)
+  _compat.set_variable_value(
+    count,
+    jnp.where(start > COUNT_LIMIT - added, COUNT_LIMIT, start + jnp.asarray(added, COUNT_DTYPE)),
+  )
+
+
+def reset(buffer: Buffer, count: Count) -> None:
+  """Count back to zero and slots cleared, without changing any shape (works inside loops)."""
+  buf = _compat.variable_value(buffer)
+  _compat.set_variable_value(buffer, placement.constrain(buffer, jnp.zeros_like(buf)))
+  # zeros_like: counts of stacked native layers have the stack axes (shape-stable reset).
+  _compat.set_variable_value(count, jnp.zeros_like(_compat.variable_value(count)))
+
+
+def is_traced(x: tp.Any) -> bool:
+  return isinstance(x, jax.core.Tracer)
+
+
+def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
+  """The recorded values, oldest first.
+
+  Outside a trace: trimmed to the number recorded (at most `capacity`); under
+  `overflow="error"` reading an overflowed buffer raises `BufferOverflowError`.
+  Inside a trace (jit, loops): shapes must be static, so the full `(capacity, ...)` buffer is
+  returned (oldest first for `"wrap"`); slots past `count` hold zeros. Use `lb.counts` there.
+  """
+  buf = _compat.variable_value(buffer)
+  n = _compat.variable_value(count)
+  capacity = buf.shape[0]
+  policy = overflow_of(buffer)
+  if is_traced(buf) or is_traced(n):
+    if policy == "wrap":
+      shift = jnp.where(n > capacity, n % capacity, 0)
+      return jnp.roll(buf, -shift, axis=0)
+    return buf
+  n = int(n)
+  if n >= COUNT_LIMIT:
+    raise BufferOverflowError(
+      f"sow site {label} was sown {COUNT_LIMIT} times or more since the last reset, the "
+      "largest count an int32 holds; the count stopped there, so where the latest values "
+      "sit is no longer known. Why: counts are int32 on every device. Fix: call "
+      "lb.reset(model) between runs (it is shape-stable and works inside loops)."
+    )
+  if n < capacity:
+    return buf[:n]  # a slice: a new array
+  if n == capacity:
+    # The whole buffer: jax hands back `buf` itself for a full slice, which the next
+    # donating call (lb.compile_step) deletes; a read must survive it like a partial one.
+    return jnp.array(buf, copy=True)
+  if policy == "error":
+    raise BufferOverflowError(
+      f"sow site {label} recorded {n} values but its buffer holds capacity={capacity}; the "
+      f"first {capacity} were kept and the last {n - capacity} were not stored. Why: "
+      "overflow='error' (the default) refuses to hand back an incomplete record silently. "
+      "Fix: declare a larger capacity (lb.preallocate(model, *args, capacity=...)), call "
+      "lb.reset(model) between runs, or choose overflow='drop' (keep the first values) or "
+      "overflow='wrap' (keep the last values)."
+    )
+  if policy == "drop":
+    return jnp.array(buf, copy=True)  # not `buf` itself (see above)
+  start = n % capacity
+  return jnp.concatenate([buf[start:], buf[:start]], axis=0)
+
+
+def flat_view(buffer: Buffer, count: Count) -> tuple[Buffer, Count]:
+  """A stacked buffer `(*stack, capacity, ...)` seen as `(capacity, *stack, ...)`.
+
+  Every layer of a stack sows once per call, so the counts agree; their maximum is used.
+  """
+  k = getattr(buffer, "stack_axes", 0) or 0
+  if not k:
+    return buffer, count
+  value = _compat.variable_value(buffer)
+  moved = jnp.moveaxis(value, k, 0)
+  n = jnp.max(_compat.variable_value(count))
+  return Buffer(moved, overflow=buffer.overflow), Count(n)
+
+
+def kept_values(buffer: Buffer, count: Count) -> tuple[jax.Array, int]:
+  """(the values a buffer holds, oldest first; how many sown values it no longer holds).
+
+  Outside a trace only (a re-declaration copies records from the old buffer with it).
+  """
+  buf = _compat.variable_value(buffer)
+  n = min(int(_compat.variable_value(count)), COUNT_LIMIT)
+  capacity = buf.shape[0]
+  if n <= capacity:
+    return buf[:n], 0
+  if overflow_of(buffer) == "wrap":
+    start = n % capacity
+    return jnp.concatenate([buf[start:], buf[:start]], axis=0), n - capacity
+  return buf, n - capacity
+
+
+def refill(buffer: Buffer, count: Count, values: jax.Array) -> None:
+  """Append `values` (oldest first) to an empty buffer under its own policy."""
+  buf = _compat.variable_value(buffer)
+  capacity, k = buf.shape[0], values.shape[0]
+  if overflow_of(buffer) == "wrap" and k > capacity:
+    # The last `capacity` values, each in the slot a ring of this capacity would have used.
+    buf = jnp.roll(values[k - capacity :], k % capacity, axis=0)
+  else:
+    take = min(k, capacity)
+    buf = buf.at[:take].set(values[:take].astype(buf.dtype))
+  _compat.set_variable_value(buffer, placement.constrain(buffer, buf))
+  _compat.set_variable_value(count, jnp.asarray(k, COUNT_DTYPE))

@@ -1,0 +1,181 @@
+"""A bridged part's Linen variables: reading them as a Linen dict and adding new ones.
+
+`flax.nnx.bridge.ToNNX` keeps each top-level Linen variable name as an attribute holding
+Variables; these helpers go between that layout and Linen's `{'params': ..., ...}` dict, using
+the stock conversions so metadata boxes (partitioning) survive.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+from flax.core import meta
+from flax.nnx import bridge
+from flax.nnx.bridge import variables as bridge_variables
+
+from .. import _compat
+from .errors import ShardingError, StructureChangeError
+
+
+def attrs(node: tp.Any) -> dict[str, tp.Any]:
+  """The attributes of a bridged node that hold Linen variables, by name."""
+  return {name: getattr(node, name) for name in _compat.linen_attribute_names(node)}
+
+
+def linen_variables(model: tp.Any) -> dict[str, tp.Any]:
+  """A bridged model's Linen variables, as the dict `linen_module.apply` takes.
+
+  Use it for reference computations with the plain Linen module (same parameters), or to
+  save them in a Linen checkpoint. Partitioning metadata boxes are kept, as stock
+  `flax.nnx.bridge` converts them; record buffers are not Linen variables and are left out.
+
+  Args:
+    model: an `lb.ToNNX` (or stock `flax.nnx.bridge.ToNNX`) after `lazy_init`.
+
+  Returns:
+    A dict such as `{'params': {...}, 'batch_stats': {...}}`.
+
+  Raises:
+    TypeError: `model` is not a bridged Linen module.
+
+  Examples:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))
+    >>> variables = lb.linen_variables(model)
+    >>> bool((nn.Dense(2).apply(variables, jnp.ones((1, 3))) == model(jnp.ones((1, 3)))).all())
+    True
+  """
+  if not isinstance(model, bridge.ToNNX):
+    raise TypeError(
+      f"lb.linen_variables needs a bridged Linen module (lb.ToNNX), got "
+      f"{type(model).__name__}. Fix: pass the lb.ToNNX part of the model (e.g. policy.llm)."
+    )
+  return bridge_variables.nnx_attrs_to_linen_vars(attrs(model))
+
+
+def unbox(value: tp.Any) -> tp.Any:
+  if isinstance(value, meta.AxisMetadata):
+    return value.unbox()
+  if isinstance(value, bridge_variables.NNXMeta):
+    return value.value
+  return value
+
+
+def is_static_rewrite(old: tp.Any, new: tp.Any) -> bool:
+  """Whether `new` is a static (non-array) value written over a static value of its type.
+
+  flax 0.10's `nnx.bridge.ToLinen` puts its NNX module's graphdef into the 'nnx' collection
+  on every mutable call: a new object each time, equal in structure but not `==`. A loop
+  cannot carry a changed static value (it is part of the carry's structure) and the module's
+  structure cannot change inside a trace, so the value already held is kept.
+  """
+
+  def is_array(x):
+    numbers = (np.ndarray, np.generic, int, float, complex, bool)
+    return isinstance(x, numbers) or (hasattr(x, "shape") and hasattr(x, "dtype"))
+
+  old, new = unbox(old), unbox(new)
+  leaves = jax.tree.leaves((old, new))
+  return type(old) is type(new) and not is_array(new) and not any(map(is_array, leaves))
+
+
+# flax >= 0.12 shards a Variable with partitioning metadata when it is created
+# (`flax_always_shard_variable`, on by default), which needs a mesh; the stock bridge fails the
+# same way, with a message that does not say how to get past it.
+_NO_MESH_MARK = "An auto mesh context or metadata is required"
+NO_MESH_FOR_PARTITIONED = (
+  "lb.ToNNX({model}) cannot create its partition-annotated params: {flax_message} Why: from "
+  "flax 0.12 on, a Variable with partitioning metadata (nn.with_logical_partitioning, "
+  "nn.with_partitioning) is sharded when it is created (the flax flag "
+  "flax_always_shard_variable, on by default), which needs a mesh; flax 0.10 kept the "
+  "annotation as metadata only. Fix: either initialize under a mesh and your logical axis "
+  "rules, e.g.\n"
+  "  mesh = jax.make_mesh((1,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))\n"
+  "  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):\n"
+  "    lb.lazy_init(model, *sample_args, capacity=N)\n"
+  "or create the params unsharded as flax 0.10 did: wrap the call in "
+  "`with nnx.use_eager_sharding(False):`, or set it for the process with "
+  "flax.config.update('flax_always_shard_variable', False)."
+)
+
+
+def _nnx_attrs(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+  """Stock conversion of a Linen variables dict to ToNNX attributes (Variables)."""
+  try:
+    return bridge_variables.linen_vars_to_nnx_attrs(dict(variables))
+  except ValueError as error:
+    if _NO_MESH_MARK not in str(error):
+      raise
+    raise ShardingError(
+      NO_MESH_FOR_PARTITIONED.format(
+        model=type(_compat.linen_module_of(node)).__name__, flax_message=error
+      )
+    ) from error
+
+
+def set_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
+  """Store a Linen variables dict on the node as stock `ToNNX` does after `init`."""
+  for name, value in _nnx_attrs(node, variables).items():
+    _compat.set_data_attribute(node, name, value)
+  names = {key for tree in variables.values() for key in tree}
+  _compat.set_linen_attribute_names(node, set(_compat.linen_attribute_names(node)) | names)
+
+
+def add_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
+  """Add new Linen variables next to the existing ones (existing Variables stay as they are)."""
+  for name, value in _nnx_attrs(node, variables).items():
+    existing = getattr(node, name, None) if name in _compat.linen_attribute_names(node) else None
+    if isinstance(existing, dict) and isinstance(value, dict):
+      merged = traverse_util.unflatten_dict(
+        {**traverse_util.flatten_dict(existing), **traverse_util.flatten_dict(value)}
+      )
+      _compat.set_data_attribute(node, name, merged)
+    else:
+      _compat.set_data_attribute(node, name, value)
+  names = {key for tree in variables.values() for key in tree}
+  _compat.set_linen_attribute_names(node, set(_compat.linen_attribute_names(node)) | names)
+
+
+def add_accumulators(
+  node: tp.Any, new: tp.Mapping[tuple[str, ...], tuple[tp.Callable[[], tp.Any], tp.Any]]
+) -> None:
+  """Give custom-reduce sows their `init_fn()` value now, so no call creates a Variable.
+
+  Linen's `sow` starts an accumulator from `init_fn()` when it does not exist yet; storing that
+  value before the first call is therefore equivalent, and keeps the structure fixed. Inside
+  `nn.scan`/`nn.vmap` Linen stores the accumulator stacked, so the initial value is broadcast
+  to the (abstract) shape discovery saw.
+  """
+  if not new:
+    return
+  variables: dict = {}
+  for site, (init_fn, target) in new.items():
+
+    def fit(init, want, site=site):
+      init = jnp.asarray(init)
+      if want is None or init.shape == tuple(want.shape):
+        return init
+      try:
+        return jnp.broadcast_to(init, want.shape).astype(want.dtype)
+      except ValueError:
+        raise StructureChangeError(
+          f"the accumulator sown at '{'/'.join(site)}' starts as init_fn() of shape "
+          f"{init.shape} but Linen stores it as {tuple(want.shape)} (a lifted transform "
+          "stacks it on a non-leading axis). Why: loopbridge must create it before the "
+          "loop. Fix: stack it on axis 0 (variable_axes={'intermediates': 0}) or sow it "
+          "outside the transform."
+        ) from None
+
+    initial = init_fn()
+    if target is not None:
+      initial = jax.tree.map(fit, initial, target)
+    tree = variables
+    for key in site[:-1]:
+      tree = tree.setdefault(key, {})
+    tree[site[-1]] = initial
+  add_variables(node, variables)

@@ -1,0 +1,724 @@
+"""The one declaration pipeline: `lb.lazy_init` and `lb.preallocate` for any NNX graph.
+
+Both entries validate `capacity`/`overflow` once, open one discovery session for the root, run
+one call of it, and hand everything found to the declare stage:
+- `lazy_init` runs the real initializing call: every `lb.ToNNX` it reaches runs its Linen
+  `init` once and reports the values that very trace sowed; native sows of the same call are
+  read from the graph's state.
+- `preallocate` (a new call signature on an initialized model) runs one abstract call
+  (`jax.eval_shape`, no FLOPs) on a clone, so nothing of the model changes but its buffers.
+The sample arguments' shardings are kept to choose the buffers' layout, whatever the root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing as tp
+import warnings
+
+import jax
+from flax import linen, nnx
+from flax.nnx import bridge
+
+from .. import _compat
+from . import (
+  cache_length,
+  declare,
+  discovery_session,
+  linen_vars,
+  observe_native,
+  recorder,
+  user_errors,
+)
+from . import capacity as _capacity
+from .errors import NotDeclaredError, ParamsReinitializedWarning
+
+SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
+
+Model = tp.TypeVar("Model")
+
+
+@dataclasses.dataclass(frozen=True)
+class BridgeSettings:
+  """An `lb.ToNNX`'s constructor options (static, hashable)."""
+
+  capacity: tp.Any  # hashable form of the capacity spec (int, tuple of items, or None)
+  overflow: str
+  capture_intermediates: tp.Any = False  # Linen apply(capture_intermediates=...): bool or filter
+
+  @property
+  def capacity_spec(self) -> _capacity.CapacitySpec | None:
+    return dict(self.capacity) if isinstance(self.capacity, tuple) else self.capacity
+
+
+def settings_of(node: tp.Any) -> BridgeSettings | None:
+  """The settings of an `lb.ToNNX` (None for any other node)."""
+  return vars(node).get(SETTINGS_ATTR) if isinstance(node, bridge.ToNNX) else None
+
+
+def bridge_settings(node: tp.Any) -> BridgeSettings:
+  """The settings of a node known to be an `lb.ToNNX` (its constructor stores them)."""
+  settings = settings_of(node)
+  assert settings is not None, f"{type(node).__name__} is not an lb.ToNNX"
+  return settings
+
+
+def _is_bridge(node: tp.Any) -> bool:
+  return settings_of(node) is not None
+
+
+def _model_name(root: tp.Any) -> str:
+  if _is_bridge(root):
+    return type(_compat.linen_module_of(root)).__name__
+  return type(root).__name__
+
+
+# --------------------------------------------------------------------------------- targets
+def _rebind(fn: tp.Any, root: nnx.Module) -> tp.Callable[..., tp.Any]:
+  """`fn` (the root, a bound method of it, or a partial of either) as `call(module, ...)`."""
+  if fn is root:
+    return lambda m, *a, **k: m(*a, **k)
+  if inspect.ismethod(fn) and fn.__self__ is root:
+    func = fn.__func__
+    return lambda m, *a, **k: func(m, *a, **k)
+  if isinstance(fn, functools.partial):
+    inner = _rebind(fn.func, root)
+    return lambda m, *a, **k: inner(m, *fn.args, *a, **{**fn.keywords, **k})
+  raise TypeError(f"cannot call {fn!r} on a copy of the model")
+
+
+def _root_of(fn: tp.Any) -> nnx.Module | None:
+  if isinstance(fn, nnx.Module):
+    return fn
+  owner = getattr(fn, "__self__", None)  # bound methods; flax's ToNNX method partials too
+  if isinstance(owner, nnx.Module):
+    return owner
+  if isinstance(fn, functools.partial):
+    return _root_of(fn.func)
+  return None
+
+
+def target(model: tp.Any, method: tp.Any, what: str) -> tuple[nnx.Module, tp.Callable[..., tp.Any]]:
+  """(root module, function called as call(root, *args, **kwargs))."""
+  root = _root_of(model)
+  if root is None:
+    raise TypeError(
+      f"{what} needs an NNX module (e.g. lb.ToNNX(linen_module, rngs=...)) or a bound method "
+      f"of one, got {type(model).__name__}. "
+      + (
+        "Fix: wrap the Linen module first: lb.ToNNX(module, rngs=nnx.Rngs(0))."
+        if isinstance(model, linen.Module)
+        else "Fix: pass the model, or a method of it (model.method or method='name')."
+      )
+    )
+  if isinstance(root, bridge.ToNNX) and not _is_bridge(root) and model is root:
+    raise TypeError(
+      f"{what} needs a loopbridge.ToNNX, got a stock flax.nnx.bridge.ToNNX. Why: the stock "
+      "wrapper has no buffers. Fix: build it with lb.ToNNX(linen_module, rngs=...) instead."
+    )
+  call = _rebind(model, root)
+  if method is None:
+    return root, call
+  if model is not root:
+    raise TypeError(f"{what}: pass either a bound method or method=, not both.")
+  if _is_bridge(root):  # a Linen method of the wrapped module
+    if not (isinstance(method, str) or callable(method)):
+      raise TypeError(
+        f"{what}: method= must be the name of a method of the Linen module or the function "
+        f"itself (method='decode' or method=MyModule.decode), got {type(method).__name__}."
+      )
+    return root, lambda m, *a, **k: m(*a, method=method, **k)
+  if isinstance(method, str):
+    return root, lambda m, *a, **k: getattr(m, method)(*a, **k)
+  if callable(method):
+    return root, method
+  raise TypeError(
+    f"{what}: method= must be a method name or a function taking the module "
+    f"first, got {type(method).__name__}."
+  )
+
+
+# ------------------------------------------------------------------------- collecting parts
+def _merge_reports(
+  items: list[tuple[tp.Any, discovery_session.BridgeReport]],
+) -> list[tuple[tp.Any, discovery_session.BridgeReport]]:
+  """One report per bridged node: a node called k times per call sows k times per site."""
+  merged: dict[tp.Any, discovery_session.BridgeReport] = {}
+  for path, r in items:
+    # A node called with two signatures in one call declares both (a prompt, then a step).
+    key = (path, r.signature) if path is not None else ("<transient>", id(r))
+    into = merged.get(key)
+    if into is None:
+      merged[key] = dataclasses.replace(
+        r, sites=list(r.sites), dropped=list(r.dropped), new_accumulators=dict(r.new_accumulators)
+      )
+      continue
+    by_key = {s.key: i for i, s in enumerate(into.sites)}
+    for s in r.sites:
+      if s.key not in by_key:
+        into.sites.append(s)
+        continue
+      old = into.sites[by_key[s.key]]
+      if (old.shape, old.dtype) != (s.shape, s.dtype):
+        raise NotDeclaredError(
+          f"sow site {'/'.join(s.key)} of lb.ToNNX({r.label}) receives {old.shape} "
+          f"{old.dtype} in one call and {s.shape} {s.dtype} in another, within one call of "
+          "the model. Why: one buffer holds one value shape. Fix: sow the two under "
+          "different names, or declare and run the two call signatures separately."
+        )
+      into.sites[by_key[s.key]] = dataclasses.replace(old, per_call=old.per_call + s.per_call)
+    into.dropped.extend(d for d in r.dropped if d not in into.dropped)
+    into.new_accumulators.update(r.new_accumulators)
+  return [(None if k[:1] == ("<transient>",) else k[0], r) for k, r in merged.items()]
+
+
+def _bridge_parts(
+  items: list[tuple[tp.Any, discovery_session.BridgeReport]],
+  node_at: dict[tuple, tp.Any],
+  what: str,
+  transient_ok: bool = False,
+) -> list[declare.Part]:
+  """Declaration parts of the bridged nodes a call reached; `items` are (path or None, report).
+
+  Path-less reports (copies inside NNX transforms) are left to `_transformed_parts` when
+  `transient_ok` (lazy_init, where probes locate them).
+  """
+  parts = []
+  for path, report in _merge_reports(items):
+    if path is None:
+      if transient_ok or (not report.sites and not report.new_accumulators):
+        continue  # a part that sows nothing needs no buffers, wherever it runs
+      raise TypeError(
+        f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
+        "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
+        "lb.preallocate on that lb.ToNNX directly with the arguments it receives there."
+      )
+    node = node_at[path]
+    settings = bridge_settings(node)
+    linen_vars.add_accumulators(node, report.new_accumulators)
+    parts.append(
+      declare.Part(
+        path,
+        node,
+        _for_signature(report),
+        settings.capacity_spec,
+        settings.overflow,
+        report.dropped,
+      )
+    )
+  return parts
+
+
+def _for_signature(report: discovery_session.BridgeReport) -> list[tp.Any]:
+  """The report's sites, each marked with the call signature it is declared for."""
+  return [dataclasses.replace(s, signature=report.signature) for s in report.sites]
+
+
+def _transformed_parts(
+  items: list[tuple[tp.Any, discovery_session.BridgeReport]],
+  node_at: dict[tuple, tp.Any],
+  probes_of: dict[int, dict[str, tp.Any]],
+  what: str,
+) -> list[declare.Part]:
+  """Parts of the lb.ToNNX nodes initialized by a copy inside an NNX transform.
+
+  Such a copy reports with no path (`nnx.vmap`/`nnx.scan`/`nnx.remat` call a merged copy), and
+  its static attributes do not leave the transform; its Variables do, stacked along the
+  transform axis. A node of the model still undeclared after the call, of a class a path-less
+  report names, is such a node; the `SiteProbe`s it sowed give each site's stacked shape, so
+  its buffers are `(*stack, capacity, *value)` like a stacked native module's.
+  """
+  transient = [r for path, r in items if path is None]
+  if not transient:
+    return []
+  reached = {id(r.node) for path, r in items if path is not None}
+  # Only nodes the call did initialize: they hold Linen variables (or probes) now.
+  candidates = [
+    (path, node)
+    for path, node in node_at.items()
+    if _is_bridge(node)
+    and id(node) not in reached
+    and recorder.sites_of(node) is None
+    and (linen_vars.attrs(node) or id(node) in probes_of)
+  ]
+  parts, used = [], set()
+  for path, node in candidates:
+    label = type(_compat.linen_module_of(node)).__name__
+    reports = [r for r in transient if r.label == label]
+    if not reports:
+      continue
+    probes = probes_of.get(id(node), {})
+    sites: dict[tuple, tp.Any] = {}
+    for report in reports:
+      for site in _for_signature(report):
+        probe = probes.get("/".join(site.key))
+        if probe is None:
+          continue
+        stacked = tuple(_compat.variable_value(probe).shape)
+        axes = len(stacked) - len(site.shape)
+        if axes < 0 or stacked[axes:] != tuple(site.shape):
+          continue
+        sites[(site.signature, *site.key)] = dataclasses.replace(
+          site, shape=stacked, stack_axes=axes
+        )
+        used.add(id(report))
+    settings = bridge_settings(node)
+    parts.append(
+      declare.Part(
+        path,
+        node,
+        [sites[k] for k in sorted(sites)],
+        settings.capacity_spec,
+        settings.overflow,
+        [d for r in reports for d in r.dropped],
+      )
+    )
+  for report in transient:
+    if (report.sites or report.new_accumulators) and id(report) not in used:
+      raise TypeError(
+        f"{what} found lb.ToNNX({report.label}) called inside an NNX transform (nnx.vmap, "
+        "nnx.scan, ...) of the model, where it cannot tell which submodule it is. Fix: call "
+        "lb.preallocate on that lb.ToNNX directly with the arguments it receives there."
+      )
+  return parts
+
+
+def _take_probes(root: nnx.Module) -> dict[int, dict[str, tp.Any]]:
+  """Remove the probes lb.ToNNX nodes left during lazy_init: id(node) -> {site: probe}."""
+  taken = {}
+  for _, node in _compat.iter_graph(root):
+    if _is_bridge(node) and recorder.PROBES_ATTR in vars(node):
+      taken[id(node)] = dict(getattr(node, recorder.PROBES_ATTR))
+      delattr(node, recorder.PROBES_ATTR)
+  return taken
+
+
+def _native_parts(findings: observe_native.NativeFindings, node_at) -> list[declare.Part]:
+  parts = []
+  for path, sites in sorted(findings.sites.items(), key=lambda kv: tuple(map(str, kv[0]))):
+    parts.append(declare.Part(path, node_at(path), sorted(sites, key=lambda s: s.key)))
+  return parts
+
+
+def _remove_tuples(node_at, paths) -> None:
+  """Delete the tuples flax's own `sow` left during discovery: buffers replace them."""
+  for path in paths:
+    module = node_at(tuple(path[:-1]))
+    if isinstance(module, nnx.Module) and path[-1] in vars(module):
+      delattr(module, path[-1])
+
+
+def _graph_index(root: nnx.Module) -> tuple[dict[int, tuple], dict[tuple, tp.Any]]:
+  path_of, node_at = {}, {}
+  for path, node in _compat.iter_graph(root):
+    path_of.setdefault(id(node), tuple(path))
+    node_at[tuple(path)] = node
+  return path_of, node_at
+
+
+def _flat_state(root: nnx.Module) -> dict[tuple, tp.Any]:
+  return observe_native.flat_state(_compat.split_graph(root)[1])
+
+
+# ----------------------------------------------------------- a lazy_init that fails changes nothing
+_INTERNAL_ATTRS = ("_pytree__", "_object__")
+
+_REINITIALIZED = (
+  "lb.lazy_init re-initialized the parameters of {parts}, which already held parameters (from "
+  "an earlier lazy_init, or loaded): they were replaced by fresh random values. Why: lazy_init "
+  "runs Linen's init. Fix: to declare buffers for a new capacity or call signature and keep "
+  "the parameters, use lb.preallocate(model, *args, capacity=...) instead."
+)
+
+
+def _snapshot(root: nnx.Module) -> tuple[list, list]:
+  """Every Variable's value and every module's attributes (references only, nothing copied)."""
+  values, attributes = [], []
+  for _, node in _compat.iter_graph(root):
+    if isinstance(node, nnx.Variable):
+      values.append((node, _compat.variable_value(node)))
+    elif isinstance(node, nnx.Module):
+      attributes.append((node, dict(vars(node))))
+  return values, attributes
+
+
+def _restore(snapshot: tuple[list, list]) -> None:
+  """Put back what `_snapshot` saw: values (rng counters too), attributes; drop new attributes."""
+  values, attributes = snapshot
+  for variable, value in values:
+    _compat.set_variable_value(variable, value)
+  for node, before in attributes:
+    for name in [k for k in vars(node) if not k.startswith(_INTERNAL_ATTRS)]:
+      if name not in before:
+        delattr(node, name)
+      elif vars(node)[name] is not before[name]:
+        vars(node)[name] = before[name]  # the very object it held, as it was accepted then
+
+
+def _holding_params(root: nnx.Module) -> list[str]:
+  """Labels of the lb.ToNNX parts of `root` that hold Linen params already."""
+  found = []
+  for path, node in _compat.iter_graph(root):
+    if _is_bridge(node) and linen_vars.linen_variables(node).get("params"):
+      where = f" at '{'/'.join(map(str, path))}'" if path else ""
+      found.append(f"lb.ToNNX({type(_compat.linen_module_of(node)).__name__}){where}")
+  return found
+
+
+def _all_or_nothing(entry: tp.Callable[..., Model]) -> tp.Callable[..., Model]:
+  """`entry` (lazy_init) leaves the model as it was when it fails, and warns when it succeeds
+  in replacing parameters the model held.
+
+  Not everything can be validated before the model runs: which capacity keys match which
+  sites is known only from the call. A failure after the call (a capacity key matching no
+  site) would otherwise leave Linen's init done and the rng streams advanced, so a corrected
+  retry would initialize other parameters than a first correct call.
+  """
+
+  @functools.wraps(entry)
+  def run(model: tp.Any, *args: tp.Any, **kwargs: tp.Any) -> Model:
+    root = _root_of(model)
+    if root is None:  # entry raises the clear error
+      return entry(model, *args, **kwargs)
+    snapshot, held = _snapshot(root), _holding_params(root)
+    try:
+      result = entry(model, *args, **kwargs)
+    except BaseException:
+      _restore(snapshot)
+      raise
+    if held:
+      warnings.warn(
+        _REINITIALIZED.format(parts=", ".join(held)), ParamsReinitializedWarning, stacklevel=2
+      )
+    return result
+
+  return run
+
+
+# ------------------------------------------------------------------------------- the entries
+@_all_or_nothing
+def lazy_init(
+  model: Model,
+  *args: tp.Any,
+  capacity: int | tp.Mapping[str, int] | None = None,
+  overflow: str | None = None,
+  **kwargs: tp.Any,
+) -> Model:
+  """Initialize bridged parts from sample inputs and preallocate a buffer per sow site.
+
+  On an `lb.ToNNX`: `flax.nnx.bridge.lazy_init` plus buffers for its Linen sows, found in the
+  values the Linen `init` trace itself sowed (the model is not applied a second time). On any
+  other NNX module (or bound method): the call initializes every `lb.ToNNX` it reaches and
+  declares buffers for every sow of that same call, native and bridged, with `capacity`
+  resolved over the whole graph. Buffers of batch-sharded sample inputs are sharded alike.
+
+  Args:
+    model: an `lb.ToNNX`, or any NNX module (or bound method of one).
+    *args: sample inputs, as for the model's call.
+    capacity: an int for every sow site, or a mapping from a collection name, a `/`-joined
+      path from the root inside the collection (e.g. `"ScanBlock_0/carry"`, `"llm/Block_0/x"`)
+      or a glob of one to an int. Defaults to the capacity given to each `lb.ToNNX`, then to
+      an enclosing `with lb.capacity(N):` block.
+    overflow: `"error"`, `"drop"` or `"wrap"`. Default: a site declared before keeps its
+      policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
+    **kwargs: keyword arguments of the call (`method=` included for an `lb.ToNNX`).
+
+  Returns:
+    `model`, initialized.
+
+  Raises:
+    CapacityError: bad capacity/overflow, a site no key covers, or a key matching no site.
+    TypeError: `model` is not an NNX module or method.
+
+  Examples:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn, nnx
+    >>> class Net(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     self.sow("intermediates", "x", x)
+    ...     return nn.Dense(2)(x)
+    >>> model = lb.lazy_init(lb.ToNNX(Net(), rngs=nnx.Rngs(0)), jnp.ones((1, 3)), capacity=5)
+    >>> lb.recorded(model)["intermediates"]["x"].shape
+    (0, 1, 3)
+  """
+  capacity = _capacity.check_capacity_spec(capacity)
+  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
+  if overflow is not None:
+    _capacity.check_overflow(overflow)
+  root, _ = target(model, None, "lb.lazy_init")
+  native = observe_native.observable_modules(root)
+  before = _flat_state(root) if native else {}
+  bridged = [id(n) for _, n in _compat.iter_graph(root) if _is_bridge(n)]
+  with (
+    discovery_session.open_session("init", bridged) as session,
+    observe_native.observe(native) as calls,
+  ):
+    _compat.set_initializing(root, True)
+    try:
+      tp.cast(tp.Callable[..., tp.Any], model)(*args, **kwargs)
+    except ValueError as error:
+      if recorder.PROBES_ATTR not in str(error):
+        _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
+        raise
+      raise TypeError(
+        "lb.lazy_init found an lb.ToNNX that sows inside an NNX transform which does not "
+        "stack it (e.g. nnx.vmap with in_axes=None for the module): every member sows its own "
+        "value, but the module, and so its buffers, would be shared. Why: one buffer records "
+        "one value per call. Fix: give the module the transform axis (in_axes=0, with "
+        "nnx.split_rngs), or call it outside the transform."
+      ) from error
+    except Exception as error:
+      _note_running(error, "lb.lazy_init", root, _graph_index(root)[0])
+      raise
+    finally:
+      _compat.set_initializing(root, False)
+  probes_of = _take_probes(root)
+  if native:
+    path_of, node_at = _graph_index(root)
+    findings = observe_native.diff(before, _flat_state(root), calls)
+    _remove_tuples(node_at.get, findings.tuple_paths)
+  else:  # a bare lb.ToNNX (or only bridged parts): nothing native to look for
+    path_of, node_at = ({id(root): ()}, {(): root}) if _is_bridge(root) else _graph_index(root)
+    findings = observe_native.NativeFindings({}, [], [])
+  items = [(path_of.get(id(r.node)), r) for r in session.reports]
+  parts = (
+    _bridge_parts(items, node_at, "lb.lazy_init", transient_ok=True)
+    + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
+    + _native_parts(findings, node_at.__getitem__)
+  )
+  declare.declare(
+    parts,
+    capacity=capacity,
+    overflow=overflow,
+    shardings_from=(args, kwargs),
+    model_name=_model_name(root),
+    scoped_capacity=scoped,
+  )
+  cache_length.warn_short_caches(root, parts, "lazy_init")
+  _unalias_sample_arrays(root, (args, kwargs))
+  return model
+
+
+def _unalias_sample_arrays(root: tp.Any, sample: tp.Any) -> None:
+  """Give each Variable that holds one of the caller's sample arrays its own copy.
+
+  Linen init may store an input as it is (a cache initialised from `x`); `lb.compile_step`
+  later donates the Variables it writes, which would delete the caller's array.
+  """
+  given = {id(x) for x in jax.tree_util.tree_leaves(sample) if isinstance(x, jax.Array)}
+  if not given:
+    return
+
+  def own(leaf: tp.Any) -> tp.Any:
+    return jax.numpy.array(leaf, copy=True) if id(leaf) in given else leaf
+
+  for _, node in _compat.iter_graph(root):
+    if isinstance(node, nnx.Variable):
+      value = _compat.get_raw_value(node)
+      if any(id(leaf) in given for leaf in jax.tree_util.tree_leaves(value)):
+        _compat.set_raw_value(node, jax.tree_util.tree_map(own, value))
+
+
+def _note_running(
+  error: BaseException, entry: str, root: tp.Any, path_of: dict[int, tuple]
+) -> None:
+  """Say which module of the model was running when its own code raised `error`."""
+  if not user_errors.is_users(error):
+    return
+  where = user_errors.running_nnx_module(error, path_of)
+  user_errors.add_note(
+    error,
+    f"raised by the model's own code while {entry} ran "
+    f"{_model_name(root)}" + (f"; NNX module {where} was running." if where else "."),
+  )
+
+
+def declare_alone(
+  node: nnx.Module, report: discovery_session.BridgeReport, args: tuple, kwargs: dict
+) -> None:
+  """Declare one `lb.ToNNX` initialized without a loopbridge entry (stock `bridge.lazy_init`),
+  with the capacity and overflow given to its constructor."""
+  settings = bridge_settings(node)
+  part = declare.Part(
+    (), node, _for_signature(report), settings.capacity_spec, settings.overflow, report.dropped
+  )
+  declare.declare(
+    [part],
+    capacity=None,
+    overflow=None,
+    shardings_from=(args, kwargs),
+    model_name=_model_name(node),
+    scoped_capacity=_capacity.scoped_capacity(),
+  )
+
+
+def _variable_shapes(node: tp.Any) -> list[tuple[tp.Any, tuple[int, ...]]]:
+  return [
+    (path, tuple(getattr(_compat.variable_value(v), "shape", ())))
+    for path, v in _compat.iter_graph(node)
+    if isinstance(v, nnx.Variable)
+  ]
+
+
+def _report_path(
+  report: discovery_session.BridgeReport, paths: dict[int, tuple], node_at: dict[tuple, tp.Any]
+) -> tuple | None:
+  """Where a bridged node that reported in `preallocate`'s run sits in the model (None: unknown).
+
+  A node of the model's clone is found by identity. An NNX loop or transform inside the call
+  (`nnx.while_loop`, `nnx.fori_loop`, `nnx.scan`, `lb.fori_loop`, ...) calls a copy merged from
+  the clone's state instead; the copy keeps the node's static attributes (its settings object
+  is the very same), so it is the node whose settings it carries, provided every Variable has
+  the node's shape. A copy with other shapes is a slice of a stacked node (`nnx.vmap`/
+  `nnx.scan` over layers): its buffers would need the stack axes, so it stays unknown; so does
+  a copy shared by the members of a vmap (batched sows, one buffer).
+  """
+  node = report.node
+  path = paths.get(id(node))
+  if path is not None:
+    return path
+  if report.batched:
+    return None
+  settings = settings_of(node)
+  matches = [p for p, n in node_at.items() if settings_of(n) is settings]
+  if len(matches) != 1:
+    return None
+  if _variable_shapes(node) != _variable_shapes(node_at[matches[0]]):
+    return None
+  return matches[0]
+
+
+def _abstract(tree: tp.Any) -> tp.Any:
+  return jax.tree.map(
+    lambda x: (
+      jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+    ),
+    tree,
+  )
+
+
+def preallocate(
+  model: Model,
+  *args: tp.Any,
+  capacity: int | tp.Mapping[str, int] | None = None,
+  overflow: str | None = None,
+  method: tp.Any = None,
+  **kwargs: tp.Any,
+) -> Model:
+  """Declare buffers for every sow a call makes, anywhere in an NNX module graph.
+
+  Runs the call once abstractly (`jax.eval_shape`, no FLOPs) on a copy of the model and
+  declares a buffer for every sow it makes: the Linen sows of every `lb.ToNNX` it reaches and
+  every native `Module.sow` with the default tuple reduce (any `nnx.Variable` type; inside
+  `nnx.scan` / `nnx.vmap` over stacked modules too). Sites whose storage is unchanged keep
+  their buffers and records; sites the call does not make keep theirs. Perturbation Variables
+  (`Module.perturb`) and custom-reduce accumulators the call would create are created now
+  (zeros / `init_fn()`). Parameters are untouched.
+
+  Args:
+    model: an NNX module (or a bound method of one), e.g. an initialized `lb.ToNNX`.
+    *args: sample inputs of the call (only shapes, dtypes and shardings matter).
+    capacity: as for `lb.lazy_init` (the same defaults); native sows need it or an
+      enclosing `with lb.capacity(N):` block.
+    overflow: `"error"`, `"drop"` or `"wrap"`. Default: a site declared before keeps its
+      policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
+    method: the method the loop calls: a name, a function taking the module first, or (for
+      an `lb.ToNNX`) a Linen method. Default `__call__`.
+    **kwargs: keyword arguments of the call.
+
+  Returns:
+    `model`.
+
+  Raises:
+    CapacityError: a malformed capacity/overflow, a site no key covers, a key matching no site.
+    NotDeclaredError: an `lb.ToNNX` in the graph was not initialized yet.
+    NotDeclaredError: a site receives values of different shapes within one call.
+    TypeError: `model` is not an NNX module.
+
+  Examples:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from flax import nnx
+    >>> class Net(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.lin = nnx.Linear(2, 3, rngs=rngs)
+    ...   def __call__(self, x):
+    ...     h = self.lin(x)
+    ...     self.sow(nnx.Intermediate, "h", h)
+    ...     return h
+    >>> model = lb.preallocate(Net(nnx.Rngs(0)), jnp.ones((1, 2)), capacity=4)
+    >>> _ = model(jnp.ones((1, 2)))
+    >>> lb.recorded(model)["intermediates"]["h"].shape
+    (1, 1, 3)
+  """
+  capacity = _capacity.check_capacity_spec(capacity)
+  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
+  if overflow is not None:
+    _capacity.check_overflow(overflow)
+  root, call = target(model, method, "lb.preallocate")
+  for path, node in _compat.iter_graph(root):
+    if _is_bridge(node) and recorder.sites_of(node) is None:
+      where = f" at '{'/'.join(map(str, path))}'" if path else ""
+      raise NotDeclaredError(
+        f"lb.preallocate needs an initialized model: the lb.ToNNX("
+        f"{type(_compat.linen_module_of(node)).__name__}){where} is not initialized. Why: its "
+        "Linen parameters are created from sample inputs. Fix: lb.lazy_init(model, "
+        "*sample_args, capacity=...) first (preallocate then declares buffers for other "
+        "call signatures)."
+      )
+  graphdef, state = _compat.split_graph(root)
+  before = observe_native.flat_state(state)
+  found: dict[str, tp.Any] = {}
+
+  def run(state):
+    clone = nnx.merge(graphdef, state)
+    clone_paths, clone_at = _graph_index(clone)
+    with (
+      discovery_session.open_session("apply") as session,
+      observe_native.observe(observe_native.observable_modules(clone)) as calls,
+    ):
+      try:
+        call(clone, *args, **kwargs)
+      except Exception as error:
+        _note_running(error, "lb.preallocate", root, clone_paths)
+        raise
+    # Nothing traced may leave the trace: keep shapes and paths only.
+    found["reports"] = [
+      (
+        _report_path(r, clone_paths, clone_at),
+        dataclasses.replace(
+          r,
+          node=None,
+          new_accumulators={k: (f, _abstract(v)) for k, (f, v) in r.new_accumulators.items()},
+        ),
+      )
+      for r in session.reports
+    ]
+    found["calls"] = list(calls)
+    return _compat.split_graph(clone)[1]
+
+  # Closing over the (concrete) inputs is fine: under eval_shape nothing is executed.
+  after = observe_native.flat_state(jax.eval_shape(run, state))
+  _, node_at = _graph_index(root)
+  findings = observe_native.diff(before, after, found["calls"])
+  parts = _bridge_parts(found["reports"], node_at, "lb.preallocate")
+  _remove_tuples(node_at.get, [p for p in findings.tuple_paths if p in before])
+  for path, var_type, abstract, these in findings.created:
+    module = node_at.get(tuple(path[:-1]))
+    variable = observe_native.new_state_variable(var_type, abstract, these)
+    if isinstance(module, nnx.Module) and variable is not None:
+      setattr(module, path[-1], variable)
+  parts += _native_parts(findings, node_at.__getitem__)
+  declare.declare(
+    parts,
+    capacity=capacity,
+    overflow=overflow,
+    shardings_from=(args, kwargs),
+    model_name=_model_name(root),
+    entry="preallocate",
+    scoped_capacity=scoped,
+  )
+  cache_length.warn_short_caches(root, parts, "preallocate")
+  return model

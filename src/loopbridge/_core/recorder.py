@@ -1,0 +1,103 @@
+"""The recorder: where a module keeps its buffers, counts and declared sites.
+
+A *recorder* is any NNX module holding the namespaced attributes below: `lb.ToNNX` for its Linen
+sows, and every native module that sows (its buffers sit on the module that calls `sow`, so NNX
+transforms over stacked modules slice them like parameters). Buffers and counts are nested dicts
+with the same paths, Linen-shaped (collection first); the declared `SowSite`s are a static tuple
+(part of the GraphDef). Attribute names are namespaced because `ToNNX.__getattr__` forwards
+unknown names to the Linen module and users' Linen variables become attributes too.
+
+Every declaration bumps a process-wide generation number, so code that cached a model's
+Variables (`lb.compile_step`) knows cheaply when it must look again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import typing as tp
+
+from flax import nnx
+
+from .. import _compat
+from . import buffers
+from .site import SowSite
+
+BUFFERS_ATTR = "loopbridge__buffers"
+COUNTS_ATTR = "loopbridge__counts"
+SITES_ATTR = "loopbridge__sites"
+DROPPED_ATTR = "loopbridge__dropped"  # lb.ToNNX: sows Linen discarded (static DroppedSow tuple)
+# lb.ToNNX during lazy_init only: a SiteProbe per sow site, so a copy inside an NNX transform
+# can be found (and its stacked shape read) after the call; removed by the pipeline.
+PROBES_ATTR = "loopbridge__probes"
+
+_generation = itertools.count(1)
+_current_generation = 0
+
+
+def bump_generation() -> int:
+  """Mark that some recorder's buffers were (re)declared; returns the new generation."""
+  global _current_generation
+  _current_generation = next(_generation)
+  return _current_generation
+
+
+def generation() -> int:
+  """The current declaration generation (changes whenever any buffer is re-declared)."""
+  return _current_generation
+
+
+def is_recorder(node: tp.Any) -> bool:
+  return isinstance(node, nnx.Module) and BUFFERS_ATTR in vars(node)
+
+
+def sites_of(node: tp.Any) -> tuple[SowSite, ...] | None:
+  """The declared sites of a recorder (None before any declaration)."""
+  return vars(node).get(SITES_ATTR)
+
+
+def iter_recorders(model: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], nnx.Module]]:
+  """Every recorder in `model`'s graph with its path from the root (the root itself: `()`)."""
+  if not isinstance(model, nnx.Module):
+    raise TypeError(
+      f"expected an NNX module holding loopbridge buffers (e.g. lb.ToNNX), got "
+      f"{type(model).__name__}."
+    )
+  for path, node in _compat.iter_graph(model):
+    if is_recorder(node):
+      yield tuple(path), node
+
+
+def pairs(
+  recorder: nnx.Module,
+) -> tp.Iterator[tuple[tuple[str, ...], buffers.Buffer, buffers.Count]]:
+  """(site key, Buffer, Count) for every buffer of one recorder, in sorted key order."""
+
+  def walk(tree_b, tree_c, prefix):
+    if isinstance(tree_b, buffers.Buffer):
+      yield prefix, tree_b, tree_c
+      return
+    for key in sorted(tree_b):
+      yield from walk(tree_b[key], tree_c[key], (*prefix, key))
+
+  yield from walk(getattr(recorder, BUFFERS_ATTR), getattr(recorder, COUNTS_ATTR), ())
+
+
+def get_nested(tree: tp.Any, path: tp.Sequence[str]) -> tp.Any:
+  for key in path:
+    if not isinstance(tree, tp.Mapping) or key not in tree:
+      return None
+    tree = tree[key]
+  return tree
+
+
+def set_nested(tree: dict, path: tp.Sequence[str], value: tp.Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def make_recorder(node: nnx.Module) -> None:
+  """Give `node` empty buffer/count trees (idempotent)."""
+  if BUFFERS_ATTR not in vars(node):
+    _compat.set_data_attribute(node, BUFFERS_ATTR, {})
+    _compat.set_data_attribute(node, COUNTS_ATTR, {})

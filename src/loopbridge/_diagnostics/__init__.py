@@ -1,0 +1,1 @@
+"""Wing: reports for people (`lb.explain`, `lb.sow_sites`, `lb.compare`)."""

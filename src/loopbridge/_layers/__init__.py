@@ -1,0 +1,1 @@
+"""Wing: layer stacks and parameter layouts (`lb.layers`)."""

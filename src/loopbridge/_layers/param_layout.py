@@ -1,0 +1,357 @@
+"""Checkpoint layouts of layer stacks: Linen scanned params <-> per-layer params <-> NNX layers.
+
+Three layouts hold the same numbers:
+
+* *scanned*: what Linen `nn.scan(variable_axes={'params': 0})` stores: one subtree whose every
+  leaf has a leading layer axis (`{'Dense_0': {'kernel': f32[L, i, o]}}`);
+* *per-layer*: one subtree per layer under generated names (`{'layers_0': ..., 'layers_1': ...}`,
+  what an unrolled Linen loop of `Block(name=f'layers_{i}')` stores), or a plain list;
+* *NNX*: a stack (`lb.layers.stack` / `nnx.vmap`; the scanned layout in Variables) or a list
+  of layers.
+
+All conversions copy values without casting, so every round trip is exact.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.linen import meta as linen_meta
+
+from .. import _compat
+from .._core.errors import StackError
+from .stack import _num_layers, _path_str, variables_by_path
+
+Names = str | tp.Callable[[int], str]
+Tree = tp.Any
+
+
+def _namer(names: Names) -> tp.Callable[[int], str]:
+  if callable(names):
+    return names
+  if not isinstance(names, str) or ("{}" not in names and "{i}" not in names):
+    raise StackError(
+      f"names={names!r} must be a format string with one `{{}}` (e.g. "
+      "'layers_{}') or a function from the layer index to a name."
+    )
+  return lambda i: names.format(i, i=i)
+
+
+def _leaf_sizes(tree: Tree) -> dict[int, str]:
+  sizes: dict[int, str] = {}
+  for key_path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    where = jax.tree_util.keystr(key_path) or "<root>"
+    if np.ndim(leaf) == 0:
+      raise StackError(
+        f"`{where}` is a scalar, so this is not a scanned (stacked) subtree: "
+        "every leaf of one has a leading layer axis."
+      )
+    sizes.setdefault(np.shape(leaf)[0], where)
+  if not sizes:
+    raise StackError("the scanned subtree holds no arrays, so it has no layer axis.")
+  if len(sizes) > 1:
+    (n1, p1), (n2, p2) = list(sizes.items())[:2]
+    raise StackError(
+      f"leading axes disagree (`{p1}` has {n1} layers, `{p2}` has {n2}), so "
+      "this is not one scanned subtree."
+    )
+  return sizes
+
+
+def unstack_params(
+  scanned: Tree, *, names: Names | None = "layers_{}"
+) -> dict[str, Tree] | list[Tree]:
+  """Split a scanned params subtree (leading layer axis) into one subtree per layer.
+
+  Args:
+    scanned: the subtree `nn.scan(variable_axes={'params': 0})` stored, e.g.
+      `variables['params']['ScanBlock_0']`; boxed leaves (`nn.Partitioned`) are unboxed.
+    names: the per-layer names: a format string (`'layers_{}'`), a function of the index, or
+      None for a list.
+
+  Returns:
+    `{names(0): layer_0, ...}` (or a list), each a subtree with the leading axis removed.
+
+  Raises:
+    StackError: a leaf is a scalar or the leaves disagree on the number of layers.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import loopbridge as lb
+    >>> layers = lb.layers.unstack_params({'Dense_0': {'kernel': jnp.zeros((3, 4, 4))}})
+    >>> sorted(layers), layers['layers_2']['Dense_0']['kernel'].shape
+    (['layers_0', 'layers_1', 'layers_2'], (4, 4))
+  """
+  scanned = linen_meta.unbox(scanned)
+  n = next(iter(_leaf_sizes(scanned)))
+  per_layer = [jax.tree.map(lambda leaf, i=i: leaf[i], scanned) for i in range(n)]
+  if names is None:
+    return per_layer
+  name = _namer(names)
+  return {name(i): tree for i, tree in enumerate(per_layer)}
+
+
+_NOT_LAYERS = (
+  "{what} takes per-layer params: a list of per-layer subtrees ([params_0, params_1, ...]) or "
+  "a mapping holding 'layers_0', 'layers_1', ... (e.g. variables['params']), got {got}. "
+  "Fix: pass the params tree itself, not its name or None."
+)
+
+
+def _layer_list(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], names: Names) -> list[Tree]:
+  if not isinstance(layers, tp.Mapping):
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, tp.Iterable):
+      raise StackError(_NOT_LAYERS.format(what="lb.layers.stack_params", got=type(layers).__name__))
+    found = list(layers)
+    if not found:
+      raise StackError(
+        "lb.layers.stack_params got an empty list: there are no layers to stack, so the "
+        "stacked subtree would have no leaves. Fix: pass the per-layer subtrees "
+        "([params_0, params_1, ...]) or the mapping holding 'layers_0', 'layers_1', ..."
+      )
+    return found
+  name = _namer(names)
+  found = []
+  while name(len(found)) in layers:
+    found.append(layers[name(len(found))])
+  stray = [
+    name(j) for j in range(len(found) + 1, len(found) + 1 + len(layers)) if name(j) in layers
+  ]
+  hint = " Pass names= matching your checkpoint (e.g. names='block_{}')."
+  if not found:
+    raise StackError(
+      f"no per-layer entries {name(0)!r}, {name(1)!r}, ... among the keys "
+      f"{sorted(map(str, layers))}.{hint}"
+    )
+  if stray:
+    raise StackError(
+      f"per-layer entries stop at {name(len(found))!r} but {stray[0]!r} exists: "
+      f"a layer is missing.{hint}"
+    )
+  return found
+
+
+def _desc(leaf: tp.Any) -> str:
+  return "nothing" if leaf is None else f"{jnp.result_type(leaf)}{list(np.shape(leaf))}"
+
+
+def stack_params(
+  layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], *, names: Names = "layers_{}"
+) -> Tree:
+  """Stack per-layer params into one scanned subtree (what `nn.scan` stores), exactly.
+
+  Args:
+    layers: a list of per-layer subtrees, or a mapping holding `names(0)`, `names(1)`, ...
+      (other keys, e.g. an embedding next to the layers, are ignored).
+    names: the per-layer names when `layers` is a mapping (format string or function).
+
+  Returns:
+    One subtree of the per-layer structure whose leaves are `jnp.stack` of the layers' leaves.
+
+  Raises:
+    StackError: no per-layer entries, a gap in the numbering, or layers that differ in
+      structure, shape or dtype (the message names the first differing leaf).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import loopbridge as lb
+    >>> per_layer = {f'layers_{i}': {'kernel': jnp.zeros((4, 4))} for i in range(3)}
+    >>> lb.layers.stack_params(per_layer)['kernel'].shape
+    (3, 4, 4)
+  """
+  found = [linen_meta.unbox(t) for t in _layer_list(layers, names)]
+  first = dict(jax.tree_util.tree_leaves_with_path(found[0]))
+  for index, tree in enumerate(found[1:], start=1):
+    other = dict(jax.tree_util.tree_leaves_with_path(tree))
+    for key in list(first) + [k for k in other if k not in first]:
+      a, b = first.get(key), other.get(key)
+      if (
+        a is None
+        or b is None
+        or np.shape(a) != np.shape(b)
+        or (jnp.result_type(a) != jnp.result_type(b))
+      ):
+        raise StackError(
+          f"layer {index} differs from layer 0 at `{jax.tree_util.keystr(key)}`: layer 0 has "
+          f"{_desc(a)}, layer {index} has {_desc(b)}. Only equal layers share a scanned subtree."
+        )
+  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *found)
+
+
+def _params_of(module: nnx.Module) -> dict[tuple[str, ...], nnx.Variable]:
+  return {
+    tuple(str(p) for p in path): v
+    for path, v in variables_by_path(module).items()
+    if isinstance(v, nnx.Param)
+  }
+
+
+def _flatten_params(tree: Tree) -> dict[tuple[str, ...], tp.Any]:
+  flat: dict[tuple[str, ...], tp.Any] = {}
+
+  def walk(node, prefix):
+    if isinstance(node, tp.Mapping):
+      for key, child in node.items():
+        walk(child, (*prefix, str(key)))
+    else:
+      flat[prefix] = node
+
+  walk(linen_meta.unbox(tree), ())
+  return flat
+
+
+def _unflatten(flat: dict[tuple[str, ...], tp.Any]) -> dict:
+  tree: dict = {}
+  for path, value in flat.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = value
+  return tree
+
+
+def _load_into(module: nnx.Module, tree: Tree, what: str) -> None:
+  targets, values = _params_of(module), _flatten_params(tree)
+  for path in list(targets) + [p for p in values if p not in targets]:
+    if path not in values:
+      raise StackError(
+        f"{what}: the NNX module has a Param at `{_path_str(path)}` that the "
+        f"checkpoint lacks (checkpoint keys: {sorted('/'.join(p) for p in values)}"
+        "). Name the NNX attributes like the Linen submodules (e.g. "
+        "`self.Dense_0 = nnx.Linear(...)`) or rename the checkpoint's keys."
+      )
+    if path not in targets:
+      raise StackError(
+        f"{what}: the checkpoint has `{_path_str(path)}`, which the NNX module "
+        "has no Param for. Name the NNX attributes like the Linen submodules or "
+        "rename the checkpoint's keys."
+      )
+    old, new = _compat.variable_value(targets[path]), values[path]
+    if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
+      raise StackError(
+        f"{what}: `{_path_str(path)}` is {jnp.result_type(new)}{list(np.shape(new))} in the "
+        f"checkpoint but {jnp.result_type(old)}{list(np.shape(old))} in the NNX module. Build "
+        "the NNX port with the same widths, dtypes and number of layers."
+      )
+  for path, variable in targets.items():
+    _compat.set_variable_value(variable, jnp.asarray(values[path]))
+
+
+_M = tp.TypeVar("_M", bound=nnx.Module)
+
+
+@tp.overload
+def load_params(params: Tree, target: _M, *, names: Names = ...) -> _M: ...
+@tp.overload
+def load_params(params: Tree, target: tp.Sequence[_M], *, names: Names = ...) -> list[_M]: ...
+def load_params(
+  params: Tree, target: nnx.Module | tp.Sequence[nnx.Module], *, names: Names = "layers_{}"
+) -> nnx.Module | tp.Sequence[nnx.Module]:
+  """Load layer params in any layout into an NNX stack or list of layers, in place.
+
+  Every `nnx.Param` of the target receives the checkpoint value at the same path (NNX
+  attribute names = Linen submodule names, e.g. `self.Dense_0 = nnx.Linear(...)`); other
+  Variables (batch statistics, buffers, rngs) are left alone.
+
+  Args:
+    params: a scanned subtree (leading layer axis), a mapping with per-layer entries
+      `names(0)`, `names(1)`, ..., or a list of per-layer subtrees.
+    target: a stack (`lb.layers.stack` / `nnx.vmap`) or a list of NNX layers, built with the
+      checkpoint's widths, dtypes and depth.
+    names: per-layer names when `params` is such a mapping.
+
+  Returns:
+    `target`, updated.
+
+  Raises:
+    StackError: a Param missing on either side, a shape or dtype that differs, or a depth that
+      differs; the message names the path.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import loopbridge as lb
+    >>> from flax import nnx
+    >>> stacked = lb.layers.stack([nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)])
+    >>> scanned = {'kernel': jnp.ones((3, 4, 4)), 'bias': jnp.zeros((3, 4))}
+    >>> float(lb.layers.load_params(scanned, stacked).kernel[...].sum())
+    48.0
+  """
+  if not isinstance(params, (tp.Mapping, list, tuple)):
+    raise StackError(_NOT_LAYERS.format(what="lb.layers.load_params", got=type(params).__name__))
+  is_per_layer = not isinstance(params, tp.Mapping) or _namer(names)(0) in params
+  if isinstance(target, nnx.Module):
+    scanned = stack_params(params, names=names) if is_per_layer else params
+    depth, got = (
+      _num_layers(target, "lb.layers.load_params"),
+      next(iter(_leaf_sizes(linen_meta.unbox(scanned)))),
+    )
+    if depth != got:
+      raise StackError(
+        f"lb.layers.load_params: the checkpoint has {got} layers, the NNX stack "
+        f"{depth}. Build the stack with {got} layers."
+      )
+    _load_into(target, scanned, "lb.layers.load_params")
+    return target
+  layers = list(target)
+  per_layer = _layer_list(params, names) if is_per_layer else unstack_params(params, names=None)
+  if len(per_layer) != len(layers):
+    raise StackError(
+      f"lb.layers.load_params: the checkpoint has {len(per_layer)} layers, the list "
+      f"of NNX layers {len(layers)}. Build as many layers as the checkpoint has."
+    )
+  for index, (module, tree) in enumerate(zip(layers, per_layer)):
+    _load_into(module, tree, f"lb.layers.load_params (layer {index})")
+  return layers
+
+
+def export_params(
+  source: nnx.Module | tp.Sequence[nnx.Module],
+  *,
+  scanned: bool = True,
+  names: Names | None = "layers_{}",
+) -> Tree:
+  """Export the `nnx.Param`s of an NNX stack or list of layers as Linen-style params.
+
+  Args:
+    source: a stack (`lb.layers.stack` / `nnx.vmap`) or a list of NNX layers.
+    scanned: True for one scanned subtree (leading layer axis, the `nn.scan` layout), False for
+      per-layer subtrees.
+    names: per-layer names when `scanned=False` (format string or function); None for a list.
+
+  Returns:
+    Nested dicts of arrays keyed like the NNX attributes.
+
+  Raises:
+    StackError: `source` is not a stack or a list of equal layers (when a stacked layout is
+      asked for).
+
+  Examples:
+    >>> import loopbridge as lb
+    >>> from flax import nnx
+    >>> layers = [nnx.Linear(4, 4, rngs=nnx.Rngs(i)) for i in range(3)]
+    >>> lb.layers.export_params(layers)['kernel'].shape
+    (3, 4, 4)
+  """
+  if not isinstance(source, (nnx.Module, list, tuple)):
+    raise StackError(
+      f"lb.layers.export_params takes a layer stack (lb.layers.stack / nnx.vmap) or a list of "
+      f"NNX layers, got {type(source).__name__}. Fix: pass the stacked module (e.g. "
+      "model.layers) or the list of layers."
+    )
+  if isinstance(source, nnx.Module):
+    _num_layers(source, "lb.layers.export_params")
+    tree = _unflatten({p: _compat.variable_value(v) for p, v in _params_of(source).items()})
+    return tree if scanned else unstack_params(tree, names=names)
+  per_layer = [
+    _unflatten({p: _compat.variable_value(v) for p, v in _params_of(m).items()}) for m in source
+  ]
+  if scanned:
+    return stack_params(per_layer)
+  if names is None:
+    return per_layer
+  name = _namer(names)
+  return {name(i): tree for i, tree in enumerate(per_layer)}

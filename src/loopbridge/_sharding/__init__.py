@@ -1,0 +1,1 @@
+"""Wing: placing declared buffers on a mesh (`lb.sharding`)."""
