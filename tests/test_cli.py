@@ -561,9 +561,9 @@ def test_end_to_end_default_model(tmp_path):
   assert "lb.ToNNX: ran 5 steps" in out
   assert "intermediates/ScanBlock_0/carry  5     5     5         (3, 1, 100)" in out
   assert "Traceback" not in result.stderr
-  # The README's excerpt of this output is current.
-  readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-  excerpt = readme.split("An excerpt of the default output:")[1].split("```text\n")[1]
+  # The excerpt of this output on the command-line page is current.
+  page = pathlib.Path(__file__).resolve().parents[1] / "migration_guides" / "command_line.md"
+  excerpt = page.read_text().split("An excerpt of the default output:")[1].split("```text\n")[1]
   excerpt = excerpt.split("```")[0]
   assert excerpt.strip() and excerpt in out + "\n"
 
