@@ -114,3 +114,37 @@ def test_relative_links_resolve(page: pathlib.Path):
     elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
       broken.append(f"{target}: no heading #{anchor} in {linked.name}")
   assert not broken, f"{page.name}: " + "; ".join(broken)
+
+
+# The pages a reader can land on: on GitHub (README, guides, benchmarks) or on the site (docs/).
+PAGES = sorted(
+  [
+    ROOT / "README.md",
+    ROOT / "benchmarks" / "README.md",
+    *(ROOT / "migration_guides").glob("*.md"),
+    *(ROOT / "docs").glob("**/*.md"),
+  ]
+)
+
+
+def _prose_and_rows(path: pathlib.Path):
+  """Paragraphs of prose (whitespace collapsed) and table rows, outside code blocks."""
+  prose = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+  for paragraph in re.split(r"\n\s*\n", prose):
+    rows = [line.strip() for line in paragraph.splitlines() if line.startswith("|")]
+    if rows:
+      yield from (row for row in rows if len(row.strip("|-: ")) > 40)
+    else:
+      yield " ".join(paragraph.split())
+
+
+def test_each_long_text_has_one_copy():
+  """A paragraph or table row kept in two pages is two chances to disagree: a page that shows
+  another's text includes it at build time (pymdownx.snippets, `--8<--`) instead."""
+  where: dict[str, list[str]] = {}
+  for page in PAGES:
+    for text in set(_prose_and_rows(page)):
+      if len(text) >= 160 or text.startswith("|"):
+        where.setdefault(text, []).append(str(page.relative_to(ROOT)))
+  copies = {text[:80]: pages for text, pages in where.items() if len(pages) > 1}
+  assert not copies, f"kept in more than one page: {copies}"
