@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from loopbridge.__main__ import main
-from loopbridge._cli import main as _cli
+from loopbridge._cli import inputs, inspect_cmd, output
 
 TARGET_SOURCE = '''
 import flax.linen as nn
@@ -287,7 +287,7 @@ def test_unexpected_failure_is_one_line_unless_debug(capsys, monkeypatch):
   def broken(*args, **kwargs):
     raise KeyError("internal")
 
-  monkeypatch.setattr(_cli, "inspect_model", broken)
+  monkeypatch.setattr(inspect_cmd, "inspect_model", broken)
   code, _, err = run_main(capsys, "inspect")
   assert code == 1
   assert err.strip().splitlines()[-1] == (
@@ -300,16 +300,16 @@ def test_unexpected_failure_is_one_line_unless_debug(capsys, monkeypatch):
 
 # ----------------------------------------------------------------------------- pieces
 def test_parse_arg_spec():
-  assert _cli.parse_arg_spec("float32[1,100]") == _cli.ArgSpec("float32", (1, 100))
-  assert _cli.parse_arg_spec(" int32[ 2 , 3 ] ") == _cli.ArgSpec("int32", (2, 3))
-  assert _cli.parse_arg_spec("bool[]") == _cli.ArgSpec("bool", ())
-  assert _cli.parse_arg_spec("bfloat16[4]").dtype == "bfloat16"
-  assert str(_cli.parse_arg_spec("uint8[2,2]")) == "uint8[2,2]"
+  assert inputs.parse_arg_spec("float32[1,100]") == inputs.ArgSpec("float32", (1, 100))
+  assert inputs.parse_arg_spec(" int32[ 2 , 3 ] ") == inputs.ArgSpec("int32", (2, 3))
+  assert inputs.parse_arg_spec("bool[]") == inputs.ArgSpec("bool", ())
+  assert inputs.parse_arg_spec("bfloat16[4]").dtype == "bfloat16"
+  assert str(inputs.parse_arg_spec("uint8[2,2]")) == "uint8[2,2]"
 
 
 def test_sample_inputs_kinds():
-  specs = [_cli.parse_arg_spec(s) for s in ("float32[2,3]", "int32[4]", "bool[2]")]
-  x, ids, mask = _cli.sample_inputs(specs, seed=0)
+  specs = [inputs.parse_arg_spec(s) for s in ("float32[2,3]", "int32[4]", "bool[2]")]
+  x, ids, mask = inputs.sample_inputs(specs, seed=0)
   assert (x.shape, x.dtype) == ((2, 3), jnp.float32) and float(jnp.abs(x).sum()) > 0
   assert ids.dtype == jnp.int32 and not ids.any()
   assert mask.dtype == jnp.bool_ and mask.all()
@@ -317,9 +317,9 @@ def test_sample_inputs_kinds():
 
 def test_progress_note_only_when_slow():
   slow, fast = io.StringIO(), io.StringIO()
-  with _cli.progress("compiling the thing", stream=slow, delay=0.0):
+  with output.progress("compiling the thing", stream=slow, delay=0.0):
     time.sleep(0.05)
-  with _cli.progress("compiling the thing", stream=fast, delay=60.0):
+  with output.progress("compiling the thing", stream=fast, delay=60.0):
     pass
   assert slow.getvalue() == "loopbridge: compiling the thing...\n"
   assert fast.getvalue() == ""
