@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from loopbridge.__main__ import main
-from loopbridge._cli import main as _cli
+from loopbridge._cli import inputs, inspect_cmd, output
 
 TARGET_SOURCE = '''
 import flax.linen as nn
@@ -287,7 +287,7 @@ def test_unexpected_failure_is_one_line_unless_debug(capsys, monkeypatch):
   def broken(*args, **kwargs):
     raise KeyError("internal")
 
-  monkeypatch.setattr(_cli, "inspect_model", broken)
+  monkeypatch.setattr(inspect_cmd, "inspect_model", broken)
   code, _, err = run_main(capsys, "inspect")
   assert code == 1
   assert err.strip().splitlines()[-1] == (
@@ -300,16 +300,16 @@ def test_unexpected_failure_is_one_line_unless_debug(capsys, monkeypatch):
 
 # ----------------------------------------------------------------------------- pieces
 def test_parse_arg_spec():
-  assert _cli.parse_arg_spec("float32[1,100]") == _cli.ArgSpec("float32", (1, 100))
-  assert _cli.parse_arg_spec(" int32[ 2 , 3 ] ") == _cli.ArgSpec("int32", (2, 3))
-  assert _cli.parse_arg_spec("bool[]") == _cli.ArgSpec("bool", ())
-  assert _cli.parse_arg_spec("bfloat16[4]").dtype == "bfloat16"
-  assert str(_cli.parse_arg_spec("uint8[2,2]")) == "uint8[2,2]"
+  assert inputs.parse_arg_spec("float32[1,100]") == inputs.ArgSpec("float32", (1, 100))
+  assert inputs.parse_arg_spec(" int32[ 2 , 3 ] ") == inputs.ArgSpec("int32", (2, 3))
+  assert inputs.parse_arg_spec("bool[]") == inputs.ArgSpec("bool", ())
+  assert inputs.parse_arg_spec("bfloat16[4]").dtype == "bfloat16"
+  assert str(inputs.parse_arg_spec("uint8[2,2]")) == "uint8[2,2]"
 
 
 def test_sample_inputs_kinds():
-  specs = [_cli.parse_arg_spec(s) for s in ("float32[2,3]", "int32[4]", "bool[2]")]
-  x, ids, mask = _cli.sample_inputs(specs, seed=0)
+  specs = [inputs.parse_arg_spec(s) for s in ("float32[2,3]", "int32[4]", "bool[2]")]
+  x, ids, mask = inputs.sample_inputs(specs, seed=0)
   assert (x.shape, x.dtype) == ((2, 3), jnp.float32) and float(jnp.abs(x).sum()) > 0
   assert ids.dtype == jnp.int32 and not ids.any()
   assert mask.dtype == jnp.bool_ and mask.all()
@@ -317,12 +317,46 @@ def test_sample_inputs_kinds():
 
 def test_progress_note_only_when_slow():
   slow, fast = io.StringIO(), io.StringIO()
-  with _cli.progress("compiling the thing", stream=slow, delay=0.0):
+  with output.progress("compiling the thing", stream=slow, delay=0.0):
     time.sleep(0.05)
-  with _cli.progress("compiling the thing", stream=fast, delay=60.0):
+  with output.progress("compiling the thing", stream=fast, delay=60.0):
     pass
   assert slow.getvalue() == "loopbridge: compiling the thing...\n"
   assert fast.getvalue() == ""
+
+
+class _Terminal(io.StringIO):
+  def isatty(self):
+    return True
+
+
+def test_live_progress_note_ends_its_own_line():
+  """On a terminal (the note and the report in one stream) the report starts a line."""
+  term = _Terminal()
+  with output.progress("initializing the model", stream=term, delay=0.0):
+    time.sleep(0.25)
+  text = term.getvalue()
+  assert text.endswith("\n"), repr(text)
+  *updates, last = text.removesuffix("\n").split("\r")
+  assert re.fullmatch(r"loopbridge: initializing the model\.\.\. \d+\.\ds", last), repr(text)
+  assert all(u == "" or u.startswith("loopbridge: initializing the model...") for u in updates)
+
+
+def test_progress_note_comes_after_what_stdout_printed_before(monkeypatch):
+  """Stdout is flushed before a note: a merged stream (`2>&1`) keeps the order of events."""
+  merged = io.StringIO()
+
+  class BufferedStdout(io.StringIO):  # holds its text until flushed, as a pipe's buffer does
+    def flush(self):
+      merged.write(self.getvalue())
+      self.seek(0)
+      self.truncate()
+
+  monkeypatch.setattr(sys, "stdout", BufferedStdout())
+  print("printed first")
+  with output.progress("compiling the thing", stream=merged, delay=0.0):
+    time.sleep(0.05)
+  assert merged.getvalue() == "printed first\nloopbridge: compiling the thing...\n"
 
 
 # ----------------------------------------------------------------------------- content
@@ -377,6 +411,9 @@ def test_json_report_on_a_target(capsys, target_module):
 
   stock = doc["live_check"]["stock"]
   assert not stock["ok"] and stock["error"].startswith("ValueError: ")
+  # The JSON keeps flax's whole message (the text report shows its first line).
+  assert "\n" in stock["error"].strip() and len(stock["error"]) > 300, stock["error"]
+  assert not stock["error"].endswith("...")
   assert not stock["explain"]["ok"]
   assert {c["kind"] for c in stock["explain"]["changes"]} >= {"sow"}
   ours = doc["live_check"]["loopbridge"]
@@ -472,6 +509,34 @@ def test_capture_records_submodule_outputs_of_a_model_that_never_sows(capsys, ta
   }
   stock = doc["live_check"]["stock"]
   assert stock["ok"] and stock["mutable"] is False and stock["model_sows"] is False
+  # One captured output (a pair: two buffers) and no sow of the model's own.
+  assert doc["site_counts"] == {
+    "sow_sites": 0,
+    "captured_outputs": 1,
+    "buffers": 2,
+    "dropped_sows": 0,
+  }
+  assert all(s["captured"] for s in doc["sow_sites"]["sites"])
+
+
+def test_capture_counts_sows_and_captured_outputs_apart(capsys, target_module):
+  argv = ["inspect", f"{target_module}:Small", "--arg", "float32[2,4]", "--steps", "2"]
+  code, out, _ = run_main(capsys, *argv, "--capture", "all")
+  assert code == 0
+  # Small sows `h`; the filter captures Dense_0's and Small's own __call__ outputs.
+  assert "  Small: 1 sow site(s), 2 captured output(s), buffers 144 B\n" in out
+  code, out, _ = run_main(capsys, *argv, "--capture", "all", "--json")
+  doc = json.loads(out)
+  assert doc["site_counts"] == {
+    "sow_sites": 1,
+    "captured_outputs": 2,
+    "buffers": 3,
+    "dropped_sows": 0,
+  }
+  captured = {s["path"]: s["captured"] for s in doc["sow_sites"]["sites"]}
+  assert captured == {"h": False, "Dense_0/__call__": True, "__call__": True}
+  code, out, _ = run_main(capsys, *argv)  # without --capture: lb.sow_sites' headline
+  assert "  Small: 1 sow site(s), buffers 48 B\n" in out
 
 
 def test_stock_check_calls_a_model_that_does_not_sow_as_a_user_would(capsys, target_module):
@@ -586,6 +651,42 @@ def test_end_to_end_target_module_json(tmp_path):
   assert doc["parameters"]["params"] == {"arrays": 2, "values": 4 * 3 + 3, "bytes": 60}
   assert doc["live_check"]["loopbridge"]["recorded"]["intermediates/h"]["sown"] == 2
   assert not doc["live_check"]["stock"]["ok"]
+
+
+def _run_in_terminal(argv, cwd):
+  """Run with stdout and stderr on one pseudo-terminal, as in a terminal (or its log)."""
+  import pty
+
+  primary, secondary = pty.openpty()
+  proc = subprocess.Popen(
+    argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary
+  )
+  os.close(secondary)
+  chunks = []
+  while True:
+    try:
+      data = os.read(primary, 65536)
+    except OSError:  # EIO: the child closed the terminal
+      break
+    if not data:
+      break
+    chunks.append(data)
+  os.close(primary)
+  assert proc.wait(timeout=600) == 0
+  return b"".join(chunks).decode().replace("\r\n", "\n")  # the terminal writes \n as \r\n
+
+
+@pytest.mark.slow  # a subprocess on a pseudo-terminal; run by `-m slow` (.ci/run)
+def test_progress_notes_and_report_have_lines_of_their_own_in_one_terminal(tmp_path):
+  text = _run_in_terminal([sys.executable, "-m", "loopbridge", "inspect", "--json"], tmp_path)
+  report = []
+  for line in text.split("\n"):  # not splitlines(), which splits at a carriage return too
+    updates = [u for u in line.split("\r") if u]
+    if all(u.startswith("loopbridge: ") for u in updates):
+      continue  # a progress note (its live updates end in one line)
+    assert len(updates) == 1, repr(line)  # nothing glued to a note
+    report.append(line)
+  assert json.loads("\n".join(report))["live_check"]["loopbridge"]["ok"]
 
 
 PRINTING_SOURCE = """

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from loopbridge.__main__ import main
-from loopbridge._cli import main as _cli
+from loopbridge._cli import compare_cmd, inputs, loading
 
 SOURCE = """
 import flax.linen as nn
@@ -175,10 +175,10 @@ def test_port_receives_the_linen_params(target):
   import importlib
 
   module = importlib.import_module(target)
-  port = _cli.load_nnx_target(f"{target}:Port", seed=5)
-  x = _cli.sample_inputs([_cli.parse_arg_spec("float32[2,4]")], 0)[0]
+  port = loading.load_nnx_target(f"{target}:Port", seed=5)
+  x = inputs.sample_inputs([inputs.parse_arg_spec("float32[2,4]")], 0)[0]
   variables = module.MLP().init(jax.random.key(0), x)
-  assert _cli.load_linen_params(port, variables) == 6
+  assert compare_cmd.load_linen_params(port, variables) == 6
   np.testing.assert_allclose(port(x), module.MLP().apply(variables, x), rtol=1e-6, atol=1e-6)
 
 

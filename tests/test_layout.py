@@ -11,6 +11,7 @@ from flax import nnx
 
 import loopbridge as lb
 from loopbridge import _compat
+from loopbridge._layers import param_layout
 
 import models
 
@@ -180,3 +181,89 @@ def test_layout_errors():
     lb.layers.StackError, match=r"checkpoint has 3 layers, the list of NNX layers 2"
   ):
     lb.layers.load_params(scanned, [NNXBlock(4, nnx.Rngs(0)), NNXBlock(4, nnx.Rngs(1))])
+
+
+# ----------------------------------------------------------------------------- a whole port
+class UnrolledPort(nnx.Module):
+  """NNX port of UnrolledMLP: attributes named like the Linen submodules (`layers_{i}`)."""
+
+  def __init__(self, rngs: nnx.Rngs, depth: int = DEPTH, features: int = WIDTH):
+    for i in range(depth):
+      setattr(self, f"layers_{i}", NNXBlock(features, rngs))
+
+  def __call__(self, x):
+    for i in range(DEPTH):
+      x = getattr(self, f"layers_{i}")(x)
+    return x
+
+
+def test_linen_key_merges_list_indices():
+  assert param_layout.linen_key(("cells", 0, "Dense_0", "kernel")) == (
+    "cells_0",
+    "Dense_0",
+    "kernel",
+  )
+  assert param_layout.linen_key((0, "kernel")) == ("0", "kernel")  # nothing to merge into
+
+
+def test_unstack_listed_gives_a_list_port_its_per_layer_entries():
+  _, variables, _ = _linen_scanned()
+  params = variables["params"]
+  listed = [(f"ScanBlock_0_{i}", "Dense_0", k) for i in range(DEPTH) for k in ("kernel", "bias")]
+  split = param_layout.unstack_listed(params, listed)
+  assert sorted(split) == [f"ScanBlock_0_{i}" for i in range(DEPTH)]
+  _assert_trees_equal(
+    split, lb.layers.unstack_params(params["ScanBlock_0"], names="ScanBlock_0_{}")
+  )
+  # Subtrees the port does not hold as a list are kept as they are.
+  kept = param_layout.unstack_listed(params, [("ScanBlock_0", "Dense_0", "kernel")])
+  _assert_trees_equal(kept, jax.tree.map(lambda a: a, dict(params)))
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"the Linen param 'ScanBlock_0/Dense_0/\w+' stacks 3 layers \(nn.scan\) but the "
+    r"port's list has 2; build the port with as many layers",
+  ):
+    param_layout.unstack_listed(params, [k for k in listed if not k[0].endswith("_2")])
+
+
+def test_load_into_port_gives_the_port_the_linen_outputs():
+  unrolled = UnrolledMLP()
+  x = jax.random.normal(jax.random.key(1), (2, WIDTH))
+  variables = unrolled.init(jax.random.key(0), x)
+  port = UnrolledPort(nnx.Rngs(5))
+  assert param_layout.load_into_port(port, variables) == 2 * DEPTH
+  np.testing.assert_allclose(port(x), unrolled.apply(variables, x), rtol=1e-6, atol=1e-6)
+
+
+def test_load_into_port_errors():
+  unrolled = UnrolledMLP()
+  variables = unrolled.init(jax.random.key(0), jnp.ones((1, WIDTH)))
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"'layers_0/Dense_0/\w+' is \[8(, 8)?\] in the Linen model but 'layers_0/Dense_0/\w+' "
+    r"is \[4(, 4)?\] in the port; build the port with the same widths",
+  ):
+    param_layout.load_into_port(UnrolledPort(nnx.Rngs(0), features=4), variables)
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"the Linen param 'layers_2/Dense_0/\w+' has no Param in the port \(2 such\)\. "
+    r"Name the port's attributes like the Linen submodules",
+  ):
+    param_layout.load_into_port(UnrolledPort(nnx.Rngs(0), depth=2), variables)
+  without_bias = UnrolledPort(nnx.Rngs(0))
+  without_bias.layers_1.Dense_0 = nnx.Linear(WIDTH, WIDTH, use_bias=False, rngs=nnx.Rngs(0))
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"the Linen param 'layers_1/Dense_0/bias' has no Param in the port \(1 such\), "
+    r"though the port's layer at that path exists\. Why: the port's layer 'layers_1/Dense_0' "
+    r"has no 'bias' \(built with use_bias=False\?\).*Fix: build the port's layer "
+    r"'layers_1/Dense_0' with use_bias=True",
+  ):
+    param_layout.load_into_port(without_bias, variables)
+  with pytest.raises(
+    lb.layers.StackError,
+    match=r"the port has a Param at 'layers_0/Dense_0/\w+' that the Linen model lacks "
+    r"\(2 such; Linen params: layers_1/.*\)\. my hint",
+  ):
+    params = {k: v for k, v in variables["params"].items() if k != "layers_0"}
+    param_layout.load_into_port(UnrolledPort(nnx.Rngs(0)), {"params": params}, hint="my hint")

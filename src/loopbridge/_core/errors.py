@@ -2,7 +2,8 @@
 
 All public: the everyday ones are re-exported by the package; `StackError`,
 `CheckpointError` and `ShardingError` by the namespace of the functions that raise them
-(`lb.layers`, `lb.checkpoint`, `lb.sharding`).
+(`lb.layers`, `lb.checkpoint`, `lb.sharding`). `first_line` is how a one-line report (the
+command line, `lb.compare`) quotes an error raised elsewhere.
 """
 
 from __future__ import annotations
@@ -84,3 +85,24 @@ class CheckpointError(LoopbridgeError, ValueError):
 class CompareError(LoopbridgeError, ValueError):
   """`lb.compare` inputs it cannot use (wrong kinds of models, a mapping path that names no
   call, a model that fails to run), or two models whose module calls cannot be aligned."""
+
+
+def first_line(error: BaseException | str, limit: int = 400) -> str:
+  """The first line of an error's message, cut to `limit` characters, for a one-line report.
+
+  Args:
+    error: an exception, or its message.
+    limit: the longest line returned; a longer first line is cut and ends with `...`.
+
+  Returns:
+    The message's first line (empty for an empty message).
+
+  Examples:
+    >>> first_line(ValueError("shapes differ\\n  (2, 3) vs (3, 2)"))
+    'shapes differ'
+    >>> first_line("x" * 10, limit=8)
+    'xxxxx...'
+  """
+  lines = str(error).strip().splitlines()
+  line = lines[0] if lines else ""
+  return line if len(line) <= limit else line[: limit - 3] + "..."

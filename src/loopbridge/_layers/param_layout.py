@@ -10,10 +10,15 @@ Three layouts hold the same numbers:
   of layers.
 
 All conversions copy values without casting, so every round trip is exact.
+
+`load_into_port` loads a whole Linen model's variables into its NNX port by name (attributes
+named like the Linen submodules), unstacking the `nn.scan` subtrees the port holds as lists
+(`unstack_listed`); it casts to the port's dtypes.
 """
 
 from __future__ import annotations
 
+import re
 import typing as tp
 
 import jax
@@ -355,3 +360,211 @@ def export_params(
     return per_layer
   name = _namer(names)
   return {name(i): tree for i, tree in enumerate(per_layer)}
+
+
+# ----------------------------------------------------------------------------- a whole port
+PORT_NAMES_HINT = (
+  "Name the port's attributes like the Linen submodules (self.Dense_0 = nnx.Linear(...); a "
+  "list self.layers[0] for Linen's layers_0)."
+)
+
+Key = tuple[str, ...]
+
+
+def linen_key(path: tp.Sequence[object]) -> Key:
+  """The Linen name of an NNX graph path: a list index joins the name before it.
+
+  Linen names submodules made in a loop `layers_0`, `layers_1` (and `unstack_params` names
+  scanned layers so), where an NNX port holds a list `self.layers[0]`.
+
+  Args:
+    path: a path as `nnx.iter_graph` gives it.
+
+  Returns:
+    The path's keys as strings, each list index merged into the name before it.
+
+  Examples:
+    >>> linen_key(('layers', 0, 'Dense_0', 'kernel'))
+    ('layers_0', 'Dense_0', 'kernel')
+  """
+  key: list[str] = []
+  for part in path:
+    if isinstance(part, int) and key:
+      key[-1] = f"{key[-1]}_{part}"
+    else:
+      key.append(str(part))
+  return tuple(key)
+
+
+def unstack_listed(params: Tree, listed: tp.Collection[Key]) -> dict[str, Tree]:
+  """Unstack each scanned subtree of `params` that a port holds as a list of layers.
+
+  Linen stores an `nn.scan` of layers as one subtree with a leading layer axis
+  (`cells/Dense_0/kernel`: (L, i, o)); a port holding a list `self.cells[i]` has its Params
+  at `cells_0/Dense_0/kernel`, ... (`linen_key`), the names `unstack_params(names='cells_{}')`
+  gives. Other subtrees are kept as they are.
+
+  Args:
+    params: one Linen collection (`variables['params']`); boxed leaves are unboxed.
+    listed: the Linen keys (`linen_key`) of the port's Variables of that collection.
+
+  Returns:
+    `params` with each such subtree replaced by its per-layer subtrees.
+
+  Raises:
+    StackError: the port's list has another number of layers than the scanned subtree.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> params = {'cells': {'kernel': jnp.zeros((2, 4, 4))}}
+    >>> sorted(unstack_listed(params, [('cells_0', 'kernel'), ('cells_1', 'kernel')]))
+    ['cells_0', 'cells_1']
+  """
+  wanted = set(listed)
+
+  def walk(node: tp.Mapping[str, Tree], prefix: Key) -> dict[str, Tree]:
+    below = [
+      p[len(prefix) :] for p in wanted if len(p) > len(prefix) + 1 and p[: len(prefix)] == prefix
+    ]
+    out: dict[str, Tree] = {}
+    for key, child in node.items():
+      key = str(key)
+      if not isinstance(child, tp.Mapping):
+        out[key] = child
+        continue
+      pattern = re.compile(rf"{re.escape(key)}_(\d+)")
+      indices = {int(m.group(1)) for p in below if (m := pattern.fullmatch(p[0]))}
+      # Only where the port holds a list and Linen has no per-layer entries of its own.
+      if indices and not any(p[0] == key for p in below) and f"{key}_0" not in node:
+        try:
+          layers = unstack_params(child, names=f"{key}_{{}}")
+        except StackError:  # not a scanned subtree: loaded (or reported missing) as it is
+          layers = None
+        if isinstance(layers, dict):
+          if indices != set(range(len(layers))):
+            leaf = "/".join((*prefix, key, *next(iter(_flatten_params(child)))))
+            raise StackError(
+              f"the Linen param {leaf!r} stacks {len(layers)} layers (nn.scan) but the port's "
+              f"list has {len(indices)}; build the port with as many layers"
+            )
+          out.update((name, walk(layer, (*prefix, name))) for name, layer in layers.items())
+          continue
+      out[key] = walk(child, (*prefix, key))
+    return out
+
+  return walk(linen_meta.unbox(params), ())
+
+
+def _has_sibling(key: Key, keys: tp.Iterable[Key]) -> bool:
+  """Whether another param of the same layer as `key` (`Dense_1/bias`) is among `keys`."""
+  return any(k != key and k[:-1] == key[:-1] for k in keys)
+
+
+def _layer_lacks(key: Key, lacking: str, having: str, add: bool = False) -> str:
+  """Why a param exists on one side only when its layer exists on both: the layer's options.
+
+  `add`: the port's layer needs the param (else: it has one too many).
+  """
+  layer, name = "/".join(key[:-1]), key[-1]
+  option = {"bias": "use_bias", "scale": "use_scale"}.get(name)
+  why = f" (built with {option}=False?)" if option and add else ""
+  fix = (
+    f"build the port's layer {layer!r} with {option}={add}"
+    if option
+    else f"build the port's layer {layer!r} with the same options as the Linen layer"
+  )
+  return (
+    f"Why: {lacking} {layer!r} has no {name!r}{why}, while {having} has one; the names "
+    f"match. Fix: {fix}."
+  )
+
+
+def load_into_port(
+  port: nnx.Module, variables: tp.Mapping[str, Tree], *, hint: str = PORT_NAMES_HINT
+) -> int:
+  """Write a Linen model's variables into its NNX port's Variables by name, in place.
+
+  Paths correspond when the port's attributes are named like the Linen submodules, a list
+  index `layers/0` standing for Linen's `layers_0` (or for layer 0 of an `nn.scan` named
+  `layers`, see `unstack_listed`). Every `nnx.Param` must find its value; other collections
+  (batch statistics, ...) are loaded where present. Values take the port's dtypes.
+
+  Args:
+    port: the NNX module, built with the Linen model's widths and depths.
+    variables: what the Linen model's `init` returns (`{'params': ..., 'batch_stats': ...}`).
+    hint: the advice when a param matches nothing by name (a caller may offer more ways out).
+
+  Returns:
+    How many Variables were written.
+
+  Raises:
+    StackError: a Param on one side only (the message names the layer option that differs
+      when the layer exists on both), a scanned depth or a shape that differs.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from flax import nnx
+    >>> class Port(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.Dense_0 = nnx.Linear(2, 3, rngs=rngs)
+    >>> variables = nn.Dense(3, name='Dense_0').init(jax.random.key(0), jnp.ones((1, 2)))
+    >>> load_into_port(Port(nnx.Rngs(0)), {'params': {'Dense_0': variables['params']}})
+    2
+  """
+  collections = {name: tree for name, tree in variables.items() if isinstance(tree, tp.Mapping)}
+  seen: set[int] = set()
+  targets: dict[tuple[str, Key], tuple[str, nnx.Variable]] = {}
+  for path, node in _compat.iter_graph(port):
+    if not isinstance(node, nnx.Variable) or id(node) in seen:
+      continue
+    seen.add(id(node))
+    collection = _compat.collection_name(type(node))
+    if collection not in collections or _compat.variable_value(node) is None:
+      continue  # flax 0.10 keeps a disabled bias as a Param holding None
+    targets[(collection, linen_key(path))] = ("/".join(map(str, path)), node)
+  reference = {
+    name: _flatten_params(unstack_listed(tree, [k for c, k in targets if c == name]))
+    for name, tree in collections.items()
+  }
+  params = reference.get("params", {})
+  port_params = {key: shown for (c, key), (shown, _) in targets.items() if c == "params"}
+  missing = [key for key in port_params if key not in params]
+  if missing:
+    names = sorted("/".join(k) for k in params)
+    raise StackError(
+      f"the port has a Param at {port_params[missing[0]]!r} that the Linen model lacks "
+      f"({len(missing)} such; Linen params: {', '.join(names[:8])}"
+      f"{', ...' if len(names) > 8 else ''}). "
+      + (
+        _layer_lacks(missing[0], "the Linen layer", "the port's layer")
+        if _has_sibling(missing[0], params)
+        else hint
+      )
+    )
+  extra = [key for key in params if key not in port_params]
+  if extra:
+    first = "/".join(extra[0])
+    if _has_sibling(extra[0], port_params):
+      raise StackError(
+        f"the Linen param {first!r} has no Param in the port ({len(extra)} such), though the "
+        "port's layer at that path exists. "
+        + _layer_lacks(extra[0], "the port's layer", "the Linen layer", add=True)
+      )
+    raise StackError(
+      f"the Linen param {first!r} has no Param in the port ({len(extra)} such). {hint}"
+    )
+  loaded = 0
+  for (collection, key), (shown, variable) in targets.items():
+    if key not in reference[collection]:
+      continue
+    old, new = _compat.variable_value(variable), reference[collection][key]
+    if np.shape(old) != np.shape(new):
+      raise StackError(
+        f"{collection} {'/'.join(key)!r} is {list(np.shape(new))} in the Linen model but "
+        f"{shown!r} is {list(np.shape(old))} in the port; build the port with the same widths "
+        "and depths (a transposed layout, such as a kernel stored (out, in), has to be "
+        "converted by hand)."
+      )
+    _compat.set_variable_value(variable, jnp.asarray(new, getattr(old, "dtype", None)))
+    loaded += 1
+  return loaded

@@ -1,0 +1,67 @@
+"""Options several subcommands share, and the argparse types of option values."""
+
+from __future__ import annotations
+
+import argparse
+import typing as tp
+
+if tp.TYPE_CHECKING:
+  # What `add_subparsers` returns; each subcommand module registers itself with `add_parser`.
+  Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def positive_int(text: str) -> int:
+  """An option value that must be an integer >= 1.
+
+  Raises:
+    argparse.ArgumentTypeError: `text` is not one (argparse prints it and exits 2).
+
+  Examples:
+    >>> positive_int("5")
+    5
+  """
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+  return value
+
+
+def non_negative_float(text: str) -> float:
+  """An option value that must be a number >= 0 (`inf` allowed, `nan` not).
+
+  Raises:
+    argparse.ArgumentTypeError: `text` is not one (argparse prints it and exits 2).
+
+  Examples:
+    >>> non_negative_float("1e-5")
+    1e-05
+  """
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+  if not value >= 0:  # also refuses nan
+    raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+  return value
+
+
+def add_arg_option(parser: argparse.ArgumentParser, examples: str) -> None:
+  """`--arg SPEC`, repeatable: the sample positional inputs (`inputs.parse_arg_spec`)."""
+  parser.add_argument(
+    "--arg",
+    action="append",
+    default=None,
+    metavar="SPEC",
+    dest="args",
+    help=f"a sample positional input as DTYPE[DIMS], e.g. {examples}; repeat for each input",
+  )
+
+
+def add_common_options(parser: argparse.ArgumentParser, json_help: str) -> None:
+  """`--seed`, `--json` and `--debug`, which every subcommand takes."""
+  parser.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
+  parser.add_argument("--json", action="store_true", help=json_help)
+  parser.add_argument("--debug", action="store_true", help="show tracebacks of failures")
