@@ -105,9 +105,8 @@ def compare(
     )
   ref_kind, ref_subject = subject(reference, "reference")
   cand_kind, cand_subject = subject(candidate, "candidate")
-  ref_run = record("reference", ref_kind, ref_subject, args, kwargs)
-  cand_run = record("candidate", cand_kind, cand_subject, args, kwargs)
-  ref, cand = ref_run.calls, cand_run.calls
+  ref, not_recorded_r = record("reference", ref_kind, ref_subject, args, kwargs)
+  cand, not_recorded_c = record("candidate", cand_kind, cand_subject, args, kwargs)
   prepare(ref)
   prepare(cand)
   aligned = align(ref, cand, mapping)
@@ -132,15 +131,15 @@ def compare(
 
   def unmatched(calls, used):
     return tuple(
-      UnmatchedCall(c.path, c.index, tree_text(c.output, 60)) for c in calls if c.index not in used
+      UnmatchedCall(c.shown, c.index, tree_text(c.output, 60)) for c in calls if c.index not in used
     )
 
   return ParityReport(
     pairs=pairs,
     unmatched_reference=unmatched(ref, used_r),
     unmatched_candidate=unmatched(cand, used_c),
-    not_recorded_reference=tuple(ref_run.not_recorded),
-    not_recorded_candidate=tuple(cand_run.not_recorded),
+    not_recorded_reference=tuple(not_recorded_r),
+    not_recorded_candidate=tuple(not_recorded_c),
     rtol=rtol,
     atol=atol,
   )

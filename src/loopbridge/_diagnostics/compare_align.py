@@ -51,7 +51,7 @@ def _sample(leaves: list[tuple[str, tp.Any]]) -> np.ndarray:
 
 
 def call_list(calls: tp.Sequence[Call]) -> str:
-  shown = [f"{shown_path(c.path)} {tree_text(c.output, 60)}" for c in calls[:_MAX_LISTED]]
+  shown = [f"{shown_path(c.shown)} {tree_text(c.output, 60)}" for c in calls[:_MAX_LISTED]]
   more = f", ... and {len(calls) - _MAX_LISTED} more" if len(calls) > _MAX_LISTED else ""
   return "; ".join(shown) + more if shown else "none"
 
@@ -60,16 +60,17 @@ def _forced_partners(
   ref: list[Call], cand: list[Call], mapping: tp.Mapping[str, str | None] | None
 ) -> tuple[dict[int, tuple[int, str]], set[int], set[int]]:
   """Pairs fixed by the mapping and by equal paths; reference and candidate calls mapped away."""
+  # A mapping names a module path (every call of it, layers in order) or one layer of a
+  # scanned stack as the report writes it (`layers[2]/Dense_0`).
   by_path_r: dict[str, list[int]] = {}
   by_path_c: dict[str, list[int]] = {}
-  by_key_c: dict[str, list[int]] = {}
-  for c in ref:
-    by_path_r.setdefault(c.path, []).append(c.index)
-  for c in cand:
-    by_path_c.setdefault(c.path, []).append(c.index)
-    by_key_c.setdefault(c.key, []).append(c.index)
+  for calls, by_path in ((ref, by_path_r), (cand, by_path_c)):
+    for c in calls:
+      for name in dict.fromkeys((c.path, c.shown)):
+        by_path.setdefault(name, []).append(c.index)
   partners: dict[int, tuple[int, str]] = {}
   excluded_r: set[int] = set()
+  mapped_r: set[int] = set()
   claimed_c: set[int] = set()
   mapping = dict(mapping or {})
   for ref_path, cand_path in mapping.items():
@@ -96,14 +97,20 @@ def _forced_partners(
         "Use these paths ('/'-joined, as the report shows them)."
       )
     claimed_c.update(by_path_c[cand_path])
+    mapped_r.update(by_path_r[ref_path])
     for i, j in zip(by_path_r[ref_path], by_path_c[cand_path]):
       partners[i] = (j, BY_MAPPING)
-  for path, indices in by_path_r.items():
-    if path in mapping:
-      continue
-    ref_key = ref[indices[0]].key
-    others = [j for j in by_key_c.get(ref_key, ()) if j not in claimed_c]
-    for i, j in zip(indices, others):
+  # Equal keys: equal paths, an NNX list index or a scanned layer standing for Linen's `_N`.
+  by_key_r: dict[str, list[int]] = {}
+  by_key_c: dict[str, list[int]] = {}
+  for c in ref:
+    if c.index not in mapped_r and c.index not in excluded_r:
+      by_key_r.setdefault(c.key, []).append(c.index)
+  for c in cand:
+    if c.index not in claimed_c:
+      by_key_c.setdefault(c.key, []).append(c.index)
+  for key, indices in by_key_r.items():
+    for i, j in zip(indices, by_key_c.get(key, ())):
       partners[i] = (j, BY_NAME)
   return partners, excluded_r, claimed_c
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import re
 import typing as tp
 
 import flax.linen as nn
@@ -51,22 +52,36 @@ _RECORDER: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
 
 @dataclasses.dataclass
 class Call:
-  path: str  # display path: '/'-joined, '' for the top level
-  key: str  # the same with list indices written Linen-style: layers/0 -> layers_0
-  output: tp.Any
-  index: int = 0  # position in this side's call order
-  leaves: list[tuple[str, tp.Any]] = dataclasses.field(default_factory=list)
-  signature: tuple[tuple[int, ...], ...] = ()
-  # A few values at fixed positions (alignment tie-break); `_prepare` fills it.
-  sample: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+  """One module call of one side, with its output (concrete arrays)."""
+
+  path: str  # the module's path: '/'-joined, '' for the top level (no layer index)
+  key: str  # the match key: list indices and layers written Linen-style, layers/0 -> layers_0
+  output: object
   kind: str = ""  # the module's class name, Linen names mapped to their NNX counterparts
+  module_type: str = ""  # the module's own class name
+  stack: str = ""  # the layer stack this call belongs to ('' for none): a path
+  layer: int | None = None  # its layer in that stack
+  scanned: bool = False  # recorded inside a transform body (the layer is not in the path)
+  index: int = 0  # position in this side's call order
+  leaves: list[tuple[str, object]] = dataclasses.field(default_factory=list)
+  signature: tuple[tuple[int, ...], ...] = ()
+  # A few values at fixed positions (alignment tie-break); `compare_align.prepare` fills it.
+  sample: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+
+  @property
+  def shown(self) -> str:
+    """The path as the report prints it: a layer of a scanned stack as `stack[layer]/rest`."""
+    if not self.scanned or self.layer is None:
+      return self.path
+    rest = self.path[len(self.stack) :] if self.path.startswith(self.stack) else ""
+    return f"{self.stack}[{self.layer}]{rest}"
 
 
 def _join(*parts: str) -> str:
   return "/".join(p for p in parts if p)
 
 
-def path_strings(path: tp.Sequence[tp.Any]) -> tuple[str, str]:
+def path_strings(path: tp.Sequence[object]) -> tuple[str, str]:
   """(display path, Linen-style match key) of an NNX graph path."""
   shown, key = [], []
   for part in path:
@@ -78,50 +93,207 @@ def path_strings(path: tp.Sequence[tp.Any]) -> tuple[str, str]:
   return "/".join(shown), "/".join(key)
 
 
-def has_tracer(tree: tp.Any) -> bool:
+def has_tracer(tree: object) -> bool:
   return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(tree))
 
 
+# The attribute carrying a module's path on the instrumented copy: a static attribute, so the
+# module objects NNX transforms rebuild inside `nnx.scan`/`nnx.vmap` carry it too.
+_PATH_ATTRIBUTE = "loopbridge__compare_path"
+
+
+@dataclasses.dataclass
+class _Body:
+  """One run of a transform body: the outermost traced call and the calls inside it."""
+
+  path: str
+  key: str
+  pending: list[_Pending] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Pending:
+  """A call made under a trace: its output arrives per iteration through a callback."""
+
+  path: str
+  key: str
+  kind: str
+  module_type: str
+  body: _Body
+  values: list[object] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Frame:
+  path: str
+  key: str
+  nnx: bool  # an NNX module (Linen calls inside a bridge are named under it)
+  body: _Body | None  # the transform body this call runs in (None: not traced)
+
+
 class Recorder:
-  """The module calls of one run, in the order they return."""
+  """The module calls of one run, in the order they return (see `finish`)."""
 
-  def __init__(self, nnx_paths: dict[int, tuple[str, str]]):
-    self.calls: list[Call] = []
+  def __init__(self) -> None:
+    self._entries: list[Call | _Pending] = []
     self.not_recorded: list[str] = []
-    self._nnx_paths = nnx_paths
-    self._stack: list[tuple[str, str]] = []  # NNX modules being called, innermost last
+    self._frames: list[_Frame] = []  # modules being called, innermost last
 
-  def add(self, path: str, key: str, output: tp.Any, module: tp.Any) -> None:
-    if has_tracer(output):
-      self.not_recorded.append(path)
-    else:
-      name = type(module).__name__
-      self.calls.append(Call(path, key, output, kind=_SAME_LAYER.get(name, name)))
-
-  def enter(self, module: tp.Any) -> tuple[str, str]:
-    where = self._nnx_paths.get(id(module))
-    if where is None:  # a module built during the call (e.g. by a transform): no graph path
-      name = f"<{type(module).__name__}>"
-      where = (name, name)
-    self._stack.append(where)
-    return where
+  def enter(self, path: str, key: str, inputs: object, *, nnx_module: bool) -> _Frame:
+    parent = self._frames[-1] if self._frames else None
+    body = parent.body if parent is not None else None
+    if body is None and has_tracer(inputs):
+      body = _Body(path, key)  # the outermost call inside a transform (a layer's body)
+    frame = _Frame(path, key, nnx_module, body)
+    self._frames.append(frame)
+    return frame
 
   def exit(self) -> None:
-    self._stack.pop()
+    self._frames.pop()
 
-  def linen_call(self, module: nn.Module, output: tp.Any) -> None:
+  def add(self, frame: _Frame, output: object, module: object) -> None:
+    name = type(module).__name__
+    kind = _SAME_LAYER.get(name, name)
+    body = frame.body
+    if body is None and has_tracer(output):
+      body = _Body(frame.path, frame.key)
+    if body is None:
+      self._entries.append(Call(frame.path, frame.key, output, kind, name))
+      return
+    pending = _Pending(frame.path, frame.key, kind, name, body)
+    if _values_per_iteration(output, pending.values):
+      body.pending.append(pending)
+      self._entries.append(pending)
+    else:
+      self.not_recorded.append(frame.path)
+
+  def linen_frame(self, module: nn.Module, inputs: object) -> _Frame | None:
+    """Enter a Linen call (None for a bridge's top-level call: recorded as the bridge)."""
     names = tuple(module.scope.path) if module.scope is not None else ()
-    if not names and self._stack:
-      return  # a bridge's top-level Linen call: recorded as the bridge module's own call
-    shown, key = self._stack[-1] if self._stack else ("", "")
-    self.add(_join(shown, *names), _join(key, *names), output, module)
+    outer = next((f for f in reversed(self._frames) if f.nnx), None)
+    if not names and outer is not None:
+      return None
+    shown, key = (outer.path, outer.key) if outer is not None else ("", "")
+    return self.enter(_join(shown, *names), _join(key, *names), inputs, nnx_module=False)
+
+  def finish(self, *, linen: bool) -> list[Call]:
+    """The calls in order, each run of a transform body expanded into its layers."""
+    jax.effects_barrier()  # every callback of the run has delivered its values
+    calls: list[Call] = []
+    run: list[_Pending] = []
+    for entry in [*self._entries, None]:
+      if isinstance(entry, _Pending) and (not run or entry.body is run[0].body):
+        run.append(entry)
+        continue
+      calls.extend(_layers(run))
+      run = [entry] if isinstance(entry, _Pending) else []
+      if isinstance(entry, Call):
+        calls.append(entry)
+    _name_layer_stacks(calls, linen)
+    return calls
+
+
+def _values_per_iteration(output: object, into: list[object]) -> bool:
+  """Have each value the traced `output` takes (per iteration, per mapped element) appended.
+
+  `jax.debug.callback` runs on the host once per iteration of a scan and once per element of
+  a vmap, in order (ordered where the transform allows). False when no callback can be placed.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(output)
+  arrays = [i for i, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
+  sent = []
+  for i in arrays:
+    leaf = leaves[i]
+    if jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      leaf = jax.random.key_data(leaf)
+    sent.append(leaf)
+
+  def receive(*values: np.ndarray) -> None:
+    filled = list(leaves)
+    for i, value in zip(arrays, values):
+      filled[i] = np.asarray(value)
+    into.append(jax.tree_util.tree_unflatten(treedef, filled))
+
+  for ordered in (True, False):
+    try:
+      jax.debug.callback(receive, *sent, ordered=ordered)
+      return True
+    except Exception:  # a transform that takes no (ordered) callback: try the next way
+      continue
+  return False
+
+
+def _layers(run: list[_Pending]) -> list[Call]:
+  """The calls of one transform body, as many times as it ran, layer by layer.
+
+  A body traced but never run (jax traces some bodies twice) delivered nothing and is
+  dropped. A body run once (`nn.remat`, `jax.jit`) gives plain calls; a body run L times
+  (`nn.scan`, `nnx.scan`, a vmap) gives L layers, each holding every call of the body in
+  trace order; a call run k times per layer (a nested loop) gives its k calls in that layer.
+  """
+  if not run:
+    return []
+  body = run[0].body
+  root = next((p for p in run if p.path == body.path), run[-1])
+  length = len(root.values)
+  if length == 0:
+    return []
+  entries = []
+  for order, pending in enumerate(run):
+    per_layer = len(pending.values) // length if len(pending.values) % length == 0 else 0
+    for occurrence, value in enumerate(pending.values):
+      layer = occurrence // per_layer if per_layer else None
+      entries.append((layer if layer is not None else length, order, occurrence, pending, value))
+  entries.sort(key=lambda e: e[:3])
+  calls = []
+  for layer, _, _, pending, value in entries:
+    call = Call(pending.path, pending.key, value, pending.kind, pending.module_type)
+    if length > 1 and layer < length:
+      call.stack, call.layer, call.scanned = body.path, layer, True
+      if body.key and (pending.key == body.key or pending.key.startswith(body.key + "/")):
+        call.key = f"{body.key}_{layer}{pending.key[len(body.key) :]}"
+    calls.append(call)
+  return calls
+
+
+_NUMBERED = re.compile(r"(.+)_(\d+)")
+
+
+def _name_layer_stacks(calls: list[Call], linen: bool) -> None:
+  """Give calls in a list of layers (`blocks/2/...`, Linen `layers_2/...`) their stack.
+
+  An NNX list index is a layer; in a Linen model a name `prefix_N` is one when the module at
+  it is not of the class `prefix` (Linen names unnamed submodules `Dense_0`, `Dense_1` by
+  class).
+  """
+  types = {c.path: c.module_type for c in calls if not c.scanned}
+  for call in calls:
+    if call.stack:
+      continue
+    parts = call.path.split("/") if call.path else []
+    for at, part in enumerate(parts):
+      if part.isdigit() and at > 0:
+        call.stack, call.layer = "/".join(parts[:at]), int(part)
+        break
+      match = _NUMBERED.fullmatch(part) if linen else None
+      here = "/".join(parts[: at + 1])
+      if match and here in types and types[here] != match.group(1):
+        call.stack, call.layer = "/".join([*parts[:at], match.group(1)]), int(match.group(2))
+        break
 
 
 def _linen_interceptor(next_fun, args, kwargs, context):
-  output = next_fun(*args, **kwargs)
   recorder = _RECORDER.get()
-  if recorder is not None and context.method_name == "__call__":
-    recorder.linen_call(context.module, output)
+  if recorder is None or context.method_name != "__call__":
+    return next_fun(*args, **kwargs)
+  frame = recorder.linen_frame(context.module, (args, kwargs))
+  if frame is None:
+    return next_fun(*args, **kwargs)
+  try:
+    output = next_fun(*args, **kwargs)
+  finally:
+    recorder.exit()
+  recorder.add(frame, output, context.module)
   return output
 
 
@@ -129,32 +301,36 @@ def _defines_call(cls: type) -> bool:
   return any("__call__" in vars(base) for base in cls.__mro__ if base is not object)
 
 
-def _call_recorder(cls: type) -> dict[str, tp.Any]:
+def _call_recorder(cls: type) -> dict[str, object]:
   def __call__(self, *args, **kwargs):
     recorder = _RECORDER.get()
     if recorder is None:  # the copy escaped the compare (it never should): behave as cls
       return cls.__call__(self, *args, **kwargs)  # pyright: ignore[reportCallIssue]
-    where = recorder.enter(self)
+    # A module built during the call without a graph path (it never should) shows its class.
+    where = getattr(self, _PATH_ATTRIBUTE, None)
+    path, key = where.split("\n") if isinstance(where, str) else (f"<{cls.__name__}>",) * 2
+    frame = recorder.enter(path, key, (args, kwargs), nnx_module=True)
     try:
       output = cls.__call__(self, *args, **kwargs)  # pyright: ignore[reportCallIssue]
     finally:
       recorder.exit()
-    recorder.add(*where, output, self)
+    recorder.add(frame, output, self)
     return output
 
   return {"__call__": __call__}
 
 
-def _instrumented_copy(model: nnx.Module) -> tuple[nnx.Module, dict[int, tuple[str, str]]]:
-  """A copy of `model` whose callable modules record their calls, and each module's path."""
+def _instrumented_copy(model: nnx.Module) -> nnx.Module:
+  """A copy of `model` whose callable modules record their calls under their paths."""
   copy = _compat.clone_graph(model)
-  paths: dict[int, tuple[str, str]] = {}
+  seen: set[int] = set()
   for path, node in _compat.iter_graph(copy):
-    if isinstance(node, nnx.Module) and id(node) not in paths:
-      paths[id(node)] = path_strings(path)
+    if isinstance(node, nnx.Module) and id(node) not in seen:
+      seen.add(id(node))
+      object.__setattr__(node, _PATH_ATTRIBUTE, "\n".join(path_strings(path)))
       if _defines_call(type(node)):
         object.__setattr__(node, "__class__", subclass_with(type(node), "compare", _call_recorder))
-  return copy, paths
+  return copy
 
 
 def bridged_linen(model: bridge.ToNNX) -> tuple[nn.Module, dict[str, tp.Any]]:
@@ -209,8 +385,10 @@ def subject(obj: tp.Any, role: str) -> tuple[str, tp.Any]:
   raise CompareError(f"lb.compare: the {role} is {describe(obj)}; it must be {_KINDS_HELP}.")
 
 
-def record(role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict) -> Recorder:
-  """Run one side on the inputs and return its recorded calls."""
+def record(
+  role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict
+) -> tuple[list[Call], list[str]]:
+  """Run one side on the inputs: its calls in order, and the paths it could not record."""
   if kind == _LINEN:
     module, variables = subject
     # Sows and captured values from earlier calls (a stock bridge keeps them) would be
@@ -219,13 +397,13 @@ def record(role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict) -> 
     # Every collection but params is mutable (batch statistics, caches, sows update as the
     # model wants); params stay immutable so a missing one is an error, not a fresh init.
     mutable = sorted((set(variables) - {"params"}) | {"intermediates"})
-    recorder = Recorder({})
+    recorder = Recorder()
 
     def run():
       return module.apply(variables, *args, mutable=mutable, **kwargs)
   else:
-    copy, paths = _instrumented_copy(subject)
-    recorder = Recorder(paths)
+    copy = _instrumented_copy(subject)
+    recorder = Recorder()
 
     def run():
       return copy(*args, **kwargs)
@@ -253,7 +431,7 @@ def record(role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict) -> 
     ) from e
   finally:
     _RECORDER.reset(token)
-  return recorder
+  return recorder.finish(linen=kind == _LINEN), recorder.not_recorded
 
 
 def first_line(error: BaseException, limit: int = 400) -> str:

@@ -29,7 +29,9 @@ class LeafDiff:
 class CallPair:
   """A reference call and the candidate call it was aligned with, compared."""
 
-  reference_path: str  # '/'-joined module path; '' is the top-level module
+  # '/'-joined module path, '' for the top level; a layer of a scanned stack (nn.scan,
+  # nnx.scan, a vmap) is written stack[layer]/rest, as `layers[2]/Dense_0`.
+  reference_path: str
   candidate_path: str
   reference_call: int  # position in the reference's call order, from 0
   candidate_call: int
@@ -39,6 +41,12 @@ class CallPair:
   max_rel_err: float | None
   leaves: tuple[LeafDiff, ...]
   note: str = ""  # for a structure mismatch: how the output trees differ
+  # The layer stack each call belongs to ('' for none: an nn.scan, nnx.scan, vmap, a list of
+  # layers or Linen layers_0, layers_1, ...) and its layer in it.
+  reference_stack: str = ""
+  reference_layer: int | None = None
+  candidate_stack: str = ""
+  candidate_layer: int | None = None
 
   @property
   def output(self) -> str:
@@ -65,6 +73,10 @@ class Divergence:
   leaf: str  # the first differing leaf of the output ('' for a single array)
   reference: str  # dtype[shape] of that leaf on each side
   candidate: str
+  reference_stack: str = ""  # the layer stack of each call ('' for none) and the layer in it
+  reference_layer: int | None = None
+  candidate_stack: str = ""
+  candidate_layer: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +149,10 @@ class ParityReport:
         leaf=leaf.leaf if leaf else "",
         reference=leaf.reference if leaf else pair.note,
         candidate=leaf.candidate if leaf else "",
+        reference_stack=pair.reference_stack,
+        reference_layer=pair.reference_layer,
+        candidate_stack=pair.candidate_stack,
+        candidate_layer=pair.candidate_layer,
       )
     return None
 
@@ -223,6 +239,16 @@ def _render(report: ParityReport) -> str:
     out.append(
       f"lb.compare: DIVERGES, first at {where}: {_KIND_TEXT[divergence.kind]}{leaf}{detail}"
     )
+    layers = [
+      f"layer {layer} of the {side}'s stack {shown_path(stack)}"
+      for side, stack, layer in (
+        ("reference", divergence.reference_stack, divergence.reference_layer),
+        ("candidate", divergence.candidate_stack, divergence.candidate_layer),
+      )
+      if layer is not None
+    ]
+    if layers:
+      out.append(f"in a layer stack: {'; '.join(layers)}")
   if report.atol == math.inf:
     out.append(
       "tolerance: atol inf, so values are not compared: only the module structure, output "

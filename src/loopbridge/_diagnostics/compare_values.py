@@ -7,7 +7,6 @@ the same places counts as equal); the tolerances default per dtype.
 from __future__ import annotations
 
 import math
-import typing as tp
 
 import jax
 import numpy as np
@@ -22,7 +21,7 @@ _BFLOAT16_TOLERANCES = (1e-2, 1e-2)
 _FLOAT16_TOLERANCES = (1e-3, 1e-3)
 
 
-def as_numpy(leaf: tp.Any) -> np.ndarray:
+def as_numpy(leaf: object) -> np.ndarray:
   if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
     leaf = jax.random.key_data(leaf)
   return np.asarray(leaf)
@@ -57,7 +56,7 @@ def _default_tolerance(dtype: np.dtype) -> tuple[float, float]:
 
 
 def _leaf_diff(
-  leaf: str, ref: tp.Any, cand: tp.Any, rtol: float | None, atol: float | None
+  leaf: str, ref: object, cand: object, rtol: float | None, atol: float | None
 ) -> LeafDiff:
   a, b = as_numpy(ref), as_numpy(cand)
   da, db = _desc(a), _desc(b)
@@ -96,37 +95,40 @@ def _leaf_diff(
 def compare_pair(
   ref: Call, cand: Call, aligned_by: str, rtol: float | None, atol: float | None
 ) -> CallPair:
-  common: dict[str, tp.Any] = dict(
-    reference_path=ref.path,
-    candidate_path=cand.path,
-    reference_call=ref.index,
-    candidate_call=cand.index,
-    aligned_by=aligned_by,
-  )
-  if len(ref.leaves) != len(cand.leaves):
-    note = (
-      f"the reference returns {len(ref.leaves)} array(s), the candidate "
-      f"{len(cand.leaves)}: {tree_text(ref.output)} vs {tree_text(cand.output)}"
-    )
+  def pair(status: str, leaves: tuple[LeafDiff, ...], note: str = "") -> CallPair:
+    errors_abs = [d.max_abs_err for d in leaves if d.max_abs_err is not None]
+    errors_rel = [d.max_rel_err for d in leaves if d.max_rel_err is not None]
     return CallPair(
-      **common, status=STRUCTURE, max_abs_err=None, max_rel_err=None, leaves=(), note=note
+      reference_path=ref.shown,
+      candidate_path=cand.shown,
+      reference_call=ref.index,
+      candidate_call=cand.index,
+      aligned_by=aligned_by,
+      status=status,
+      max_abs_err=max(errors_abs, default=None),
+      max_rel_err=max(errors_rel, default=None),
+      leaves=leaves,
+      note=note,
+      reference_stack=ref.stack,
+      reference_layer=ref.layer,
+      candidate_stack=cand.stack,
+      candidate_layer=cand.layer,
+    )
+
+  if len(ref.leaves) != len(cand.leaves):
+    return pair(
+      STRUCTURE,
+      (),
+      f"the reference returns {len(ref.leaves)} array(s), the candidate "
+      f"{len(cand.leaves)}: {tree_text(ref.output)} vs {tree_text(cand.output)}",
     )
   leaves = tuple(
     _leaf_diff(name, a, b, rtol, atol) for (name, a), (_, b) in zip(ref.leaves, cand.leaves)
   )
-  status = max((d.status for d in leaves), key=SEVERITY.__getitem__, default=OK)
-  errors_abs = [d.max_abs_err for d in leaves if d.max_abs_err is not None]
-  errors_rel = [d.max_rel_err for d in leaves if d.max_rel_err is not None]
-  return CallPair(
-    **common,
-    status=status,
-    max_abs_err=max(errors_abs, default=None),
-    max_rel_err=max(errors_rel, default=None),
-    leaves=leaves,
-  )
+  return pair(max((d.status for d in leaves), key=SEVERITY.__getitem__, default=OK), leaves)
 
 
-def tree_text(tree: tp.Any, limit: int = 120) -> str:
+def tree_text(tree: object, limit: int = 120) -> str:
   leaves = jax.tree_util.tree_leaves_with_path(tree)
   text = (
     ", ".join(f"{jax.tree_util.keystr(k) or 'out'}: {_desc(as_numpy(v))}" for k, v in leaves)
