@@ -833,3 +833,25 @@ def test_nn_remat_body_is_recorded_as_plain_calls():
   assert report.ok and not report.not_recorded_reference
   assert [p.reference_path for p in report.pairs] == ["block/Dense_0", "block/Dense_1", "block", ""]
   assert all(p.reference_layer is None for p in report.pairs)
+
+
+def test_align_modules_pairs_linen_and_nnx_modules_per_layer():
+  """The alignment other tools reuse: own names, own (random) weights, a stacked port."""
+  from loopbridge._diagnostics.compare_align import align_modules
+
+  x, variables = stack_setup(ScanNet())
+  pairs = align_modules(ScanNet(), variables, (x,), StackedPort(nnx.Rngs(5)), (x,))
+  got = [
+    (p.linen.path, p.linen.layer, p.nnx.path, p.nnx.layer, p.nnx.scanned)
+    for p in pairs
+    if p.linen.path
+  ]
+  expected = [("embed", None, "embed", None, False)]
+  for i in range(L):
+    expected += [
+      ("layers/Dense_0", i, "blocks/up", i, True),
+      ("layers/Dense_1", i, "blocks/down", i, True),
+      ("layers", i, "blocks", i, True),
+    ]
+  assert got == [*expected, ("head", None, "head", None, False)]
+  assert {p.linen.stack for p in pairs if p.linen.layer is not None} == {"layers"}

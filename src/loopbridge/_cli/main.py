@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     help="absolute tolerance (default: per dtype, float32 1e-5)",
   )
   c.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
+  c.add_argument(
+    "--plot",
+    metavar="FILE",
+    default=None,
+    help="also draw the max abs error of each aligned call to FILE (.png, .svg, .pdf; "
+    "needs matplotlib: pip install loopbridge[plot])",
+  )
   c.add_argument("--json", action="store_true", help="print the report as one JSON document")
   c.add_argument("--debug", action="store_true", help="show tracebacks of failures")
   return parser
@@ -1057,6 +1064,13 @@ def run_compare(ns: argparse.Namespace) -> int:
     print(json.dumps(report.to_dict(), indent=2))
   else:
     print(str(report))
+  if ns.plot:
+    from .._diagnostics.compare_plot import plot_report
+
+    try:
+      plot_report(report, ns.plot)
+    except (ImportError, ValueError) as e:
+      raise CliError(f"--plot: {e}") from e
   return 0 if report.ok else FAILURE
 
 

@@ -8,14 +8,17 @@ between two aligned pairs in equal numbers, in order (these differ in shape).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import typing as tp
 
+import flax.linen as nn
 import jax
 import numpy as np
+from flax import nnx
 
 from .._core.errors import CompareError
-from .compare_capture import Call
+from .compare_capture import LINEN, NNX, Call, record
 from .compare_report import BY_MAPPING, BY_NAME, BY_ORDER, BY_POSITION, shown_path
 from .compare_values import as_numpy, numeric, tree_text
 
@@ -194,3 +197,95 @@ def align(
       for i, j in zip(left_r, left_c):
         pairs[i] = (j, BY_POSITION)
   return sorted((i, j, how) for i, (j, how) in pairs.items())
+
+
+# ----------------------------------------------------------------------------- for other tools
+@dataclasses.dataclass(frozen=True)
+class ModuleCall:
+  """One side of an aligned pair: which module made the call, and where in the run."""
+
+  path: str  # '/'-joined module path, '' for the top level (a scanned layer: the stack's path)
+  call: int  # position in this side's call order, from 0
+  stack: str  # the layer stack the call belongs to ('' for none)
+  layer: int | None  # its layer in that stack (None outside a stack)
+  scanned: bool  # a layer of a stacked module (nn.scan, nnx.scan over an nnx.vmap stack)
+  module_type: str  # the module's class name
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignedModules:
+  """A Linen module call and the NNX module call aligned with it."""
+
+  linen: ModuleCall
+  nnx: ModuleCall
+  aligned_by: str  # mapping | name | order | position
+
+
+def _module_call(call: Call) -> ModuleCall:
+  return ModuleCall(call.path, call.index, call.stack, call.layer, call.scanned, call.module_type)
+
+
+def align_modules(
+  linen_module: nn.Module,
+  variables: tp.Mapping[str, object],
+  linen_args: tuple[object, ...],
+  port: nnx.Module,
+  port_args: tuple[object, ...],
+  *,
+  mapping: tp.Mapping[str, str | None] | None = None,
+  linen_kwargs: tp.Mapping[str, object] | None = None,
+  port_kwargs: tp.Mapping[str, object] | None = None,
+) -> list[AlignedModules]:
+  """Which NNX module of a port stands for which Linen module, by the calls both models make.
+
+  Both models run once, eagerly (each on its own sample inputs, the user's objects left
+  untouched) and their module calls are aligned as `lb.compare` aligns them: `mapping`, then
+  equal paths, then call order and output shape. Values only break ties, so a port with its
+  own (random) weights aligns too. Calls inside `nn.scan`/`nnx.scan`/vmap bodies come once
+  per layer; a list of layers gives each layer its own path.
+
+  Args:
+    linen_module: the Linen model.
+    variables: its variables (`{'params': ...}`, as `init` returns them).
+    linen_args: the Linen model's sample positional inputs.
+    port: the NNX port.
+    port_args: the port's sample positional inputs.
+    mapping: `{linen_path: nnx_path}` pairs to align explicitly (as in `lb.compare`).
+    linen_kwargs: keyword inputs of the Linen model.
+    port_kwargs: keyword inputs of the port.
+
+  Returns:
+    Every aligned pair, in Linen call order: `AlignedModules(linen, nnx, aligned_by)`, each
+    side a `ModuleCall` (path, call position, stack, layer, class name).
+
+  Raises:
+    CompareError: a model that fails on its inputs, or a mapping path that names no call.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from flax import nnx
+    >>> class Port(nnx.Module):
+    ...   def __init__(self, rngs):
+    ...     self.proj = nnx.Linear(2, 3, rngs=rngs)
+    ...   def __call__(self, x):
+    ...     return self.proj(x)
+    >>> class Linen(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return nn.Dense(3)(x)
+    >>> x = jnp.ones((1, 2))
+    >>> variables = Linen().init(jax.random.key(0), x)
+    >>> pairs = align_modules(Linen(), variables, (x,), Port(nnx.Rngs(0)), (x,))
+    >>> [(p.linen.path, p.nnx.path, p.aligned_by) for p in pairs]
+    [('Dense_0', 'proj', 'order'), ('', '', 'name')]
+  """
+  ref, _ = record(
+    "reference", LINEN, (linen_module, dict(variables)), linen_args, dict(linen_kwargs or {})
+  )
+  cand, _ = record("candidate", NNX, port, port_args, dict(port_kwargs or {}))
+  prepare(ref)
+  prepare(cand)
+  return [
+    AlignedModules(_module_call(ref[i]), _module_call(cand[j]), how)
+    for i, j, how in align(ref, cand, mapping)
+  ]

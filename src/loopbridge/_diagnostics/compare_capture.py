@@ -340,7 +340,7 @@ def bridged_linen(model: bridge.ToNNX) -> tuple[nn.Module, dict[str, tp.Any]]:
   )
 
 
-_LINEN, _NNX = "linen", "nnx"
+LINEN, NNX = "linen", "nnx"  # the two kinds of model a side can be
 
 _KINDS_HELP = (
   "a Linen module with its variables as `(module, variables)` (e.g. "
@@ -366,11 +366,11 @@ def subject(obj: tp.Any, role: str) -> tuple[str, tp.Any]:
         "second item must be the module's variables, a dict like `module.init(key, *args)` "
         "returns ({'params': ...})."
       )
-    return _LINEN, (module, dict(variables))
+    return LINEN, (module, dict(variables))
   if isinstance(obj, bridge.ToNNX):
-    return _LINEN, bridged_linen(obj)
+    return LINEN, bridged_linen(obj)
   if isinstance(obj, nnx.Module):
-    return _NNX, obj
+    return NNX, obj
   if isinstance(obj, nn.Module):
     raise CompareError(
       f"lb.compare: the {role} is a Linen module without its variables, so it cannot run. "
@@ -389,7 +389,7 @@ def record(
   role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict
 ) -> tuple[list[Call], list[str]]:
   """Run one side on the inputs: its calls in order, and the paths it could not record."""
-  if kind == _LINEN:
+  if kind == LINEN:
     module, variables = subject
     # Sows and captured values from earlier calls (a stock bridge keeps them) would be
     # appended to, not replaced; no run needs them.
@@ -414,12 +414,12 @@ def record(
       run()
   except Exception as e:
     hint = ""
-    if kind == _LINEN and not subject[1]:
+    if kind == LINEN and not subject[1]:
       hint = (
         " It has no variables: initialize an lb.ToNNX with lb.lazy_init(model, *args) "
         "(or pass (module, module.init(key, *args)))."
       )
-    elif kind == _LINEN and "params" not in subject[1]:
+    elif kind == LINEN and "params" not in subject[1]:
       hint = (
         f" Its variables have no 'params' collection (keys: {sorted(subject[1])}): pass "
         "the whole dict `module.init` returns, {'params': ...}, not the params alone."
@@ -431,7 +431,7 @@ def record(
     ) from e
   finally:
     _RECORDER.reset(token)
-  return recorder.finish(linen=kind == _LINEN), recorder.not_recorded
+  return recorder.finish(linen=kind == LINEN), recorder.not_recorded
 
 
 def first_line(error: BaseException, limit: int = 400) -> str:
