@@ -36,6 +36,12 @@ def compare(
   leaf; the first reference call whose counterpart differs is `report.first_divergence`.
   Both models run eagerly; the user's models and their Variables are left untouched.
 
+  Calls inside `nn.scan`, `nn.remat`, `nnx.scan` and vmap bodies are recorded once per layer
+  (through `jax.debug.callback`): a layer of a scanned stack reads `layers[2]/Dense_1`, and
+  every pair names its layer stack and layer (a scanned stack, an NNX list `blocks/2/...`, or
+  Linen modules named `layers_0`, `layers_1`, ...), so a scanned stack aligns with a list of
+  blocks or an `nnx.vmap`-stacked one run by `nnx.scan`, and the other way round.
+
   Args:
     reference: the original: a Linen module with its variables as `(module, variables)`, or
       an initialized `lb.ToNNX` (any `flax.nnx.bridge.ToNNX`), or an NNX module.
@@ -49,7 +55,8 @@ def compare(
       random weights).
     mapping: `{reference_path: candidate_path}` pairs to align explicitly ('/'-joined module
       paths as the report prints them, '' for the top level); a value None marks a reference
-      call that has no counterpart. Repeated calls of one path pair up in order.
+      call that has no counterpart. Repeated calls of one path (the layers of a scanned
+      stack) pair up in order; `layers[2]/Dense_1` names one layer.
     **kwargs: keyword inputs, passed to both models (e.g. `deterministic=True`).
 
   Returns:

@@ -36,7 +36,7 @@ def prepare(calls: list[Call]) -> None:
     call.leaves = [
       (jax.tree_util.keystr(k), v) for k, v in jax.tree_util.tree_leaves_with_path(call.output)
     ]
-    call.signature = tuple(tuple(np.shape(v)) for _, v in call.leaves)
+    call.signature = tuple(as_numpy(v).shape for _, v in call.leaves)
     call.sample = _sample(call.leaves)
 
 

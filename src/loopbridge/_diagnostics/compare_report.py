@@ -100,8 +100,9 @@ class ParityReport:
       aligned, status, max abs/rel errors, per-leaf details).
     unmatched_reference: reference calls with no candidate counterpart (`UnmatchedCall`).
     unmatched_candidate: candidate calls with no reference counterpart.
-    not_recorded_reference: paths of reference calls made inside a JAX transform (their
-      outputs are tracers); their enclosing module's output is compared instead.
+    not_recorded_reference: paths of reference calls made inside a JAX transform that takes
+      no host callback (their values never reach the host); their enclosing module's output
+      is compared instead.
     not_recorded_candidate: the same for the candidate.
     rtol: the relative tolerance given, or None for the per-dtype default.
     atol: the absolute tolerance given, or None for the per-dtype default.
@@ -341,8 +342,8 @@ def _render(report: ParityReport) -> str:
       unique = list(dict.fromkeys(paths))
       out.append("")
       out.append(
-        f"not recorded in the {side} (called inside a JAX transform such as nn.scan, "
-        "nn.remat or nnx.scan; compared through the enclosing module): "
+        f"not recorded in the {side} (called inside a JAX transform that takes no host "
+        "callback; compared through the enclosing module): "
         + ", ".join(shown_path(p) for p in unique)
       )
   if divergence is not None and divergence.kind == VALUES:

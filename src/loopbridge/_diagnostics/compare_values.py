@@ -7,6 +7,7 @@ the same places counts as equal); the tolerances default per dtype.
 from __future__ import annotations
 
 import math
+import typing as tp
 
 import jax
 import numpy as np
@@ -22,8 +23,9 @@ _FLOAT16_TOLERANCES = (1e-3, 1e-3)
 
 
 def as_numpy(leaf: object) -> np.ndarray:
-  if hasattr(leaf, "dtype") and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-    leaf = jax.random.key_data(leaf)
+  dtype = getattr(leaf, "dtype", None)
+  if dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key):
+    leaf = jax.random.key_data(tp.cast(jax.Array, leaf))
   return np.asarray(leaf)
 
 
