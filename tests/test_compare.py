@@ -366,8 +366,6 @@ def test_bridged_part_of_a_candidate_is_recorded_inside(setup):
 def test_calls_no_callback_can_leave_are_listed_as_not_recorded(monkeypatch):
   """Where jax takes no host callback, a call under a trace is listed, not compared."""
   x, variables = stack_setup(ScanNet())
-  report = lb.compare((ScanNet(), variables), (ScanNet(), variables), x)
-  assert report.ok and not report.not_recorded_reference
 
   def refuse(*args, **kwargs):
     raise NotImplementedError("no callbacks here")
@@ -764,6 +762,7 @@ STACK_CASES = {
 }
 
 
+@pytest.mark.slow  # three models with nnx.scan/nn.scan traced twice each; the bug test stays fast
 @pytest.mark.parametrize("case", list(STACK_CASES))
 def test_layer_stacks_are_compared_layer_by_layer(case):
   net_type, port_type, ref_stack, cand_stack = STACK_CASES[case]
@@ -798,6 +797,9 @@ def test_bug_in_one_layer_is_reported_at_that_stack_and_layer(case):
   report = lb.compare((net_type(), variables), port, x)
   divergence = report.first_divergence
   assert divergence is not None and divergence.kind == "values", str(report)
+  before = [p for p in report.pairs if p.reference_layer is not None and p.reference_layer < 2]
+  assert len(before) == 6 and all(p.status == "ok" for p in before), str(report)
+  assert [p.candidate_layer for p in before] == [0, 0, 0, 1, 1, 1]
   assert (divergence.reference_stack, divergence.reference_layer) == (ref_stack, 2)
   assert (divergence.candidate_stack, divergence.candidate_layer) == (cand_stack, 2)
   expected_ref = "layers_2/Dense_1" if net_type is PerLayerNet else "layers[2]/Dense_1"
