@@ -857,3 +857,22 @@ def test_align_modules_pairs_linen_and_nnx_modules_per_layer():
     ]
   assert got == [*expected, ("head", None, "head", None, False)]
   assert {p.linen.stack for p in pairs if p.linen.layer is not None} == {"layers"}
+
+
+def test_jitted_port_is_recorded_inside_on_every_compare(setup):
+  """`nnx.jit` on the port's `__call__`: its calls are traced, and a second compare retraces."""
+  x, variables = setup
+
+  class JittedPort(Port):
+    @nnx.jit
+    def __call__(self, x):
+      return super().__call__(x)
+
+  rngs = nnx.Rngs(0)
+  port = JittedPort(rngs=rngs, blocks=[PortBlock(D, H, rngs=rngs) for _ in range(2)])
+  load(port, variables["params"], transpose=("head",))
+  for _ in range(2):
+    report = lb.compare((Net(), variables), port, x)
+    assert [p.candidate_path for p in report.pairs] == ORDER, str(report)
+    assert report.first_divergence is not None
+    assert report.first_divergence.candidate_path == "head"

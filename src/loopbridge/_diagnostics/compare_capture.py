@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import re
 import typing as tp
 
@@ -98,8 +99,11 @@ def has_tracer(tree: object) -> bool:
 
 
 # The attribute carrying a module's path on the instrumented copy: a static attribute, so the
-# module objects NNX transforms rebuild inside `nnx.scan`/`nnx.vmap` carry it too.
+# module objects NNX transforms rebuild inside `nnx.scan`/`nnx.vmap` carry it too. It also
+# holds a number new for every run: a jitted function (`nnx.jit`) sees another graph each time
+# and traces again, so its calls reach this run's recorder, not the callbacks of an earlier one.
 _PATH_ATTRIBUTE = "loopbridge__compare_path"
+_RUNS = itertools.count()
 
 
 @dataclasses.dataclass
@@ -308,7 +312,7 @@ def _call_recorder(cls: type) -> dict[str, object]:
       return cls.__call__(self, *args, **kwargs)  # pyright: ignore[reportCallIssue]
     # A module built during the call without a graph path (it never should) shows its class.
     where = getattr(self, _PATH_ATTRIBUTE, None)
-    path, key = where.split("\n") if isinstance(where, str) else (f"<{cls.__name__}>",) * 2
+    path, key = where.split("\n")[:2] if isinstance(where, str) else (f"<{cls.__name__}>",) * 2
     frame = recorder.enter(path, key, (args, kwargs), nnx_module=True)
     try:
       output = cls.__call__(self, *args, **kwargs)  # pyright: ignore[reportCallIssue]
@@ -323,11 +327,12 @@ def _call_recorder(cls: type) -> dict[str, object]:
 def _instrumented_copy(model: nnx.Module) -> nnx.Module:
   """A copy of `model` whose callable modules record their calls under their paths."""
   copy = _compat.clone_graph(model)
+  run = str(next(_RUNS))
   seen: set[int] = set()
   for path, node in _compat.iter_graph(copy):
     if isinstance(node, nnx.Module) and id(node) not in seen:
       seen.add(id(node))
-      object.__setattr__(node, _PATH_ATTRIBUTE, "\n".join(path_strings(path)))
+      object.__setattr__(node, _PATH_ATTRIBUTE, "\n".join((*path_strings(path), run)))
       if _defines_call(type(node)):
         object.__setattr__(node, "__class__", subclass_with(type(node), "compare", _call_recorder))
   return copy
