@@ -208,8 +208,12 @@ def test_scanned_linen_params_load_into_a_list_of_layers(capsys, target):
     capsys, "compare", f"{target}:Scanned", f"{target}:ScannedPort", "--arg", "float32[2,4]"
   )
   assert code == 0, out + err
-  # inside nn.scan Linen sees tracers: only the whole model is compared
-  assert "not recorded in the reference" in out and "cells/0/Dense_0" in out
+  # each layer of the nn.scan is compared with its element of the port's list, by name
+  for i in range(3):
+    assert re.search(
+      rf"cells\[{i}\]/Dense_0 +cells/{i}/Dense_0 +name +float32\[2,4\].* ok\n", out
+    ), out
+  assert "not recorded" not in out
   assert_error(
     capsys,
     ["compare", f"{target}:Scanned", f"{target}:shallow", "--arg", "float32[2,4]"],
@@ -373,3 +377,30 @@ def test_port_with_a_bias_the_linen_layer_lacks(capsys, target):
     r"the port has a Param at 'Dense_1/bias' that the Linen model lacks.*Why: the Linen "
     r"layer 'Dense_1' has no 'bias'.*Fix: build the port's layer 'Dense_1' with use_bias=False",
   )
+
+
+def test_plot_draws_the_errors(capsys, target, tmp_path):
+  pytest.importorskip("matplotlib")
+  path = tmp_path / "errors.png"
+  code, out, err = run(
+    capsys,
+    "compare",
+    f"{target}:MLP",
+    f"{target}:buggy",
+    "--arg",
+    "float32[2,4]",
+    "--plot",
+    str(path),
+  )
+  assert code == 1 and "error" not in err, err
+  assert "DIVERGES" in out and path.read_bytes()[:4] == b"\x89PNG"
+  # the report is printed first: a plot that cannot be written does not hide it
+  code, out, err = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]", "--plot", "e.txt"
+  )
+  assert code == 1 and "lb.compare: OK" in out and "Traceback" not in err
+  assert re.search(
+    r"^loopbridge compare: error: --plot: plot_report cannot write 'e.txt': the suffix "
+    r"'\.txt' names no image format",
+    err.strip().splitlines()[-1],
+  ), err

@@ -654,3 +654,14 @@ def clone_graph(node: tp.Any) -> tp.Any:
   if _CLONE_TAKES_GRAPH:
     return nnx.clone(node, graph=True)
   return nnx.clone(node)
+
+
+def subclass_options(cls: type) -> dict[str, bool]:
+  """Class keywords a subclass of `cls` needs to keep behaving as `cls` does.
+
+  flax 0.12 `nnx.Pytree`/`nnx.Module` take `pytree=` at subclassing (the user's choice would
+  otherwise fall back to the default); flax 0.10 modules take no class keywords.
+  """
+  if hasattr(cls, "_pytree__is_pytree"):
+    return {"pytree": bool(cls._pytree__is_pytree)}  # pyright: ignore[reportAttributeAccessIssue]
+  return {}

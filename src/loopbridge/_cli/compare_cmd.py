@@ -80,6 +80,13 @@ def add_parser(commands: Subcommands) -> None:
     default=None,
     help="absolute tolerance (default: per dtype, float32 1e-5)",
   )
+  c.add_argument(
+    "--plot",
+    metavar="FILE",
+    default=None,
+    help="also draw the max abs error of each aligned call to FILE (.png, .svg, .pdf; "
+    "needs matplotlib: pip install loopbridge[plot])",
+  )
   options.add_common_options(c, "print the report as one JSON document")
   c.set_defaults(run=run)
 
@@ -126,4 +133,11 @@ def run(ns: argparse.Namespace) -> int:
     print(json.dumps(report.to_dict(), indent=2))
   else:
     print(str(report))
+  if ns.plot:
+    from .._diagnostics.compare_plot import plot_report
+
+    try:
+      plot_report(report, ns.plot)
+    except (ImportError, ValueError) as e:
+      raise CliError(f"--plot: {e}") from e
   return SUCCESS if report.ok else FAILURE

@@ -41,7 +41,7 @@ _LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
   "loopbridge_native_sow_log", default=None
 )
 
-_SUBCLASSES: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
+_SUBCLASSES: weakref.WeakKeyDictionary[type, dict[str, type]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -53,39 +53,52 @@ def _shape_dtype(value):
   return None, None
 
 
-def _observing_class(cls: type) -> type:
+def subclass_with(cls: type, role: str, methods: tp.Callable[[type], dict[str, tp.Any]]) -> type:
+  """A subclass of `cls` with `methods(cls)` added, made once per class and role and cached.
+
+  The subclass keeps the name, module and class keywords of `cls`, so an object whose
+  `__class__` is swapped to it (for one call, or on a throwaway copy) behaves and prints as
+  before; nothing `cls` or flax defines is modified. `__loopbridge_<role>__` marks it.
+  """
   with _lock:
-    sub = _SUBCLASSES.get(cls)
+    by_role = _SUBCLASSES.setdefault(cls, {})
+    sub = by_role.get(role)
     if sub is None:
-
-      def sow(self, variable_type, name, value, reduce_fn=DEFAULT_REDUCE, init_fn=DEFAULT_INIT):
-        log = _LOG.get()
-        if log is not None:
-          log.append(
-            SowCall(
-              collection_of(variable_type),
-              (),
-              name,
-              *_shape_dtype(value),
-              default_reduce=reduce_fn is DEFAULT_REDUCE and init_fn is DEFAULT_INIT,
-              module_type=cls.__name__,
-              init_fn=init_fn,
-            )
-          )
-        return super(sub, self).sow(variable_type, name, value, reduce_fn, init_fn)  # type: ignore[misc]
-
-      sub = type(
-        cls.__name__,
-        (cls,),
-        {
-          "sow": sow,
-          "__module__": cls.__module__,
-          "__qualname__": cls.__qualname__,
-          "__loopbridge_observer__": True,
-        },
-      )
-      _SUBCLASSES[cls] = sub
+      namespace = {
+        **methods(cls),
+        "__slots__": (),  # the same object layout, so `__class__` can be swapped both ways
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+        f"__loopbridge_{role}__": True,
+      }
+      sub = type(cls)(cls.__name__, (cls,), namespace, **_compat.subclass_options(cls))
+      by_role[role] = sub
     return sub
+
+
+def _sow_logger(cls: type) -> dict[str, tp.Any]:
+  def sow(self, variable_type, name, value, reduce_fn=DEFAULT_REDUCE, init_fn=DEFAULT_INIT):
+    log = _LOG.get()
+    if log is not None:
+      log.append(
+        SowCall(
+          collection_of(variable_type),
+          (),
+          name,
+          *_shape_dtype(value),
+          default_reduce=reduce_fn is DEFAULT_REDUCE and init_fn is DEFAULT_INIT,
+          module_type=cls.__name__,
+          init_fn=init_fn,
+        )
+      )
+    return cls.sow(self, variable_type, name, value, reduce_fn, init_fn)  # pyright: ignore[reportAttributeAccessIssue]
+
+  return {"sow": sow}
+
+
+def _observing_class(cls: type) -> type:
+  return subclass_with(cls, "observer", _sow_logger)
 
 
 def _observable(node: tp.Any) -> bool:
