@@ -654,3 +654,19 @@ def clone_graph(node: tp.Any) -> tp.Any:
   if _CLONE_TAKES_GRAPH:
     return nnx.clone(node, graph=True)
   return nnx.clone(node)
+
+
+# --- nnx.Optimizer (lb.checkpoint.linen_to_nnx, its tests and guide) -------------------------
+_OPTIMIZER_UPDATE_TAKES_MODEL = "model" in inspect.signature(nnx.Optimizer.update).parameters
+
+
+def optimizer_update(optimizer: nnx.Optimizer, model: nnx.Module, grads: nnx.State) -> None:
+  """One `nnx.Optimizer` update.
+
+  flax 0.11 made the model an argument (`update(model, grads)`; the optimizer no longer holds
+  it); 0.10 takes `update(grads)` and updates the model it was built on.
+  """
+  if _OPTIMIZER_UPDATE_TAKES_MODEL:
+    optimizer.update(model, grads)  # pyright: ignore[reportCallIssue]
+  else:
+    optimizer.update(grads)  # pyright: ignore[reportCallIssue]
