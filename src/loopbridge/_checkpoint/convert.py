@@ -23,6 +23,7 @@ from .._core.errors import CheckpointError
 from .convert_align import (
   Key,
   Pair,
+  Value,
   align,
   flatten,
   linen_units,
@@ -57,11 +58,9 @@ def _plan(
   return align(lunits, nnx_units(port, sample_args), mapping), stored
 
 
-def _to_nnx(
-  pairs: list[Pair], source: tp.Mapping[Key, object], col: str | None
-) -> dict[Key, object]:
+def _to_nnx(pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
   """Linen arrays by key -> NNX arrays by key (stacks sliced and stacked again)."""
-  whole: dict[Key, object] = {}
+  whole: dict[Key, Value] = {}
   pieces: dict[Key, dict[int, jax.Array]] = {}
   for pair in pairs:
     for lk, nk in pair.leaves:
@@ -84,10 +83,10 @@ def _to_nnx(
 
 
 def _to_linen(
-  pairs: list[Pair], source: tp.Mapping[Key, object], col: str | None
-) -> dict[Key, object]:
+  pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None
+) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen leaf's layer axis)."""
-  whole: dict[Key, object] = {}
+  whole: dict[Key, Value] = {}
   pieces: dict[Key, tuple[int, dict[int, jax.Array]]] = {}
   for pair in pairs:
     for lk, nk in pair.leaves:
@@ -107,12 +106,12 @@ def _to_linen(
   return whole
 
 
-def _desc(value: object) -> str:
+def _desc(value: Value | jax.ShapeDtypeStruct) -> str:
   return f"{jnp.result_type(value)}{list(np.shape(value))}"
 
 
 def _checked_writes(
-  targets: tp.Mapping[Key, nnx.Variable], values: tp.Mapping[Key, object], what: str
+  targets: tp.Mapping[Key, nnx.Variable], values: tp.Mapping[Key, Value], what: str
 ) -> list[tuple[nnx.Variable, jax.Array]]:
   """(Variable, new value) for every target, each checked; the new value on the old placement."""
   writes = []
@@ -324,28 +323,26 @@ def linen_to_nnx(
     )
   pairs, stored = _plan(linen_module, port, sample_args, mapping)
   source = flatten(variables)
-  missing = [k for k in stored if k not in source]
-  extra = [k for k in source if k not in stored]
-  wrong = [k for k in stored if k in source and np.shape(source[k]) != stored[k].shape]
+  missing = ["/".join(k) for k in stored if k not in source]
+  extra = ["/".join(k) for k in source if k not in stored]
+  wrong = [
+    f"{'/'.join(k)}: {list(np.shape(source[k]))} vs {list(stored[k].shape)}"
+    for k in stored
+    if k in source and np.shape(source[k]) != stored[k].shape
+  ]
   if missing or extra or wrong:
+    problems = [
+      f"{label} {found[:10]}"
+      for label, found in (
+        ("missing", missing),
+        ("not created by the module", extra),
+        ("other shapes at", wrong),
+      )
+      if found
+    ]
     raise CheckpointError(
       "the variables do not fit the Linen module on these sample arguments: "
-      + "; ".join(
-        part
-        for part in (
-          missing and f"missing {['/'.join(k) for k in missing[:10]]}",
-          extra and f"not created by the module {['/'.join(k) for k in extra[:10]]}",
-          wrong
-          and "other shapes at "
-          + str(
-            [
-              f"{'/'.join(k)}: {list(np.shape(source[k]))} vs {list(stored[k].shape)}"
-              for k in wrong[:10]
-            ]
-          ),
-        )
-        if part
-      )
+      + "; ".join(problems)
       + ". Fix: pass the variables of this very Linen model (same widths and depth)."
     )
   targets = nnx_variables(port)

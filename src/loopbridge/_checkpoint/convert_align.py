@@ -20,6 +20,7 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from flax import nnx
 from flax.linen import meta as linen_meta
@@ -32,6 +33,8 @@ Key = tuple[str, ...]
 # (collection, variable name): one variable of one unit.
 LeafName = tuple[str, str]
 Shape = tuple[int, ...]
+# One stored array (numpy when read from some checkpoints).
+Value = jax.Array | np.ndarray
 
 # Values that are not model state: recorded activations, rng streams.
 _SKIPPED_COLLECTIONS = frozenset({"intermediates"})
@@ -124,19 +127,19 @@ def _linen_calls(
       f"running the Linen module {type(module).__name__} on the sample arguments failed "
       f"({type(e).__name__}: {e}). Pass the arguments a forward call takes (e.g. one batch)."
     ) from e
-  return log, flatten(stored)
+  return log, tp.cast(dict[Key, jax.ShapeDtypeStruct], flatten(stored))
 
 
-def flatten(tree: tp.Mapping[str, object], prefix: tuple[str, ...] = ()) -> dict[Key, object]:
+def flatten(tree: tp.Mapping[str, object], prefix: tuple[str, ...] = ()) -> dict[Key, Value]:
   """Nested Linen variables as `{(collection, *path, name): value}` (boxes removed)."""
-  flat: dict[Key, object] = {}
+  flat: dict[Key, Value] = {}
   for key, value in linen_meta.unbox(tree).items():
     if not prefix and key in _SKIPPED_COLLECTIONS:
       continue
     if isinstance(value, tp.Mapping):
       flat.update(flatten(value, (*prefix, str(key))))
     else:
-      flat[(*prefix, str(key))] = value
+      flat[(*prefix, str(key))] = tp.cast(Value, value)
   return flat
 
 
@@ -160,7 +163,7 @@ _PATH_ATTR = "_loopbridge_convert_path"
 _LOGGING_CLASSES: dict[type, type] = {}
 
 
-def _logging_class(cls: type) -> type:
+def _logging_class(cls: type[nnx.Module]) -> type:
   """A subclass of `cls` whose `__call__` logs the call (made once per class)."""
   if cls not in _LOGGING_CLASSES:
 
@@ -174,7 +177,7 @@ def _logging_class(cls: type) -> type:
             array = _compat.variable_value(value)
             if col not in _SKIPPED_COLLECTIONS and hasattr(array, "shape"):
               call.inside.setdefault((col, name), (tuple(array.shape), jnp.dtype(array.dtype)))
-      return super(logging_cls, self).__call__(*args, **kwargs)
+      return cls.__call__(self, *args, **kwargs)
 
     logging_cls = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
     _LOGGING_CLASSES[cls] = logging_cls
@@ -310,8 +313,7 @@ def linen_units(
 ) -> tuple[list[Unit], dict[Key, jax.ShapeDtypeStruct]]:
   """The Linen module's units and the abstract variables its `init` stores."""
   calls, stored = _linen_calls(module, sample_args)
-  typed = tp.cast(dict[Key, jax.ShapeDtypeStruct], stored)
-  return _units(calls, typed, linen=True), typed
+  return _units(calls, stored, linen=True), stored
 
 
 def nnx_units(port: nnx.Module, sample_args: tuple[object, ...]) -> list[Unit]:
