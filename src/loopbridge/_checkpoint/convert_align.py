@@ -356,9 +356,10 @@ def _rel(unit: Unit, prefix: tuple[str, ...]) -> tuple[tuple[str, ...], int | No
 
 
 _MAPPING_HELP = (
-  "Fix: pass mapping={{linen_path: nnx_path}} (module paths joined with '/', e.g. "
-  "mapping={{'Dense_0': 'proj'}}; a prefix maps a whole subtree, e.g. {{'ScanBlock_0': "
-  "'blocks'}}), or give the port the Linen submodule names."
+  "Fix: if a port module is built with other widths, dtypes or depth, build it like the Linen "
+  "one; if the modules exist on both sides but pair wrongly, pass mapping={{linen_path: "
+  "nnx_path}} (module paths joined with '/', e.g. mapping={{'Dense_0': 'proj'}}; a prefix "
+  "maps a whole subtree, e.g. {{'ScanBlock_0': 'blocks'}})."
 )
 
 
