@@ -39,6 +39,8 @@ import traceback
 import typing as tp
 import warnings
 
+from . import convert_cmd  # `loopbridge convert` (imports this module back)
+
 USAGE_ERROR = 2
 FAILURE = 1
 PROGRESS_DELAY = 0.5  # seconds of silence before a progress note appears on stderr
@@ -170,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
   c.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
   c.add_argument("--json", action="store_true", help="print the report as one JSON document")
   c.add_argument("--debug", action="store_true", help="show tracebacks of failures")
+  convert_cmd.add_parser(commands)
   return parser
 
 
@@ -1128,6 +1131,8 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
       return run_inspect(ns)
     if ns.command == "compare":
       return run_compare(ns)
+    if ns.command == "convert":
+      return convert_cmd.run(ns)
     parser.error(f"unknown command {ns.command!r}")
   except CliError as e:
     if ns.debug:
