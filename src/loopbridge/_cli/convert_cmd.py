@@ -16,11 +16,29 @@ import os
 import typing as tp
 
 from .. import _compat
-from . import main as _cli
 
 if tp.TYPE_CHECKING:
+  import contextlib
+
+  import jax
   import optax
-  from flax import nnx
+  from flax import linen, nnx
+
+
+class CliTools(tp.NamedTuple):
+  """What the command borrows from the `loopbridge` command line, given by `main` (importing
+  `main` from here would be an import cycle): its error type and its target loading, sample
+  inputs and progress notes, so `convert` reads its arguments as `compare` does."""
+
+  error: type[Exception]  # error(message, code): one line on stderr, exit status `code`
+  usage_error: int
+  resolve: tp.Callable[[str, str], object]
+  load_linen: tp.Callable[..., linen.Module]
+  load_nnx: tp.Callable[[str, int], nnx.Module]
+  parse_arg_spec: tp.Callable[[str], object]  # '--arg' text -> an input spec
+  sample_inputs: tp.Callable[..., list[jax.Array]]  # (specs, seed) -> inputs
+  progress: tp.Callable[[str], contextlib.AbstractContextManager[None]]
+
 
 DESCRIPTION = (
   "Convert an orbax checkpoint of a Linen train state (every variable collection, and with "
@@ -38,7 +56,7 @@ EPILOG = (
 )
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction, tools: CliTools) -> argparse.ArgumentParser:
   """Register `loopbridge convert` on the `loopbridge` subcommands."""
   p = subparsers.add_parser(
     "convert",
@@ -82,30 +100,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
   p.add_argument("--seed", type=int, default=0, help="seed for the sample inputs")
   p.add_argument("--json", action="store_true", help="print the report as one JSON document")
   p.add_argument("--debug", action="store_true", help="show tracebacks of failures")
+  p.set_defaults(convert_tools=tools)
   return p
 
 
-def _mapping(items: tp.Sequence[str] | None) -> dict[str, str]:
+def _mapping(items: tp.Sequence[str] | None, cli: CliTools) -> dict[str, str]:
   mapping = {}
   for item in items or []:
     linen, sep, port = item.partition("=")
     if not sep or not linen.strip() or not port.strip():
-      raise _cli.CliError(
-        f"--map {item!r}: expected LINEN_PATH=NNX_PATH, e.g. 'Dense_0=proj'", _cli.USAGE_ERROR
+      raise cli.error(
+        f"--map {item!r}: expected LINEN_PATH=NNX_PATH, e.g. 'Dense_0=proj'", cli.usage_error
       )
     mapping[linen.strip()] = port.strip()
   return mapping
 
 
-def _load_tx(target: str) -> optax.GradientTransformation:
-  obj = _cli._resolve(target, "--tx")
+def _load_tx(target: str, cli: CliTools) -> optax.GradientTransformation:
+  obj = cli.resolve(target, "--tx")
   if not (hasattr(obj, "init") and hasattr(obj, "update")) and callable(obj):
     try:
       obj = obj()
     except Exception as e:
-      raise _cli.CliError(f"--tx {target!r}: calling it failed: {type(e).__name__}: {e}") from e
+      raise cli.error(f"--tx {target!r}: calling it failed: {type(e).__name__}: {e}") from e
   if not (hasattr(obj, "init") and hasattr(obj, "update")):
-    raise _cli.CliError(
+    raise cli.error(
       f"--tx {target!r} is a {type(obj).__name__}, not an optax transformation (e.g. "
       "`tx = optax.adam(1e-3)` in that module)"
     )
@@ -118,26 +137,26 @@ def _checkpointer():
   return ocp.StandardCheckpointer()
 
 
-def _restore(path: str, target: object, what: str) -> dict[str, object]:
+def _restore(path: str, target: object, what: str, cli: CliTools) -> dict[str, object]:
   if not os.path.isdir(path):
-    raise _cli.CliError(f"SOURCE {path!r} is not a directory (an orbax checkpoint is one)")
+    raise cli.error(f"SOURCE {path!r} is not a directory (an orbax checkpoint is one)")
   checkpointer = _checkpointer()
   try:
-    with _cli.progress(f"restoring the {what} checkpoint"):
+    with cli.progress(f"restoring the {what} checkpoint"):
       return checkpointer.restore(os.path.abspath(path), target)
   except Exception as e:
-    raise _cli.CliError(
+    raise cli.error(
       f"SOURCE {path!r} does not hold the {what} checkpoint these models and options "
-      f"describe ({type(e).__name__}: {_cli._first_line(e)}). Check the models, --arg and "
-      "--tx (with --tx the Linen checkpoint holds 'opt_state' and 'step')."
+      f"describe ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}). Check the models, "
+      "--arg and --tx (with --tx the Linen checkpoint holds 'opt_state' and 'step')."
     ) from e
 
 
-def _save(path: str, tree: object, what: str) -> None:
+def _save(path: str, tree: object, what: str, cli: CliTools) -> None:
   if os.path.exists(path):
-    raise _cli.CliError(f"DEST {path!r} exists; pick a new directory (nothing is overwritten)")
+    raise cli.error(f"DEST {path!r} exists; pick a new directory (nothing is overwritten)")
   checkpointer = _checkpointer()
-  with _cli.progress(f"writing the {what} checkpoint"):
+  with cli.progress(f"writing the {what} checkpoint"):
     checkpointer.save(os.path.abspath(path), tree)
     checkpointer.wait_until_finished()
 
@@ -156,13 +175,14 @@ def run(args: argparse.Namespace) -> int:
 
   import loopbridge as lb
 
-  specs = [_cli.parse_arg_spec(t) for t in (args.args or [])]
-  mapping = _mapping(args.mapping)
-  with _cli.progress("importing the models"):
-    module = _cli.load_target(args.linen, command="convert", what="LINEN_TARGET")
-    port = _cli.load_nnx_target(args.nnx, args.seed)
-    tx = None if args.tx is None else _load_tx(args.tx)
-  inputs = _cli.sample_inputs(specs, args.seed)
+  cli: CliTools = args.convert_tools
+  specs = [cli.parse_arg_spec(t) for t in (args.args or [])]
+  mapping = _mapping(args.mapping, cli)
+  with cli.progress("importing the models"):
+    module = cli.load_linen(args.linen, command="convert", what="LINEN_TARGET")
+    port = cli.load_nnx(args.nnx, args.seed)
+    tx = None if args.tx is None else _load_tx(args.tx, cli)
+  inputs = cli.sample_inputs(specs, args.seed)
   optimizer: nnx.Optimizer | None = None if tx is None else nnx.Optimizer(port, tx, wrt=nnx.Param)
   opt_filter = _optimizer_state_filter()
   try:
@@ -177,9 +197,9 @@ def run(args: argparse.Namespace) -> int:
       target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target
       )
-      state = _restore(args.source, target, "Linen")
+      state = _restore(args.source, target, "Linen", cli)
       variables = {k: v for k, v in state.items() if k not in ("opt_state", "step")}
-      with _cli.progress("converting"):
+      with cli.progress("converting"):
         report = lb.checkpoint.linen_to_nnx(
           module,
           variables,
@@ -193,18 +213,18 @@ def run(args: argparse.Namespace) -> int:
       out: dict[str, object] = {"model": nnx.state(port)}
       if optimizer is not None:
         out["optimizer"] = nnx.state(optimizer, opt_filter)
-      _save(args.dest, out, "NNX")
+      _save(args.dest, out, "NNX", cli)
       doc = report.to_dict()
       text = str(report)
     else:
       target = {"model": nnx.state(port)}
       if optimizer is not None:
         target["optimizer"] = nnx.state(optimizer, opt_filter)
-      state = _restore(args.source, target, "NNX")
+      state = _restore(args.source, target, "NNX", cli)
       nnx.update(port, tp.cast(nnx.State, state["model"]))
       if optimizer is not None:
         nnx.update(optimizer, tp.cast(nnx.State, state["optimizer"]))
-      with _cli.progress("converting"):
+      with cli.progress("converting"):
         if optimizer is None:
           out = dict(lb.checkpoint.nnx_to_linen(port, module, *inputs, mapping=mapping))
         else:
@@ -213,14 +233,14 @@ def run(args: argparse.Namespace) -> int:
           )
           step = _compat.variable_value(optimizer.step)
           out = {**variables, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
-      _save(args.dest, out, "Linen")
+      _save(args.dest, out, "Linen", cli)
       collections = sorted(k for k in out if k not in ("opt_state", "step"))
       doc = {"direction": "nnx_to_linen", "collections": collections, "optimizer": tx is not None}
       text = f"nnx_to_linen: wrote {', '.join(collections)}" + (
         " with the optax state and step" if tx is not None else ""
       )
   except lb.checkpoint.CheckpointError as e:
-    raise _cli.CliError(str(e)) from e
+    raise cli.error(str(e)) from e
   doc["dest"] = os.path.abspath(args.dest)
   print(json.dumps(doc, indent=2) if args.json else f"{text}\nwrote {doc['dest']}")
   return 0

@@ -39,7 +39,7 @@ import traceback
 import typing as tp
 import warnings
 
-from . import convert_cmd  # `loopbridge convert` (imports this module back)
+from . import convert_cmd
 
 USAGE_ERROR = 2
 FAILURE = 1
@@ -172,7 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
   c.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")
   c.add_argument("--json", action="store_true", help="print the report as one JSON document")
   c.add_argument("--debug", action="store_true", help="show tracebacks of failures")
-  convert_cmd.add_parser(commands)
+  convert_cmd.add_parser(
+    commands,
+    convert_cmd.CliTools(
+      CliError,
+      USAGE_ERROR,
+      _resolve,
+      load_target,
+      load_nnx_target,
+      parse_arg_spec,
+      sample_inputs,
+      progress,
+    ),
+  )
   return parser
 
 
