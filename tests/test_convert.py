@@ -265,3 +265,18 @@ def test_training_continues_identically_after_conversion():
     rtol=1e-2,
   )
   assert int(optimizer.step[...]) == 6
+
+
+@pytest.mark.slow
+def test_converted_values_keep_the_ports_shardings():
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+  width = 8 * len(jax.devices())
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "x"))
+  port = nnx.Linear(3, width, rngs=nnx.Rngs(0))
+  _compat.set_variable_value(port.kernel, jax.device_put(port.kernel[...], sharding))
+  variables = _trained_like(nn.Dense(width).init(jax.random.key(1), X))
+
+  lb.checkpoint.linen_to_nnx(nn.Dense(width), variables, port, X)
+
+  assert port.kernel[...].sharding == sharding  # a fresh array would sit on one device
+  np.testing.assert_array_equal(port.kernel[...], variables["params"]["kernel"])
