@@ -280,3 +280,67 @@ def test_converted_values_keep_the_ports_shardings():
 
   assert port.kernel[...].sharding == sharding  # a fresh array would sit on one device
   np.testing.assert_array_equal(port.kernel[...], variables["params"]["kernel"])
+
+
+class ScannedBlocks(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(Block, variable_axes={"params": 1}, split_rngs={"params": True}, length=DEPTH)
+    return stack(name="stack")(x, None)[0]
+
+
+class PerLayerBlocks(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for i in range(DEPTH):
+      x, _ = Block(name=f"layers_{i}")(x, None)
+    return x
+
+
+class NamedBlock(nnx.Module):
+  def __init__(self, rngs):
+    self.Dense_0 = nnx.Linear(4, 4, rngs=rngs)
+    self.LayerNorm_0 = nnx.LayerNorm(4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.LayerNorm_0(self.Dense_0(x))
+
+
+class ListOfBlocks(nnx.Module):
+  def __init__(self, rngs):
+    self.layers = _list([NamedBlock(rngs) for _ in range(DEPTH)])
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    return x
+
+
+class StackOfBlocks(nnx.Module):
+  def __init__(self, rngs):
+    @nnx.split_rngs(splits=DEPTH)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make(rngs):
+      return NamedBlock(rngs)
+
+    self.blocks = make(rngs)
+
+  def __call__(self, x):
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def run(x, block):
+      return block(x)
+
+    return run(x, self.blocks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("linen_cls", [ScannedBlocks, PerLayerBlocks])
+@pytest.mark.parametrize("port_cls", [ListOfBlocks, StackOfBlocks])
+def test_every_stack_layout_converts_both_ways(linen_cls, port_cls):
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  variables = _trained_like(linen_cls().init(jax.random.key(1), x))
+  port = port_cls(nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(linen_cls(), variables, port, x)
+  assert type(port) is port_cls  # the discovery run logs calls on a copy only
+  np.testing.assert_allclose(port(x), linen_cls().apply(variables, x), rtol=1e-5, atol=1e-6)
+  assert _same(lb.checkpoint.nnx_to_linen(port, linen_cls(), x), dict(variables))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import re
 import typing as tp
 
 import jax
@@ -351,8 +352,10 @@ def _pair_leaves(lu: Unit, nu: Unit) -> tuple[tuple[LeafName, LeafName], ...] | 
   return None if rest_n else tuple(pairs)
 
 
-def _rel(unit: Unit, prefix: tuple[str, ...]) -> tuple[tuple[str, ...], int | None]:
-  return unit.path[len(prefix) :], unit.layer
+def _rel(unit: Unit, prefix: tuple[str, ...]) -> tuple[str, int | None]:
+  """The unit's name below `prefix`; an NNX list entry `layers/0` is named like Linen's
+  `layers_0`, as `lb.compare` names them."""
+  return re.sub(r"/(\d+)(?=/|$)", r"_\1", "/".join(unit.path[len(prefix) :])), unit.layer
 
 
 _MAPPING_HELP = (
