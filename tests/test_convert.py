@@ -151,8 +151,8 @@ def test_round_trip_is_bit_exact_and_the_port_computes_what_linen_does(axis, rem
 class Swapped(nnx.Module):
   """Calls its Linears in the other order than Linen: call order alone pairs them wrongly."""
 
-  def __init__(self, rngs):
-    self.a = nnx.Linear(3, 3, rngs=rngs)
+  def __init__(self, rngs, dtype=jnp.float32):
+    self.a = nnx.Linear(3, 3, param_dtype=dtype, rngs=rngs)
     self.b = nnx.Linear(3, 3, rngs=rngs)
 
   def __call__(self, x):
@@ -197,6 +197,48 @@ def test_unplaceable_variables_are_named_with_the_mapping_fix():
   )
   np.testing.assert_allclose(swapped(x), TwoDense().apply(variables, x), rtol=1e-6)
   assert {p.how for p in report.placements} == {"mapping"}
+
+
+@pytest.mark.parametrize(
+  "call, match",
+  [
+    (lambda v, p, x: lb.checkpoint.linen_to_nnx(TwoDense(), v, p, x, opt_state=()), "go together"),
+    (lambda v, p, x: lb.checkpoint.linen_to_nnx(TwoDense(), [v], p, x), "variables dict"),
+    (
+      lambda v, p, x: lb.checkpoint.linen_to_nnx(TwoDense(), {"params": {}}, p, x),
+      r"missing \['params/Dense_0/bias'",
+    ),
+    (lambda v, p, x: lb.checkpoint.linen_to_nnx(nnx.Linear, v, p, x), "flax.linen Module"),
+    (lambda v, p, x: lb.checkpoint.linen_to_nnx(TwoDense(), v, p), "sample arguments failed"),
+    (
+      lambda v, p, x: lb.checkpoint.linen_to_nnx(TwoDense(), v, p, x, mapping={"Dense_0": "z"}),
+      "mapping value 'z' names no NNX module",
+    ),
+    (
+      lambda v, p, x: lb.checkpoint.linen_to_nnx(
+        TwoDense(),
+        v,
+        p,
+        x,
+        opt_state=optax.sgd(0.1, momentum=0.9).init(v["params"]),
+        optimizer=nnx.Optimizer(p, optax.adam(0.1), wrt=nnx.Param),
+      ),
+      "optax state does not have the structure",
+    ),
+    (
+      lambda v, p, x: lb.checkpoint.linen_to_nnx(
+        TwoDense(), v, Swapped(nnx.Rngs(0), jnp.bfloat16), x
+      ),
+      r"`params/a/bias` is float32\[3\] in the source but bfloat16\[3\] in the target",
+    ),
+  ],
+  ids=["opt", "variables", "missing", "module", "args", "mapping", "tx", "dtype"],
+)
+def test_bad_inputs_say_what_and_how_to_fix(call, match):
+  x = jnp.ones((2, 3))
+  variables = TwoDense().init(jax.random.key(0), x)
+  with pytest.raises(lb.checkpoint.CheckpointError, match=match):
+    call(variables, Swapped(nnx.Rngs(0)), x)
 
 
 def _linen_train(linen, tx, variables, opt_state, batches):
