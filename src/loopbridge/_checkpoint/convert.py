@@ -275,7 +275,10 @@ def linen_to_nnx(
   call order (so a port with its own attribute names works), per layer for stacks (`nn.scan`
   along any `variable_axes` axis, `nn.remat`, `layers_0...`; NNX lists or `nnx.vmap` stacks).
   Every collection is converted (`params` into `nnx.Param`, `batch_stats` into
-  `nnx.BatchStat`, ...). Values are never cast; each keeps the port's sharding.
+  `nnx.BatchStat`, ...). Values are never cast; each keeps the port's sharding. A stack's layer
+  axis is the axis its stored arrays have beyond what a layer sees; when the number of layers
+  equals a width, so that several axes fit, the first fitting axis is taken: check the port
+  with `lb.compare` then.
 
   Args:
     linen_module: the Linen model (unbound).
