@@ -237,6 +237,21 @@ def _layer_axis(stored: Shape, inside: Shape, linen: bool) -> set[int | None]:
   return {a for a in axes if stored[:a] + stored[a + 1 :] == inside}
 
 
+def _first_axis(axes: set[int | None]) -> int | None:
+  return min(axes, key=lambda a: -1 if a is None else a)
+
+
+@dataclasses.dataclass
+class _Module:
+  """One module owning variables, before it is expanded into units."""
+
+  entry: int
+  path: tuple[str, ...]
+  shapes: dict[LeafName, Shape]  # stored
+  axes: dict[str, set[int | None]]  # per collection: the layer axes that fit every variable
+  depth: int | None = None
+
+
 def _units(
   calls: dict[tuple[str, ...], _Call],
   stored: tp.Mapping[Key, jax.ShapeDtypeStruct | jax.Array],
@@ -247,65 +262,72 @@ def _units(
   owned: dict[tuple[str, ...], dict[LeafName, Shape]] = {}
   for key, value in stored.items():
     owned.setdefault(key[1:-1], {})[(key[0], key[-1])] = tuple(value.shape)
-  modules: list[tuple[int, tuple[str, ...], dict[LeafName, Leaf], int | None]] = []
+  modules: list[_Module] = []
   never_called = len(calls)
-  for path, leaves in owned.items():
+  for path, shapes in owned.items():
     call = calls.get(path)
     if call is None:  # never called (or owned by a parent's method): one array per variable
       never_called += 1
-    entry = never_called if call is None else call.entry
     inside = {} if call is None else call.inside
-    made: dict[LeafName, Leaf] = {}
-    depth: int | None = None
-    for col in sorted({c for c, _ in leaves}):
-      names = [n for c, n in leaves if c == col]
-      axes: set[int | None] | None = None
-      for name in names:
-        here = inside.get((col, name), (leaves[(col, name)], None))[0]
-        found = _layer_axis(leaves[(col, name)], here, linen)
-        axes = found if axes is None else axes & found
-      if not axes:
+    module = _Module(never_called if call is None else call.entry, path, shapes, {})
+    for (col, name), shape in shapes.items():
+      here = inside.get((col, name), (shape, None))[0]
+      found = _layer_axis(shape, here, linen)
+      module.axes[col] = found if col not in module.axes else module.axes[col] & found
+      if not module.axes[col]:
         raise CheckpointError(
           f"`{'/'.join((col, *path))}` has stored shapes "
-          f"{ {n: list(leaves[(col, n)]) for n in names} } that are not one layer axis away "
-          "from the shapes its module sees inside its call. Nested scans and stacks along "
-          "different axes are not supported; convert the stack with lb.layers.stack_params / "
-          "unstack_params first."
+          f"{ {n: list(v) for (c, n), v in shapes.items() if c == col} } that are not one "
+          "layer axis away from the shapes its module sees inside its call. Nested scans and "
+          "stacks along different axes are not supported; convert the stack with "
+          "lb.layers.stack_params / unstack_params first."
         )
-      axis = min(axes, key=lambda a: -1 if a is None else a)
-      for name in names:
-        shape = leaves[(col, name)]
-        dtype = jnp.dtype(stored[(col, *path, name)].dtype)
-        if axis is not None:
-          depth = shape[axis]
-          shape = shape[:axis] + shape[axis + 1 :]
-        made[(col, name)] = Leaf(shape, dtype, axis)
-    modules.append((entry, path, made, depth))
-  modules.sort(key=lambda m: m[0])
+    for col, axes in module.axes.items():
+      axis = _first_axis(axes)
+      if axis is not None:
+        module.depth = next(v[axis] for (c, _), v in shapes.items() if c == col)
+    modules.append(module)
+  modules.sort(key=lambda m: m.entry)
 
   # A stack's layers run one after the other: its units are ordered layer by layer, at the
-  # place of the stack's first call. The stack is the widest module holding only units stacked
-  # to the same depth.
-  def stack_root(path: tuple[str, ...], depth: int) -> tuple[str, ...]:
-    for n in range(1, len(path) + 1):
-      under = [m for m in modules if m[1][:n] == path[:n]]
-      if all(m[3] == depth for m in under):
-        return path[:n]
-    return path
+  # place of the stack's first call. The stack is the widest module holding only modules
+  # stacked to the same depth.
+  def stack_root(module: _Module) -> tuple[str, ...]:
+    for n in range(1, len(module.path) + 1):
+      if all(m.depth == module.depth for m in modules if m.path[:n] == module.path[:n]):
+        return module.path[:n]
+    return module.path
+
+  def leaves(module: _Module, axes: dict[str, set[int | None]]) -> dict[LeafName, Leaf]:
+    made = {}
+    for (col, name), shape in module.shapes.items():
+      axis = _first_axis(axes[col])
+      dtype = jnp.dtype(stored[(col, *module.path, name)].dtype)
+      if axis is not None:
+        shape = shape[:axis] + shape[axis + 1 :]
+      made[(col, name)] = Leaf(shape, dtype, axis)
+    return made
 
   units: list[Unit] = []
   done: set[tuple[str, ...]] = set()
-  for _, path, made, depth in modules:
-    if depth is None:
-      units.append(Unit(path, None, made))
+  for module in modules:
+    if module.depth is None:
+      units.append(Unit(module.path, None, leaves(module, module.axes)))
       continue
-    root = stack_root(path, depth)
+    root = stack_root(module)
     if root in done:
       continue
     done.add(root)
-    group = [m for m in modules if m[1][: len(root)] == root]
-    for layer in range(depth):
-      units.extend(Unit(p, layer, leaves) for _, p, leaves, _ in group)
+    group = [m for m in modules if m.path[: len(root)] == root]
+    # One stack stores each collection along one axis (Linen `variable_axes`): where a module's
+    # shapes fit several axes (as many layers as a width), the stack's other modules decide.
+    shared: dict[str, set[int | None]] = {}
+    for m in group:
+      for col, axes in m.axes.items():
+        shared[col] = axes if col not in shared else shared[col] & axes
+    made = [leaves(m, {c: shared[c] or axes for c, axes in m.axes.items()}) for m in group]
+    for layer in range(module.depth):
+      units.extend(Unit(m.path, layer, ls) for m, ls in zip(group, made))
   return units
 
 
