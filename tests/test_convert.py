@@ -295,8 +295,10 @@ def test_training_continues_identically_after_conversion():
   np.testing.assert_allclose(
     port.blocks.lin.kernel[...], np.moveaxis(params["stack"]["Dense_0"]["kernel"], 1, 0), **close
   )
+  scale = port.blocks.norm.scale
+  assert scale is not None
   np.testing.assert_allclose(
-    port.blocks.norm.scale[...], np.moveaxis(params["stack"]["LayerNorm_0"]["scale"], 1, 0), **close
+    scale[...], np.moveaxis(params["stack"]["LayerNorm_0"]["scale"], 1, 0), **close
   )
   np.testing.assert_allclose(
     port.norm.var[...], variables["batch_stats"]["BatchNorm_0"]["var"], **close
