@@ -665,3 +665,19 @@ def subclass_options(cls: type) -> dict[str, bool]:
   if hasattr(cls, "_pytree__is_pytree"):
     return {"pytree": bool(cls._pytree__is_pytree)}  # pyright: ignore[reportAttributeAccessIssue]
   return {}
+
+
+# --- nnx.Optimizer (lb.checkpoint.linen_to_nnx, its tests and guide) -------------------------
+_OPTIMIZER_UPDATE_TAKES_MODEL = "model" in inspect.signature(nnx.Optimizer.update).parameters
+
+
+def optimizer_update(optimizer: nnx.Optimizer, model: nnx.Module, grads: nnx.State) -> None:
+  """One `nnx.Optimizer` update.
+
+  flax 0.11 made the model an argument (`update(model, grads)`; the optimizer no longer holds
+  it); 0.10 takes `update(grads)` and updates the model it was built on.
+  """
+  if _OPTIMIZER_UPDATE_TAKES_MODEL:
+    optimizer.update(model, grads)  # pyright: ignore[reportCallIssue]
+  else:
+    optimizer.update(grads)  # pyright: ignore[reportCallIssue]

@@ -3,7 +3,10 @@
 `save` / `restore` keep a model's whole state (params, record buffers, counts, rng streams)
 with orbax, so a loop can stop and go on in another process. `from_linen_variables` wraps a
 Linen module around variables that already exist (from `linen.init` or a Linen checkpoint);
-`load_linen_variables` writes such variables into an initialized model.
+`load_linen_variables` writes such variables into an initialized model. `linen_to_nnx` /
+`nnx_to_linen` move a Linen train state (every collection, the optax state and the step) into
+a hand-ported NNX model and its `nnx.Optimizer`, and back, pairing the variables by the two
+models' own calls.
 
 Examples:
   >>> import tempfile, jax.numpy as jnp, loopbridge as lb
@@ -16,6 +19,9 @@ Examples:
 """
 
 # In reading order (the API reference lists them in this order).
+from ._checkpoint.convert import linen_to_nnx as linen_to_nnx
+from ._checkpoint.convert import nnx_to_linen as nnx_to_linen
+from ._checkpoint.convert_report import ConversionReport as ConversionReport
 from ._checkpoint.save_restore import from_linen_variables as from_linen_variables
 from ._checkpoint.save_restore import load_linen_variables as load_linen_variables
 from ._checkpoint.save_restore import restore as restore
@@ -24,8 +30,11 @@ from ._core.errors import CheckpointError as CheckpointError
 
 __all__ = [
   "CheckpointError",
+  "ConversionReport",
   "from_linen_variables",
+  "linen_to_nnx",
   "load_linen_variables",
+  "nnx_to_linen",
   "restore",
   "save",
 ]

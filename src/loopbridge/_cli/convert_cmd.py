@@ -1,0 +1,221 @@
+"""`loopbridge convert`: an orbax Linen train-state checkpoint to an NNX one, and back.
+
+On disk, a Linen train state is what a flax `TrainState` (with its extra collections) saves:
+one dict holding every variable collection (`params`, `batch_stats`, ...) and, with an
+optimizer, `opt_state` and `step`. An NNX checkpoint is what the NNX checkpoint guide saves:
+`{'model': nnx.state(model)}`, plus `'optimizer': nnx.state(optimizer, OptState)` (its step
+and optax state). Both models are imported as `loopbridge compare` imports them; the
+conversion is `lb.checkpoint.linen_to_nnx` / `nnx_to_linen`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import typing as tp
+
+from .. import _compat
+from . import inputs, loading, options
+from .errors import SUCCESS, USAGE_ERROR, CliError
+from .output import progress
+
+if tp.TYPE_CHECKING:
+  import optax
+
+  from .options import Subcommands
+
+
+DESCRIPTION = (
+  "Convert an orbax checkpoint of a Linen train state (every variable collection, and with "
+  "--tx the optax state and step) into an orbax checkpoint of a hand-ported NNX model and "
+  "its nnx.Optimizer (--to nnx, the default), or back (--to linen). Variables are paired by "
+  "the two models' own calls (lb.checkpoint.linen_to_nnx), so the port may name its "
+  "attributes as it likes; --map names what the pairing cannot place."
+)
+EPILOG = (
+  "LINEN_TARGET and NNX_TARGET are package.module:attribute, as for `loopbridge compare`. "
+  "The Linen checkpoint is one dict: the collections ('params', 'batch_stats', ...) and, "
+  "with --tx, 'opt_state' and 'step' (what a flax TrainState saves). The NNX checkpoint is "
+  "{'model': nnx.state(model), 'optimizer': nnx.state(optimizer, OptState)}. Exit status: "
+  "0 converted; 1 a target, a checkpoint or the conversion failed; 2 malformed command line."
+)
+
+
+def add_parser(commands: Subcommands) -> None:
+  """Register `loopbridge convert` and its options."""
+  p = commands.add_parser(
+    "convert",
+    help="convert an orbax Linen train-state checkpoint into an NNX one, or back",
+    description=DESCRIPTION,
+    epilog=EPILOG,
+  )
+  p.add_argument("linen", metavar="LINEN_TARGET", help="the Linen model: package.module:attribute")
+  p.add_argument("nnx", metavar="NNX_TARGET", help="the NNX port: package.module:attribute")
+  p.add_argument("source", metavar="SOURCE", help="the checkpoint directory to read")
+  p.add_argument("dest", metavar="DEST", help="the checkpoint directory to write (must not exist)")
+  p.add_argument(
+    "--to",
+    choices=("nnx", "linen"),
+    default="nnx",
+    help="nnx: SOURCE is a Linen checkpoint (default); linen: SOURCE is an NNX checkpoint",
+  )
+  options.add_arg_option(p, "'float32[1,100]'")
+  p.add_argument(
+    "--tx",
+    default=None,
+    metavar="TARGET",
+    help="the optax transformation (package.module:attribute naming one, or a function "
+    "taking no arguments that returns one): converts the optimizer state and step too",
+  )
+  p.add_argument(
+    "--map",
+    action="append",
+    default=None,
+    metavar="LINEN_PATH=NNX_PATH",
+    dest="mapping",
+    help="pair a Linen module (or subtree) with an NNX one, e.g. 'Dense_0=proj'; repeatable",
+  )
+  options.add_common_options(p, "print the report as one JSON document")
+  p.set_defaults(run=run)
+
+
+def _mapping(items: tp.Sequence[str] | None) -> dict[str, str]:
+  mapping = {}
+  for item in items or []:
+    linen, sep, port = item.partition("=")
+    if not sep or not linen.strip() or not port.strip():
+      raise CliError(
+        f"--map {item!r}: expected LINEN_PATH=NNX_PATH, e.g. 'Dense_0=proj'", USAGE_ERROR
+      )
+    mapping[linen.strip()] = port.strip()
+  return mapping
+
+
+def _load_tx(target: str) -> optax.GradientTransformation:
+  obj = loading.resolve(target, "--tx")
+  if not (hasattr(obj, "init") and hasattr(obj, "update")) and callable(obj):
+    try:
+      obj = obj()
+    except Exception as e:
+      raise CliError(f"--tx {target!r}: calling it failed: {type(e).__name__}: {e}") from e
+  if not (hasattr(obj, "init") and hasattr(obj, "update")):
+    raise CliError(
+      f"--tx {target!r} is a {type(obj).__name__}, not an optax transformation (e.g. "
+      "`tx = optax.adam(1e-3)` in that module)"
+    )
+  return tp.cast("optax.GradientTransformation", obj)
+
+
+def _checkpointer():
+  import orbax.checkpoint as ocp  # flax depends on it; imported only when used
+
+  return ocp.StandardCheckpointer()
+
+
+def _restore(path: str, target: object, what: str) -> dict[str, object]:
+  if not os.path.isdir(path):
+    raise CliError(f"SOURCE {path!r} is not a directory (an orbax checkpoint is one)")
+  checkpointer = _checkpointer()
+  try:
+    with progress(f"restoring the {what} checkpoint"):
+      return checkpointer.restore(os.path.abspath(path), target)
+  except Exception as e:
+    raise CliError(
+      f"SOURCE {path!r} does not hold the {what} checkpoint these models and options "
+      f"describe ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}). Check the models, "
+      "--arg and --tx (with --tx the Linen checkpoint holds 'opt_state' and 'step')."
+    ) from e
+
+
+def _save(path: str, tree: object, what: str) -> None:
+  if os.path.exists(path):
+    raise CliError(f"DEST {path!r} exists; pick a new directory (nothing is overwritten)")
+  checkpointer = _checkpointer()
+  with progress(f"writing the {what} checkpoint"):
+    checkpointer.save(os.path.abspath(path), tree)
+    checkpointer.wait_until_finished()
+
+
+def _optimizer_state_filter() -> type:
+  from flax.nnx.training.optimizer import OptState  # step and optax state, not the model
+
+  return OptState
+
+
+def run(args: argparse.Namespace) -> int:
+  """Run `loopbridge convert`; returns the exit status."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  import loopbridge as lb
+
+  specs = [inputs.parse_arg_spec(t) for t in (args.args or [])]
+  mapping = _mapping(args.mapping)
+  with progress("importing the models"):
+    module = loading.load_linen_target(args.linen, command="convert", what="LINEN_TARGET")
+    port = loading.load_nnx_target(args.nnx, args.seed)
+    tx = None if args.tx is None else _load_tx(args.tx)
+  samples = inputs.sample_inputs(specs, args.seed)
+  optimizer: nnx.Optimizer | None = None if tx is None else nnx.Optimizer(port, tx, wrt=nnx.Param)
+  opt_filter = _optimizer_state_filter()
+  try:
+    if args.to == "nnx":
+      abstract = jax.eval_shape(lambda: module.init(jax.random.key(0), *samples))
+      target: dict[str, object] = {k: v for k, v in abstract.items() if k != "intermediates"}
+      if tx is not None:
+        target["opt_state"] = jax.eval_shape(tx.init, target["params"])
+        target["step"] = jax.ShapeDtypeStruct((), jnp.int32)
+      # Placed on this process's first device: older orbax warns about targets without one.
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      target = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target
+      )
+      state = _restore(args.source, target, "Linen")
+      variables = {k: v for k, v in state.items() if k not in ("opt_state", "step")}
+      with progress("converting"):
+        report = lb.checkpoint.linen_to_nnx(
+          module,
+          variables,
+          port,
+          *samples,
+          opt_state=state.get("opt_state"),
+          optimizer=optimizer,
+          mapping=mapping,
+          step=None if tx is None else int(tp.cast(jax.Array, state["step"])),
+        )
+      out: dict[str, object] = {"model": nnx.state(port)}
+      if optimizer is not None:
+        out["optimizer"] = nnx.state(optimizer, opt_filter)
+      _save(args.dest, out, "NNX")
+      doc = report.to_dict()
+      text = str(report)
+    else:
+      target = {"model": nnx.state(port)}
+      if optimizer is not None:
+        target["optimizer"] = nnx.state(optimizer, opt_filter)
+      state = _restore(args.source, target, "NNX")
+      nnx.update(port, tp.cast(nnx.State, state["model"]))
+      if optimizer is not None:
+        nnx.update(optimizer, tp.cast(nnx.State, state["optimizer"]))
+      with progress("converting"):
+        if optimizer is None:
+          out = dict(lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping))
+        else:
+          variables, opt_state = lb.checkpoint.nnx_to_linen(
+            port, module, *samples, optimizer=optimizer, mapping=mapping
+          )
+          step = _compat.variable_value(optimizer.step)
+          out = {**variables, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
+      _save(args.dest, out, "Linen")
+      collections = sorted(k for k in out if k not in ("opt_state", "step"))
+      doc = {"direction": "nnx_to_linen", "collections": collections, "optimizer": tx is not None}
+      text = f"nnx_to_linen: wrote {', '.join(collections)}" + (
+        " with the optax state and step" if tx is not None else ""
+      )
+  except lb.checkpoint.CheckpointError as e:
+    raise CliError(str(e)) from e
+  doc["dest"] = os.path.abspath(args.dest)
+  print(json.dumps(doc, indent=2) if args.json else f"{text}\nwrote {doc['dest']}")
+  return SUCCESS
