@@ -23,7 +23,9 @@ from .site import DroppedSow, SowSite
 class BridgeReport:
   """What one `lb.ToNNX` call sowed during a session."""
 
-  node: nnx.Module  # the lb.ToNNX that ran (the model's own node, or its clone in an abstract run)
+  # The lb.ToNNX that ran (the model's own node, or its clone in an abstract run); None once
+  # `lb.preallocate` has taken the clone's path and lets nothing of the trace out.
+  node: nnx.Module | None
   label: str  # the wrapped Linen module's class name, for messages
   sites: list[SowSite]
   dropped: list[DroppedSow]

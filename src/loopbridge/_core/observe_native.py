@@ -88,7 +88,7 @@ def _observing_class(cls: type) -> type:
     return sub
 
 
-def _observable(node: tp.Any) -> bool:
+def _observable(node: object) -> bool:
   return (
     isinstance(node, nnx.Module)
     and not isinstance(node, bridge.ToNNX)
@@ -212,7 +212,9 @@ def diff(
   return NativeFindings(sites, tuple_paths, created)
 
 
-def new_state_variable(var_type: type, abstract: tp.Any, calls: list[SowCall]) -> tp.Any:
+def new_state_variable(
+  var_type: type, abstract: tp.Any, calls: list[SowCall]
+) -> nnx.Variable | None:
   """The Variable a call would create on first use, made before the loop (shape-stable)."""
   custom = [c.init_fn for c in calls if not c.default_reduce and c.init_fn is not None]
   if custom:  # a custom-reduce sow: start from init_fn(), broadcast to the accumulated shape
