@@ -212,7 +212,9 @@ def inspect_model(
     "dropped_sows": len(sites.dropped),
   }
   sites_doc = sites.to_dict()
-  for entry, site in zip(sites_doc["sites"], sites):
+  entries = sites_doc["sites"]
+  assert isinstance(entries, list)  # one dict per site, in the order of `sites`
+  for entry, site in zip(entries, sites):
     entry["captured"] = site.sow_key in captured
   table = sites.table().splitlines()
   # lb.sow_sites' headline counts every buffer a site; the filter knows which are captures.

@@ -21,6 +21,9 @@ from .. import _compat
 from . import recorder
 from .errors import CacheLengthWarning
 
+if tp.TYPE_CHECKING:
+  from .declare import Part
+
 CACHE_NAME = "cached_key"  # flax's name (Linen and NNX attention, and most hand-written caches)
 
 _TOO_SHORT = (
@@ -43,7 +46,7 @@ _ONE_POSITION = (
 )
 
 
-def _caches(node: tp.Any) -> tp.Iterator[tuple[str, nnx.Variable]]:
+def _caches(node: nnx.Module) -> tp.Iterator[tuple[str, nnx.Variable]]:
   """('/'-joined path, Variable) of every attention cache under `node`."""
   for path, child in _compat.iter_graph(node):
     if (
@@ -74,7 +77,7 @@ def _length(cache: nnx.Variable) -> tuple[int, tuple[int, ...]]:
   return shape[-3], shape
 
 
-def warn_short_caches(root: tp.Any, parts: tp.Sequence[tp.Any], entry: str) -> None:
+def warn_short_caches(root: nnx.Module, parts: tp.Sequence[Part], entry: str) -> None:
   """Warn once per cache that is shorter than the capacity declared for its part, and (after
   `lazy_init`) once per cache of length 1. `parts` are the declaration's `_declare.Part`s."""
   warned: set[int] = set()

@@ -14,6 +14,8 @@ import contextvars
 import dataclasses
 import typing as tp
 
+from flax import nnx
+
 from .site import DroppedSow, SowSite
 
 
@@ -21,12 +23,14 @@ from .site import DroppedSow, SowSite
 class BridgeReport:
   """What one `lb.ToNNX` call sowed during a session."""
 
-  node: tp.Any  # the lb.ToNNX that ran (the model's own node, or its clone in an abstract run)
+  # The lb.ToNNX that ran (the model's own node, or its clone in an abstract run); None once
+  # `lb.preallocate` has taken the clone's path and lets nothing of the trace out.
+  node: nnx.Module | None
   label: str  # the wrapped Linen module's class name, for messages
   sites: list[SowSite]
   dropped: list[DroppedSow]
   # Custom-reduce accumulators this call would create: site -> (init_fn, abstract value).
-  new_accumulators: dict[tuple[str, ...], tuple[tp.Callable[[], tp.Any], tp.Any]]
+  new_accumulators: dict[tuple[str, ...], tuple[tp.Callable[[], object], object]]
   # Sown inside jax.vmap/nnx.vmap: one value per member, which one buffer of the node cannot
   # hold when the node itself is shared (broadcast) by the transform.
   batched: bool = False

@@ -20,8 +20,11 @@ from flax.nnx.bridge import variables as bridge_variables
 from .. import _compat
 from .errors import ShardingError, StructureChangeError
 
+# A Linen variables dict: collection -> nested dict of values ({'params': {...}, ...}).
+LinenVariables = tp.Mapping[str, tp.Mapping[str, object]]
 
-def attrs(node: tp.Any) -> dict[str, tp.Any]:
+
+def attrs(node: bridge.ToNNX) -> dict[str, object]:
   """The attributes of a bridged node that hold Linen variables, by name."""
   return {name: getattr(node, name) for name in _compat.linen_attribute_names(node)}
 
@@ -66,7 +69,7 @@ def unbox(value: tp.Any) -> tp.Any:
   return value
 
 
-def is_static_rewrite(old: tp.Any, new: tp.Any) -> bool:
+def is_static_rewrite(old: object, new: object) -> bool:
   """Whether `new` is a static (non-array) value written over a static value of its type.
 
   flax 0.10's `nnx.bridge.ToLinen` puts its NNX module's graphdef into the 'nnx' collection
@@ -104,7 +107,7 @@ NO_MESH_FOR_PARTITIONED = (
 )
 
 
-def _nnx_attrs(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> dict[str, tp.Any]:
+def _nnx_attrs(node: bridge.ToNNX, variables: LinenVariables) -> dict[str, object]:
   """Stock conversion of a Linen variables dict to ToNNX attributes (Variables)."""
   try:
     return bridge_variables.linen_vars_to_nnx_attrs(dict(variables))
@@ -118,7 +121,7 @@ def _nnx_attrs(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> dict[str, tp
     ) from error
 
 
-def set_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
+def set_variables(node: bridge.ToNNX, variables: LinenVariables) -> None:
   """Store a Linen variables dict on the node as stock `ToNNX` does after `init`."""
   for name, value in _nnx_attrs(node, variables).items():
     _compat.set_data_attribute(node, name, value)
@@ -126,7 +129,7 @@ def set_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
   _compat.set_linen_attribute_names(node, set(_compat.linen_attribute_names(node)) | names)
 
 
-def add_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
+def add_variables(node: bridge.ToNNX, variables: LinenVariables) -> None:
   """Add new Linen variables next to the existing ones (existing Variables stay as they are)."""
   for name, value in _nnx_attrs(node, variables).items():
     existing = getattr(node, name, None) if name in _compat.linen_attribute_names(node) else None
@@ -142,7 +145,7 @@ def add_variables(node: tp.Any, variables: tp.Mapping[str, tp.Any]) -> None:
 
 
 def add_accumulators(
-  node: tp.Any, new: tp.Mapping[tuple[str, ...], tuple[tp.Callable[[], tp.Any], tp.Any]]
+  node: bridge.ToNNX, new: tp.Mapping[tuple[str, ...], tuple[tp.Callable[[], object], object]]
 ) -> None:
   """Give custom-reduce sows their `init_fn()` value now, so no call creates a Variable.
 

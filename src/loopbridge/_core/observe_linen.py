@@ -57,7 +57,8 @@ _SOW_LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
   "loopbridge_linen_sow_log", default=None
 )
 # Enclosing lifted transforms of the current context: (kind, path, out filters, axes, reverse).
-_LIFTS: contextvars.ContextVar[tuple[tuple[tp.Any, ...], ...]] = contextvars.ContextVar(
+_Lift = tuple[str, tuple[str, ...], tuple[core_scope.Filter, ...], tuple[object, ...], bool]
+_LIFTS: contextvars.ContextVar[tuple[_Lift, ...]] = contextvars.ContextVar(
   "loopbridge_linen_lifts", default=()
 )
 
@@ -155,7 +156,7 @@ def _observing_put_variable(self, col, name, value, *args, **kwargs):
     log.direct_writes += 1
     # A wrapper writes a whole subtree at once (`put_variable('intermediates', 'block', {...})`):
     # each tuple inside it is one site.
-    items: tp.Iterable[tuple[tuple[str, ...], tp.Any]] = ()
+    items: tp.Iterable[tuple[tuple[str, ...], object]] = ()
     if isinstance(value, tuple):
       items = [((), value)]
     elif isinstance(value, tp.Mapping):
@@ -264,7 +265,7 @@ class LinenFindings:
 
   sites: list[SowSite]
   record_paths: set[tuple[str, ...]]  # tuple-reduce sites: (collection, *path)
-  accumulators: dict[tuple[str, ...], tuple[SowCall, tp.Any]]  # custom reduce: (call, value)
+  accumulators: dict[tuple[str, ...], tuple[SowCall, object]]  # custom reduce: (call, value)
   dropped: list[DroppedSow]
 
 
@@ -296,7 +297,7 @@ def _describe_value(value: tp.Any) -> tp.Any:
   return type(value).__name__
 
 
-def _scalar_as_array(leaf: tp.Any) -> tp.Any:
+def _scalar_as_array(leaf: object) -> object:
   if isinstance(leaf, (bool, int, float, complex)):
     return jnp.asarray(leaf)
   return leaf
@@ -377,9 +378,9 @@ def _unlogged_call(path: tuple[str, ...], value: tuple) -> SowCall:
 
 
 def classify(
-  collections: tp.Mapping[str, tp.Any],
+  collections: tp.Mapping[str, object],
   calls: tp.Sequence[SowCall],
-  inputs: tp.Mapping[str, tp.Any] | None = None,
+  inputs: tp.Mapping[str, object] | None = None,
 ) -> LinenFindings:
   """Sort the collections a Linen call returned (concrete or abstract) using its sow log.
 
@@ -432,7 +433,7 @@ def classify(
   # Custom-reduce sows nested in a path (not a leaf of `flat`): look them up directly.
   for site, call in custom.items():
     if site not in accumulators:
-      node: tp.Any = collections
+      node: object = collections
       for key in site:
         node = node.get(key) if isinstance(node, tp.Mapping) else None
       accumulators[site] = (call, node)

@@ -53,7 +53,7 @@ def _shape_dtype(value):
   return None, None
 
 
-def subclass_with(cls: type, role: str, methods: tp.Callable[[type], dict[str, tp.Any]]) -> type:
+def subclass_with(cls: type, role: str, methods: tp.Callable[[type], dict[str, object]]) -> type:
   """A subclass of `cls` with `methods(cls)` added, made once per class and role and cached.
 
   The subclass keeps the name, module and class keywords of `cls`, so an object whose
@@ -77,7 +77,7 @@ def subclass_with(cls: type, role: str, methods: tp.Callable[[type], dict[str, t
     return sub
 
 
-def _sow_logger(cls: type) -> dict[str, tp.Any]:
+def _sow_logger(cls: type) -> dict[str, object]:
   def sow(self, variable_type, name, value, reduce_fn=DEFAULT_REDUCE, init_fn=DEFAULT_INIT):
     log = _LOG.get()
     if log is not None:
@@ -101,7 +101,7 @@ def _observing_class(cls: type) -> type:
   return subclass_with(cls, "observer", _sow_logger)
 
 
-def _observable(node: tp.Any) -> bool:
+def _observable(node: object) -> bool:
   return (
     isinstance(node, nnx.Module)
     and not isinstance(node, bridge.ToNNX)
@@ -225,7 +225,9 @@ def diff(
   return NativeFindings(sites, tuple_paths, created)
 
 
-def new_state_variable(var_type: type, abstract: tp.Any, calls: list[SowCall]) -> tp.Any:
+def new_state_variable(
+  var_type: type, abstract: tp.Any, calls: list[SowCall]
+) -> nnx.Variable | None:
   """The Variable a call would create on first use, made before the loop (shape-stable)."""
   custom = [c.init_fn for c in calls if not c.default_reduce and c.init_fn is not None]
   if custom:  # a custom-reduce sow: start from init_fn(), broadcast to the accumulated shape

@@ -25,18 +25,23 @@ import typing as tp
 
 import jax
 import jax.core
-from jax.sharding import NamedSharding, PartitionSpec
+from flax import nnx
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from .. import _compat
 from .errors import ShardingError
 
 SpecLike = PartitionSpec | NamedSharding | None
 ShardingSpec = SpecLike | tp.Mapping[str, SpecLike] | tp.Callable[[str, tuple[int, ...]], SpecLike]
+# One entry of a PartitionSpec that shards: a mesh axis name, or several.
+MeshAxes = str | tuple[str, ...]
+AnyMesh = Mesh | AbstractMesh  # what a NamedSharding holds
+SiteKey = tp.TypeVar("SiteKey", bound=tp.Hashable)
 
 
-def _batch_axes(args: tp.Any, kwargs: tp.Any) -> dict[int, tuple[tp.Any, tp.Any]]:
+def _batch_axes(args: object, kwargs: object) -> dict[int, tuple[MeshAxes, AnyMesh]]:
   """{leading-axis size: (mesh axes, mesh)} for every concrete arg sharded along axis 0."""
-  found: dict[int, tuple[tp.Any, tp.Any]] = {}
+  found: dict[int, tuple[MeshAxes, AnyMesh]] = {}
   for leaf in jax.tree_util.tree_leaves((args, kwargs)):
     if not isinstance(leaf, jax.Array) or isinstance(leaf, jax.core.Tracer) or leaf.ndim == 0:
       continue
@@ -50,7 +55,7 @@ def _batch_axes(args: tp.Any, kwargs: tp.Any) -> dict[int, tuple[tp.Any, tp.Any]
   return found
 
 
-def _axes_size(mesh: tp.Any, axes: tp.Any) -> int:
+def _axes_size(mesh: AnyMesh, axes: MeshAxes) -> int:
   names = axes if isinstance(axes, tuple) else (axes,)
   return math.prod(mesh.shape[n] for n in names)
 
@@ -70,10 +75,10 @@ def _leading_axis_position(
 
 
 def infer_buffer_shardings(
-  args: tp.Any,
-  kwargs: tp.Any,
-  sites: tp.Mapping[tp.Any, tuple[tuple[int, ...], tuple[int, ...] | None]],
-) -> dict[tp.Any, NamedSharding]:
+  args: object,
+  kwargs: object,
+  sites: tp.Mapping[SiteKey, tuple[tuple[int, ...], tuple[int, ...] | None]],
+) -> dict[SiteKey, NamedSharding]:
   """Buffer shardings inferred from batch-sharded sample args (rule 1 of the module doc).
 
   `sites` maps a site to (recorded value shape, shape passed to `sow`). Sites left out of the
@@ -88,20 +93,20 @@ def infer_buffer_shardings(
     if position is None or sown_shape is None or sown_shape[0] not in batch:
       continue
     axes, mesh = batch[sown_shape[0]]
-    spec = [None] * len(shape)
+    spec: list[MeshAxes | None] = [None] * len(shape)
     spec[position] = axes
     out[site] = NamedSharding(mesh, PartitionSpec(None, *spec))
   return out
 
 
-def buffer_metadata(sharding: tp.Any) -> dict[str, tp.Any]:
+def buffer_metadata(sharding: object) -> dict[str, object]:
   """Variable metadata recording a buffer's NamedSharding (empty for other shardings)."""
   if not isinstance(sharding, NamedSharding):
     return {}
   return _compat.sharding_metadata(tuple(sharding.spec), sharding.mesh)
 
 
-def constrain(variable: tp.Any, value: tp.Any) -> tp.Any:
+def constrain(variable: nnx.Variable, value: jax.Array) -> jax.Array:
   """`value` constrained to the layout recorded on `variable` (unchanged if it has none)."""
   names, mesh = _compat.variable_sharding(variable)
   if names is None or mesh is None:
@@ -110,7 +115,7 @@ def constrain(variable: tp.Any, value: tp.Any) -> tp.Any:
 
 
 def value_sharding(
-  label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: tp.Any
+  label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: AnyMesh | None
 ) -> NamedSharding:
   """The buffer sharding for a value-level spec: capacity axis prepended, unsharded."""
   if isinstance(spec, NamedSharding):

@@ -16,10 +16,10 @@ import typing as tp
 import jax
 import numpy as np
 
-from .site import flatten_value
+from .site import SowSite, flatten_value
 
 
-def _leaf_label(leaf: tp.Any) -> str | None:
+def _leaf_label(leaf: object) -> str | None:
   if isinstance(leaf, (bool, int, float, str)) or leaf is None:
     return repr(leaf)  # a Python scalar is part of the trace: `decode=True`, `length=3`
   shape = getattr(leaf, "shape", None)
@@ -33,7 +33,7 @@ def _leaf_label(leaf: tp.Any) -> str | None:
   return f"{name}[{','.join(map(str, shape))}]"
 
 
-def _arg_label(arg: tp.Any) -> str | None:
+def _arg_label(arg: object) -> str | None:
   leaves = [_leaf_label(x) for x in jax.tree.leaves(arg)]
   leaves = [x for x in leaves if x is not None]
   if not leaves:
@@ -41,7 +41,7 @@ def _arg_label(arg: tp.Any) -> str | None:
   return leaves[0] if len(leaves) == 1 else "{" + ", ".join(leaves) + "}"
 
 
-def label(args: tp.Sequence[tp.Any], kwargs: tp.Mapping[str, tp.Any], method: tp.Any) -> str:
+def label(args: tp.Sequence[object], kwargs: tp.Mapping[str, object], method: object) -> str:
   """A readable name of a call's signature, e.g. `"(float32[2,1,32])"` or
   `"decode(int32[2,1], cache_index=int32[])"`; equal for calls whose arrays have equal
   shapes and dtypes."""
@@ -56,7 +56,8 @@ def label(args: tp.Sequence[tp.Any], kwargs: tp.Mapping[str, tp.Any], method: tp
   return f"{'' if name == '__call__' else name}({', '.join(parts)})"
 
 
-def _fits(site_values: tp.Sequence[tp.Any], sites: tp.Sequence[tp.Any]) -> bool:
+# `site_values`: what one call sowed at one sow, arrays or pytrees of arrays (read by numpy).
+def _fits(site_values: tp.Sequence[tp.Any], sites: tp.Sequence[SowSite]) -> bool:
   """Whether one call's values at one sow fit the sites (array or pytree leaves) declared."""
   if not sites:
     return all(not flatten_value(v)[1] for v in site_values)
@@ -80,12 +81,14 @@ def _fits(site_values: tp.Sequence[tp.Any], sites: tp.Sequence[tp.Any]) -> bool:
 
 
 def choose_slot(
-  sites: tp.Sequence[tp.Any], call_label: str, records: tp.Mapping[tuple[str, ...], tp.Any]
+  sites: tp.Sequence[SowSite],
+  call_label: str,
+  records: tp.Mapping[tuple[str, ...], tp.Sequence[tp.Any]],
 ) -> int | None:
   """The signature slot one call writes: the one declared under its label, else the most
   recently declared one whose sites take every value the call sowed (`records`: sow key ->
   that call's values); None when none does."""
-  by_slot: dict[int, list[tp.Any]] = {}
+  by_slot: dict[int, list[SowSite]] = {}
   for site in sites:
     by_slot.setdefault(site.slot, []).append(site)
   for slot, its in by_slot.items():

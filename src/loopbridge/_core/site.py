@@ -42,7 +42,7 @@ class Transform:
     length = "?" if self.length is None else self.length
     return f"{self.kind}(axis={axis}, len={length}{', reverse' if self.reverse else ''})"
 
-  def to_dict(self) -> dict[str, tp.Any]:
+  def to_dict(self) -> dict[str, str | int | bool | None]:
     return {
       "kind": self.kind,
       "path": "/".join(self.path),
@@ -64,7 +64,7 @@ class SowCall:
   default_reduce: bool  # the tuple-append reduce/init of `sow`: a record, not state
   dropped: bool = False  # Linen discarded it: the collection was not mutable in this scope
   module_type: str = ""
-  init_fn: tp.Callable[[], tp.Any] | None = dataclasses.field(compare=False, default=None)
+  init_fn: tp.Callable[[], object] | None = dataclasses.field(compare=False, default=None)
   transforms: tuple[Transform, ...] = ()  # enclosing lifted transforms, outermost first
   # A pytree value (tuple, dict, struct dataclass): each array leaf's shape, in flatten order
   # (`None` for a leaf that is not an array); `None` when the value is a single array.
@@ -167,7 +167,7 @@ class SowSite:
     """Bytes of the buffer (capacity times one value; stacked layers count each layer)."""
     return math.prod(self.buffer_shape) * np.dtype(self.dtype).itemsize
 
-  def to_dict(self) -> dict[str, tp.Any]:
+  def to_dict(self) -> dict[str, object]:
     return {
       "collection": self.collection,
       "path": self.name,
@@ -275,7 +275,7 @@ class DroppedSow:
       f"(e.g. nn.scan(..., variable_axes={{'params': 0, '{self.collection}': 0}}))."
     )
 
-  def to_dict(self) -> dict[str, tp.Any]:
+  def to_dict(self) -> dict[str, object]:
     return {
       "collection": self.collection,
       "module_path": "/".join(self.module_path),

@@ -46,7 +46,7 @@ def has_note(error: BaseException, start: str) -> bool:
   return any(n.startswith(f"{_MARK} {start}") for n in getattr(error, "__notes__", ()))
 
 
-def _frames_self(tb: types.TracebackType | None) -> list[tp.Any]:
+def _frames_self(tb: types.TracebackType | None) -> list[object]:
   """The `self` of every frame of the traceback, outermost first."""
   found = []
   while tb is not None:
@@ -77,7 +77,7 @@ def running_nnx_module(error: BaseException, path_of: tp.Mapping[int, tuple]) ->
 
 
 def note_linen_call(
-  error: BaseException, *, label: str, what: str, plain: str, rerun: tp.Callable[[], tp.Any]
+  error: BaseException, *, label: str, what: str, plain: str, rerun: tp.Callable[[], object]
 ) -> None:
   """Note where in the wrapped Linen module `error` was raised and what plain Linen does.
 

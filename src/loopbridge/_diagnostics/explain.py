@@ -33,12 +33,12 @@ _LB, _BRIDGE, _NNX = "lb.ToNNX", "flax.nnx.bridge.ToNNX", "nnx"
 _MAX_PER_KIND = 8  # changes of one kind printed before "... and N more"
 
 
-def is_graph_object(x: tp.Any) -> bool:
+def is_graph_object(x: object) -> bool:
   """A Variable or an NNX graph node (module, Rngs, ...): split as graph, not as a pytree."""
   return isinstance(x, nnx.Variable) or graph_lib.is_graph_node(x)
 
 
-def is_array_like(x: tp.Any) -> bool:
+def is_array_like(x: object) -> bool:
   """A value a JAX loop can carry: an array (or tracer) or a Python/NumPy scalar."""
   return (hasattr(x, "shape") and hasattr(x, "dtype")) or isinstance(x, (bool, int, float, complex))
 
@@ -55,7 +55,7 @@ class _Item:
   shape: tuple[int, ...] | None = None
   dtype: str | None = None
   tuple_len: int | None = None  # a Variable holding a tuple: how sows store their values
-  static: tp.Any = None
+  static: object = None
 
 
 class _Snapshot:
@@ -64,10 +64,10 @@ class _Snapshot:
   def __init__(self) -> None:
     self.items: dict[str, _Item] = {}
     self.paths_of: dict[int, list[str]] = {}
-    self._alive: list[tp.Any] = []  # keeps objects alive so their ids stay unique
+    self._alive: list[object] = []  # keeps objects alive so their ids stay unique
     self.treedef: tp.Any = None
 
-  def note(self, obj: tp.Any, path: str) -> bool:
+  def note(self, obj: object, path: str) -> bool:
     """Record that `obj` is reachable at `path`; True the first time it is seen."""
     paths = self.paths_of.setdefault(id(obj), [])
     paths.append(path)
@@ -90,7 +90,7 @@ class _Snapshot:
     return out
 
 
-def _flavor(module: tp.Any) -> str:
+def _flavor(module: object) -> str:
   from .._core.to_nnx import (
     ToNNX,  # late import: _to_nnx is heavier and imports much of the package
   )
@@ -102,7 +102,7 @@ def _flavor(module: tp.Any) -> str:
   return _NNX
 
 
-def _key_text(node: tp.Any, key: tp.Any) -> str:
+def _key_text(node: object, key: object) -> str:
   if isinstance(node, (dict, list, tuple)) or not (isinstance(key, str) and key.isidentifier()):
     return f"[{key!r}]"
   return f".{key}"
@@ -114,14 +114,14 @@ def _aval(x: tp.Any) -> tuple[tuple[int, ...], str]:
   return (), str(jax.dtypes.result_type(x))
 
 
-def _leaf_item(leaf: tp.Any, path: str, parent: str | None, owner: str) -> _Item:
+def _leaf_item(leaf: object, path: str, parent: str | None, owner: str) -> _Item:
   if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
     shape, dtype = _aval(leaf)
     return _Item(path, parent, _ARRAY, type(leaf).__name__, owner, shape=shape, dtype=dtype)
   return _Item(path, parent, _STATIC, type(leaf).__name__, owner, static=leaf)
 
 
-def _walk(snap: _Snapshot, obj: tp.Any, path: str, parent: str | None, owner: str) -> None:
+def _walk(snap: _Snapshot, obj: object, path: str, parent: str | None, owner: str) -> None:
   if isinstance(obj, nnx.Variable):
     item = _Item(path, parent, _VARIABLE, type(obj).__name__, owner, ident=id(obj))
     snap.items[path] = item
@@ -169,7 +169,7 @@ def _walk(snap: _Snapshot, obj: tp.Any, path: str, parent: str | None, owner: st
   snap.items[path] = _leaf_item(obj, path, parent, owner)
 
 
-def snapshot(carry: tp.Any) -> _Snapshot:
+def snapshot(carry: object) -> _Snapshot:
   """A snapshot of `carry`: every path through its pytree and the NNX graphs it holds."""
   snap = _Snapshot()
   leaves, snap.treedef = jax.tree_util.tree_flatten_with_path(carry, is_leaf=is_graph_object)
@@ -190,7 +190,7 @@ class Change:
   after: str | None = None
   owner: str = _NNX  # which kind of module holds the path (chooses the fix)
 
-  def to_dict(self) -> dict[str, tp.Any]:
+  def to_dict(self) -> dict[str, str | None]:
     return dataclasses.asdict(self)
 
 
@@ -331,7 +331,7 @@ class StructureReport:
   def __repr__(self) -> str:
     return f"StructureReport(ok={self.ok}, changes={len(self.changes)})"
 
-  def to_dict(self) -> dict[str, tp.Any]:
+  def to_dict(self) -> dict[str, object]:
     """A JSON-ready dict: ok, body, checked counts, changes (kind, path, message, ...), fixes."""
     return {
       "ok": self.ok,
@@ -368,7 +368,7 @@ def _shape_text(item: _Item) -> str:
   return f"{item.dtype}[{','.join(map(str, item.shape or ()))}]"
 
 
-def _short(value: tp.Any, limit: int = 60) -> str:
+def _short(value: object, limit: int = 60) -> str:
   try:
     text = repr(value)
   except Exception:  # pylint: disable=broad-except
@@ -377,7 +377,7 @@ def _short(value: tp.Any, limit: int = 60) -> str:
   return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _same_static(a: tp.Any, b: tp.Any) -> bool:
+def _same_static(a: object, b: object) -> bool:
   if a is b:
     return True
   if type(a) is not type(b):
@@ -606,14 +606,14 @@ def diff(before: _Snapshot, after: _Snapshot) -> list[Change]:
 
 
 # ----------------------------------------------------------------------------- explain
-def _body_name(body_fn: tp.Callable[..., tp.Any]) -> str:
+def _body_name(body_fn: tp.Callable[..., object]) -> str:
   return getattr(body_fn, "__name__", None) or type(body_fn).__name__
 
 
 def explain_step(
-  body_fn: tp.Callable[..., tp.Any],
-  carry: tp.Any,
-  extra_args: tuple[tp.Any, ...] = (),
+  body_fn: tp.Callable[..., object],
+  carry: object,
+  extra_args: tuple[object, ...] = (),
   name: str | None = None,
 ) -> StructureReport:
   """`explain` without the raise: the report of one abstract step of `body_fn(carry, *extra)`."""
@@ -626,7 +626,7 @@ def explain_step(
   dynamic = [leaf for leaf, d in zip(leaves, dyn_mask) if d]
   result: dict[str, StructureReport] = {}
 
-  def step(state: tp.Any, dynamic: list[tp.Any]) -> None:
+  def step(state: nnx.State, dynamic: list[object]) -> None:
     fresh = iter(nnx.merge(graphdef, state))
     values = iter(dynamic)
     rebuilt = [
@@ -646,9 +646,9 @@ def explain_step(
 
 
 def explain(
-  body_fn: tp.Callable[..., tp.Any],
-  carry: tp.Any,
-  *extra_args: tp.Any,
+  body_fn: tp.Callable[..., object],
+  carry: object,
+  *extra_args: object,
   raise_on_change: bool = False,
 ) -> StructureReport:
   """Run one loop step abstractly and report what it changes in the loop carry.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
+from flax import nnx
 from flax.nnx import bridge
 
 from .. import _compat
@@ -73,7 +74,7 @@ class SowSites:
     """Total bytes of all buffers (the integer counts add 4 bytes per site)."""
     return sum(s.buffer_bytes for s in self.sites)
 
-  def to_dict(self) -> dict[str, tp.Any]:
+  def to_dict(self) -> dict[str, object]:
     """Plain dicts, lists, strings and numbers (`json.dumps` works on it)."""
     return {
       "model": self.model,
@@ -162,7 +163,7 @@ def _shape_str(shape: tp.Sequence[int]) -> str:
   return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
-def sow_sites(model: tp.Any) -> SowSites:
+def sow_sites(model: nnx.Module) -> SowSites:
   """Describe every sow site of an initialized `lb.ToNNX`: shapes, lifting, capacity, memory.
 
   Reads what `lb.lazy_init` / `lb.preallocate` declared; runs nothing. One record per site

@@ -32,6 +32,8 @@ from .._core.errors import StackError
 from .stack import _num_layers, _path_str, variables_by_path
 
 Names = str | tp.Callable[[int], str]
+# A Linen params subtree (nested mappings of arrays) or a list of them. Kept loose: callers
+# index what these functions return (`stack_params(...)['kernel']`), which a union would refuse.
 Tree = tp.Any
 
 
@@ -140,7 +142,7 @@ def _layer_list(layers: tp.Mapping[str, Tree] | tp.Sequence[Tree], names: Names)
   return found
 
 
-def _desc(leaf: tp.Any) -> str:
+def _desc(leaf: jax.typing.ArrayLike | None) -> str:
   return "nothing" if leaf is None else f"{jnp.result_type(leaf)}{list(np.shape(leaf))}"
 
 
@@ -209,7 +211,7 @@ def _flatten_params(tree: Tree) -> dict[tuple[str, ...], tp.Any]:
   return flat
 
 
-def _unflatten(flat: dict[tuple[str, ...], tp.Any]) -> dict:
+def _unflatten(flat: tp.Mapping[tuple[str, ...], object]) -> dict:
   tree: dict = {}
   for path, value in flat.items():
     node = tree

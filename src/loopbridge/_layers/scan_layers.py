@@ -8,16 +8,18 @@ from flax import nnx
 
 from .stack import _num_layers
 
+Carry = tp.TypeVar("Carry")
+
 
 def scan(
   stacked: nnx.Module,
-  x: tp.Any,
-  *args: tp.Any,
-  call: tp.Callable[..., tp.Any] | None = None,
+  x: Carry,
+  *args: object,
+  call: tp.Callable[..., Carry] | None = None,
   remat: bool = False,
   unroll: int | bool = 1,
   reverse: bool = False,
-) -> tp.Any:
+) -> Carry:
   """Run `x` through every layer of a stack in order, with `nnx.scan` (optionally `nnx.remat`).
 
   Equivalent to `for layer in lb.layers.unstack(stacked): x = layer(x, *args)`, but the layer
@@ -53,7 +55,7 @@ def scan(
   _num_layers(stacked, "lb.layers.scan")
   apply = call if call is not None else (lambda layer, carry, *rest: layer(carry, *rest))
 
-  def body(layer, carry, rest):
+  def body(layer, carry, rest) -> Carry:
     return apply(layer, carry, *rest)
 
   if remat:

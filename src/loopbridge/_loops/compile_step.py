@@ -32,6 +32,9 @@ from .. import _compat
 from .._core import recorder
 from .._core.errors import ForeignTraceError, StructureChangeError
 
+if tp.TYPE_CHECKING:
+  from jax.extend import core as jex_core
+
 try:  # dead-code elimination of a jaxpr: which inputs its outputs need (a jax internal)
   from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
 except ImportError:  # pragma: no cover - then every leaf is passed on every call
@@ -41,11 +44,14 @@ Out = tp.TypeVar("Out")
 _get_raw, _set_raw = _compat.raw_value_accessors()
 
 
-def _no_key_accessor(variable: tp.Any) -> tp.Any:
+def _no_key_accessor(variable: nnx.Variable) -> tp.NoReturn:
   raise AttributeError("this jax has no typed-key accessors; keys are passed as they are")
 
 
-def _key_accessors() -> tuple[tp.Callable[[tp.Any], tp.Any], tp.Callable[[tp.Any], tp.Any]]:
+# The key's PRNG implementation is a private jax type (`PRNGImpl`): no public name to give it.
+def _key_accessors() -> tuple[
+  tp.Callable[[nnx.Variable], jax.Array], tp.Callable[[nnx.Variable], tp.Any]
+]:
   """(raw key data, PRNG implementation) getters of a typed-key Variable.
 
   Only used when keys were found. Asked per use (a cached call), not bound at import:
@@ -65,7 +71,7 @@ _consume = collections.deque(maxlen=0).extend
 _KWARGS = "loopbridge__kwargs"
 
 
-def _packed(kwargs: dict[str, tp.Any]) -> dict[str, tp.Any]:
+def _packed(kwargs: dict[str, object]) -> dict[str, object]:
   return {_KWARGS: kwargs} if kwargs else kwargs
 
 
@@ -98,15 +104,15 @@ class _NewWrites(Exception):
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint")
 
 
-def _inner(jaxpr: tp.Any) -> tp.Any:
+def _inner(jaxpr: tp.Any) -> jex_core.Jaxpr:  # a jaxpr-valued param of an equation
   return getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's Jaxpr
 
 
-def _forwarded(jaxpr: tp.Any) -> list[int | None]:
+def _forwarded(jaxpr: jex_core.Jaxpr) -> list[int | None]:
   """For each output of `jaxpr`, the index of the input it provably equals (or None)."""
-  source: dict[tp.Any, int] = {v: i for i, v in enumerate(jaxpr.invars)}
+  source: dict[object, int] = {v: i for i, v in enumerate(jaxpr.invars)}
 
-  def origin(var: tp.Any) -> int | None:
+  def origin(var: object) -> int | None:
     # A Literal (a constant, `.val`) is no input; `jax.core.Var` moved between jax versions.
     return None if hasattr(var, "val") else source.get(var)
 
@@ -135,9 +141,10 @@ def _forwarded(jaxpr: tp.Any) -> list[int | None]:
   return [origin(v) for v in jaxpr.outvars]
 
 
-def _path_keys(path: tp.Sequence[tp.Any]) -> tuple[tp.Any, ...]:
+# The key entries are jaxlib classes (DictKey, SequenceKey, ...) the checker cannot see.
+def _path_keys(path: tp.Sequence[tp.Any]) -> tuple[tp.Hashable, ...]:
   """The NNX graph path of a state leaf (dict keys; the trailing `.value` attribute dropped)."""
-  keys = []
+  keys: list[tp.Hashable] = []
   for key in path:
     if isinstance(key, jax.tree_util.DictKey):
       keys.append(key.key)
@@ -283,7 +290,8 @@ class CompiledStep(tp.Generic[Out]):
     return self._generation != recorder.generation()
 
   # ---------------------------------------------------------------- traced
-  def _pure(self, flat: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]):
+  # `flat`: the model's leaves (arrays, typed keys' data) then the caller's arguments.
+  def _pure(self, flat: tuple[tp.Any, ...], kwargs: dict[str, object]):
     n_plain, n_moved = len(self._plain_vars), len(self._moved_idx)
     moved = flat[n_plain : n_plain + n_moved]
     args = flat[self._n_leaves :]
@@ -293,7 +301,7 @@ class CompiledStep(tp.Generic[Out]):
       *flat[:n_plain],
       *(jax.random.wrap_key_data(d, impl=impl) for d, impl in zip(key_data, self._key_impls)),
     ]
-    leaves: list[tp.Any] = [None] * len(self._variables)
+    leaves: list[object] = [None] * len(self._variables)
     for i, leaf in zip(self._kept_idx, kept):
       leaves[i] = leaf
     for i, leaf in zip(self._moved_idx, moved):
@@ -315,7 +323,7 @@ class CompiledStep(tp.Generic[Out]):
     """
     for i in self._dropped:
       leaves[i] = _compat.get_raw_value(self._variables[i])
-    seen: dict[str, tp.Any] = {}
+    seen: dict[str, frozenset[int]] = {}
 
     def state_fn(leaves, args, kwargs):
       out, new_leaves, seen["changed"] = self._trace(leaves, args, kwargs)
@@ -385,14 +393,14 @@ class CompiledStep(tp.Generic[Out]):
     return out, new_leaves, changed
 
   # ---------------------------------------------------------------- calling
-  def _inputs(self) -> list[tp.Any]:
+  def _inputs(self) -> list[object]:
     """The leaves to call `_jitted` with (kept, written, key data), from the model's Variables.
 
     Read after `_refresh` and `_analyse`: both can change which Variables go where.
     """
     return [*map(_get_raw, self._raw_vars), *map(_key_accessors()[0], self._key_vars)]
 
-  def __call__(self, /, *args: tp.Any, **kwargs: tp.Any) -> Out:
+  def __call__(self, /, *args: object, **kwargs: object) -> Out:
     """Run the compiled function on the model's current state; store what it changed."""
     # The usual call (no declaration since the last one, analysed, no typed keys) is kept to
     # one comparison and a few C-level loops: on a small model, Python work here costs as much
@@ -413,7 +421,7 @@ class CompiledStep(tp.Generic[Out]):
       _consume(map(_set_raw, self._moved_vars, new))
     return out
 
-  def _checked_call(self, args: tuple[tp.Any, ...], kwargs: dict[str, tp.Any]) -> Out:
+  def _checked_call(self, args: tuple[object, ...], kwargs: dict[str, object]) -> Out:
     """A call that first follows re-declarations, checks the keys and analyses if needed."""
     self._refresh()
     if not self._analysed:  # first call: learn which leaves are written, then donate them
@@ -426,7 +434,7 @@ class CompiledStep(tp.Generic[Out]):
     self._store(new)
     return out
 
-  def _store(self, new: tp.Sequence[tp.Any]) -> None:
+  def _store(self, new: tp.Sequence[object]) -> None:
     """Write the changed leaves back into their Variables."""
     if new and isinstance(new[0], _TRACER):
       # Under an outer trace the per-Variable trace-level check runs; concrete results (the
@@ -440,7 +448,9 @@ class CompiledStep(tp.Generic[Out]):
     else:
       _consume(map(_set_raw, self._moved_vars, new))
 
-  def lower(self, /, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+  # A `jax.stages.Lowered`, left loose: on CPU/GPU callers chain `.compile().memory_analysis()`,
+  # which jax types as Optional.
+  def lower(self, /, *args: object, **kwargs: object) -> tp.Any:
     """`jax.stages.Lowered` of a call with these arguments (e.g. `.compile().memory_analysis()`)."""
     self._refresh()
     while True:

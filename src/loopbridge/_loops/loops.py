@@ -43,6 +43,18 @@ from .._core.errors import ForeignTraceError, StructureChangeError
 from .._diagnostics import explain
 
 T = tp.TypeVar("T")
+# A fori_loop bound: a Python/NumPy integer (kept static) or an integer array (traced).
+_Bound = int | np.integer | jax.Array
+# The split state and the carry's other leaves, in and out of one step.
+_Carried = tuple[nnx.State, list[object]]
+_RunFn = tp.Callable[[nnx.State, list[object], _Bound | None, _Bound | None], _Carried]
+
+
+class _TreeDef(tp.Protocol):
+  """What the loops use of a `jax.tree_util.PyTreeDef` (a jaxlib class the checker cannot see)."""
+
+  def unflatten(self, leaves: tp.Iterable[object], /) -> object: ...
+
 
 # Compiled eager loops kept alive (each holds its body function); older ones are dropped.
 _CACHE_SIZE = 64
@@ -53,37 +65,37 @@ class _Plan:
   """Everything static about one loop: hashable, so an eager call can reuse its compilation."""
 
   kind: str  # "while" or "fori"
-  cond_fn: tp.Any
-  body_fn: tp.Any
-  graphdef: tp.Any
-  treedef: tp.Any
+  cond_fn: tp.Callable[..., jax.typing.ArrayLike] | None  # None for fori
+  body_fn: tp.Callable[..., object]  # carry -> carry, or (i, carry) -> carry for fori
+  graphdef: nnx.GraphDef[list[object]]  # of the carry's graph objects, split together
+  treedef: _TreeDef
   node_mask: tuple[bool, ...]
   bounds: tuple[int, int] | None  # fori_loop bounds when both are Python ints (kept static)
-  unroll: tp.Any
+  unroll: int | bool | None
 
 
-def _flatten(carry: tp.Any) -> tuple[list[tp.Any], tp.Any, tuple[bool, ...]]:
+def _flatten(carry: object) -> tuple[list[object], _TreeDef, tuple[bool, ...]]:
   leaves, treedef = jax.tree_util.tree_flatten(carry, is_leaf=explain.is_graph_object)
   return leaves, treedef, tuple(explain.is_graph_object(leaf) for leaf in leaves)
 
 
-def _join(plan: _Plan, nodes: tp.Sequence[tp.Any], values: tp.Sequence[tp.Any]) -> tp.Any:
+def _join(plan: _Plan, nodes: tp.Sequence[object], values: tp.Sequence[object]) -> object:
   nodes_it, values_it = iter(nodes), iter(values)
   return plan.treedef.unflatten(
     [next(nodes_it) if is_node else next(values_it) for is_node in plan.node_mask]
   )
 
 
-def _avals(tree: tp.Any) -> list[tuple[tuple[int, ...], tp.Any]]:
+def _avals(tree: object) -> list[tuple[tuple[int, ...], np.dtype]]:
   return [(jnp.shape(x), jax.dtypes.result_type(x)) for x in jax.tree_util.tree_leaves(tree)]
 
 
 def _structure_error(
   loop_name: str,
   plan: _Plan,
-  body: tp.Callable[[tp.Any], tp.Any],
-  state: tp.Any,
-  values: tp.Any,
+  body: tp.Callable[[object], object],
+  state: nnx.State,
+  values: tp.Sequence[object],
   detail: str,
 ) -> StructureChangeError:
   """The readable error: `lb.explain`'s report of one step from the same carry."""
@@ -106,10 +118,10 @@ def _structure_error(
 def _step(
   loop_name: str,
   plan: _Plan,
-  body: tp.Callable[[tp.Any], tp.Any],
-  state: tp.Any,
-  values: list[tp.Any],
-) -> tuple[tp.Any, list[tp.Any]]:
+  body: tp.Callable[[object], object],
+  state: nnx.State,
+  values: list[object],
+) -> _Carried:
   """One traced step: merge, call the body, split, and check the structure is unchanged."""
   # On flax 0.12 `merge` puts the state's own Variables into the modules, so the body mutates
   # `state`; keep an untouched copy (new Variable objects around the same arrays) to compare
@@ -150,13 +162,15 @@ def _step(
 
 
 def _run(
-  plan: _Plan, state: tp.Any, values: list[tp.Any], lower: tp.Any, upper: tp.Any
-) -> tuple[tp.Any, list[tp.Any]]:
+  plan: _Plan, state: nnx.State, values: list[object], lower: _Bound | None, upper: _Bound | None
+) -> _Carried:
   if plan.kind == "while":
+    cond_fn = plan.cond_fn
+    assert cond_fn is not None  # `while_loop` always passes one
 
     def cond(val):
       state, values = val
-      return plan.cond_fn(_join(plan, nnx.merge(plan.graphdef, state), values))
+      return cond_fn(_join(plan, nnx.merge(plan.graphdef, state), values))
 
     def body(val):
       return _step("lb.while_loop", plan, plan.body_fn, *val)
@@ -172,7 +186,7 @@ def _run(
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
-def _compiled(plan: _Plan) -> tp.Callable[..., tp.Any]:
+def _compiled(plan: _Plan) -> _RunFn:
   return jax.jit(functools.partial(_run, plan))
 
 
@@ -200,11 +214,11 @@ _WALK_WIDTH = 256
 class _Reach:
   """What the loop functions reach outside the carry."""
 
-  nodes: list[tp.Any] = dataclasses.field(default_factory=list)  # NNX graph objects
+  nodes: list[object] = dataclasses.field(default_factory=list)  # NNX graph objects
   dynamic: bool = False  # arrays, graph objects, or something not looked into
 
 
-def _closure_state(*fns: tp.Any) -> _Reach:
+def _closure_state(*fns: object) -> _Reach:
   """The NNX graph objects the functions reach outside their arguments, and whether a
   compiled loop could depend on any value that may change between calls."""
   reach, seen = _Reach(), set()
@@ -216,7 +230,7 @@ def _closure_state(*fns: tp.Any) -> _Reach:
         names |= code_names(const)
     return names
 
-  def walk(obj: tp.Any, depth: int) -> None:
+  def walk(obj: object, depth: int) -> None:
     # A tracer kept from an earlier trace (e.g. appended to a list for debugging) is no value
     # a later call could read.
     if isinstance(obj, (*_STATIC_ATOMS, jax.core.Tracer)) or id(obj) in seen:
@@ -229,7 +243,7 @@ def _closure_state(*fns: tp.Any) -> _Reach:
     if isinstance(obj, (jax.Array, np.ndarray)) or depth > _WALK_DEPTH:
       reach.dynamic = True
       return
-    children: list[tp.Any]
+    children: list[object]
     if isinstance(obj, functools.partial):
       children = [obj.func, *obj.args, *obj.keywords.values()]
     elif isinstance(obj, types.MethodType):
@@ -287,15 +301,17 @@ def _closure_write_error(
   )
 
 
-def _is_static_int(x: tp.Any) -> bool:
+def _is_static_int(x: object) -> bool:
   return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-def _is_traced(tree: tp.Any) -> bool:
+def _is_traced(tree: object) -> bool:
   return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
 
 
-def _check_loop_args(kind: str, cond_fn: tp.Any, body_fn: tp.Any, lower: tp.Any, upper: tp.Any):
+def _check_loop_args(
+  kind: str, cond_fn: object, body_fn: object, lower: object, upper: object
+) -> None:
   """Refuse what would fail deep inside the trace (a non-function) or run another number of
   steps than the caller meant (a float bound is compared as a float: 0 to 2.5 runs 3 steps)."""
   name = f"lb.{kind}_loop"
@@ -330,13 +346,15 @@ def _check_loop_args(kind: str, cond_fn: tp.Any, body_fn: tp.Any, lower: tp.Any,
 
 def _loop(
   kind: str,
-  cond_fn: tp.Any,
-  body_fn: tp.Any,
-  carry: tp.Any,
+  cond_fn: tp.Callable[..., jax.typing.ArrayLike] | None,
+  body_fn: tp.Callable[..., object],
+  carry: object,
+  # Anything, as the caller passed it: `_check_loop_args` refuses a non-integer, and only
+  # Python/NumPy integers are made static with `int()`.
   lower: tp.Any = None,
   upper: tp.Any = None,
-  unroll: tp.Any = None,
-) -> tp.Any:
+  unroll: int | bool | None = None,
+) -> tp.Any:  # the caller's carry rebuilt, of the same type (`while_loop`/`fori_loop` say so)
   _check_loop_args(kind, cond_fn, body_fn, lower, upper)
   leaves, treedef, node_mask = _flatten(carry)
   nodes = [leaf for leaf, is_node in zip(leaves, node_mask) if is_node]
@@ -355,7 +373,7 @@ def _loop(
     (int(lower), int(upper)) if static_bounds else None,
     unroll,
   )
-  run: tp.Callable[..., tp.Any] = functools.partial(_run, plan)
+  run: _RunFn = functools.partial(_run, plan)
   reach = _closure_state(cond_fn, body_fn)
   # A cached compilation would keep the values it read from outside the carry (e.g. the
   # params of a module the body closes over) after they change; without the cache the loop
@@ -392,13 +410,15 @@ def _loop(
   return _join(plan, nodes, values_out)
 
 
-def _restore(variables: list[nnx.Variable], raw_values: list[tp.Any]) -> None:
+def _restore(variables: list[nnx.Variable], raw_values: list[object]) -> None:
   for variable, raw in zip(variables, raw_values):
     if _compat.get_raw_value(variable) is not raw:
       _compat.set_raw_value(variable, raw, check=False)
 
 
-def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], carry: T) -> T:
+def while_loop(
+  cond_fn: tp.Callable[[T], jax.typing.ArrayLike], body_fn: tp.Callable[[T], T], carry: T
+) -> T:
   """`nnx.while_loop` for any carry of NNX modules and arrays, on every supported flax.
 
   The carry may mix `lb.ToNNX` models, stock and native NNX modules (several different ones,
@@ -441,7 +461,7 @@ def while_loop(cond_fn: tp.Callable[[T], tp.Any], body_fn: tp.Callable[[T], T], 
 def fori_loop(
   lower: int | np.integer | jax.Array,
   upper: int | np.integer | jax.Array,
-  body_fn: tp.Callable[[tp.Any, T], T],
+  body_fn: tp.Callable[[jax.Array, T], T],
   carry: T,
   *,
   unroll: int | bool | None = None,
