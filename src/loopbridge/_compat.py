@@ -654,3 +654,98 @@ def clone_graph(node: tp.Any) -> tp.Any:
   if _CLONE_TAKES_GRAPH:
     return nnx.clone(node, graph=True)
   return nnx.clone(node)
+
+
+# --- one difference each, used outside the core's Variable handling ----------------------------
+def installed_versions() -> dict[str, str]:
+  """The installed flax and jax versions, for reports (never to branch on)."""
+  return {"flax": flax.__version__, "jax": jax.__version__}
+
+
+def in_nnx_capture(module: nnx.Module) -> bool:
+  """Whether `module` runs inside flax's `nnx.capture` (flax >= 0.12 only).
+
+  flax 0.12's `nnx.capture` gives each module it watches a `__captures__` attribute for the
+  duration of the call; flax 0.10 and 0.11 have no `nnx.capture`.
+  """
+  return hasattr(module, "__captures__")
+
+
+def subclass_options(cls: type) -> dict[str, bool]:
+  """Keyword arguments that make a subclass of the NNX module class `cls` keep its options.
+
+  flax 0.12 Pytrees take `pytree=` when subclassed (`class M(nnx.Module, pytree=False)`) and
+  record it as `_pytree__is_pytree`; flax 0.10 `nnx.Object`s take no such argument.
+  """
+  if hasattr(cls, "_pytree__is_pytree"):
+    return {"pytree": bool(cls._pytree__is_pytree)}
+  return {}
+
+
+def _find_dce_jaxpr() -> tp.Callable[..., tp.Any] | None:
+  # Dead-code elimination of a jaxpr (which inputs its outputs need): a jax internal, at the
+  # same place from jax 0.5.3 through 0.10.2; a jax that moves it loses only that optimization.
+  try:
+    from jax._src.interpreters.partial_eval import dce_jaxpr
+  except ImportError:  # pragma: no cover - then every leaf is passed on every call
+    return None
+  return dce_jaxpr
+
+
+dce_jaxpr: tp.Callable[..., tp.Any] | None = _find_dce_jaxpr()
+
+
+# flax >= 0.12 shards a Variable with partitioning metadata when it is created
+# (`flax_always_shard_variable`, on by default), which needs a mesh; it says so in a
+# ValueError with this text (flax 0.10 and 0.11 never shard at creation).
+_NO_MESH_MARK = "An auto mesh context or metadata is required"
+
+
+def is_missing_mesh_error(error: BaseException) -> bool:
+  """Whether `error` is flax 0.12's refusal to create a partitioned Variable without a mesh."""
+  return isinstance(error, ValueError) and _NO_MESH_MARK in str(error)
+
+
+# orbax's step metadata file: orbax 0.11 has no public reader for its custom metadata.
+_ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
+
+
+def orbax_tree_metadata(metadata: tp.Any) -> tp.Any:
+  """The array tree of what `StandardCheckpointer.metadata(path)` returned (None: unreadable).
+
+  orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`, whose `tree` holds it) and
+  returns None when a file cannot be read (its log says which); orbax 0.11 returns the tree.
+  """
+  tree = getattr(metadata, "item_metadata", metadata)
+  return getattr(tree, "tree", tree)
+
+
+def orbax_custom_metadata(metadata: tp.Any, path: str, key: str) -> object:
+  """The entry `key` of a checkpoint's custom metadata, as saved with `custom_metadata=`.
+
+  orbax 0.12 returns it with the metadata (None for an unreadable file); orbax 0.11 does not,
+  so it is read from the step metadata file. Raises OSError/ValueError for an unreadable file.
+  """
+  import json
+  import os
+
+  custom = getattr(metadata, "custom_metadata", None)
+  if not isinstance(custom, dict) or key not in custom:
+    with open(os.path.join(path, _ORBAX_STEP_METADATA), encoding="utf-8") as f:
+      custom = json.load(f).get("custom_metadata")
+  return (custom or {}).get(key)
+
+
+def stock_sow_tuple_length(node: object, children: tp.Mapping[tp.Any, object]) -> int | None:
+  """How many sown values a stock bridge's tuple holds, when `node` is one; else None.
+
+  flax 0.10's stock `nnx.bridge.ToNNX` keeps a sow tuple as a tuple of Variables, one per
+  value (flax 0.12 keeps it as one Variable holding a tuple, which needs no help).
+  """
+  if (
+    isinstance(node, tuple)
+    and children
+    and all(isinstance(c, nnx.Variable) for c in children.values())
+  ):
+    return len(children)
+  return None

@@ -660,11 +660,11 @@ def inspect_model(
   capture: str | None = None,
 ) -> dict[str, tp.Any]:
   """Everything `loopbridge inspect` reports, as one JSON-ready dict."""
-  import flax
-  import jax
   from flax import nnx
 
   import loopbridge as lb
+
+  from .. import _compat
 
   if method is not None and not callable(getattr(module, method, None)):
     raise CliError(f"{type(module).__name__} has no method {method!r} (--method)")
@@ -702,7 +702,7 @@ def inspect_model(
     "capture": capture,
     "capacity": capacity,
     "steps": steps,
-    "versions": {"flax": flax.__version__, "jax": jax.__version__},
+    "versions": _compat.installed_versions(),
     "sow_sites": sites.to_dict(),
     "buffer_memory": {
       "buffers_bytes": sites.buffer_bytes,

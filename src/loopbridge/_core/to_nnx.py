@@ -28,7 +28,6 @@ from typing_extensions import Self
 
 from .. import _compat
 from . import buffers as _buffers
-from . import capacity as _capacity
 from . import (
   discovery_session,
   linen_vars,
@@ -37,20 +36,17 @@ from . import (
   recorder,
   recording_switch,
   signature,
+  site_probe,
   trace_check,
   user_errors,
 )
 from . import site as _site
+from .bridge_settings import SETTINGS_ATTR, BridgeSettings, CaptureFilter, bridge_settings
+from .capacity import DEFAULT_OVERFLOW, DeclarationSpec, Overflow
 from .errors import NotDeclaredError, StructureChangeError
 
 BUFFERS_ATTR = recorder.BUFFERS_ATTR
 COUNTS_ATTR = recorder.COUNTS_ATTR
-
-
-def _freeze_capacity(capacity):
-  if isinstance(capacity, tp.Mapping):
-    return tuple(sorted(capacity.items()))
-  return capacity
 
 
 def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.Any:
@@ -137,14 +133,17 @@ class ToNNX(bridge.ToNNX):
     (1, 1, 3)
   """
 
+  # bridge_settings.BRIDGE_MARK: what `is_bridge` tests (true of subclasses too).
+  loopbridge__bridge: tp.ClassVar[bool] = True
+
   def __init__(
     self,
     module: linen.Module,
     rngs: tp.Any = None,
     *,
     capacity: int | tp.Mapping[str, int] | None = None,
-    overflow: str = "error",
-    capture_intermediates: bool | tp.Callable[[linen.Module, str], bool] = False,
+    overflow: Overflow = DEFAULT_OVERFLOW,
+    capture_intermediates: CaptureFilter = False,
   ):
     if not isinstance(module, linen.Module):
       raise TypeError(
@@ -158,15 +157,10 @@ class ToNNX(bridge.ToNNX):
           else "Fix: pass a Linen module instance."
         )
       )
-    capacity = _capacity.check_capacity_spec(capacity)
-    overflow = _capacity.check_overflow(overflow)
+    spec = DeclarationSpec.checked(capacity, overflow)
     _check_rngs_and_capture(rngs, capture_intermediates)
     super().__init__(module, rngs)
-    setattr(
-      self,
-      pipeline.SETTINGS_ATTR,
-      pipeline.BridgeSettings(_freeze_capacity(capacity), overflow, capture_intermediates),
-    )
+    setattr(self, SETTINGS_ATTR, BridgeSettings(spec, capture_intermediates))
     setattr(self, recorder.SITES_ATTR, None)
     setattr(self, recorder.DROPPED_ATTR, ())
     recorder.make_recorder(self)
@@ -176,7 +170,7 @@ class ToNNX(bridge.ToNNX):
     self,
     *args: tp.Any,
     capacity: int | tp.Mapping[str, int] | None = None,
-    overflow: str | None = None,
+    overflow: Overflow | None = None,
     **kwargs: tp.Any,
   ) -> Self:
     """Initialize the Linen variables from sample inputs and declare the sow buffers.
@@ -194,7 +188,7 @@ class ToNNX(bridge.ToNNX):
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # mutable=True: Linen's init leaves 'intermediates' out by default; with it, init returns
     # every value the trace sowed, so the sites come from this one trace.
-    capture = pipeline.bridge_settings(self).capture_intermediates
+    capture = bridge_settings(self).capture_intermediates
     try:
       with observe_linen.observe() as calls:
         out, variables = module.init_with_output(
@@ -247,7 +241,7 @@ class ToNNX(bridge.ToNNX):
     if session is not None:
       session.reports.append(report)
       if id(self) not in session.graph_ids:  # a copy inside an NNX transform
-        _leave_probes(self, found.sites, flat)
+        site_probe.leave_probes(self, found.sites, flat)
     else:  # stock `bridge.lazy_init(model, ...)`: declare with the constructor's capacity
       pipeline.declare_alone(self, report, args, kwargs)
     return out
@@ -261,7 +255,7 @@ class ToNNX(bridge.ToNNX):
     call_rngs = _compat.bridge_call_rngs(
       rngs if rngs is not None else _compat.rngs_of(self), initializing=False
     )
-    capture = pipeline.bridge_settings(self).capture_intermediates
+    capture = bridge_settings(self).capture_intermediates
     try:
       with observe_linen.observe() as calls:
         out, updates = module.apply(
@@ -386,7 +380,7 @@ class ToNNX(bridge.ToNNX):
       rngs=call_rngs,
       method=method,
       mutable=mutable,
-      capture_intermediates=pipeline.bridge_settings(self).capture_intermediates,
+      capture_intermediates=bridge_settings(self).capture_intermediates,
       **kwargs,
     )
 
@@ -564,41 +558,6 @@ def _pytree_records(
       _buffers.check_value(buffer, leaf, leaf_label)
     out.append((buffer, recorder.get_nested(counts, site.key), leaves, leaf_label))
   return out
-
-
-PROBES_ATTR = recorder.PROBES_ATTR
-
-
-class SiteProbe(nnx.Variable):
-  """A zero value of one sow site's shape, left on the node during `lb.lazy_init`.
-
-  Called by a copy inside an NNX transform (`nnx.vmap`, `nnx.scan`, `nnx.remat`), the node's
-  static attributes stay in the transform but its Variables come out, stacked along the
-  transform axis: the probe tells the pipeline which node sowed and the stacked shape.
-  """
-
-
-def _probe_value(site: tp.Any, sown: tp.Any) -> tp.Any:
-  """Zeros of the site's shape, computed from the sown value so that they are batched (under
-  `nnx.vmap`) exactly when the value is: a transform that does not stack the node then fails
-  on the probe at lazy_init instead of on the buffers at a later call."""
-  if isinstance(sown, tuple) and sown:
-    first = sown[0]
-    if site.treedef is not None:  # one leaf of a sown pytree
-      leaves = _site.flatten_value(first)[1]
-      first = leaves[site.leaf_index][1] if site.leaf_index < len(leaves) else None
-    if first is not None and np.shape(first) == tuple(site.shape):
-      return jnp.asarray(first) * 0
-  return jnp.zeros(site.shape, site.dtype)
-
-
-def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping) -> None:
-  if sites:
-    _compat.set_data_attribute(
-      node,
-      PROBES_ATTR,
-      {"/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key))) for site in sites},
-    )
 
 
 def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> None:

@@ -509,7 +509,7 @@ def _recording_type(cls: type) -> type:
     "__doc__": cls.__doc__,
   }
   # flax 0.12 Pytrees take `pytree=` at subclassing; keep the user's choice.
-  options = {"pytree": cls._pytree__is_pytree} if hasattr(cls, "_pytree__is_pytree") else {}
+  options = _compat.subclass_options(cls)
   recording = type(cls)(cls.__name__, (cls,), namespace, **options)
   _RECORDING_TYPES[cls] = recording
   return recording
