@@ -102,6 +102,12 @@ from flax.nnx.bridge import wrappers as _bridge_wrappers  # noqa: E402
 FLAX_VERSION: tuple[int, ...] = _version_tuple(flax.__version__)
 JAX_VERSION: tuple[int, ...] = _version_tuple(jax.__version__)
 
+# A bridge's `rngs`: streams, one key, or none (as stock `ToNNX` takes them).
+RngsArg = nnx.Rngs | jax.Array | None
+Node = tp.TypeVar("Node")
+# jax's `dce_jaxpr(jaxpr, used_outputs) -> (pruned jaxpr, used inputs)`.
+DceJaxpr = tp.Callable[..., tuple[object, list[bool]]]
+
 # flax 0.11.1 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
 # `_object__state` to `_pytree__state`.
 _STATE_ATTR = "_pytree__state" if hasattr(nnx, "Pytree") else "_object__state"
@@ -113,7 +119,10 @@ HAS_GRAPH_SWITCH: bool = "graph" in inspect.signature(nnx.while_loop).parameters
 # Prefixes of attributes on a bridge.ToNNX that are not Linen variables. flax 0.12 namespaces
 # its own (`to_nnx__module`, `to_nnx__rngs`); 0.10 uses plain `module`, `rngs`,
 # `linen_attributes` and records the Linen attribute names itself.
-_OWN_ATTR_PREFIXES = ("to_nnx__", "_pytree__", "_object__", "loopbridge__")
+# flax's own per-instance bookkeeping attributes on every NNX module (not graph data):
+# `_object__...` up to flax 0.11.0, `_pytree__...` from 0.11.1 on.
+NNX_INTERNAL_PREFIXES = ("_pytree__", "_object__")
+_OWN_ATTR_PREFIXES = ("to_nnx__", *NNX_INTERNAL_PREFIXES, "loopbridge__")
 
 
 def is_initializing(module: nnx.Module) -> bool:
@@ -134,7 +143,12 @@ def linen_module_of(model: nnx.bridge.ToNNX) -> linen.Module:
   return vars(model)["module"]
 
 
-def rngs_of(model: nnx.bridge.ToNNX) -> tp.Any:
+def rngs_attribute(model: nnx.bridge.ToNNX) -> str:
+  """The name of the wrapper's rngs attribute: `to_nnx__rngs` (flax >= 0.11) or `rngs` (0.10)."""
+  return "to_nnx__rngs" if "to_nnx__rngs" in vars(model) else "rngs"
+
+
+def rngs_of(model: nnx.bridge.ToNNX) -> RngsArg:
   """The wrapper's rngs: `to_nnx__rngs` (flax >= 0.12.0) or `rngs` (before)."""
   if "to_nnx__module" in vars(model):
     return vars(model)["to_nnx__rngs"]
@@ -161,7 +175,7 @@ def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) 
     model.linen_attributes = tuple(sorted(names))  # pyright: ignore[reportAttributeAccessIssue]
 
 
-def set_data_attribute(obj: tp.Any, name: str, value: tp.Any) -> None:
+def set_data_attribute(obj: object, name: str, value: object) -> None:
   """Assign a container of Variables as an NNX data attribute.
 
   flax 0.12 Pytrees refuse a dict holding Variables unless it is marked with `nnx.data`;
@@ -172,7 +186,7 @@ def set_data_attribute(obj: tp.Any, name: str, value: tp.Any) -> None:
   setattr(obj, name, value)
 
 
-def bridge_call_rngs(rngs: tp.Any, *, initializing: bool) -> dict[str, jax.Array]:
+def bridge_call_rngs(rngs: RngsArg, *, initializing: bool) -> dict[str, jax.Array]:
   """The `rngs=` dict stock `ToNNX.__call__` hands to Linen, consuming the streams the same way.
 
   flax 0.12 calls every stream (advancing its count) and renames `default` to `params`.
@@ -221,7 +235,7 @@ def variable_value(variable: nnx.Variable) -> tp.Any:
   return variable.value
 
 
-def set_variable_value(variable: nnx.Variable, value: tp.Any) -> None:
+def set_variable_value(variable: nnx.Variable, value: object) -> None:
   """Write a Variable's value in place, keeping the Variable object (loops need identity).
 
   0.12 deprecates assigning `.value` for `set_value()`; 0.10 has only `.value`.
@@ -232,7 +246,7 @@ def set_variable_value(variable: nnx.Variable, value: tp.Any) -> None:
     variable.value = value
 
 
-def set_variable_metadata(variable: nnx.Variable, name: str, value: tp.Any) -> None:
+def set_variable_metadata(variable: nnx.Variable, name: str, value: object) -> None:
   """Change one metadata entry of a Variable in place.
 
   0.12 refuses attribute assignment for metadata (`set_metadata` only; 0.12.0 takes keyword
@@ -286,14 +300,14 @@ def current_bridge_mutable() -> tp.Any:
   return None
 
 
-def current_trace() -> tp.Any:
+def current_trace() -> object:
   """The JAX trace NNX records on each Variable (`Variable._trace_state`), for comparing."""
   from flax.nnx import tracers  # same module and function on 0.10 and 0.12
 
   return tracers.current_jax_trace()
 
 
-def written_in_another_trace(variable: nnx.Variable, trace: tp.Any) -> bool:
+def written_in_another_trace(variable: nnx.Variable, trace: object) -> bool:
   """Whether writing `variable` under `trace` would leave the value behind in a foreign trace.
 
   flax 0.12 refuses such a write itself (`TraceContextError`), except for hijax Variables,
@@ -308,7 +322,7 @@ def written_in_another_trace(variable: nnx.Variable, trace: tp.Any) -> bool:
   return state is not None and state.jax_trace != trace
 
 
-def unfiltered_tracebacks() -> tp.ContextManager[tp.Any]:
+def unfiltered_tracebacks() -> tp.ContextManager[object]:
   """JAX traceback filtering off inside the block (this thread only).
 
   Filtering drops flax's own frames (Linen's module wrappers), and with them which Linen module
@@ -320,7 +334,7 @@ def unfiltered_tracebacks() -> tp.ContextManager[tp.Any]:
   return config.traceback_filtering("off")
 
 
-def is_batched(x: tp.Any) -> bool:
+def is_batched(x: object) -> bool:
   """Whether `x` is a value inside `jax.vmap` (or `nnx.vmap`), i.e. one per batch member.
 
   jax 0.10 no longer exports `jax.interpreters.batching.BatchTracer`; both versions keep the
@@ -468,7 +482,7 @@ def get_raw_value(variable: nnx.Variable) -> tp.Any:
   return variable.raw_value
 
 
-def set_raw_value(variable: nnx.Variable, value: tp.Any, *, check: bool = True) -> None:
+def set_raw_value(variable: nnx.Variable, value: object, *, check: bool = True) -> None:
   """Store a value in a Variable without hooks or copies (what `nnx.update` does with a state).
 
   flax 0.12 has `set_raw_value()` (the `.raw_value` setter warns); 0.10 has the attribute only.
@@ -526,7 +540,7 @@ def key_data_accessors() -> (
   return operator.attrgetter(f"{name}._base_array"), operator.attrgetter(f"{name}._impl")
 
 
-def is_concrete_typed_key(value: tp.Any) -> bool:
+def is_concrete_typed_key(value: object) -> bool:
   """A typed PRNG key array holding its data (not a tracer), as `key_data_accessors` reads."""
   dtype = getattr(value, "dtype", None)
   return (
@@ -567,18 +581,18 @@ def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
   return {
     k: v
     for k, v in children.items()
-    if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))
+    if not (isinstance(k, str) and k.startswith(NNX_INTERNAL_PREFIXES))
   }
 
 
-def state_leaf_type(leaf: tp.Any) -> type:
+def state_leaf_type(leaf: object) -> type:
   """The Variable type of one leaf of an `nnx.State`.
 
   flax 0.10 State leaves are `VariableState` objects naming their type in `.type`; flax 0.12
   removed `VariableState` and State leaves are the Variables themselves.
   """
   if type(leaf).__name__ == "VariableState":
-    return leaf.type
+    return leaf.type  # pyright: ignore[reportAttributeAccessIssue]  # flax 0.10 only
   return type(leaf)
 
 
@@ -598,7 +612,7 @@ def _partitioning_key() -> str:
 _SHARDING_KEY = _partitioning_key()
 
 
-def sharding_metadata(names: tp.Sequence[tp.Any], mesh: tp.Any) -> dict[str, tp.Any]:
+def sharding_metadata(names: tp.Sequence[str | None], mesh: object) -> dict[str, object]:
   """Variable metadata that records a partitioning (mesh axis names per axis) and its mesh."""
   return {_SHARDING_KEY: tuple(names), "mesh": mesh}
 
@@ -613,7 +627,7 @@ def variable_sharding(variable: nnx.Variable) -> tuple[tuple[tp.Any, ...] | None
   return (tuple(names) if names is not None else None), metadata.get("mesh")
 
 
-def mesh_context(mesh: tp.Any) -> tp.ContextManager[tp.Any]:
+def mesh_context(mesh: jax.sharding.Mesh) -> tp.ContextManager[object]:
   """Make `mesh` the current mesh (what Linen's `nn.Partitioned` and flax's eager sharding read).
 
   jax >= 0.7 has `jax.set_mesh`; jax 0.5 uses the mesh itself as the (legacy) context that
@@ -624,7 +638,7 @@ def mesh_context(mesh: tp.Any) -> tp.ContextManager[tp.Any]:
   return mesh
 
 
-def no_eager_sharding() -> tp.ContextManager[tp.Any]:
+def no_eager_sharding() -> tp.ContextManager[object]:
   """Create Variables from existing arrays as they are, keeping partitioning as metadata only.
 
   flax 0.12 shards a Variable with partitioning metadata eagerly at creation (which needs a
@@ -644,7 +658,7 @@ def no_eager_sharding() -> tp.ContextManager[tp.Any]:
 _CLONE_TAKES_GRAPH = "graph" in __import__("inspect").signature(nnx.clone).parameters
 
 
-def clone_graph(node: tp.Any) -> tp.Any:
+def clone_graph(node: Node) -> Node:
   """A copy of an NNX graph with new Variables (shared references kept shared), arrays shared.
 
   flax 0.12's `nnx.clone` takes `graph=` (tree mode would refuse shared references); its
@@ -682,7 +696,7 @@ def subclass_options(cls: type) -> dict[str, bool]:
   return {}
 
 
-def _find_dce_jaxpr() -> tp.Callable[..., tp.Any] | None:
+def _find_dce_jaxpr() -> DceJaxpr | None:
   # Dead-code elimination of a jaxpr (which inputs its outputs need): a jax internal, at the
   # same place from jax 0.5.3 through 0.10.2; a jax that moves it loses only that optimization.
   try:
@@ -692,7 +706,7 @@ def _find_dce_jaxpr() -> tp.Callable[..., tp.Any] | None:
   return dce_jaxpr
 
 
-dce_jaxpr: tp.Callable[..., tp.Any] | None = _find_dce_jaxpr()
+dce_jaxpr: DceJaxpr | None = _find_dce_jaxpr()
 
 
 # flax >= 0.12 shards a Variable with partitioning metadata when it is created
@@ -720,7 +734,7 @@ def orbax_tree_metadata(metadata: tp.Any) -> tp.Any:
   return getattr(tree, "tree", tree)
 
 
-def orbax_custom_metadata(metadata: tp.Any, path: str, key: str) -> object:
+def orbax_custom_metadata(metadata: object, path: str, key: str) -> object:
   """The entry `key` of a checkpoint's custom metadata, as saved with `custom_metadata=`.
 
   orbax 0.12 returns it with the metadata (None for an unreadable file); orbax 0.11 does not,
@@ -736,7 +750,7 @@ def orbax_custom_metadata(metadata: tp.Any, path: str, key: str) -> object:
   return (custom or {}).get(key)
 
 
-def stock_sow_tuple_length(node: object, children: tp.Mapping[tp.Any, object]) -> int | None:
+def stock_sow_tuple_length(node: object, children: tp.Mapping[object, object]) -> int | None:
   """How many sown values a stock bridge's tuple holds, when `node` is one; else None.
 
   flax 0.10's stock `nnx.bridge.ToNNX` keeps a sow tuple as a tuple of Variables, one per

@@ -35,17 +35,32 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, traverse_util
+from flax import linen, nnx, traverse_util
 from flax.nnx.bridge import variables as bridge_variables
 
 from .. import _compat
 from .._core import buffers, linen_vars, pipeline, recorder
+from .._core.call_target import LinenMethod
 from .._core.errors import CheckpointError, NotDeclaredError
 from .._core.given_variables import describe, flat_values, plain_variables, unboxed_leaves
 from .._core.site import key_str
 from .._core.to_nnx import ToNNX
 
+if tp.TYPE_CHECKING:
+  import orbax.checkpoint as ocp
+
 Model = tp.TypeVar("Model")
+
+
+class _BufferDeclaration(tp.TypedDict):
+  """What a checkpoint says of one Buffer (saved in orbax's custom metadata)."""
+
+  capacity: int
+  overflow: str
+  value_shape: list[int]
+  stack_shape: list[int]
+  dtype: str
+
 
 FORMAT = 1
 # Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
@@ -69,7 +84,7 @@ _WHY_DAMAGED = (
 )
 
 
-def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
+def _model_variables(model: object) -> dict[tuple[str, ...], nnx.Variable]:
   """Every Variable of the model's graph by its saved path (shared ones once).
 
   A bridge's rng attribute is renamed to `to_nnx__rngs` whatever the installed flax calls it,
@@ -83,7 +98,7 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
   renames = {}
   for path, node in nodes:
     if isinstance(node, nnx.bridge.ToNNX):
-      local = "to_nnx__rngs" if "to_nnx__rngs" in vars(node) else "rngs"
+      local = _compat.rngs_attribute(node)
       renames[(*path, local)] = (*path, _SAVED_RNGS_ATTR)
 
   def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
@@ -95,7 +110,7 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
   return {saved_path(path): node for path, node in nodes if isinstance(node, nnx.Variable)}
 
 
-def _is_key(value: tp.Any) -> bool:
+def _is_key(value: jax.typing.ArrayLike) -> bool:
   return jnp.issubdtype(jnp.result_type(value), jax.dtypes.prng_key)
 
 
@@ -103,13 +118,13 @@ def _saved_form(value: tp.Any) -> tp.Any:
   return jax.random.key_data(value) if _is_key(value) else value
 
 
-def _checkpointer() -> tp.Any:
+def _checkpointer() -> ocp.StandardCheckpointer:
   import orbax.checkpoint as ocp  # flax depends on it; imported only when used
 
   return ocp.StandardCheckpointer()
 
 
-def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, dict[str, tp.Any]]:
+def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, _BufferDeclaration]:
   """Per Buffer (by saved path): capacity, overflow, value shape, dtype, stack shape.
 
   Read from the Variables alone. A Buffer's paired Count sits at the same path under the
@@ -135,7 +150,7 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
   return out
 
 
-def _path(directory: tp.Any, entry: str) -> str:
+def _path(directory: object, entry: str) -> str:
   """The absolute path of a checkpoint directory given as a str or os.PathLike."""
   if not isinstance(directory, (str, os.PathLike)):
     raise CheckpointError(
@@ -145,7 +160,7 @@ def _path(directory: tp.Any, entry: str) -> str:
   return os.path.abspath(os.fspath(directory))
 
 
-def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False) -> str:
+def save(directory: str | os.PathLike, model: nnx.Module, *, overwrite: bool = False) -> str:
   """Save a model's full state (params, buffers, counts, rng streams) with orbax.
 
   Safe mid-loop: call it between loop segments on the model the loop updates in place. The
@@ -214,7 +229,7 @@ def _damaged(path: str, what: str, error: BaseException | None = None) -> Checkp
   return CheckpointError(f"cannot restore the checkpoint at {path}: {what}{cause}. " + _WHY_DAMAGED)
 
 
-def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
+def _read_metadata(checkpointer: ocp.StandardCheckpointer, path: str) -> tuple[dict, dict]:
   """(saved shapes and dtypes by path, the saved declaration); CheckpointError if unreadable."""
   if not os.path.exists(path):
     raise CheckpointError(
@@ -296,7 +311,7 @@ def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[s
   return lines, grown
 
 
-def _host_max(value: tp.Any) -> int:
+def _host_max(value: jax.Array) -> int:
   """Largest element of an array that may span several JAX processes."""
   if not getattr(value, "is_fully_addressable", True):
     from jax.experimental import multihost_utils
@@ -467,11 +482,11 @@ _NO_CAPACITY_HERE = (
 
 
 def from_linen_variables(
-  module: tp.Any,
-  variables: tp.Mapping[str, tp.Any],
+  module: linen.Module,
+  variables: tp.Mapping[str, object],
   *args: tp.Any,
-  rngs: tp.Any = None,
-  method: tp.Any = None,
+  rngs: _compat.RngsArg = None,
+  method: LinenMethod = None,
   **kwargs: tp.Any,
 ) -> ToNNX:
   """Wrap a Linen module around variables that already exist, without initializing.
@@ -520,7 +535,7 @@ def from_linen_variables(
   )
 
 
-def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Model:
+def load_linen_variables(model: Model, variables: tp.Mapping[str, object]) -> Model:
   """Write a Linen variables dict into an initialized `lb.ToNNX`, in place.
 
   Use it to load Linen weights (e.g. a Linen checkpoint) into a model already declared with

@@ -668,7 +668,7 @@ def inspect_model(
 
   if method is not None and not callable(getattr(module, method, None)):
     raise CliError(f"{type(module).__name__} has no method {method!r} (--method)")
-  call_kwargs = {"method": method} if method is not None else {}
+  call_kwargs: dict[str, tp.Any] = {"method": method} if method is not None else {}
   inputs = sample_inputs(specs, seed)
   capture_filter = CaptureFilter(capture) if capture is not None else None
   model = lb.ToNNX(

@@ -22,8 +22,6 @@ from .bridge_settings import is_bridge
 from .call_target import root_of
 from .errors import ParamsReinitializedWarning
 
-_INTERNAL_ATTRS = ("_pytree__", "_object__")
-
 _REINITIALIZED = (
   "lb.lazy_init re-initialized the parameters of {parts}, which already held parameters (from "
   "an earlier lazy_init, or loaded): they were replaced by fresh random values. Why: lazy_init "
@@ -52,7 +50,7 @@ def _restore(snapshot: _Snapshot) -> None:
   for variable, value in values:
     _compat.set_variable_value(variable, value)
   for node, before in attributes:
-    for name in [k for k in vars(node) if not k.startswith(_INTERNAL_ATTRS)]:
+    for name in [k for k in vars(node) if not k.startswith(_compat.NNX_INTERNAL_PREFIXES)]:
       if name not in before:
         delattr(node, name)
       elif vars(node)[name] is not before[name]:

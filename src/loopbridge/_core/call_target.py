@@ -19,6 +19,8 @@ from .bridge_settings import is_bridge
 
 # A call rebuilt for any copy of the root: call(module, *args, **kwargs).
 Call = tp.Callable[..., object]
+# A Linen module's method, as `module.apply(..., method=)` takes it (None: `__call__`).
+LinenMethod = str | tp.Callable[..., object] | None
 
 
 def model_name(root: object) -> str:

@@ -120,7 +120,7 @@ def check_capacity_value(value: object, where: str) -> int:
       f"{_CAPACITY_HELP}"
     )
   try:
-    number = operator.index(value)
+    number = operator.index(tp.cast(tp.SupportsIndex, value))
   except TypeError:  # an array: only a 0-d integer array is one number
     raise CapacityError(
       f"{where} must be a positive int, got a {getattr(value, 'dtype', '?')} array of shape "

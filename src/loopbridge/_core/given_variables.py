@@ -45,7 +45,7 @@ def _is_leaf(_: object, value: object) -> bool:
 
 def flat_values(variables: tp.Mapping[str, object]) -> dict[tuple[str, ...], object]:
   """Every variable (boxes and sown tuples as leaves) by its path."""
-  return traverse_util.flatten_dict(dict(variables), is_leaf=_is_leaf)
+  return dict(traverse_util.flatten_dict(dict(variables), is_leaf=_is_leaf))
 
 
 def unboxed_leaves(tree: tp.Mapping[str, object]) -> Leaves:

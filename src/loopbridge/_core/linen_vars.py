@@ -20,6 +20,9 @@ from flax.nnx.bridge import variables as bridge_variables
 from .. import _compat
 from .errors import ShardingError, StructureChangeError
 
+# A Linen variable's value: an array, a number, or a static object (flax 0.10 ToLinen's graphdef).
+Value = tp.Any
+
 
 def attrs(node: tp.Any) -> dict[str, tp.Any]:
   """The attributes of a bridged node that hold Linen variables, by name."""
@@ -58,7 +61,7 @@ def linen_variables(model: object) -> dict[str, tp.Any]:
   return bridge_variables.nnx_attrs_to_linen_vars(attrs(model))
 
 
-def unbox(value: object, *, constrain: bool = True) -> object:
+def unbox(value: object, *, constrain: bool = True) -> Value:
   """The raw value of a boxed Linen variable (partitioning or NNX metadata); others as they are.
 
   `constrain=False`: a partitioned value is not given a sharding constraint (values loaded

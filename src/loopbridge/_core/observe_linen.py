@@ -62,7 +62,7 @@ _LIFTS: contextvars.ContextVar[tuple[tuple[tp.Any, ...], ...]] = contextvars.Con
 )
 
 
-def is_array_value(value: object) -> bool:
+def is_array_value(value: object) -> tp.TypeGuard[jax.typing.ArrayLike]:
   """Whether a sown value is one array (or a number), as opposed to a pytree of them."""
   return isinstance(value, (jax.Array, np.ndarray, np.generic, float, int, bool)) or hasattr(
     value, "aval"

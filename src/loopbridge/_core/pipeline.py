@@ -37,7 +37,7 @@ from . import (
 from . import capacity as _capacity
 from .all_or_nothing import all_or_nothing
 from .bridge_settings import bridge_settings, is_bridge, settings_of
-from .call_target import Call, model_name, target
+from .call_target import Call, LinenMethod, model_name, target
 from .errors import NotDeclaredError
 from .site import SowSite
 
@@ -140,7 +140,7 @@ def _transformed_parts(
   ]
   parts, used = [], set()
   for path, node in candidates:
-    label = type(_compat.linen_module_of(node)).__name__
+    label = model_name(node)
     reports = [r for r in transient if r.label == label]
     if not reports:
       continue
@@ -229,7 +229,7 @@ class _Entry:
     root, call = target(model, method, f"lb.{name}")
     return cls(name, root, call, spec, scoped)
 
-  def declare(self, parts: list[declare.Part], args: tuple, kwargs: dict) -> None:
+  def declare_parts(self, parts: list[declare.Part], args: tuple, kwargs: dict) -> None:
     """Declare every part's buffers, then warn of caches shorter than the declared loop."""
     declare.declare(
       parts,
@@ -324,13 +324,13 @@ def lazy_init(
   else:  # a bare lb.ToNNX (or only bridged parts): nothing native to look for
     path_of, node_at = ({id(root): ()}, {(): root}) if is_bridge(root) else _graph_index(root)
     findings = observe_native.NativeFindings({}, [], [])
-  items = [(path_of.get(id(r.node)), r) for r in session.reports]
+  items: Items = [(path_of.get(id(r.node)), r) for r in session.reports]
   parts = (
     _bridge_parts(items, node_at, "lb.lazy_init", transient_ok=True)
     + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
     + _native_parts(findings, node_at.__getitem__)
   )
-  entry.declare(parts, args, kwargs)
+  entry.declare_parts(parts, args, kwargs)
   _unalias_sample_arrays(root, (args, kwargs))
   return model
 
@@ -539,7 +539,7 @@ def preallocate(
     if isinstance(module, nnx.Module) and variable is not None:
       setattr(module, path[-1], variable)
   parts += _native_parts(findings, node_at.__getitem__)
-  entry.declare(parts, args, kwargs)
+  entry.declare_parts(parts, args, kwargs)
   return model
 
 
@@ -547,7 +547,7 @@ def from_linen_variables(
   model: Model,
   variables: object,
   *args: tp.Any,
-  method: object = None,
+  method: LinenMethod = None,
   what: str = "lb.checkpoint.from_linen_variables",
   **kwargs: tp.Any,
 ) -> Model:

@@ -42,14 +42,20 @@ from . import (
 )
 from . import site as _site
 from .bridge_settings import SETTINGS_ATTR, BridgeSettings, CaptureFilter, bridge_settings
+from .call_target import LinenMethod
 from .capacity import DEFAULT_OVERFLOW, DeclarationSpec, Overflow
 from .errors import NotDeclaredError, StructureChangeError
+
+# Linen's `mutable=`: which collections a call may change (None: the enclosing module's choice).
+MutableFilter = (
+  bool | str | tp.Collection[str] | flax_scope.DenyList | tp.Callable[[str], bool] | None
+)
 
 BUFFERS_ATTR = recorder.BUFFERS_ATTR
 COUNTS_ATTR = recorder.COUNTS_ATTR
 
 
-def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.Any:
+def _merge_mutable(user_mutable: MutableFilter, record_cols: tp.Collection[str]) -> MutableFilter:
   """The Linen `mutable=` filter for apply: the user's choice plus every recorded collection."""
   if user_mutable is True or not record_cols:
     return user_mutable if user_mutable is not None else False
@@ -65,7 +71,8 @@ def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.
   if isinstance(user_mutable, (list, tuple, set, frozenset)):
     return sorted({*user_mutable, *record_cols})
   # A callable filter: Linen filters are `str | Sequence | bool | DenyList | callable`.
-  return lambda col: col in record_cols or user_mutable(col)
+  user_filter = tp.cast(tp.Callable[[str], bool], user_mutable)
+  return lambda col: col in record_cols or user_filter(col)
 
 
 _SOW_WITHOUT_BUFFER = (
@@ -77,7 +84,7 @@ _SOW_WITHOUT_BUFFER = (
 )
 
 
-def _check_rngs_and_capture(rngs: tp.Any, capture: tp.Any) -> None:
+def _check_rngs_and_capture(rngs: object, capture: object) -> None:
   """Refuse constructor options that would fail only later, inside Linen, with a raw error."""
   if rngs is not None and not isinstance(rngs, (nnx.Rngs, jax.Array)):
     raise TypeError(
@@ -106,7 +113,8 @@ class ToNNX(bridge.ToNNX):
     capacity: default capacity for `lazy_init` (an int for every sow site or a mapping from a
       collection name, a `/`-joined sow path or a glob to an int). `lazy_init(capacity=...)`
       overrides it; it overrides an enclosing `with lb.capacity(N):` block.
-    overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
+    overflow: default overflow policy: `"error"` (the default; `None` says the same), `"drop"`
+      or `"wrap"`.
     capture_intermediates: Linen's `apply(capture_intermediates=...)`: `True` records every
       submodule's `__call__` output (`'intermediates'/<path>/__call__`), a filter
       `fn(module, method_name) -> bool` chooses; recorded with capacity like any sow. An
@@ -139,7 +147,7 @@ class ToNNX(bridge.ToNNX):
   def __init__(
     self,
     module: linen.Module,
-    rngs: tp.Any = None,
+    rngs: _compat.RngsArg = None,
     *,
     capacity: int | tp.Mapping[str, int] | None = None,
     overflow: Overflow = DEFAULT_OVERFLOW,
@@ -308,9 +316,9 @@ class ToNNX(bridge.ToNNX):
   def __call__(
     self,
     *args: tp.Any,
-    rngs: tp.Any = None,
-    method: tp.Any = None,
-    mutable: tp.Any = None,
+    rngs: _compat.RngsArg = None,
+    method: LinenMethod = None,
+    mutable: MutableFilter = None,
     **kwargs: tp.Any,
   ) -> tp.Any:
     """Apply the Linen module, recording its sows in place. Same signature as stock ToNNX.
@@ -475,7 +483,7 @@ class ToNNX(bridge.ToNNX):
     if created:
       linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
 
-  def _loopbridge_slot(self, flat_updates: tp.Mapping[tuple[str, ...], tp.Any], call) -> int:
+  def _loopbridge_slot(self, flat_updates: tp.Mapping[tuple[str, ...], object], call) -> int:
     """The signature slot whose buffers this call's sows go to (chosen while tracing)."""
     sites = recorder.sites_of(self) or ()
     if len({s.slot for s in sites}) <= 1:
@@ -509,7 +517,7 @@ _NO_SIGNATURE = (
 )
 
 
-def _describe_sown(value: tp.Any) -> tp.Any:
+def _describe_sown(value: object) -> object:
   return jax.tree.map(lambda v: f"{jnp.result_type(v)}{list(np.shape(v))}", value)
 
 
@@ -530,7 +538,7 @@ def _pytree_records(
   counts: dict,
   label: str,
   slot: int,
-) -> list[tuple[tp.Any, tp.Any, list, str]]:
+) -> list[tuple[_buffers.Buffer, _buffers.Count, list, str]]:
   """(buffer, count, values, label) per array leaf of one call's pytree sows at `path`."""
   sites = sorted(
     (
@@ -610,7 +618,9 @@ def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> N
   )
 
 
-def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.Any) -> str:
+def _plain_call(
+  module: linen.Module, entry: str, method: LinenMethod, capture: CaptureFilter
+) -> str:
   """How a user calls the same thing in plain Linen, for notes on errors from the model."""
   extra = "" if method is None else f", method={getattr(method, '__name__', method)!r}"
   if capture is not False:
@@ -619,7 +629,7 @@ def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.An
   return f"`{type(module).__name__}.{entry}({first}, *args{extra})`"
 
 
-def _first_variable(tree: tp.Any) -> nnx.Variable | None:
+def _first_variable(tree: object) -> nnx.Variable | None:
   """One Variable of a recorder's counts: they are all created (and merged) together."""
   for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable)):
     if isinstance(leaf, nnx.Variable):
@@ -627,27 +637,28 @@ def _first_variable(tree: tp.Any) -> nnx.Variable | None:
   return None
 
 
-def _rng_counts(rngs: tp.Any) -> list[tp.Any]:
+def _rng_counts(rngs: _compat.RngsArg) -> list[nnx.Variable | None]:
   """The count Variables a call advances when it draws from the wrapper's own streams."""
   if rngs is None or isinstance(rngs, jax.Array):
     return []
   return [getattr(stream, "count", None) for _, stream in rngs.items()]
 
 
-def _init_fn(call: tp.Any) -> tp.Callable[[], tp.Any]:
+def _init_fn(call: _site.SowCall) -> tp.Callable[[], object]:
   """The `init_fn` of an observed Linen sow (Linen's `sow` always passes one)."""
   assert call.init_fn is not None, "a Linen sow was observed without its init_fn"
   return call.init_fn
 
 
-def _creates_params(mutable: tp.Any) -> bool:
+def _creates_params(mutable: MutableFilter) -> bool:
   """Whether a Linen `mutable=` filter lets a call create parameters (`params` mutable)."""
   if mutable in (None, False):
     return False
-  return bool(flax_scope.in_filter(mutable, "params"))
+  # Linen's own filter test takes callables too (its type says less).
+  return bool(flax_scope.in_filter(tp.cast(flax_scope.CollectionFilter, mutable), "params"))
 
 
-def _check_method(module: linen.Module, method: tp.Any) -> None:
+def _check_method(module: linen.Module, method: LinenMethod) -> None:
   """A `method=` name must name a method of the Linen module (Linen's own error says less)."""
   if not isinstance(method, str) or callable(getattr(type(module), method, None)):
     return
