@@ -177,6 +177,10 @@ class DeclarationSpec:
   capacity: int | FrozenDict[str, int] | None = None
   overflow: Overflow | None = None
 
+  def __repr__(self) -> str:  # one line (FrozenDict's own repr spans several)
+    capacity = dict(self.capacity) if isinstance(self.capacity, FrozenDict) else self.capacity
+    return f"DeclarationSpec(capacity={capacity!r}, overflow={self.overflow!r})"
+
   @classmethod
   def checked(cls, capacity: object = None, overflow: object = None) -> DeclarationSpec:
     """Validate `capacity=` and `overflow=` as a user gave them (CapacityError if malformed)."""
