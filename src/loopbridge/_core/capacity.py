@@ -171,7 +171,8 @@ class DeclarationSpec:
   """What one declaration asked for, validated: a capacity and an overflow policy.
 
   `None` means "not given here": a lower-precedence source decides (see `lb.capacity`).
-  Build it with `DeclarationSpec.checked`, where the values enter; it is hashable.
+  Built where the values enter, from the checks of this module (`DeclarationSpec.checked` for
+  the entries); it is hashable, so an `lb.ToNNX` keeps its own as a static attribute.
   """
 
   capacity: int | FrozenDict[str, int] | None = None

@@ -43,7 +43,13 @@ from . import (
 from . import site as _site
 from .bridge_settings import SETTINGS_ATTR, BridgeSettings, CaptureFilter, bridge_settings
 from .call_target import LinenMethod
-from .capacity import DEFAULT_OVERFLOW, DeclarationSpec, Overflow
+from .capacity import (
+  DEFAULT_OVERFLOW,
+  DeclarationSpec,
+  Overflow,
+  check_capacity_spec,
+  check_overflow,
+)
 from .errors import NotDeclaredError, StructureChangeError
 
 # Linen's `mutable=`: which collections a call may change (None: the enclosing module's choice).
@@ -113,8 +119,7 @@ class ToNNX(bridge.ToNNX):
     capacity: default capacity for `lazy_init` (an int for every sow site or a mapping from a
       collection name, a `/`-joined sow path or a glob to an int). `lazy_init(capacity=...)`
       overrides it; it overrides an enclosing `with lb.capacity(N):` block.
-    overflow: default overflow policy: `"error"` (the default; `None` says the same), `"drop"`
-      or `"wrap"`.
+    overflow: default overflow policy: `"error"`, `"drop"` or `"wrap"`.
     capture_intermediates: Linen's `apply(capture_intermediates=...)`: `True` records every
       submodule's `__call__` output (`'intermediates'/<path>/__call__`), a filter
       `fn(module, method_name) -> bool` chooses; recorded with capacity like any sow. An
@@ -165,7 +170,8 @@ class ToNNX(bridge.ToNNX):
           else "Fix: pass a Linen module instance."
         )
       )
-    spec = DeclarationSpec.checked(capacity, overflow)
+    # The constructor always names a policy (None is not one); the entries may leave it out.
+    spec = DeclarationSpec(check_capacity_spec(capacity), check_overflow(overflow))
     _check_rngs_and_capture(rngs, capture_intermediates)
     super().__init__(module, rngs)
     setattr(self, SETTINGS_ATTR, BridgeSettings(spec, capture_intermediates))
