@@ -4,92 +4,24 @@ Supported: every flax minor from 0.10.2 + jax 0.5.3 (what openpi pins) through f
 jax 0.10.2; the tested pairs are the files in `constraints/` (README, "Supported versions").
 Each function below hides exactly one difference and tests for the capability itself (a
 signature, an attribute), not the version number; the comment says which versions differ and
-how. The one exception is the installed-pair check below, which must run before flax is
-imported. Code elsewhere in the package never checks a version itself.
+how. Code elsewhere in the package never checks a version itself (`tests/test_layering.py`).
+Two jobs live in modules of their own: `installed_pair.py`, the one check that reads version
+numbers (from package metadata, before flax is imported), and `orbax_metadata.py`, reading
+back what orbax saved.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import inspect
 import operator
 import typing as tp
 
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-  parts = []
-  for piece in version.split(".")[:3]:
-    digits = "".join(ch for ch in piece if ch.isdigit())
-    parts.append(int(digits) if digits else 0)
-  return tuple(parts)
-
-
-# --- the installed flax/jax pair --------------------------------------------------------------
-# flax's own `jax>=` bound has no upper end, so pip can pair an older flax with a jax that has
-# removed what `from flax import nnx` imports (jax internals); the import then fails deep inside
-# flax. Each row: (flax from, flax up to, first jax that breaks it, the tested pair to install).
-#   flax 0.11.0 imports `jax._src.core.mutable_array`, gone in jax 0.8.0;
-#   flax 0.11.1 to 0.12.0 fall back to it when `jax.array_ref` is missing, both gone in jax 0.9.0.
-# flax 0.10.2 (jax 0.5.3) and 0.12.1 on (flax asks for jax >= 0.8.1) import with jax 0.10.2.
-_BROKEN_PAIRS: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], ...] = (
-  ((0, 11, 0), (0, 11, 0), (0, 8, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
-  ((0, 11, 1), (0, 11, 99), (0, 9, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
-  ((0, 12, 0), (0, 12, 0), (0, 9, 0), "constraints/flax-0.12.0.txt: flax 0.12.0, jax 0.8.0"),
-)
-
-_BROKEN_PAIR_MESSAGE = (
-  "loopbridge: flax {flax} cannot import with jax {jax} (jax {jax_bad} removed internals this "
-  "flax imports, so `from flax import nnx` fails; flax's own bounds allow the pair); install "
-  "jax and jaxlib below {jax_bad} as in the tested pair ({fix}), or flax 0.12.8 with jax "
-  '0.10.2 (constraints/newest.txt); see loopbridge\'s README, "Supported versions".'
-)
-
-
-def broken_pair_message(flax_version: str, jax_version: str) -> str | None:
-  """One line naming a flax/jax pair that cannot import `flax.nnx`, and the fix; else None.
-
-  Args:
-    flax_version: the installed flax version string, e.g. "0.11.2".
-    jax_version: the installed jax version string, e.g. "0.10.2".
-
-  Returns:
-    The error text for a known-broken pair, or None for a pair that imports.
-
-  Example:
-    >>> broken_pair_message("0.12.8", "0.10.2") is None
-    True
-    >>> print(broken_pair_message("0.11.2", "0.10.2"))  # doctest: +ELLIPSIS
-    loopbridge: flax 0.11.2 cannot import with jax 0.10.2 ...constraints/flax-0.11.txt...
-  """
-  flax_v, jax_v = _version_tuple(flax_version), _version_tuple(jax_version)
-  for flax_from, flax_to, jax_bad, fix in _BROKEN_PAIRS:
-    if flax_from <= flax_v <= flax_to and jax_v >= jax_bad:
-      return _BROKEN_PAIR_MESSAGE.format(
-        flax=flax_version, jax=jax_version, jax_bad=".".join(map(str, jax_bad)), fix=fix
-      )
-  return None
-
-
-def check_installed_pair() -> None:
-  """Raise ImportError (one line) if the installed flax cannot import with the installed jax.
-
-  Reads the installed versions from package metadata, without importing flax (whose
-  `from flax import nnx` is what fails on such a pair). Missing metadata (a source checkout on
-  `sys.path`) skips the check.
-
-  Raises:
-    ImportError: the installed pair is known not to import; the text names the fix.
-  """
-  try:
-    flax_version = importlib.metadata.version("flax")
-    jax_version = importlib.metadata.version("jax")
-  except importlib.metadata.PackageNotFoundError:
-    return
-  message = broken_pair_message(flax_version, jax_version)
-  if message is not None:
-    raise ImportError(message)
-
+# Re-exported: `_compat` is the one import for every difference.
+from .installed_pair import broken_pair_message as broken_pair_message
+from .installed_pair import check_installed_pair, version_tuple
+from .orbax_metadata import orbax_custom_metadata as orbax_custom_metadata
+from .orbax_metadata import orbax_tree_metadata as orbax_tree_metadata
 
 check_installed_pair()
 
@@ -99,8 +31,8 @@ import jax  # noqa: E402
 from flax import linen, nnx  # noqa: E402
 from flax.nnx.bridge import wrappers as _bridge_wrappers  # noqa: E402
 
-FLAX_VERSION: tuple[int, ...] = _version_tuple(flax.__version__)
-JAX_VERSION: tuple[int, ...] = _version_tuple(jax.__version__)
+FLAX_VERSION: tuple[int, ...] = version_tuple(flax.__version__)
+JAX_VERSION: tuple[int, ...] = version_tuple(jax.__version__)
 
 # A bridge's `rngs`: streams, one key, or none (as stock `ToNNX` takes them).
 RngsArg = nnx.Rngs | jax.Array | None
@@ -718,36 +650,6 @@ _NO_MESH_MARK = "An auto mesh context or metadata is required"
 def is_missing_mesh_error(error: BaseException) -> bool:
   """Whether `error` is flax 0.12's refusal to create a partitioned Variable without a mesh."""
   return isinstance(error, ValueError) and _NO_MESH_MARK in str(error)
-
-
-# orbax's step metadata file: orbax 0.11 has no public reader for its custom metadata.
-_ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
-
-
-def orbax_tree_metadata(metadata: tp.Any) -> tp.Any:
-  """The array tree of what `StandardCheckpointer.metadata(path)` returned (None: unreadable).
-
-  orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`, whose `tree` holds it) and
-  returns None when a file cannot be read (its log says which); orbax 0.11 returns the tree.
-  """
-  tree = getattr(metadata, "item_metadata", metadata)
-  return getattr(tree, "tree", tree)
-
-
-def orbax_custom_metadata(metadata: object, path: str, key: str) -> object:
-  """The entry `key` of a checkpoint's custom metadata, as saved with `custom_metadata=`.
-
-  orbax 0.12 returns it with the metadata (None for an unreadable file); orbax 0.11 does not,
-  so it is read from the step metadata file. Raises OSError/ValueError for an unreadable file.
-  """
-  import json
-  import os
-
-  custom = getattr(metadata, "custom_metadata", None)
-  if not isinstance(custom, dict) or key not in custom:
-    with open(os.path.join(path, _ORBAX_STEP_METADATA), encoding="utf-8") as f:
-      custom = json.load(f).get("custom_metadata")
-  return (custom or {}).get(key)
 
 
 def stock_sow_tuple_length(node: object, children: tp.Mapping[object, object]) -> int | None:
