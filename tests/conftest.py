@@ -29,6 +29,20 @@ def graph_kw(graph: bool) -> dict:
   return {"graph": graph} if _compat.HAS_GRAPH_SWITCH else {}
 
 
+def feedback_while_loop(graph: bool = True) -> tp.Callable:
+  """`run(model, x, n)`: the seed loop, n calls in `nnx.while_loop`, each output fed back in."""
+  from flax import nnx
+
+  def body(c):
+    model, h, i = c
+    return model, model(h), i + 1
+
+  def run(model, x, n):
+    return nnx.while_loop(lambda c: c[2] < n, body, (model, x, 0), **graph_kw(graph))[1]
+
+  return run
+
+
 @pytest.fixture(params=LOOP_GRAPH_MODES, ids=lambda g: "graph" if g else "tree")
 def graph(request) -> bool:
   return request.param

@@ -19,6 +19,18 @@ class Block(nn.Module):
     return carry, None
 
 
+def recording_mlp(capacity=8, *, features=4, depth=2, overflow="error"):
+  """(an `lb.ToNNX(MLP)` lazily initialized on a (1, features) input, that input)."""
+  from flax import nnx
+
+  import loopbridge as lb
+
+  x = jax.random.normal(jax.random.key(1), (1, features))
+  model = lb.ToNNX(MLP(depth, features), rngs=nnx.Rngs(0))
+  lb.lazy_init(model, x, capacity=capacity, overflow=overflow)
+  return model, x
+
+
 class MLP(nn.Module):
   """The seed-000 model: a top-level sow and a sow inside an `nn.scan` body."""
 

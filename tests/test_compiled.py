@@ -17,17 +17,12 @@ from flax.nnx import bridge
 import loopbridge as lb
 from loopbridge import _compat
 
+from conftest import feedback_while_loop as while_run
 from conftest import graph_kw
 from models import MLP, linen_step_reference, stack_reference
+from models import recording_mlp as seed_model
 
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def seed_model(capacity=8, features=4, depth=2):
-  x = jax.random.normal(jax.random.key(1), (1, features))
-  model = lb.ToNNX(MLP(depth, features), rngs=nnx.Rngs(0))
-  lb.lazy_init(model, x, capacity=capacity)
-  return model, x
 
 
 def reference_chain(model, x, steps):
@@ -39,17 +34,6 @@ def reference_chain(model, x, steps):
     (h,), (inter,) = linen_step_reference(module, variables, [h])
     inters.append(inter)
   return h, inters
-
-
-def while_run(graph=True):
-  def body(c):
-    model, h, i = c
-    return model, model(h), i + 1
-
-  def run(model, x, n):
-    return nnx.while_loop(lambda c: c[2] < n, body, (model, x, 0), **graph_kw(graph))[1]
-
-  return run
 
 
 def test_loop_records_like_linen_step_by_step(graph):
@@ -330,7 +314,9 @@ class _Noisy(nn.Module):
 
 
 def _rng_key_variable(model):
-  return _compat.rngs_of(model).dropout.key
+  rngs = _compat.rngs_of(model)
+  assert rngs is not None
+  return rngs.dropout.key
 
 
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])

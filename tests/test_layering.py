@@ -107,13 +107,53 @@ def test_the_core_imports_no_wing():
 def test_every_module_is_in_the_core_a_wing_or_the_public_front():
   front = {"", "__main__", "_compat", "checkpoint", "layers", "sharding"}
   for name in _graph():
-    assert name in front or name.split(".")[0] in ("_core", *WINGS), name
+    assert name in front or name.split(".")[0] in ("_core", "_compat", *WINGS), name
+
+
+def _version_reads(source: str) -> list[str]:
+  """What in `source` depends on a flax/jax version: a jax internal imported, a `__version__`."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jax._src"):
+      found.append(f"line {node.lineno}: from {node.module} import ...")
+    elif isinstance(node, ast.Import):
+      found += [
+        f"line {node.lineno}: import {a.name}" for a in node.names if a.name.startswith("jax._src")
+      ]
+    elif isinstance(node, ast.Attribute) and node.attr == "__version__":
+      found.append(f"line {node.lineno}: reads .__version__")
+  return found
+
+
+def test_every_version_difference_is_in_compat():
+  # _compat says it holds every difference between the supported versions; a jax internal
+  # or a version number read anywhere else is a difference it does not know of.
+  for path in sorted(PACKAGE.rglob("*.py")):
+    if path.relative_to(PACKAGE).parts[0] != "_compat":
+      found = _version_reads(path.read_text())
+      assert not found, f"{path.relative_to(PACKAGE)}: {found}; move it into _compat"
+
+
+def test_the_version_check_finds_internals_and_version_numbers():
+  assert _version_reads("from jax._src.interpreters import batching") != []
+  assert _version_reads("import jax._src.core") != []
+  assert _version_reads("import flax\nif flax.__version__ < '0.11': pass") != []
+  assert _version_reads("__version__ = '1.0'\nimport jax.numpy") == []
+
+
+def test_explain_recognises_lb_to_nnx_without_importing_it():
+  # One predicate recognises an lb.ToNNX (_core.bridge_settings); diagnostics need no class.
+  assert "_core.to_nnx" not in _reachable(_graph(), "_diagnostics.explain")
+  assert "_core.to_nnx" not in _reachable(_graph(), "_core.bridge_settings")
 
 
 @pytest.mark.parametrize(
   "low,high",
   [
+    ("_core.capacity", "_core.site"),
     ("_core.site", "_core.observe_linen"),
+    ("_core.bridge_settings", "_core.pipeline"),
+    ("_core.call_target", "_core.pipeline"),
     ("_core.observe_linen", "_core.declare"),
     ("_core.declare", "_core.pipeline"),
     ("_core.pipeline", "_core.to_nnx"),

@@ -23,8 +23,9 @@ from flax import nnx
 
 import loopbridge as lb
 
+from conftest import feedback_while_loop as loop
 from conftest import graph_kw
-from models import MLP
+from models import recording_mlp
 
 CAPACITY = 37  # leading dimension of every buffer; no other array has it
 FEATURES, DEPTH = 4, 2
@@ -134,21 +135,7 @@ def buffer_sized_ops(comps, names) -> list[str]:
 
 
 def new_model(overflow="error"):
-  x = jax.random.normal(jax.random.key(1), (1, FEATURES))
-  model = lb.ToNNX(MLP(DEPTH, FEATURES), rngs=nnx.Rngs(0))
-  lb.lazy_init(model, x, capacity=CAPACITY, overflow=overflow)
-  return model, x
-
-
-def loop(graph):
-  def body(c):
-    model, h, i = c
-    return model, model(h), i + 1
-
-  def run(model, x, n):
-    return nnx.while_loop(lambda c: c[2] < n, body, (model, x, 0), **graph_kw(graph))[1]
-
-  return run
+  return recording_mlp(CAPACITY, features=FEATURES, depth=DEPTH, overflow=overflow)
 
 
 def nnx_jit_equivalent(model, run):

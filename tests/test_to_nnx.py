@@ -814,3 +814,38 @@ def test_python_numbers_sown_are_recorded_as_0d_arrays(graph):
   np.testing.assert_array_equal(got["step"], [want["step"][0]] * 3)
   np.testing.assert_allclose(got["pair"][0], np.stack([want["pair"][0][0]] * 3), rtol=1e-6)
   np.testing.assert_array_equal(got["pair"][1], [want["pair"][0][1]] * 3)
+
+
+# ------------------------------------------------------------------ one owner for each fact
+def test_one_predicate_recognises_lb_to_nnx_and_its_subclasses_only():
+  from loopbridge._core.bridge_settings import is_bridge, is_bridge_class
+
+  class Mine(lb.ToNNX):
+    pass
+
+  assert is_bridge(lb.ToNNX(nn.Dense(2))) and is_bridge(Mine(nn.Dense(2)))
+  assert not is_bridge(bridge.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)))
+  assert not is_bridge(nnx.Linear(2, 2, rngs=nnx.Rngs(0)))
+  assert is_bridge_class(Mine) and not is_bridge_class(bridge.ToNNX)
+
+
+def test_the_constructor_keeps_one_validated_hashable_spec():
+  from loopbridge._core.bridge_settings import bridge_settings
+  from loopbridge._core.capacity import DEFAULT_OVERFLOW, DeclarationSpec
+
+  one = bridge_settings(lb.ToNNX(nn.Dense(2), capacity={"a": 1, "b/*": 2}))
+  two = bridge_settings(lb.ToNNX(nn.Dense(2), capacity={"b/*": 2, "a": 1}))
+  assert one == two and hash(one) == hash(two)  # static: part of the GraphDef
+  assert one.spec == DeclarationSpec.checked({"a": 1, "b/*": 2}, DEFAULT_OVERFLOW)
+  assert bridge_settings(lb.ToNNX(nn.Dense(2))).spec.overflow == "error"
+
+
+def test_overflow_policies_are_the_literal_type():
+  import typing
+
+  from loopbridge._core.capacity import DEFAULT_OVERFLOW, OVERFLOW_POLICIES, Overflow
+
+  assert typing.get_args(Overflow) == OVERFLOW_POLICIES == ("error", "drop", "wrap")
+  assert DEFAULT_OVERFLOW in OVERFLOW_POLICIES
+  with pytest.raises(lb.CapacityError, match=r"overflow='keep' is not a policy.*'wrap'"):
+    lb.ToNNX(nn.Dense(2), overflow="keep")  # pyright: ignore[reportArgumentType]

@@ -29,23 +29,38 @@ writes such variables into an initialized model in place.
 
 from __future__ import annotations
 
-import json
 import os
 import typing as tp
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx, traverse_util
-from flax.core import meta
+from flax import linen, nnx, traverse_util
 from flax.nnx.bridge import variables as bridge_variables
 
 from .. import _compat
-from .._core import buffers, discovery_session, linen_vars, observe_linen, pipeline, recorder
+from .._core import buffers, linen_vars, pipeline, recorder
+from .._core.call_target import LinenMethod
 from .._core.errors import CheckpointError, NotDeclaredError
+from .._core.given_variables import describe, flat_values, plain_variables, unboxed_leaves
+from .._core.site import key_str
 from .._core.to_nnx import ToNNX
 
+if tp.TYPE_CHECKING:
+  import orbax.checkpoint as ocp
+
 Model = tp.TypeVar("Model")
+
+
+class _BufferDeclaration(tp.TypedDict):
+  """What a checkpoint says of one Buffer (saved in orbax's custom metadata)."""
+
+  capacity: int
+  overflow: str
+  value_shape: list[int]
+  stack_shape: list[int]
+  dtype: str
+
 
 FORMAT = 1
 # Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
@@ -54,8 +69,6 @@ _METADATA_KEY = "loopbridge"
 # In the declaration: [path, shape, dtype] of each zero-size array (not written by orbax).
 _EMPTY_KEY = "empty_arrays"
 _SAVED_RNGS_ATTR = "to_nnx__rngs"
-# orbax's step metadata file: orbax 0.11 has no public reader for its custom metadata.
-_ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
 
 _FIX_DECLARE = (
   "Fix: build the fresh model from the same Linen module and declare it like the saved one "
@@ -71,11 +84,7 @@ _WHY_DAMAGED = (
 )
 
 
-def _key_str(key: tp.Any) -> str:
-  return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
-
-
-def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
+def _model_variables(model: object) -> dict[tuple[str, ...], nnx.Variable]:
   """Every Variable of the model's graph by its saved path (shared ones once).
 
   A bridge's rng attribute is renamed to `to_nnx__rngs` whatever the installed flax calls it,
@@ -85,11 +94,11 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
     raise TypeError(
       f"expected an NNX module (e.g. an lb.ToNNX after lb.lazy_init), got {type(model).__name__}."
     )
-  nodes = [(tuple(_key_str(k) for k in path), node) for path, node in _compat.iter_graph(model)]
+  nodes = [(tuple(key_str(k) for k in path), node) for path, node in _compat.iter_graph(model)]
   renames = {}
   for path, node in nodes:
     if isinstance(node, nnx.bridge.ToNNX):
-      local = "to_nnx__rngs" if "to_nnx__rngs" in vars(node) else "rngs"
+      local = _compat.rngs_attribute(node)
       renames[(*path, local)] = (*path, _SAVED_RNGS_ATTR)
 
   def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
@@ -101,7 +110,7 @@ def _model_variables(model: tp.Any) -> dict[tuple[str, ...], nnx.Variable]:
   return {saved_path(path): node for path, node in nodes if isinstance(node, nnx.Variable)}
 
 
-def _is_key(value: tp.Any) -> bool:
+def _is_key(value: jax.typing.ArrayLike) -> bool:
   return jnp.issubdtype(jnp.result_type(value), jax.dtypes.prng_key)
 
 
@@ -109,17 +118,13 @@ def _saved_form(value: tp.Any) -> tp.Any:
   return jax.random.key_data(value) if _is_key(value) else value
 
 
-def _checkpointer() -> tp.Any:
+def _checkpointer() -> ocp.StandardCheckpointer:
   import orbax.checkpoint as ocp  # flax depends on it; imported only when used
 
   return ocp.StandardCheckpointer()
 
 
-def _describe(shape: tp.Any, dtype: tp.Any) -> str:
-  return f"{tuple(shape)} {np.dtype(dtype).name if not isinstance(dtype, str) else dtype}"
-
-
-def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, dict[str, tp.Any]]:
+def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, _BufferDeclaration]:
   """Per Buffer (by saved path): capacity, overflow, value shape, dtype, stack shape.
 
   Read from the Variables alone. A Buffer's paired Count sits at the same path under the
@@ -145,7 +150,7 @@ def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, di
   return out
 
 
-def _path(directory: tp.Any, entry: str) -> str:
+def _path(directory: object, entry: str) -> str:
   """The absolute path of a checkpoint directory given as a str or os.PathLike."""
   if not isinstance(directory, (str, os.PathLike)):
     raise CheckpointError(
@@ -155,7 +160,7 @@ def _path(directory: tp.Any, entry: str) -> str:
   return os.path.abspath(os.fspath(directory))
 
 
-def save(directory: str | os.PathLike, model: tp.Any, *, overwrite: bool = False) -> str:
+def save(directory: str | os.PathLike, model: nnx.Module, *, overwrite: bool = False) -> str:
   """Save a model's full state (params, buffers, counts, rng streams) with orbax.
 
   Safe mid-loop: call it between loop segments on the model the loop updates in place. The
@@ -224,7 +229,7 @@ def _damaged(path: str, what: str, error: BaseException | None = None) -> Checkp
   return CheckpointError(f"cannot restore the checkpoint at {path}: {what}{cause}. " + _WHY_DAMAGED)
 
 
-def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
+def _read_metadata(checkpointer: ocp.StandardCheckpointer, path: str) -> tuple[dict, dict]:
   """(saved shapes and dtypes by path, the saved declaration); CheckpointError if unreadable."""
   if not os.path.exists(path):
     raise CheckpointError(
@@ -244,12 +249,10 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
     )
   try:
     metadata = checkpointer.metadata(path)
-    # orbax 0.12 wraps the tree in a StepMetadata (`item_metadata`); 0.11 returns the tree.
-    tree = getattr(metadata, "item_metadata", metadata)
-    tree = getattr(tree, "tree", tree)
+    tree = _compat.orbax_tree_metadata(metadata)
   except Exception as error:  # orbax/tensorstore raise many types for unreadable files
     raise _damaged(path, "its array metadata cannot be read", error) from error
-  if tree is None:  # orbax 0.12 logs why and returns nothing
+  if tree is None:  # orbax logs why and returns nothing
     raise _damaged(path, "orbax found no readable array metadata (its log says which file)")
   try:
     flat: dict[tuple[tp.Any, ...], tp.Any] = traverse_util.flatten_dict(dict(tree))
@@ -257,12 +260,7 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
   except Exception as error:  # orbax/tensorstore raise many types for unreadable files
     raise _damaged(path, "its array metadata cannot be read", error) from error
   try:
-    custom = getattr(metadata, "custom_metadata", None)
-    if not isinstance(custom, dict) or _METADATA_KEY not in custom:
-      # orbax 0.11 does not return it; 0.12 returns None for an unreadable file (and logs).
-      with open(os.path.join(path, _ORBAX_STEP_METADATA), encoding="utf-8") as f:
-        custom = json.load(f).get("custom_metadata")
-    declaration = (custom or {}).get(_METADATA_KEY)
+    declaration = _compat.orbax_custom_metadata(metadata, path, _METADATA_KEY)
   except (OSError, ValueError, AttributeError) as error:
     raise _damaged(
       path, "its step metadata (the buffers' declaration) cannot be read", error
@@ -313,7 +311,7 @@ def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[s
   return lines, grown
 
 
-def _host_max(value: tp.Any) -> int:
+def _host_max(value: jax.Array) -> int:
   """Largest element of an array that may span several JAX processes."""
   if not getattr(value, "is_fully_addressable", True):
     from jax.experimental import multihost_utils
@@ -394,7 +392,7 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
       lines.append(
         "different shape/dtype: "
         + "; ".join(
-          f"{'/'.join(k)} saved {_describe(*saved[k])} vs model {_describe(*expected[k])}"
+          f"{'/'.join(k)} saved {describe(*saved[k])} vs model {describe(*expected[k])}"
           for k in differ[:8]
         )
         + (" ..." if len(differ) > 8 else "")
@@ -474,81 +472,6 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
 # ---------------------------------------------------------------- existing Linen variables
 
 
-def _plain_variables(variables: tp.Any, what: str) -> dict[str, tp.Any]:
-  from flax.core import FrozenDict, unfreeze
-
-  if not isinstance(variables, tp.Mapping):
-    raise CheckpointError(
-      f"{what} needs a Linen variables dict like linen.init returns "
-      f"({{'params': {{...}}, ...}}), got {type(variables).__name__}."
-    )
-  return unfreeze(variables) if isinstance(variables, FrozenDict) else dict(variables)
-
-
-def _unbox(value: tp.Any) -> tp.Any:
-  """The raw value of a boxed Linen variable, without applying a sharding constraint."""
-  if isinstance(value, meta.Partitioned):  # includes LogicallyPartitioned
-    return value.unbox(apply_constraint=False)
-  if isinstance(value, meta.AxisMetadata):
-    return value.unbox()
-  return value
-
-
-def _is_data(value: tp.Any) -> bool:
-  """Whether a Linen variable holds array data, rather than a static value such as the
-  graphdef flax 0.10's `nnx.bridge.ToLinen` keeps in its 'nnx' collection."""
-  return isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)) or (
-    hasattr(value, "shape") and hasattr(value, "dtype")
-  )
-
-
-def _unboxed_leaves(tree: tp.Any) -> dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype]]:
-  flat = traverse_util.flatten_dict(
-    dict(tree), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
-  )
-  out = {}
-  for path, value in flat.items():
-    if isinstance(value, tuple):  # a sown record, not state
-      continue
-    value = _unbox(value)
-    if not _is_data(value):  # static structure (a graphdef): not loaded, not compared
-      continue
-    out[tuple(map(str, path))] = (tuple(np.shape(value)), np.dtype(jnp.result_type(value)))
-  return out
-
-
-def _check_linen_structure(given: dict, expected: dict, what: str, module_name: str) -> None:
-  have, want = _unboxed_leaves(given), _unboxed_leaves(expected)
-  missing = sorted(set(want) - set(have))
-  extra = sorted(set(have) - set(want))
-  differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
-  if not (missing or extra or differ):
-    return
-  lines = []
-  if differ:
-    lines.append(
-      "different shape/dtype: "
-      + "; ".join(
-        f"{'/'.join(k)} given {_describe(*have[k])} vs module {_describe(*want[k])}"
-        for k in differ[:8]
-      )
-    )
-  if missing:
-    lines.append("missing: " + ", ".join("/".join(k) for k in missing[:8]))
-  if extra:
-    lines.append("not in the module: " + ", ".join("/".join(k) for k in extra[:8]))
-  hint = ""
-  if "params" not in given and any(k[0] == "params" and k[1] in given for k in want):
-    hint = " (it looks like a bare params tree: pass {'params': params})"
-  raise CheckpointError(
-    f"{what}: the variables do not match what {module_name} creates for these sample "
-    f"arguments{hint}: " + "; ".join(lines) + ". Why: the variables are used as they are, "
-    "without initializing, so they must have exactly the module's structure. Fix: pass the "
-    "dict linen.init (or the Linen checkpoint) produced for this module, with sample "
-    "arguments of the shapes it was initialized with."
-  )
-
-
 _NO_CAPACITY_HERE = (
   "lb.checkpoint.from_linen_variables takes no {name}=: it builds the model around existing "
   "variables, and buffers are declared where every other model declares them. Why: one "
@@ -559,11 +482,11 @@ _NO_CAPACITY_HERE = (
 
 
 def from_linen_variables(
-  module: tp.Any,
-  variables: tp.Mapping[str, tp.Any],
+  module: linen.Module,
+  variables: tp.Mapping[str, object],
   *args: tp.Any,
-  rngs: tp.Any = None,
-  method: tp.Any = None,
+  rngs: _compat.RngsArg = None,
+  method: LinenMethod = None,
   **kwargs: tp.Any,
 ) -> ToNNX:
   """Wrap a Linen module around variables that already exist, without initializing.
@@ -607,59 +530,12 @@ def from_linen_variables(
   for name in ("capacity", "overflow"):
     if name in kwargs:
       raise TypeError(_NO_CAPACITY_HERE.format(name=name))
-  model = ToNNX(module, rngs=rngs)
-  variables = _plain_variables(variables, "lb.checkpoint.from_linen_variables")
-  rng_source = _compat.rngs_of(model)
-  rng_names = [n for n, _ in rng_source.items()] if isinstance(rng_source, nnx.Rngs) else []
-  rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
-  # One abstract init (no FLOPs): its variables check the given ones' structure, and what it
-  # sowed (intermediates included, hence mutable=True) declares the buffers.
-  capture = pipeline.bridge_settings(model).capture_intermediates
-  with observe_linen.observe() as calls:
-    expected = jax.eval_shape(
-      lambda: module.init(
-        rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs
-      )
-    )
-  found = observe_linen.classify(expected, calls)
-  expected = _without(expected, found.record_paths)
-  # Collections linen.init returns but the user may have dropped (e.g. sown 'intermediates'
-  # records) are not state; compare only collections that hold state.
-  variables = _without(variables, found.record_paths)
-  variables = {col: tree for col, tree in variables.items() if tree}
-  variables = _with_static_values(variables, expected)
-  _check_linen_structure(
-    variables, expected, "lb.checkpoint.from_linen_variables", type(module).__name__
+  return pipeline.from_linen_variables(
+    ToNNX(module, rngs=rngs), variables, *args, method=method, **kwargs
   )
-  # The arrays are used as given (e.g. host-loaded): partitioning stays metadata, and the
-  # standard NNX recipe (nnx.get_partition_spec + device_put) places them.
-  with _compat.no_eager_sharding():
-    linen_vars.set_variables(model, variables)
-  # Declared with no sites (so the model counts as initialized); lb.preallocate adds the
-  # buffers with the capacity the user gives there.
-  report = discovery_session.BridgeReport(model, type(module).__name__, [], found.dropped, {})
-  pipeline.declare_alone(model, report, args, kwargs)
-  return model
 
 
-def _with_static_values(variables: dict, expected: tp.Mapping[str, tp.Any]) -> dict:
-  """`variables` plus the static values init creates that they lack (flax 0.10's ToLinen keeps
-  its graphdef in an 'nnx' collection, which a params-only dict or a checkpoint has not)."""
-  is_leaf = lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))  # noqa: E731
-  flat: dict[tp.Any, tp.Any] = dict(traverse_util.flatten_dict(dict(variables), is_leaf=is_leaf))
-  for path, value in traverse_util.flatten_dict(dict(expected), is_leaf=is_leaf).items():
-    if path not in flat and not isinstance(value, tuple) and not _is_data(_unbox(value)):
-      flat[path] = value
-  return traverse_util.unflatten_dict(flat)
-
-
-def _without(variables: tp.Mapping[str, tp.Any], paths: set[tuple[str, ...]]) -> dict:
-  """`variables` minus the given leaf paths (sown records are not state)."""
-  flat = traverse_util.flatten_dict(dict(variables), is_leaf=lambda _, v: isinstance(v, tuple))
-  return traverse_util.unflatten_dict({p: v for p, v in flat.items() if p not in paths})
-
-
-def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Model:
+def load_linen_variables(model: Model, variables: tp.Mapping[str, object]) -> Model:
   """Write a Linen variables dict into an initialized `lb.ToNNX`, in place.
 
   Use it to load Linen weights (e.g. a Linen checkpoint) into a model already declared with
@@ -692,16 +568,16 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Mo
       "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
       "build the model directly with lb.checkpoint.from_linen_variables(module, variables, *args)."
     )
-  variables = _plain_variables(variables, "lb.checkpoint.load_linen_variables")
+  variables = plain_variables(variables, "lb.checkpoint.load_linen_variables")
   attrs = linen_vars.attrs(model)
   current = bridge_variables.nnx_attrs_to_linen_vars(attrs)
-  have, want = _unboxed_leaves(variables), _unboxed_leaves(current)
+  have, want = unboxed_leaves(variables), unboxed_leaves(current)
   unknown = sorted(set(have) - set(want))
   differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
   if unknown or differ:
     detail = "; ".join(
       [
-        f"{'/'.join(k)} given {_describe(*have[k])} vs model {_describe(*want[k])}"
+        f"{'/'.join(k)} given {describe(*have[k])} vs model {describe(*want[k])}"
         for k in differ[:8]
       ]
       + ([("not in the model: " + ", ".join("/".join(k) for k in unknown[:8]))] if unknown else [])
@@ -713,14 +589,9 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, tp.Any]) -> Mo
       "initialize the model with sample arguments of the shapes the variables were made "
       "for, or build it with lb.checkpoint.from_linen_variables(module, variables, *args)."
     )
-  flat = traverse_util.flatten_dict(
-    dict(variables), is_leaf=lambda _, v: isinstance(v, (meta.AxisMetadata, tuple))
-  )
-  for path, value in flat.items():
-    if isinstance(value, tuple) or not _is_data(_unbox(value)):
+  for path, value in flat_values(variables).items():
+    value = linen_vars.unbox(value, constrain=False)
+    if isinstance(value, tuple) or not linen_vars.is_data(value):
       continue  # records, and static values the model already holds (a graphdef)
-    node: tp.Any = attrs
-    for key in path[1:]:
-      node = node[key]
-    _compat.set_variable_value(node, jnp.asarray(_unbox(value)))
+    _compat.set_variable_value(recorder.get_nested(attrs, path[1:]), jnp.asarray(value))
   return model

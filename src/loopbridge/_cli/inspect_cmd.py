@@ -23,8 +23,6 @@ import math
 import typing as tp
 import warnings
 
-import flax
-import jax
 from flax import linen, nnx
 
 import loopbridge as lb
@@ -182,7 +180,7 @@ def inspect_model(
   """
   if method is not None and not callable(getattr(module, method, None)):
     raise CliError(f"{type(module).__name__} has no method {method!r} (--method)")
-  call_kwargs = {"method": method} if method is not None else {}
+  call_kwargs: dict[str, tp.Any] = {"method": method} if method is not None else {}
   args = inputs.sample_inputs(specs, seed)
   capture_filter = CaptureFilter(capture) if capture is not None else None
   model = lb.ToNNX(
@@ -230,7 +228,7 @@ def inspect_model(
     "capture": capture,
     "capacity": capacity,
     "steps": steps,
-    "versions": {"flax": flax.__version__, "jax": jax.__version__},
+    "versions": _compat.installed_versions(),
     "sow_sites": sites_doc,
     "site_counts": counts,
     "buffer_memory": {

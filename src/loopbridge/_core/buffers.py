@@ -18,6 +18,7 @@ from flax import nnx
 
 from .. import _compat
 from . import placement
+from .capacity import Overflow
 from .errors import BufferOverflowError, NotDeclaredError
 
 COUNT_DTYPE = jnp.int32
@@ -66,7 +67,7 @@ def new_buffer(
   capacity: int,
   shape: tp.Sequence[int],
   dtype: tp.Any,
-  overflow: str,
+  overflow: Overflow,
   sharding: tp.Any = None,
   stack: tp.Sequence[int] = (),
 ) -> Buffer:
@@ -100,7 +101,7 @@ def new_count() -> Count:
   return Count(jnp.zeros((), COUNT_DTYPE))
 
 
-def overflow_of(buffer: Buffer) -> str:
+def overflow_of(buffer: Buffer) -> Overflow:
   return buffer.overflow
 
 

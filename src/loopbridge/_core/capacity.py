@@ -1,4 +1,9 @@
-"""Validating `capacity=` / `overflow=` declarations and resolving them to sow sites.
+"""The declaration spec: `capacity=` / `overflow=` validated once, and resolved to sow sites.
+
+Every entry (`lb.ToNNX(...)`, `lb.lazy_init`, `lb.preallocate`, `lb.capacity`) builds one
+`DeclarationSpec` from what it was given and passes that on; nothing downstream validates
+again or changes its form (a capacity mapping is a hashable `FrozenDict` from the start, so an
+`lb.ToNNX` can keep its own spec in the GraphDef).
 
 A capacity is an `int` for every site, or a mapping whose keys are a collection name
 (`"intermediates"`), a `/`-joined sow path inside its collection (`"ScanBlock_0/carry"`), or an
@@ -10,16 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import fnmatch
 import operator
 import typing as tp
 
 import jax
 import jax.core
+from flax.core import FrozenDict
 
 from .errors import CapacityError
 
-OVERFLOW_POLICIES = ("error", "drop", "wrap")
+# What a write past a full buffer does; the one default is DEFAULT_OVERFLOW.
+Overflow = tp.Literal["error", "drop", "wrap"]
+OVERFLOW_POLICIES: tuple[Overflow, ...] = tp.get_args(Overflow)
+DEFAULT_OVERFLOW: Overflow = "error"
 
 CapacitySpec = int | tp.Mapping[str, int]
 # A sow site: (collection, *path inside the collection),
@@ -35,7 +45,7 @@ _CAPACITY_HELP = (
 
 # The default of `with lb.capacity(N):`. A ContextVar, not a global: private to the thread (and
 # task) that opened the block. Read once per declaration by the entries, passed on as a value.
-_SCOPED: contextvars.ContextVar[tp.Any] = contextvars.ContextVar(
+_SCOPED: contextvars.ContextVar[CapacitySpec | None] = contextvars.ContextVar(
   "loopbridge_capacity", default=None
 )
 
@@ -96,7 +106,7 @@ def site_label(site: SiteKey) -> str:
   return "/".join(site)
 
 
-def check_capacity_value(value: tp.Any, where: str) -> int:
+def check_capacity_value(value: object, where: str) -> int:
   """One capacity number: a static, positive Python/NumPy integer (not bool, not a tracer)."""
   if isinstance(value, jax.core.Tracer):
     raise CapacityError(
@@ -110,7 +120,7 @@ def check_capacity_value(value: tp.Any, where: str) -> int:
       f"{_CAPACITY_HELP}"
     )
   try:
-    number = operator.index(value)
+    number = operator.index(tp.cast(tp.SupportsIndex, value))
   except TypeError:  # an array: only a 0-d integer array is one number
     raise CapacityError(
       f"{where} must be a positive int, got a {getattr(value, 'dtype', '?')} array of shape "
@@ -125,35 +135,59 @@ def check_capacity_value(value: tp.Any, where: str) -> int:
   return number
 
 
-def check_capacity_spec(capacity: tp.Any) -> CapacitySpec | None:
+def check_capacity_spec(capacity: object) -> int | FrozenDict[str, int] | None:
   """Validate the form of a capacity declaration before any model code runs."""
   if capacity is None:
     return None
   if isinstance(capacity, tp.Mapping):
     if not capacity:
       raise CapacityError(f"capacity={{}} declares nothing. {_CAPACITY_HELP}")
-    out = {}
-    for key, value in capacity.items():
+    out: dict[str, int] = {}
+    for key, value in tp.cast(tp.Mapping[object, object], capacity).items():
       if not isinstance(key, str) or not key:
         raise CapacityError(
           f"capacity key {key!r} must be a non-empty string (a collection name, a '/'-joined "
           f"sow path, or a glob). {_CAPACITY_HELP}"
         )
       out[key] = check_capacity_value(value, f"capacity[{key!r}]")
-    return out
+    return FrozenDict(out)
   return check_capacity_value(capacity, "capacity")
 
 
-def check_overflow(overflow: tp.Any) -> str:
+def check_overflow(overflow: object) -> Overflow:
   """Validate an overflow policy name."""
-  if overflow not in OVERFLOW_POLICIES:
+  if not isinstance(overflow, str) or overflow not in OVERFLOW_POLICIES:
     raise CapacityError(
       f"overflow={overflow!r} is not a policy loopbridge knows. Choose one of "
       "'error' (keep the first `capacity` values and raise when they are read back after more "
       "were sown), 'drop' (keep the first `capacity`, silently) or 'wrap' (ring buffer: keep "
       "the last `capacity`)."
     )
-  return overflow
+  return tp.cast(Overflow, overflow)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclarationSpec:
+  """What one declaration asked for, validated: a capacity and an overflow policy.
+
+  `None` means "not given here": a lower-precedence source decides (see `lb.capacity`).
+  Built where the values enter, from the checks of this module (`DeclarationSpec.checked` for
+  the entries); it is hashable, so an `lb.ToNNX` keeps its own as a static attribute.
+  """
+
+  capacity: int | FrozenDict[str, int] | None = None
+  overflow: Overflow | None = None
+
+  def __repr__(self) -> str:  # one line (FrozenDict's own repr spans several)
+    capacity = dict(self.capacity) if isinstance(self.capacity, FrozenDict) else self.capacity
+    return f"DeclarationSpec(capacity={capacity!r}, overflow={self.overflow!r})"
+
+  @classmethod
+  def checked(cls, capacity: object = None, overflow: object = None) -> DeclarationSpec:
+    """Validate `capacity=` and `overflow=` as a user gave them (CapacityError if malformed)."""
+    return cls(
+      check_capacity_spec(capacity), None if overflow is None else check_overflow(overflow)
+    )
 
 
 NO_CAPACITY_FIX = (

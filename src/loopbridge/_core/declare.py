@@ -37,9 +37,8 @@ class Part:
   path: tuple[tp.Any, ...]  # from the root
   node: tp.Any  # the recorder module
   sites: list[SowSite]  # what the call sows there, capacity/overflow not yet set
-  # lb.ToNNX defaults from its constructor (None for native modules).
-  default_capacity: _capacity.CapacitySpec | None = None
-  default_overflow: str | None = None
+  # An lb.ToNNX's constructor spec (nothing given for native modules).
+  default: _capacity.DeclarationSpec = dataclasses.field(default_factory=_capacity.DeclarationSpec)
   dropped: list[DroppedSow] = dataclasses.field(default_factory=list)
 
 
@@ -78,9 +77,9 @@ def _capacities(
   # none but an `lb.capacity` block's (the error lists every site still uncovered).
   uncovered: dict[tuple[str, ...], list[tuple[int, tuple[str, ...]]]] = {}
   for i, part in enumerate(parts):
-    if part.default_capacity is not None and part.sites:
+    if part.default.capacity is not None and part.sites:
       sow_keys = sorted({s.sow_key for s in part.sites})
-      local = _capacity.resolve_capacities(part.default_capacity, sow_keys, model_name=model_name)
+      local = _capacity.resolve_capacities(part.default.capacity, sow_keys, model_name=model_name)
       out[i] = {s.key: local[s.sow_key] for s in part.sites}
     else:
       for s in part.sites:
@@ -98,16 +97,15 @@ def _capacities(
 def declare(
   parts: list[Part],
   *,
-  capacity: _capacity.CapacitySpec | None,
-  overflow: str | None,
+  spec: _capacity.DeclarationSpec,
   shardings_from: tuple[tp.Any, tp.Any],
   model_name: str,
   entry: str = "lazy_init",
   scoped_capacity: _capacity.CapacitySpec | None = None,
 ) -> None:
-  """(Re)declare the buffers of every part. `capacity`/`overflow` were validated by the entry;
+  """(Re)declare the buffers of every part. `spec` is the entry's, validated there;
   `scoped_capacity` is the entry's `lb.capacity` default (the lowest precedence)."""
-  capacities = _capacities(parts, capacity, model_name, scoped_capacity)
+  capacities = _capacities(parts, spec.capacity, model_name, scoped_capacity)
   for i, part in enumerate(parts):
     for dropped in part.dropped:
       warnings.warn(dropped.warning_text(), DroppedSowWarning, stacklevel=5)
@@ -119,7 +117,11 @@ def declare(
     )
     sites = [
       dataclasses.replace(
-        s, overflow=overflow or declared.get(s.key) or part.default_overflow or "error"
+        s,
+        overflow=spec.overflow
+        or declared.get(s.key)
+        or part.default.overflow
+        or _capacity.DEFAULT_OVERFLOW,
       )
       for s in placed
     ]
@@ -193,13 +195,15 @@ def _pytree_discards(new: list, sites: list[SowSite], buffers: dict) -> dict[tup
   return out
 
 
-def _records_cut(entry: str, label: str, held: int, capacity: int, policy: str | None) -> str:
+def _records_cut(
+  entry: str, label: str, held: int, capacity: int, policy: _capacity.Overflow | None
+) -> str:
   """What a re-declaration to fewer slots than the records held keeps, by the site's policy."""
   kept = {
     "wrap": f"the last {capacity} stay and the oldest {held - capacity} are discarded",
     "drop": f"the first {capacity} stay and the latest {held - capacity} are discarded",
   }.get(
-    policy or "error",
+    policy or _capacity.DEFAULT_OVERFLOW,
     f"the first {capacity} stay, the latest {held - capacity} are discarded and reading the "
     "site raises BufferOverflowError (overflow='error')",
   )

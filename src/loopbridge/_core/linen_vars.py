@@ -22,6 +22,8 @@ from .errors import ShardingError, StructureChangeError
 
 # A Linen variables dict: collection -> nested dict of values ({'params': {...}, ...}).
 LinenVariables = tp.Mapping[str, tp.Mapping[str, object]]
+# A Linen variable's value: an array, a number, or a static object (flax 0.10 ToLinen's graphdef).
+Value = tp.Any
 
 
 def attrs(node: bridge.ToNNX) -> dict[str, object]:
@@ -29,7 +31,7 @@ def attrs(node: bridge.ToNNX) -> dict[str, object]:
   return {name: getattr(node, name) for name in _compat.linen_attribute_names(node)}
 
 
-def linen_variables(model: tp.Any) -> dict[str, tp.Any]:
+def linen_variables(model: object) -> dict[str, tp.Any]:
   """A bridged model's Linen variables, as the dict `linen_module.apply` takes.
 
   Use it for reference computations with the plain Linen module (same parameters), or to
@@ -61,12 +63,26 @@ def linen_variables(model: tp.Any) -> dict[str, tp.Any]:
   return bridge_variables.nnx_attrs_to_linen_vars(attrs(model))
 
 
-def unbox(value: tp.Any) -> tp.Any:
+def unbox(value: object, *, constrain: bool = True) -> Value:
+  """The raw value of a boxed Linen variable (partitioning or NNX metadata); others as they are.
+
+  `constrain=False`: a partitioned value is not given a sharding constraint (values loaded
+  from outside are placed later, by the standard NNX recipe).
+  """
+  if isinstance(value, meta.Partitioned) and not constrain:  # LogicallyPartitioned too
+    return value.unbox(apply_constraint=False)
   if isinstance(value, meta.AxisMetadata):
     return value.unbox()
   if isinstance(value, bridge_variables.NNXMeta):
     return value.value
   return value
+
+
+def is_data(value: object) -> bool:
+  """Whether a Linen variable holds array data (an array or a number), rather than a static
+  value such as the graphdef flax 0.10's `nnx.bridge.ToLinen` keeps in its 'nnx' collection."""
+  numbers = (np.ndarray, np.generic, int, float, complex, bool)
+  return isinstance(value, numbers) or (hasattr(value, "shape") and hasattr(value, "dtype"))
 
 
 def is_static_rewrite(old: object, new: object) -> bool:
@@ -77,20 +93,12 @@ def is_static_rewrite(old: object, new: object) -> bool:
   cannot carry a changed static value (it is part of the carry's structure) and the module's
   structure cannot change inside a trace, so the value already held is kept.
   """
-
-  def is_array(x):
-    numbers = (np.ndarray, np.generic, int, float, complex, bool)
-    return isinstance(x, numbers) or (hasattr(x, "shape") and hasattr(x, "dtype"))
-
   old, new = unbox(old), unbox(new)
   leaves = jax.tree.leaves((old, new))
-  return type(old) is type(new) and not is_array(new) and not any(map(is_array, leaves))
+  return type(old) is type(new) and not is_data(new) and not any(map(is_data, leaves))
 
 
-# flax >= 0.12 shards a Variable with partitioning metadata when it is created
-# (`flax_always_shard_variable`, on by default), which needs a mesh; the stock bridge fails the
-# same way, with a message that does not say how to get past it.
-_NO_MESH_MARK = "An auto mesh context or metadata is required"
+# The stock bridge fails the same way, with a message that does not say how to get past it.
 NO_MESH_FOR_PARTITIONED = (
   "lb.ToNNX({model}) cannot create its partition-annotated params: {flax_message} Why: from "
   "flax 0.12 on, a Variable with partitioning metadata (nn.with_logical_partitioning, "
@@ -112,7 +120,7 @@ def _nnx_attrs(node: bridge.ToNNX, variables: LinenVariables) -> dict[str, objec
   try:
     return bridge_variables.linen_vars_to_nnx_attrs(dict(variables))
   except ValueError as error:
-    if _NO_MESH_MARK not in str(error):
+    if not _compat.is_missing_mesh_error(error):
       raise
     raise ShardingError(
       NO_MESH_FOR_PARTITIONED.format(

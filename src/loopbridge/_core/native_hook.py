@@ -18,11 +18,11 @@ import types
 import typing as tp
 
 from flax import nnx
-from flax.nnx import bridge
 
 from .. import _compat
 from . import buffers as _buffers
 from . import discovery_session, recorder, recording_switch, trace_check
+from .bridge_settings import is_bridge_class
 from .errors import NotDeclaredError
 
 _SOW_PARAMS = inspect.signature(nnx.Module.sow).parameters
@@ -73,7 +73,7 @@ def _is_hook(attribute: tp.Any) -> bool:
 
 def install(cls: type) -> None:
   """Make instances of `cls` that carry buffers record their default-reduce sows (idempotent)."""
-  if isinstance(cls, type) and issubclass(cls, bridge.ToNNX):
+  if is_bridge_class(cls):
     return  # lb.ToNNX records its Linen sows itself
   with _lock:
     if _is_hook(cls.__dict__.get("sow")):
@@ -99,7 +99,7 @@ def install(cls: type) -> None:
         return False  # inside `lb.recording(False)`: nothing is stored
       collection = collection_of(variable_type)
       buffer = buffers.get(collection, {}).get(name)
-      in_capture = hasattr(self, "__captures__")  # inside flax 0.12's nnx.capture
+      in_capture = _compat.in_nnx_capture(self)
       if not isinstance(buffer, _buffers.Buffer):
         if in_capture:  # an undeclared sow (e.g. method_outputs=) goes to the capture only
           return previous(self)(variable_type, name, value, reduce_fn, init_fn)

@@ -63,7 +63,8 @@ _LIFTS: contextvars.ContextVar[tuple[_Lift, ...]] = contextvars.ContextVar(
 )
 
 
-def _is_array(value: tp.Any) -> bool:
+def is_array_value(value: object) -> tp.TypeGuard[jax.typing.ArrayLike]:
+  """Whether a sown value is one array (or a number), as opposed to a pytree of them."""
   return isinstance(value, (jax.Array, np.ndarray, np.generic, float, int, bool)) or hasattr(
     value, "aval"
   )
@@ -123,13 +124,15 @@ def _observing_sow(
   log = _SOW_LOG.get()
   if log is not None and self.scope is not None:
     shape, dtype = (
-      (tuple(jnp.shape(value)), str(jnp.result_type(value))) if _is_array(value) else (None, None)
+      (tuple(jnp.shape(value)), str(jnp.result_type(value)))
+      if is_array_value(value)
+      else (None, None)
     )
     leaf_shapes = None
     if shape is None:
       treedef, leaves = flatten_value(value)
       if is_pytree_value(treedef, leaves):
-        leaf_shapes = tuple(tuple(jnp.shape(v)) if _is_array(v) else None for _, v in leaves)
+        leaf_shapes = tuple(tuple(jnp.shape(v)) if is_array_value(v) else None for _, v in leaves)
     log.append(
       SowCall(
         collection=col,
@@ -171,12 +174,12 @@ def _observing_put_variable(self, col, name, value, *args, **kwargs):
 def _write_call(module: tp.Any, col: str, keys: tuple[str, ...], first: tp.Any) -> SowCall:
   """A write of a tuple of values, described as the default-reduce sow it stands for."""
   shape, dtype, leaf_shapes = None, None, None
-  if _is_array(first):
+  if is_array_value(first):
     shape, dtype = tuple(jnp.shape(first)), str(jnp.result_type(first))
   else:
     treedef, leaves = flatten_value(first)
     if is_pytree_value(treedef, leaves):
-      leaf_shapes = tuple(tuple(jnp.shape(v)) if _is_array(v) else None for _, v in leaves)
+      leaf_shapes = tuple(tuple(jnp.shape(v)) if is_array_value(v) else None for _, v in leaves)
   return SowCall(
     collection=col,
     module_path=(*module.scope.path, *keys[:-1]),

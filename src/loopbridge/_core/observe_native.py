@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax.nnx import bridge
 
 from .. import _compat
+from .bridge_settings import is_bridge
 from .errors import NotDeclaredError
 from .native_hook import DEFAULT_INIT, DEFAULT_REDUCE, collection_of
-from .observe_linen import PRNG_KEY_SOWN
+from .observe_linen import PRNG_KEY_SOWN, is_array_value
 from .site import SowCall, SowSite
 
 _LOG: contextvars.ContextVar[list[SowCall] | None] = contextvars.ContextVar(
@@ -45,10 +45,8 @@ _SUBCLASSES: weakref.WeakKeyDictionary[type, dict[str, type]] = weakref.WeakKeyD
 _lock = threading.Lock()
 
 
-def _shape_dtype(value):
-  if isinstance(value, (jax.Array, np.ndarray, np.generic, float, int, bool)) or hasattr(
-    value, "aval"
-  ):
+def _shape_dtype(value: object) -> tuple[tuple[int, ...] | None, str | None]:
+  if is_array_value(value):
     return tuple(jnp.shape(value)), str(jnp.result_type(value))
   return None, None
 
@@ -104,7 +102,7 @@ def _observing_class(cls: type) -> type:
 def _observable(node: object) -> bool:
   return (
     isinstance(node, nnx.Module)
-    and not isinstance(node, bridge.ToNNX)
+    and not is_bridge(node)
     and not getattr(type(node), "__loopbridge_observer__", False)
   )
 

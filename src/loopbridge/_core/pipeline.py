@@ -1,151 +1,55 @@
-"""The one declaration pipeline: `lb.lazy_init` and `lb.preallocate` for any NNX graph.
+"""The declaration pipeline: `lb.lazy_init`, `lb.preallocate` and `from_linen_variables`.
 
-Both entries validate `capacity`/`overflow` once, open one discovery session for the root, run
-one call of it, and hand everything found to the declare stage:
+The two general entries build the declaration spec (`capacity`/`overflow`) once, open one
+discovery session for the root, run one call of it, and hand everything found to the declare
+stage:
 - `lazy_init` runs the real initializing call: every `lb.ToNNX` it reaches runs its Linen
   `init` once and reports the values that very trace sowed; native sows of the same call are
   read from the graph's state.
 - `preallocate` (a new call signature on an initialized model) runs one abstract call
   (`jax.eval_shape`, no FLOPs) on a clone, so nothing of the model changes but its buffers.
 The sample arguments' shardings are kept to choose the buffers' layout, whatever the root.
+The third entry, `from_linen_variables`, declares an `lb.ToNNX` around Linen variables that
+already exist (`lb.checkpoint.from_linen_variables`): one abstract init checks them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import typing as tp
-import warnings
 
 import jax
-from flax import linen, nnx
-from flax.nnx import bridge
+from flax import nnx
 
 from .. import _compat
 from . import (
   cache_length,
   declare,
   discovery_session,
+  given_variables,
   linen_vars,
+  observe_linen,
   observe_native,
   recorder,
+  site_probe,
   user_errors,
 )
 from . import capacity as _capacity
-from .errors import NotDeclaredError, ParamsReinitializedWarning
-
-SETTINGS_ATTR = "loopbridge__settings"  # on every lb.ToNNX (its constructor's defaults)
+from .all_or_nothing import all_or_nothing
+from .bridge_settings import bridge_settings, is_bridge, settings_of
+from .call_target import Call, LinenMethod, model_name, target
+from .errors import NotDeclaredError
+from .site import SowSite
 
 Model = tp.TypeVar("Model")
-
-
-@dataclasses.dataclass(frozen=True)
-class BridgeSettings:
-  """An `lb.ToNNX`'s constructor options (static, hashable)."""
-
-  capacity: tp.Any  # hashable form of the capacity spec (int, tuple of items, or None)
-  overflow: str
-  capture_intermediates: tp.Any = False  # Linen apply(capture_intermediates=...): bool or filter
-
-  @property
-  def capacity_spec(self) -> _capacity.CapacitySpec | None:
-    return dict(self.capacity) if isinstance(self.capacity, tuple) else self.capacity
-
-
-def settings_of(node: tp.Any) -> BridgeSettings | None:
-  """The settings of an `lb.ToNNX` (None for any other node)."""
-  return vars(node).get(SETTINGS_ATTR) if isinstance(node, bridge.ToNNX) else None
-
-
-def bridge_settings(node: tp.Any) -> BridgeSettings:
-  """The settings of a node known to be an `lb.ToNNX` (its constructor stores them)."""
-  settings = settings_of(node)
-  assert settings is not None, f"{type(node).__name__} is not an lb.ToNNX"
-  return settings
-
-
-def _is_bridge(node: tp.Any) -> bool:
-  return settings_of(node) is not None
-
-
-def _model_name(root: tp.Any) -> str:
-  if _is_bridge(root):
-    return type(_compat.linen_module_of(root)).__name__
-  return type(root).__name__
-
-
-# --------------------------------------------------------------------------------- targets
-def _rebind(fn: tp.Any, root: nnx.Module) -> tp.Callable[..., tp.Any]:
-  """`fn` (the root, a bound method of it, or a partial of either) as `call(module, ...)`."""
-  if fn is root:
-    return lambda m, *a, **k: m(*a, **k)
-  if inspect.ismethod(fn) and fn.__self__ is root:
-    func = fn.__func__
-    return lambda m, *a, **k: func(m, *a, **k)
-  if isinstance(fn, functools.partial):
-    inner = _rebind(fn.func, root)
-    return lambda m, *a, **k: inner(m, *fn.args, *a, **{**fn.keywords, **k})
-  raise TypeError(f"cannot call {fn!r} on a copy of the model")
-
-
-def _root_of(fn: tp.Any) -> nnx.Module | None:
-  if isinstance(fn, nnx.Module):
-    return fn
-  owner = getattr(fn, "__self__", None)  # bound methods; flax's ToNNX method partials too
-  if isinstance(owner, nnx.Module):
-    return owner
-  if isinstance(fn, functools.partial):
-    return _root_of(fn.func)
-  return None
-
-
-def target(model: tp.Any, method: tp.Any, what: str) -> tuple[nnx.Module, tp.Callable[..., tp.Any]]:
-  """(root module, function called as call(root, *args, **kwargs))."""
-  root = _root_of(model)
-  if root is None:
-    raise TypeError(
-      f"{what} needs an NNX module (e.g. lb.ToNNX(linen_module, rngs=...)) or a bound method "
-      f"of one, got {type(model).__name__}. "
-      + (
-        "Fix: wrap the Linen module first: lb.ToNNX(module, rngs=nnx.Rngs(0))."
-        if isinstance(model, linen.Module)
-        else "Fix: pass the model, or a method of it (model.method or method='name')."
-      )
-    )
-  if isinstance(root, bridge.ToNNX) and not _is_bridge(root) and model is root:
-    raise TypeError(
-      f"{what} needs a loopbridge.ToNNX, got a stock flax.nnx.bridge.ToNNX. Why: the stock "
-      "wrapper has no buffers. Fix: build it with lb.ToNNX(linen_module, rngs=...) instead."
-    )
-  call = _rebind(model, root)
-  if method is None:
-    return root, call
-  if model is not root:
-    raise TypeError(f"{what}: pass either a bound method or method=, not both.")
-  if _is_bridge(root):  # a Linen method of the wrapped module
-    if not (isinstance(method, str) or callable(method)):
-      raise TypeError(
-        f"{what}: method= must be the name of a method of the Linen module or the function "
-        f"itself (method='decode' or method=MyModule.decode), got {type(method).__name__}."
-      )
-    return root, lambda m, *a, **k: m(*a, method=method, **k)
-  if isinstance(method, str):
-    return root, lambda m, *a, **k: getattr(m, method)(*a, **k)
-  if callable(method):
-    return root, method
-  raise TypeError(
-    f"{what}: method= must be a method name or a function taking the module "
-    f"first, got {type(method).__name__}."
-  )
+# Where a part sits in the graph (path from the root) and what it reported; None: a copy.
+Items = list[tuple[tuple | None, discovery_session.BridgeReport]]
 
 
 # ------------------------------------------------------------------------- collecting parts
-def _merge_reports(
-  items: list[tuple[tp.Any, discovery_session.BridgeReport]],
-) -> list[tuple[tp.Any, discovery_session.BridgeReport]]:
+def _merge_reports(items: Items) -> Items:
   """One report per bridged node: a node called k times per call sows k times per site."""
-  merged: dict[tp.Any, discovery_session.BridgeReport] = {}
+  merged: dict[tuple, discovery_session.BridgeReport] = {}
   for path, r in items:
     # A node called with two signatures in one call declares both (a prompt, then a step).
     key = (path, r.signature) if path is not None else ("<transient>", id(r))
@@ -175,8 +79,8 @@ def _merge_reports(
 
 
 def _bridge_parts(
-  items: list[tuple[tp.Any, discovery_session.BridgeReport]],
-  node_at: dict[tuple, tp.Any],
+  items: Items,
+  node_at: dict[tuple, nnx.Module],
   what: str,
   transient_ok: bool = False,
 ) -> list[declare.Part]:
@@ -196,30 +100,22 @@ def _bridge_parts(
         "lb.preallocate on that lb.ToNNX directly with the arguments it receives there."
       )
     node = node_at[path]
+    assert is_bridge(node)  # only an lb.ToNNX reports in a discovery session
     settings = bridge_settings(node)
     linen_vars.add_accumulators(node, report.new_accumulators)
-    parts.append(
-      declare.Part(
-        path,
-        node,
-        _for_signature(report),
-        settings.capacity_spec,
-        settings.overflow,
-        report.dropped,
-      )
-    )
+    parts.append(declare.Part(path, node, _for_signature(report), settings.spec, report.dropped))
   return parts
 
 
-def _for_signature(report: discovery_session.BridgeReport) -> list[tp.Any]:
+def _for_signature(report: discovery_session.BridgeReport) -> list[SowSite]:
   """The report's sites, each marked with the call signature it is declared for."""
   return [dataclasses.replace(s, signature=report.signature) for s in report.sites]
 
 
 def _transformed_parts(
-  items: list[tuple[tp.Any, discovery_session.BridgeReport]],
-  node_at: dict[tuple, tp.Any],
-  probes_of: dict[int, dict[str, tp.Any]],
+  items: Items,
+  node_at: dict[tuple, nnx.Module],
+  probes_of: dict[int, dict[str, site_probe.SiteProbe]],
   what: str,
 ) -> list[declare.Part]:
   """Parts of the lb.ToNNX nodes initialized by a copy inside an NNX transform.
@@ -238,19 +134,19 @@ def _transformed_parts(
   candidates = [
     (path, node)
     for path, node in node_at.items()
-    if _is_bridge(node)
+    if is_bridge(node)
     and id(node) not in reached
     and recorder.sites_of(node) is None
     and (linen_vars.attrs(node) or id(node) in probes_of)
   ]
   parts, used = [], set()
   for path, node in candidates:
-    label = type(_compat.linen_module_of(node)).__name__
+    label = model_name(node)
     reports = [r for r in transient if r.label == label]
     if not reports:
       continue
     probes = probes_of.get(id(node), {})
-    sites: dict[tuple, tp.Any] = {}
+    sites: dict[tuple, SowSite] = {}
     for report in reports:
       for site in _for_signature(report):
         probe = probes.get("/".join(site.key))
@@ -270,8 +166,7 @@ def _transformed_parts(
         path,
         node,
         [sites[k] for k in sorted(sites)],
-        settings.capacity_spec,
-        settings.overflow,
+        settings.spec,
         [d for r in reports for d in r.dropped],
       )
     )
@@ -285,24 +180,16 @@ def _transformed_parts(
   return parts
 
 
-def _take_probes(root: nnx.Module) -> dict[int, dict[str, tp.Any]]:
-  """Remove the probes lb.ToNNX nodes left during lazy_init: id(node) -> {site: probe}."""
-  taken = {}
-  for _, node in _compat.iter_graph(root):
-    if _is_bridge(node) and recorder.PROBES_ATTR in vars(node):
-      taken[id(node)] = dict(getattr(node, recorder.PROBES_ATTR))
-      delattr(node, recorder.PROBES_ATTR)
-  return taken
-
-
-def _native_parts(findings: observe_native.NativeFindings, node_at) -> list[declare.Part]:
+def _native_parts(
+  findings: observe_native.NativeFindings, node_at: tp.Callable[[tuple], nnx.Module]
+) -> list[declare.Part]:
   parts = []
   for path, sites in sorted(findings.sites.items(), key=lambda kv: tuple(map(str, kv[0]))):
     parts.append(declare.Part(path, node_at(path), sorted(sites, key=lambda s: s.key)))
   return parts
 
 
-def _remove_tuples(node_at, paths) -> None:
+def _remove_tuples(node_at: tp.Callable[[tuple], object], paths: tp.Iterable[tuple]) -> None:
   """Delete the tuples flax's own `sow` left during discovery: buffers replace them."""
   for path in paths:
     module = node_at(tuple(path[:-1]))
@@ -318,92 +205,50 @@ def _graph_index(root: nnx.Module) -> tuple[dict[int, tuple], dict[tuple, tp.Any
   return path_of, node_at
 
 
-def _flat_state(root: nnx.Module) -> dict[tuple, tp.Any]:
+def _flat_state(root: nnx.Module) -> dict[tuple, object]:
   return observe_native.flat_state(_compat.split_graph(root)[1])
 
 
-# ----------------------------------------------------------- a lazy_init that fails changes nothing
-_INTERNAL_ATTRS = ("_pytree__", "_object__")
-
-_REINITIALIZED = (
-  "lb.lazy_init re-initialized the parameters of {parts}, which already held parameters (from "
-  "an earlier lazy_init, or loaded): they were replaced by fresh random values. Why: lazy_init "
-  "runs Linen's init. Fix: to declare buffers for a new capacity or call signature and keep "
-  "the parameters, use lb.preallocate(model, *args, capacity=...) instead."
-)
-
-
-def _snapshot(root: nnx.Module) -> tuple[list, list]:
-  """Every Variable's value and every module's attributes (references only, nothing copied)."""
-  values, attributes = [], []
-  for _, node in _compat.iter_graph(root):
-    if isinstance(node, nnx.Variable):
-      values.append((node, _compat.variable_value(node)))
-    elif isinstance(node, nnx.Module):
-      attributes.append((node, dict(vars(node))))
-  return values, attributes
-
-
-def _restore(snapshot: tuple[list, list]) -> None:
-  """Put back what `_snapshot` saw: values (rng counters too), attributes; drop new attributes."""
-  values, attributes = snapshot
-  for variable, value in values:
-    _compat.set_variable_value(variable, value)
-  for node, before in attributes:
-    for name in [k for k in vars(node) if not k.startswith(_INTERNAL_ATTRS)]:
-      if name not in before:
-        delattr(node, name)
-      elif vars(node)[name] is not before[name]:
-        vars(node)[name] = before[name]  # the very object it held, as it was accepted then
-
-
-def _holding_params(root: nnx.Module) -> list[str]:
-  """Labels of the lb.ToNNX parts of `root` that hold Linen params already."""
-  found = []
-  for path, node in _compat.iter_graph(root):
-    if _is_bridge(node) and linen_vars.linen_variables(node).get("params"):
-      where = f" at '{'/'.join(map(str, path))}'" if path else ""
-      found.append(f"lb.ToNNX({type(_compat.linen_module_of(node)).__name__}){where}")
-  return found
-
-
-def _all_or_nothing(entry: tp.Callable[..., Model]) -> tp.Callable[..., Model]:
-  """`entry` (lazy_init) leaves the model as it was when it fails, and warns when it succeeds
-  in replacing parameters the model held.
-
-  Not everything can be validated before the model runs: which capacity keys match which
-  sites is known only from the call. A failure after the call (a capacity key matching no
-  site) would otherwise leave Linen's init done and the rng streams advanced, so a corrected
-  retry would initialize other parameters than a first correct call.
-  """
-
-  @functools.wraps(entry)
-  def run(model: tp.Any, *args: tp.Any, **kwargs: tp.Any) -> Model:
-    root = _root_of(model)
-    if root is None:  # entry raises the clear error
-      return entry(model, *args, **kwargs)
-    snapshot, held = _snapshot(root), _holding_params(root)
-    try:
-      result = entry(model, *args, **kwargs)
-    except BaseException:
-      _restore(snapshot)
-      raise
-    if held:
-      warnings.warn(
-        _REINITIALIZED.format(parts=", ".join(held)), ParamsReinitializedWarning, stacklevel=2
-      )
-    return result
-
-  return run
-
-
 # ------------------------------------------------------------------------------- the entries
-@_all_or_nothing
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """What every entry starts from: the call, the spec it was given, the `lb.capacity` default."""
+
+  name: str  # "lazy_init" or "preallocate"
+  root: nnx.Module
+  call: Call
+  spec: _capacity.DeclarationSpec
+  scoped: _capacity.CapacitySpec | None  # the lowest precedence (see lb.capacity)
+
+  @classmethod
+  def open(
+    cls, name: str, model: object, method: object, capacity: object, overflow: object
+  ) -> _Entry:
+    """Validate what the entry was given, in the order a user reads the arguments."""
+    spec = _capacity.DeclarationSpec.checked(capacity, overflow)
+    scoped = _capacity.scoped_capacity()
+    root, call = target(model, method, f"lb.{name}")
+    return cls(name, root, call, spec, scoped)
+
+  def declare_parts(self, parts: list[declare.Part], args: tuple, kwargs: dict) -> None:
+    """Declare every part's buffers, then warn of caches shorter than the declared loop."""
+    declare.declare(
+      parts,
+      spec=self.spec,
+      shardings_from=(args, kwargs),
+      model_name=model_name(self.root),
+      entry=self.name,
+      scoped_capacity=self.scoped,
+    )
+    cache_length.warn_short_caches(self.root, parts, self.name)
+
+
+@all_or_nothing
 def lazy_init(
   model: Model,
   *args: tp.Any,
   capacity: int | tp.Mapping[str, int] | None = None,
-  overflow: str | None = None,
+  overflow: _capacity.Overflow | None = None,
   **kwargs: tp.Any,
 ) -> Model:
   """Initialize bridged parts from sample inputs and preallocate a buffer per sow site.
@@ -444,14 +289,11 @@ def lazy_init(
     >>> lb.recorded(model)["intermediates"]["x"].shape
     (0, 1, 3)
   """
-  capacity = _capacity.check_capacity_spec(capacity)
-  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
-  if overflow is not None:
-    _capacity.check_overflow(overflow)
-  root, _ = target(model, None, "lb.lazy_init")
+  entry = _Entry.open("lazy_init", model, None, capacity, overflow)
+  root = entry.root
   native = observe_native.observable_modules(root)
   before = _flat_state(root) if native else {}
-  bridged = [id(n) for _, n in _compat.iter_graph(root) if _is_bridge(n)]
+  bridged = [id(n) for _, n in _compat.iter_graph(root) if is_bridge(n)]
   with (
     discovery_session.open_session("init", bridged) as session,
     observe_native.observe(native) as calls,
@@ -475,34 +317,27 @@ def lazy_init(
       raise
     finally:
       _compat.set_initializing(root, False)
-  probes_of = _take_probes(root)
+  probes_of = site_probe.take_probes(root)
   if native:
     path_of, node_at = _graph_index(root)
     findings = observe_native.diff(before, _flat_state(root), calls)
     _remove_tuples(node_at.get, findings.tuple_paths)
   else:  # a bare lb.ToNNX (or only bridged parts): nothing native to look for
-    path_of, node_at = ({id(root): ()}, {(): root}) if _is_bridge(root) else _graph_index(root)
+    bare: dict[tuple, nnx.Module] = {(): root}
+    path_of, node_at = ({id(root): ()}, bare) if is_bridge(root) else _graph_index(root)
     findings = observe_native.NativeFindings({}, [], [])
-  items = [(path_of.get(id(r.node)), r) for r in session.reports]
+  items: Items = [(path_of.get(id(r.node)), r) for r in session.reports]
   parts = (
     _bridge_parts(items, node_at, "lb.lazy_init", transient_ok=True)
     + _transformed_parts(items, node_at, probes_of, "lb.lazy_init")
     + _native_parts(findings, node_at.__getitem__)
   )
-  declare.declare(
-    parts,
-    capacity=capacity,
-    overflow=overflow,
-    shardings_from=(args, kwargs),
-    model_name=_model_name(root),
-    scoped_capacity=scoped,
-  )
-  cache_length.warn_short_caches(root, parts, "lazy_init")
+  entry.declare_parts(parts, args, kwargs)
   _unalias_sample_arrays(root, (args, kwargs))
   return model
 
 
-def _unalias_sample_arrays(root: tp.Any, sample: tp.Any) -> None:
+def _unalias_sample_arrays(root: nnx.Module, sample: object) -> None:
   """Give each Variable that holds one of the caller's sample arrays its own copy.
 
   Linen init may store an input as it is (a cache initialised from `x`); `lb.compile_step`
@@ -512,7 +347,7 @@ def _unalias_sample_arrays(root: tp.Any, sample: tp.Any) -> None:
   if not given:
     return
 
-  def own(leaf: tp.Any) -> tp.Any:
+  def own(leaf: object) -> object:
     return jax.numpy.array(leaf, copy=True) if id(leaf) in given else leaf
 
   for _, node in _compat.iter_graph(root):
@@ -523,7 +358,7 @@ def _unalias_sample_arrays(root: tp.Any, sample: tp.Any) -> None:
 
 
 def _note_running(
-  error: BaseException, entry: str, root: tp.Any, path_of: dict[int, tuple]
+  error: BaseException, entry: str, root: nnx.Module, path_of: dict[int, tuple]
 ) -> None:
   """Say which module of the model was running when its own code raised `error`."""
   if not user_errors.is_users(error):
@@ -532,7 +367,7 @@ def _note_running(
   user_errors.add_note(
     error,
     f"raised by the model's own code while {entry} ran "
-    f"{_model_name(root)}" + (f"; NNX module {where} was running." if where else "."),
+    f"{model_name(root)}" + (f"; NNX module {where} was running." if where else "."),
   )
 
 
@@ -541,21 +376,17 @@ def declare_alone(
 ) -> None:
   """Declare one `lb.ToNNX` initialized without a loopbridge entry (stock `bridge.lazy_init`),
   with the capacity and overflow given to its constructor."""
-  settings = bridge_settings(node)
-  part = declare.Part(
-    (), node, _for_signature(report), settings.capacity_spec, settings.overflow, report.dropped
-  )
+  part = declare.Part((), node, _for_signature(report), bridge_settings(node).spec, report.dropped)
   declare.declare(
     [part],
-    capacity=None,
-    overflow=None,
+    spec=_capacity.DeclarationSpec(),
     shardings_from=(args, kwargs),
-    model_name=_model_name(node),
+    model_name=model_name(node),
     scoped_capacity=_capacity.scoped_capacity(),
   )
 
 
-def _variable_shapes(node: tp.Any) -> list[tuple[tp.Any, tuple[int, ...]]]:
+def _variable_shapes(node: nnx.Module) -> list[tuple[tuple, tuple[int, ...]]]:
   return [
     (path, tuple(getattr(_compat.variable_value(v), "shape", ())))
     for path, v in _compat.iter_graph(node)
@@ -564,7 +395,9 @@ def _variable_shapes(node: tp.Any) -> list[tuple[tp.Any, tuple[int, ...]]]:
 
 
 def _report_path(
-  report: discovery_session.BridgeReport, paths: dict[int, tuple], node_at: dict[tuple, tp.Any]
+  report: discovery_session.BridgeReport,
+  paths: dict[int, tuple],
+  node_at: dict[tuple, nnx.Module],
 ) -> tuple | None:
   """Where a bridged node that reported in `preallocate`'s run sits in the model (None: unknown).
 
@@ -577,6 +410,8 @@ def _report_path(
   a copy shared by the members of a vmap (batched sows, one buffer).
   """
   node = report.node
+  if node is None:  # released once its run is over: nothing left to place
+    return None
   path = paths.get(id(node))
   if path is not None:
     return path
@@ -591,7 +426,7 @@ def _report_path(
   return matches[0]
 
 
-def _abstract(tree: tp.Any) -> tp.Any:
+def _abstract(tree: object) -> object:
   return jax.tree.map(
     lambda x: (
       jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
@@ -604,8 +439,8 @@ def preallocate(
   model: Model,
   *args: tp.Any,
   capacity: int | tp.Mapping[str, int] | None = None,
-  overflow: str | None = None,
-  method: tp.Any = None,
+  overflow: _capacity.Overflow | None = None,
+  method: object = None,
   **kwargs: tp.Any,
 ) -> Model:
   """Declare buffers for every sow a call makes, anywhere in an NNX module graph.
@@ -653,13 +488,10 @@ def preallocate(
     >>> lb.recorded(model)["intermediates"]["h"].shape
     (1, 1, 3)
   """
-  capacity = _capacity.check_capacity_spec(capacity)
-  scoped = _capacity.scoped_capacity()  # the lowest precedence (see lb.capacity)
-  if overflow is not None:
-    _capacity.check_overflow(overflow)
-  root, call = target(model, method, "lb.preallocate")
+  entry = _Entry.open("preallocate", model, method, capacity, overflow)
+  root, call = entry.root, entry.call
   for path, node in _compat.iter_graph(root):
-    if _is_bridge(node) and recorder.sites_of(node) is None:
+    if is_bridge(node) and recorder.sites_of(node) is None:
       where = f" at '{'/'.join(map(str, path))}'" if path else ""
       raise NotDeclaredError(
         f"lb.preallocate needs an initialized model: the lb.ToNNX("
@@ -670,9 +502,9 @@ def preallocate(
       )
   graphdef, state = _compat.split_graph(root)
   before = observe_native.flat_state(state)
-  found: dict[str, tp.Any] = {}
+  found: dict[str, list] = {}
 
-  def run(state):
+  def run(state: object) -> object:
     clone = nnx.merge(graphdef, state)
     clone_paths, clone_at = _graph_index(clone)
     with (
@@ -711,14 +543,77 @@ def preallocate(
     if isinstance(module, nnx.Module) and variable is not None:
       setattr(module, path[-1], variable)
   parts += _native_parts(findings, node_at.__getitem__)
-  declare.declare(
-    parts,
-    capacity=capacity,
-    overflow=overflow,
-    shardings_from=(args, kwargs),
-    model_name=_model_name(root),
-    entry="preallocate",
-    scoped_capacity=scoped,
-  )
-  cache_length.warn_short_caches(root, parts, "preallocate")
+  entry.declare_parts(parts, args, kwargs)
+  return model
+
+
+def from_linen_variables(
+  model: Model,
+  variables: object,
+  *args: tp.Any,
+  method: LinenMethod = None,
+  what: str = "lb.checkpoint.from_linen_variables",
+  **kwargs: tp.Any,
+) -> Model:
+  """Declare a new `lb.ToNNX` around Linen variables that already exist, initializing nothing.
+
+  The third entry beside `lazy_init` and `preallocate` (public as
+  `lb.checkpoint.from_linen_variables`, which builds the wrapper). One abstract init (no
+  FLOPs, the wrapper's rng streams untouched) shows what the module creates for these
+  arguments: its variables check the given ones' structure, and what it sowed is set apart as
+  records. The model is declared with no sites (so it counts as initialized);
+  `lb.preallocate` adds the buffers with the capacity the user gives there.
+
+  Args:
+    model: a new `lb.ToNNX` (not initialized).
+    variables: a Linen variables dict, e.g. `{'params': ..., 'batch_stats': ...}`.
+    *args: sample inputs of the call the loop makes (shapes and dtypes only).
+    method: the Linen method the loop calls, default `__call__`.
+    what: the public name, for messages.
+    **kwargs: keyword arguments of that call.
+
+  Returns:
+    `model`, holding `variables`.
+
+  Raises:
+    CheckpointError: `variables` is not a dict, or its paths/shapes/dtypes differ from what
+      the module's `init` would create for these arguments.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, loopbridge as lb
+    >>> from flax import linen as nn
+    >>> from loopbridge._core import pipeline
+    >>> variables = nn.Dense(2).init(jax.random.key(0), jnp.ones((1, 3)))
+    >>> model = pipeline.from_linen_variables(lb.ToNNX(nn.Dense(2)), variables, jnp.ones((1, 3)))
+    >>> sorted(lb.linen_variables(model)["params"])
+    ['bias', 'kernel']
+  """
+  node = tp.cast(nnx.bridge.ToNNX, model)
+  module = _compat.linen_module_of(node)
+  given = given_variables.plain_variables(variables, what)
+  rng_source = _compat.rngs_of(node)
+  rng_names = [n for n, _ in rng_source.items()] if isinstance(rng_source, nnx.Rngs) else []
+  rng_keys = {name: jax.random.key(0) for name in {"params", *rng_names} if name != "default"}
+  # mutable=True: init returns what it sowed too (intermediates included), set apart below.
+  capture = bridge_settings(node).capture_intermediates
+  with observe_linen.observe() as calls:
+    expected = jax.eval_shape(
+      lambda: module.init(
+        rng_keys, *args, method=method, mutable=True, capture_intermediates=capture, **kwargs
+      )
+    )
+  found = observe_linen.classify(expected, calls)
+  expected = given_variables.without(expected, found.record_paths)
+  # Collections linen.init returns but the user may have dropped (e.g. sown 'intermediates'
+  # records) are not state; compare only collections that hold state.
+  given = given_variables.without(given, found.record_paths)
+  given = {col: tree for col, tree in given.items() if tree}
+  given = given_variables.with_static_values(given, expected)
+  given_variables.check_structure(given, expected, what, type(module).__name__)
+  # The arrays are used as given (e.g. host-loaded): partitioning stays metadata, and the
+  # standard NNX recipe (nnx.get_partition_spec + device_put) places them.
+  with _compat.no_eager_sharding():
+    linen_vars.set_variables(node, given)
+  report = discovery_session.BridgeReport(node, type(module).__name__, [], found.dropped, {})
+  declare_alone(node, report, args, kwargs)
   return model

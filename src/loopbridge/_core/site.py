@@ -15,6 +15,8 @@ import typing as tp
 import jax
 import numpy as np
 
+from .capacity import Overflow
+
 # Lifted transforms that add an axis to the collections they carry.
 STACKING_KINDS = ("scan", "vmap")
 
@@ -112,7 +114,7 @@ class SowSite:
   per_call: int = 1
   transforms: tuple[Transform, ...] = ()
   capacity: int | None = None
-  overflow: str | None = None
+  overflow: Overflow | None = None
   stack_axes: int = 0
   leaf: tuple[str, ...] = ()
   treedef: tp.Any = None
@@ -204,7 +206,7 @@ def split_slot(key: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
   return 0, key
 
 
-def _key_str(entry: tp.Any) -> str:
+def key_str(entry: object) -> str:
   """One step of a jax key path as a plain string (a dict key in the buffer tree)."""
   for attr in ("key", "idx", "name"):  # DictKey/FlattenedIndexKey, SequenceKey, GetAttrKey
     if hasattr(entry, attr):
@@ -219,7 +221,7 @@ def flatten_value(value: tp.Any) -> tuple[tp.Any, list[tuple[tuple[str, ...], tp
   `("1",)`; `None` entries are structure, not leaves (as everywhere in JAX).
   """
   with_path, treedef = jax.tree_util.tree_flatten_with_path(value)
-  return treedef, [(tuple(_key_str(e) for e in path), leaf) for path, leaf in with_path]
+  return treedef, [(tuple(key_str(e) for e in path), leaf) for path, leaf in with_path]
 
 
 def is_pytree_value(treedef: tp.Any, leaves: tp.Sequence[tuple[tuple[str, ...], tp.Any]]) -> bool:

@@ -28,7 +28,6 @@ from typing_extensions import Self
 
 from .. import _compat
 from . import buffers as _buffers
-from . import capacity as _capacity
 from . import (
   discovery_session,
   linen_vars,
@@ -37,23 +36,32 @@ from . import (
   recorder,
   recording_switch,
   signature,
+  site_probe,
   trace_check,
   user_errors,
 )
 from . import site as _site
+from .bridge_settings import SETTINGS_ATTR, BridgeSettings, CaptureFilter, bridge_settings
+from .call_target import LinenMethod
+from .capacity import (
+  DEFAULT_OVERFLOW,
+  DeclarationSpec,
+  Overflow,
+  check_capacity_spec,
+  check_overflow,
+)
 from .errors import NotDeclaredError, StructureChangeError
+
+# Linen's `mutable=`: which collections a call may change (None: the enclosing module's choice).
+MutableFilter = (
+  bool | str | tp.Collection[str] | flax_scope.DenyList | tp.Callable[[str], bool] | None
+)
 
 BUFFERS_ATTR = recorder.BUFFERS_ATTR
 COUNTS_ATTR = recorder.COUNTS_ATTR
 
 
-def _freeze_capacity(capacity):
-  if isinstance(capacity, tp.Mapping):
-    return tuple(sorted(capacity.items()))
-  return capacity
-
-
-def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.Any:
+def _merge_mutable(user_mutable: MutableFilter, record_cols: tp.Collection[str]) -> MutableFilter:
   """The Linen `mutable=` filter for apply: the user's choice plus every recorded collection."""
   if user_mutable is True or not record_cols:
     return user_mutable if user_mutable is not None else False
@@ -69,7 +77,8 @@ def _merge_mutable(user_mutable: tp.Any, record_cols: tp.Collection[str]) -> tp.
   if isinstance(user_mutable, (list, tuple, set, frozenset)):
     return sorted({*user_mutable, *record_cols})
   # A callable filter: Linen filters are `str | Sequence | bool | DenyList | callable`.
-  return lambda col: col in record_cols or user_mutable(col)
+  user_filter = tp.cast(tp.Callable[[str], bool], user_mutable)
+  return lambda col: col in record_cols or user_filter(col)
 
 
 _SOW_WITHOUT_BUFFER = (
@@ -81,7 +90,7 @@ _SOW_WITHOUT_BUFFER = (
 )
 
 
-def _check_rngs_and_capture(rngs: tp.Any, capture: tp.Any) -> None:
+def _check_rngs_and_capture(rngs: object, capture: object) -> None:
   """Refuse constructor options that would fail only later, inside Linen, with a raw error."""
   if rngs is not None and not isinstance(rngs, (nnx.Rngs, jax.Array)):
     raise TypeError(
@@ -137,14 +146,17 @@ class ToNNX(bridge.ToNNX):
     (1, 1, 3)
   """
 
+  # bridge_settings.BRIDGE_MARK: what `is_bridge` tests (true of subclasses too).
+  loopbridge__bridge: tp.ClassVar[bool] = True
+
   def __init__(
     self,
     module: linen.Module,
-    rngs: tp.Any = None,
+    rngs: _compat.RngsArg = None,
     *,
     capacity: int | tp.Mapping[str, int] | None = None,
-    overflow: str = "error",
-    capture_intermediates: bool | tp.Callable[[linen.Module, str], bool] = False,
+    overflow: Overflow = DEFAULT_OVERFLOW,
+    capture_intermediates: CaptureFilter = False,
   ):
     if not isinstance(module, linen.Module):
       raise TypeError(
@@ -158,15 +170,11 @@ class ToNNX(bridge.ToNNX):
           else "Fix: pass a Linen module instance."
         )
       )
-    capacity = _capacity.check_capacity_spec(capacity)
-    overflow = _capacity.check_overflow(overflow)
+    # The constructor always names a policy (None is not one); the entries may leave it out.
+    spec = DeclarationSpec(check_capacity_spec(capacity), check_overflow(overflow))
     _check_rngs_and_capture(rngs, capture_intermediates)
     super().__init__(module, rngs)
-    setattr(
-      self,
-      pipeline.SETTINGS_ATTR,
-      pipeline.BridgeSettings(_freeze_capacity(capacity), overflow, capture_intermediates),
-    )
+    setattr(self, SETTINGS_ATTR, BridgeSettings(spec, capture_intermediates))
     setattr(self, recorder.SITES_ATTR, None)
     setattr(self, recorder.DROPPED_ATTR, ())
     recorder.make_recorder(self)
@@ -176,7 +184,7 @@ class ToNNX(bridge.ToNNX):
     self,
     *args: tp.Any,
     capacity: int | tp.Mapping[str, int] | None = None,
-    overflow: str | None = None,
+    overflow: Overflow | None = None,
     **kwargs: tp.Any,
   ) -> Self:
     """Initialize the Linen variables from sample inputs and declare the sow buffers.
@@ -194,7 +202,7 @@ class ToNNX(bridge.ToNNX):
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # mutable=True: Linen's init leaves 'intermediates' out by default; with it, init returns
     # every value the trace sowed, so the sites come from this one trace.
-    capture = pipeline.bridge_settings(self).capture_intermediates
+    capture = bridge_settings(self).capture_intermediates
     try:
       with observe_linen.observe() as calls:
         out, variables = module.init_with_output(
@@ -247,7 +255,7 @@ class ToNNX(bridge.ToNNX):
     if session is not None:
       session.reports.append(report)
       if id(self) not in session.graph_ids:  # a copy inside an NNX transform
-        _leave_probes(self, found.sites, flat)
+        site_probe.leave_probes(self, found.sites, flat)
     else:  # stock `bridge.lazy_init(model, ...)`: declare with the constructor's capacity
       pipeline.declare_alone(self, report, args, kwargs)
     return out
@@ -261,7 +269,7 @@ class ToNNX(bridge.ToNNX):
     call_rngs = _compat.bridge_call_rngs(
       rngs if rngs is not None else _compat.rngs_of(self), initializing=False
     )
-    capture = pipeline.bridge_settings(self).capture_intermediates
+    capture = bridge_settings(self).capture_intermediates
     try:
       with observe_linen.observe() as calls:
         out, updates = module.apply(
@@ -314,9 +322,9 @@ class ToNNX(bridge.ToNNX):
   def __call__(
     self,
     *args: tp.Any,
-    rngs: tp.Any = None,
-    method: tp.Any = None,
-    mutable: tp.Any = None,
+    rngs: _compat.RngsArg = None,
+    method: LinenMethod = None,
+    mutable: MutableFilter = None,
     **kwargs: tp.Any,
   ) -> tp.Any:
     """Apply the Linen module, recording its sows in place. Same signature as stock ToNNX.
@@ -386,7 +394,7 @@ class ToNNX(bridge.ToNNX):
       rngs=call_rngs,
       method=method,
       mutable=mutable,
-      capture_intermediates=pipeline.bridge_settings(self).capture_intermediates,
+      capture_intermediates=bridge_settings(self).capture_intermediates,
       **kwargs,
     )
 
@@ -481,7 +489,7 @@ class ToNNX(bridge.ToNNX):
     if created:
       linen_vars.add_variables(self, traverse_util.unflatten_dict(created))
 
-  def _loopbridge_slot(self, flat_updates: tp.Mapping[tuple[str, ...], tp.Any], call) -> int:
+  def _loopbridge_slot(self, flat_updates: tp.Mapping[tuple[str, ...], object], call) -> int:
     """The signature slot whose buffers this call's sows go to (chosen while tracing)."""
     sites = recorder.sites_of(self) or ()
     if len({s.slot for s in sites}) <= 1:
@@ -515,7 +523,7 @@ _NO_SIGNATURE = (
 )
 
 
-def _describe_sown(value: tp.Any) -> tp.Any:
+def _describe_sown(value: object) -> object:
   return jax.tree.map(lambda v: f"{jnp.result_type(v)}{list(np.shape(v))}", value)
 
 
@@ -536,7 +544,7 @@ def _pytree_records(
   counts: dict,
   label: str,
   slot: int,
-) -> list[tuple[tp.Any, tp.Any, list, str]]:
+) -> list[tuple[_buffers.Buffer, _buffers.Count, list, str]]:
   """(buffer, count, values, label) per array leaf of one call's pytree sows at `path`."""
   sites = sorted(
     (
@@ -564,41 +572,6 @@ def _pytree_records(
       _buffers.check_value(buffer, leaf, leaf_label)
     out.append((buffer, recorder.get_nested(counts, site.key), leaves, leaf_label))
   return out
-
-
-PROBES_ATTR = recorder.PROBES_ATTR
-
-
-class SiteProbe(nnx.Variable):
-  """A zero value of one sow site's shape, left on the node during `lb.lazy_init`.
-
-  Called by a copy inside an NNX transform (`nnx.vmap`, `nnx.scan`, `nnx.remat`), the node's
-  static attributes stay in the transform but its Variables come out, stacked along the
-  transform axis: the probe tells the pipeline which node sowed and the stacked shape.
-  """
-
-
-def _probe_value(site: tp.Any, sown: tp.Any) -> tp.Any:
-  """Zeros of the site's shape, computed from the sown value so that they are batched (under
-  `nnx.vmap`) exactly when the value is: a transform that does not stack the node then fails
-  on the probe at lazy_init instead of on the buffers at a later call."""
-  if isinstance(sown, tuple) and sown:
-    first = sown[0]
-    if site.treedef is not None:  # one leaf of a sown pytree
-      leaves = _site.flatten_value(first)[1]
-      first = leaves[site.leaf_index][1] if site.leaf_index < len(leaves) else None
-    if first is not None and np.shape(first) == tuple(site.shape):
-      return jnp.asarray(first) * 0
-  return jnp.zeros(site.shape, site.dtype)
-
-
-def _leave_probes(node: nnx.Module, sites: tp.Sequence[tp.Any], flat: tp.Mapping) -> None:
-  if sites:
-    _compat.set_data_attribute(
-      node,
-      PROBES_ATTR,
-      {"/".join(site.key): SiteProbe(_probe_value(site, flat.get(site.sow_key))) for site in sites},
-    )
 
 
 def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> None:
@@ -651,7 +624,9 @@ def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> N
   )
 
 
-def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.Any) -> str:
+def _plain_call(
+  module: linen.Module, entry: str, method: LinenMethod, capture: CaptureFilter
+) -> str:
   """How a user calls the same thing in plain Linen, for notes on errors from the model."""
   extra = "" if method is None else f", method={getattr(method, '__name__', method)!r}"
   if capture is not False:
@@ -660,7 +635,7 @@ def _plain_call(module: linen.Module, entry: str, method: tp.Any, capture: tp.An
   return f"`{type(module).__name__}.{entry}({first}, *args{extra})`"
 
 
-def _first_variable(tree: tp.Any) -> nnx.Variable | None:
+def _first_variable(tree: object) -> nnx.Variable | None:
   """One Variable of a recorder's counts: they are all created (and merged) together."""
   for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable)):
     if isinstance(leaf, nnx.Variable):
@@ -668,27 +643,28 @@ def _first_variable(tree: tp.Any) -> nnx.Variable | None:
   return None
 
 
-def _rng_counts(rngs: tp.Any) -> list[tp.Any]:
+def _rng_counts(rngs: _compat.RngsArg) -> list[nnx.Variable | None]:
   """The count Variables a call advances when it draws from the wrapper's own streams."""
   if rngs is None or isinstance(rngs, jax.Array):
     return []
   return [getattr(stream, "count", None) for _, stream in rngs.items()]
 
 
-def _init_fn(call: tp.Any) -> tp.Callable[[], tp.Any]:
+def _init_fn(call: _site.SowCall) -> tp.Callable[[], object]:
   """The `init_fn` of an observed Linen sow (Linen's `sow` always passes one)."""
   assert call.init_fn is not None, "a Linen sow was observed without its init_fn"
   return call.init_fn
 
 
-def _creates_params(mutable: tp.Any) -> bool:
+def _creates_params(mutable: MutableFilter) -> bool:
   """Whether a Linen `mutable=` filter lets a call create parameters (`params` mutable)."""
   if mutable in (None, False):
     return False
-  return bool(flax_scope.in_filter(mutable, "params"))
+  # Linen's own filter test takes callables too (its type says less).
+  return bool(flax_scope.in_filter(tp.cast(flax_scope.CollectionFilter, mutable), "params"))
 
 
-def _check_method(module: linen.Module, method: tp.Any) -> None:
+def _check_method(module: linen.Module, method: LinenMethod) -> None:
   """A `method=` name must name a method of the Linen module (Linen's own error says less)."""
   if not isinstance(method, str) or callable(getattr(type(module), method, None)):
     return

@@ -20,6 +20,7 @@ from flax.nnx import bridge
 from flax.nnx import graph as graph_lib
 
 from .. import _compat
+from .._core.bridge_settings import is_bridge
 from .._core.errors import StructureChangeError
 
 # Kinds of snapshot items: graph objects (modules, Rngs), pytree containers (dict/list/tuple),
@@ -91,11 +92,7 @@ class _Snapshot:
 
 
 def _flavor(module: object) -> str:
-  from .._core.to_nnx import (
-    ToNNX,  # late import: _to_nnx is heavier and imports much of the package
-  )
-
-  if isinstance(module, ToNNX):
+  if is_bridge(module):
     return _LB
   if isinstance(module, bridge.ToNNX):
     return _BRIDGE
@@ -155,14 +152,8 @@ def _walk(snap: _Snapshot, obj: object, path: str, parent: str | None, owner: st
       if not snap.note(obj, path):
         return  # a shared reference: its contents are listed under its first path
     children = _compat.graph_children(obj)
-    if (
-      not is_object
-      and isinstance(obj, tuple)
-      and children
-      and all(isinstance(c, nnx.Variable) for c in children.values())
-    ):
-      # flax 0.10's stock bridge keeps a sow tuple as a tuple of Variables, one per value.
-      snap.items[path].tuple_len = len(children)
+    if not is_object:
+      snap.items[path].tuple_len = _compat.stock_sow_tuple_length(obj, children)
     for key, child in children.items():
       _walk(snap, child, path + _key_text(obj, key), path, owner)
     return

@@ -24,7 +24,7 @@ from .._core.errors import StackError
 
 M = tp.TypeVar("M", bound=nnx.Module)
 
-_INTERNAL_PREFIXES = ("_pytree__", "_object__")
+_INTERNAL_PREFIXES = _compat.NNX_INTERNAL_PREFIXES
 
 _ALTERNATIVES = (
   "Stacking needs every layer to have the same structure, Variable types, shapes and dtypes "

@@ -35,10 +35,8 @@ from .._core.errors import ForeignTraceError, StructureChangeError
 if tp.TYPE_CHECKING:
   from jax.extend import core as jex_core
 
-try:  # dead-code elimination of a jaxpr: which inputs its outputs need (a jax internal)
-  from jax._src.interpreters.partial_eval import dce_jaxpr as _dce_jaxpr
-except ImportError:  # pragma: no cover - then every leaf is passed on every call
-  _dce_jaxpr = None
+# Dead-code elimination of a jaxpr: which inputs its outputs need (None: every leaf passed).
+_dce_jaxpr = _compat.dce_jaxpr
 
 Out = tp.TypeVar("Out")
 _get_raw, _set_raw = _compat.raw_value_accessors()

@@ -4,92 +4,24 @@ Supported: every flax minor from 0.10.2 + jax 0.5.3 (what openpi pins) through f
 jax 0.10.2; the tested pairs are the files in `constraints/` (README, "Supported versions").
 Each function below hides exactly one difference and tests for the capability itself (a
 signature, an attribute), not the version number; the comment says which versions differ and
-how. The one exception is the installed-pair check below, which must run before flax is
-imported. Code elsewhere in the package never checks a version itself.
+how. Code elsewhere in the package never checks a version itself (`tests/test_layering.py`).
+Two jobs live in modules of their own: `installed_pair.py`, the one check that reads version
+numbers (from package metadata, before flax is imported), and `orbax_metadata.py`, reading
+back what orbax saved.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import inspect
 import operator
 import typing as tp
 
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-  parts = []
-  for piece in version.split(".")[:3]:
-    digits = "".join(ch for ch in piece if ch.isdigit())
-    parts.append(int(digits) if digits else 0)
-  return tuple(parts)
-
-
-# --- the installed flax/jax pair --------------------------------------------------------------
-# flax's own `jax>=` bound has no upper end, so pip can pair an older flax with a jax that has
-# removed what `from flax import nnx` imports (jax internals); the import then fails deep inside
-# flax. Each row: (flax from, flax up to, first jax that breaks it, the tested pair to install).
-#   flax 0.11.0 imports `jax._src.core.mutable_array`, gone in jax 0.8.0;
-#   flax 0.11.1 to 0.12.0 fall back to it when `jax.array_ref` is missing, both gone in jax 0.9.0.
-# flax 0.10.2 (jax 0.5.3) and 0.12.1 on (flax asks for jax >= 0.8.1) import with jax 0.10.2.
-_BROKEN_PAIRS: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], ...] = (
-  ((0, 11, 0), (0, 11, 0), (0, 8, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
-  ((0, 11, 1), (0, 11, 99), (0, 9, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
-  ((0, 12, 0), (0, 12, 0), (0, 9, 0), "constraints/flax-0.12.0.txt: flax 0.12.0, jax 0.8.0"),
-)
-
-_BROKEN_PAIR_MESSAGE = (
-  "loopbridge: flax {flax} cannot import with jax {jax} (jax {jax_bad} removed internals this "
-  "flax imports, so `from flax import nnx` fails; flax's own bounds allow the pair); install "
-  "jax and jaxlib below {jax_bad} as in the tested pair ({fix}), or flax 0.12.8 with jax "
-  '0.10.2 (constraints/newest.txt); see loopbridge\'s README, "Supported versions".'
-)
-
-
-def broken_pair_message(flax_version: str, jax_version: str) -> str | None:
-  """One line naming a flax/jax pair that cannot import `flax.nnx`, and the fix; else None.
-
-  Args:
-    flax_version: the installed flax version string, e.g. "0.11.2".
-    jax_version: the installed jax version string, e.g. "0.10.2".
-
-  Returns:
-    The error text for a known-broken pair, or None for a pair that imports.
-
-  Example:
-    >>> broken_pair_message("0.12.8", "0.10.2") is None
-    True
-    >>> print(broken_pair_message("0.11.2", "0.10.2"))  # doctest: +ELLIPSIS
-    loopbridge: flax 0.11.2 cannot import with jax 0.10.2 ...constraints/flax-0.11.txt...
-  """
-  flax_v, jax_v = _version_tuple(flax_version), _version_tuple(jax_version)
-  for flax_from, flax_to, jax_bad, fix in _BROKEN_PAIRS:
-    if flax_from <= flax_v <= flax_to and jax_v >= jax_bad:
-      return _BROKEN_PAIR_MESSAGE.format(
-        flax=flax_version, jax=jax_version, jax_bad=".".join(map(str, jax_bad)), fix=fix
-      )
-  return None
-
-
-def check_installed_pair() -> None:
-  """Raise ImportError (one line) if the installed flax cannot import with the installed jax.
-
-  Reads the installed versions from package metadata, without importing flax (whose
-  `from flax import nnx` is what fails on such a pair). Missing metadata (a source checkout on
-  `sys.path`) skips the check.
-
-  Raises:
-    ImportError: the installed pair is known not to import; the text names the fix.
-  """
-  try:
-    flax_version = importlib.metadata.version("flax")
-    jax_version = importlib.metadata.version("jax")
-  except importlib.metadata.PackageNotFoundError:
-    return
-  message = broken_pair_message(flax_version, jax_version)
-  if message is not None:
-    raise ImportError(message)
-
+# Re-exported: `_compat` is the one import for every difference.
+from .installed_pair import broken_pair_message as broken_pair_message
+from .installed_pair import check_installed_pair, version_tuple
+from .orbax_metadata import orbax_custom_metadata as orbax_custom_metadata
+from .orbax_metadata import orbax_tree_metadata as orbax_tree_metadata
 
 check_installed_pair()
 
@@ -99,8 +31,14 @@ import jax  # noqa: E402
 from flax import linen, nnx  # noqa: E402
 from flax.nnx.bridge import wrappers as _bridge_wrappers  # noqa: E402
 
-FLAX_VERSION: tuple[int, ...] = _version_tuple(flax.__version__)
-JAX_VERSION: tuple[int, ...] = _version_tuple(jax.__version__)
+FLAX_VERSION: tuple[int, ...] = version_tuple(flax.__version__)
+JAX_VERSION: tuple[int, ...] = version_tuple(jax.__version__)
+
+# A bridge's `rngs`: streams, one key, or none (as stock `ToNNX` takes them).
+RngsArg = nnx.Rngs | jax.Array | None
+Node = tp.TypeVar("Node")
+# jax's `dce_jaxpr(jaxpr, used_outputs) -> (pruned jaxpr, used inputs)`.
+DceJaxpr = tp.Callable[..., tuple[object, list[bool]]]
 
 # flax 0.11.1 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
 # `_object__state` to `_pytree__state`.
@@ -113,7 +51,10 @@ HAS_GRAPH_SWITCH: bool = "graph" in inspect.signature(nnx.while_loop).parameters
 # Prefixes of attributes on a bridge.ToNNX that are not Linen variables. flax 0.12 namespaces
 # its own (`to_nnx__module`, `to_nnx__rngs`); 0.10 uses plain `module`, `rngs`,
 # `linen_attributes` and records the Linen attribute names itself.
-_OWN_ATTR_PREFIXES = ("to_nnx__", "_pytree__", "_object__", "loopbridge__")
+# flax's own per-instance bookkeeping attributes on every NNX module (not graph data):
+# `_object__...` up to flax 0.11.0, `_pytree__...` from 0.11.1 on.
+NNX_INTERNAL_PREFIXES = ("_pytree__", "_object__")
+_OWN_ATTR_PREFIXES = ("to_nnx__", *NNX_INTERNAL_PREFIXES, "loopbridge__")
 
 
 def is_initializing(module: nnx.Module) -> bool:
@@ -134,7 +75,12 @@ def linen_module_of(model: nnx.bridge.ToNNX) -> linen.Module:
   return vars(model)["module"]
 
 
-def rngs_of(model: nnx.bridge.ToNNX) -> tp.Any:
+def rngs_attribute(model: nnx.bridge.ToNNX) -> str:
+  """The name of the wrapper's rngs attribute: `to_nnx__rngs` (flax >= 0.11) or `rngs` (0.10)."""
+  return "to_nnx__rngs" if "to_nnx__rngs" in vars(model) else "rngs"
+
+
+def rngs_of(model: nnx.bridge.ToNNX) -> RngsArg:
   """The wrapper's rngs: `to_nnx__rngs` (flax >= 0.12.0) or `rngs` (before)."""
   if "to_nnx__module" in vars(model):
     return vars(model)["to_nnx__rngs"]
@@ -161,7 +107,7 @@ def set_linen_attribute_names(model: nnx.bridge.ToNNX, names: tp.Iterable[str]) 
     model.linen_attributes = tuple(sorted(names))  # pyright: ignore[reportAttributeAccessIssue]
 
 
-def set_data_attribute(obj: tp.Any, name: str, value: tp.Any) -> None:
+def set_data_attribute(obj: object, name: str, value: object) -> None:
   """Assign a container of Variables as an NNX data attribute.
 
   flax 0.12 Pytrees refuse a dict holding Variables unless it is marked with `nnx.data`;
@@ -172,7 +118,7 @@ def set_data_attribute(obj: tp.Any, name: str, value: tp.Any) -> None:
   setattr(obj, name, value)
 
 
-def bridge_call_rngs(rngs: tp.Any, *, initializing: bool) -> dict[str, jax.Array]:
+def bridge_call_rngs(rngs: RngsArg, *, initializing: bool) -> dict[str, jax.Array]:
   """The `rngs=` dict stock `ToNNX.__call__` hands to Linen, consuming the streams the same way.
 
   flax 0.12 calls every stream (advancing its count) and renames `default` to `params`.
@@ -221,7 +167,7 @@ def variable_value(variable: nnx.Variable) -> tp.Any:
   return variable.value
 
 
-def set_variable_value(variable: nnx.Variable, value: tp.Any) -> None:
+def set_variable_value(variable: nnx.Variable, value: object) -> None:
   """Write a Variable's value in place, keeping the Variable object (loops need identity).
 
   0.12 deprecates assigning `.value` for `set_value()`; 0.10 has only `.value`.
@@ -232,7 +178,7 @@ def set_variable_value(variable: nnx.Variable, value: tp.Any) -> None:
     variable.value = value
 
 
-def set_variable_metadata(variable: nnx.Variable, name: str, value: tp.Any) -> None:
+def set_variable_metadata(variable: nnx.Variable, name: str, value: object) -> None:
   """Change one metadata entry of a Variable in place.
 
   0.12 refuses attribute assignment for metadata (`set_metadata` only; 0.12.0 takes keyword
@@ -286,14 +232,14 @@ def current_bridge_mutable() -> tp.Any:
   return None
 
 
-def current_trace() -> tp.Any:
+def current_trace() -> object:
   """The JAX trace NNX records on each Variable (`Variable._trace_state`), for comparing."""
   from flax.nnx import tracers  # same module and function on 0.10 and 0.12
 
   return tracers.current_jax_trace()
 
 
-def written_in_another_trace(variable: nnx.Variable, trace: tp.Any) -> bool:
+def written_in_another_trace(variable: nnx.Variable, trace: object) -> bool:
   """Whether writing `variable` under `trace` would leave the value behind in a foreign trace.
 
   flax 0.12 refuses such a write itself (`TraceContextError`), except for hijax Variables,
@@ -308,7 +254,7 @@ def written_in_another_trace(variable: nnx.Variable, trace: tp.Any) -> bool:
   return state is not None and state.jax_trace != trace
 
 
-def unfiltered_tracebacks() -> tp.ContextManager[tp.Any]:
+def unfiltered_tracebacks() -> tp.ContextManager[object]:
   """JAX traceback filtering off inside the block (this thread only).
 
   Filtering drops flax's own frames (Linen's module wrappers), and with them which Linen module
@@ -320,7 +266,7 @@ def unfiltered_tracebacks() -> tp.ContextManager[tp.Any]:
   return config.traceback_filtering("off")
 
 
-def is_batched(x: tp.Any) -> bool:
+def is_batched(x: object) -> bool:
   """Whether `x` is a value inside `jax.vmap` (or `nnx.vmap`), i.e. one per batch member.
 
   jax 0.10 no longer exports `jax.interpreters.batching.BatchTracer`; both versions keep the
@@ -468,7 +414,7 @@ def get_raw_value(variable: nnx.Variable) -> tp.Any:
   return variable.raw_value
 
 
-def set_raw_value(variable: nnx.Variable, value: tp.Any, *, check: bool = True) -> None:
+def set_raw_value(variable: nnx.Variable, value: object, *, check: bool = True) -> None:
   """Store a value in a Variable without hooks or copies (what `nnx.update` does with a state).
 
   flax 0.12 has `set_raw_value()` (the `.raw_value` setter warns); 0.10 has the attribute only.
@@ -526,7 +472,7 @@ def key_data_accessors() -> (
   return operator.attrgetter(f"{name}._base_array"), operator.attrgetter(f"{name}._impl")
 
 
-def is_concrete_typed_key(value: tp.Any) -> bool:
+def is_concrete_typed_key(value: object) -> bool:
   """A typed PRNG key array holding its data (not a tracer), as `key_data_accessors` reads."""
   dtype = getattr(value, "dtype", None)
   return (
@@ -567,18 +513,18 @@ def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
   return {
     k: v
     for k, v in children.items()
-    if not (isinstance(k, str) and k.startswith(("_pytree__", "_object__")))
+    if not (isinstance(k, str) and k.startswith(NNX_INTERNAL_PREFIXES))
   }
 
 
-def state_leaf_type(leaf: tp.Any) -> type:
+def state_leaf_type(leaf: object) -> type:
   """The Variable type of one leaf of an `nnx.State`.
 
   flax 0.10 State leaves are `VariableState` objects naming their type in `.type`; flax 0.12
   removed `VariableState` and State leaves are the Variables themselves.
   """
   if type(leaf).__name__ == "VariableState":
-    return leaf.type
+    return leaf.type  # pyright: ignore[reportAttributeAccessIssue]  # flax 0.10 only
   return type(leaf)
 
 
@@ -598,7 +544,7 @@ def _partitioning_key() -> str:
 _SHARDING_KEY = _partitioning_key()
 
 
-def sharding_metadata(names: tp.Sequence[tp.Any], mesh: tp.Any) -> dict[str, tp.Any]:
+def sharding_metadata(names: tp.Sequence[str | None], mesh: object) -> dict[str, object]:
   """Variable metadata that records a partitioning (mesh axis names per axis) and its mesh."""
   return {_SHARDING_KEY: tuple(names), "mesh": mesh}
 
@@ -613,7 +559,7 @@ def variable_sharding(variable: nnx.Variable) -> tuple[tuple[tp.Any, ...] | None
   return (tuple(names) if names is not None else None), metadata.get("mesh")
 
 
-def mesh_context(mesh: tp.Any) -> tp.ContextManager[tp.Any]:
+def mesh_context(mesh: jax.sharding.Mesh) -> tp.ContextManager[object]:
   """Make `mesh` the current mesh (what Linen's `nn.Partitioned` and flax's eager sharding read).
 
   jax >= 0.7 has `jax.set_mesh`; jax 0.5 uses the mesh itself as the (legacy) context that
@@ -624,7 +570,7 @@ def mesh_context(mesh: tp.Any) -> tp.ContextManager[tp.Any]:
   return mesh
 
 
-def no_eager_sharding() -> tp.ContextManager[tp.Any]:
+def no_eager_sharding() -> tp.ContextManager[object]:
   """Create Variables from existing arrays as they are, keeping partitioning as metadata only.
 
   flax 0.12 shards a Variable with partitioning metadata eagerly at creation (which needs a
@@ -644,7 +590,7 @@ def no_eager_sharding() -> tp.ContextManager[tp.Any]:
 _CLONE_TAKES_GRAPH = "graph" in __import__("inspect").signature(nnx.clone).parameters
 
 
-def clone_graph(node: tp.Any) -> tp.Any:
+def clone_graph(node: Node) -> Node:
   """A copy of an NNX graph with new Variables (shared references kept shared), arrays shared.
 
   flax 0.12's `nnx.clone` takes `graph=` (tree mode would refuse shared references); its
@@ -656,15 +602,69 @@ def clone_graph(node: tp.Any) -> tp.Any:
   return nnx.clone(node)
 
 
-def subclass_options(cls: type) -> dict[str, bool]:
-  """Class keywords a subclass of `cls` needs to keep behaving as `cls` does.
+# --- one difference each, used outside the core's Variable handling ----------------------------
+def installed_versions() -> dict[str, str]:
+  """The installed flax and jax versions, for reports (never to branch on)."""
+  return {"flax": flax.__version__, "jax": jax.__version__}
 
-  flax 0.12 `nnx.Pytree`/`nnx.Module` take `pytree=` at subclassing (the user's choice would
-  otherwise fall back to the default); flax 0.10 modules take no class keywords.
+
+def in_nnx_capture(module: nnx.Module) -> bool:
+  """Whether `module` runs inside flax's `nnx.capture` (flax >= 0.12 only).
+
+  flax 0.12's `nnx.capture` gives each module it watches a `__captures__` attribute for the
+  duration of the call; flax 0.10 and 0.11 have no `nnx.capture`.
+  """
+  return hasattr(module, "__captures__")
+
+
+def subclass_options(cls: type) -> dict[str, bool]:
+  """Keyword arguments that make a subclass of the NNX module class `cls` keep its options.
+
+  flax 0.12 Pytrees take `pytree=` when subclassed (`class M(nnx.Module, pytree=False)`) and
+  record it as `_pytree__is_pytree`; flax 0.10 `nnx.Object`s take no such argument.
   """
   if hasattr(cls, "_pytree__is_pytree"):
-    return {"pytree": bool(cls._pytree__is_pytree)}  # pyright: ignore[reportAttributeAccessIssue]
+    return {"pytree": bool(cls._pytree__is_pytree)}
   return {}
+
+
+def _find_dce_jaxpr() -> DceJaxpr | None:
+  # Dead-code elimination of a jaxpr (which inputs its outputs need): a jax internal, at the
+  # same place from jax 0.5.3 through 0.10.2; a jax that moves it loses only that optimization.
+  try:
+    from jax._src.interpreters.partial_eval import dce_jaxpr
+  except ImportError:  # pragma: no cover - then every leaf is passed on every call
+    return None
+  return dce_jaxpr
+
+
+dce_jaxpr: DceJaxpr | None = _find_dce_jaxpr()
+
+
+# flax >= 0.12 shards a Variable with partitioning metadata when it is created
+# (`flax_always_shard_variable`, on by default), which needs a mesh; it says so in a
+# ValueError with this text (flax 0.10 and 0.11 never shard at creation).
+_NO_MESH_MARK = "An auto mesh context or metadata is required"
+
+
+def is_missing_mesh_error(error: BaseException) -> bool:
+  """Whether `error` is flax 0.12's refusal to create a partitioned Variable without a mesh."""
+  return isinstance(error, ValueError) and _NO_MESH_MARK in str(error)
+
+
+def stock_sow_tuple_length(node: object, children: tp.Mapping[object, object]) -> int | None:
+  """How many sown values a stock bridge's tuple holds, when `node` is one; else None.
+
+  flax 0.10's stock `nnx.bridge.ToNNX` keeps a sow tuple as a tuple of Variables, one per
+  value (flax 0.12 keeps it as one Variable holding a tuple, which needs no help).
+  """
+  if (
+    isinstance(node, tuple)
+    and children
+    and all(isinstance(c, nnx.Variable) for c in children.values())
+  ):
+    return len(children)
+  return None
 
 
 # --- nnx.Optimizer (lb.checkpoint.linen_to_nnx, its tests and guide) -------------------------
