@@ -2,8 +2,9 @@
 
 One declaration covers one root and one call: the capacity spec is resolved once against every
 site the call makes (keys are paths from the root, so a bare `lb.ToNNX` uses its own paths), the
-overflow policy and the buffer layouts are chosen, and each recorder gets a `Buffer`/`Count`
-pair per site. A site whose storage (shape, dtype, capacity, policy) is unchanged keeps its
+overflow policy and the buffer layouts are chosen, and each recorder gets a `Buffer` per site
+and an entry per site in its one `Count` vector (new sites take the next entries: the vector
+grows here, outside any loop, never inside one). A site whose storage (shape, dtype, capacity, policy) is unchanged keeps its
 buffer and what it recorded; sites the call does not make keep theirs too. A site re-declared
 with another capacity or policy keeps its records (copied under the new policy); one whose
 value shape changed starts empty, with a `RecordsDiscardedWarning` if it held records. Buffers
@@ -215,16 +216,18 @@ def _keep_records(
   old: tp.Any,
   old_count: tp.Any,
   buffer: tp.Any,
-  count: tp.Any,
   label: str,
   entry: str,
   why: str = "",
-) -> None:
+) -> int:
   """Move what `old` recorded into the re-declared `buffer`, or say why it cannot
-  (`why`: a reason decided by the caller, e.g. a sibling leaf of a sown pytree)."""
-  n = int(np.max(_compat.variable_value(old_count)))
+  (`why`: a reason decided by the caller, e.g. a sibling leaf of a sown pytree).
+
+  `old_count`: the site's entry of the old Count vector. Returns the site's new count.
+  """
+  n = int(np.max(old_count))
   if n == 0:
-    return
+    return 0
   old_value = _compat.variable_value(old)
   why = why or _why_not_kept(site, old)
   if why:
@@ -233,8 +236,8 @@ def _keep_records(
       RecordsDiscardedWarning,
       stacklevel=6,
     )
-    return
-  values, lost = _buffers.kept_values(old, old_count)
+    return 0
+  values, lost = _buffers.kept_values(old, n)
   if lost:
     warnings.warn(
       _RECORDS_LOST.format(
@@ -250,7 +253,7 @@ def _keep_records(
       RecordsDiscardedWarning,
       stacklevel=6,
     )
-  _buffers.refill(buffer, count, values)
+  return _buffers.refill(buffer, values)
 
 
 def _available_bytes() -> tuple[int | None, str]:
@@ -288,16 +291,36 @@ def _check_fits(new: list[tuple[str, SowSite, tp.Any]]) -> None:
     )
 
 
+def _grown_counts(old: tp.Any, size: int, sites: list[SowSite]) -> jax.Array:
+  """The recorder's count vector with `size` entries: the old entries, zeros after them.
+
+  Stacked modules (`nnx.vmap`, `lb.layers.stack`) count per layer: `(*stack, size)`, the stack
+  shape of the existing vector, else of the sites.
+  """
+  if old is not None and _compat.variable_value(old).shape[-1]:
+    value = jnp.asarray(_compat.variable_value(old))
+    pad = [(0, 0)] * (value.ndim - 1) + [(0, size - value.shape[-1])]
+    return jnp.pad(value, pad)
+  stack = next((s.shape[: s.stack_axes] for s in sites), ())
+  return jnp.zeros((*stack, size), _buffers.COUNT_DTYPE)
+
+
 def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -> None:
   node = part.node
   recorder.make_recorder(node)
   buffers = getattr(node, recorder.BUFFERS_ATTR)
-  counts = getattr(node, recorder.COUNTS_ATTR)
   declared = {s.key: s for s in (recorder.sites_of(node) or ())}
+  next_index = max((s.count_index for s in declared.values()), default=-1) + 1
   prefix = "/".join(map(str, part.path))
   new = []
-  for site in sites:
+  for i, site in enumerate(sites):
     old = declared.get(site.key)
+    # A re-declared site keeps its entry of the Count vector; a new one takes the next.
+    if old is not None:
+      site = sites[i] = dataclasses.replace(site, count_index=old.count_index)
+    else:
+      site = sites[i] = dataclasses.replace(site, count_index=next_index)
+      next_index += 1
     existing = recorder.get_nested(buffers, site.key)
     same_storage = (
       old is not None
@@ -329,28 +352,33 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
     if (site.slot, site.sow_key) in discards and id(site) not in renewed:
       new.append(("/".join(filter(None, (prefix, *site.key))), site, layouts.get(site.key)))
   _check_fits(new)
+  counts = _grown_counts(recorder.counts_of(node), next_index, sites)
   for label, site, layout in new:
     existing = recorder.get_nested(buffers, site.key)
     stack = site.shape[: site.stack_axes]
     buffer = _buffers.new_buffer(
       site.capacity, site.value_shape, np.dtype(site.dtype), site.overflow, layout, stack=stack
     )
-    count = _buffers.Count(jnp.zeros(stack, _buffers.COUNT_DTYPE))
+    n = 0
     if isinstance(existing, _buffers.Buffer):  # re-declared: keep what it recorded if it can
-      _keep_records(
+      n = _keep_records(
         site,
         existing,
-        recorder.get_nested(counts, site.key),
+        counts[..., site.count_index],
         buffer,
-        count,
         label,
         entry,
         why=discards.get((site.slot, site.sow_key), ""),
       )
+    counts = counts.at[..., site.count_index].set(n)
     recorder.set_nested(buffers, site.key, buffer)
-    recorder.set_nested(counts, site.key, count)
   _compat.set_data_attribute(node, recorder.BUFFERS_ATTR, buffers)
-  _compat.set_data_attribute(node, recorder.COUNTS_ATTR, counts)
+  if next_index:
+    old_counts = recorder.counts_of(node)
+    if old_counts is not None and _compat.variable_value(old_counts).shape == counts.shape:
+      _compat.set_variable_value(old_counts, counts)  # same sites: the same Variable
+    else:
+      _compat.set_data_attribute(node, recorder.COUNTS_ATTR, _buffers.Count(counts))
   setattr(
     node, recorder.SITES_ATTR, tuple(sorted(declared.values(), key=lambda s: (s.slot, s.key)))
   )
