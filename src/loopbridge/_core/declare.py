@@ -1,13 +1,13 @@
 """Declare stage: turn discovered sites into buffers on their recorders.
 
-One declaration covers one root and one call: the capacity spec is resolved once against every
-site the call makes (keys are paths from the root, so a bare `lb.ToNNX` uses its own paths), the
-overflow policy and the buffer layouts are chosen, and each recorder gets a `Buffer` per site
-and an entry per site in its one `Count` vector (new sites take the next entries: the vector
-grows here, outside any loop, never inside one). A site whose storage (shape, dtype, capacity, policy) is unchanged keeps its
-buffer and what it recorded; sites the call does not make keep theirs too. A site re-declared
-with another capacity or policy keeps its records (copied under the new policy); one whose
-value shape changed starts empty, with a `RecordsDiscardedWarning` if it held records. Buffers
+One declaration covers one root and one call: the capacity spec is resolved once against every site
+the call makes (keys are paths from the root, so a bare `lb.ToNNX` uses its own paths), the overflow
+policy and the buffer layouts are chosen, and each recorder gets a `Buffer` per site and an entry
+per site in its one `Count` vector (new sites take the next entries: the vector grows here, outside
+any loop, never inside one). A site whose storage (shape, dtype, capacity, policy) is unchanged
+keeps its buffer and what it recorded; sites the call does not make keep theirs too. A site
+re-declared with another capacity or policy keeps its records (copied under the new policy); one
+whose value shape changed starts empty, with a `RecordsDiscardedWarning` if it held records. Buffers
 that cannot fit in memory are refused before anything is allocated.
 """
 

@@ -1,14 +1,14 @@
 """Reading back and resetting what a model recorded: `recorded`, `counts`, `reset`, `buffers`.
 
-A *recorder* is any graph node holding the namespaced attributes `loopbridge__buffers` (a
-nested dict of `Buffer`s, Linen-shaped: collection first) and `loopbridge__counts` (one `Count`
-vector, an entry per site; read back per site, shaped like the buffers). `lb.ToNNX` is one; other recorders (native NNX modules) can plug in by
-holding the same attributes. Called on a recorder, these functions return its Linen-shaped
-tree; called on any other module they return one entry per recorder, keyed by its path from
-the root. Every module that sows natively is a recorder (see `recorder`), so the root can be one
-and hold recorders below it: its own tree then sits at the top, next to its children's paths.
-A native module stacked by `nnx.vmap` keeps its buffers stack axes first (that is how
-`nnx.scan` slices a layer); `recorded`/`counts` read them record index first.
+A *recorder* is any graph node holding the namespaced attributes `loopbridge__buffers` (a nested
+dict of `Buffer`s, Linen-shaped: collection first) and `loopbridge__counts` (one `Count` vector, an
+entry per site; read back per site, shaped like the buffers). `lb.ToNNX` is one; other recorders
+(native NNX modules) can plug in by holding the same attributes. Called on a recorder, these
+functions return its Linen-shaped tree; called on any other module they return one entry per
+recorder, keyed by its path from the root. Every module that sows natively is a recorder (see
+`recorder`), so the root can be one and hold recorders below it: its own tree then sits at the top,
+next to its children's paths. A native module stacked by `nnx.vmap` keeps its buffers stack axes
+first (that is how `nnx.scan` slices a layer); `recorded`/`counts` read them record index first.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 A *recorder* is any NNX module holding the namespaced attributes below: `lb.ToNNX` for its Linen
 sows, and every native module that sows (its buffers sit on the module that calls `sow`, so NNX
-transforms over stacked modules slice them like parameters). Buffers are a nested dict,
-Linen-shaped (collection first); the counts of all its sites are one `Count` vector (one
-argument of a compiled step, however many sites), each site's entry at its
-`SowSite.count_index`; the declared `SowSite`s are a static tuple (part of the GraphDef). Attribute names are namespaced because `ToNNX.__getattr__` forwards
-unknown names to the Linen module and users' Linen variables become attributes too.
+transforms over stacked modules slice them like parameters). Buffers are a nested dict, Linen-shaped
+(collection first); the counts of all its sites are one `Count` vector (one argument of a compiled
+step, however many sites), each site's entry at its `SowSite.count_index`; the declared `SowSite`s
+are a static tuple (part of the GraphDef). Attribute names are namespaced because
+`ToNNX.__getattr__` forwards unknown names to the Linen module and users' Linen variables become
+attributes too.
 
 Every declaration bumps a process-wide generation number, so code that cached a model's
 Variables (`lb.compile_step`) knows cheaply when it must look again.
