@@ -72,9 +72,9 @@ class Count(nnx.Variable):
 def new_buffer(
   capacity: int,
   shape: tp.Sequence[int],
-  dtype: tp.Any,
+  dtype: jax.typing.DTypeLike,
   overflow: str,
-  sharding: tp.Any = None,
+  sharding: jax.sharding.Sharding | None = None,
   stack: tp.Sequence[int] = (),
 ) -> Buffer:
   """A zero-filled Buffer for `capacity` values of `shape`/`dtype`.
@@ -113,7 +113,7 @@ def site_count(counts: Count, index: int) -> jax.Array:
   return _compat.variable_value(counts)[..., index]
 
 
-def set_site_count(counts: Count, index: int, value: tp.Any) -> None:
+def set_site_count(counts: Count, index: int, value: int | jax.Array) -> None:
   """Write one site's entry in place; the vector keeps its shape (a loop carry stays valid)."""
   vector = _compat.variable_value(counts)
   _compat.set_variable_value(counts, jnp.asarray(vector).at[..., index].set(value))
@@ -127,7 +127,7 @@ def capacity_of(buffer: Buffer) -> int:
   return _compat.variable_value(buffer).shape[0]
 
 
-def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
+def check_value(buffer: Buffer, value: jax.typing.ArrayLike, label: str) -> None:
   """Raise if `value` cannot be stored in `buffer` (shape and dtype are fixed at declaration)."""
   buf = _compat.variable_value(buffer)
   shape, dtype = tuple(np.shape(value)), jnp.result_type(value)
@@ -146,7 +146,7 @@ def append(
   buffer: Buffer,
   counts: Count,
   site: int,
-  values: tp.Sequence[tp.Any],
+  values: tp.Sequence[jax.typing.ArrayLike],
   label: str,
   *,
   checked: bool = False,
@@ -203,7 +203,7 @@ def reset_counts(counts: Count) -> None:
   _compat.set_variable_value(counts, jnp.zeros_like(_compat.variable_value(counts)))
 
 
-def is_traced(x: tp.Any) -> bool:
+def is_traced(x: object) -> bool:
   return isinstance(x, jax.core.Tracer)
 
 
@@ -268,7 +268,7 @@ def flat_view(buffer: Buffer, count: jax.Array) -> tuple[Buffer, jax.Array]:
   return Buffer(moved, overflow=buffer.overflow), jnp.max(count)
 
 
-def kept_values(buffer: Buffer, count: jax.Array) -> tuple[jax.Array, int]:
+def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]:
   """(the values a buffer holds, oldest first; how many sown values it no longer holds).
 
   Outside a trace only (a re-declaration copies records from the old buffer with it).

@@ -22,6 +22,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
 
 from .. import _compat
 from . import buffers as _buffers
@@ -36,7 +38,7 @@ class Part:
   """One recorder's share of a declaration."""
 
   path: tuple[tp.Any, ...]  # from the root
-  node: tp.Any  # the recorder module
+  node: nnx.Module  # the recorder module
   sites: list[SowSite]  # what the call sows there, capacity/overflow not yet set
   # lb.ToNNX defaults from its constructor (None for native modules).
   default_capacity: _capacity.CapacitySpec | None = None
@@ -131,7 +133,7 @@ def declare(
   recorder.bump_generation()
 
 
-def _in_slots(node: tp.Any, sites: list[SowSite]) -> list[SowSite]:
+def _in_slots(node: nnx.Module, sites: list[SowSite]) -> list[SowSite]:
   """Each site in the slot of its call signature: the slot already declared for that
   signature on `node`, else a new one (0 for the node's first signature). A declaration for
   another signature adds buffers beside the others instead of replacing them."""
@@ -159,7 +161,7 @@ _RECORDS_LOST = (
 )
 
 
-def _why_not_kept(site: SowSite, old: tp.Any) -> str:
+def _why_not_kept(site: SowSite, old: _buffers.Buffer) -> str:
   """Why the records of buffer `old` cannot move to `site`'s new buffer ("" if they can)."""
   old_value = _compat.variable_value(old)
   k = getattr(old, "stack_axes", 0) or 0
@@ -213,9 +215,9 @@ def _records_cut(entry: str, label: str, held: int, capacity: int, policy: str |
 
 def _keep_records(
   site: SowSite,
-  old: tp.Any,
-  old_count: tp.Any,
-  buffer: tp.Any,
+  old: _buffers.Buffer,
+  old_count: jax.Array,
+  buffer: _buffers.Buffer,
   label: str,
   entry: str,
   why: str = "",
@@ -270,7 +272,7 @@ def _available_bytes() -> tuple[int | None, str]:
     return None, ""
 
 
-def _check_fits(new: list[tuple[str, SowSite, tp.Any]]) -> None:
+def _check_fits(new: list[tuple[str, SowSite, NamedSharding | None]]) -> None:
   """Refuse buffers that cannot be allocated, before allocating any (no raw XLA error)."""
   per_device = 0
   for _, site, layout in new:
@@ -291,7 +293,7 @@ def _check_fits(new: list[tuple[str, SowSite, tp.Any]]) -> None:
     )
 
 
-def _grown_counts(old: tp.Any, size: int, sites: list[SowSite]) -> jax.Array:
+def _grown_counts(old: _buffers.Count | None, size: int, sites: list[SowSite]) -> jax.Array:
   """The recorder's count vector with `size` entries: the old entries, zeros after them.
 
   Stacked modules (`nnx.vmap`, `lb.layers.stack`) count per layer: `(*stack, size)`, the stack

@@ -48,11 +48,11 @@ def generation() -> int:
   return _current_generation
 
 
-def is_recorder(node: tp.Any) -> bool:
+def is_recorder(node: object) -> bool:
   return isinstance(node, nnx.Module) and BUFFERS_ATTR in vars(node)
 
 
-def sites_of(node: tp.Any) -> tuple[SowSite, ...] | None:
+def sites_of(node: object) -> tuple[SowSite, ...] | None:
   """The declared sites of a recorder (None before any declaration)."""
   return vars(node).get(SITES_ATTR)
 
