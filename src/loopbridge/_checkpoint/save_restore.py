@@ -422,9 +422,10 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   per_site: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {}
   if declaration["format"] == 1:  # loopbridge 0.2: read each site's scalar count
     per_site = _per_site_counts(expected, vectors)
-    for key in vectors:
-      target.pop(key)
-    target.update({k: jax.ShapeDtypeStruct(*expected[k]) for k in per_site})
+    # Each scalar is read where its vector lives (orbax warns about a target without one).
+    placed = {key: target.pop(key).sharding for key in vectors}
+    for key, (vector_key, _) in per_site.items():
+      target[key] = jax.ShapeDtypeStruct(*expected[key], sharding=placed[vector_key])
   missing = sorted(set(expected) - set(saved))
   extra = sorted(set(saved) - set(expected))
   differ = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])
