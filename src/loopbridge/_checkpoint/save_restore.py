@@ -48,6 +48,7 @@ from .. import _compat
 from .._core import buffers, discovery_session, linen_vars, observe_linen, pipeline, recorder
 from .._core.errors import CheckpointError, NotDeclaredError
 from .._core.to_nnx import ToNNX
+from . import count_vectors
 
 Model = tp.TypeVar("Model")
 
@@ -296,31 +297,6 @@ def _read_metadata(checkpointer: tp.Any, path: str) -> tuple[dict, dict]:
   return saved, declaration
 
 
-def _count_entries(model: tp.Any) -> dict[tuple[str, ...], dict[tuple[str, ...], int]]:
-  """Per recorder, by the saved path of its Count vector: each site's entry, by site key."""
-  out = {}
-  for path, node in recorder.iter_recorders(model):
-    if recorder.counts_of(node) is not None:
-      key = (*(_key_str(k) for k in path), recorder.COUNTS_ATTR)
-      out[key] = recorder.count_indices(node)
-  return out
-
-
-def _per_site_counts(
-  expected: dict, vectors: dict[tuple[str, ...], dict[tuple[str, ...], int]]
-) -> dict[tuple[str, ...], tuple[tuple[str, ...], int]]:
-  """What a format 1 checkpoint holds instead of each Count vector: a scalar count per site
-  (with the stack axes), at the site's path under the counts attribute. Rewrites `expected`
-  to those arrays; returns each one's (vector path, entry)."""
-  old = {}
-  for vector_key, entries in vectors.items():
-    shape, dtype = expected.pop(vector_key)
-    for site_key, index in entries.items():
-      old[(*vector_key, *site_key)] = (vector_key, index)
-      expected[(*vector_key, *site_key)] = (shape[:-1], dtype)
-  return old
-
-
 def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[str]]:
   """(what differs in words, buffers restorable into a larger capacity)."""
   lines, grown = [], set()
@@ -418,14 +394,10 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
       shape = saved[key][0]
     expected[key] = (shape, dtype)
     target[key] = jax.ShapeDtypeStruct(shape, dtype, sharding=getattr(value, "sharding", None))
-  vectors = _count_entries(model)
-  per_site: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {}
-  if declaration["format"] == 1:  # loopbridge 0.2: read each site's scalar count
-    per_site = _per_site_counts(expected, vectors)
-    # Each scalar is read where its vector lives (orbax warns about a target without one).
-    placed = {key: target.pop(key).sharding for key in vectors}
-    for key, (vector_key, _) in per_site.items():
-      target[key] = jax.ShapeDtypeStruct(*expected[key], sharding=placed[vector_key])
+  vectors = count_vectors.entries(model, _key_str)
+  per_site = declaration["format"] == 1  # loopbridge 0.2: a scalar count per site
+  if per_site:
+    count_vectors.read_per_site(vectors, expected, target)
   missing = sorted(set(expected) - set(saved))
   extra = sorted(set(saved) - set(expected))
   differ = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])
@@ -477,23 +449,15 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   )
   if unread:
     raise _damaged(path, "orbax returned no data for " + ", ".join(unread[:8]))
-  for vector_key, entries in vectors.items() if per_site else ():
-    by_index = {index: restored.pop((*vector_key, *site)) for site, index in entries.items()}
-    restored[vector_key] = jnp.stack([by_index[i] for i in range(len(by_index))], axis=-1)
+  if per_site:
+    count_vectors.stack_per_site(vectors, restored)
   # The declaration is keyed by the joined path; a sow name or sown dict key may itself hold
   # a '/', so the path is looked up, not split.
   path_of = {"/".join(k): k for k in variables}
   for key in sorted(grown):
     saved_capacity = saved_declaration[key]["capacity"]
-    buffer_key = path_of[key]
-    i = buffer_key.index(recorder.BUFFERS_ATTR)
-    vector_key = (*buffer_key[:i], recorder.COUNTS_ATTR)
-    index = vectors.get(vector_key, {}).get(buffer_key[i + 1 :])
-    count = (
-      _host_max(restored[vector_key][..., index])
-      if vector_key in restored and index is not None
-      else saved_capacity + 1
-    )
+    site_count = count_vectors.site_count(vectors, restored, path_of[key])
+    count = saved_capacity + 1 if site_count is None else _host_max(site_count)
     if count > saved_capacity:
       raise CheckpointError(
         f"the checkpoint at {path} cannot be restored into a larger capacity: buffer {key} "
