@@ -171,8 +171,9 @@ def functional_steps(module: nn.Module):
     return y, (bx, bc, k + 1)
 
   def step_b_sites(params, rec, x):
-    # The state loopbridge keeps: one count per sow site and the rng stream's counter
-    # (lb.ToNNX draws a key per call, as flax.nnx.bridge.ToNNX does).
+    # The state loopbridge 0.2 kept: one count per sow site and the rng stream's counter
+    # (lb.ToNNX draws a key per call, as flax.nnx.bridge.ToNNX does). Since 0.3 the counts
+    # of a recorder are one vector: D passes one count array and the rng counter.
     y, state = module.apply(params, x, mutable=["intermediates"])
     bx, bc, kx, kc, rng_count = rec
     bx, bc = write_sows(bx, bc, state, kx, kc)

@@ -19,6 +19,7 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
+from loopbridge._core import recorder as _recorder
 
 from conftest import SHARDING_COMMAND, SHARDING_DEVICES
 
@@ -139,13 +140,11 @@ def _second_site_mismatch():
 
 
 def _count_at_int32_limit():
-  from loopbridge import _compat
   from loopbridge._core import buffers as _buffers
 
   model = _model(capacity=2, overflow="wrap")
-  _compat.set_variable_value(
-    model.loopbridge__counts["intermediates"]["x"], jnp.asarray(_buffers.COUNT_LIMIT, jnp.int32)
-  )
+  (site,) = [s for s in _recorder.sites_of(model) or () if s.key == ("intermediates", "x")]
+  _buffers.set_site_count(model.loopbridge__counts, site.count_index, _buffers.COUNT_LIMIT)
   return lb.recorded(model)
 
 

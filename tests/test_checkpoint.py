@@ -20,6 +20,7 @@ from flax import nnx
 
 import loopbridge as lb
 from loopbridge import _compat
+from loopbridge._core import recorder as _recorder
 
 from conftest import graph_kw
 
@@ -493,6 +494,15 @@ def test_a_checkpoint_saved_on_any_supported_flax_restores_here(fixture, tmp_pat
     k.replace("rngs/", "to_nnx__rngs/") if k.startswith("rngs/") else k: v
     for k, v in _values(model).items()
   }
+  # The fixtures are loopbridge 0.2's format 1: a scalar count per site, at the site's path
+  # under loopbridge__counts; this model holds one count vector, an entry per site.
+  counts = "loopbridge__counts"
+  per_site = {k: k[len(counts) + 1 :] for k in saved.files if k.startswith(counts + "/")}
+  assert per_site == {"loopbridge__counts/intermediates/h": "intermediates/h"}
+  assert values.pop(counts).shape == (1,)
+  for key, site in per_site.items():
+    values[key] = np.asarray(lb.counts(model)[site.split("/")[0]][site.split("/")[1]])
+  assert int(values["loopbridge__counts/intermediates/h"]) == fx.STEPS
   assert sorted(values) == sorted(saved.files)
   for key in saved.files:  # params, buffer, count, rng keys and counts
     np.testing.assert_array_equal(values[key], saved[key], err_msg=key)
@@ -632,3 +642,88 @@ def test_linen_variables_with_another_structure_are_rejected():
     model = lb.lazy_init(lb.ToNNX(WithStats(), rngs=nnx.Rngs(0)), jnp.ones((3, 5)), capacity=2)
   with pytest.raises(lb.checkpoint.CheckpointError, match=r"do not fit the model.*Fix"):
     lb.checkpoint.load_linen_variables(model, variables)
+
+
+# ---------------------------------------------------------------- loopbridge 0.2's format 1
+
+
+class TwoMethods(nn.Module):
+  """One sow per method: declared as two signatures, so the later site's count entry (1)
+  comes before the first site's in key order (`intermediates/a` < `intermediates/z`)."""
+
+  def setup(self):
+    self.dense = nn.Dense(2)
+
+  def __call__(self, x):
+    h = self.dense(x)
+    self.sow("intermediates", "z", h)
+    return h
+
+  def first(self, x):
+    h = self.dense(x)
+    self.sow("intermediates", "a", h * 2)
+    return h
+
+
+def _two_methods_model():
+  model = lb.lazy_init(lb.ToNNX(TwoMethods(), rngs=nnx.Rngs(0)), X0, capacity=4)
+  return lb.preallocate(model, X0, capacity=4, method="first")
+
+
+def _save_as_format_1(path, model):
+  """What loopbridge 0.2 saved: the same arrays, but a scalar count per site at the site's
+  path under loopbridge__counts (no count vector), and format 1 in the declaration."""
+  import orbax.checkpoint as ocp
+  from flax import traverse_util
+
+  from loopbridge._checkpoint import save_restore
+
+  variables = save_restore._model_variables(model)
+  tree = {}
+  for key, variable in variables.items():
+    value = save_restore._saved_form(_compat.variable_value(variable))
+    if key[-1] != "loopbridge__counts":
+      tree[key] = value
+      continue
+    for site in _recorder.sites_of(model) or ():
+      tree[(*key, *site.key)] = value[..., site.count_index]
+  declaration = {
+    "format": 1,
+    "buffers": save_restore._declaration(variables),
+    "empty_arrays": [],
+  }
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(
+    str(path), traverse_util.unflatten_dict(tree), custom_metadata={"loopbridge": declaration}
+  )
+  checkpointer.wait_until_finished()
+  return str(path)
+
+
+def test_a_format_1_checkpoint_restores_each_site_count_into_its_entry(tmp_path):
+  model = _two_methods_model()
+  assert [(s.name, s.count_index) for s in _recorder.sites_of(model) or ()] == [("z", 0), ("a", 1)]
+  xs = _xs(5)
+  for x in xs[:3]:
+    model(x)
+  for x in xs[3:]:
+    model(x, method="first")
+  path = _save_as_format_1(tmp_path / "c", model)
+  restored = lb.checkpoint.restore(path, _two_methods_model())
+  counts = lb.counts(restored)["intermediates"]
+  assert (int(counts["z"]), int(counts["a"])) == (3, 2)
+  linen = lb.linen_variables(model)
+  want_z = [TwoMethods().apply(linen, x, mutable=["intermediates"])[1] for x in xs[:3]]
+  want_a = [
+    TwoMethods().apply(linen, x, method="first", mutable=["intermediates"])[1] for x in xs[3:]
+  ]
+  recorded = lb.recorded(restored)["intermediates"]
+  np.testing.assert_allclose(
+    recorded["z"], np.stack([w["intermediates"]["z"][0] for w in want_z]), **TOL
+  )
+  np.testing.assert_allclose(
+    recorded["a"], np.stack([w["intermediates"]["a"][0] for w in want_a]), **TOL
+  )
+  # Saving again writes the new form: one vector, read back the same.
+  again = lb.checkpoint.restore(lb.checkpoint.save(tmp_path / "d", restored), _two_methods_model())
+  assert jax.tree.map(int, lb.counts(again)) == {"intermediates": {"z": 3, "a": 2}}

@@ -15,8 +15,8 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
-from loopbridge import _compat
 from loopbridge._core import buffers as _buffers
+from loopbridge._core import recorder as _recorder
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -150,8 +150,8 @@ def test_preallocate_of_empty_buffers_for_a_new_shape_is_silent():
 def test_a_count_at_the_int32_limit_stops_there_and_reading_is_an_error():
   model = _model(capacity=2, overflow="wrap")
   model(jnp.ones((1, 3)))
-  count = model.loopbridge__counts["intermediates"]["a"]
-  _compat.set_variable_value(count, jnp.asarray(_buffers.COUNT_LIMIT - 1, jnp.int32))
+  (site,) = [s for s in _recorder.sites_of(model) or () if s.key == ("intermediates", "a")]
+  _buffers.set_site_count(model.loopbridge__counts, site.count_index, _buffers.COUNT_LIMIT - 1)
   model(jnp.ones((1, 3)))
   model(jnp.ones((1, 3)))
   assert int(lb.counts(model)["intermediates"]["a"]) == _buffers.COUNT_LIMIT  # not negative

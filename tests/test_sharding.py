@@ -216,6 +216,9 @@ def test_inferred_buffer_sharding_survives_jitted_while_loop(mesh, logical, grap
 
   counts = lb.counts(model)["intermediates"]
   assert int(counts["x"]) == int(counts["ScanBlock_0"]["carry"]) == STEPS
+  # The count vector (one per recorder, an entry per site) stays whole on every device.
+  (vector,) = jax.tree.leaves(nnx.state(model, lb.Count))
+  assert vector.shape == (3,) and vector.sharding.is_fully_replicated
   rec = lb.recorded(model)["intermediates"]
   ref = _reference(logical, nnx.state(model, nnx.Param).to_pure_dict(), xs)
   np.testing.assert_allclose(rec["x"], ref["x"], **TOL)

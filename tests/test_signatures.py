@@ -20,6 +20,7 @@ import pytest
 from flax import nnx
 
 import loopbridge as lb
+from loopbridge._core import recorder as _recorder
 
 from models import MLP
 
@@ -164,6 +165,40 @@ def test_prompt_and_decode_steps_both_recorded_equal_to_linen():
   assert {k: int(v) for k, v in counts.items()} == {PROMPT_SIG: 1, STEP_SIG: STEPS}
   # The full-length signature of lazy_init recorded nothing and is left out.
   assert f"(int32[{B},{MAX_LEN}])" not in both
+
+
+def test_a_new_signature_grows_the_count_vector_and_keeps_the_entries():
+  """Every site of every signature has one entry of the wrapper's one count vector: a new
+  signature adds entries at declaration, the old ones keep their values, a loop keeps the
+  shape."""
+  model = lb.ToNNX(MLP(2, 4), rngs=nnx.Rngs(0))
+  lb.lazy_init(model, jnp.ones((1, 4)), capacity=4)
+  model(jnp.ones((1, 4)))
+  model(jnp.ones((1, 4)))
+  (vector,) = jax.tree.leaves(nnx.state(model, lb.Count))
+  assert vector.tolist() == [2, 2]  # ScanBlock_0/carry, x
+  lb.preallocate(model, jnp.ones((3, 4)), capacity=4)
+  (vector,) = jax.tree.leaves(nnx.state(model, lb.Count))
+  assert vector.tolist() == [2, 2, 0, 0]
+  assert sorted((s.slot, s.name, s.count_index) for s in _recorder.sites_of(model) or ()) == [
+    (0, "ScanBlock_0/carry", 0),
+    (0, "x", 1),
+    (1, "ScanBlock_0/carry", 2),
+    (1, "x", 3),
+  ]
+
+  @nnx.jit
+  def run(model, x):
+    return nnx.fori_loop(0, 3, lambda i, c: (c[0], c[0](c[1])), (model, x))[1]
+
+  run(model, jnp.ones((3, 4)))
+  (vector,) = jax.tree.leaves(nnx.state(model, lb.Count))
+  assert vector.tolist() == [2, 2, 3, 3]
+  counts = lb.counts(model)["intermediates"]
+  assert {k: int(v) for k, v in counts["x"].items()} == {
+    "(float32[1,4])": 2,
+    "(float32[3,4])": 3,
+  }
 
 
 @pytest.mark.slow

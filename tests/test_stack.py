@@ -482,6 +482,33 @@ def test_stack_of_recording_layers_reads_calls_first_and_unstacks_back():
   )
 
 
+def test_stacked_count_vectors_get_the_layer_axis_and_layer_views_write_their_entry():
+  """One count vector per recorder: stacking gives it the layer axis, `lb.layers.layer`
+  advances only its layer's entry, and unstacking gives each layer its own vector back."""
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  layers = [lb.preallocate(Sowing(nnx.Rngs(i)), x, capacity=3) for i in range(2)]
+  layers[1](x)  # layer 1 has one record, layer 0 none
+  stacked = lb.layers.stack(layers)
+  (vector,) = jax.tree.leaves(nnx.state(stacked, lb.Count))
+  assert vector.tolist() == [[0], [1]]
+  lb.layers.layer(stacked, 0)(x)
+  lb.layers.layer(stacked, 1)(x)
+  lb.layers.layer(stacked, 1)(x)
+  (vector,) = jax.tree.leaves(nnx.state(stacked, lb.Count))
+  assert vector.tolist() == [[1], [3]]
+  first, second = lb.layers.unstack(stacked)
+  assert int(lb.counts(first)["intermediates"]["h"]) == 1
+  assert int(lb.counts(second)["intermediates"]["h"]) == 3
+  np.testing.assert_allclose(
+    lb.recorded(second)["intermediates"]["h"],
+    np.stack([jnp.tanh(Sowing(nnx.Rngs(1)).lin(x))] * 3),
+    rtol=1e-6,
+    atol=1e-6,
+  )
+  lb.reset(stacked)
+  assert jax.tree.leaves(nnx.state(stacked, lb.Count))[0].tolist() == [[0], [0]]
+
+
 @pytest.mark.slow
 def test_unstacked_recording_layers_stack_again():
   """Found by the stateful test: unstacking left a `stack_axes=0` metadata entry that a

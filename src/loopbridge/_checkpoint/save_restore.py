@@ -7,12 +7,16 @@ batch_stats, ...), the record `Buffer`s and `Count`s, and the rng streams (keys 
 same way, so a loop can stop mid-way and go on in another process and record exactly what an
 uninterrupted run records.
 
-The saved format (version 1) is the same on every supported flax:
+The saved format (version 2) is the same on every supported flax:
 - arrays keyed by the model's attribute paths, except that a bridge's rng attribute (`rngs`
   on flax 0.10, `to_nnx__rngs` from 0.11 on) is always saved as `to_nnx__rngs`; typed PRNG
   keys are stored as their key data and re-wrapped with the target key's implementation;
 - the declaration, in orbax's custom metadata: per Buffer its capacity, overflow policy,
   value shape, dtype and leading stack shape, read from the Buffer and Count Variables only.
+Version 1 (loopbridge 0.2) kept one scalar count per site, at the site's path under
+`loopbridge__counts`; version 2 keeps one count vector per recorder (`loopbridge__counts`
+itself). Restoring a version 1 checkpoint reads the per-site counts into the vector, each at
+its site's entry.
 
 Restore reads both before writing anything. A different overflow policy, value shape or
 dtype, a smaller capacity or another set of Variables is a `CheckpointError` listing each
@@ -45,6 +49,7 @@ from .._core.errors import CheckpointError, NotDeclaredError
 from .._core.given_variables import describe, flat_values, plain_variables, unboxed_leaves
 from .._core.site import key_str
 from .._core.to_nnx import ToNNX
+from . import count_vectors
 
 if tp.TYPE_CHECKING:
   import orbax.checkpoint as ocp
@@ -62,7 +67,10 @@ class _BufferDeclaration(tp.TypedDict):
   dtype: str
 
 
-FORMAT = 1
+FORMAT = 2
+# Formats this version restores: 1 (loopbridge 0.2, a scalar count per site) and 2 (one count
+# vector per recorder).
+_READABLE_FORMATS = (1, 2)
 # Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
 # version saves under (the newest flax's own name).
 _METADATA_KEY = "loopbridge"
@@ -127,17 +135,17 @@ def _checkpointer() -> ocp.StandardCheckpointer:
 def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, _BufferDeclaration]:
   """Per Buffer (by saved path): capacity, overflow, value shape, dtype, stack shape.
 
-  Read from the Variables alone. A Buffer's paired Count sits at the same path under the
-  counts attribute; its shape is the buffer's leading stack axes (native layers stacked with
-  `nnx.vmap`), so the capacity is the buffer axis right after them.
+  Read from the Variables alone. A Buffer's recorder keeps its Count vector beside the
+  buffers; the vector's leading axes are the stack axes of its buffers (native layers stacked
+  with `nnx.vmap`), so the capacity is the buffer axis right after them.
   """
   out = {}
   for key, variable in variables.items():
     if not isinstance(variable, buffers.Buffer):
       continue
     i = key.index(recorder.BUFFERS_ATTR) if recorder.BUFFERS_ATTR in key else -1
-    count = variables.get((*key[:i], recorder.COUNTS_ATTR, *key[i + 1 :])) if i >= 0 else None
-    stack = np.ndim(_compat.variable_value(count)) if count is not None else 0
+    count = variables.get((*key[:i], recorder.COUNTS_ATTR)) if i >= 0 else None
+    stack = np.ndim(_compat.variable_value(count)) - 1 if count is not None else 0
     value = _compat.variable_value(variable)
     shape = tuple(int(d) for d in np.shape(value))
     out["/".join(key)] = {
@@ -273,18 +281,18 @@ def _read_metadata(checkpointer: ocp.StandardCheckpointer, path: str) -> tuple[d
       "restoring cannot check that the records mean the same thing. Fix: save it with "
       "lb.checkpoint.save; for a Linen variables dict use lb.checkpoint.load_linen_variables."
     )
-  if declaration.get("format") != FORMAT:
+  if declaration.get("format") not in _READABLE_FORMATS:
     raise CheckpointError(
       f"the checkpoint at {path} has loopbridge format {declaration.get('format')!r}, this "
-      f"loopbridge reads format {FORMAT}. Fix: restore it with the loopbridge version that "
-      "saved it."
+      f"loopbridge reads formats {', '.join(map(str, _READABLE_FORMATS))}. Fix: restore it "
+      "with the loopbridge version that saved it."
     )
   try:
     for key, shape, dtype in declaration.get(_EMPTY_KEY, ()):
       saved[tuple(map(str, key))] = (tuple(shape), jnp.dtype(dtype))
   except (TypeError, ValueError) as error:
     raise _damaged(path, "its list of zero-size arrays cannot be read", error) from error
-  return saved, declaration["buffers"]
+  return saved, declaration
 
 
 def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[str]]:
@@ -364,7 +372,8 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   path = _path(directory, "restore")
   variables = _model_variables(model)
   checkpointer = _checkpointer()
-  saved, saved_declaration = _read_metadata(checkpointer, path)
+  saved, declaration = _read_metadata(checkpointer, path)
+  saved_declaration = declaration["buffers"]
   declaration_lines, grown = _declaration_differences(saved_declaration, _declaration(variables))
   if declaration_lines:
     raise CheckpointError(
@@ -383,6 +392,10 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
       shape = saved[key][0]
     expected[key] = (shape, dtype)
     target[key] = jax.ShapeDtypeStruct(shape, dtype, sharding=getattr(value, "sharding", None))
+  vectors = count_vectors.entries(model, key_str)
+  per_site = declaration["format"] == 1  # loopbridge 0.2: a scalar count per site
+  if per_site:
+    count_vectors.read_per_site(vectors, expected, target)
   missing = sorted(set(expected) - set(saved))
   extra = sorted(set(saved) - set(expected))
   differ = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])
@@ -434,15 +447,15 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
   )
   if unread:
     raise _damaged(path, "orbax returned no data for " + ", ".join(unread[:8]))
+  if per_site:
+    count_vectors.stack_per_site(vectors, restored)
   # The declaration is keyed by the joined path; a sow name or sown dict key may itself hold
   # a '/', so the path is looked up, not split.
   path_of = {"/".join(k): k for k in variables}
   for key in sorted(grown):
     saved_capacity = saved_declaration[key]["capacity"]
-    buffer_key = path_of[key]
-    i = buffer_key.index(recorder.BUFFERS_ATTR)
-    count_key = (*buffer_key[:i], recorder.COUNTS_ATTR, *buffer_key[i + 1 :])
-    count = _host_max(restored[count_key]) if count_key in restored else saved_capacity + 1
+    site_count = count_vectors.site_count(vectors, restored, path_of[key])
+    count = saved_capacity + 1 if site_count is None else _host_max(site_count)
     if count > saved_capacity:
       raise CheckpointError(
         f"the checkpoint at {path} cannot be restored into a larger capacity: buffer {key} "

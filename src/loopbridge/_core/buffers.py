@@ -1,9 +1,12 @@
 """Preallocated record buffers: the Variable types, the O(1) in-place append, and read-back.
 
-One sow site owns a `Buffer` of shape `(capacity, *value_shape)` and a scalar `Count` of values
-sown since the last reset (it keeps counting past `capacity`, so overflow is visible). The
+One sow site owns a `Buffer` of shape `(capacity, *value_shape)`; the values sown at each site
+since the last reset are counted in one int32 `Count` vector per recorder, one entry per site
+(a count keeps going past `capacity`, so overflow is visible). One vector rather than a scalar
+per site: a compiled step passes each array as one argument, and every argument costs about a
+microsecond of dispatch. The site's entry is a fixed index (`SowSite.count_index`). The
 overflow policy travels with the Buffer as static Variable metadata, so any code holding the
-pair can append or read without looking anything up.
+buffer and its count can append or read without looking anything up.
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ class Buffer(nnx.Variable):
 
 
 class Count(nnx.Variable):
-  """Number of values sown into the paired `Buffer` since the last reset (may exceed capacity).
+  """Values sown at each site of one recorder since the last reset: an int32 vector.
+
+  One entry per declared site (a count may exceed the capacity); read them by site with
+  `lb.counts`. Modules stacked with a layer axis (`nnx.vmap`, `lb.layers.stack`) hold
+  `(*stack, sites)`.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
@@ -58,17 +65,17 @@ class Count(nnx.Variable):
     ...     return x
     >>> model = lb.lazy_init(lb.ToNNX(Net()), jnp.ones(2), capacity=3)
     >>> _ = model(jnp.ones(2)); _ = model(jnp.ones(2))
-    >>> [int(c) for c in jax.tree.leaves(nnx.state(model, lb.Count))]
-    [2]
+    >>> [c.tolist() for c in jax.tree.leaves(nnx.state(model, lb.Count))]
+    [[2]]
   """
 
 
 def new_buffer(
   capacity: int,
   shape: tp.Sequence[int],
-  dtype: tp.Any,
+  dtype: jax.typing.DTypeLike,
   overflow: Overflow,
-  sharding: tp.Any = None,
+  sharding: jax.sharding.Sharding | None = None,
   stack: tp.Sequence[int] = (),
 ) -> Buffer:
   """A zero-filled Buffer for `capacity` values of `shape`/`dtype`.
@@ -97,8 +104,20 @@ def placed_buffer(value: tp.Any, **metadata: tp.Any) -> Buffer:
     return Buffer(value, **metadata)
 
 
-def new_count() -> Count:
-  return Count(jnp.zeros((), COUNT_DTYPE))
+def new_counts(sites: int, stack: tp.Sequence[int] = ()) -> Count:
+  """A zero Count vector for `sites` sites (`stack`: leading axes of a stacked module)."""
+  return Count(jnp.zeros((*stack, sites), COUNT_DTYPE))
+
+
+def site_count(counts: Count, index: int) -> jax.Array:
+  """The count of the site at `index` (with the stack axes of a stacked module)."""
+  return _compat.variable_value(counts)[..., index]
+
+
+def set_site_count(counts: Count, index: int, value: int | jax.Array) -> None:
+  """Write one site's entry in place; the vector keeps its shape (a loop carry stays valid)."""
+  vector = _compat.variable_value(counts)
+  _compat.set_variable_value(counts, jnp.asarray(vector).at[..., index].set(value))
 
 
 def overflow_of(buffer: Buffer) -> Overflow:
@@ -109,7 +128,7 @@ def capacity_of(buffer: Buffer) -> int:
   return _compat.variable_value(buffer).shape[0]
 
 
-def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
+def check_value(buffer: Buffer, value: jax.typing.ArrayLike, label: str) -> None:
   """Raise if `value` cannot be stored in `buffer` (shape and dtype are fixed at declaration)."""
   buf = _compat.variable_value(buffer)
   shape, dtype = tuple(np.shape(value)), jnp.result_type(value)
@@ -125,12 +144,19 @@ def check_value(buffer: Buffer, value: tp.Any, label: str) -> None:
 
 
 def append(
-  buffer: Buffer, count: Count, values: tp.Sequence[tp.Any], label: str, *, checked: bool = False
+  buffer: Buffer,
+  counts: Count,
+  site: int,
+  values: tp.Sequence[jax.typing.ArrayLike],
+  label: str,
+  *,
+  checked: bool = False,
 ) -> None:
   """Write `values` (one call's sows at one site, in call order) after the recorded ones.
 
   Each write touches one slot (`dynamic_update_index_in_dim`), never the whole buffer, and the
   Variables are updated in place so NNX loops see the same structure before and after.
+  `counts`/`site`: the recorder's Count vector and this site's entry in it.
   `checked=True`: the caller already ran `check_value` on every value.
   """
   if not values:
@@ -139,7 +165,7 @@ def append(
     for value in values:
       check_value(buffer, value, label)
   buf = placement.constrain(buffer, _compat.variable_value(buffer))
-  start = _compat.variable_value(count)
+  start = site_count(counts, site)
   capacity = buf.shape[0]
   policy = overflow_of(buffer)
   for offset, value in enumerate(values):
@@ -160,34 +186,39 @@ def append(
       )
   _compat.set_variable_value(buffer, placement.constrain(buffer, buf))
   added = len(values)
-  _compat.set_variable_value(
-    count,
+  set_site_count(
+    counts,
+    site,
     jnp.where(start > COUNT_LIMIT - added, COUNT_LIMIT, start + jnp.asarray(added, COUNT_DTYPE)),
   )
 
 
-def reset(buffer: Buffer, count: Count) -> None:
-  """Count back to zero and slots cleared, without changing any shape (works inside loops)."""
+def clear(buffer: Buffer) -> None:
+  """Slots cleared, without changing the shape (works inside loops)."""
   buf = _compat.variable_value(buffer)
   _compat.set_variable_value(buffer, placement.constrain(buffer, jnp.zeros_like(buf)))
-  # zeros_like: counts of stacked native layers have the stack axes (shape-stable reset).
-  _compat.set_variable_value(count, jnp.zeros_like(_compat.variable_value(count)))
 
 
-def is_traced(x: tp.Any) -> bool:
+def reset_counts(counts: Count) -> None:
+  """Every entry back to zero, shape kept (stacked layers' stack axes too; works in loops)."""
+  _compat.set_variable_value(counts, jnp.zeros_like(_compat.variable_value(counts)))
+
+
+def is_traced(x: object) -> bool:
   return isinstance(x, jax.core.Tracer)
 
 
-def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
+def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
   """The recorded values, oldest first.
 
   Outside a trace: trimmed to the number recorded (at most `capacity`); under
   `overflow="error"` reading an overflowed buffer raises `BufferOverflowError`.
   Inside a trace (jit, loops): shapes must be static, so the full `(capacity, ...)` buffer is
   returned (oldest first for `"wrap"`); slots past `count` hold zeros. Use `lb.counts` there.
+  `count`: the site's entry of its recorder's Count vector.
   """
   buf = _compat.variable_value(buffer)
-  n = _compat.variable_value(count)
+  n = count
   capacity = buf.shape[0]
   policy = overflow_of(buffer)
   if is_traced(buf) or is_traced(n):
@@ -224,8 +255,9 @@ def read(buffer: Buffer, count: Count, label: str) -> jax.Array:
   return jnp.concatenate([buf[start:], buf[:start]], axis=0)
 
 
-def flat_view(buffer: Buffer, count: Count) -> tuple[Buffer, Count]:
-  """A stacked buffer `(*stack, capacity, ...)` seen as `(capacity, *stack, ...)`.
+def flat_view(buffer: Buffer, count: jax.Array) -> tuple[Buffer, jax.Array]:
+  """A stacked buffer `(*stack, capacity, ...)` seen as `(capacity, *stack, ...)`, and the
+  site's count (`count`: its entry of the Count vector, with the stack axes) as one scalar.
 
   Every layer of a stack sows once per call, so the counts agree; their maximum is used.
   """
@@ -234,17 +266,17 @@ def flat_view(buffer: Buffer, count: Count) -> tuple[Buffer, Count]:
     return buffer, count
   value = _compat.variable_value(buffer)
   moved = jnp.moveaxis(value, k, 0)
-  n = jnp.max(_compat.variable_value(count))
-  return Buffer(moved, overflow=buffer.overflow), Count(n)
+  return Buffer(moved, overflow=buffer.overflow), jnp.max(count)
 
 
-def kept_values(buffer: Buffer, count: Count) -> tuple[jax.Array, int]:
+def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]:
   """(the values a buffer holds, oldest first; how many sown values it no longer holds).
 
   Outside a trace only (a re-declaration copies records from the old buffer with it).
+  `count`: the site's count (a scalar).
   """
   buf = _compat.variable_value(buffer)
-  n = min(int(_compat.variable_value(count)), COUNT_LIMIT)
+  n = min(int(count), COUNT_LIMIT)
   capacity = buf.shape[0]
   if n <= capacity:
     return buf[:n], 0
@@ -254,8 +286,9 @@ def kept_values(buffer: Buffer, count: Count) -> tuple[jax.Array, int]:
   return buf, n - capacity
 
 
-def refill(buffer: Buffer, count: Count, values: jax.Array) -> None:
-  """Append `values` (oldest first) to an empty buffer under its own policy."""
+def refill(buffer: Buffer, values: jax.Array) -> int:
+  """Append `values` (oldest first) to an empty buffer under its own policy; returns the
+  site's new count (the caller writes it into the recorder's Count vector)."""
   buf = _compat.variable_value(buffer)
   capacity, k = buf.shape[0], values.shape[0]
   if overflow_of(buffer) == "wrap" and k > capacity:
@@ -265,4 +298,4 @@ def refill(buffer: Buffer, count: Count, values: jax.Array) -> None:
     take = min(k, capacity)
     buf = buf.at[:take].set(values[:take].astype(buf.dtype))
   _compat.set_variable_value(buffer, placement.constrain(buffer, buf))
-  _compat.set_variable_value(count, jnp.asarray(k, COUNT_DTYPE))
+  return int(k)

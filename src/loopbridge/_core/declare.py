@@ -1,12 +1,13 @@
 """Declare stage: turn discovered sites into buffers on their recorders.
 
-One declaration covers one root and one call: the capacity spec is resolved once against every
-site the call makes (keys are paths from the root, so a bare `lb.ToNNX` uses its own paths), the
-overflow policy and the buffer layouts are chosen, and each recorder gets a `Buffer`/`Count`
-pair per site. A site whose storage (shape, dtype, capacity, policy) is unchanged keeps its
-buffer and what it recorded; sites the call does not make keep theirs too. A site re-declared
-with another capacity or policy keeps its records (copied under the new policy); one whose
-value shape changed starts empty, with a `RecordsDiscardedWarning` if it held records. Buffers
+One declaration covers one root and one call: the capacity spec is resolved once against every site
+the call makes (keys are paths from the root, so a bare `lb.ToNNX` uses its own paths), the overflow
+policy and the buffer layouts are chosen, and each recorder gets a `Buffer` per site and an entry
+per site in its one `Count` vector (new sites take the next entries: the vector grows here, outside
+any loop, never inside one). A site whose storage (shape, dtype, capacity, policy) is unchanged
+keeps its buffer and what it recorded; sites the call does not make keep theirs too. A site
+re-declared with another capacity or policy keeps its records (copied under the new policy); one
+whose value shape changed starts empty, with a `RecordsDiscardedWarning` if it held records. Buffers
 that cannot fit in memory are refused before anything is allocated.
 """
 
@@ -21,6 +22,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
 
 from .. import _compat
 from . import buffers as _buffers
@@ -35,7 +38,7 @@ class Part:
   """One recorder's share of a declaration."""
 
   path: tuple[tp.Any, ...]  # from the root
-  node: tp.Any  # the recorder module
+  node: nnx.Module  # the recorder module
   sites: list[SowSite]  # what the call sows there, capacity/overflow not yet set
   # An lb.ToNNX's constructor spec (nothing given for native modules).
   default: _capacity.DeclarationSpec = dataclasses.field(default_factory=_capacity.DeclarationSpec)
@@ -132,7 +135,7 @@ def declare(
   recorder.bump_generation()
 
 
-def _in_slots(node: tp.Any, sites: list[SowSite]) -> list[SowSite]:
+def _in_slots(node: nnx.Module, sites: list[SowSite]) -> list[SowSite]:
   """Each site in the slot of its call signature: the slot already declared for that
   signature on `node`, else a new one (0 for the node's first signature). A declaration for
   another signature adds buffers beside the others instead of replacing them."""
@@ -160,7 +163,7 @@ _RECORDS_LOST = (
 )
 
 
-def _why_not_kept(site: SowSite, old: tp.Any) -> str:
+def _why_not_kept(site: SowSite, old: _buffers.Buffer) -> str:
   """Why the records of buffer `old` cannot move to `site`'s new buffer ("" if they can)."""
   old_value = _compat.variable_value(old)
   k = getattr(old, "stack_axes", 0) or 0
@@ -216,19 +219,21 @@ def _records_cut(
 
 def _keep_records(
   site: SowSite,
-  old: tp.Any,
-  old_count: tp.Any,
-  buffer: tp.Any,
-  count: tp.Any,
+  old: _buffers.Buffer,
+  old_count: jax.Array,
+  buffer: _buffers.Buffer,
   label: str,
   entry: str,
   why: str = "",
-) -> None:
+) -> int:
   """Move what `old` recorded into the re-declared `buffer`, or say why it cannot
-  (`why`: a reason decided by the caller, e.g. a sibling leaf of a sown pytree)."""
-  n = int(np.max(_compat.variable_value(old_count)))
+  (`why`: a reason decided by the caller, e.g. a sibling leaf of a sown pytree).
+
+  `old_count`: the site's entry of the old Count vector. Returns the site's new count.
+  """
+  n = int(np.max(old_count))
   if n == 0:
-    return
+    return 0
   old_value = _compat.variable_value(old)
   why = why or _why_not_kept(site, old)
   if why:
@@ -237,8 +242,8 @@ def _keep_records(
       RecordsDiscardedWarning,
       stacklevel=6,
     )
-    return
-  values, lost = _buffers.kept_values(old, old_count)
+    return 0
+  values, lost = _buffers.kept_values(old, n)
   if lost:
     warnings.warn(
       _RECORDS_LOST.format(
@@ -254,7 +259,7 @@ def _keep_records(
       RecordsDiscardedWarning,
       stacklevel=6,
     )
-  _buffers.refill(buffer, count, values)
+  return _buffers.refill(buffer, values)
 
 
 def _available_bytes() -> tuple[int | None, str]:
@@ -271,7 +276,7 @@ def _available_bytes() -> tuple[int | None, str]:
     return None, ""
 
 
-def _check_fits(new: list[tuple[str, SowSite, tp.Any]]) -> None:
+def _check_fits(new: list[tuple[str, SowSite, NamedSharding | None]]) -> None:
   """Refuse buffers that cannot be allocated, before allocating any (no raw XLA error)."""
   per_device = 0
   for _, site, layout in new:
@@ -292,16 +297,36 @@ def _check_fits(new: list[tuple[str, SowSite, tp.Any]]) -> None:
     )
 
 
+def _grown_counts(old: _buffers.Count | None, size: int, sites: list[SowSite]) -> jax.Array:
+  """The recorder's count vector with `size` entries: the old entries, zeros after them.
+
+  Stacked modules (`nnx.vmap`, `lb.layers.stack`) count per layer: `(*stack, size)`, the stack
+  shape of the existing vector, else of the sites.
+  """
+  if old is not None and _compat.variable_value(old).shape[-1]:
+    value = jnp.asarray(_compat.variable_value(old))
+    pad = [(0, 0)] * (value.ndim - 1) + [(0, size - value.shape[-1])]
+    return jnp.pad(value, pad)
+  stack = next((s.shape[: s.stack_axes] for s in sites), ())
+  return jnp.zeros((*stack, size), _buffers.COUNT_DTYPE)
+
+
 def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -> None:
   node = part.node
   recorder.make_recorder(node)
   buffers = getattr(node, recorder.BUFFERS_ATTR)
-  counts = getattr(node, recorder.COUNTS_ATTR)
   declared = {s.key: s for s in (recorder.sites_of(node) or ())}
+  next_index = max((s.count_index for s in declared.values()), default=-1) + 1
   prefix = "/".join(map(str, part.path))
   new = []
-  for site in sites:
+  for i, site in enumerate(sites):
     old = declared.get(site.key)
+    # A re-declared site keeps its entry of the Count vector; a new one takes the next.
+    if old is not None:
+      site = sites[i] = dataclasses.replace(site, count_index=old.count_index)
+    else:
+      site = sites[i] = dataclasses.replace(site, count_index=next_index)
+      next_index += 1
     existing = recorder.get_nested(buffers, site.key)
     same_storage = (
       old is not None
@@ -333,28 +358,33 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
     if (site.slot, site.sow_key) in discards and id(site) not in renewed:
       new.append(("/".join(filter(None, (prefix, *site.key))), site, layouts.get(site.key)))
   _check_fits(new)
+  counts = _grown_counts(recorder.counts_of(node), next_index, sites)
   for label, site, layout in new:
     existing = recorder.get_nested(buffers, site.key)
     stack = site.shape[: site.stack_axes]
     buffer = _buffers.new_buffer(
       site.capacity, site.value_shape, np.dtype(site.dtype), site.overflow, layout, stack=stack
     )
-    count = _buffers.Count(jnp.zeros(stack, _buffers.COUNT_DTYPE))
+    n = 0
     if isinstance(existing, _buffers.Buffer):  # re-declared: keep what it recorded if it can
-      _keep_records(
+      n = _keep_records(
         site,
         existing,
-        recorder.get_nested(counts, site.key),
+        counts[..., site.count_index],
         buffer,
-        count,
         label,
         entry,
         why=discards.get((site.slot, site.sow_key), ""),
       )
+    counts = counts.at[..., site.count_index].set(n)
     recorder.set_nested(buffers, site.key, buffer)
-    recorder.set_nested(counts, site.key, count)
   _compat.set_data_attribute(node, recorder.BUFFERS_ATTR, buffers)
-  _compat.set_data_attribute(node, recorder.COUNTS_ATTR, counts)
+  if next_index:
+    old_counts = recorder.counts_of(node)
+    if old_counts is not None and _compat.variable_value(old_counts).shape == counts.shape:
+      _compat.set_variable_value(old_counts, counts)  # same sites: the same Variable
+    else:
+      _compat.set_data_attribute(node, recorder.COUNTS_ATTR, _buffers.Count(counts))
   setattr(
     node, recorder.SITES_ATTR, tuple(sorted(declared.values(), key=lambda s: (s.slot, s.key)))
   )

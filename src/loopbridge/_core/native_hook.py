@@ -106,11 +106,11 @@ def install(cls: type) -> None:
         raise NotDeclaredError(
           _NO_BUFFER.format(label=f"{type(self).__name__}: {collection}/{name}")
         )
-      counts = getattr(self, recorder.COUNTS_ATTR)
-      trace_check.check([counts[collection][name]], f"{type(self).__name__}.sow")
-      _buffers.append(
-        buffer, counts[collection][name], [value], f"{type(self).__name__}: {collection}/{name}"
-      )
+      counts = recorder.counts_of(self)
+      assert counts is not None  # a buffer was found, so the vector exists
+      trace_check.check([counts], f"{type(self).__name__}.sow")
+      index = recorder.count_indices(self)[(collection, name)]
+      _buffers.append(buffer, counts, index, [value], f"{type(self).__name__}: {collection}/{name}")
       if in_capture:  # the capture also returns this call's sows, as without loopbridge
         previous(self)(variable_type, name, value, reduce_fn, init_fn)
       return True

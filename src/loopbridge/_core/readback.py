@@ -1,20 +1,21 @@
 """Reading back and resetting what a model recorded: `recorded`, `counts`, `reset`, `buffers`.
 
-A *recorder* is any graph node holding the two namespaced attributes `loopbridge__buffers` and
-`loopbridge__counts` (nested dicts of `Buffer` / `Count` with the same paths, Linen-shaped:
-collection first). `lb.ToNNX` is one; other recorders (native NNX modules) can plug in by
-holding the same attributes. Called on a recorder, these functions return its Linen-shaped
-tree; called on any other module they return one entry per recorder, keyed by its path from
-the root. Every module that sows natively is a recorder (see `recorder`), so the root can be one
-and hold recorders below it: its own tree then sits at the top, next to its children's paths.
-A native module stacked by `nnx.vmap` keeps its buffers stack axes first (that is how
-`nnx.scan` slices a layer); `recorded`/`counts` read them record index first.
+A *recorder* is any graph node holding the namespaced attributes `loopbridge__buffers` (a nested
+dict of `Buffer`s, Linen-shaped: collection first) and `loopbridge__counts` (one `Count` vector, an
+entry per site; read back per site, shaped like the buffers). `lb.ToNNX` is one; other recorders
+(native NNX modules) can plug in by holding the same attributes. Called on a recorder, these
+functions return its Linen-shaped tree; called on any other module they return one entry per
+recorder, keyed by its path from the root. Every module that sows natively is a recorder (see
+`recorder`), so the root can be one and hold recorders below it: its own tree then sits at the top,
+next to its children's paths. A native module stacked by `nnx.vmap` keeps its buffers stack axes
+first (that is how `nnx.scan` slices a layer); `recorded`/`counts` read them record index first.
 """
 
 from __future__ import annotations
 
 import typing as tp
 
+import jax
 import jax.numpy as jnp
 from flax.nnx import bridge
 
@@ -50,9 +51,10 @@ _UNKNOWN_SIGNATURE = (
 
 def _map_records(
   model: tp.Any,
-  fn: tp.Callable[[tuple, _buffers.Buffer, _buffers.Count], tp.Any],
+  fn: tp.Callable[[tuple, _buffers.Buffer, jax.Array], tp.Any],
   signature: str | None = None,
 ) -> dict:
+  """`fn(path from the root, buffer, the site's count)` per site, Linen-shaped (see `recorded`)."""
   result: dict = {}
   found = False
   labels_seen: list[str] = []
@@ -62,8 +64,11 @@ def _map_records(
     if sites is None:
       raise NotDeclaredError(_NOT_INITIALIZED.format(what=_describe(root_path, recorder)))
     by_slot: dict[int, dict] = {}
-    counts: dict[tuple[int, tuple[str, ...]], _buffers.Count] = {}
-    for path, buffer, count in _recorder.pairs(recorder):
+    counts: dict[tuple[int, tuple[str, ...]], jax.Array] = {}
+    vector = _recorder.counts_of(recorder)
+    for path, buffer, index in _recorder.pairs(recorder):
+      assert vector is not None  # a recorder with a buffer has its Count vector
+      count = _buffers.site_count(vector, index)
       slot, key = split_slot(path)
       _recorder.set_nested(by_slot.setdefault(slot, {}), key, fn((*root_path, *key), buffer, count))
       counts[slot, key] = count
@@ -111,7 +116,7 @@ def _slot_labels(sites: tp.Sequence[SowSite]) -> dict[int, str]:
 def _merge_signatures(
   by_slot: dict[int, dict],
   sites: tp.Sequence[SowSite],
-  counts: dict[tuple[int, tuple[str, ...]], _buffers.Count],
+  counts: dict[tuple[int, tuple[str, ...]], jax.Array],
   labels: dict[int, str],
 ) -> dict:
   """One Linen-shaped tree over every signature of a recorder (`signature=None`).
@@ -133,7 +138,7 @@ def _merge_signatures(
       holding = []
       for slot in slots:
         site = next(s for s in its_sites if s.slot == slot)
-        n = _compat.variable_value(counts[slot, split_slot(site.key)[1]])
+        n = counts[slot, split_slot(site.key)[1]]
         if _buffers.is_traced(n):
           holding = slots  # inside a trace: every signature, by label
           break
@@ -240,9 +245,7 @@ def counts(model: tp.Any, *, signature: str | None = None) -> dict:
     >>> int(lb.counts(model)["intermediates"]["x"])
     2
   """
-  return _map_records(
-    model, lambda path, b, c: _compat.variable_value(_buffers.flat_view(b, c)[1]), signature
-  )
+  return _map_records(model, lambda path, b, c: _buffers.flat_view(b, c)[1], signature)
 
 
 def buffers(model: tp.Any, *, signature: str | None = None) -> dict:
@@ -296,5 +299,9 @@ def reset(model: Model) -> Model:
     >>> lb.recorded(lb.reset(model))["intermediates"]["x"].shape
     (0, 2)
   """
-  _map_records(model, lambda path, b, c: _buffers.reset(b, c))
+  _map_records(model, lambda path, b, c: _buffers.clear(b))
+  for _, recorder in _recorder.iter_recorders(model):
+    vector = _recorder.counts_of(recorder)
+    if vector is not None:
+      _buffers.reset_counts(vector)
   return model

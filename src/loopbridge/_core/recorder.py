@@ -2,10 +2,12 @@
 
 A *recorder* is any NNX module holding the namespaced attributes below: `lb.ToNNX` for its Linen
 sows, and every native module that sows (its buffers sit on the module that calls `sow`, so NNX
-transforms over stacked modules slice them like parameters). Buffers and counts are nested dicts
-with the same paths, Linen-shaped (collection first); the declared `SowSite`s are a static tuple
-(part of the GraphDef). Attribute names are namespaced because `ToNNX.__getattr__` forwards
-unknown names to the Linen module and users' Linen variables become attributes too.
+transforms over stacked modules slice them like parameters). Buffers are a nested dict, Linen-shaped
+(collection first); the counts of all its sites are one `Count` vector (one argument of a compiled
+step, however many sites), each site's entry at its `SowSite.count_index`; the declared `SowSite`s
+are a static tuple (part of the GraphDef). Attribute names are namespaced because
+`ToNNX.__getattr__` forwards unknown names to the Linen module and users' Linen variables become
+attributes too.
 
 Every declaration bumps a process-wide generation number, so code that cached a model's
 Variables (`lb.compile_step`) knows cheaply when it must look again.
@@ -46,11 +48,11 @@ def generation() -> int:
   return _current_generation
 
 
-def is_recorder(node: tp.Any) -> bool:
+def is_recorder(node: object) -> bool:
   return isinstance(node, nnx.Module) and BUFFERS_ATTR in vars(node)
 
 
-def sites_of(node: tp.Any) -> tuple[SowSite, ...] | None:
+def sites_of(node: object) -> tuple[SowSite, ...] | None:
   """The declared sites of a recorder (None before any declaration)."""
   return vars(node).get(SITES_ATTR)
 
@@ -67,19 +69,31 @@ def iter_recorders(model: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], nnx.M
       yield tuple(path), node
 
 
+def counts_of(recorder: nnx.Module) -> buffers.Count | None:
+  """The recorder's Count vector (None before its first site is declared)."""
+  counts = vars(recorder).get(COUNTS_ATTR)
+  return counts if isinstance(counts, buffers.Count) else None
+
+
+def count_indices(recorder: nnx.Module) -> dict[tuple[str, ...], int]:
+  """Each declared site's entry in the Count vector, by site key."""
+  return {s.key: s.count_index for s in sites_of(recorder) or ()}
+
+
 def pairs(
   recorder: nnx.Module,
-) -> tp.Iterator[tuple[tuple[str, ...], buffers.Buffer, buffers.Count]]:
-  """(site key, Buffer, Count) for every buffer of one recorder, in sorted key order."""
+) -> tp.Iterator[tuple[tuple[str, ...], buffers.Buffer, int]]:
+  """(site key, Buffer, entry in the Count vector) per buffer of one recorder, by sorted key."""
+  index = count_indices(recorder)
 
-  def walk(tree_b, tree_c, prefix):
+  def walk(tree_b, prefix):
     if isinstance(tree_b, buffers.Buffer):
-      yield prefix, tree_b, tree_c
+      yield prefix, tree_b, index[prefix]
       return
     for key in sorted(tree_b):
-      yield from walk(tree_b[key], tree_c[key], (*prefix, key))
+      yield from walk(tree_b[key], (*prefix, key))
 
-  yield from walk(getattr(recorder, BUFFERS_ATTR), getattr(recorder, COUNTS_ATTR), ())
+  yield from walk(getattr(recorder, BUFFERS_ATTR), ())
 
 
 def get_nested(tree: tp.Any, path: tp.Sequence[str]) -> tp.Any:
@@ -97,7 +111,6 @@ def set_nested(tree: dict, path: tp.Sequence[str], value: tp.Any) -> None:
 
 
 def make_recorder(node: nnx.Module) -> None:
-  """Give `node` empty buffer/count trees (idempotent)."""
+  """Give `node` an empty buffer tree (idempotent); its Count vector comes with its first site."""
   if BUFFERS_ATTR not in vars(node):
     _compat.set_data_attribute(node, BUFFERS_ATTR, {})
-    _compat.set_data_attribute(node, COUNTS_ATTR, {})

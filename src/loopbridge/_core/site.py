@@ -104,6 +104,8 @@ class SowSite:
     slot: where that signature's buffers sit on the recorder: 0 (the first signature declared)
       at the site's Linen path, as before signatures existed; later ones under
       `loopbridge__signature_<slot>`.
+    count_index: the site's entry in its recorder's `Count` vector, fixed when the site is
+      first declared (-1 before); later sites and signatures take the next entries.
   """
 
   collection: str
@@ -121,6 +123,7 @@ class SowSite:
   leaf_index: int = 0
   signature: str = ""
   slot: int = 0
+  count_index: int = -1
 
   @property
   def key(self) -> tuple[str, ...]:

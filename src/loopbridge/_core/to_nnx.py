@@ -5,8 +5,9 @@ every `sow` to a growing tuple, so NNX loops (which require the same Variables a
 structure before and after the body) reject it. This subclass:
 - keeps the Linen variables where stock `ToNNX` keeps them (same attribute paths, same types),
   but writes updates into the *existing* Variables;
-- moves each call's sown values into preallocated `Buffer`s (one per sow site) and advances a
-  `Count`, so the structure is identical after every call.
+- moves each call's sown values into preallocated `Buffer`s (one per sow site) and advances
+  the site's entry of the wrapper's one `Count` vector, so the structure is identical after
+  every call.
 While a loopbridge entry (`lb.lazy_init`, `lb.preallocate`) runs, it reports what its Linen
 call sowed to that entry's discovery session instead. The design note in
 `src/loopbridge/README.md` explains the stages.
@@ -370,7 +371,7 @@ class ToNNX(bridge.ToNNX):
     # Before drawing from the rng streams (a write too): a closed-over model fails here.
     trace_check.check(
       [
-        _first_variable(getattr(self, COUNTS_ATTR)),
+        recorder.counts_of(self),
         *(_rng_counts(_compat.rngs_of(self)) if rngs is None else ()),
       ],
       f"lb.ToNNX({type(module).__name__})",
@@ -430,7 +431,8 @@ class ToNNX(bridge.ToNNX):
     method); inside `lb.recording(False)` they are left out.
     """
     buffers = getattr(self, BUFFERS_ATTR)
-    counts = getattr(self, COUNTS_ATTR)
+    counts = recorder.counts_of(self)
+    index = recorder.count_indices(self)
     flat_in = traverse_util.flatten_dict(dict(variables_in))
     flat_updates = traverse_util.flatten_dict(dict(updates))
     recording = recording_switch.is_on()
@@ -446,9 +448,9 @@ class ToNNX(bridge.ToNNX):
         if isinstance(buffer, _buffers.Buffer):
           for v in value:
             _buffers.check_value(buffer, v, label)
-          records.append((buffer, recorder.get_nested(counts, prefix + path), value, label))
+          records.append((buffer, index[prefix + path], value, label))
         else:
-          records.extend(_pytree_records(self, path, value, buffers, counts, label, slot))
+          records.extend(_pytree_records(self, path, value, buffers, label, slot))
         continue
       if path in flat_in and flat_in[path] is value:
         continue  # unchanged (e.g. params under mutable=True): nothing to write
@@ -482,8 +484,9 @@ class ToNNX(bridge.ToNNX):
       [variable for variable, _ in writes],
       f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__})",
     )
-    for buffer, count, values, label in records:
-      _buffers.append(buffer, count, values, label, checked=True)
+    for buffer, i, values, label in records:
+      assert counts is not None  # a buffer was found for this record, so the vector exists
+      _buffers.append(buffer, counts, i, values, label, checked=True)
     for variable, new in writes:
       _compat.set_variable_value(variable, new)
     if created:
@@ -541,11 +544,10 @@ def _pytree_records(
   path: tuple[str, ...],
   value: tuple,
   buffers: dict,
-  counts: dict,
   label: str,
   slot: int,
-) -> list[tuple[_buffers.Buffer, _buffers.Count, list, str]]:
-  """(buffer, count, values, label) per array leaf of one call's pytree sows at `path`."""
+) -> list[tuple[_buffers.Buffer, int, list, str]]:
+  """(buffer, count index, values, label) per array leaf of one call's pytree sows at `path`."""
   sites = sorted(
     (
       s
@@ -570,7 +572,7 @@ def _pytree_records(
     leaves = [leaves[site.leaf_index][1] for _, leaves in flat]
     for leaf in leaves:
       _buffers.check_value(buffer, leaf, leaf_label)
-    out.append((buffer, recorder.get_nested(counts, site.key), leaves, leaf_label))
+    out.append((buffer, site.count_index, leaves, leaf_label))
   return out
 
 
@@ -633,14 +635,6 @@ def _plain_call(
     extra += f", capture_intermediates={capture!r}"
   first = "rngs" if entry == "init" else "variables"
   return f"`{type(module).__name__}.{entry}({first}, *args{extra})`"
-
-
-def _first_variable(tree: object) -> nnx.Variable | None:
-  """One Variable of a recorder's counts: they are all created (and merged) together."""
-  for leaf in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable)):
-    if isinstance(leaf, nnx.Variable):
-      return leaf
-  return None
 
 
 def _rng_counts(rngs: _compat.RngsArg) -> list[nnx.Variable | None]:
