@@ -20,6 +20,7 @@ from flax import nnx
 
 from .. import _compat
 from .._core.errors import CheckpointError
+from .._core.site import key_str
 from .convert_align import (
   Key,
   Pair,
@@ -138,20 +139,13 @@ def _is_variable(x: object) -> bool:
   return isinstance(x, nnx.Variable)
 
 
-def _key_part(k: object) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(k, attr):
-      return str(getattr(k, attr))
-  return str(k)
-
-
 def _nnx_param_paths(port_params: tp.Mapping[Key, nnx.Variable]) -> set[tuple[str, ...]]:
   return {k[1:] for k in port_params}
 
 
 def _state_paths(node: object) -> set[tuple[str, ...]]:
   flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(_key_part(k) for k in path) for path, _ in flat}
+  return {tuple(key_str(k) for k in path) for path, _ in flat}
 
 
 def _nnx_params_like(paths: set[tuple[str, ...]]) -> tp.Callable[[object], bool]:
@@ -214,14 +208,14 @@ def _opt_to_nnx(
       writes += _checked_writes(
         {("opt_state", where): nnode}, {("opt_state", where): lnode}, "optax state"
       )
-      if count is None and lpath and _key_part(lpath[-1]) == "count":
+      if count is None and lpath and key_str(lpath[-1]) == "count":
         count = lnode
   return writes, count
 
 
 def _flat_variables(node: object) -> dict[tuple[str, ...], nnx.Variable]:
   flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(_key_part(k) for k in path): v for path, v in flat}
+  return {tuple(key_str(k) for k in path): v for path, v in flat}
 
 
 def _opt_to_linen(

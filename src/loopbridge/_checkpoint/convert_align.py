@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import re
 import typing as tp
 
 import jax
@@ -28,6 +27,7 @@ from flax.linen import meta as linen_meta
 
 from .. import _compat
 from .._core.errors import CheckpointError
+from .._core.site import linen_key
 
 # (collection, *module path, variable name): one stored array on either side.
 Key = tuple[str, ...]
@@ -377,7 +377,8 @@ def _pair_leaves(lu: Unit, nu: Unit) -> tuple[tuple[LeafName, LeafName], ...] | 
 def _rel(unit: Unit, prefix: tuple[str, ...]) -> tuple[str, int | None]:
   """The unit's name below `prefix`; an NNX list entry `layers/0` is named like Linen's
   `layers_0`, as `lb.compare` names them."""
-  return re.sub(r"/(\d+)(?=/|$)", r"_\1", "/".join(unit.path[len(prefix) :])), unit.layer
+  below = (int(p) if p.isdigit() else p for p in unit.path[len(prefix) :])
+  return "/".join(linen_key(tuple(below))), unit.layer
 
 
 _MAPPING_HELP = (

@@ -109,7 +109,7 @@ def install(cls: type) -> None:
       counts = recorder.counts_of(self)
       assert counts is not None  # a buffer was found, so the vector exists
       trace_check.check([counts], f"{type(self).__name__}.sow")
-      index = recorder.count_indices(self)[(collection, name)]
+      index = recorder.count_index(self, (collection, name))
       _buffers.append(buffer, counts, index, [value], f"{type(self).__name__}: {collection}/{name}")
       if in_capture:  # the capture also returns this call's sows, as without loopbridge
         previous(self)(variable_type, name, value, reduce_fn, init_fn)

@@ -75,6 +75,14 @@ def counts_of(recorder: nnx.Module) -> buffers.Count | None:
   return counts if isinstance(counts, buffers.Count) else None
 
 
+def count_index(recorder: nnx.Module, key: tuple[str, ...]) -> int:
+  """The site `key`'s entry in the recorder's Count vector (KeyError when not declared)."""
+  for site in sites_of(recorder) or ():
+    if site.key == key:
+      return site.count_index
+  raise KeyError(key)
+
+
 def count_indices(recorder: nnx.Module) -> dict[tuple[str, ...], int]:
   """Each declared site's entry in the Count vector, by site key."""
   return {s.key: s.count_index for s in sites_of(recorder) or ()}

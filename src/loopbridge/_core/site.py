@@ -217,6 +217,31 @@ def key_str(entry: object) -> str:
   return str(entry)
 
 
+def linen_key(path: tp.Sequence[object]) -> tuple[str, ...]:
+  """The Linen name of an NNX graph path: a list index joins the name before it.
+
+  Linen names submodules made in a loop `layers_0`, `layers_1` (and `unstack_params` names
+  scanned layers so), where an NNX port holds a list `self.layers[0]`.
+
+  Args:
+    path: a path as `nnx.iter_graph` gives it.
+
+  Returns:
+    The path's keys as strings, each list index merged into the name before it.
+
+  Examples:
+    >>> linen_key(('layers', 0, 'Dense_0', 'kernel'))
+    ('layers_0', 'Dense_0', 'kernel')
+  """
+  key: list[str] = []
+  for part in path:
+    if isinstance(part, int) and key:
+      key[-1] = f"{key[-1]}_{part}"
+    else:
+      key.append(str(part))
+  return tuple(key)
+
+
 def flatten_value(value: tp.Any) -> tuple[tp.Any, list[tuple[tuple[str, ...], tp.Any]]]:
   """A sown value's pytree structure and its leaves, each with its keys as strings.
 

@@ -36,6 +36,7 @@ from .. import _compat
 from .._core import linen_vars
 from .._core.errors import CompareError, first_line
 from .._core.observe_native import subclass_with
+from .._core.site import linen_key
 
 # Linen layers whose NNX counterpart has another class name (an alignment tie-break).
 _SAME_LAYER = {
@@ -84,14 +85,7 @@ def _join(*parts: str) -> str:
 
 def path_strings(path: tp.Sequence[object]) -> tuple[str, str]:
   """(display path, Linen-style match key) of an NNX graph path."""
-  shown, key = [], []
-  for part in path:
-    shown.append(str(part))
-    if isinstance(part, int) and key:
-      key[-1] = f"{key[-1]}_{part}"
-    else:
-      key.append(str(part))
-  return "/".join(shown), "/".join(key)
+  return "/".join(map(str, path)), "/".join(linen_key(path))
 
 
 def has_tracer(tree: object) -> bool:

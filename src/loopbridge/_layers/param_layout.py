@@ -29,6 +29,7 @@ from flax.linen import meta as linen_meta
 
 from .. import _compat
 from .._core.errors import StackError
+from .._core.site import linen_key
 from .stack import _num_layers, _path_str, variables_by_path
 
 Names = str | tp.Callable[[int], str]
@@ -371,31 +372,6 @@ PORT_NAMES_HINT = (
 )
 
 Key = tuple[str, ...]
-
-
-def linen_key(path: tp.Sequence[object]) -> Key:
-  """The Linen name of an NNX graph path: a list index joins the name before it.
-
-  Linen names submodules made in a loop `layers_0`, `layers_1` (and `unstack_params` names
-  scanned layers so), where an NNX port holds a list `self.layers[0]`.
-
-  Args:
-    path: a path as `nnx.iter_graph` gives it.
-
-  Returns:
-    The path's keys as strings, each list index merged into the name before it.
-
-  Examples:
-    >>> linen_key(('layers', 0, 'Dense_0', 'kernel'))
-    ('layers_0', 'Dense_0', 'kernel')
-  """
-  key: list[str] = []
-  for part in path:
-    if isinstance(part, int) and key:
-      key[-1] = f"{key[-1]}_{part}"
-    else:
-      key.append(str(part))
-  return tuple(key)
 
 
 def unstack_listed(params: Tree, listed: tp.Collection[Key]) -> dict[str, Tree]:
