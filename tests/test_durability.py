@@ -155,6 +155,7 @@ def test_a_count_at_the_int32_limit_stops_there_and_reading_is_an_error():
   model(jnp.ones((1, 3)))
   model(jnp.ones((1, 3)))
   assert int(lb.counts(model)["intermediates"]["a"]) == _buffers.COUNT_LIMIT  # not negative
+  assert int(lb.counts(model)["intermediates"]["b"]) == 3  # the other site's entry counts on
   with pytest.raises(lb.BufferOverflowError, match=r"largest count an int32 holds.*lb.reset"):
     lb.recorded(model)
   lb.reset(model)

@@ -143,6 +143,10 @@ def check_value(buffer: Buffer, value: jax.typing.ArrayLike, label: str) -> None
     )
 
 
+Record = tuple["Buffer", int, tp.Sequence[jax.typing.ArrayLike], str]
+"""One call's sows at one site: (its Buffer, its entry in the Count vector, values, label)."""
+
+
 def append(
   buffer: Buffer,
   counts: Count,
@@ -158,14 +162,60 @@ def append(
   Variables are updated in place so NNX loops see the same structure before and after.
   `counts`/`site`: the recorder's Count vector and this site's entry in it.
   `checked=True`: the caller already ran `check_value` on every value.
+
+  The site's entry is rewritten with `.at[site].set` (a scatter). For sows that come one at a
+  time (native NNX modules) that beats rewriting the whole vector (`append_all`): each later
+  site's start would depend on the whole rewritten vector, and XLA then recomputes the chain
+  of rewrites in every buffer write (1.5x the step time of a 12-sow module).
   """
   if not values:
     return
   if not checked:
     for value in values:
       check_value(buffer, value, label)
-  buf = placement.constrain(buffer, _compat.variable_value(buffer))
   start = site_count(counts, site)
+  _write_slots(buffer, start, values)
+  added = len(values)
+  set_site_count(
+    counts,
+    site,
+    jnp.where(start > COUNT_LIMIT - added, COUNT_LIMIT, start + jnp.asarray(added, COUNT_DTYPE)),
+  )
+
+
+def append_all(counts: Count, records: tp.Sequence[Record]) -> None:
+  """`append` for several sites of one recorder (one call's sows), the Count vector written once.
+
+  The caller has run `check_value` on every value.
+
+  Every site's start is read from the vector as it was before the call and the vector is
+  rewritten by one saturating elementwise add, which XLA fuses into one small loop. Written
+  one site at a time (`append`), each site cost a scatter and a copy of the vector: on the tiny
+  model of benchmarks/bench_recording.py ("D dispatch") this took a compiled step from 1.20x
+  to 1.16x the hand-written one.
+  """
+  records = [r for r in records if r[2]]
+  if not records:
+    return
+  # A call's sows at one site arrive as one record (its values in call order), so every start
+  # below is the count before the call.
+  assert len({site for _, site, _, _ in records}) == len(records), "one record per site"
+  vector = jnp.asarray(_compat.variable_value(counts))
+  added = np.zeros(vector.shape[-1], np.int64)
+  for buffer, site, values, _ in records:
+    _write_slots(buffer, vector[..., site], values)
+    added[site] = len(values)
+  # Saturating: a count stops at COUNT_LIMIT instead of wrapping (see `read`).
+  full = vector > jnp.asarray(COUNT_LIMIT - added, COUNT_DTYPE)
+  grown = vector + jnp.asarray(added, COUNT_DTYPE)
+  _compat.set_variable_value(counts, jnp.where(full, COUNT_LIMIT, grown))
+
+
+def _write_slots(
+  buffer: Buffer, start: jax.Array, values: tp.Sequence[jax.typing.ArrayLike]
+) -> None:
+  """Store `values` in the slots from `start` on, as the buffer's overflow policy says."""
+  buf = placement.constrain(buffer, _compat.variable_value(buffer))
   capacity = buf.shape[0]
   policy = overflow_of(buffer)
   for offset, value in enumerate(values):
@@ -185,12 +235,6 @@ def append(
         buf, jnp.where(index < capacity, fresh, kept), start_indices
       )
   _compat.set_variable_value(buffer, placement.constrain(buffer, buf))
-  added = len(values)
-  set_site_count(
-    counts,
-    site,
-    jnp.where(start > COUNT_LIMIT - added, COUNT_LIMIT, start + jnp.asarray(added, COUNT_DTYPE)),
-  )
 
 
 def clear(buffer: Buffer) -> None:

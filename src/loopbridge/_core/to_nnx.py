@@ -484,9 +484,9 @@ class ToNNX(bridge.ToNNX):
       [variable for variable, _ in writes],
       f"lb.ToNNX({type(_compat.linen_module_of(self)).__name__})",
     )
-    for buffer, i, values, label in records:
-      assert counts is not None  # a buffer was found for this record, so the vector exists
-      _buffers.append(buffer, counts, i, values, label, checked=True)
+    if records:
+      assert counts is not None  # a buffer was found for a record, so the vector exists
+      _buffers.append_all(counts, records)
     for variable, new in writes:
       _compat.set_variable_value(variable, new)
     if created:
