@@ -311,6 +311,24 @@ def _grown_counts(old: _buffers.Count | None, size: int, sites: list[SowSite]) -
   return jnp.zeros((*stack, size), _buffers.COUNT_DTYPE)
 
 
+def _count_size(counts: _buffers.Count | None) -> int:
+  return 0 if counts is None else _compat.variable_value(counts).shape[-1]
+
+
+def _with_entries(counts: jax.Array, entries: dict[int, int]) -> jax.Array:
+  """`counts` with these entries replaced (every layer alike when stacked), in one operation.
+
+  One eager `.at[i].set` per site cost about as much as the rest of a small site's
+  declaration (`lb.lazy_init` of a 24-site model, benchmarks/bench_recording.py).
+  """
+  size = counts.shape[-1]
+  mask = np.zeros(size, bool)
+  values = np.zeros(size, np.dtype(_buffers.COUNT_DTYPE))
+  for index, n in entries.items():
+    mask[index], values[index] = True, n
+  return jnp.where(mask, values, counts)
+
+
 def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -> None:
   node = part.node
   recorder.make_recorder(node)
@@ -358,7 +376,9 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
     if (site.slot, site.sow_key) in discards and id(site) not in renewed:
       new.append(("/".join(filter(None, (prefix, *site.key))), site, layouts.get(site.key)))
   _check_fits(new)
+  old_size = _count_size(recorder.counts_of(node))
   counts = _grown_counts(recorder.counts_of(node), next_index, sites)
+  entries: dict[int, int] = {}  # count index -> the count its new buffer starts from
   for label, site, layout in new:
     existing = recorder.get_nested(buffers, site.key)
     stack = site.shape[: site.stack_axes]
@@ -376,8 +396,11 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
         entry,
         why=discards.get((site.slot, site.sow_key), ""),
       )
-    counts = counts.at[..., site.count_index].set(n)
+    if n or site.count_index < old_size:  # the grown entries are zeros already
+      entries[site.count_index] = n
     recorder.set_nested(buffers, site.key, buffer)
+  if entries:
+    counts = _with_entries(counts, entries)
   _compat.set_data_attribute(node, recorder.BUFFERS_ATTR, buffers)
   if next_index:
     old_counts = recorder.counts_of(node)
