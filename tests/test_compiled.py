@@ -54,6 +54,26 @@ def test_loop_records_like_linen_step_by_step(graph):
   assert int(lb.counts(model)["intermediates"]["x"]) == 5
 
 
+def test_a_model_given_rngs_only_at_lazy_init_keeps_no_stream_and_records_like_linen(graph):
+  # The fastest configuration for a model that draws no randomness when called (see the rules
+  # guide): nothing per-call but the buffers and counts goes through the compiled step.
+  seeded, x = seed_model()
+  model = lb.ToNNX(_compat.linen_module_of(seeded))
+  lb.lazy_init(model, x, capacity=8, rngs=nnx.Rngs(0))
+  assert not jax.tree_util.tree_leaves(nnx.state(model, nnx.RngState))
+  want_y, inters = reference_chain(model, x, 4)
+  step = lb.compile_step(while_run(graph), model)
+  np.testing.assert_allclose(step(x, 4), want_y, rtol=RTOL, atol=ATOL)
+  rec = lb.recorded(model)["intermediates"]
+  np.testing.assert_allclose(rec["x"], stack_reference(inters, ["x"]), rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(
+    rec["ScanBlock_0"]["carry"],
+    stack_reference(inters, ["ScanBlock_0", "carry"]),
+    rtol=RTOL,
+    atol=ATOL,
+  )
+
+
 def test_single_steps_and_reset_between_calls():
   model, x = seed_model()
   step = lb.compile_step(lambda m, x: m(x), model)
