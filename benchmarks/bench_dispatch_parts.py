@@ -31,6 +31,7 @@ from bench_recording import (
   Stateful,
   bootstrap_interval,
   calls_for,
+  functional_steps,
   new_model,
   new_records,
   nnx_step,
@@ -51,11 +52,6 @@ def hand_written_steps(module: MLP) -> dict[str, tp.Callable]:
     bx, bc = write_sows(bx, bc, state, k, k)
     return y, bx, bc
 
-  def plain(params, rec, x):
-    bx, bc, k = rec
-    y, bx, bc = record(params, bx, bc, k, x)
-    return y, (bx, bc, k + 1)
-
   def donated_scalar(params, rec, x):  # the rng counter: in, +1, out
     bx, bc, k, r = rec
     y, bx, bc = record(params, bx, bc, k, x)
@@ -71,11 +67,14 @@ def hand_written_steps(module: MLP) -> dict[str, tp.Callable]:
     y, bx, bc = record(params, bx, bc, k, x)
     return y + 0 * r.astype(y.dtype), (bx, bc, k + 1)
 
+  def donating(fn):
+    return jax.jit(fn, donate_argnums=1)
+
   return {
-    "B": plain,
-    "B + donated scalar in and out": donated_scalar,
-    "B + scalar output": scalar_output,
-    "B + read-only scalar input": read_only_input,
+    "B": functional_steps(module)[1],  # bench_recording's B
+    "B + donated scalar in and out": donating(donated_scalar),
+    "B + scalar output": donating(scalar_output),
+    "B + read-only scalar input": donating(read_only_input),
   }
 
 
@@ -99,7 +98,7 @@ def main() -> None:
       rec = (*rec, jnp.zeros((), jnp.uint32))  # its own: it is donated
     if name == "B + read-only scalar input":
       extra = (jnp.zeros((), jnp.uint32),)
-    state = Stateful(jax.jit(fn, donate_argnums=1), params, rec)
+    state = Stateful(fn, params, rec)
     cases[name] = functools.partial(lambda s, extra: s(x, *extra), state, extra)
   cases["D"] = functools.partial(
     lambda s: s(x), lb.compile_step(nnx_step, new_model(module, x, CAPACITY))
