@@ -5,9 +5,10 @@ jax 0.10.2; the tested pairs are the files in `constraints/` (README, "Supported
 Each function below hides exactly one difference and tests for the capability itself (a
 signature, an attribute), not the version number; the comment says which versions differ and
 how. Code elsewhere in the package never checks a version itself (`tests/test_layering.py`).
-Two jobs live in modules of their own: `installed_pair.py`, the one check that reads version
-numbers (from package metadata, before flax is imported), and `orbax_metadata.py`, reading
-back what orbax saved.
+Three jobs live in modules of their own: `installed_pair.py`, the one check that reads version
+numbers (from package metadata, before flax is imported), `orbax_metadata.py`, reading
+back what orbax saved, and `jaxpr_reading.py`, reading jaxpr equations (whose param names JAX
+renames between minors) with a conservative fallback for every read.
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ import jax  # noqa: E402
 from flax import linen, nnx  # noqa: E402
 from flax.nnx.bridge import wrappers as _bridge_wrappers  # noqa: E402
 
+from .jaxpr_reading import eval_jaxpr as eval_jaxpr  # noqa: E402
+from .jaxpr_reading import forwarded_inputs as forwarded_inputs  # noqa: E402
+from .jaxpr_reading import used_inputs as used_inputs  # noqa: E402
+
 FLAX_VERSION: tuple[int, ...] = version_tuple(flax.__version__)
 JAX_VERSION: tuple[int, ...] = version_tuple(jax.__version__)
 
 # A bridge's `rngs`: streams, one key, or none (as stock `ToNNX` takes them).
 RngsArg = nnx.Rngs | jax.Array | None
 Node = tp.TypeVar("Node")
-# jax's `dce_jaxpr(jaxpr, used_outputs) -> (pruned jaxpr, used inputs)`.
-DceJaxpr = tp.Callable[..., tuple[object, list[bool]]]
 
 # flax 0.11.1 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
 # `_object__state` to `_pytree__state`.
@@ -626,19 +629,6 @@ def subclass_options(cls: type) -> dict[str, bool]:
   if hasattr(cls, "_pytree__is_pytree"):
     return {"pytree": bool(cls._pytree__is_pytree)}
   return {}
-
-
-def _find_dce_jaxpr() -> DceJaxpr | None:
-  # Dead-code elimination of a jaxpr (which inputs its outputs need): a jax internal, at the
-  # same place from jax 0.5.3 through 0.10.2; a jax that moves it loses only that optimization.
-  try:
-    from jax._src.interpreters.partial_eval import dce_jaxpr
-  except ImportError:  # pragma: no cover - then every leaf is passed on every call
-    return None
-  return dce_jaxpr
-
-
-dce_jaxpr: DceJaxpr | None = _find_dce_jaxpr()
 
 
 # flax >= 0.12 shards a Variable with partitioning metadata when it is created

@@ -15,7 +15,9 @@ passed at all: on a small model each argument costs about as much as a small op.
 `nnx.fori_loop` carries every Variable) hands back a new tracer for a param it never writes.
 `_forwarded` follows such values through `jit`, `while` and `scan` bodies, so a leaf that
 comes out equal to the one that went in is not donated (the caller's arrays, e.g. Linen
-variables given to `lb.checkpoint.load_linen_variables`, stay valid).
+variables given to `lb.checkpoint.load_linen_variables`, stay valid). The jaxpr is read by
+`_compat.jaxpr_reading`: where JAX renamed what it reads (jax 0.11 did), a leaf counts as
+written (donated, and stored from the step's result), which is slower but still correct.
 """
 
 from __future__ import annotations
@@ -31,12 +33,6 @@ from flax import nnx
 from .. import _compat
 from .._core import recorder
 from .._core.errors import ForeignTraceError, StructureChangeError
-
-if tp.TYPE_CHECKING:
-  from jax.extend import core as jex_core
-
-# Dead-code elimination of a jaxpr: which inputs its outputs need (None: every leaf passed).
-_dce_jaxpr = _compat.dce_jaxpr
 
 Out = tp.TypeVar("Out")
 _get_raw, _set_raw = _compat.raw_value_accessors()
@@ -99,44 +95,13 @@ class _NewWrites(Exception):
     self.indices = indices
 
 
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint")
+def _forwarded(jaxpr: tp.Any, n_inputs: int | None = None) -> list[int | None]:
+  """For each output of `jaxpr`, the index of the input it provably equals (or None).
 
-
-def _inner(jaxpr: tp.Any) -> jex_core.Jaxpr:  # a jaxpr-valued param of an equation
-  return getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr's Jaxpr
-
-
-def _forwarded(jaxpr: jex_core.Jaxpr) -> list[int | None]:
-  """For each output of `jaxpr`, the index of the input it provably equals (or None)."""
-  source: dict[object, int] = {v: i for i, v in enumerate(jaxpr.invars)}
-
-  def origin(var: object) -> int | None:
-    # A Literal (a constant, `.val`) is no input; `jax.core.Var` moved between jax versions.
-    return None if hasattr(var, "val") else source.get(var)
-
-  for eqn in jaxpr.eqns:
-    name, params = eqn.primitive.name, eqn.params
-    links: list[int | None] = [None] * len(eqn.outvars)  # outvar -> eqn input index
-    if name in _CALLS and "jaxpr" in params:
-      links = _forwarded(_inner(params["jaxpr"]))
-    elif name == "while":
-      body, skip = _inner(params["body_jaxpr"]), params["body_nconsts"]
-      first = params["cond_nconsts"] + skip  # carry starts here among the eqn inputs
-      links = [first + j if f == skip + j else None for j, f in enumerate(_forwarded(body))]
-    elif name == "scan":
-      body, skip = _inner(params["jaxpr"]), params["num_consts"]
-      links = [
-        skip + j if j < params["num_carry"] and f == skip + j else None
-        for j, f in enumerate(_forwarded(body))
-      ]
-    elif name == "copy":
-      links = [0]
-    for out, link in zip(eqn.outvars, links):
-      if link is not None:
-        found = origin(eqn.invars[link])
-        if found is not None:
-          source[out] = found
-  return [origin(v) for v in jaxpr.outvars]
+  Read by `_compat.forwarded_inputs`, which answers None (not forwarded: donate it and store
+  what the step returns) wherever JAX's jaxpr params are not what it knows.
+  """
+  return _compat.forwarded_inputs(jaxpr, n_inputs)
 
 
 # The key entries are jaxlib classes (DictKey, SequenceKey, ...) the checker cannot see.
@@ -329,13 +294,12 @@ class CompiledStep(tp.Generic[Out]):
 
     flat, _ = jax.tree_util.tree_flatten((leaves, args, kwargs))
     closed, shapes = jax.make_jaxpr(state_fn, return_shape=True)(leaves, args, kwargs)
-    assert _dce_jaxpr is not None  # nothing is dropped without it
     n = len(self._variables)  # the outputs are the new leaves, then the result (as in _analyse)
     outputs = [i in self._written for i in range(n)] + [True] * (len(closed.jaxpr.outvars) - n)
-    _, used = _dce_jaxpr(closed.jaxpr, outputs)
-    if any(used[i] for i in self._dropped):
-      raise _NewReads()
-    results = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)
+    used = _compat.used_inputs(closed.jaxpr, outputs, len(flat))
+    if used is None or any(used[i] for i in self._dropped):
+      raise _NewReads()  # (None: this jax's jaxpr cannot be read; analysed again, none dropped)
+    results = _compat.eval_jaxpr(closed, *flat)
     new_leaves, out = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes), results)
     return out, new_leaves, seen["changed"]
 
@@ -348,19 +312,21 @@ class CompiledStep(tp.Generic[Out]):
       return new_leaves, out
 
     leaves = [_compat.get_raw_value(v) for v in self._variables]
+    n_flat = len(jax.tree_util.tree_leaves((leaves, args, kwargs)))
     closed = jax.make_jaxpr(state_fn)(leaves, args, kwargs)
-    forwarded = _forwarded(closed.jaxpr)  # the leaves are the first inputs and the outputs
-    same = frozenset(i for i in seen["changed"] if forwarded[i] == i)
+    # The leaves are the first inputs and the first outputs.
+    forwarded = _forwarded(closed.jaxpr, n_flat)
+    same = frozenset(i for i in seen["changed"] if i < len(forwarded) and forwarded[i] == i)
     self._unchanged = (self._unchanged | same) - (seen["changed"] - same)
     written = self._written | (seen["changed"] - same)
     # Kept leaves that no output (the result, the written leaves) depends on are not passed:
     # on a small model each argument costs about as much as a small op (e.g. an unused rng key).
     n = len(self._variables)
-    self._dropped = frozenset()
-    if _dce_jaxpr is not None:
-      outputs = [i in written for i in range(n)] + [True] * (len(closed.jaxpr.outvars) - n)
-      _, used = _dce_jaxpr(closed.jaxpr, outputs)
-      self._dropped = frozenset(i for i in range(n) if not used[i] and i not in written)
+    outputs = [i in written for i in range(n)] + [True] * (len(closed.jaxpr.outvars) - n)
+    used = _compat.used_inputs(closed.jaxpr, outputs, n_flat)
+    self._dropped = frozenset(
+      () if used is None else (i for i in range(n) if not used[i] and i not in written)
+    )
     self._set_written(written)
     self._analysed = True
     self._mark_ready()
