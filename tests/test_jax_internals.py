@@ -284,3 +284,34 @@ def test_eval_jaxpr_runs_a_closed_jaxpr_with_its_constants():
   const = np.arange(3.0)
   closed = jax.make_jaxpr(lambda x: x * const + 1.0)(jnp.ones(3))
   np.testing.assert_allclose(jaxpr_reading.eval_jaxpr(closed, jnp.ones(3))[0], const + 1.0)
+
+
+# --- the other internals `_compat` reads, each with its fallback taken -----------------------
+def test_batched_values_are_recognised_without_jaxs_private_class(monkeypatch):
+  seen = {}
+
+  def probe(x):
+    seen["batched"] = _compat.is_batched(x)
+    return x
+
+  monkeypatch.setattr(_compat, "_BATCH_TRACER", None)
+  jax.vmap(probe)(jnp.ones((2, 3)))
+  assert seen["batched"] is True
+  assert _compat.is_batched(jnp.ones(3)) is False
+
+
+def test_lazy_init_flag_is_set_without_flaxs_private_helper(monkeypatch):
+  from flax.nnx.bridge import wrappers
+
+  model, _ = seed_model()
+  monkeypatch.delattr(wrappers, "_set_initializing")
+  _compat.set_initializing(model, True)
+  assert _compat.is_initializing(model)
+  _compat.set_initializing(model, False)
+  assert not _compat.is_initializing(model)
+
+
+def test_a_trace_state_without_its_trace_defers_to_flaxs_own_check():
+  variable = nnx.Param(jnp.ones(2))
+  object.__setattr__(variable, "_trace_state", types.SimpleNamespace())
+  assert _compat.written_in_another_trace(variable, _compat.current_trace()) is False

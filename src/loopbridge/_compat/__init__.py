@@ -66,9 +66,19 @@ def is_initializing(module: nnx.Module) -> bool:
 
 
 def set_initializing(module: nnx.Module, initializing: bool) -> None:
-  """Flip the lazy-init flag the same way `flax.nnx.bridge.lazy_init` does."""
-  # Both versions ship this private helper with the same signature.
-  _bridge_wrappers._set_initializing(module, initializing)
+  """Flip the lazy-init flag the same way `flax.nnx.bridge.lazy_init` does.
+
+  Both versions ship the private helper `_set_initializing` with the same signature; a flax
+  without it gets the same loop written here (every graph node's state flag).
+  """
+  helper = getattr(_bridge_wrappers, "_set_initializing", None)
+  if helper is not None:
+    helper(module, initializing)
+    return
+  for _, node in iter_graph(module):
+    state = getattr(node, _STATE_ATTR, None)
+    if state is not None:
+      state._initializing = initializing
 
 
 def linen_module_of(model: nnx.bridge.ToNNX) -> linen.Module:
@@ -229,7 +239,9 @@ def current_bridge_mutable() -> tp.Any:
     and m.scope is not None
   ):
     return m.scope.mutable
-  stack = linen.module._context.module_stack  # pylint: disable=protected-access
+  # Linen's module stack is private: a flax that moves it inherits nothing (as flax 0.10 does).
+  context = getattr(linen.module, "_context", None)
+  stack = getattr(context, "module_stack", None)
   if stack and stack[-1] is not None and stack[-1].scope is not None:
     return stack[-1].scope.mutable
   return None
@@ -239,7 +251,13 @@ def current_trace() -> object:
   """The JAX trace NNX records on each Variable (`Variable._trace_state`), for comparing."""
   from flax.nnx import tracers  # same module and function on 0.10 and 0.12
 
-  return tracers.current_jax_trace()
+  current = getattr(tracers, "current_jax_trace", None)
+  if current is not None:
+    return current()
+  from jax.extend import core as jex_core  # pylint: disable=import-outside-toplevel
+
+  # What flax 0.12's helper returns, from jax's public extension API.
+  return jex_core.get_opaque_trace_state(convention="nnx")
 
 
 def written_in_another_trace(variable: nnx.Variable, trace: object) -> bool:
@@ -254,7 +272,8 @@ def written_in_another_trace(variable: nnx.Variable, trace: object) -> bool:
   if getattr(variable, "hijax", False):
     return False
   state = getattr(variable, "_trace_state", None)
-  return state is not None and state.jax_trace != trace
+  # A flax that keeps no trace here cannot lose a write to it: its own check decides.
+  return state is not None and getattr(state, "jax_trace", trace) != trace
 
 
 def unfiltered_tracebacks() -> tp.ContextManager[object]:
@@ -264,9 +283,14 @@ def unfiltered_tracebacks() -> tp.ContextManager[object]:
   was running; jax 0.5 and 0.10 both keep the option as a `jax._src.config` State, which is a
   thread-local context manager.
   """
-  from jax._src import config  # pylint: disable=import-outside-toplevel
+  try:
+    from jax._src import config  # pylint: disable=import-outside-toplevel
 
-  return config.traceback_filtering("off")
+    return config.traceback_filtering("off")
+  except (ImportError, AttributeError):  # moved: the note then names fewer modules, no more
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def is_batched(x: object) -> bool:
@@ -275,9 +299,23 @@ def is_batched(x: object) -> bool:
   jax 0.10 no longer exports `jax.interpreters.batching.BatchTracer`; both versions keep the
   class in `jax._src.interpreters.batching`.
   """
-  from jax._src.interpreters import batching  # pylint: disable=import-outside-toplevel
+  return isinstance(x, _BATCH_TRACER) if _BATCH_TRACER is not None else _named_batch_tracer(x)
 
-  return isinstance(x, batching.BatchTracer)
+
+def _named_batch_tracer(x: object) -> bool:
+  return any(c.__name__ == "BatchTracer" for c in type(x).__mro__)
+
+
+def _find_batch_tracer() -> type | None:
+  # A jax that moves the class is still recognised by the class name (`_named_batch_tracer`).
+  try:
+    from jax._src.interpreters import batching  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  return getattr(batching, "BatchTracer", None)
+
+
+_BATCH_TRACER: type | None = _find_batch_tracer()
 
 
 def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
