@@ -29,6 +29,23 @@ def graph_kw(graph: bool) -> dict:
   return {"graph": graph} if _compat.HAS_GRAPH_SWITCH else {}
 
 
+def matmul_tolerance(rtol: float, atol: float) -> tuple[float, float]:
+  """(rtol, atol) for comparing float32 results of matmuls with plain Linen on this backend.
+
+  The given values where float32 matmuls run in float32 (CPU); widened to `lb.compare`'s
+  default for the backend where they run narrower (TensorFloat-32 on NVIDIA GPUs, one
+  bfloat16 pass on TPUs), so the suite passes there without hiding what it checks on CPU.
+  Asked when a test module is imported: it starts the JAX backend (after this file's
+  XLA_FLAGS).
+  """
+  from loopbridge._diagnostics.compare_tolerance import FLOAT32, default_tolerance
+
+  choice = default_tolerance()
+  if choice.float32_matmuls == FLOAT32:
+    return rtol, atol
+  return max(rtol, choice.rtol), max(atol, choice.atol)
+
+
 def feedback_while_loop(graph: bool = True) -> tp.Callable:
   """`run(model, x, n)`: the seed loop, n calls in `nnx.while_loop`, each output fed back in."""
   from flax import nnx

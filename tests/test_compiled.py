@@ -18,11 +18,11 @@ import loopbridge as lb
 from loopbridge import _compat
 
 from conftest import feedback_while_loop as while_run
-from conftest import graph_kw
+from conftest import graph_kw, matmul_tolerance
 from models import MLP, linen_step_reference, stack_reference
 from models import recording_mlp as seed_model
 
-RTOL, ATOL = 1e-5, 1e-6
+RTOL, ATOL = matmul_tolerance(1e-5, 1e-6)
 
 
 def reference_chain(model, x, steps):

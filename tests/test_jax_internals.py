@@ -25,10 +25,11 @@ import loopbridge as lb
 from loopbridge import _compat
 from loopbridge._compat import jaxpr_reading
 
+from conftest import matmul_tolerance
 from models import linen_feedback_steps, stack_reference
 from models import recording_mlp as seed_model
 
-RTOL, ATOL = 1e-5, 1e-6
+RTOL, ATOL = matmul_tolerance(1e-5, 1e-6)
 
 
 class _Inline(enum.Enum):  # jax 0.11's `jit` `inline` param is an enum, no longer a bool

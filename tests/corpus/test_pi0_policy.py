@@ -28,11 +28,13 @@ from flax import nnx
 
 import loopbridge as lb
 
+from conftest import matmul_tolerance
+
 # Real-model shapes end to end: each feature they use has its own faster test; CI runs
 # these in its `-m slow` pass (tests/conftest.py).
 pytestmark = pytest.mark.slow
 
-RTOL = ATOL = 1e-5
+RTOL, ATOL = matmul_tolerance(1e-5, 1e-5)
 WIDTH, DEPTH, PREFIX, SUFFIX, ACTION, BATCH, STEPS = 8, 2, 4, 3, 2, 1, 5
 
 

@@ -13,6 +13,7 @@ from .._core.errors import CompareError
 from .compare_align import align, call_list, prepare
 from .compare_capture import describe, has_tracer, path_strings, record, subject
 from .compare_report import BY_POSITION, ParityReport, UnmatchedCall
+from .compare_tolerance import default_tolerance
 from .compare_values import compare_pair, tree_text
 
 __all__ = ["ParityReport", "compare", "path_strings"]
@@ -48,11 +49,14 @@ def compare(
     candidate: the port: an NNX module (bridged Linen parts inside it are recorded too), an
       `lb.ToNNX`, or `(linen_module, variables)`.
     *args: positional inputs, passed to both models.
-    rtol: relative tolerance; None picks one per dtype (float32 1e-5, bfloat16 1e-2, float64
-      1e-9, integers and bools exact).
-    atol: absolute tolerance; None picks one per dtype (the same values as `rtol`);
-      `math.inf` compares structure, shapes and dtypes only (e.g. models with their own
-      random weights).
+    rtol: relative tolerance; None picks one per dtype and backend: float32 1e-5 where float32
+      matmuls run in float32 (CPU, or `jax_default_matmul_precision='highest'`), 5e-3 where
+      they run in TensorFloat-32 (NVIDIA GPUs by default), 3e-2 in one bfloat16 pass (TPUs by
+      default); bfloat16 1e-2, float64 1e-9, integers and bools exact.
+      `report.default_tolerance` says which was used and why.
+    atol: absolute tolerance; None picks one per dtype and backend (the same values as
+      `rtol`); `math.inf` compares structure, shapes and dtypes only (e.g. models with their
+      own random weights).
     mapping: `{reference_path: candidate_path}` pairs to align explicitly ('/'-joined module
       paths as the report prints them, '' for the top level); a value None marks a reference
       call that has no counterpart. Repeated calls of one path (the layers of a scanned
@@ -132,7 +136,8 @@ def compare(
       f"{call_list(inner_c)}. Check that the candidate is a port of the reference and "
       "takes the same inputs, or pair calls with mapping={reference_path: candidate_path}."
     )
-  pairs = tuple(compare_pair(ref[i], cand[j], how, rtol, atol) for i, j, how in aligned)
+  default = default_tolerance()  # after the runs: the backend they started is the one used
+  pairs = tuple(compare_pair(ref[i], cand[j], how, rtol, atol, default) for i, j, how in aligned)
   used_r = {i for i, _, _ in aligned}
   used_c = {j for _, j, _ in aligned}
 
@@ -149,4 +154,5 @@ def compare(
     not_recorded_candidate=tuple(not_recorded_c),
     rtol=rtol,
     atol=atol,
+    default_tolerance=default,
   )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .compare_tolerance import ToleranceChoice
+
 # Per-pair and per-leaf statuses, mildest first (a pair takes the worst of its leaves).
 OK, DTYPE, VALUES, SHAPE, STRUCTURE = "ok", "dtype", "values", "shape", "structure"
 SEVERITY = {OK: 0, DTYPE: 1, VALUES: 2, SHAPE: 3, STRUCTURE: 4}
@@ -106,6 +108,9 @@ class ParityReport:
     not_recorded_candidate: the same for the candidate.
     rtol: the relative tolerance given, or None for the per-dtype default.
     atol: the absolute tolerance given, or None for the per-dtype default.
+    default_tolerance: the default used where `rtol`/`atol` is None, and why (a
+      `ToleranceChoice`: backend, `jax_default_matmul_precision`, what float32 matmuls ran
+      in, the float32 rtol/atol, a reason); None in reports built by hand.
 
   Examples:
     >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -128,6 +133,7 @@ class ParityReport:
   not_recorded_candidate: tuple[str, ...]
   rtol: float | None
   atol: float | None
+  default_tolerance: ToleranceChoice | None = None
 
   @property
   def ok(self) -> bool:
@@ -173,6 +179,9 @@ class ParityReport:
       "ok": self.ok,
       "rtol": self.rtol,
       "atol": self.atol,
+      "default_tolerance": (
+        None if self.default_tolerance is None else dataclasses.asdict(self.default_tolerance)
+      ),
       "first_divergence": None if divergence is None else dataclasses.asdict(divergence),
       "pairs": [dataclasses.asdict(p) for p in self.pairs],
       "unmatched_reference": [dataclasses.asdict(c) for c in self.unmatched_reference],
@@ -194,6 +203,12 @@ def _json_ready(value: object) -> object:
   if isinstance(value, (list, tuple)):
     return [_json_ready(v) for v in value]
   return value
+
+
+def _default_text(choice: ToleranceChoice | None) -> str:
+  if choice is None:
+    return "float32: rtol 1e-05, atol 1e-05"
+  return f"{choice.reason}"
 
 
 def _err(value: float | None) -> str:
@@ -258,13 +273,18 @@ def _render(report: ParityReport) -> str:
   elif report.rtol is None and report.atol is None:
     out.append(
       "tolerance: |candidate - reference| <= atol + rtol * |reference|, per dtype "
-      "(float32: rtol 1e-05, atol 1e-05; bfloat16: 1e-02; integers exact)"
+      f"({_default_text(report.default_tolerance)}; bfloat16: 1e-02; integers exact)"
     )
   else:
     out.append(
       f"tolerance: |candidate - reference| <= atol + rtol * |reference|, rtol "
       f"{report.rtol if report.rtol is not None else 'per dtype'}, atol "
       f"{report.atol if report.atol is not None else 'per dtype'}"
+      + (
+        f" (per dtype: {_default_text(report.default_tolerance)})"
+        if report.rtol is None or report.atol is None
+        else ""
+      )
     )
   rows = []
   first_marked = False

@@ -1,7 +1,8 @@
 """Comparing two recorded calls of `lb.compare`: their outputs, leaf by leaf, within tolerance.
 
 A leaf agrees when `|candidate - reference| <= atol + rtol * |reference|` everywhere (NaN in
-the same places counts as equal); the tolerances default per dtype.
+the same places counts as equal); the tolerances default per dtype and backend
+(`compare_tolerance.default_tolerance`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,7 @@ import numpy as np
 
 from .compare_capture import Call
 from .compare_report import DTYPE, OK, SEVERITY, SHAPE, STRUCTURE, VALUES, CallPair, LeafDiff
-
-# Default (rtol, atol) per floating dtype size in bytes: two implementations of the same math
-# differ by a few ulps of the reassociated sums; a porting bug is far above that.
-_FLOAT_TOLERANCES = {1: (1e-1, 1e-1), 2: (1e-2, 1e-2), 4: (1e-5, 1e-5), 8: (1e-9, 1e-9)}
-_BFLOAT16_TOLERANCES = (1e-2, 1e-2)
-_FLOAT16_TOLERANCES = (1e-3, 1e-3)
+from .compare_tolerance import ToleranceChoice, is_float
 
 
 def as_numpy(leaf: object) -> np.ndarray:
@@ -33,32 +29,21 @@ def _desc(array: np.ndarray) -> str:
   return f"{array.dtype}[{','.join(map(str, array.shape))}]"
 
 
-def _is_float(dtype: np.dtype) -> bool:
-  # bfloat16 and the float8 types come from ml_dtypes with kind 'V'; their names say it.
-  return dtype.kind in "fc" or dtype.name.startswith(("float", "bfloat"))
-
-
 def numeric(array: np.ndarray) -> bool:
   return (
     array.dtype.kind in "biu"
-    or _is_float(array.dtype)
+    or is_float(array.dtype)
     or (array.dtype.name.startswith(("int", "uint")))
   )
 
 
-def _default_tolerance(dtype: np.dtype) -> tuple[float, float]:
-  if not _is_float(dtype):
-    return (0.0, 0.0)  # integers and bools: exact
-  if dtype.name == "bfloat16":
-    return _BFLOAT16_TOLERANCES
-  if dtype.name == "float16":
-    return _FLOAT16_TOLERANCES
-  size = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
-  return _FLOAT_TOLERANCES.get(size, _FLOAT_TOLERANCES[1])
-
-
 def _leaf_diff(
-  leaf: str, ref: object, cand: object, rtol: float | None, atol: float | None
+  leaf: str,
+  ref: object,
+  cand: object,
+  rtol: float | None,
+  atol: float | None,
+  default: ToleranceChoice,
 ) -> LeafDiff:
   a, b = as_numpy(ref), as_numpy(cand)
   da, db = _desc(a), _desc(b)
@@ -69,7 +54,7 @@ def _leaf_diff(
     return LeafDiff(
       leaf, da, db, OK if same and a.dtype == b.dtype else (DTYPE if same else VALUES)
     )
-  (rt_a, at_a), (rt_b, at_b) = _default_tolerance(a.dtype), _default_tolerance(b.dtype)
+  (rt_a, at_a), (rt_b, at_b) = default.for_dtype(a.dtype), default.for_dtype(b.dtype)
   rt = rtol if rtol is not None else max(rt_a, rt_b)
   at = atol if atol is not None else max(at_a, at_b)
   wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
@@ -95,8 +80,15 @@ def _leaf_diff(
 
 
 def compare_pair(
-  ref: Call, cand: Call, aligned_by: str, rtol: float | None, atol: float | None
+  ref: Call,
+  cand: Call,
+  aligned_by: str,
+  rtol: float | None,
+  atol: float | None,
+  default: ToleranceChoice,
 ) -> CallPair:
+  """Compare one aligned pair's outputs leaf by leaf; `default` where no rtol/atol is given."""
+
   def pair(status: str, leaves: tuple[LeafDiff, ...], note: str = "") -> CallPair:
     errors_abs = [d.max_abs_err for d in leaves if d.max_abs_err is not None]
     errors_rel = [d.max_rel_err for d in leaves if d.max_rel_err is not None]
@@ -125,7 +117,8 @@ def compare_pair(
       f"{len(cand.leaves)}: {tree_text(ref.output)} vs {tree_text(cand.output)}",
     )
   leaves = tuple(
-    _leaf_diff(name, a, b, rtol, atol) for (name, a), (_, b) in zip(ref.leaves, cand.leaves)
+    _leaf_diff(name, a, b, rtol, atol, default)
+    for (name, a), (_, b) in zip(ref.leaves, cand.leaves)
   )
   return pair(max((d.status for d in leaves), key=SEVERITY.__getitem__, default=OK), leaves)
 

@@ -1,0 +1,193 @@
+"""`lb.compare`'s default tolerance follows the backend's float32 matmul precision.
+
+On CPU every `jax_default_matmul_precision` still computes float32 (measured), so the CPU
+default stays tight under each. What a GPU (TensorFloat-32) or TPU (one bfloat16 pass) computes
+is emulated on CPU with `jax.lax.reduce_precision` on every matmul's operands in the port: with
+that backend's default tolerance a correct port compares equal, and a small planted bug is
+still reported at the module that has it. The reference is always plain Linen.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+
+import loopbridge as lb
+from loopbridge import _compat
+from loopbridge._diagnostics.compare_tolerance import ToleranceChoice, default_tolerance
+
+D, H = 16, 32
+# The mantissa bits a backend's float32 matmul keeps of its operands.
+MANTISSA = {"tensorfloat32": 10, "bfloat16": 7}
+
+
+class Net(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(H)(nn.LayerNorm(epsilon=1e-6)(x))  # LayerNorm_0, Dense_0
+    h = nn.Dense(D)(nn.gelu(h))  # Dense_1
+    # A small-variance activation: the epsilon of the next norm decides its output.
+    h = nn.LayerNorm(epsilon=1e-6)(h * 1e-3)  # LayerNorm_1
+    return nn.Dense(D)(h)  # Dense_2
+
+
+class Linear(nnx.Linear):
+  """`nnx.Linear` whose matmul sees its operands rounded as a narrower backend rounds them."""
+
+  def __init__(self, *args, mantissa: int | None = None, bias_shift: float = 0.0, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.mantissa = mantissa
+    self.bias_shift = bias_shift
+
+  def __call__(self, x):  # pyright: ignore[reportIncompatibleMethodOverride]
+    kernel = _compat.variable_value(self.kernel)
+    bias = _compat.variable_value(self.bias) + self.bias_shift
+    if self.mantissa is not None:
+      x, kernel = (
+        jax.lax.reduce_precision(v, exponent_bits=8, mantissa_bits=self.mantissa)
+        for v in (x, kernel)
+      )
+    return x @ kernel + bias
+
+
+class Port(nnx.Module):
+  def __init__(self, rngs, *, mantissa=None, epsilon=1e-6, bias_shift=0.0):
+    self.LayerNorm_0 = nnx.LayerNorm(D, epsilon=1e-6, rngs=rngs)
+    self.Dense_0 = Linear(D, H, mantissa=mantissa, rngs=rngs)
+    self.Dense_1 = Linear(H, D, mantissa=mantissa, rngs=rngs)
+    self.LayerNorm_1 = nnx.LayerNorm(D, epsilon=epsilon, rngs=rngs)
+    self.Dense_2 = Linear(D, D, mantissa=mantissa, bias_shift=bias_shift, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.Dense_0(self.LayerNorm_0(x))
+    h = self.Dense_1(nnx.gelu(h))
+    return self.Dense_2(self.LayerNorm_1(h * 1e-3))
+
+
+@pytest.fixture(scope="module")
+def setup():
+  x = jax.random.normal(jax.random.key(1), (8, D))
+  return x, Net().init(jax.random.key(0), x)
+
+
+def port_of(variables, **options):
+  port = Port(nnx.Rngs(0), **options)
+  lb.layers.load_params([variables["params"]], [port])
+  return port
+
+
+def first_differing(report) -> str | None:
+  divergence = report.first_divergence
+  return None if divergence is None else divergence.candidate_path
+
+
+# ------------------------------------------------------------------- the decision, one table
+@pytest.mark.parametrize(
+  "backend,precision,matmuls,rtol",
+  [
+    ("cpu", None, "float32", 1e-5),
+    ("cpu", "bfloat16", "float32", 1e-5),
+    ("cpu", "tensorfloat32", "float32", 1e-5),
+    ("gpu", None, "tensorfloat32", 5e-3),
+    ("cuda", "bfloat16", "tensorfloat32", 5e-3),
+    ("gpu", "tensorfloat32", "tensorfloat32", 5e-3),
+    ("gpu", "highest", "float32", 1e-5),
+    ("gpu", jax.lax.Precision.HIGHEST, "float32", 1e-5),
+    ("gpu", "BF16_BF16_F32", "bfloat16", 3e-2),
+    ("tpu", None, "bfloat16", 3e-2),
+    ("tpu", "high", "bfloat16_3x", 1e-4),
+    ("tpu", "float32", "float32", 1e-5),
+  ],
+)
+def test_the_default_follows_backend_and_matmul_precision(backend, precision, matmuls, rtol):
+  choice = default_tolerance(backend, precision)
+  assert (choice.float32_matmuls, choice.rtol, choice.atol) == (matmuls, rtol, rtol)
+  assert choice.reason.startswith(f"float32 rtol {rtol:g}, atol {rtol:g}: ")
+
+
+def test_an_unknown_precision_assumes_the_backends_default_and_says_so():
+  choice = default_tolerance("gpu", "SOMETHING_NEW")
+  assert choice.float32_matmuls == "tensorfloat32"
+  assert "'SOMETHING_NEW' is not a precision loopbridge knows" in choice.reason
+
+
+def test_nvidia_tf32_override_keeps_gpu_matmuls_in_float32(monkeypatch):
+  monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+  assert default_tolerance("gpu", None).float32_matmuls == "float32"
+
+
+def test_other_dtypes_keep_their_own_default_widened_to_the_matmul_one():
+  tf32 = default_tolerance("gpu", None)
+  assert tf32.for_dtype(np.dtype("float64")) == (1e-9, 1e-9)
+  assert tf32.for_dtype(np.dtype("int32")) == (0.0, 0.0)
+  assert tf32.for_dtype(jnp.dtype(jnp.bfloat16)) == (1e-2, 1e-2)
+  assert tf32.for_dtype(np.dtype("float16")) == (5e-3, 5e-3)
+  cpu = default_tolerance("cpu", None)
+  assert cpu.for_dtype(np.dtype("float32")) == (1e-5, 1e-5)
+  assert cpu.for_dtype(np.dtype("float16")) == (1e-3, 1e-3)
+
+
+# ------------------------------------------------------------- the report says what it used
+def test_the_report_says_which_tolerance_it_used_and_why(setup):
+  x, variables = setup
+  with jax.default_matmul_precision("bfloat16"):
+    report = lb.compare((Net(), variables), port_of(variables), x)
+  assert report.ok, str(report)
+  choice = report.default_tolerance
+  assert isinstance(choice, ToleranceChoice)
+  assert (choice.backend, choice.matmul_precision) == (jax.default_backend(), "bfloat16")
+  data = json.loads(json.dumps(report.to_dict()))
+  assert data["default_tolerance"]["reason"] == choice.reason
+  assert choice.reason in str(report)
+  given = lb.compare((Net(), variables), port_of(variables), x, rtol=1e-4)
+  assert "rtol 0.0001, atol per dtype" in str(given) and given.default_tolerance is not None
+
+
+# ------------------------------------------- CPU under each matmul precision: still exact
+@pytest.mark.parametrize("precision", [None, "bfloat16", "tensorfloat32"])
+def test_on_cpu_each_precision_keeps_a_tight_default_that_finds_small_bugs(setup, precision):
+  if jax.default_backend() != "cpu":
+    pytest.skip("what CPU computes under each precision")
+  x, variables = setup
+  with jax.default_matmul_precision(precision):
+    ok = lb.compare((Net(), variables), port_of(variables), x)
+    # PyTorch's default epsilon, and a bias 1e-3 off: both inside any widened tolerance.
+    eps = lb.compare((Net(), variables), port_of(variables, epsilon=1e-5), x)
+    bias = lb.compare((Net(), variables), port_of(variables, bias_shift=1e-3), x)
+  assert ok.ok, str(ok)
+  assert ok.default_tolerance is not None and ok.default_tolerance.rtol == 1e-5
+  assert first_differing(eps) == "LayerNorm_1", str(eps)
+  assert first_differing(bias) == "Dense_2", str(bias)
+
+
+# ---------------------------------------- narrower backends, emulated: noise passes, bugs don't
+# (backend, matmul format, the smallest planted bias error this test claims is found)
+NARROW = [("gpu", "tensorfloat32", 0.05), ("tpu", "bfloat16", 0.3)]
+
+
+@pytest.mark.parametrize("backend,fmt,shift", NARROW, ids=[b for b, _, _ in NARROW])
+def test_emulated_backend_noise_passes_and_planted_bugs_are_found(setup, backend, fmt, shift):
+  x, variables = setup
+  choice = default_tolerance(backend, None)
+  assert choice.float32_matmuls == fmt
+  tol = {"rtol": choice.rtol, "atol": choice.atol}
+  mantissa = MANTISSA[fmt]
+  noisy = lb.compare((Net(), variables), port_of(variables, mantissa=mantissa), x, **tol)
+  assert noisy.ok, str(noisy)
+  # Can fail: the emulated rounding is real noise, which CPU's tolerance calls a divergence.
+  strict = lb.compare((Net(), variables), port_of(variables, mantissa=mantissa), x)
+  assert not strict.ok and first_differing(strict) == "Dense_0", str(strict)
+  eps = lb.compare(
+    (Net(), variables), port_of(variables, mantissa=mantissa, epsilon=1e-5), x, **tol
+  )
+  assert first_differing(eps) == "LayerNorm_1", str(eps)
+  bias = lb.compare(
+    (Net(), variables), port_of(variables, mantissa=mantissa, bias_shift=shift), x, **tol
+  )
+  assert first_differing(bias) == "Dense_2", str(bias)
