@@ -281,7 +281,10 @@ def test_the_readers_answer_conservatively_for_what_they_cannot_read(garbage):
   assert jaxpr_reading.used_inputs(garbage, [True] * len(got), 1) is None
 
 
-def test_eval_jaxpr_runs_a_closed_jaxpr_with_its_constants():
+@pytest.mark.parametrize("public", [True, False], ids=["jaxpr_as_fun", "without-it"])
+def test_eval_jaxpr_runs_a_closed_jaxpr_with_its_constants(monkeypatch, public):
+  if not public:
+    monkeypatch.delattr(jex_core, "jaxpr_as_fun")
   const = np.arange(3.0)
   closed = jax.make_jaxpr(lambda x: x * const + 1.0)(jnp.ones(3))
   np.testing.assert_allclose(jaxpr_reading.eval_jaxpr(closed, jnp.ones(3))[0], const + 1.0)

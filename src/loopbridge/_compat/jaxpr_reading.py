@@ -197,6 +197,11 @@ def eval_jaxpr(closed: tp.Any, *args: object) -> list[tp.Any]:
   """Evaluate a `ClosedJaxpr` (`jax.make_jaxpr(f)(...)`) on flat arguments (or tracers).
 
   Through `jax.extend.core.jaxpr_as_fun`, which pairs the jaxpr with its constants however
-  the installed jax stores them.
+  the installed jax stores them; a jax without it evaluates the jaxpr with its `consts`.
   """
-  return list(jex_core.jaxpr_as_fun(closed)(*args))
+  as_fun = getattr(jex_core, "jaxpr_as_fun", None)
+  if as_fun is not None:
+    return list(as_fun(closed)(*args))
+  import jax.core  # pylint: disable=import-outside-toplevel
+
+  return list(jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *args))
