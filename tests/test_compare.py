@@ -890,3 +890,25 @@ def test_jitted_port_is_recorded_inside_on_every_compare(setup):
     assert [p.candidate_path for p in report.pairs] == ORDER, str(report)
     assert report.first_divergence is not None
     assert report.first_divergence.candidate_path == "head"
+
+
+def test_no_callback_is_placed_in_nn_scans_broadcast_pass(monkeypatch):
+  # Linen's nn.scan first traces its body under partial evaluation to find the broadcast
+  # outputs; that staged body never runs. On jax 0.11 an ordered callback placed there makes
+  # flax raise "broadcasted variable has a data dependency on the scan body" (seen on a GPU
+  # image with jax 0.11.2), so compare must place its per-layer callbacks in the real scan only.
+  placed = []
+  callback = jax.debug.callback
+
+  def spy(fn, *args, **kwargs):
+    placed.append(any(_compat.is_partial_eval_tracer(a) for a in args))
+    return callback(fn, *args, **kwargs)
+
+  monkeypatch.setattr(jax.debug, "callback", spy)
+  x, variables = stack_setup(ScanNet())
+  report = lb.compare((ScanNet(), variables), (ScanNet(), variables), x)
+  assert report.ok and not report.not_recorded_reference, str(report)
+  assert placed and not any(placed)  # callbacks were placed, none in the broadcast pass
+  assert [p.reference_layer for p in report.pairs if p.reference_stack] == [
+    i for i in range(L) for _ in range(3)
+  ]

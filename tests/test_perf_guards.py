@@ -28,6 +28,14 @@ from conftest import graph_kw
 from models import recording_mlp
 
 CAPACITY = 37  # leading dimension of every buffer; no other array has it
+
+# Two guards read how XLA:CPU schedules and fuses, not what recording costs. XLA:GPU (H200, jax
+# 0.11.2) compiles the planted loop below without a whole-buffer copy, and reads the kept slot
+# ([1, 1, 4], O(1)) in a fusion of its own before writing it. On GPU the
+# recording benchmark measures the cost instead: per-step time flat from capacity 16 to 4096.
+xla_cpu_only = pytest.mark.skipif(
+  jax.default_backend() != "cpu", reason="reads XLA:CPU's fusion decisions (see above)"
+)
 FEATURES, DEPTH = 4, 2
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
@@ -156,6 +164,7 @@ def buffer_bytes(model) -> int:
 
 
 # --------------------------------------------------------------------------- the loop body
+@xla_cpu_only
 def test_hlo_parser_sees_a_whole_buffer_copy():
   """The guard can fail: a loop that copies its buffer every step is caught."""
 
@@ -271,6 +280,7 @@ def slot_reads_apart_from_writes(comps, names) -> list[str]:
   return found
 
 
+@xla_cpu_only
 @pytest.mark.parametrize("overflow", ["error", "drop"])
 def test_keeping_the_first_values_reads_no_slot_apart_from_its_write(overflow, graph):
   """'error' and 'drop' rewrite the last slot once full; that read must fuse into the write."""
@@ -280,6 +290,7 @@ def test_keeping_the_first_values_reads_no_slot_apart_from_its_write(overflow, g
   assert slot_reads_apart_from_writes(comps, inside) == []
 
 
+@xla_cpu_only
 def test_slot_read_guard_can_fail():
   """The guard above sees a slot read XLA cannot fuse into the write (different indices)."""
 

@@ -302,6 +302,17 @@ def is_batched(x: object) -> bool:
   return isinstance(x, _BATCH_TRACER) if _BATCH_TRACER is not None else _named_batch_tracer(x)
 
 
+def is_partial_eval_tracer(x: object) -> bool:
+  """Whether `x` is a partial-evaluation tracer (`JaxprTracer`), e.g. of Linen `nn.scan`'s
+  broadcast pass.
+
+  Linen's `nn.scan` first runs its body under `pe.trace_to_jaxpr_nounits` to find the broadcast
+  outputs; what that pass stages is thrown away, never run. The class is read by name:
+  `jax.interpreters.partial_eval` is not a promised place for it.
+  """
+  return any(c.__name__ == "JaxprTracer" for c in type(x).__mro__)
+
+
 def _named_batch_tracer(x: object) -> bool:
   return any(c.__name__ == "BatchTracer" for c in type(x).__mro__)
 
