@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+import sys
 import typing as tp
 
 # Re-exported: `_compat` is the one import for every difference.
@@ -311,6 +312,29 @@ def is_partial_eval_tracer(x: object) -> bool:
   `jax.interpreters.partial_eval` is not a promised place for it.
   """
   return any(c.__name__ == "JaxprTracer" for c in type(x).__mro__)
+
+
+def in_linen_scan_broadcast_pass() -> bool:
+  """Whether the caller runs inside Linen `nn.scan`'s broadcast pass (`init_mode=True`).
+
+  `flax.core.axes_scan.scan` traces its body once under partial evaluation to find the
+  broadcast outputs and throws that trace away. The pass is recognised by its frame (flax's
+  `body_fn` with `init_mode` true), since its tracers' class is jax's to rename; a flax that
+  renames the frame is read as "not in the pass" (`is_partial_eval_tracer` still applies).
+  """
+  try:
+    from flax.core import axes_scan  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  filename = getattr(axes_scan, "__file__", None)
+  frame = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
+  while frame is not None:
+    code = frame.f_code
+    in_body = code.co_name == "body_fn" and code.co_filename == filename
+    if in_body and frame.f_locals.get("init_mode") is True:
+      return True
+    frame = frame.f_back
+  return False
 
 
 def _named_batch_tracer(x: object) -> bool:

@@ -150,7 +150,9 @@ class Recorder:
     self._frames.pop()
 
   def add(self, frame: _Frame, output: object, module: object) -> None:
-    if any(_compat.is_partial_eval_tracer(x) for x in jax.tree_util.tree_leaves(output)):
+    if _compat.in_linen_scan_broadcast_pass() or any(
+      _compat.is_partial_eval_tracer(x) for x in jax.tree_util.tree_leaves(output)
+    ):
       # Linen `nn.scan`'s broadcast pass: its staged part never runs, so a callback there
       # delivers nothing, and on jax 0.11 an ordered one makes flax call the broadcast
       # variables data-dependent on the body. The real scan traces the body again.
