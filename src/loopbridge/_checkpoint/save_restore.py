@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen, nnx, traverse_util
-from flax.nnx.bridge import variables as bridge_variables
 
 from .. import _compat
 from .._core import buffers, linen_vars, pipeline, recorder
@@ -598,7 +597,7 @@ def load_linen_variables(
     )
   variables = plain_variables(variables, "lb.checkpoint.load_linen_variables")
   attrs = linen_vars.attrs(model)
-  current = bridge_variables.nnx_attrs_to_linen_vars(attrs)
+  current = linen_vars.to_linen(attrs)
   have, want = unboxed_leaves(variables), unboxed_leaves(current)
   unknown = sorted(set(have) - set(want))
   differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
