@@ -168,7 +168,10 @@ def _observing_nnx_sow(self, variable_type, name, value, *args, **kwargs):
     )
     bound.apply_defaults()
     reduce_fn, init_fn = bound.arguments.get("reduce_fn"), bound.arguments.get("init_fn")
-    if reduce_fn is not nnx_module_lib.tuple_reduce or init_fn is not nnx_module_lib.tuple_init:
+    custom = (
+      reduce_fn is not nnx_module_lib.tuple_reduce or init_fn is not nnx_module_lib.tuple_init
+    )
+    if custom and callable(init_fn):
       log.nnx_accumulators.setdefault(name, NNXAccumulatorInit(init_fn, variable_type))
   return _Installed.nnx_sow(self, variable_type, name, value, *args, **kwargs)
 

@@ -596,7 +596,7 @@ def preallocate(
 def _create_linen_variables(
   reports: Items,
   node_at: dict[tuple, nnx.Module],
-  graphdef: object,
+  graphdef: tp.Any,
   state: object,
   call: Call,
   args: tuple,
@@ -640,7 +640,7 @@ def _create_linen_variables(
       if layers is not None:  # every layer of the stack starts from the same value
         value = jax.tree.map(lambda x, n=layers: jnp.stack([x] * n), value)
       recorder.set_nested(new, key, value)
-    linen_vars.add_variables(node_at[path], new)
+    linen_vars.add_variables(tp.cast(nnx.bridge.ToNNX, node_at[path]), new)
 
 
 def from_linen_variables(
