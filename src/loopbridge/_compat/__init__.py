@@ -506,6 +506,11 @@ def quiet_nnx_accumulators(active: bool) -> tp.Iterator[None]:
     yield
 
 
+def is_layer_view(value: object) -> bool:
+  """Whether `value` is a Variable of a layer view (`layer_view_variable`)."""
+  return type(value) in _VIEW_TYPES.values()
+
+
 def plain_variable(variable: nnx.Variable) -> nnx.Variable:
   """`variable` itself, or for a layer view (`layer_view_variable`) a Variable of the stacked
   type holding the layer's current value and metadata.

@@ -35,10 +35,13 @@ def attrs(node: bridge.ToNNX) -> dict[str, object]:
 def to_linen(attributes: tp.Mapping[str, object]) -> dict[str, tp.Any]:
   """Stock conversion of a bridged node's attributes to a Linen variables dict, for a layer
   of a stack too (`lb.layers.layer`: its Variables are views, read as the layer's values)."""
+  is_variable = lambda v: isinstance(v, nnx.Variable)  # noqa: E731
+  if not any(map(_compat.is_layer_view, jax.tree.leaves(dict(attributes), is_leaf=is_variable))):
+    return bridge_variables.nnx_attrs_to_linen_vars(dict(attributes))  # the common case
   plain = jax.tree.map(
-    lambda v: _compat.plain_variable(v) if isinstance(v, nnx.Variable) else v,
+    lambda v: _compat.plain_variable(v) if is_variable(v) else v,
     dict(attributes),
-    is_leaf=lambda v: isinstance(v, nnx.Variable),
+    is_leaf=is_variable,
   )
   return bridge_variables.nnx_attrs_to_linen_vars(plain)
 
