@@ -626,6 +626,53 @@ def test_linen_checkpoint_loads_into_an_initialized_model(tmp_path):
   np.testing.assert_allclose(y, ref, **TOL)
 
 
+class _Sows(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(FEATURES)(x)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+@nnx.jit(donate_argnums=0)
+def _donating_step(model, x):
+  return model(x)
+
+
+def test_loaded_linen_variables_survive_a_donating_call():
+  # The README's loop donates the model: by default the model holds its own copy, so the
+  # user's Linen variables stay usable with plain Linen afterwards.
+  x = jnp.ones((2, 3))
+  variables = _Sows().init(jax.random.key(5), x)
+  model = lb.lazy_init(lb.ToNNX(_Sows(), rngs=nnx.Rngs(0)), x, capacity=2)
+  lb.checkpoint.load_linen_variables(model, variables)
+  for step in range(2):
+    y = _donating_step(model, x + step)
+    ref, state = _Sows().apply(variables, x + step, mutable=["intermediates"])
+    np.testing.assert_allclose(y, ref, **TOL)
+    np.testing.assert_allclose(
+      lb.recorded(model)["intermediates"]["h"][step], state["intermediates"]["h"][0], **TOL
+    )
+  assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(variables))
+
+
+def test_load_linen_variables_copy_false_moves_the_arrays():
+  # Moving (for tight memory): the model holds the very arrays given, so no second copy
+  # exists, and a donating call consumes them.
+  x = jnp.ones((2, 3))
+  variables = _Sows().init(jax.random.key(5), x)
+  ref = _Sows().apply(variables, x)
+  model = lb.lazy_init(lb.ToNNX(_Sows(), rngs=nnx.Rngs(0)), x, capacity=2)
+  lb.checkpoint.load_linen_variables(model, variables, copy=False)
+  held = lb.linen_variables(model)["params"]["Dense_0"]
+  given = variables["params"]["Dense_0"]
+  assert held["kernel"] is given["kernel"] and held["bias"] is given["bias"]
+  np.testing.assert_allclose(_donating_step(model, x), ref, **TOL)
+  assert given["kernel"].is_deleted()
+  with pytest.raises(TypeError, match=r"copy= must be True or False, got 'no'.*Fix"):
+    lb.checkpoint.load_linen_variables(model, variables, copy="no")  # pyright: ignore[reportArgumentType]
+
+
 def test_linen_variables_with_another_structure_are_rejected():
   x0 = jnp.ones((3, 2))
   variables = WithStats().init(jax.random.key(0), x0)

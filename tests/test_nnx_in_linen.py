@@ -161,6 +161,85 @@ def test_preallocate_finds_the_nnx_sow_of_another_signature():
   assert_step_equal(lb.recorded(model), linen_steps(Wrapped(), params_only(model), [x3]))
 
 
+# ================================================ an NNX accumulator (custom reduce_fn/init_fn)
+class Accumulating(nnx.Module):
+  """Sows a running sum (shape-stable custom reduce) next to a record (default reduce)."""
+
+  def __init__(self, din, dout, *, rngs):
+    self.lin = nnx.Linear(din, dout, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.lin(x)
+    self.sow(
+      nnx.Intermediate, "total", h.sum(0), reduce_fn=lambda a, b: a + b, init_fn=lambda: jnp.ones(3)
+    )
+    self.sow(nnx.Intermediate, "h", jnp.tanh(h))
+    return h
+
+
+class WrappedAccumulating(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(4)(bridge.ToLinen(Accumulating, args=(4, 3), name="part")(x))
+
+
+XS = jnp.stack([X, X * 2.0, X - 1.0, X + 0.5])
+
+
+def _nnx_reference(model, xs):
+  """Plain NNX: the same module with the model's params, called once per input (its
+  accumulator persists across calls, as NNX's `sow` keeps it)."""
+  ref = Accumulating(4, 3, rngs=nnx.Rngs(0))
+  params = lb.linen_variables(model)["params"]["part"]["lin"]
+  set_value(ref.lin.kernel, params["kernel"])
+  set_value(ref.lin.bias, params["bias"])
+  hs = [jnp.tanh(ref(x)) for x in xs]
+  return value(ref.total), hs
+
+
+def _variable_ids(model):
+  return {id(n) for _, n in _compat.iter_graph(model) if isinstance(n, nnx.Variable)}
+
+
+@nnx.jit
+def _eager_then_loop(model, xs):
+  def body(i, model):
+    model(xs[i])
+    return model
+
+  return nnx.fori_loop(1, xs.shape[0], body, model)
+
+
+@pytest.mark.parametrize("entry", ["lazy_init", "preallocate"])
+def test_an_nnx_accumulator_inside_linen_is_declared_and_reduced_in_place(entry):
+  # The NNX module's custom-reduce sow is state: declared before the loop (from init_fn),
+  # given back to the module on every call, reduced in place; equal to plain NNX step by
+  # step, and its first call to plain Linen's apply.
+  if entry == "lazy_init":
+    model = lb.lazy_init(lb.ToNNX(WrappedAccumulating(), rngs=nnx.Rngs(0)), X, capacity=4)
+  else:
+    variables = WrappedAccumulating().init(jax.random.key(1), X)
+    model = lb.checkpoint.from_linen_variables(WrappedAccumulating(), variables, X)
+    lb.preallocate(model, X, capacity=4)
+  assert_close(lb.linen_variables(model)["intermediates"]["part"]["total"], jnp.ones(3))
+  ids = _variable_ids(model)
+  model(XS[0])
+  plain = WrappedAccumulating().init(jax.random.key(0), X)
+  plain = {**plain, "params": lb.linen_variables(model)["params"]}
+  _, linen = WrappedAccumulating().apply(plain, XS[0], mutable=["intermediates"])
+  assert_close(
+    lb.linen_variables(model)["intermediates"]["part"]["total"],
+    linen["intermediates"]["part"]["total"],
+  )
+  _eager_then_loop(model, XS)
+  total, hs = _nnx_reference(model, XS)
+  assert_close(lb.linen_variables(model)["intermediates"]["part"]["total"], total)
+  recorded = lb.recorded(model)["intermediates"]["part"]["h"]
+  for k, h in enumerate(hs):
+    assert_close(recorded[k], h)
+  assert _variable_ids(model) == ids  # updated in place: no Variable created or replaced
+
+
 # ====================================================== transforms and depth around the NNX part
 class Deep(nn.Module):
   """The NNX part two Linen levels down."""

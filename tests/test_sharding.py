@@ -332,6 +332,55 @@ def test_shard_buffers_callable_and_reset_keep_layout(mesh):
   assert int(lb.counts(model)["intermediates"]["x"]) == 0
 
 
+class _SowsH(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(FEATURES)(x)
+    self.sow("intermediates", "h", h)
+    return h
+
+
+@pytest.mark.parametrize("how", ["collection", "path", "callable"])
+def test_shard_buffers_places_every_call_signatures_buffers_by_the_public_path(mesh, how):
+  # Two call signatures (batch 8, then batch 4): a key, or a callable, names a sow's buffers
+  # of every signature alike, by the path users see (never the internal slot key).
+  big = jax.random.normal(jax.random.key(2), (BATCH, FEATURES))
+  small = big[:4] * 2
+  model = lb.lazy_init(lb.ToNNX(_SowsH(), rngs=nnx.Rngs(0)), big, capacity=2)
+  lb.preallocate(model, small, capacity=2)
+  seen = []
+
+  def rule(site, value_shape):
+    seen.append(site)
+    return P("data")
+
+  spec = {"collection": {"intermediates": P("data")}, "path": {"h": P("data")}, "callable": rule}
+  lb.sharding.shard_buffers(model, spec[how], mesh=mesh)
+  if how == "callable":
+    assert sorted(seen) == ["intermediates/h", "intermediates/h"]
+  for label in (f"(float32[{BATCH},{FEATURES}])", f"(float32[4,{FEATURES}])"):
+    buf = lb.buffers(model, signature=label)["intermediates"]["h"]
+    assert _spec_equal(buf, mesh, P(None, "data", None)), (label, buf.sharding)
+  with _compat.mesh_context(mesh):
+    model(big)
+    model(small)
+  params = jax.device_get(nnx.state(model, nnx.Param).to_pure_dict())
+  for x in (big, small):
+    _, state = _SowsH().apply({"params": params}, x, mutable=["intermediates"])
+    got = lb.recorded(model, signature=f"(float32[{x.shape[0]},{FEATURES}])")
+    np.testing.assert_allclose(got["intermediates"]["h"][0], state["intermediates"]["h"][0], **TOL)
+
+
+def test_shard_buffers_key_with_the_collection_is_refused_for_every_signature_alike(mesh):
+  # As for capacity=, a sow path is given inside its collection: "intermediates/h" names no
+  # buffer, whichever signature's (it once matched the second signature's only, silently).
+  big = jax.random.normal(jax.random.key(2), (BATCH, FEATURES))
+  model = lb.lazy_init(lb.ToNNX(_SowsH(), rngs=nnx.Rngs(0)), big, capacity=2)
+  lb.preallocate(model, big[:4], capacity=2)
+  with pytest.raises(lb.sharding.ShardingError, match=r"\[.intermediates/h.\] name no buffer"):
+    lb.sharding.shard_buffers(model, {"intermediates/h": P("data")}, mesh=mesh)
+
+
 def test_shard_buffers_rejects_uneven_split(mesh):
   with _compat.mesh_context(mesh):
     model = lb.ToNNX(Net(), rngs=nnx.Rngs(0))

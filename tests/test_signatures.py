@@ -167,6 +167,77 @@ def test_prompt_and_decode_steps_both_recorded_equal_to_linen():
   assert f"(int32[{B},{MAX_LEN}])" not in both
 
 
+class HFDecoder(nn.Module):
+  """HuggingFace Flax's cache protocol: the `cache` collection exists only after a call with
+  `init_cache=True` (on the full length); later calls use it when it is there. One head, the
+  cache laid out as HF's `(batch, length, heads, head_dim)`."""
+
+  @nn.compact
+  def __call__(self, ids, init_cache=False):
+    h = nn.Embed(VOCAB, D)(ids)
+    q, k, v = (nn.Dense(D, name=n)(h) for n in ("q", "k", "v"))
+    positions = jnp.arange(ids.shape[1])
+    keys, values = k, v
+    if init_cache or self.has_variable("cache", "cached_key"):
+      ready = self.has_variable("cache", "cached_key")
+      shape = (ids.shape[0], MAX_LEN, 1, D)
+      cached_k = self.variable("cache", "cached_key", jnp.zeros, shape)
+      cached_v = self.variable("cache", "cached_value", jnp.zeros, shape)
+      index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+      if ready:  # HF: "detect if we're initializing by absence of existing cache data"
+        start = index.value
+        at = (0, start, 0, 0)
+        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k[:, :, None], at)
+        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v[:, :, None], at)
+        index.value = start + ids.shape[1]
+        keys, values = cached_k.value[:, :, 0], cached_v.value[:, :, 0]
+        positions = start + positions
+    visible = jnp.arange(keys.shape[1])[None, :] <= positions[:, None]
+    logits = jnp.where(visible, q @ keys.transpose(0, 2, 1) / np.sqrt(D), -1e9)
+    out = jax.nn.softmax(logits, axis=-1) @ values
+    self.sow("intermediates", "last_hidden", out[:, -1])
+    return nn.Dense(VOCAB, name="head")(out)
+
+
+def test_preallocate_with_init_cache_creates_the_cache_and_a_decode_loop_equals_linen():
+  # As HF's generate: params from a plain init, then the cache from a call with
+  # init_cache=True. lb.preallocate with that call must create the collection (it created
+  # nothing, and the decode loop then ran without a cache).
+  full = jnp.zeros((B, MAX_LEN), jnp.int32)
+  model = lb.ToNNX(HFDecoder(), rngs=nnx.Rngs(0))
+  lb.lazy_init(model, full, capacity=1)
+  assert "cache" not in lb.linen_variables(model)
+  params = jax.tree.map(np.asarray, lb.linen_variables(model)["params"])
+  lb.preallocate(model, full, capacity=1, init_cache=True)
+  assert jax.tree.all(jax.tree.map(np.array_equal, lb.linen_variables(model)["params"], params))
+  want_cache = HFDecoder().init(jax.random.key(0), full, init_cache=True)["cache"]
+  got_cache = lb.linen_variables(model)["cache"]
+  assert jax.tree.structure(got_cache) == jax.tree.structure(want_cache)
+  assert jax.tree.all(jax.tree.map(np.array_equal, got_cache, want_cache))
+  lb.preallocate(model, prompt_ids(), capacity=1)
+  lb.preallocate(model, full[:, :1], capacity=STEPS)
+
+  # Plain Linen, call by call, from the cache Linen's own init_cache call makes.
+  variables = {"params": params, "cache": want_cache}
+  hidden, token, want_tokens = [], prompt_ids(), []
+  for t in range(STEPS + 1):
+    logits, state = HFDecoder().apply(variables, token, mutable=["cache", "intermediates"])
+    variables = {"params": params, "cache": state["cache"]}
+    hidden.append(state["intermediates"]["last_hidden"][0])
+    token = jnp.argmax(logits[:, -1], -1)[:, None].astype(jnp.int32)
+    if t:
+      want_tokens.append(token[:, 0])
+
+  tokens = generate(model, prompt_ids())
+  np.testing.assert_array_equal(tokens, np.stack(want_tokens, 1))
+  steps = lb.recorded(model, signature=STEP_SIG)["intermediates"]["last_hidden"]
+  prompt = lb.recorded(model, signature=PROMPT_SIG)["intermediates"]["last_hidden"]
+  np.testing.assert_allclose(prompt[0], hidden[0], rtol=1e-5, atol=1e-6)
+  for t in range(STEPS):
+    np.testing.assert_allclose(steps[t], hidden[t + 1], rtol=1e-5, atol=1e-6)
+  assert int(lb.linen_variables(model)["cache"]["cache_index"]) == P + STEPS
+
+
 def test_a_new_signature_grows_the_count_vector_and_keeps_the_entries():
   """Every site of every signature has one entry of the wrapper's one count vector: a new
   signature adds entries at declaration, the old ones keep their values, a loop keeps the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import flax.linen as nn
 import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
@@ -525,3 +526,107 @@ def test_unstacked_recording_layers_stack_again():
   first(x)
   np.testing.assert_array_equal(lb.recorded(first)["intermediates"]["x"], x[None])
   assert lb.recorded(restacked)["intermediates"]["x"].shape == (0, 2, 1, 3)
+
+
+class LinenLayer(nn.Module):
+  """A Linen layer that sows its activation (the seeds' bridged layer)."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = jnp.tanh(nn.Dense(4)(x))
+    self.sow("intermediates", "h", h)
+    return h
+
+
+def _bridged_layers(x, depth=3):
+  return [
+    lb.lazy_init(lb.ToNNX(LinenLayer(), rngs=nnx.Rngs(i)), x, capacity=4) for i in range(depth)
+  ]
+
+
+@pytest.mark.parametrize("how", ["eager", "fori"])
+def test_layer_of_a_stack_of_bridged_linen_layers_runs_and_equals_linen(how, graph):
+  # The third seed's pattern with lb.ToNNX layers: layers[i] with a loop counter. Reference:
+  # plain Linen apply of each layer's own variables, layer after layer, call after call.
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  layers = _bridged_layers(x)
+  variables = [lb.linen_variables(layer) for layer in layers]
+  stacked = lb.layers.stack(layers)
+
+  def forward(stacked, x):
+    if how == "eager":
+      for i in range(3):
+        x = lb.layers.layer(stacked, i)(x)
+      return x
+    body = lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1]))  # noqa: E731
+    return nnx.fori_loop(0, 3, body, (stacked, x), **graph_kw(graph))[1]
+
+  run = forward if how == "eager" else nnx.jit(forward, **graph_kw(graph))
+  want_records = []
+  for call in range(2):
+    h, row = x + call, []
+    for v in variables:
+      h, state = LinenLayer().apply(v, h, mutable=["intermediates"])
+      row.append(state["intermediates"]["h"][0])
+    want_records.append(np.stack(row))
+    np.testing.assert_allclose(run(stacked, x + call), h, rtol=1e-6, atol=1e-6)
+  got = lb.recorded(stacked)["intermediates"]["h"]  # [calls, layers, ...]
+  np.testing.assert_allclose(got, np.stack(want_records), rtol=1e-6, atol=1e-6)
+  assert jax.tree.leaves(nnx.state(stacked, lb.Count))[0].tolist() == [[2], [2], [2]]
+  np.testing.assert_allclose(  # the params were read, not changed
+    lb.linen_variables(lb.layers.unstack(stacked)[2])["params"]["Dense_0"]["kernel"],
+    variables[2]["params"]["Dense_0"]["kernel"],
+  )
+
+
+class BridgedNet(nnx.Module):
+  def __init__(self, layers):
+    self.layers = layers
+
+  def scan(self, x):
+    return lb.layers.scan(self.layers, x)
+
+
+@pytest.mark.parametrize("entry", ["stack", "parent"])
+def test_a_stack_of_bridged_layers_gains_a_call_signature(entry):
+  # Declared for (2, 4), then called on (5, 4): lb.preallocate on the stack (a call of one
+  # layer) or on its parent (a method running lb.layers.scan) declares the new signature for
+  # every layer; both signatures then record, equal to plain Linen layer by layer.
+  x, wide = (
+    jax.random.normal(jax.random.key(0), (2, 4)),
+    jax.random.normal(jax.random.key(1), (5, 4)),
+  )
+  layers = _bridged_layers(x)
+  variables = [lb.linen_variables(layer) for layer in layers]
+  stacked = lb.layers.stack(layers)
+  lb.layers.scan(stacked, x)
+  with pytest.raises(lb.NotDeclaredError, match=r"lb\.preallocate"):
+    lb.layers.scan(stacked, wide)
+  if entry == "stack":
+    lb.preallocate(stacked, wide, capacity=2)
+  else:
+    lb.preallocate(BridgedNet(stacked), wide, capacity=2, method="scan")
+
+  @nnx.jit
+  def by_index(stacked, h):
+    return nnx.fori_loop(0, 3, lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1])), (stacked, h))[1]
+
+  got = [nnx.jit(lb.layers.scan)(stacked, wide), by_index(stacked, wide + 1)]
+  for call, h in enumerate([wide, wide + 1]):
+    row = []
+    for v in variables:
+      h, state = LinenLayer().apply(v, h, mutable=["intermediates"])
+      row.append(state["intermediates"]["h"][0])
+    np.testing.assert_allclose(got[call], h, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+      lb.recorded(stacked, signature="(float32[5,4])")["intermediates"]["h"][call],
+      np.stack(row),
+      rtol=1e-6,
+      atol=1e-6,
+    )
+  first = lb.recorded(stacked, signature="(float32[2,4])")["intermediates"]["h"]
+  assert first.shape == (1, 3, 2, 4)  # the first signature's record is kept
+  h = x
+  for i, v in enumerate(variables):
+    h = LinenLayer().apply(v, h)
+    np.testing.assert_allclose(first[0, i], h, rtol=1e-6, atol=1e-6)

@@ -4,8 +4,11 @@
 `(h, h.sum())`, a sow inside an `nn.scan`) through `lb.lazy_init`, `lb.preallocate` (another
 capacity, overflow policy or batch size), eager calls, jitted `nnx.fori_loop`s (graph and,
 where flax has it, tree mode), `lb.compile_step` calls, `lb.sharding.shard_buffers`,
-`lb.reset`, `lb.layers.stack` + `lb.layers.scan` + `lb.layers.unstack`, and
-`lb.checkpoint.save` / `restore` (into the same model or a freshly declared one). After every
+`lb.reset`, `lb.layers.stack` + `lb.layers.scan` or `lb.layers.layer` views in a
+`nnx.fori_loop` (optionally after `lb.preallocate` of another batch size on the stack) +
+`lb.layers.unstack`, calls inside `lb.recording(False)`, `lb.checkpoint.load_linen_variables`
+followed by a donating loop (the user's variables must survive), and `lb.checkpoint.save` /
+`restore` (into the same model or a freshly declared one). After every
 step it compares `lb.recorded` / `lb.counts` / the params with a plain-Python reference whose
 values come from plain Linen (`Net().apply(variables, x, mutable=['intermediates'])` with the
 reference's params). `NativeStackMachine` does the same for a stack of native NNX recording
@@ -323,6 +326,17 @@ def check_warning(caught: list, expected: bool | None, what: str) -> None:
     raise AssertionError(f"{what}: RecordsDiscardedWarning although every record was kept")
 
 
+def _spec_of(buffer: tp.Any) -> tuple | None:
+  """A buffer's partition spec without trailing `None`s (None: not placed on a mesh)."""
+  spec = getattr(buffer.sharding, "spec", None)
+  if spec is None:
+    return None
+  spec = tuple(spec)
+  while spec and spec[-1] is None:
+    spec = spec[:-1]
+  return spec
+
+
 # --- jitted loops, reused across steps and examples ---------------------------------------------
 
 
@@ -462,23 +476,71 @@ class LinenMachine(RuleBasedStateMachine):
     want = self._expect_call(batch, xs)
     np.testing.assert_allclose(np.asarray(y), want, **TOL)
 
+  @rule(data=st.data(), jit=st.booleans())
+  def unrecorded_call(self, data, jit):
+    """Inside `lb.recording(False)` a call runs as usual and records nothing."""
+    batch = data.draw(st.sampled_from([s.batch for s in self.ref.sigs]), label="batch")
+    xs = self._x(1, batch, FEATURES)
+    with lb.recording(False):
+      if jit:  # traced inside the block only (the choice is made while tracing)
+        y = _JITTED_UNRECORDED(self.model, jnp.asarray(xs))
+      else:
+        y = self.model(jnp.asarray(xs[0]))
+    want, _ = linen_call(self.ref.params, xs[0])
+    np.testing.assert_allclose(np.asarray(y), want, **TOL)
+
+  @rule(seed=st.integers(0, 3), data=st.data())
+  def load_linen_variables_then_donate(self, seed, data):
+    """Load a Linen user's variables, then a donating jitted loop: the user's variables must
+    survive it (the model holds its own copy)."""
+    sig = data.draw(st.sampled_from(self.ref.sigs), label="signature")
+    variables = Net().init(jax.random.key(100 + seed), jnp.ones((sig.batch, FEATURES)))
+    lb.checkpoint.load_linen_variables(self.model, variables)
+    self.ref.params = jax.tree.map(np.array, variables["params"])
+    xs = self._x(1, sig.batch, FEATURES)
+    y = jitted_loop(True)(self.model, jnp.asarray(xs))
+    want = self._expect_call(sig.batch, xs)
+    np.testing.assert_allclose(np.asarray(y), want, **TOL)
+    if any(leaf.is_deleted() for leaf in jax.tree.leaves(variables)):
+      raise AssertionError("a donating call deleted the variables given to load_linen_variables")
+    mine = Net().apply(variables, jnp.asarray(xs[0]))
+    np.testing.assert_allclose(np.asarray(mine), want, **TOL)
+
   # --- state
 
-  @rule(kind=st.sampled_from(["replicated", "batch", "callable"]))
+  @rule(kind=st.sampled_from(["replicated", "batch", "collection", "callable"]))
   def shard_buffers(self, kind):
     devices = jax.devices()
     mesh = Mesh(np.array(devices), ("data",))
+    seen: list[str] = []
     if kind == "replicated":
       lb.sharding.shard_buffers(self.model, None, mesh=mesh)
     elif kind == "batch" and len(devices) == 1:
       lb.sharding.shard_buffers(self.model, {"h": PartitionSpec("data")}, mesh=mesh)
+    elif kind == "collection":
+      lb.sharding.shard_buffers(self.model, {"intermediates": PartitionSpec()}, mesh=mesh)
     else:
 
       def spec(site, shape):
+        seen.append(site)
         split = shape and shape[0] % len(devices) == 0
         return NamedSharding(mesh, PartitionSpec("data") if split else PartitionSpec())
 
       lb.sharding.shard_buffers(self.model, spec)
+    # A key or a callable names a sow's buffers of every call signature alike, by its public
+    # path (the internal slot key of a later signature once escaped both).
+    if any(site.startswith("loopbridge__") for site in seen):
+      raise AssertionError(f"shard_buffers handed internal paths to the callable: {seen}")
+    if kind in ("batch", "collection") and len(devices) == 1:
+      for label in {s.signature for s in lb.sow_sites(self.model)}:
+        tree = lb.buffers(self.model, signature=label)["intermediates"]
+        placed = [tree["h"]] if kind == "batch" else jax.tree.leaves(tree)
+        want = (None, "data") if kind == "batch" else ()
+        if any(_spec_of(b) != want for b in placed):
+          raise AssertionError(
+            f"shard_buffers({kind}) left buffers of signature {label} elsewhere: "
+            f"{[b.sharding for b in placed]}"
+          )
     self.sharded = True
     if 1 in KNOWN:  # the compile_step docstring's workaround: a new step after replacing Variables
       self.step = None
@@ -489,21 +551,42 @@ class LinenMachine(RuleBasedStateMachine):
     self.ref.reset()
 
   @precondition(lambda self: len(self.ref.sigs) == 1 and not self.sharded)
-  @rule(scans=st.integers(0, 2), keep=st.integers(0, 1), jit=st.booleans())
-  def stack_scan_unstack(self, scans, keep, jit):
-    """Stack this model with a fresh one, run the stack with lb.layers.scan, unstack it and go
-    on with one of the layers."""
+  @rule(
+    scans=st.integers(0, 2),
+    keep=st.integers(0, 1),
+    jit=st.booleans(),
+    how=st.sampled_from(["scan", "layer"]),
+    grow=st.one_of(st.none(), st.tuples(CAPACITIES, POLICIES)),
+    data=st.data(),
+  )
+  def stack_scan_unstack(self, scans, keep, jit, how, grow, data):
+    """Stack this model with a fresh one, optionally declare another batch size on the stack
+    (lb.preallocate of one layer's call), run the stack with lb.layers.scan or layer by layer
+    with lb.layers.layer in nnx.fori_loop, unstack it and go on with one of the layers."""
     (sig,) = self.ref.sigs
     other = declared_model(self.ref.sigs, seed=7)
     refs = [self.ref, Ref(params_of(other), [Sig(sig.batch, sig.capacity, sig.policy)])]
     stacked = lb.layers.stack([self.model, other])
-    run = _JITTED_SCAN if jit else lb.layers.scan
+    if grow is not None and MULTI_SIGNATURE:
+      capacity, policy = grow
+      batch = 3 - sig.batch  # the other of 1 and 2
+      lb.preallocate(stacked, jnp.ones((batch, FEATURES)), capacity=capacity, overflow=policy)
+      for r in refs:
+        r.declare(batch, capacity, policy)
+    runs = {
+      ("scan", True): _JITTED_SCAN,
+      ("scan", False): lb.layers.scan,
+      ("layer", True): _JITTED_LAYERS,
+      ("layer", False): _layers_in_python,
+    }
+    run = runs[how, jit]
     for _ in range(scans):
-      x = self._x(sig.batch, FEATURES)
+      batch = data.draw(st.sampled_from([s.batch for s in refs[0].sigs]), label="batch")
+      x = self._x(batch, FEATURES)
       y = run(stacked, jnp.asarray(x))
       for r in refs:
         x, entry = linen_call(r.params, x)
-        r.sigs[0].append(entry)
+        r.sig(batch).append(entry)
       np.testing.assert_allclose(np.asarray(y), x, **TOL)
     self.model = lb.layers.unstack(stacked)[keep]
     self.ref = refs[keep]
@@ -556,6 +639,23 @@ def _scan_run(stacked, x):
 
 
 _JITTED_SCAN = nnx.jit(_scan_run, donate_argnums=0)
+
+
+def _layers_in_python(stacked, x):
+  """The stack's layers one by one through lb.layers.layer views (eager)."""
+  for i in range(2):
+    x = lb.layers.layer(stacked, i)(x)
+  return x
+
+
+def _layers_run(stacked, x):
+  """The third seed's pattern: layers[i] with the loop counter, inside nnx.fori_loop."""
+  body = lambda i, c: (c[0], lb.layers.layer(c[0], i)(c[1]))  # noqa: E731
+  return nnx.fori_loop(0, 2, body, (stacked, x))[1]
+
+
+_JITTED_LAYERS = nnx.jit(_layers_run, donate_argnums=0)
+_JITTED_UNRECORDED = nnx.jit(lambda m, xs: _loop(m, xs, True), donate_argnums=0)
 
 
 # --- native NNX layers stacked, declared through the scan path, then unstacked ------------------

@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen, nnx, traverse_util
-from flax.nnx.bridge import variables as bridge_variables
 
 from .. import _compat
 from .._core import buffers, linen_vars, pipeline, recorder
@@ -548,16 +547,25 @@ def from_linen_variables(
   )
 
 
-def load_linen_variables(model: Model, variables: tp.Mapping[str, object]) -> Model:
+def load_linen_variables(
+  model: Model, variables: tp.Mapping[str, object], *, copy: bool = True
+) -> Model:
   """Write a Linen variables dict into an initialized `lb.ToNNX`, in place.
 
   Use it to load Linen weights (e.g. a Linen checkpoint) into a model already declared with
-  `lb.lazy_init`; buffers, counts and rng streams are left as they are.
+  `lb.lazy_init`; buffers, counts and rng streams are left as they are. The model gets its
+  own copy of each array by default, so a donating call of the model
+  (`nnx.jit(..., donate_argnums=0)`, `lb.compile_step`) never deletes the caller's
+  `variables`, which stay usable with plain Linen (as `lb.lazy_init` copies a sample array
+  that init stored as it was).
 
   Args:
     model: an initialized `lb.ToNNX`.
     variables: a Linen variables dict with the model's structure (a subset of collections is
       fine, e.g. only `{'params': ...}`).
+    copy: `False` moves the arrays instead, when memory is tight: the model holds the very
+      arrays given (no second copy on the device), so a donating call deletes them; use
+      `variables` no more after that.
 
   Returns:
     `model` (same Variables, new values).
@@ -565,6 +573,7 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, object]) -> Mo
   Raises:
     NotDeclaredError: `model` was not initialized.
     CheckpointError: a path the model does not have, or a different shape/dtype.
+    TypeError: `copy` is not a bool.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
@@ -581,9 +590,14 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, object]) -> Mo
       "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
       "build the model directly with lb.checkpoint.from_linen_variables(module, variables, *args)."
     )
+  if not isinstance(copy, bool):
+    raise TypeError(
+      f"lb.checkpoint.load_linen_variables: copy= must be True or False, got {copy!r}. Fix: "
+      "copy=True (the default: the model gets its own arrays) or copy=False (move them)."
+    )
   variables = plain_variables(variables, "lb.checkpoint.load_linen_variables")
   attrs = linen_vars.attrs(model)
-  current = bridge_variables.nnx_attrs_to_linen_vars(attrs)
+  current = linen_vars.to_linen(attrs)
   have, want = unboxed_leaves(variables), unboxed_leaves(current)
   unknown = sorted(set(have) - set(want))
   differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
@@ -606,5 +620,8 @@ def load_linen_variables(model: Model, variables: tp.Mapping[str, object]) -> Mo
     value = linen_vars.unbox(value, constrain=False)
     if isinstance(value, tuple) or not linen_vars.is_data(value):
       continue  # records, and static values the model already holds (a graphdef)
-    _compat.set_variable_value(recorder.get_nested(attrs, path[1:]), jnp.asarray(value))
+    # jnp.array copies even a jax.Array; jnp.asarray keeps it (a host array is put on the
+    # device either way).
+    value = jnp.array(value, copy=True) if copy else jnp.asarray(value)
+    _compat.set_variable_value(recorder.get_nested(attrs, path[1:]), value)
   return model

@@ -13,11 +13,13 @@ renames between minors) with a conservative fallback for every read.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import operator
 import sys
 import typing as tp
+import warnings
 
 # Re-exported: `_compat` is the one import for every difference.
 from .installed_pair import broken_pair_message as broken_pair_message
@@ -472,6 +474,92 @@ def layer_view_variable(
   object.__setattr__(view, "_loopbridge_parent", parent)
   object.__setattr__(view, "_loopbridge_index", index)
   return view
+
+
+def nnx_sow_input(value: object, variable_type: object) -> object:
+  """An NNX module's accumulator as `nnx.bridge.ToLinen` must be given it to reduce into.
+
+  flax 0.12's wrapper `nnx.update`s a fresh module with the Linen variables: a raw array
+  becomes a plain attribute, which `Module.sow` refuses ("Expected 'tot' to be a Variable"), so
+  it gets a Variable of the sow's type. flax 0.10's makes the Variables itself (by collection).
+  """
+  if not hasattr(nnx.Variable, "get_value"):  # flax 0.10
+    return value
+  if isinstance(variable_type, str):
+    from flax.nnx import variablelib
+
+    variable_type = variablelib.variable_type_from_name(variable_type, allow_register=True)
+  return tp.cast(tp.Callable[[object], nnx.Variable], variable_type)(value)
+
+
+def tolinen_graphdef_with(
+  graphdef: object,
+  variables: tp.Mapping[str, object],
+  added: tp.Mapping[tuple[str, ...], tuple[str, object]],
+) -> object:
+  """flax 0.10 `nnx.bridge.ToLinen`'s stored graphdef, grown by NNX Variables its module
+  creates in apply (the accumulators of custom-reduce sows), so they can be given back.
+
+  0.10's wrapper rebuilds its NNX module with `nnx.merge(stored graphdef, state)`, which refuses
+  a key the graphdef lacks ("Unknown keys"). The module is rebuilt here as the wrapper does it
+  (public NNX API), given the new Variables, and split again: records stay out of it.
+  `variables`: the wrapper's Linen variables (collection -> its subtree, 'nnx' left out);
+  `added`: path inside the NNX module -> (collection, value). flax 0.12's wrapper keeps no
+  graphdef: `graphdef` is returned as it is there.
+  """
+  if hasattr(nnx.Variable, "get_value") or not added:  # flax 0.12
+    return graphdef
+  from flax.core import meta
+  from flax.nnx.bridge import variables as bridge_variables
+  from flax.nnx.statelib import State
+
+  states = jax.tree_util.tree_map_with_path(
+    lambda kp, x: bridge_variables.to_nnx_var(bridge_variables.get_col_name(kp), x).to_state(),
+    dict(variables),
+    is_leaf=lambda x: isinstance(x, meta.AxisMetadata),
+  )
+  state = State.merge(*(State(v) for v in states.values())) if states else State({})
+  module = nnx.merge(tp.cast(tp.Any, graphdef), state)
+  for path, (collection, value) in added.items():
+    owner = module
+    for key in path[:-1]:
+      owner = getattr(owner, key)
+    setattr(owner, path[-1], bridge_variables.to_nnx_var(collection, value))
+  return nnx.split(module)[0]
+
+
+@contextlib.contextmanager
+def quiet_nnx_accumulators(active: bool) -> tp.Iterator[None]:
+  """Silence flax 0.12 ToLinen's "Found unknown module paths in incoming state" warning, for one
+  call that gives an NNX module its accumulators back (`nnx_sow_input`): they are unknown to
+  the freshly built module until its `sow` reduces into them, which is the point."""
+  if not active:
+    yield
+    return
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "Found unknown module paths in incoming state")
+    yield
+
+
+def is_layer_view(value: object) -> bool:
+  """Whether `value` is a Variable of a layer view (`layer_view_variable`)."""
+  return type(value) in _VIEW_TYPES.values()
+
+
+def plain_variable(variable: nnx.Variable) -> nnx.Variable:
+  """`variable` itself, or for a layer view (`layer_view_variable`) a Variable of the stacked
+  type holding the layer's current value and metadata.
+
+  flax's bridge finds a Variable's Linen collection by its exact type in a registry; a view's
+  type is a subclass that is not (and must not be) registered: flax 0.12 refuses it, 0.10
+  registers it under its class name and looks for the collection 'Param'.
+  """
+  view_type = type(variable)
+  base = next((t for t, v in _VIEW_TYPES.items() if v is view_type), None)
+  if base is None:
+    return variable
+  metadata = dict(variable.get_metadata())
+  return base(variable_value(variable), **metadata)
 
 
 # flax 0.12 keeps the value in the slot `_raw_value` and checks the trace level in

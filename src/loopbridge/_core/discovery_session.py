@@ -36,6 +36,12 @@ class BridgeReport:
   batched: bool = False
   # The call's signature label (`_signature.label`): the sites are declared for it.
   signature: str = ""
+  # Linen variables (not records, not accumulators) this call creates that the node lacks:
+  # (collection, *path) -> value (e.g. a decode cache made by `init_cache=True`).
+  new_variables: dict[tuple[str, ...], object] = dataclasses.field(default_factory=dict)
+  # The node that ran was one layer of a stack of this many (`lb.layers.stack`, `nnx.vmap`)
+  # at the report's path: its sites are declared with the layer axis in front.
+  layers: int | None = None
 
 
 @dataclasses.dataclass

@@ -12,13 +12,14 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
+from flax import nnx, traverse_util
 from flax.core import meta
 from flax.nnx import bridge
 from flax.nnx.bridge import variables as bridge_variables
 
 from .. import _compat
 from .errors import ShardingError, StructureChangeError
+from .site import NNXAccumulatorInit
 
 # A Linen variables dict: collection -> nested dict of values ({'params': {...}, ...}).
 LinenVariables = tp.Mapping[str, tp.Mapping[str, object]]
@@ -29,6 +30,20 @@ Value = tp.Any
 def attrs(node: bridge.ToNNX) -> dict[str, object]:
   """The attributes of a bridged node that hold Linen variables, by name."""
   return {name: getattr(node, name) for name in _compat.linen_attribute_names(node)}
+
+
+def to_linen(attributes: tp.Mapping[str, object]) -> dict[str, tp.Any]:
+  """Stock conversion of a bridged node's attributes to a Linen variables dict, for a layer
+  of a stack too (`lb.layers.layer`: its Variables are views, read as the layer's values)."""
+  is_variable = lambda v: isinstance(v, nnx.Variable)  # noqa: E731
+  if not any(map(_compat.is_layer_view, jax.tree.leaves(dict(attributes), is_leaf=is_variable))):
+    return bridge_variables.nnx_attrs_to_linen_vars(dict(attributes))  # the common case
+  plain = jax.tree.map(
+    lambda v: _compat.plain_variable(v) if is_variable(v) else v,
+    dict(attributes),
+    is_leaf=is_variable,
+  )
+  return bridge_variables.nnx_attrs_to_linen_vars(plain)
 
 
 def linen_variables(model: object) -> dict[str, tp.Any]:
@@ -60,7 +75,7 @@ def linen_variables(model: object) -> dict[str, tp.Any]:
       f"lb.linen_variables needs a bridged Linen module (lb.ToNNX), got "
       f"{type(model).__name__}. Fix: pass the lb.ToNNX part of the model (e.g. policy.llm)."
     )
-  return bridge_variables.nnx_attrs_to_linen_vars(attrs(model))
+  return to_linen(attrs(model))
 
 
 def unbox(value: object, *, constrain: bool = True) -> Value:
@@ -189,4 +204,78 @@ def add_accumulators(
     for key in site[:-1]:
       tree = tree.setdefault(key, {})
     tree[site[-1]] = initial
+    if isinstance(init_fn, NNXAccumulatorInit):
+      nnx_sown = dict(getattr(node, NNX_ACCUMULATORS_ATTR, ()))
+      nnx_sown[site] = init_fn.variable_type
+      setattr(node, NNX_ACCUMULATORS_ATTR, tuple(sorted(nnx_sown.items())))
   add_variables(node, variables)
+  fit_tolinen_graphdefs(node, [s for s, (f, _) in new.items() if isinstance(f, NNXAccumulatorInit)])
+
+
+# Static on a bridged node: ((site, variable type), ...) of the NNX modules' accumulators
+# (see `NNXAccumulatorInit`), which every call passes back in as Variables.
+NNX_ACCUMULATORS_ATTR = "loopbridge__nnx_accumulators"
+
+
+def call_variables(node: bridge.ToNNX) -> dict[str, tp.Any]:
+  """The Linen variables a call of the node's module takes: `to_linen` of its attributes, the
+  accumulators of NNX modules inside it given as flax's wrapper needs them to reduce into."""
+  variables = to_linen(attrs(node))
+  for site, variable_type in getattr(node, NNX_ACCUMULATORS_ATTR, ()):
+    tree = variables
+    for key in site[:-1]:
+      tree = tree.get(key, {}) if isinstance(tree, dict) else {}
+    if isinstance(tree, dict) and site[-1] in tree:
+      tree[site[-1]] = _compat.nnx_sow_input(tree[site[-1]], variable_type)
+  return variables
+
+
+def fit_tolinen_graphdefs(node: bridge.ToNNX, added: tp.Iterable[tuple[str, ...]]) -> None:
+  """Give flax 0.10 ToLinen parts the NNX accumulators just added at `added` (sites).
+
+  0.10's `nnx.bridge.ToLinen` rebuilds its NNX module from the graphdef it stored at init,
+  which lacks the accumulator a custom-reduce `sow` creates in apply: passed back in, it would
+  be an unknown key. Each stored graphdef (`('nnx', *part, 'graphdef')`) with an accumulator
+  under its part is grown by it (`_compat.tolinen_graphdef_with`); flax 0.12 stores none.
+  """
+  held = attrs(node)
+  variables = to_linen(held)
+  statics = traverse_util.flatten_dict(dict(variables.get("nnx", {})))
+  for key, graphdef in statics.items():
+    if key[-1] != "graphdef" or is_data(graphdef):
+      continue
+    part = key[:-1]
+    mine = {
+      site[1 + len(part) :]: (site[0], _nested(variables, site))
+      for site in added
+      if site[1 : 1 + len(part)] == part and _nested(variables, site) is not None
+    }
+    if not mine:
+      continue
+    inside = {
+      col: _nested(tree, part)
+      for col, tree in variables.items()
+      if col != "nnx" and _nested(tree, part) is not None
+    }
+    inside = {  # the accumulators are what the stored graphdef lacks: added below
+      col: traverse_util.unflatten_dict(
+        {
+          p: v
+          for p, v in traverse_util.flatten_dict(dict(tree)).items()
+          if (col, *p) not in {(c, *q) for q, (c, _) in mine.items()}
+        }
+      )
+      for col, tree in inside.items()
+    }
+    grown = _compat.tolinen_graphdef_with(graphdef, inside, mine)
+    owner = _nested(held, part)
+    if isinstance(owner, tp.MutableMapping):
+      owner["graphdef"] = grown  # stock ToNNX keeps the static value as a plain entry
+
+
+def _nested(tree: tp.Any, path: tp.Sequence[str]) -> tp.Any:
+  for key in path:
+    if not isinstance(tree, tp.Mapping) or key not in tree:
+      return None
+    tree = tree[key]
+  return tree

@@ -31,20 +31,23 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import inspect
 import threading
 import typing as tp
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen, traverse_util
+from flax import linen, nnx, traverse_util
 from flax.core import lift as core_lift
 from flax.core import scope as core_scope
 from flax.linen import module as linen_module_lib
+from flax.nnx import module as nnx_module_lib
 
 from .errors import NotDeclaredError
 from .site import (
   DroppedSow,
+  NNXAccumulatorInit,
   SowCall,
   SowSite,
   Transform,
@@ -101,6 +104,9 @@ class SowLog(list):
     super().__init__()
     self.writes: list[SowCall] = []
     self.direct_writes = 0
+    # Custom-reduce sows of NNX modules run inside the block, by sow name: a wrapper writes
+    # their accumulators with `put_variable` after the call.
+    self.nnx_accumulators: dict[str, NNXAccumulatorInit] = {}
 
 
 class _Installed:
@@ -111,6 +117,7 @@ class _Installed:
   sow: tp.Any = None  # what `linen.Module.sow` was when the first block opened
   pack: tp.Any = None  # what `flax.core.lift.pack` was then
   put_variable: tp.Any = None  # what `linen.Module.put_variable` was then
+  nnx_sow: tp.Any = None  # what `nnx.Module.sow` was then
 
 
 def _observing_sow(
@@ -151,6 +158,22 @@ def _observing_sow(
       )
     )
   return _Installed.sow(self, col, name, value, reduce_fn, init_fn)
+
+
+def _observing_nnx_sow(self, variable_type, name, value, *args, **kwargs):
+  log = _SOW_LOG.get()
+  if isinstance(log, SowLog):
+    bound = inspect.signature(_Installed.nnx_sow).bind(
+      self, variable_type, name, value, *args, **kwargs
+    )
+    bound.apply_defaults()
+    reduce_fn, init_fn = bound.arguments.get("reduce_fn"), bound.arguments.get("init_fn")
+    custom = (
+      reduce_fn is not nnx_module_lib.tuple_reduce or init_fn is not nnx_module_lib.tuple_init
+    )
+    if custom and callable(init_fn):
+      log.nnx_accumulators.setdefault(name, NNXAccumulatorInit(init_fn, variable_type))
+  return _Installed.nnx_sow(self, variable_type, name, value, *args, **kwargs)
 
 
 def _observing_put_variable(self, col, name, value, *args, **kwargs):
@@ -239,7 +262,9 @@ def observe() -> tp.Iterator[SowLog]:
     if _Installed.depth == 0:
       _Installed.sow, _Installed.pack = linen.Module.sow, core_lift.pack
       _Installed.put_variable = linen.Module.put_variable
+      _Installed.nnx_sow = nnx.Module.sow
       linen.Module.sow = _observing_sow
+      nnx.Module.sow = _observing_nnx_sow
       linen.Module.put_variable = _observing_put_variable
       core_lift.pack = _observing_pack
     _Installed.depth += 1
@@ -260,6 +285,8 @@ def observe() -> tp.Iterator[SowLog]:
           core_lift.pack = _Installed.pack
         if linen.Module.put_variable is _observing_put_variable:
           linen.Module.put_variable = _Installed.put_variable
+        if nnx.Module.sow is _observing_nnx_sow:
+          nnx.Module.sow = _Installed.nnx_sow
 
 
 @dataclasses.dataclass
@@ -380,6 +407,18 @@ def _unlogged_call(path: tuple[str, ...], value: tuple) -> SowCall:
   )
 
 
+def _nnx_accumulator_call(path: tuple[str, ...], init: NNXAccumulatorInit) -> SowCall:
+  return SowCall(
+    collection=path[0],
+    module_path=path[1:-1],
+    name=path[-1],
+    shape=None,
+    dtype=None,
+    default_reduce=False,
+    init_fn=init,
+  )
+
+
 def classify(
   collections: tp.Mapping[str, object],
   calls: tp.Sequence[SowCall],
@@ -413,11 +452,15 @@ def classify(
   )
   flat = traverse_util.flatten_dict(dict(collections), is_leaf=is_tuple)
   sites, record_paths, accumulators = [], set(), {}
+  nnx_custom = getattr(calls, "nnx_accumulators", {})
   for path, value in flat.items():
     if path in custom:
       accumulators[path] = (custom[path], value)
       continue
     if not isinstance(value, tuple):
+      if path[-1] in nnx_custom and (passed_in is None or path not in passed_in):
+        # An NNX module's accumulator, written by its wrapper: state to create before loops.
+        accumulators[path] = (_nnx_accumulator_call(path, nnx_custom[path[-1]]), value)
       continue
     if path in recordable:
       call = first_call[path]

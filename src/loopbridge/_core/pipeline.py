@@ -19,6 +19,7 @@ import dataclasses
 import typing as tp
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from .. import _compat
@@ -102,9 +103,21 @@ def _bridge_parts(
     node = node_at[path]
     assert is_bridge(node)  # only an lb.ToNNX reports in a discovery session
     settings = bridge_settings(node)
-    linen_vars.add_accumulators(node, report.new_accumulators)
-    parts.append(declare.Part(path, node, _for_signature(report), settings.spec, report.dropped))
+    sites, accumulators = _for_signature(report), report.new_accumulators
+    if report.layers is not None:  # one layer of a stack ran: every layer gets the site
+      n = report.layers
+      sites = [
+        dataclasses.replace(s, shape=(n, *s.shape), stack_axes=s.stack_axes + 1) for s in sites
+      ]
+      accumulators = {k: (f, _stacked_abstract(v, n)) for k, (f, v) in accumulators.items()}
+    linen_vars.add_accumulators(node, accumulators)
+    parts.append(declare.Part(path, node, sites, settings.spec, report.dropped))
   return parts
+
+
+def _stacked_abstract(tree: object, layers: int) -> object:
+  """Abstract values with a leading layer axis (what a stack of `layers` holds)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct((layers, *x.shape), x.dtype), tree)
 
 
 def _for_signature(report: discovery_session.BridgeReport) -> list[SowSite]:
@@ -398,32 +411,57 @@ def _report_path(
   report: discovery_session.BridgeReport,
   paths: dict[int, tuple],
   node_at: dict[tuple, nnx.Module],
-) -> tuple | None:
-  """Where a bridged node that reported in `preallocate`'s run sits in the model (None: unknown).
+) -> tuple[tuple | None, int | None]:
+  """Where a bridged node that reported in `preallocate`'s run sits in the model (None:
+  unknown), and the number of layers when it ran as one layer of a stack there (else None).
 
   A node of the model's clone is found by identity. An NNX loop or transform inside the call
   (`nnx.while_loop`, `nnx.fori_loop`, `nnx.scan`, `lb.fori_loop`, ...) calls a copy merged from
   the clone's state instead; the copy keeps the node's static attributes (its settings object
   is the very same), so it is the node whose settings it carries, provided every Variable has
-  the node's shape. A copy with other shapes is a slice of a stacked node (`nnx.vmap`/
-  `nnx.scan` over layers): its buffers would need the stack axes, so it stays unknown; so does
-  a copy shared by the members of a vmap (batched sows, one buffer).
+  the node's shape. A copy whose every Variable is the node's without its leading axis is one
+  layer of a stacked node (`lb.layers.scan`, `nnx.scan` over an `lb.layers.stack` or
+  `nnx.vmap` stack): its sites are the node's with the layer axis in front. A copy shared by
+  the members of a vmap (batched sows, one buffer) stays unknown.
   """
   node = report.node
   if node is None:  # released once its run is over: nothing left to place
-    return None
+    return None, None
   path = paths.get(id(node))
   if path is not None:
-    return path
+    return path, None
   if report.batched:
-    return None
+    return None, None
   settings = settings_of(node)
   matches = [p for p, n in node_at.items() if settings_of(n) is settings]
   if len(matches) != 1:
+    return None, None
+  mine, theirs = _variable_shapes(node), _variable_shapes(node_at[matches[0]])
+  if mine == theirs:
+    return matches[0], None
+  layers = {full[0] for (_, one), (_, full) in zip(mine, theirs) if full[1:] == one and full}
+  same_paths = [p for p, _ in mine] == [p for p, _ in theirs]
+  stacked = all(full == (*layers, *one) for (_, one), (_, full) in zip(mine, theirs))
+  if same_paths and len(layers) == 1 and stacked:
+    return matches[0], layers.pop()
+  return None, None
+
+
+def _bridged_stack_size(root: nnx.Module) -> int | None:
+  """The number of layers when `root` is a stack of `lb.ToNNX` layers (`lb.layers.stack`),
+  read from its declared sites' layer axis; None for a single wrapper."""
+  if not is_bridge(root):
     return None
-  if _variable_shapes(node) != _variable_shapes(node_at[matches[0]]):
-    return None
-  return matches[0]
+  sizes = {s.shape[0] for s in recorder.sites_of(root) or () if s.stack_axes}
+  return sizes.pop() if len(sizes) == 1 else None
+
+
+def _first_layer(stacked: nnx.Module) -> nnx.Module:
+  """Layer 0 of a stack of `lb.ToNNX` layers, as its own module (for an abstract call)."""
+  graphdef, state = nnx.split(stacked)
+  one = nnx.merge(graphdef, jax.tree.map(lambda leaf: leaf[0], state))
+  recorder.shift_stack_axes(one, None)
+  return one
 
 
 def _abstract(tree: object) -> object:
@@ -504,6 +542,9 @@ def preallocate(
   before = observe_native.flat_state(state)
   found: dict[str, list] = {}
 
+  # A stack of lb.ToNNX layers is declared for a call of one layer: each layer makes it.
+  layered = _bridged_stack_size(root) is not None
+
   def run(state: object) -> object:
     clone = nnx.merge(graphdef, state)
     clone_paths, clone_at = _graph_index(clone)
@@ -512,21 +553,24 @@ def preallocate(
       observe_native.observe(observe_native.observable_modules(clone)) as calls,
     ):
       try:
-        call(clone, *args, **kwargs)
+        call(_first_layer(clone) if layered else clone, *args, **kwargs)
       except Exception as error:
         _note_running(error, "lb.preallocate", root, clone_paths)
         raise
     # Nothing traced may leave the trace: keep shapes and paths only.
     found["reports"] = [
       (
-        _report_path(r, clone_paths, clone_at),
+        where[0],
         dataclasses.replace(
           r,
           node=None,
           new_accumulators={k: (f, _abstract(v)) for k, (f, v) in r.new_accumulators.items()},
+          new_variables=_abstract(r.new_variables),
+          layers=where[1],
         ),
       )
       for r in session.reports
+      for where in [_report_path(r, clone_paths, clone_at)]
     ]
     found["calls"] = list(calls)
     return _compat.split_graph(clone)[1]
@@ -536,6 +580,8 @@ def preallocate(
   _, node_at = _graph_index(root)
   findings = observe_native.diff(before, after, found["calls"])
   parts = _bridge_parts(found["reports"], node_at, "lb.preallocate")
+  if any(r.new_variables for _, r in found["reports"]):
+    _create_linen_variables(found["reports"], node_at, graphdef, state, call, args, kwargs, layered)
   _remove_tuples(node_at.get, [p for p in findings.tuple_paths if p in before])
   for path, var_type, abstract, these in findings.created:
     module = node_at.get(tuple(path[:-1]))
@@ -545,6 +591,56 @@ def preallocate(
   parts += _native_parts(findings, node_at.__getitem__)
   entry.declare_parts(parts, args, kwargs)
   return model
+
+
+def _create_linen_variables(
+  reports: Items,
+  node_at: dict[tuple, nnx.Module],
+  graphdef: tp.Any,
+  state: object,
+  call: Call,
+  args: tuple,
+  kwargs: dict,
+  layered: bool,
+) -> None:
+  """Create the Linen variables the call makes on the bridged parts that lack them.
+
+  A call such as HuggingFace's `init_cache=True` creates a collection (its `cache`) that the
+  loop's later calls update: as `lazy_init` with that call would, the variables get the values
+  the call gives them. The abstract run found which; one jitted run of the same call on a
+  clone computes their values (XLA keeps only what they need) and nothing else of the model
+  changes.
+  """
+
+  def values(state: object) -> list[dict]:
+    clone = nnx.merge(graphdef, state)
+    with (
+      discovery_session.open_session("apply") as session,
+      observe_native.observe(observe_native.observable_modules(clone)),
+    ):
+      call(_first_layer(clone) if layered else clone, *args, **kwargs)
+    return [r.new_variables for r in session.reports]
+
+  # Closing over the inputs: they are constants of this one run.
+  computed = jax.jit(values)(state)
+  for (path, report), made in zip(reports, computed, strict=True):
+    if not report.new_variables:
+      continue
+    if path is None:
+      raise TypeError(
+        f"lb.preallocate found lb.ToNNX({report.label}) creating Linen variables "
+        f"({', '.join('/'.join(p) for p in report.new_variables)}) inside an NNX transform "
+        "(nnx.vmap, nnx.scan, ...) of the model, where it cannot tell which submodule it is. "
+        "Fix: call lb.preallocate on that lb.ToNNX directly with the arguments it receives "
+        "there."
+      )
+    new: dict = {}
+    layers = report.layers
+    for key, value in made.items():
+      if layers is not None:  # every layer of the stack starts from the same value
+        value = jax.tree.map(lambda x, n=layers: jnp.stack([x] * n), value)
+      recorder.set_nested(new, key, value)
+    linen_vars.add_variables(tp.cast(nnx.bridge.ToNNX, node_at[path]), new)
 
 
 def from_linen_variables(

@@ -15,6 +15,7 @@ Variables (`lb.compile_step`) knows cheaply when it must look again.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import typing as tp
 
@@ -122,3 +123,34 @@ def make_recorder(node: nnx.Module) -> None:
   """Give `node` an empty buffer tree (idempotent); its Count vector comes with its first site."""
   if BUFFERS_ATTR not in vars(node):
     _compat.set_data_attribute(node, BUFFERS_ATTR, {})
+
+
+def shift_stack_axes(module: nnx.Module, layers: int | None) -> None:
+  """Keep the record bookkeeping of `module`'s recorders in step with a new layer axis.
+
+  A recorder's buffers say how many leading stack axes they carry (`stack_axes`), and its
+  declared sites give the stacked value shape: reads put the record index first by them, so a
+  layer axis added (`layers`: its size) or removed (`layers=None`) by stacking must be counted.
+  """
+  by = 1 if layers is not None else -1
+  for _, node in iter_recorders(module):
+    for _, buffer, _ in pairs(node):
+      axes = max((getattr(buffer, "stack_axes", 0) or 0) + by, 0)
+      if axes:
+        _compat.set_variable_metadata(buffer, "stack_axes", axes)
+      else:  # as a buffer that was never stacked has it, so the two stack together again
+        _compat.drop_variable_metadata(buffer, "stack_axes")
+    sites = sites_of(node)
+    if sites:
+      setattr(
+        node,
+        SITES_ATTR,
+        tuple(
+          dataclasses.replace(s, shape=(layers, *s.shape), stack_axes=s.stack_axes + 1)
+          if layers is not None
+          else dataclasses.replace(s, shape=s.shape[1:], stack_axes=s.stack_axes - 1)
+          if s.stack_axes
+          else s
+          for s in sites
+        ),
+      )

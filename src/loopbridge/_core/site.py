@@ -77,6 +77,23 @@ class SowCall:
     return (self.collection, *self.module_path, self.name)
 
 
+class NNXAccumulatorInit:
+  """The `init_fn` of an NNX module's custom-reduce `sow` that a wrapper such as
+  `nnx.bridge.ToLinen` writes into a Linen collection (not through Linen's `sow`).
+
+  Such an accumulator is state the NNX module reduces into on every call, so each call must be
+  given it back as a Variable of `variable_type` (flax's wrapper rebuilds the NNX module from
+  the Linen variables); the mark tells the bridged part to do that.
+  """
+
+  def __init__(self, init_fn: tp.Callable[[], object], variable_type: object):
+    self.init_fn = init_fn
+    self.variable_type = variable_type
+
+  def __call__(self) -> object:
+    return self.init_fn()
+
+
 @dataclasses.dataclass(frozen=True)
 class SowSite:
   """One recorded sow site: what one value looks like and what its buffer holds.

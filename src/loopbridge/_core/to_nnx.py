@@ -24,7 +24,6 @@ import numpy as np
 from flax import linen, nnx, traverse_util
 from flax.core import scope as flax_scope
 from flax.nnx import bridge
-from flax.nnx.bridge import variables as bridge_variables
 from typing_extensions import Self
 
 from .. import _compat
@@ -264,15 +263,18 @@ class ToNNX(bridge.ToNNX):
   def _loopbridge_discover(self, args, kwargs, rngs, method, session):
     """What `__call__` does inside `lb.preallocate`'s abstract run: report this call's sows."""
     module = _compat.linen_module_of(self)
-    variables = linen_vars.linen_variables(self)
+    variables = linen_vars.call_variables(self)
     kwargs = {k: v for k, v in kwargs.items() if k != "mutable"}
     # This is a throwaway clone under jax.eval_shape: drawing from its streams changes nothing.
     call_rngs = _compat.bridge_call_rngs(
       rngs if rngs is not None else _compat.rngs_of(self), initializing=False
     )
     capture = bridge_settings(self).capture_intermediates
+    quiet = _compat.quiet_nnx_accumulators(
+      bool(getattr(self, linen_vars.NNX_ACCUMULATORS_ATTR, ()))
+    )
     try:
-      with observe_linen.observe() as calls:
+      with observe_linen.observe() as calls, quiet:
         out, updates = module.apply(
           variables,
           *args,
@@ -306,6 +308,7 @@ class ToNNX(bridge.ToNNX):
       if recorder.get_nested(variables, site) is None
     }
     sown = [updates[s.collection] for s in found.sites if s.collection in updates]
+    new_variables = _new_variables(updates, variables, found)
     session.reports.append(
       discovery_session.BridgeReport(
         self,
@@ -315,6 +318,7 @@ class ToNNX(bridge.ToNNX):
         new_accumulators,
         batched=any(map(_compat.is_batched, jax.tree.leaves(sown))),
         signature=signature.label(args, kwargs, method),
+        new_variables=new_variables,
       )
     )
     return out
@@ -363,7 +367,7 @@ class ToNNX(bridge.ToNNX):
         "model.lazy_init(...))."
       )
     module = _compat.linen_module_of(self)
-    variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
+    variables = linen_vars.call_variables(self)
     # 'intermediates' (where `sow` writes by default) is always recorded too, so a sow this
     # call makes without a declared buffer is reported instead of silently dropped.
     record_cols = {site.collection for site in sites} | {"intermediates"}
@@ -389,15 +393,16 @@ class ToNNX(bridge.ToNNX):
     call_rngs = _compat.bridge_call_rngs(
       rngs if rngs is not None else _compat.rngs_of(self), initializing=False
     )
-    return _compat.linen_module_of(self).apply(
-      variables,
-      *args,
-      rngs=call_rngs,
-      method=method,
-      mutable=mutable,
-      capture_intermediates=bridge_settings(self).capture_intermediates,
-      **kwargs,
-    )
+    with _compat.quiet_nnx_accumulators(bool(getattr(self, linen_vars.NNX_ACCUMULATORS_ATTR, ()))):
+      return _compat.linen_module_of(self).apply(
+        variables,
+        *args,
+        rngs=call_rngs,
+        method=method,
+        mutable=mutable,
+        capture_intermediates=bridge_settings(self).capture_intermediates,
+        **kwargs,
+      )
 
   def _loopbridge_apply_undeclared(self, args, kwargs, rngs, method, mutable, attrs):
     """Stock `ToNNX.__call__` on variables set from outside: updates become Variables.
@@ -406,7 +411,7 @@ class ToNNX(bridge.ToNNX):
     sown tuples and accumulators included, lands on the wrapper where stock puts it, so
     `nnx.bridge.Module.apply(..., mutable=True)` returns what Linen's `apply` returns.
     """
-    variables = bridge_variables.nnx_attrs_to_linen_vars(attrs)
+    variables = linen_vars.to_linen(attrs)
     result = self._loopbridge_apply(variables, args, kwargs, rngs, method, mutable)
     if mutable is False:
       return result
@@ -616,14 +621,32 @@ def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> N
   found.record_paths.update(more.record_paths)
   seen = {(d.collection, d.module_path, d.name) for d in found.dropped}
   found.dropped.extend(d for d in more.dropped if (d.collection, d.module_path, d.name) not in seen)
-  linen_vars.add_accumulators(
-    node,
-    {
-      site: (_init_fn(call), value)
-      for site, (call, value) in more.accumulators.items()
-      if site not in known and recorder.get_nested(variables, site) is None
-    },
-  )
+  accumulators = {
+    site: (_init_fn(call), value)
+    for site, (call, value) in more.accumulators.items()
+    if site not in known and recorder.get_nested(variables, site) is None
+  }
+  linen_vars.add_accumulators(node, accumulators)
+
+
+def _new_variables(
+  updates: tp.Mapping[str, object],
+  inputs: tp.Mapping[str, object],
+  found: observe_linen.LinenFindings,
+) -> dict[tuple[str, ...], object]:
+  """The Linen variables an apply created that were not passed in, records and accumulators
+  left out: what a call such as HuggingFace's `init_cache=True` makes (its `cache`)."""
+  is_tuple = lambda _, v: isinstance(v, tuple)  # noqa: E731
+  given = traverse_util.flatten_dict(dict(inputs), is_leaf=is_tuple)
+  accumulators = list(found.accumulators)
+  return {
+    path: value
+    for path, value in traverse_util.flatten_dict(dict(updates), is_leaf=is_tuple).items()
+    if path not in given
+    and not isinstance(value, tuple)
+    and path not in found.record_paths
+    and not any(path[: len(a)] == a for a in accumulators)
+  }
 
 
 def _plain_call(

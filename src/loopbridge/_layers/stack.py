@@ -9,7 +9,6 @@ the i-th layer as a module of the layer's own class whose Variables read and wri
 
 from __future__ import annotations
 
-import dataclasses
 import typing as tp
 
 import jax
@@ -114,37 +113,6 @@ def _first_difference(reference: tp.Any, other: tp.Any) -> tuple[str, str, str] 
   return None
 
 
-def _shift_stack_axes(module: nnx.Module, layers: int | None) -> None:
-  """Keep the record bookkeeping of `module`'s recorders in step with a new layer axis.
-
-  A recorder's buffers say how many leading stack axes they carry (`stack_axes`), and its
-  declared sites give the stacked value shape: reads put the record index first by them, so a
-  layer axis added (`layers`: its size) or removed (`layers=None`) by stacking must be counted.
-  """
-  by = 1 if layers is not None else -1
-  for _, node in recorder.iter_recorders(module):
-    for _, buffer, _ in recorder.pairs(node):
-      axes = max((getattr(buffer, "stack_axes", 0) or 0) + by, 0)
-      if axes:
-        _compat.set_variable_metadata(buffer, "stack_axes", axes)
-      else:  # as a buffer that was never stacked has it, so the two stack together again
-        _compat.drop_variable_metadata(buffer, "stack_axes")
-    sites = recorder.sites_of(node)
-    if sites:
-      setattr(
-        node,
-        recorder.SITES_ATTR,
-        tuple(
-          dataclasses.replace(s, shape=(layers, *s.shape), stack_axes=s.stack_axes + 1)
-          if layers is not None
-          else dataclasses.replace(s, shape=s.shape[1:], stack_axes=s.stack_axes - 1)
-          if s.stack_axes
-          else s
-          for s in sites
-        ),
-      )
-
-
 def stack(modules: tp.Sequence[M]) -> M:
   """Stack equal NNX modules into one module whose every array has a leading layer axis.
 
@@ -199,7 +167,7 @@ def stack(modules: tp.Sequence[M]) -> M:
     states.append(state)
   stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
   stacked = nnx.merge(graphdef, stacked_state)
-  _shift_stack_axes(stacked, len(modules))
+  recorder.shift_stack_axes(stacked, len(modules))
   return stacked
 
 
@@ -259,7 +227,7 @@ def unstack(stacked: M) -> list[M]:
   graphdef, state = nnx.split(stacked)
   layers = [nnx.merge(graphdef, jax.tree.map(lambda leaf, i=i: leaf[i], state)) for i in range(n)]
   for one in layers:
-    _shift_stack_axes(one, None)
+    recorder.shift_stack_axes(one, None)
   return layers
 
 

@@ -15,6 +15,7 @@ from .. import _compat
 from .._core import buffers as _buffers
 from .._core import placement
 from .._core import recorder as _recorder
+from .._core import site as _site
 from .._core.errors import ShardingError
 
 Model = tp.TypeVar("Model")
@@ -54,6 +55,8 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
         (as for `capacity=`; a sown pytree's path names all its leaves, a leaf's own path
         such as `"pair/0"` names one) to such a spec; buffers no key names keep their layout;
       - a callable `(site, value_shape) -> spec`, `site` like `"intermediates/x"`.
+      Every call signature's buffer of a sow answers to the sow's path (keys and callables
+      see the same public path for each).
     mesh: the mesh a `PartitionSpec` refers to (not needed for `NamedSharding`s).
 
   Returns:
@@ -85,21 +88,24 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
     sow_of = {s.key: s.sow_key for s in _recorder.sites_of(recorder) or ()}
     for site, buffer, _ in _recorder.pairs(recorder):
       found_any = True
-      label = "/".join(map(str, (*root_path, *site)))
+      # Keys and callables see the public path: every call signature's buffer of one sow is
+      # named alike (later signatures sit behind a `loopbridge__signature_<slot>` key).
+      _, public = _site.split_slot(site)
+      label = "/".join(map(str, (*root_path, *public)))
       value = _compat.variable_value(buffer)
       value_shape = tuple(value.shape[1:])
       if isinstance(sharding, tp.Mapping):
-        names = _names(tuple(root_path), site, sow_of.get(site, site))
-        keys = [k for k in sharding if _key_matches(k, names, site[0])]
+        names = _names(tuple(root_path), public, sow_of.get(site, public))
+        keys = [k for k in sharding if _key_matches(k, names, public[0])]
         if not keys:
           continue
         # The most specific key wins, as for capacity: exact path, then glob, then collection.
         exact = [k for k in keys if k in names]
-        key = exact[0] if exact else next((k for k in keys if k != site[0]), keys[0])
+        key = exact[0] if exact else next((k for k in keys if k != public[0]), keys[0])
         keys_used.update(keys)
         spec = sharding[key]
       elif callable(sharding) and not isinstance(sharding, (PartitionSpec, NamedSharding)):
-        spec = sharding("/".join(site), value_shape)
+        spec = sharding("/".join(public), value_shape)
       else:
         spec = sharding
       target = placement.value_sharding(label, value_shape, spec, mesh)
@@ -123,7 +129,7 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
         f"buffer sharding key(s) {unused} name no buffer of this model. Why: a key that "
         "matches nothing is usually a typo and would leave a buffer on the wrong devices. "
         "Keys are a collection name, a '/'-joined sow path inside it, or a glob; the buffers "
-        f"are: {sorted('/'.join(s) for s in _all_sites(model))}."
+        f"are: {sorted({'/'.join(_site.split_slot(s)[1]) for s in _all_sites(model)})}."
       )
   return model
 
