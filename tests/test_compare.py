@@ -731,8 +731,8 @@ def load_stack_port(port, params, *, bug_layer=None):
   return port
 
 
-def stack_setup(net):
-  x = 0.5 * jax.random.normal(jax.random.key(1), (2, D))
+def stack_setup(net, shape=(2, D)):
+  x = 0.5 * jax.random.normal(jax.random.key(1), shape)
   variables = net.init(jax.random.key(0), x)
   leaves, treedef = jax.tree.flatten(variables)  # random biases: zeros would hide a bias bug
   keys = jax.random.split(jax.random.key(2), len(leaves))
@@ -874,6 +874,205 @@ def test_align_modules_pairs_linen_and_nnx_modules_per_layer():
     ]
   assert got == [*expected, ("head", None, "head", None, False)]
   assert {p.linen.stack for p in pairs if p.linen.layer is not None} == {"layers"}
+
+
+# A ViT-style encoder: `nn.scan(nn.remat(Block))` whose block holds a user submodule (MlpBlock),
+# ported as an nnx.vmap-built stack run by nnx.scan, with nnx.remat inside.
+VIT_L = 3  # encoder blocks
+
+
+class MlpBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, deterministic=True):
+    h = nn.gelu(nn.Dense(H)(x))  # Dense_0
+    h = nn.Dropout(rate=0.1)(h, deterministic)  # Dropout_0
+    return nn.Dense(D)(h)  # Dense_1
+
+
+class EncoderBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, deterministic):
+    y = nn.LayerNorm()(x)  # LayerNorm_0
+    x = x + MlpBlock()(y, deterministic)  # MlpBlock_0
+    return nn.LayerNorm()(x), None  # LayerNorm_1
+
+
+class Encoder(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    block = nn.remat(EncoderBlock, prevent_cse=False, static_argnums=(2,))
+    x, _ = nn.scan(
+      block,
+      variable_axes={"params": 0},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=nn.broadcast,
+      length=VIT_L,
+    )(name="encoderblock")(x, not train)
+    return nn.LayerNorm(name="encoder_norm")(x)
+
+
+class PortMlpBlock(nnx.Module):
+  def __init__(self, rngs):
+    self.Dense_0 = nnx.Linear(D, H, rngs=rngs)
+    # No rngs: only deterministic calls, and a stream's scalar count would keep flax 0.10's
+    # stack from being sliced into layers by lb.layers.layer (the per-layer reference).
+    self.Dropout_0 = nnx.Dropout(0.1)
+    self.Dense_1 = nnx.Linear(H, D, rngs=rngs)
+
+  def __call__(self, x, deterministic=True):
+    h = self.Dropout_0(nnx.gelu(self.Dense_0(x)), deterministic=deterministic)
+    return self.Dense_1(h)
+
+
+class PortEncoderBlock(nnx.Module):
+  def __init__(self, rngs):
+    self.LayerNorm_0 = nnx.LayerNorm(D, rngs=rngs)
+    self.MlpBlock_0 = PortMlpBlock(rngs)
+    self.LayerNorm_1 = nnx.LayerNorm(D, rngs=rngs)
+
+  def __call__(self, x, deterministic):
+    x = x + self.MlpBlock_0(self.LayerNorm_0(x), deterministic)
+    return self.LayerNorm_1(x), None
+
+
+class PortEncoder(nnx.Module):
+  """The blocks as an nnx.vmap stack run by nnx.scan through nnx.remat.
+
+  `unbound`: the remat wraps the class's own function (`PortEncoderBlock.__call__`, as a
+  drafted port writes `nn.remat(Block)`), so the block is called without its instance's
+  `__call__`: only the modules inside it are seen being called.
+  """
+
+  def __init__(self, rngs, *, unbound=True):
+    @nnx.split_rngs(splits=VIT_L)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def create(rngs):
+      return PortEncoderBlock(rngs)
+
+    self.encoderblock = create(rngs)
+    self.encoder_norm = nnx.LayerNorm(D, rngs=rngs)
+    self.unbound = unbound
+
+  def __call__(self, x, train=False):
+    if self.unbound:
+      block = nnx.remat(PortEncoderBlock.__call__, prevent_cse=False, static_argnums=(2,))
+    else:
+      block = nnx.remat(lambda layer, x, det: layer(x, det), prevent_cse=False, static_argnums=(2,))
+    x, _ = nnx.scan(
+      lambda layer, carry: block(layer, carry, not train),
+      in_axes=(0, nnx.Carry),
+      out_axes=(nnx.Carry, 0),
+    )(self.encoderblock, x)
+    return self.encoder_norm(x)
+
+
+def encoder_setup():
+  return stack_setup(Encoder(), (2, 3, D))  # (batch, tokens, width)
+
+
+def load_encoder_port(port, params, *, bug_layer=None):
+  """Copy Linen's params into the port by their equal paths; 0.5 added to one layer's
+  MlpBlock_0/Dense_0 bias."""
+  for path, node in _compat.iter_graph(port):
+    if isinstance(node, nnx.Param):
+      value = params
+      for name in path:
+        value = value[str(name)]
+      value = np.array(value)
+      if bug_layer is not None and tuple(map(str, path[-3:])) == ("MlpBlock_0", "Dense_0", "bias"):
+        value[bug_layer] += 0.5
+      _set(node, value)
+  return port
+
+
+def linen_encoder_layers(params, x):
+  """Each layer's (MlpBlock_0/Dense_0, MlpBlock_0, block) outputs by plain Linen apply."""
+  out = []
+  for i in range(VIT_L):
+    p = jax.tree.map(lambda a, i=i: a[i], params["encoderblock"])
+    y = nn.LayerNorm().apply({"params": p["LayerNorm_0"]}, x)
+    up = nn.Dense(H).apply({"params": p["MlpBlock_0"]["Dense_0"]}, y)
+    mlp = nn.Dense(D).apply({"params": p["MlpBlock_0"]["Dense_1"]}, nn.gelu(up))
+    x = nn.LayerNorm().apply({"params": p["LayerNorm_1"]}, x + mlp)
+    out.append((up, mlp, x))
+  return out
+
+
+def port_encoder_layers(port, x):
+  """The same per layer from the port's own layers, called one by one."""
+  out = []
+  for i in range(VIT_L):
+    block = lb.layers.layer(port.encoderblock, i)
+    up = block.MlpBlock_0.Dense_0(block.LayerNorm_0(x))
+    mlp = block.MlpBlock_0(block.LayerNorm_0(x))
+    x = block(x, True)[0]
+    out.append((up, mlp, x))
+  return out
+
+
+@pytest.mark.parametrize("unbound", [True, False], ids=["block's class function", "bound block"])
+def test_scanned_remat_block_with_a_nested_submodule_pairs_layer_by_layer(unbound):
+  x, variables = encoder_setup()
+  port = load_encoder_port(PortEncoder(nnx.Rngs(0), unbound=unbound), variables["params"])
+  # the independent reference: plain Linen per layer, and the whole model
+  ref, cand = linen_encoder_layers(variables["params"], x), port_encoder_layers(port, x)
+  for a_layer, b_layer in zip(ref, cand):
+    for a, b in zip(a_layer, b_layer):
+      np.testing.assert_allclose(b, a, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(port(x), Encoder().apply(variables, x), rtol=RTOL, atol=ATOL)
+  report = lb.compare((Encoder(), variables), port, x)
+  assert report.ok, str(report)
+  layered = [p for p in report.pairs if p.reference_layer is not None]
+  assert {p.reference_stack for p in layered} == {"encoderblock"}, str(report)
+  assert {p.candidate_stack for p in layered} == {"encoderblock"}, str(report)
+  assert [p.candidate_layer for p in layered] == [p.reference_layer for p in layered]
+  assert sorted({p.reference_layer for p in layered}) == list(range(VIT_L))
+  paths = [(p.reference_path, p.candidate_path) for p in report.pairs]
+  for i in range(VIT_L):
+    assert (f"encoderblock[{i}]/MlpBlock_0/Dense_0",) * 2 in paths, str(report)
+    assert (f"encoderblock[{i}]/MlpBlock_0",) * 2 in paths, str(report)
+  # A block run through its class's function makes no call of its own to pair with Linen's.
+  blocks = [f"encoderblock[{i}]" for i in range(VIT_L)] if unbound else []
+  assert [c.path for c in report.unmatched_reference] == blocks, str(report)
+  assert not report.unmatched_candidate, str(report)
+  assert not report.not_recorded_reference and not report.not_recorded_candidate
+
+
+def test_bug_in_a_nested_submodule_of_a_scanned_remat_block_is_reported_at_its_layer():
+  x, variables = encoder_setup()
+  port = load_encoder_port(PortEncoder(nnx.Rngs(0)), variables["params"], bug_layer=1)
+  # the independent reference: layer 0 agrees; layer 1's MlpBlock_0/Dense_0 does not
+  ref, cand = linen_encoder_layers(variables["params"], x), port_encoder_layers(port, x)
+  for a, b in zip(ref[0], cand[0]):
+    np.testing.assert_allclose(b, a, rtol=RTOL, atol=ATOL)
+  assert not np.allclose(cand[1][0], ref[1][0], rtol=RTOL, atol=ATOL)
+  report = lb.compare((Encoder(), variables), port, x)
+  divergence = report.first_divergence
+  assert divergence is not None and divergence.kind == "values", str(report)
+  before = [p for p in report.pairs if p.reference_layer == 0]
+  assert before and all(p.status == "ok" and p.candidate_layer == 0 for p in before), str(report)
+  assert (divergence.reference_stack, divergence.reference_layer) == ("encoderblock", 1)
+  assert (divergence.candidate_stack, divergence.candidate_layer) == ("encoderblock", 1)
+  assert (divergence.reference_path, divergence.candidate_path) == (
+    ("encoderblock[1]/MlpBlock_0/Dense_0",) * 2
+  ), str(report)
+  assert "layer 1 of the candidate's stack encoderblock" in str(report)
+
+
+def test_the_running_trace_tells_one_tracing_from_another():
+  """compare groups a body's calls by the jax trace they run in: a jax whose trace state
+  stopped telling tracings apart would fail here, not silently split a stack's layers again."""
+  seen = []
+
+  def body(x):
+    seen.append(_compat.current_trace())
+    seen.append(_compat.current_trace())
+    return x
+
+  jax.jit(body)(1.0)
+  jax.jit(lambda x: body(x) + 1)(1.0)
+  assert len(seen) == 4
+  assert seen[0] == seen[1] and seen[2] == seen[3] and seen[0] != seen[2]
 
 
 def test_jitted_port_is_recorded_inside_on_every_compare(setup):

@@ -102,11 +102,32 @@ _RUNS = itertools.count()
 
 @dataclasses.dataclass
 class _Body:
-  """One run of a transform body: the outermost traced call and the calls inside it."""
+  """One run of a transform body: the outermost traced call and the calls inside it.
+
+  Its path is the outermost traced call's, or, when the body's own module is not seen being
+  called (an NNX block run through its class's function, `nnx.remat(Block.__call__)`), the
+  longest path its top-level calls share (`encoderblock` for `encoderblock/LayerNorm_0`,
+  `encoderblock/MlpBlock_0`): the stack they are layers of.
+  """
 
   path: str
   key: str
   pending: list[_Pending] = dataclasses.field(default_factory=list)
+  called: bool = True  # its own module's call was seen (it then has a call at `path`)
+
+  def widen(self, path: str, key: str) -> None:
+    """Take in another top-level call of this body: path and key become the shared prefix."""
+    self.path, self.key, self.called = _shared(self.path, path), _shared(self.key, key), False
+
+
+def _shared(a: str, b: str) -> str:
+  """The longest module path both '/'-joined paths lie under ('' for none)."""
+  parts = []
+  for x, y in zip(a.split("/"), b.split("/")):
+    if x != y:
+      break
+    parts.append(x)
+  return "/".join(parts)
 
 
 @dataclasses.dataclass
@@ -127,6 +148,10 @@ class _Frame:
   key: str
   nnx: bool  # an NNX module (Linen calls inside a bridge are named under it)
   body: _Body | None  # the transform body this call runs in (None: not traced)
+  # The transform bodies begun directly under this call, with the jax trace each ran in:
+  # traced calls made under it in one trace are one body's top-level calls, so a body whose
+  # own module's call is not seen still becomes one run of layers, not one per submodule.
+  bodies: list[tuple[object, _Body]] = dataclasses.field(default_factory=list)
 
 
 class Recorder:
@@ -141,13 +166,31 @@ class Recorder:
     parent = self._frames[-1] if self._frames else None
     body = parent.body if parent is not None else None
     if body is None and has_tracer(inputs):
-      body = _Body(path, key)  # the outermost call inside a transform (a layer's body)
+      body = self._body(parent, path, key)  # the outermost call inside a transform
     frame = _Frame(path, key, nnx_module, body)
     self._frames.append(frame)
     return frame
 
   def exit(self) -> None:
     self._frames.pop()
+
+  @staticmethod
+  def _body(parent: _Frame | None, path: str, key: str) -> _Body:
+    """The body a traced call directly under `parent` (untraced) begins or belongs to.
+
+    Calls under one parent call in one jax trace are one run of one body: the trace they run
+    in (compared as NNX compares a Variable's trace) is how that is known.
+    """
+    if parent is None:
+      return _Body(path, key)
+    trace = _compat.current_trace()
+    for seen, body in parent.bodies:
+      if seen == trace:
+        body.widen(path, key)
+        return body
+    body = _Body(path, key)
+    parent.bodies.append((trace, body))
+    return body
 
   def add(self, frame: _Frame, output: object, module: object) -> None:
     if _compat.in_linen_scan_broadcast_pass() or any(
@@ -161,7 +204,7 @@ class Recorder:
     kind = _SAME_LAYER.get(name, name)
     body = frame.body
     if body is None and has_tracer(output):
-      body = _Body(frame.path, frame.key)
+      body = self._body(self._frames[-1] if self._frames else None, frame.path, frame.key)
     if body is None:
       self._entries.append(Call(frame.path, frame.key, output, kind, name))
       return
@@ -239,8 +282,12 @@ def _layers(run: list[_Pending]) -> list[Call]:
   if not run:
     return []
   body = run[0].body
-  root = next((p for p in run if p.path == body.path), run[-1])
-  length = len(root.values)
+  if body.called:
+    length = len(next((p for p in run if p.path == body.path), run[-1]).values)
+  else:
+    # Without the body's own call, each top-level call runs once per layer (a call in a
+    # nested loop runs more often): the fewest values delivered is the number of layers.
+    length = min((len(p.values) for p in run if p.values), default=0)
   if length == 0:
     return []
   entries = []
