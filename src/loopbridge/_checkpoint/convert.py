@@ -23,20 +23,32 @@ from .._core.errors import CheckpointError
 from .._core.site import key_str
 from .convert_align import (
   Key,
-  Pair,
   Value,
-  align,
   flatten,
   linen_units,
   nnx_units,
   nnx_variables,
   unflatten,
 )
+from .convert_evidence import Check, OutputMismatch, Sides, Verdict, decide
+from .convert_match import Pair, pair_units, reorderings
+from .convert_moves import Axes, to_linen, to_nnx
 from .convert_report import ConversionReport
+from .leaf_rules import LeafRule
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
 OptState = object
 Variables = tp.Mapping[str, object]
+
+
+class Plan(list[Pair]):
+  """The kept pairs of one conversion and the Linen layer axes the evidence chose."""
+
+  def __init__(self, pairs: tp.Iterable[Pair], verdict: Verdict):
+    super().__init__(pairs)
+    self.axes: Axes = verdict.axes
+    self.checks: list[Check] = verdict.checks
+    self.output_error = verdict.output_error
 
 
 def _plan(
@@ -44,7 +56,11 @@ def _plan(
   port: nnx.Module,
   sample_args: tuple[object, ...],
   mapping: tp.Mapping[str, str] | None,
-) -> tuple[list[Pair], dict[Key, jax.ShapeDtypeStruct]]:
+  rules: tp.Sequence[LeafRule] | None,
+  source: tp.Callable[[dict[Key, jax.ShapeDtypeStruct]], tp.Mapping[Key, Value]],
+  forward: bool,
+) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct], tp.Mapping[Key, Value]]:
+  """Pair both models' leaves and decide every open candidate by running them."""
   if not isinstance(linen_module, nn.Module):
     raise CheckpointError(
       f"the Linen model must be a flax.linen Module (unbound, e.g. `Model()`), got "
@@ -55,56 +71,45 @@ def _plan(
       f"the port must be an nnx.Module built with the checkpoint's widths and depth, got "
       f"{type(port).__name__}."
     )
-  lunits, stored = linen_units(linen_module, sample_args)
-  return align(lunits, nnx_units(port, sample_args), mapping), stored
+  if rules is not None and (
+    isinstance(rules, (str, LeafRule)) or not isinstance(rules, tp.Sequence)
+  ):
+    raise CheckpointError(
+      f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
+    )
+  lunits, stored, modules = linen_units(linen_module, sample_args)
+  pairs = pair_units(lunits, nnx_units(port, sample_args), mapping, rules)
+  values = source(stored)
+  axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
+  sides = Sides(linen_module, modules, port, sample_args, values, forward)
+  try:
+    verdict = decide(pairs, sides, axis_options)
+  except OutputMismatch as mismatch:
+    # Call order paired modules of equal shapes wrongly (e.g. the port calls them in another
+    # order): every other assignment within those classes is run; one must agree.
+    found = []
+    for other in reorderings(pairs):
+      try:
+        found.append((other, decide(other, sides, axis_options)))
+      except CheckpointError:
+        continue
+    if len(found) != 1:
+      raise mismatch from None
+    pairs, verdict = found[0]
+    for pair, check in zip(pairs, verdict.checks):
+      if pair.order_class is not None:
+        check.decided, check.candidates = "model", check.candidates + 1
+  return Plan(pairs, verdict), stored, values
 
 
-def _to_nnx(pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
+def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
   """Linen arrays by key -> NNX arrays by key (stacks sliced and stacked again)."""
-  whole: dict[Key, Value] = {}
-  pieces: dict[Key, dict[int, jax.Array]] = {}
-  for pair in pairs:
-    for lk, nk in pair.leaves:
-      if col is not None and lk[0] != col:
-        continue
-      value = source[(lk[0], *pair.linen.path, lk[1])]
-      axis = pair.linen.leaves[lk].axis
-      if axis is not None:
-        value = jax.lax.index_in_dim(
-          jnp.asarray(value), tp.cast(int, pair.linen.layer), axis, False
-        )
-      key = (nk[0], *pair.nnx.path, nk[1])
-      if pair.nnx.leaves[nk].axis is None:
-        whole[key] = value
-      else:
-        pieces.setdefault(key, {})[tp.cast(int, pair.nnx.layer)] = jnp.asarray(value)
-  for key, layers in pieces.items():
-    whole[key] = jnp.stack([layers[i] for i in range(len(layers))])
-  return whole
+  return to_nnx(pairs, source, col, pairs.axes)
 
 
-def _to_linen(
-  pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None
-) -> dict[Key, Value]:
+def _to_linen(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen leaf's layer axis)."""
-  whole: dict[Key, Value] = {}
-  pieces: dict[Key, tuple[int, dict[int, jax.Array]]] = {}
-  for pair in pairs:
-    for lk, nk in pair.leaves:
-      if col is not None and lk[0] != col:
-        continue
-      value = source[(nk[0], *pair.nnx.path, nk[1])]
-      if pair.nnx.leaves[nk].axis is not None:
-        value = jnp.asarray(value)[tp.cast(int, pair.nnx.layer)]
-      key = (lk[0], *pair.linen.path, lk[1])
-      axis = pair.linen.leaves[lk].axis
-      if axis is None:
-        whole.setdefault(key, value)  # a variable shared by every layer: the first layer's
-      else:
-        pieces.setdefault(key, (axis, {}))[1][tp.cast(int, pair.linen.layer)] = jnp.asarray(value)
-  for key, (axis, layers) in pieces.items():
-    whole[key] = jnp.stack([layers[i] for i in range(len(layers))], axis=axis)
-  return whole
+  return to_linen(pairs, source, col, pairs.axes)
 
 
 def _desc(value: Value | jax.ShapeDtypeStruct) -> str:
@@ -177,7 +182,7 @@ def _optimizer_parts(optimizer: nnx.Optimizer, port_params: tp.Mapping[Key, nnx.
 
 
 def _opt_to_nnx(
-  pairs: list[Pair],
+  pairs: Plan,
   opt_state: OptState,
   optimizer: nnx.Optimizer,
   port_params: dict[Key, nnx.Variable],
@@ -219,7 +224,7 @@ def _flat_variables(node: object) -> dict[tuple[str, ...], nnx.Variable]:
 
 
 def _opt_to_linen(
-  pairs: list[Pair],
+  pairs: Plan,
   optimizer: nnx.Optimizer,
   port_params: dict[Key, nnx.Variable],
   stored: dict[Key, jax.ShapeDtypeStruct],
@@ -260,6 +265,7 @@ def linen_to_nnx(
   opt_state: OptState | None = None,
   optimizer: nnx.Optimizer | None = None,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
   step: int | None = None,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
@@ -318,30 +324,36 @@ def linen_to_nnx(
       "opt_state= and optimizer= go together: the Linen optax state is converted into the "
       "nnx.Optimizer's state. Pass both, or neither to convert the model only."
     )
-  pairs, stored = _plan(linen_module, port, sample_args, mapping)
-  source = flatten(variables)
-  missing = ["/".join(k) for k in stored if k not in source]
-  extra = ["/".join(k) for k in source if k not in stored]
-  wrong = [
-    f"{'/'.join(k)}: {list(np.shape(source[k]))} vs {list(stored[k].shape)}"
-    for k in stored
-    if k in source and np.shape(source[k]) != stored[k].shape
-  ]
-  if missing or extra or wrong:
-    problems = [
-      f"{label} {found[:10]}"
-      for label, found in (
-        ("missing", missing),
-        ("not created by the module", extra),
-        ("other shapes at", wrong),
-      )
-      if found
+
+  def checked_source(stored: dict[Key, jax.ShapeDtypeStruct]) -> dict[Key, Value]:
+    source = flatten(tp.cast(Variables, variables))
+    missing = ["/".join(k) for k in stored if k not in source]
+    extra = ["/".join(k) for k in source if k not in stored]
+    wrong = [
+      f"{'/'.join(k)}: {list(np.shape(source[k]))} vs {list(stored[k].shape)}"
+      for k in stored
+      if k in source and np.shape(source[k]) != stored[k].shape
     ]
-    raise CheckpointError(
-      "the variables do not fit the Linen module on these sample arguments: "
-      + "; ".join(problems)
-      + ". Fix: pass the variables of this very Linen model (same widths and depth)."
-    )
+    if missing or extra or wrong:
+      problems = [
+        f"{label} {found[:10]}"
+        for label, found in (
+          ("missing", missing),
+          ("not created by the module", extra),
+          ("other shapes at", wrong),
+        )
+        if found
+      ]
+      raise CheckpointError(
+        "the variables do not fit the Linen module on these sample arguments: "
+        + "; ".join(problems)
+        + ". Fix: pass the variables of this very Linen model (same widths and depth)."
+      )
+    return source
+
+  pairs, stored, source = _plan(
+    linen_module, port, sample_args, mapping, rules, checked_source, True
+  )
   targets = nnx_variables(port)
   writes = _checked_writes(targets, _to_nnx(pairs, source, None), "linen_to_nnx")
   count: object = None
@@ -363,8 +375,11 @@ def linen_to_nnx(
   return ConversionReport.from_pairs(
     "linen_to_nnx",
     pairs,
+    pairs.checks,
     optimizer_arrays=optimizer_arrays,
     step=None if optimizer is None else int(_compat.variable_value(optimizer.step)),
+    output_error=pairs.output_error,
+    layer_axes=pairs.axes,
   )
 
 
@@ -375,6 +390,7 @@ def nnx_to_linen(
   *sample_args: object,
   optimizer: None = None,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -383,6 +399,7 @@ def nnx_to_linen(
   *sample_args: object,
   optimizer: nnx.Optimizer,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -390,6 +407,7 @@ def nnx_to_linen(
   *sample_args: object,
   optimizer: nnx.Optimizer | None = None,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
@@ -421,9 +439,17 @@ def nnx_to_linen(
     >>> bool((nn.Dense(2).apply(variables, x) == port(x)).all())
     True
   """
-  pairs, stored = _plan(linen_module, port, sample_args, mapping)
   targets = nnx_variables(port)
-  values = _to_linen(pairs, {k: _compat.variable_value(v) for k, v in targets.items()}, None)
+  pairs, stored, source = _plan(
+    linen_module,
+    port,
+    sample_args,
+    mapping,
+    rules,
+    lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
+    False,
+  )
+  values = _to_linen(pairs, source, None)
   for key, abstract in stored.items():
     if key not in values:
       raise CheckpointError(f"nnx_to_linen: nothing converts into `{'/'.join(key)}`.")
