@@ -174,8 +174,9 @@ def _rule_pairs(
     if any(ls != layers[0] for ls in layers):
       raise CheckpointError(
         f"{label} pairs leaves of stacks of other depths "
-        f"({[sorted(map(str, ls)) for ls in layers]}). A rule moves arrays layer by layer between stacks of equal depth; convert the stack "
-        "with lb.layers.stack_params / unstack_params first."
+        f"({[sorted(map(str, ls)) for ls in layers]}). A rule moves arrays layer by layer "
+        "between stacks of equal depth; convert the stack with lb.layers.stack_params / "
+        "unstack_params first."
       )
     for layer in sorted(layers[0], key=lambda x: -1 if x is None else x):
       lrefs = [next(r for r in refs if r[0].layer == layer) for refs in lrefs_by]
@@ -360,6 +361,12 @@ def _rel_name(path: tuple[str, ...]) -> str:
   return "/".join(linen_key(tuple(int(p) if p.isdigit() else p for p in path)))
 
 
+def _named_under(path: tuple[str, ...], name: str) -> bool:
+  """Whether the module at `path`, named as Linen names it, is `name` or below it."""
+  rel = _rel_name(path)
+  return not name or rel == name or rel.startswith(name + "/")
+
+
 def _group_pairs(
   lunits: list[Unit], nunits: list[Unit], lp: tuple[str, ...], np_: tuple[str, ...], how: str
 ) -> tuple[list[Pair], list[Unit], list[Unit]]:
@@ -372,23 +379,12 @@ def _group_pairs(
   for lu in free_l:
     for n in range(len(lu.path), len(lp) - 1, -1):
       name = _rel_name(lu.path[len(lp) : n])
-      if any(
-        nu.layer == lu.layer and _rel_name(nu.path[len(np_) :]).startswith(name) for nu in free_n
-      ):
+      if any(nu.layer == lu.layer and _named_under(nu.path[len(np_) :], name) for nu in free_n):
         prefixes.setdefault((lu.path[:n], lu.layer), []).append(lu)
         break
   for (prefix, layer), group_l in sorted(prefixes.items(), key=lambda kv: -len(kv[0][0])):
     name = _rel_name(prefix[len(lp) :])
-    group_n = [
-      nu
-      for nu in free_n
-      if nu.layer == layer
-      and (
-        not name
-        or _rel_name(nu.path[len(np_) :]) == name
-        or _rel_name(nu.path[len(np_) :]).startswith(name + "/")
-      )
-    ]
+    group_n = [nu for nu in free_n if nu.layer == layer and _named_under(nu.path[len(np_) :], name)]
     group_l = [u for u in group_l if any(u is f for f in free_l)]
     if not group_l or not group_n:
       continue
