@@ -171,9 +171,9 @@ def test_the_transformer_port_converts_both_ways(rules):
   np.testing.assert_array_equal(
     port.layers[1].attn.k_proj.kernel[...], params["attn"]["k"]["kernel"].reshape(D, G * K)
   )
-  np.testing.assert_array_equal(
-    port.layers[1].post_attention_layernorm.scale[...], params["pre_ffw_norm"]["scale"]
-  )
+  scale = port.layers[1].post_attention_layernorm.scale
+  assert scale is not None
+  np.testing.assert_array_equal(scale[...], params["pre_ffw_norm"]["scale"])
   by_linen = {p.linen: p for p in report.placements}
   mlp = by_linen["layers_0/mlp"]
   assert mlp.checked == "module"

@@ -35,6 +35,7 @@ from flax import linen as nn
 from flax import nnx
 
 from .. import _compat
+from .._core.buffers import is_traced
 from .._core.errors import CheckpointError
 from .._diagnostics.compare_tolerance import ToleranceChoice, default_tolerance, is_float
 from .convert_align import Key, Value, nnx_variables, unflatten
@@ -54,7 +55,7 @@ class Record:
 
 
 def _concrete(tree: object) -> bool:
-  return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+  return not any(is_traced(x) for x in jax.tree.leaves(tree))
 
 
 _RNG_HELP = (
@@ -88,7 +89,9 @@ def linen_run(
 
   try:
     with nn.intercept_methods(interceptor):
-      out, _ = module.apply(unflatten(variables), *sample_args, mutable=True, rngs=_rngs())
+      out, _ = module.apply(
+        tp.cast(dict, unflatten(variables)), *sample_args, mutable=True, rngs=_rngs()
+      )
   except Exception as e:
     raise CheckpointError(
       f"running the Linen module {type(module).__name__} with the converted variables failed "
@@ -285,9 +288,12 @@ class Sides:
     below = {
       (k[0], *k[1 + len(path) :]): v for k, v in values.items() if k[1 : 1 + len(path)] == path
     }
-    out, _ = module.apply(
-      unflatten(below), *record.args, **record.kwargs, mutable=True, rngs=_rngs()
-    )
+
+    # The recorded call's own keywords go to the module's `__call__`, not to `apply`.
+    def call(module: nn.Module) -> object:
+      return module(*record.args, **record.kwargs)
+
+    out, _ = module.apply(tp.cast(dict, unflatten(below)), method=call, mutable=True, rngs=_rngs())
     return out
 
 

@@ -96,7 +96,8 @@ class Transpose(LeafRule):
     return [jnp.transpose(jnp.asarray(arrays[0]), self._axes(np.ndim(arrays[0])))]
 
   def backward(self, arrays, linen):
-    return [jnp.transpose(jnp.asarray(arrays[0]), np.argsort(self._axes(np.ndim(arrays[0]))))]
+    inverse = tuple(int(i) for i in np.argsort(self._axes(np.ndim(arrays[0]))))
+    return [jnp.transpose(jnp.asarray(arrays[0]), inverse)]
 
   def describe(self):
     return "transposed" if self.axes is None else f"transposed {list(self.axes)}"
@@ -163,7 +164,7 @@ class Split(LeafRule):
   axis: int = 0
 
   def fits(self, linen, nnx):
-    return len(linen) == 1 and _parts_fit(tuple(linen[0]), [tuple(s) for s in nnx], self.axis)
+    return len(linen) == 1 and bool(_parts_fit(tuple(linen[0]), [tuple(s) for s in nnx], self.axis))
 
   def forward(self, arrays, nnx):
     whole = np.shape(arrays[0])
@@ -188,7 +189,7 @@ class Fuse(LeafRule):
   axis: int = 0
 
   def fits(self, linen, nnx):
-    return len(nnx) == 1 and _parts_fit(tuple(nnx[0]), [tuple(s) for s in linen], self.axis)
+    return len(nnx) == 1 and bool(_parts_fit(tuple(nnx[0]), [tuple(s) for s in linen], self.axis))
 
   def forward(self, arrays, nnx):
     how = tp.cast(str, _parts_fit(tuple(nnx[0]), [np.shape(a) for a in arrays], self.axis))
