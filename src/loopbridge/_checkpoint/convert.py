@@ -270,15 +270,18 @@ def linen_to_nnx(
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
-  Both models run once abstractly on `sample_args`; each Linen module that holds variables is
-  paired with the port's module holding the same variable names and shapes, by path, then by
-  call order (so a port with its own attribute names works), per layer for stacks (`nn.scan`
-  along any `variable_axes` axis, `nn.remat`, `layers_0...`; NNX lists or `nnx.vmap` stacks).
-  Every collection is converted (`params` into `nnx.Param`, `batch_stats` into
-  `nnx.BatchStat`, ...). Values are never cast; each keeps the port's sharding. A stack's layer
-  axis is the axis its stored arrays have beyond what a layer sees; when the number of layers
-  equals a width, so that several axes fit, the first fitting axis is taken: check the port
-  with `lb.compare` then.
+  Both models run once abstractly on `sample_args` to find which modules hold which
+  variables (per layer for stacks: `nn.scan` along any `variable_axes` axis, `nn.remat`,
+  `layers_0...`; NNX lists or `nnx.vmap` stacks). Leaves pair by `rules=` and `mapping=`
+  first, then by path, then by shapes in call order, then by leaf transforms (split, fuse,
+  reshape, transpose) below a module path both sides share. Nothing is chosen by order
+  alone: wherever several candidates fit (leaves of equal shapes under other names, a split's
+  order, a layer axis when the depth equals a width, modules of equal shapes), the Linen model
+  runs once on `sample_args` and each candidate is checked against it, module by module where
+  the modules ran outside transforms, else through the model's output; exactly one must agree.
+  The kept conversion is checked the same way before anything is written. Every collection is
+  converted (`params` into `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...); values are
+  never cast; each keeps the port's sharding.
 
   Args:
     linen_module: the Linen model (unbound).
@@ -289,16 +292,22 @@ def linen_to_nnx(
     opt_state: the Linen optax state (`tx.init(variables['params'])`, trained or not).
     optimizer: the port's `nnx.Optimizer(port, tx, wrt=nnx.Param)` to fill from `opt_state`.
     mapping: `{linen_path: nnx_path}` for modules the automatic pairing cannot place
-      (module paths joined with '/'; a prefix maps a subtree).
+      (module paths joined with '/'; a prefix maps a subtree; a leaf path such as
+      `'ln/scale': 'norm/alpha'` maps one variable).
+    rules: leaf transforms the port applies (`lb.checkpoint.split`, `fuse`, `reshape`,
+      `transpose`, `rename`), e.g. a fused gate/up `[2, D, F]` kept as two Linears.
     step: the optimizer step; by default the optax state's first `count`.
 
   Returns:
-    A `ConversionReport` of what went where (`print` it, or `to_dict()`).
+    A `ConversionReport` of what went where, how each pair was decided and the error of its
+    check (`print` it, or `to_dict()`).
 
   Raises:
-    CheckpointError: a module without counterpart (named, with the `mapping=` fix), a shape
-      or dtype that differs, variables that do not fit the Linen model, or an optax state of
-      another structure. Nothing is written then.
+    CheckpointError: a module without counterpart (named, with the `mapping=` fix); a
+      mapping entry or rule that cannot be honoured (named); no candidate, or several, that
+      reproduce the Linen output (listed as rules ready to paste); a converted port whose
+      output differs; a shape or dtype that differs, variables that do not fit the Linen
+      model, or an optax state of another structure. Nothing is written then.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
@@ -411,8 +420,10 @@ def nnx_to_linen(
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
-  The inverse of `linen_to_nnx`, paired the same way: stacks are rebuilt along the Linen
-  module's own layer axes, every collection is returned, values are never cast.
+  The inverse of `linen_to_nnx`, paired and decided the same way (the port runs once on
+  `sample_args` and the Linen model with each candidate is checked against it): rules run
+  inverted, stacks are rebuilt along the Linen module's own layer axes, every collection is
+  returned, values are never cast.
 
   Args:
     port: the NNX model.
@@ -420,15 +431,17 @@ def nnx_to_linen(
     *sample_args: arguments of one forward call of both models.
     optimizer: the port's `nnx.Optimizer`; its state is returned as the optax state of the
       same transformation on the Linen params (the step is `optimizer.step`).
-    mapping: `{linen_path: nnx_path}` for modules the automatic pairing cannot place.
+    mapping: `{linen_path: nnx_path}` for modules (or leaves) the pairing cannot place.
+    rules: the same leaf rules as for `linen_to_nnx` (stated Linen -> NNX; run inverted).
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
     when an optimizer is given.
 
   Raises:
-    CheckpointError: a module without counterpart (named, with the `mapping=` fix) or a shape
-      that differs.
+    CheckpointError: a module without counterpart (named, with the `mapping=` fix), a mapping
+      entry or rule that cannot be honoured, candidates that the port's output cannot tell
+      apart (listed), a converted Linen model whose output differs, or a shape that differs.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb

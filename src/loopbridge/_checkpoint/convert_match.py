@@ -367,6 +367,14 @@ def _named_under(path: tuple[str, ...], name: str) -> bool:
   return not name or rel == name or rel.startswith(name + "/")
 
 
+def _named_path(path: tuple[str, ...], np_: tuple[str, ...], name: str) -> tuple[str, ...]:
+  """The prefix of an NNX `path` (below `np_`) that Linen would name `name`."""
+  for k in range(len(path) - len(np_) + 1):
+    if _rel_name(path[len(np_) : len(np_) + k]) == name:
+      return path[: len(np_) + k]
+  return np_
+
+
 def _group_pairs(
   lunits: list[Unit], nunits: list[Unit], lp: tuple[str, ...], np_: tuple[str, ...], how: str
 ) -> tuple[list[Pair], list[Unit], list[Unit]]:
@@ -417,6 +425,9 @@ def _group_pairs(
       tuple(u.path for u in group_n),
     )
     pair = _pair(lrefs, nrefs, how, options, key, group_l, group_n)
+    # The check applies the module both sides share (e.g. `attn`), not a unit below it.
+    pair.linen_at = prefix
+    pair.nnx_at = _named_path(group_n[0].path, np_, name)
     pairs.append(pair)
     free_l = [u for u in free_l if not any(u is g for g in group_l)]
     free_n = [u for u in free_n if not any(u is g for g in group_n)]

@@ -162,16 +162,16 @@ class ConversionReport:
   def __str__(self) -> str:
     width = max((len(p.linen) for p in self.placements), default=0)
     lines = [
-      f"{self.direction}: {len(self.placements)} modules, every pair checked by running "
-      f"(output max abs error {self.output_error:.3g})"
+      f"{self.direction}: {len(self.placements)} modules, each pair checked by running both "
+      f"models (output max abs error {self.output_error:.3g})"
     ]
     for p in self.placements:
       names = ", ".join(a.split("/", 1)[1] if a == b else f"{a} -> {b}" for a, b in p.variables)
       decided = "" if p.decided == "unique" else f", 1 of {p.candidates} by {p.decided}"
       err = "inf" if math.isinf(p.max_abs_error) else f"{p.max_abs_error:.3g}"
       lines.append(
-        f"  {p.linen:<{width}}  ->  {p.nnx}  ({p.how}{decided}: {names}; checked by "
-        f"{p.checked}, max abs error {err})"
+        f"  {p.linen:<{width}}  ->  {p.nnx}  ({p.how}{decided}: {names}; {p.checked} check, "
+        f"error {err})"
       )
       lines += [f"      {t}" for t in p.transforms]
     for where, axis in self.layer_axes:
