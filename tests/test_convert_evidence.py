@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import linen as nn
 from flax import nnx
@@ -168,6 +169,15 @@ def test_value_less_params_are_skipped_both_ways():
   lb.checkpoint.linen_to_nnx(linen, variables, port, X)
   np.testing.assert_allclose(port(X), linen.apply(variables, X), rtol=1e-6)
   assert _same(lb.checkpoint.nnx_to_linen(port, linen, X), variables)
+
+  # With an optimizer too (flax 0.10 keeps optax states of the value-less bias).
+  tx = optax.adam(1e-2)
+  opt_state = jax.tree.map(lambda a: a + 1, tx.init(variables["params"]))
+  port = nnx.Linear(4, 3, use_bias=False, rngs=nnx.Rngs(1))
+  optimizer = nnx.Optimizer(port, tx, wrt=nnx.Param)
+  lb.checkpoint.linen_to_nnx(linen, variables, port, X, opt_state=opt_state, optimizer=optimizer)
+  back, back_opt = lb.checkpoint.nnx_to_linen(port, linen, X, optimizer=optimizer)
+  assert _same(back, variables) and _same(back_opt, opt_state)
 
 
 # --- rules: declared once, inverted for the other direction ---------------------------------

@@ -148,9 +148,15 @@ def _nnx_param_paths(port_params: tp.Mapping[Key, nnx.Variable]) -> set[tuple[st
   return {k[1:] for k in port_params}
 
 
+def _holds_value(leaf: object) -> bool:
+  # flax 0.10 keeps a value-less Param (`nnx.Linear(use_bias=False).bias`) and optax states
+  # of it: they hold nothing and are skipped, as in `nnx_variables`.
+  return not (isinstance(leaf, nnx.Variable) and _compat.variable_value(leaf) is None)
+
+
 def _state_paths(node: object) -> set[tuple[str, ...]]:
   flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(key_str(k) for k in path) for path, _ in flat}
+  return {tuple(key_str(k) for k in path) for path, leaf in flat if _holds_value(leaf)}
 
 
 def _nnx_params_like(paths: set[tuple[str, ...]]) -> tp.Callable[[object], bool]:
@@ -220,7 +226,7 @@ def _opt_to_nnx(
 
 def _flat_variables(node: object) -> dict[tuple[str, ...], nnx.Variable]:
   flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(key_str(k) for k in path): v for path, v in flat}
+  return {tuple(key_str(k) for k in path): v for path, v in flat if _holds_value(v)}
 
 
 def _opt_to_linen(
