@@ -285,3 +285,74 @@ def test_bad_rules_say_what_and_how_to_fix(rules, match):
 def test_bad_rule_arguments_say_what(make, match):
   with pytest.raises(lb.checkpoint.CheckpointError, match=match):
     make()
+
+
+# --- transposed kernels and a fused qkv, found by running -----------------------------------
+
+
+class TorchStyle(nnx.Module):
+  """A Linear stored as PyTorch stores it: `weight` is `(out, in)`."""
+
+  def __init__(self):
+    self.weight = nnx.Param(jnp.zeros((3, 4)))
+    self.bias = nnx.Param(jnp.zeros(3))
+
+  def __call__(self, x):
+    return x @ self.weight[...].T + self.bias[...]
+
+
+def test_a_transposed_kernel_is_found_by_running():
+  variables = _trained_like(nn.Dense(3).init(jax.random.key(1), X))
+  port = TorchStyle()
+  report = lb.checkpoint.linen_to_nnx(nn.Dense(3), variables, port, X)
+  np.testing.assert_array_equal(port.weight[...], variables["params"]["kernel"].T)
+  np.testing.assert_allclose(port(X), nn.Dense(3).apply(variables, X), rtol=1e-5, atol=1e-6)
+  (placement,) = report.placements
+  # (4, 3) -> (3, 4): a transpose or a reshape fit the shapes; only the transpose agrees.
+  assert placement.transforms == ("lb.checkpoint.transpose('kernel', 'weight', axes=(1, 0))",)
+  assert (placement.decided, placement.candidates) == ("module", 2)
+  assert _same(lb.checkpoint.nnx_to_linen(port, nn.Dense(3), X), variables)
+
+
+class SeparateQKV(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    q, k, v = (nn.Dense(2, name=n)(x) for n in ("q", "k", "v"))
+    return jax.nn.softmax(q @ k.T) @ v
+
+
+class Attn(nnx.Module):
+  def __init__(self, rngs):
+    self.qkv = nnx.Linear(4, 6, rngs=rngs)
+
+  def __call__(self, x):
+    q, k, v = jnp.split(self.qkv(x), 3, axis=-1)
+    return jax.nn.softmax(q @ k.T) @ v
+
+
+class FusedPort(nnx.Module):
+  def __init__(self, rngs):
+    self.attn = Attn(rngs)
+
+  def __call__(self, x):
+    return self.attn(x)
+
+
+class SeparateLinen(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return SeparateQKV(name="attn")(x)
+
+
+def test_a_fused_qkv_is_found_by_running_and_split_back():
+  variables = _trained_like(SeparateLinen().init(jax.random.key(1), X))
+  port = FusedPort(nnx.Rngs(0))
+  report = lb.checkpoint.linen_to_nnx(SeparateLinen(), variables, port, X)
+  attn = variables["params"]["attn"]
+  np.testing.assert_array_equal(
+    port.attn.qkv.kernel[...], np.concatenate([attn[n]["kernel"] for n in "qkv"], axis=1)
+  )
+  np.testing.assert_allclose(port(X), SeparateLinen().apply(variables, X), rtol=1e-5, atol=1e-6)
+  (placement,) = report.placements
+  assert placement.decided == "module" and placement.candidates == 36  # 3! orders, twice
+  assert _same(lb.checkpoint.nnx_to_linen(port, SeparateLinen(), X), variables)
