@@ -305,23 +305,34 @@ def _same_values(a: tp.Mapping[Key, Value], b: tp.Mapping[Key, Value]) -> bool:
   return a.keys() == b.keys() and all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a)
 
 
-def _describe_option(pairs: tp.Sequence[Pair], option: int) -> str:
-  pair = pairs[0]
-  return "; ".join(str(m.rule) for m in pair.options[option])
+Groups = dict[tuple[object, ...], list[int]]
+AxisOptions = dict[tuple[Path, str], tuple[int, ...]]
+Run = tuple[object, dict[Path, Record], dict[tuple[Path, str], int]]
 
 
-def decide(
-  pairs: list[Pair], sides: Sides, axis_options: dict[tuple[Path, str], tuple[int, ...]]
-) -> Verdict:
+def decide(pairs: list[Pair], sides: Sides, axis_options: AxisOptions) -> Verdict:
   """Choose every open candidate by running; check the whole conversion; raise if in doubt."""
   ref_out, ref_records = sides.run_source()
-  groups: dict[tuple[object, ...], list[int]] = {}
+  groups: Groups = {}
   for i, pair in enumerate(pairs):
     groups.setdefault(pair.key, []).append(i)
-  decided_by: dict[tuple[object, ...], str] = {}
   open_keys = [k for k, idx in groups.items() if len(pairs[idx[0]].options) > 1]
+  decided_by = _by_module(pairs, groups, open_keys, sides, ref_records)
+  open_keys = [k for k in open_keys if k not in decided_by]
+  final = _by_model(pairs, groups, open_keys, sides, axis_options, ref_out, decided_by)
+  return _final_check(pairs, sides, ref_out, ref_records, final, decided_by)
 
-  # 1. Open pairs whose modules ran concretely: the target module alone on the source's inputs.
+
+def _by_module(
+  pairs: list[Pair],
+  groups: Groups,
+  open_keys: list[tuple[object, ...]],
+  sides: Sides,
+  ref_records: dict[Path, Record],
+) -> dict[tuple[object, ...], str]:
+  """Open pairs whose modules ran concretely: the target module alone, with each candidate,
+  on the inputs the source module saw (deepest modules first). Returns what it decided."""
+  decided_by: dict[tuple[object, ...], str] = {}
   for key in sorted(open_keys, key=lambda k: -len(sides.target_path(pairs[groups[k][0]]))):
     idx = groups[key]
     pair = pairs[idx[0]]
@@ -344,69 +355,84 @@ def decide(
           agreeing.append((option, values))
     except Exception:  # the module does not run alone on these inputs: the model decides
       agreeing = []
+    pair.chosen = agreeing[0][0] if len(agreeing) == 1 else 0
     if len(agreeing) == 1:
-      pair.chosen = agreeing[0][0]
       decided_by[key] = "module"
-    else:
-      pair.chosen = 0
-  open_keys = [k for k in open_keys if k not in decided_by]
+  return decided_by
 
-  # 2. The rest on the whole model: every combination of open pairs and layer axes.
+
+def _by_model(
+  pairs: list[Pair],
+  groups: Groups,
+  open_keys: list[tuple[object, ...]],
+  sides: Sides,
+  axis_options: AxisOptions,
+  ref_out: object,
+  decided_by: dict[tuple[object, ...], str],
+) -> Run | None:
+  """What stays open, on the whole model: every combination of open pairs and layer axes.
+  Returns the decisive run (None when nothing was open)."""
   axis_keys = sorted(axis_options)
   choices = [len(pairs[groups[k][0]].options) for k in open_keys]
   choices += [len(axis_options[k]) for k in axis_keys]
   total = math.prod(choices)
+  lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys)
   if total > MAX_OPTIONS:
     raise CheckpointError(
       f"{total} combinations of candidates stay open after checking each module alone, too "
-      "many to run the model on each:\n"
-      + _open_lines(pairs, groups, open_keys, axis_options, axis_keys)
-      + "\nFix: pass rules=[...] or mapping= entries for these (each line lists its candidates)."
+      f"many to run the model on each:\n{lines}\nFix: pass rules=[...] or mapping= entries "
+      "for these (each line lists its candidates)."
     )
-  final: tuple[object, dict[Path, Record], dict[tuple[Path, str], int]] | None = None
-  if total > 1:
-    agreeing_runs: list[tuple[tuple[int, ...], float, dict[Key, Value], object, dict]] = []
-    for combo in itertools.product(*(range(c) for c in choices)):
-      for key, option in zip(open_keys, combo):
-        for i in groups[key]:
-          pairs[i].chosen = option
-      axes = {k: axis_options[k][o] for k, o in zip(axis_keys, combo[len(open_keys) :])}
-      values = sides.convert(pairs, axes)
-      out, records = sides.run_target(values)
-      err = agreement(ref_out, out, sides.tol)
-      if err is not None and not any(_same_values(values, v) for _, _, v, _, _ in agreeing_runs):
-        agreeing_runs.append((combo, err, values, out, {"records": records, "axes": axes}))
-    if len(agreeing_runs) != 1:
-      lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys)
-      if not agreeing_runs:
-        raise CheckpointError(
-          f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
-          f"sample arguments ({total} tried). The open choices:\n{lines}\nFix: check that the "
-          f"port computes what the Linen model computes (lb.compare), then pass rules=[...] or "
-          f"mapping= for the leaves it stores otherwise. {_RNG_HELP}"
-        )
-      raise CheckpointError(
-        f"{len(agreeing_runs)} different conversions reproduce the {_source_name(sides)} "
-        f"model's output on the sample arguments, so the sample cannot tell them apart:\n"
-        f"{lines}\nFix: pass the intended one as rules=[...] or mapping= (ready to paste "
-        "above), or sample arguments that exercise every layer."
-      )
-    combo = agreeing_runs[0][0]
+  if total == 1:
+    return None
+  agreeing: list[tuple[tuple[int, ...], dict[Key, Value], Run]] = []
+  for combo in itertools.product(*(range(c) for c in choices)):
     for key, option in zip(open_keys, combo):
       for i in groups[key]:
         pairs[i].chosen = option
-      decided_by[key] = "model"
-    extra = agreeing_runs[0][4]
-    final = (agreeing_runs[0][3], extra["records"], extra["axes"])
-    for k in axis_keys:
-      decided_by[("axis", k)] = "model"
-  if final is None:
-    axes = {k: axis_options[k][0] for k in axis_keys}
-    out, records = sides.run_target(sides.convert(pairs, axes))
-    final = (out, records, axes)
+    axes = {k: axis_options[k][o] for k, o in zip(axis_keys, combo[len(open_keys) :])}
+    values = sides.convert(pairs, axes)
+    out, records = sides.run_target(values)
+    if agreement(ref_out, out, sides.tol) is not None and not any(
+      _same_values(values, v) for _, v, _ in agreeing
+    ):
+      agreeing.append((combo, values, (out, records, axes)))
+  if not agreeing:
+    raise CheckpointError(
+      f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
+      f"sample arguments ({total} tried). The open choices:\n{lines}\nFix: check that the "
+      f"port computes what the Linen model computes (lb.compare), then pass rules=[...] or "
+      f"mapping= for the leaves it stores otherwise. {_RNG_HELP}"
+    )
+  if len(agreeing) > 1:
+    raise CheckpointError(
+      f"{len(agreeing)} different conversions reproduce the {_source_name(sides)} "
+      f"model's output on the sample arguments, so the sample cannot tell them apart:\n"
+      f"{lines}\nFix: pass the intended one as rules=[...] or mapping= (ready to paste "
+      "above), or sample arguments that exercise every layer."
+    )
+  combo, _, run = agreeing[0]
+  for key, option in zip(open_keys, combo):
+    for i in groups[key]:
+      pairs[i].chosen = option
+    decided_by[key] = "model"
+  return run
 
-  # 3. The check of the kept conversion: the model's output, and each pair's own call.
-  out, records, axes = final
+
+def _final_check(
+  pairs: list[Pair],
+  sides: Sides,
+  ref_out: object,
+  ref_records: dict[Path, Record],
+  final: Run | None,
+  decided_by: dict[tuple[object, ...], str],
+) -> Verdict:
+  """The kept conversion against the source: the model's output, and each pair's own call."""
+  if final is None:
+    axes = {}
+    out, records = sides.run_target(sides.convert(pairs, axes))
+  else:
+    out, records, axes = final
   output_error = agreement(ref_out, out, sides.tol)
   checks: list[Check] = []
   first_bad: Pair | None = None
@@ -416,13 +442,12 @@ def decide(
     err = None if ref is None or got is None else agreement(ref.out, got.out, sides.tol)
     if ref is not None and got is not None and err is None and first_bad is None:
       first_bad = pair
-    checked = "module" if err is not None else "model"
     n = len(pair.options)
     checks.append(
       Check(
         decided_by.get(pair.key, "unique") if n > 1 else "unique",
         n,
-        checked,
+        "module" if err is not None else "model",
         err if err is not None else (output_error if output_error is not None else math.inf),
       )
     )
