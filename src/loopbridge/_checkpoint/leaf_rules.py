@@ -35,7 +35,20 @@ def _quoted(paths: tp.Sequence[str]) -> str:
 class LeafRule:
   """How Linen leaves become NNX leaves (`linen` and `nnx` are path patterns, in order).
 
-  Make one with `lb.checkpoint.rename`, `transpose`, `reshape`, `split` or `fuse`.
+  Make one with `lb.checkpoint.rename`, `transpose`, `reshape`, `split` or `fuse`; pass a
+  list of them as `rules=` to `linen_to_nnx` / `nnx_to_linen`. Its `str` is that call.
+
+  Attributes:
+    linen: the Linen leaf paths (module path and variable name; `*` matches one part).
+    nnx: the port's leaf paths.
+
+  Examples:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> rule = lb.checkpoint.split('mlp/wi', ['mlp/gate/kernel', 'mlp/up/kernel'], axis=0)
+    >>> rule.linen, rule.nnx
+    (('mlp/wi',), ('mlp/gate/kernel', 'mlp/up/kernel'))
+    >>> [a.shape for a in rule.forward([jnp.zeros((2, 3, 4))], [(3, 4), (3, 4)])]
+    [(3, 4), (3, 4)]
   """
 
   linen: tuple[str, ...]
