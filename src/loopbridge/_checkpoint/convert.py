@@ -49,6 +49,7 @@ class Plan(list[Pair]):
     self.axes: Axes = verdict.axes
     self.checks: list[Check] = verdict.checks
     self.output_error = verdict.output_error
+    self.values = verdict.values
 
 
 def _plan(
@@ -59,7 +60,7 @@ def _plan(
   rules: tp.Sequence[LeafRule] | None,
   source: tp.Callable[[dict[Key, jax.ShapeDtypeStruct]], tp.Mapping[Key, Value]],
   forward: bool,
-) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct], tp.Mapping[Key, Value]]:
+) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   """Pair both models' leaves and decide every open candidate by running them."""
   if not isinstance(linen_module, nn.Module):
     raise CheckpointError(
@@ -99,7 +100,7 @@ def _plan(
     for pair, check in zip(pairs, verdict.checks):
       if pair.order_class is not None:
         check.decided, check.candidates = "model", check.candidates + 1
-  return Plan(pairs, verdict), stored, values
+  return Plan(pairs, verdict), stored
 
 
 def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
@@ -366,11 +367,9 @@ def linen_to_nnx(
       )
     return source
 
-  pairs, stored, source = _plan(
-    linen_module, port, sample_args, mapping, rules, checked_source, True
-  )
+  pairs, stored = _plan(linen_module, port, sample_args, mapping, rules, checked_source, True)
   targets = nnx_variables(port)
-  writes = _checked_writes(targets, _to_nnx(pairs, source, None), "linen_to_nnx")
+  writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
   optimizer_arrays = 0
   if optimizer is not None:
@@ -459,7 +458,7 @@ def nnx_to_linen(
     True
   """
   targets = nnx_variables(port)
-  pairs, stored, source = _plan(
+  pairs, stored = _plan(
     linen_module,
     port,
     sample_args,
@@ -468,7 +467,7 @@ def nnx_to_linen(
     lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
     False,
   )
-  values = _to_linen(pairs, source, None)
+  values = pairs.values
   for key, abstract in stored.items():
     if key not in values:
       raise CheckpointError(f"nnx_to_linen: nothing converts into `{'/'.join(key)}`.")

@@ -225,11 +225,13 @@ class Check:
 
 @dataclasses.dataclass
 class Verdict:
-  """The evidence's outcome: the checks per pair (by index) and the kept layer axes."""
+  """The evidence's outcome: the checks per pair (by index), the kept layer axes, and the
+  checked target values (written as they are: no second conversion, no second copy)."""
 
   checks: list[Check]
   axes: dict[tuple[Path, str], int]
   output_error: float
+  values: dict[Key, Value]
 
 
 class Sides:
@@ -307,7 +309,8 @@ def _same_values(a: tp.Mapping[Key, Value], b: tp.Mapping[Key, Value]) -> bool:
 
 Groups = dict[tuple[object, ...], list[int]]
 AxisOptions = dict[tuple[Path, str], tuple[int, ...]]
-Run = tuple[object, dict[Path, Record], dict[tuple[Path, str], int]]
+# The target's output and records, the layer axes and the values it ran with.
+Run = tuple[object, dict[Path, Record], dict[tuple[Path, str], int], dict[Key, Value]]
 
 
 def decide(pairs: list[Pair], sides: Sides, axis_options: AxisOptions) -> Verdict:
@@ -396,7 +399,7 @@ def _by_model(
     if agreement(ref_out, out, sides.tol) is not None and not any(
       _same_values(values, v) for _, v, _ in agreeing
     ):
-      agreeing.append((combo, values, (out, records, axes)))
+      agreeing.append((combo, values, (out, records, axes, values)))
   if not agreeing:
     raise CheckpointError(
       f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
@@ -430,9 +433,10 @@ def _final_check(
   """The kept conversion against the source: the model's output, and each pair's own call."""
   if final is None:
     axes = {}
-    out, records = sides.run_target(sides.convert(pairs, axes))
+    values = sides.convert(pairs, axes)
+    out, records = sides.run_target(values)
   else:
-    out, records, axes = final
+    out, records, axes, values = final
   output_error = agreement(ref_out, out, sides.tol)
   checks: list[Check] = []
   first_bad: Pair | None = None
@@ -465,7 +469,7 @@ def _final_check(
       "port with lb.compare; if it stores arrays otherwise (split, fused, reshaped, "
       "transposed, renamed), pass rules=[...]; if modules pair wrongly, pass mapping=. " + _RNG_HELP
     )
-  return Verdict(checks, dict(axes), output_error)
+  return Verdict(checks, dict(axes), output_error, values)
 
 
 def _name(path: Path) -> str:
