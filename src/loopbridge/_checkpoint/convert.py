@@ -282,8 +282,10 @@ def linen_to_nnx(
   `layers_0...`; NNX lists or `nnx.vmap` stacks). Leaves pair by `rules=` and `mapping=`
   first, then by path, then by shapes in call order, then by leaf transforms (split, fuse,
   reshape, transpose) below a module path both sides share. Nothing is chosen by order
-  alone: wherever several candidates fit (leaves of equal shapes under other names, a split's
-  order, a layer axis when the depth equals a width, modules of equal shapes), the Linen model
+  alone: a Linen stack's layer axis is read from its `nn.scan` `variable_axes`; wherever
+  several candidates fit (leaves of equal shapes under other names, a split's order, a layer
+  axis that cannot be read when the depth equals a width, modules of equal shapes), the Linen
+  model
   runs once on `sample_args` and each candidate is checked against it, module by module where
   the modules ran outside transforms, else through the model's output; exactly one must agree.
   The kept conversion is checked the same way before anything is written. Every collection is

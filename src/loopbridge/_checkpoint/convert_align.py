@@ -5,10 +5,12 @@ A *unit* is one module that owns variables, in one layer: Linen `Dense_0`, or la
 Both models run once abstractly (`jax.eval_shape`, nothing is computed or updated) while every
 module call is logged with the variables the module sees *inside* the call. Inside `nn.scan` /
 `nnx.scan` a module sees one layer, so comparing those shapes with the stored ones tells which
-units are stacks and along which axis (Linen `variable_axes`), without reading any transform.
+units are stacks and which axes can be their layer axis.
 
-Where the stored shapes fit several layer axes (as many layers as a width), every fitting
-axis stays a candidate (`Unit.axis_options`); running the models decides (`convert_evidence`).
+A Linen `nn.scan` stack's layer axis is read from the `variable_axes` it was made with; where
+that cannot be read and the stored shapes fit several axes (as many layers as a width), every
+fitting axis stays a candidate (`Unit.axis_options`) and running the models decides
+(`convert_evidence`).
 The pairing of units is `convert_match`'s job. Value-less Variables (flax 0.10's
 `nnx.Linear(use_bias=False)` keeps `bias = nnx.Param(None)`) hold nothing and are skipped.
 """
@@ -86,6 +88,8 @@ class _Call:
   entry: int
   inside: dict[LeafName, tuple[Shape, jnp.dtype]]
   module: object = None  # Linen: the module unbound (applied alone by the evidence check)
+  # Linen `nn.scan` / `nn.vmap` modules: the layer axis per collection, as declared.
+  variable_axes: dict[str, int] | None = None
 
 
 def _remember(log: dict[tuple[str, ...], _Call], path: tuple[str, ...]) -> _Call:
@@ -99,14 +103,24 @@ def _linen_calls(
 ) -> tuple[dict[tuple[str, ...], _Call], dict[Key, jax.ShapeDtypeStruct]]:
   """Every Linen module call of one abstract `init`, and the variables `init` stores."""
   log: dict[tuple[str, ...], _Call] = {}
+  pending: list[tuple[str | None, dict[str, int]]] = []
 
   def interceptor(next_fun, args, kwargs, context):
     scope = context.module.scope
     if scope is None:
       return next_fun(*args, **kwargs)
-    call = _remember(log, tuple(str(p) for p in scope.path))
+    # A lifted `nn.scan` module is intercepted (under another method name, in a scope of its
+    # own) just before the module it wraps, which has its name: the declared axes go there.
+    declared = _compat.linen_variable_axes(context.module)
+    if declared is not None:
+      pending[:] = [(context.module.name, declared)]
+      return next_fun(*args, **kwargs)
+    path = tuple(str(p) for p in scope.path)
+    call = _remember(log, path)
     if call.module is None and context.method_name == "__call__":
       call.module = context.module.clone(parent=None)
+    if pending and path[-1:] == (pending[0][0],):
+      call.variable_axes = pending.pop()[1]
     out = next_fun(*args, **kwargs)
     # Read after the call: the call creates the variables. Inside nn.scan, one layer's view.
     for col, tree in linen_meta.unbox(context.module.variables).items():
@@ -323,6 +337,19 @@ def _units(
     for m in group:
       for col, axes in m.axes.items():
         shared[col] = axes if col not in shared else shared[col] & axes
+    # The axis the Linen transform declares (`variable_axes`), where it can be read and fits
+    # the shapes; otherwise every fitting axis stays a candidate for the evidence.
+    declared = next(
+      (
+        c.variable_axes
+        for p, c in sorted(calls.items(), key=lambda kv: -len(kv[0]))
+        if c.variable_axes and module.path[: len(p)] == p
+      ),
+      {},
+    )
+    for col, axis in declared.items():
+      if axis in shared.get(col, set()):
+        shared[col] = {axis}
     made = [leaves(m, {c: shared[c] or axes for c, axes in m.axes.items()}) for m in group]
     options = tuple(
       (col, tuple(sorted(tp.cast(set[int], axes))))
