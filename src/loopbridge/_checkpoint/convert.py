@@ -1,11 +1,12 @@
 """Linen variables and optax state <-> a hand-ported NNX model and its `nnx.Optimizer`.
 
-The pairing of variables comes from the two models' own calls (`convert_align`); this module
-moves the numbers: slices stacks layer by layer, stacks them again on the other side (along
-the Linen `variable_axes` axis or the NNX stack's axis 0), and writes every array without a
-cast, so a round trip is bit-exact. The same pairing converts every params-shaped subtree of
-an optax state (adam's `mu` and `nu`, ...). Nothing is written until every value has been
-checked, so a failed conversion leaves the port as it was.
+The stages: the units of both models (`convert_align`), every candidate pairing of their
+leaves (`convert_match`, with the `rules=` of `leaf_rules`), the choice among candidates and
+the check of the kept conversion by running both models (`convert_evidence`), and the moving
+of arrays (`convert_moves`). This module runs them and writes: every array without a cast, so
+a round trip is bit-exact. The same pairing converts every params-shaped subtree of an optax
+state (adam's `mu` and `nu`, ...). Nothing is written until every value has been checked, so
+a failed conversion leaves the port as it was.
 """
 
 from __future__ import annotations
