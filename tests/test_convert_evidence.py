@@ -361,3 +361,65 @@ def test_a_fused_qkv_is_found_by_running_and_split_back():
   (placement,) = report.placements
   assert placement.decided == "module" and placement.candidates == 36  # 3! orders, twice
   assert _same(lb.checkpoint.nnx_to_linen(port, SeparateLinen(), X), variables)
+
+
+# --- a split inside a scanned stack: decided through the model's output ---------------------
+
+
+class ScanMlp(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    wi = self.param("wi", nn.initializers.normal(1.0), (2, 4, 6))
+    return x + nn.Dense(4, name="wo")(nn.gelu(x @ wi[0]) * (x @ wi[1])), None
+
+
+class ScannedLinen(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(ScanMlp, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)
+    return stack(name="layers")(x, None)[0]
+
+
+class PortMlp(nnx.Module):
+  def __init__(self, rngs):
+    self.gate = nnx.Linear(4, 6, use_bias=False, rngs=rngs)
+    self.up = nnx.Linear(4, 6, use_bias=False, rngs=rngs)
+    self.wo = nnx.Linear(6, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return x + self.wo(nnx.gelu(self.gate(x)) * self.up(x))
+
+
+class ScannedPort(nnx.Module):
+  def __init__(self, rngs):
+    @nnx.split_rngs(splits=3)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def make(rngs):
+      return PortMlp(rngs)
+
+    self.layers = make(rngs)
+
+  def __call__(self, x):
+    @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+    def run(x, layer):
+      return layer(x)
+
+    return run(x, self.layers)
+
+
+@pytest.mark.parametrize("with_rule", [False, True])
+def test_a_split_inside_a_scanned_stack(with_rule):
+  variables = _trained_like(ScannedLinen().init(jax.random.key(1), X))
+  rule = lb.checkpoint.split("layers/wi", ["layers/gate/kernel", "layers/up/kernel"], axis=0)
+  rules = [rule] if with_rule else None
+  port = ScannedPort(nnx.Rngs(0))
+  report = lb.checkpoint.linen_to_nnx(ScannedLinen(), variables, port, X, rules=rules)
+  np.testing.assert_allclose(port(X), ScannedLinen().apply(variables, X), rtol=1e-5, atol=1e-5)
+  wi = np.asarray(variables["params"]["layers"]["wi"])  # (layers, 2, 4, 6)
+  np.testing.assert_array_equal(port.layers.up.kernel[...], wi[:, 1])
+  split = next(p for p in report.placements if p.transforms)
+  assert split.transforms == (str(rule),)
+  if not with_rule:  # inside nn.scan the calls are traced: the whole model decides
+    assert (split.decided, split.checked) == ("model", "model")
+  back = lb.checkpoint.nnx_to_linen(port, ScannedLinen(), X, rules=rules)
+  assert _same(back, variables)
