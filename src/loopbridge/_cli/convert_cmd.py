@@ -16,6 +16,9 @@ import os
 import typing as tp
 
 from .. import _compat
+from .._checkpoint.leaf_rules import LeafRule
+from .._checkpoint.leaf_rules import parse as parse_rule
+from .._core.errors import CheckpointError
 from . import inputs, loading, options
 from .errors import SUCCESS, USAGE_ERROR, CliError
 from .output import progress
@@ -31,7 +34,9 @@ DESCRIPTION = (
   "--tx the optax state and step) into an orbax checkpoint of a hand-ported NNX model and "
   "its nnx.Optimizer (--to nnx, the default), or back (--to linen). Variables are paired by "
   "the two models' own calls (lb.checkpoint.linen_to_nnx), so the port may name its "
-  "attributes as it likes; --map names what the pairing cannot place."
+  "attributes as it likes; every pairing is checked by running both models on --arg. --map "
+  "names what the pairing cannot place; --rule declares arrays the port stores otherwise "
+  "(split, fused, reshaped, transposed, renamed), inverted for --to linen."
 )
 EPILOG = (
   "LINEN_TARGET and NNX_TARGET are package.module:attribute, as for `loopbridge compare`. "
@@ -74,7 +79,18 @@ def add_parser(commands: Subcommands) -> None:
     default=None,
     metavar="LINEN_PATH=NNX_PATH",
     dest="mapping",
-    help="pair a Linen module (or subtree) with an NNX one, e.g. 'Dense_0=proj'; repeatable",
+    help="pair a Linen module (or subtree) with an NNX one, e.g. 'Dense_0=proj', or a leaf, "
+    "e.g. 'ln/scale=norm/alpha'; repeatable",
+  )
+  p.add_argument(
+    "--rule",
+    action="append",
+    default=None,
+    metavar="RULE",
+    dest="rules",
+    help="a leaf rule as its Python call (what a conversion error prints), e.g. "
+    "\"split('mlp/wi', ['mlp/gate/kernel', 'mlp/up/kernel'], axis=0)\"; also rename, "
+    "transpose, reshape, fuse; literals only, nothing is executed; repeatable",
   )
   options.add_common_options(p, "print the report as one JSON document")
   p.set_defaults(run=run)
@@ -90,6 +106,13 @@ def _mapping(items: tp.Sequence[str] | None) -> dict[str, str]:
       )
     mapping[linen.strip()] = port.strip()
   return mapping
+
+
+def _rules(items: tp.Sequence[str] | None) -> list[LeafRule]:
+  try:
+    return [parse_rule(item) for item in items or []]
+  except CheckpointError as e:
+    raise CliError(f"--rule: {e}", USAGE_ERROR) from e
 
 
 def _load_tx(target: str) -> optax.GradientTransformation:
@@ -153,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
 
   specs = [inputs.parse_arg_spec(t) for t in (args.args or [])]
   mapping = _mapping(args.mapping)
+  rules = _rules(args.rules)
   with progress("importing the models"):
     module = loading.load_linen_target(args.linen, command="convert", what="LINEN_TARGET")
     port = loading.load_nnx_target(args.nnx, args.seed)
@@ -183,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
           opt_state=state.get("opt_state"),
           optimizer=optimizer,
           mapping=mapping,
+          rules=rules,
           step=None if tx is None else int(tp.cast(jax.Array, state["step"])),
         )
       out: dict[str, object] = {"model": nnx.state(port)}
@@ -201,10 +226,12 @@ def run(args: argparse.Namespace) -> int:
         nnx.update(optimizer, tp.cast(nnx.State, state["optimizer"]))
       with progress("converting"):
         if optimizer is None:
-          out = dict(lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping))
+          out = dict(
+            lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping, rules=rules)
+          )
         else:
           variables, opt_state = lb.checkpoint.nnx_to_linen(
-            port, module, *samples, optimizer=optimizer, mapping=mapping
+            port, module, *samples, optimizer=optimizer, mapping=mapping, rules=rules
           )
           step = _compat.variable_value(optimizer.step)
           out = {**variables, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
