@@ -33,6 +33,7 @@ from .convert_align import (
   unflatten,
 )
 from .convert_report import ConversionReport
+from .layer_values import is_placeholder, stack_layers, take_layer
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
 OptState = object
@@ -62,7 +63,7 @@ def _plan(
 def _to_nnx(pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
   """Linen arrays by key -> NNX arrays by key (stacks sliced and stacked again)."""
   whole: dict[Key, Value] = {}
-  pieces: dict[Key, dict[int, jax.Array]] = {}
+  pieces: dict[Key, dict[int, Value]] = {}
   for pair in pairs:
     for lk, nk in pair.leaves:
       if col is not None and lk[0] != col:
@@ -70,16 +71,14 @@ def _to_nnx(pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None) 
       value = source[(lk[0], *pair.linen.path, lk[1])]
       axis = pair.linen.leaves[lk].axis
       if axis is not None:
-        value = jax.lax.index_in_dim(
-          jnp.asarray(value), tp.cast(int, pair.linen.layer), axis, False
-        )
+        value = take_layer(value, tp.cast(int, pair.linen.layer), axis)
       key = (nk[0], *pair.nnx.path, nk[1])
       if pair.nnx.leaves[nk].axis is None:
         whole[key] = value
       else:
-        pieces.setdefault(key, {})[tp.cast(int, pair.nnx.layer)] = jnp.asarray(value)
+        pieces.setdefault(key, {})[tp.cast(int, pair.nnx.layer)] = value
   for key, layers in pieces.items():
-    whole[key] = jnp.stack([layers[i] for i in range(len(layers))])
+    whole[key] = stack_layers([layers[i] for i in range(len(layers))], 0, key)
   return whole
 
 
@@ -88,27 +87,37 @@ def _to_linen(
 ) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen leaf's layer axis)."""
   whole: dict[Key, Value] = {}
-  pieces: dict[Key, tuple[int, dict[int, jax.Array]]] = {}
+  pieces: dict[Key, tuple[int, dict[int, Value]]] = {}
   for pair in pairs:
     for lk, nk in pair.leaves:
       if col is not None and lk[0] != col:
         continue
       value = source[(nk[0], *pair.nnx.path, nk[1])]
       if pair.nnx.leaves[nk].axis is not None:
-        value = jnp.asarray(value)[tp.cast(int, pair.nnx.layer)]
+        value = take_layer(value, tp.cast(int, pair.nnx.layer), 0)
       key = (lk[0], *pair.linen.path, lk[1])
       axis = pair.linen.leaves[lk].axis
       if axis is None:
         whole.setdefault(key, value)  # a variable shared by every layer: the first layer's
       else:
-        pieces.setdefault(key, (axis, {}))[1][tp.cast(int, pair.linen.layer)] = jnp.asarray(value)
+        pieces.setdefault(key, (axis, {}))[1][tp.cast(int, pair.linen.layer)] = value
   for key, (axis, layers) in pieces.items():
-    whole[key] = jnp.stack([layers[i] for i in range(len(layers))], axis=axis)
+    whole[key] = stack_layers([layers[i] for i in range(len(layers))], axis, key)
   return whole
 
 
 def _desc(value: Value | jax.ShapeDtypeStruct) -> str:
+  if is_placeholder(value):
+    return f"the optax placeholder {value!r}"
   return f"{jnp.result_type(value)}{list(np.shape(value))}"
+
+
+_PLACEHOLDER_MISMATCH = (
+  "{what}: `{key}` is {new} in the source but {old} in the target. Why: the two optimizers "
+  "leave different params out (optax.masked / optax.multi_transform labels, "
+  "optax.set_to_zero), so this slot means something else on each side. Fix: build the "
+  "target's optimizer with the source's transformation and the same labels for these params."
+)
 
 
 def _checked_writes(
@@ -120,6 +129,13 @@ def _checked_writes(
     if key not in values:
       raise CheckpointError(f"{what}: nothing converts into `{'/'.join(key)}`.")
     old, new = _compat.variable_value(variable), values[key]
+    if is_placeholder(old) or is_placeholder(new):
+      # Placeholders hold no numbers: the target keeps its own, if it is the same kind.
+      if jax.tree_util.tree_structure(old) != jax.tree_util.tree_structure(new):
+        raise CheckpointError(
+          _PLACEHOLDER_MISMATCH.format(what=what, key="/".join(key), new=_desc(new), old=_desc(old))
+        )
+      continue
     if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
       raise CheckpointError(
         f"{what}: `{'/'.join(key)}` is {_desc(new)} in the source but {_desc(old)} in the "
