@@ -33,7 +33,7 @@ from .convert_align import (
   unflatten,
 )
 from .convert_report import ConversionReport
-from .layer_values import is_placeholder, stack_layers, take_layer
+from .layer_values import Take, gather, is_placeholder, take
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
 OptState = object
@@ -61,24 +61,21 @@ def _plan(
 
 
 def _to_nnx(pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
-  """Linen arrays by key -> NNX arrays by key (stacks sliced and stacked again)."""
+  """Linen arrays by key -> NNX arrays by key (stacks moved to axis 0, or sliced and stacked)."""
   whole: dict[Key, Value] = {}
-  pieces: dict[Key, dict[int, Value]] = {}
+  pieces: dict[Key, dict[int, Take]] = {}
   for pair in pairs:
     for lk, nk in pair.leaves:
       if col is not None and lk[0] != col:
         continue
-      value = source[(lk[0], *pair.linen.path, lk[1])]
-      axis = pair.linen.leaves[lk].axis
-      if axis is not None:
-        value = take_layer(value, tp.cast(int, pair.linen.layer), axis)
+      where = Take((lk[0], *pair.linen.path, lk[1]), pair.linen.layer, pair.linen.leaves[lk].axis)
       key = (nk[0], *pair.nnx.path, nk[1])
       if pair.nnx.leaves[nk].axis is None:
-        whole[key] = value
+        whole[key] = take(source, where)
       else:
-        pieces.setdefault(key, {})[tp.cast(int, pair.nnx.layer)] = value
+        pieces.setdefault(key, {})[tp.cast(int, pair.nnx.layer)] = where
   for key, layers in pieces.items():
-    whole[key] = stack_layers([layers[i] for i in range(len(layers))], 0, key)
+    whole[key] = gather(source, layers, 0, key)
   return whole
 
 
@@ -87,22 +84,22 @@ def _to_linen(
 ) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen leaf's layer axis)."""
   whole: dict[Key, Value] = {}
-  pieces: dict[Key, tuple[int, dict[int, Value]]] = {}
+  pieces: dict[Key, tuple[int, dict[int, Take]]] = {}
   for pair in pairs:
     for lk, nk in pair.leaves:
       if col is not None and lk[0] != col:
         continue
-      value = source[(nk[0], *pair.nnx.path, nk[1])]
-      if pair.nnx.leaves[nk].axis is not None:
-        value = take_layer(value, tp.cast(int, pair.nnx.layer), 0)
+      nnx_axis = None if pair.nnx.leaves[nk].axis is None else 0
+      where = Take((nk[0], *pair.nnx.path, nk[1]), pair.nnx.layer, nnx_axis)
       key = (lk[0], *pair.linen.path, lk[1])
       axis = pair.linen.leaves[lk].axis
       if axis is None:
-        whole.setdefault(key, value)  # a variable shared by every layer: the first layer's
+        if key not in whole:  # a variable shared by every layer: the first layer's
+          whole[key] = take(source, where)
       else:
-        pieces.setdefault(key, (axis, {}))[1][tp.cast(int, pair.linen.layer)] = value
+        pieces.setdefault(key, (axis, {}))[1][tp.cast(int, pair.linen.layer)] = where
   for key, (axis, layers) in pieces.items():
-    whole[key] = stack_layers([layers[i] for i in range(len(layers))], axis, key)
+    whole[key] = gather(source, layers, axis, key)
   return whole
 
 

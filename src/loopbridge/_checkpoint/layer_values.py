@@ -1,5 +1,10 @@
 """Slicing one layer out of a stored value and stacking layers again; placeholders pass through.
 
+A converted stack is described first, layer by layer, as where each layer comes from (a
+`Take`), and built once from that: a whole source stack taken in layer order is passed on
+as it is (moved to the target's layer axis when that differs) instead of being sliced into
+layers and stacked again, so converting a model keeps no second copy of its stacked weights.
+
 An optax state holds, beside arrays, values that hold no numbers: `optax.MaskedNode()` where
 `optax.masked` / `optax.multi_transform` leave a param out, `optax.EmptyState()`, `None`.
 Such a *placeholder* has no layer axis to slice or stack: it stands for the whole stack on
@@ -13,6 +18,7 @@ import typing as tp
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._core.errors import CheckpointError
 
@@ -50,3 +56,45 @@ def stack_layers(layers: tp.Sequence[tp.Any], axis: int, key: tp.Sequence[str]) 
   if len(masked) != len(layers) or any(jax.tree_util.tree_structure(v) != same for v in masked):
     raise CheckpointError(_MIXED_MASK.format(key="/".join(key), placeholder=first))
   return first
+
+
+class Take(tp.NamedTuple):
+  """Where one layer (or one whole value) of the target comes from in the source."""
+
+  key: tuple[str, ...]  # the source array
+  layer: int | None  # its layer, along `axis`
+  axis: int | None  # its layer axis; None: the whole array
+
+
+def take(source: tp.Mapping[tuple[str, ...], tp.Any], where: Take) -> tp.Any:
+  """The value `where` names: one layer of a stack, or a whole array."""
+  value = source[where.key]
+  if where.axis is None:
+    return value
+  return take_layer(value, tp.cast(int, where.layer), where.axis)
+
+
+def gather(
+  source: tp.Mapping[tuple[str, ...], tp.Any],
+  layers: tp.Mapping[int, Take],
+  axis: int,
+  key: tp.Sequence[str],
+) -> tp.Any:
+  """The target stack (layer axis `axis`) whose layer `i` is `layers[i]`.
+
+  Layers `0..n-1` that are the layers `0..n-1` of one source stack of depth n are that
+  stack, moved to `axis` (no copy when the axes agree); other layers are sliced and stacked.
+  """
+  n = len(layers)
+  first = layers[0]
+  value, stacked_along = source[first.key], first.axis
+  if stacked_along is not None and all(
+    layers[i] == Take(first.key, i, stacked_along) for i in range(n)
+  ):
+    if is_placeholder(value):
+      return value
+    if np.shape(value)[stacked_along] == n:
+      if stacked_along == axis:
+        return value
+      return jnp.moveaxis(jnp.asarray(value), stacked_along, axis)
+  return stack_layers([take(source, layers[i]) for i in range(n)], axis, key)
