@@ -56,11 +56,14 @@ def target(tmp_path, monkeypatch):
   sys.modules.pop(name, None)
 
 
-def _linen_checkpoint(path, models, with_opt: bool = False):
+def _linen_checkpoint(path, models, with_opt: bool = False, step: object = None, dtype=None):
   variables = models.Model().init(jax.random.key(1), jnp.ones((5, 3)))
+  if dtype is not None:
+    variables = jax.tree.map(lambda a: a.astype(dtype), variables)
   state = dict(variables)
   if with_opt:
-    state |= {"opt_state": models.tx.init(variables["params"]), "step": jnp.asarray(3, jnp.int32)}
+    step = jnp.asarray(3, jnp.int32) if step is None else step
+    state |= {"opt_state": models.tx.init(variables["params"]), "step": step}
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(str(path), state)
   checkpointer.wait_until_finished()
@@ -103,7 +106,7 @@ def test_a_port_holding_an_rng_stream_converts_both_ways(tmp_path, target, capsy
 
 
 @pytest.mark.parametrize(
-  "extra, with_opt, match",
+  "extra, kind, match",
   [
     (
       ["--arg", "float32[5,7]"],
@@ -113,12 +116,22 @@ def test_a_port_holding_an_rng_stream_converts_both_ways(tmp_path, target, capsy
     ),
     (["--arg", "float32[5,3]", "--tx", "{t}:tx"], False, "Fix: drop --tx"),
     (["--arg", "float32[5,3]"], True, r"Fix: pass --tx \(the optax transformation"),
+    (
+      ["--arg", "float32[5,3]"],
+      "bfloat16",
+      r"saved bfloat16\[3, 4\], the models make float32"
+      r"\[3, 4\].*Fix: build the models with the checkpoint's dtypes",
+    ),
   ],
 )
 def test_a_checkpoint_that_does_not_fit_is_refused_with_the_fix_for_its_cause(
-  tmp_path, target, capsys, extra, with_opt, match
+  tmp_path, target, capsys, extra, kind, match
 ):
-  _linen_checkpoint(tmp_path / "linen", importlib.import_module(target), with_opt)
+  models = importlib.import_module(target)
+  if kind == "bfloat16":
+    _linen_checkpoint(tmp_path / "linen", models, dtype=jnp.bfloat16)
+  else:
+    _linen_checkpoint(tmp_path / "linen", models, with_opt=kind)
   args = [a.format(t=target) for a in extra]
   code = main(
     [
@@ -135,6 +148,28 @@ def test_a_checkpoint_that_does_not_fit_is_refused_with_the_fix_for_its_cause(
   assert "does not hold the Linen checkpoint" in err
   assert re.search(match, err), err
   assert not (tmp_path / "out").exists()
+
+
+def test_a_step_saved_as_a_python_int_is_read(tmp_path, target, capsys):
+  """flax's TrainState starts from `step=0`, a Python int: orbax saves it as an int64 scalar."""
+  _linen_checkpoint(tmp_path / "linen", importlib.import_module(target), True, step=3)
+  code = main(
+    [
+      "convert",
+      f"{target}:Model",
+      f"{target}:Port",
+      "--arg",
+      "float32[5,3]",
+      "--tx",
+      f"{target}:tx",
+      str(tmp_path / "linen"),
+      str(tmp_path / "nnx"),
+      "--json",
+    ]
+  )
+  out = capsys.readouterr().out
+  assert code == 0, out
+  assert '"step": 3' in out
 
 
 def test_a_directory_orbax_cannot_read_is_named_as_such(tmp_path, target, capsys):

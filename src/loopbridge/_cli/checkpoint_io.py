@@ -93,8 +93,17 @@ def _described(spec: Spec) -> str:
 
 
 def _mismatch(source: str, what: str, saved: dict, wanted: dict) -> CliError | None:
-  """The error for a checkpoint whose arrays are not the ones the models describe, or None."""
-  differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+  """The error for a checkpoint whose arrays are not the ones the models describe, or None.
+
+  A scalar's dtype is not compared: orbax casts it on reading, and a step saved as a Python
+  int (orbax: int64) is the same step as the int32 one the models describe.
+  """
+
+  def differs(k) -> bool:
+    (shape, dtype), (want_shape, want_dtype) = saved[k], wanted[k]
+    return shape != want_shape or (dtype != want_dtype and shape != ())
+
+  differ = [k for k in wanted if k in saved and differs(k)]
   missing = [k for k in wanted if k not in saved]
   extra = [k for k in saved if k not in wanted]
   if not (differ or missing or extra):
@@ -117,6 +126,8 @@ def _mismatch(source: str, what: str, saved: dict, wanted: dict) -> CliError | N
     fix = "pass --tx (the optax transformation of its nnx.Optimizer)"
   elif what == "NNX" and tops_missing == {"optimizer"}:
     fix = "drop --tx: this checkpoint holds no 'optimizer' state"
+  elif differ and not (missing or extra) and all(saved[k][0] == wanted[k][0] for k in differ):
+    fix = "build the models with the checkpoint's dtypes (e.g. param_dtype); values are not cast"
   elif differ and not (missing or extra):
     fix = (
       "pass the --arg shapes the checkpoint's model was built for, and the models it was "
