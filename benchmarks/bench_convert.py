@@ -23,9 +23,10 @@ linen -> nnx is `nnx.update(port, params)` and nnx -> linen is the port's pure s
   functions with the largest cumulative time, and jax's abstract evaluation (`eval_shape`,
   the models' traced runs) beside them. No private name is imported, so the benchmark runs
   unchanged after the converter's internals change.
-- **Context**: the wall time of reading the same params from a local orbax checkpoint (what
-  `loopbridge convert` does before converting), timed in the same rounds: the hand floor
-  moves no bytes, a real conversion always reads them.
+- **Context**, timed in the same rounds: one abstract run of each model (`jax.eval_shape` of
+  the Linen `init` and of the port's call: what the converter's pairing runs at least once),
+  and reading the same params from a local orbax checkpoint (what `loopbridge convert` does
+  before converting: the hand floor moves no bytes, a real conversion always reads them).
 
 Run:  python benchmarks/bench_convert.py [--quick] [--rounds 9] [--memory-runs 3]
 Writes benchmarks/results/convert.json and prints markdown tables.
@@ -59,6 +60,9 @@ import loopbridge as lb
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = ("hand linen->nnx", "lb.linen_to_nnx", "hand nnx->linen", "lb.nnx_to_linen")
 READ = "orbax read of the params (context)"
+TRACE_LINEN = "jax.eval_shape of the Linen init (context)"
+TRACE_PORT = "jax.eval_shape of the port's call (context)"
+CONTEXT = (TRACE_LINEN, TRACE_PORT, READ)
 
 
 class Sizes(tp.NamedTuple):
@@ -188,6 +192,15 @@ def _orbax_read(variables, directory: str) -> tp.Callable[[], object]:
   return lambda: jax.block_until_ready(checkpointer.restore(path, target))
 
 
+def _traces(linen, port, tokens) -> dict[str, tp.Callable[[], object]]:
+  """One abstract run of each model, as the converter's pairing runs them (context rows)."""
+  graphdef, state = nnx.split(port)
+  return {
+    TRACE_LINEN: lambda: jax.eval_shape(lambda: linen.init(jax.random.key(0), tokens)),
+    TRACE_PORT: lambda: jax.eval_shape(lambda s: nnx.merge(graphdef, s)(tokens), state),
+  }
+
+
 def _param_count(variables) -> int:
   return sum(int(a.size) for a in jax.tree.leaves(variables))
 
@@ -297,10 +310,12 @@ def main() -> None:
   params = _param_count(variables)
   print(f"model: {params / 1e6:.1f}M parameters {s._asdict()}", flush=True)
   jobs = {c: _case(c, linen, variables, port, tokens) for c in CASES}
+  jobs |= _traces(linen, port, tokens)
   with tempfile.TemporaryDirectory() as directory:
     jobs[READ] = _orbax_read(variables, directory)
     times = _times(jobs, args.rounds)
-    del jobs[READ]
+  for name in CONTEXT:
+    del jobs[name]
   ratios = {
     conv: statistics.median(a / b for a, b in zip(times[conv], times[hand]))
     for hand, conv in ((CASES[0], CASES[1]), (CASES[2], CASES[3]))
@@ -321,7 +336,8 @@ def main() -> None:
         f"| {c} | {t:.4f} | {ratio} | {memory[c]['peak_mb']:.0f} | {memory[c]['extra_mb']:.0f} "
         f"| {peak:.2f} |"
       )
-  print(f"| {READ} | {statistics.median(times[READ]):.4f} | | | | |")
+  for name in CONTEXT:
+    print(f"| {name} | {statistics.median(times[name]):.4f} | | | | |")
   for c, rows in profiles.items():
     print(f"\nwhere {c} spends its time (cProfile, cumulative s, one run):")
     for name, seconds in rows:
