@@ -35,6 +35,7 @@ from .convert_evidence import Check, OutputMismatch, Sides, Verdict, decide
 from .convert_match import Pair, pair_units, reorderings
 from .convert_moves import Axes, to_linen, to_nnx
 from .convert_report import ConversionReport
+from .layer_values import is_placeholder
 from .leaf_rules import LeafRule
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
@@ -105,7 +106,7 @@ def _plan(
 
 
 def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
-  """Linen arrays by key -> NNX arrays by key (stacks sliced and stacked again)."""
+  """Linen arrays by key -> NNX arrays by key (a whole stack moved once, or sliced and stacked)."""
   return to_nnx(pairs, source, col, pairs.axes)
 
 
@@ -115,7 +116,17 @@ def _to_linen(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> d
 
 
 def _desc(value: Value | jax.ShapeDtypeStruct) -> str:
+  if is_placeholder(value):
+    return f"the optax placeholder {value!r}"
   return f"{jnp.result_type(value)}{list(np.shape(value))}"
+
+
+_PLACEHOLDER_MISMATCH = (
+  "{what}: `{key}` is {new} in the source but {old} in the target. Why: the two optimizers "
+  "leave different params out (optax.masked / optax.multi_transform labels, "
+  "optax.set_to_zero), so this slot means something else on each side. Fix: build the "
+  "target's optimizer with the source's transformation and the same labels for these params."
+)
 
 
 def _checked_writes(
@@ -127,6 +138,13 @@ def _checked_writes(
     if key not in values:
       raise CheckpointError(f"{what}: nothing converts into `{'/'.join(key)}`.")
     old, new = _compat.variable_value(variable), values[key]
+    if is_placeholder(old) or is_placeholder(new):
+      # Placeholders hold no numbers: the target keeps its own, if it is the same kind.
+      if jax.tree_util.tree_structure(old) != jax.tree_util.tree_structure(new):
+        raise CheckpointError(
+          _PLACEHOLDER_MISMATCH.format(what=what, key="/".join(key), new=_desc(new), old=_desc(old))
+        )
+      continue
     if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
       raise CheckpointError(
         f"{what}: `{'/'.join(key)}` is {_desc(new)} in the source but {_desc(old)} in the "

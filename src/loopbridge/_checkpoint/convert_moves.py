@@ -4,17 +4,22 @@ A Linen stack (`nn.scan`) stores a layer axis in each array (its `variable_axes`
 stack (`nnx.vmap`) stores axis 0. A pair is one layer: its Linen arrays are sliced at that
 layer, moved by the pair's leaf rules (`leaf_rules`), and the other side's layers are stacked
 again. Values are never cast, so a round trip is bit-exact.
+
+A leaf that moves as it is (`Rename`: same name or another) is not read per layer but noted
+as where each layer comes from (`layer_values.Take`): a whole source stack taken in layer
+order is then handed over as it is, or moved once to the other layer axis, so a conversion
+keeps no second copy of the stacked weights. Optax placeholders (`MaskedNode()`,
+`EmptyState()`, `None`) hold no numbers and pass through every move (`layer_values`).
 """
 
 from __future__ import annotations
 
 import typing as tp
 
-import jax
-import jax.numpy as jnp
-
 from .convert_align import Key, LeafName, Unit, Value
 from .convert_match import Pair
+from .layer_values import Take, gather, through_rule, value_of
+from .leaf_rules import Rename
 
 # (Linen stack path, collection) -> the layer axis the evidence kept, where several fit.
 Axes = tp.Mapping[tuple[tuple[str, ...], str], int]
@@ -28,12 +33,9 @@ def layer_axis(unit: Unit, name: LeafName, axes: Axes | None) -> int | None:
   return axis
 
 
-def _read(unit: Unit, name: LeafName, source: tp.Mapping[Key, Value], axes: Axes | None) -> Value:
-  value = source[(name[0], *unit.path, name[1])]
-  axis = layer_axis(unit, name, axes)
-  if axis is not None:
-    value = jax.lax.index_in_dim(jnp.asarray(value), tp.cast(int, unit.layer), axis, False)
-  return value
+def _where(unit: Unit, name: LeafName, axes: Axes | None) -> Take:
+  """Where a unit's value of leaf `name` is in the source: its layer of a stack, or whole."""
+  return Take((name[0], *unit.path, name[1]), unit.layer, layer_axis(unit, name, axes))
 
 
 def _move(
@@ -44,30 +46,34 @@ def _move(
   to_nnx: bool,
 ) -> dict[Key, Value]:
   whole: dict[Key, Value] = {}
-  pieces: dict[Key, tuple[int, dict[int, jax.Array]]] = {}
+  # Per target stack: its layer axis and, per layer, a Take or a value a rule made.
+  pieces: dict[Key, tuple[int, dict[int, tp.Any]]] = {}
   for pair in pairs:
     src_units, dst_units = (pair.linen, pair.nnx) if to_nnx else (pair.nnx, pair.linen)
     for move in pair.moves:
       src_refs, dst_refs = (move.linen, move.nnx) if to_nnx else (move.nnx, move.linen)
       if col is not None and src_refs[0][1][0] != col:
         continue
-      arrays = [_read(src_units[i], name, source, axes if to_nnx else None) for i, name in src_refs]
-      shapes = [dst_units[i].leaves[name].shape for i, name in dst_refs]
-      if to_nnx:
-        made = move.rule.forward(arrays, shapes)
+      wheres = [_where(src_units[i], name, axes if to_nnx else None) for i, name in src_refs]
+      made: list[tp.Any]
+      if isinstance(move.rule, Rename):
+        made = list(wheres)  # the same array: read when its stack is built
       else:
-        made = move.rule.backward(arrays, shapes)
+        shapes = [dst_units[i].leaves[name].shape for i, name in dst_refs]
+        transform = move.rule.forward if to_nnx else move.rule.backward
+        arrays = [value_of(source, w) for w in wheres]
+        made = through_rule(transform, arrays, shapes, move.rule, [w.key for w in wheres])
       for (i, name), value in zip(dst_refs, made):
         unit = dst_units[i]
         key = (name[0], *unit.path, name[1])
         axis = layer_axis(unit, name, None if to_nnx else axes)
         if axis is None:
-          whole.setdefault(key, value)  # a variable shared by every layer: the first layer's
+          if key not in whole:  # a variable shared by every layer: the first layer's
+            whole[key] = value_of(source, value)
         else:
-          layers = pieces.setdefault(key, (axis, {}))[1]
-          layers[tp.cast(int, unit.layer)] = jnp.asarray(value)
+          pieces.setdefault(key, (axis, {}))[1][tp.cast(int, unit.layer)] = value
   for key, (axis, layers) in pieces.items():
-    whole[key] = jnp.stack([layers[i] for i in range(len(layers))], axis=axis)
+    whole[key] = gather(source, layers, axis, key)
   return whole
 
 

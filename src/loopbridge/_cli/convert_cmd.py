@@ -19,7 +19,7 @@ from .. import _compat
 from .._checkpoint.leaf_rules import LeafRule
 from .._checkpoint.leaf_rules import parse as parse_rule
 from .._core.errors import CheckpointError
-from . import inputs, loading, options
+from . import checkpoint_io, inputs, loading, options
 from .errors import SUCCESS, USAGE_ERROR, CliError
 from .output import progress
 
@@ -130,36 +130,6 @@ def _load_tx(target: str) -> optax.GradientTransformation:
   return tp.cast("optax.GradientTransformation", obj)
 
 
-def _checkpointer():
-  import orbax.checkpoint as ocp  # flax depends on it; imported only when used
-
-  return ocp.StandardCheckpointer()
-
-
-def _restore(path: str, target: object, what: str) -> dict[str, object]:
-  if not os.path.isdir(path):
-    raise CliError(f"SOURCE {path!r} is not a directory (an orbax checkpoint is one)")
-  checkpointer = _checkpointer()
-  try:
-    with progress(f"restoring the {what} checkpoint"):
-      return checkpointer.restore(os.path.abspath(path), target)
-  except Exception as e:
-    raise CliError(
-      f"SOURCE {path!r} does not hold the {what} checkpoint these models and options "
-      f"describe ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}). Check the models, "
-      "--arg and --tx (with --tx the Linen checkpoint holds 'opt_state' and 'step')."
-    ) from e
-
-
-def _save(path: str, tree: object, what: str) -> None:
-  if os.path.exists(path):
-    raise CliError(f"DEST {path!r} exists; pick a new directory (nothing is overwritten)")
-  checkpointer = _checkpointer()
-  with progress(f"writing the {what} checkpoint"):
-    checkpointer.save(os.path.abspath(path), tree)
-    checkpointer.wait_until_finished()
-
-
 def _optimizer_state_filter() -> type:
   from flax.nnx.training.optimizer import OptState  # step and optax state, not the model
 
@@ -196,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
       target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target
       )
-      state = _restore(args.source, target, "Linen")
+      state = checkpoint_io.restore(args.source, target, "Linen")
       variables = {k: v for k, v in state.items() if k not in ("opt_state", "step")}
       with progress("converting"):
         report = lb.checkpoint.linen_to_nnx(
@@ -213,14 +183,14 @@ def run(args: argparse.Namespace) -> int:
       out: dict[str, object] = {"model": nnx.state(port)}
       if optimizer is not None:
         out["optimizer"] = nnx.state(optimizer, opt_filter)
-      _save(args.dest, out, "NNX")
+      checkpoint_io.save(args.dest, out, "NNX")
       doc = report.to_dict()
       text = str(report)
     else:
       target = {"model": nnx.state(port)}
       if optimizer is not None:
         target["optimizer"] = nnx.state(optimizer, opt_filter)
-      state = _restore(args.source, target, "NNX")
+      state = checkpoint_io.restore(args.source, target, "NNX")
       nnx.update(port, tp.cast(nnx.State, state["model"]))
       if optimizer is not None:
         nnx.update(optimizer, tp.cast(nnx.State, state["optimizer"]))
@@ -235,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
           )
           step = _compat.variable_value(optimizer.step)
           out = {**variables, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
-      _save(args.dest, out, "Linen")
+      checkpoint_io.save(args.dest, out, "Linen")
       collections = sorted(k for k in out if k not in ("opt_state", "step"))
       doc = {"direction": "nnx_to_linen", "collections": collections, "optimizer": tx is not None}
       text = f"nnx_to_linen: wrote {', '.join(collections)}" + (
