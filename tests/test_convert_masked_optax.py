@@ -202,3 +202,65 @@ def test_optimizers_masking_other_params_are_refused_before_writing():
       linen, {"params": params}, port, X, opt_state=tx.init(params), optimizer=optimizer
     )
   assert _same(jax.tree.map(np.asarray, nnx.state(port)), before)  # nothing written
+
+
+class Fused(nn.Module):
+  """A fused gate/up array `[2, 3, 4]` (one Linen param) before a Dense head."""
+
+  @nn.compact
+  def __call__(self, x):
+    wi = self.param("wi", nn.initializers.normal(0.5), (2, 3, 4))
+    return nn.Dense(2)(jnp.tanh(x @ wi[0]) * (x @ wi[1]))
+
+
+class SplitPort(nnx.Module):
+  """Its port: the fused array as two Linears."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.gate = nnx.Linear(3, 4, use_bias=False, rngs=rngs)
+    self.up = nnx.Linear(3, 4, use_bias=False, rngs=rngs)
+    self.Dense_0 = nnx.Linear(4, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return self.Dense_0(jnp.tanh(self.gate(x)) * self.up(x))
+
+
+SPLIT = [lb.checkpoint.split("wi", ["gate/kernel", "up/kernel"], axis=0)]
+
+
+def _frozen_where(*names):
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+      lambda path, _: "frozen" if any(n in jax.tree_util.keystr(path) for n in names) else "train",
+      params,
+    )
+
+  return labels
+
+
+def test_a_masked_array_a_rule_splits_stays_masked_both_ways():
+  linen, tx = Fused(), _tx(_frozen_where("wi"))
+  params = linen.init(jax.random.key(2), X)["params"]
+  params, opt_state, _ = _linen_steps(linen, tx, params, tx.init(params), 2)
+  assert _masked_nodes(opt_state) > 0
+
+  port = SplitPort(nnx.Rngs(5))
+  optimizer = nnx.Optimizer(port, _tx(_frozen_where("gate", "up")), wrt=nnx.Param)
+  lb.checkpoint.linen_to_nnx(
+    linen, {"params": params}, port, X, opt_state=opt_state, optimizer=optimizer, rules=SPLIT
+  )
+  np.testing.assert_array_equal(port.gate.kernel[...], params["wi"][0])  # read by hand
+  np.testing.assert_array_equal(port.up.kernel[...], params["wi"][1])
+  np.testing.assert_allclose(port(X), linen.apply({"params": params}, X), rtol=1e-5, atol=1e-6)
+
+  back, back_opt = lb.checkpoint.nnx_to_linen(port, linen, X, optimizer=optimizer, rules=SPLIT)
+  assert _same(back, {"params": params})
+  assert _same(back_opt, opt_state)  # MaskedNode where wi was
+
+
+def test_a_rule_fusing_a_masked_and_a_trained_array_is_refused():
+  linen = Fused()
+  port = SplitPort(nnx.Rngs(5))
+  optimizer = nnx.Optimizer(port, _tx(_frozen_where("gate")), wrt=nnx.Param)
+  with pytest.raises(lb.checkpoint.CheckpointError, match="together with the optax placeholder"):
+    lb.checkpoint.nnx_to_linen(port, linen, X, optimizer=optimizer, rules=SPLIT)
