@@ -74,6 +74,22 @@ class Port(nnx.Module):
 
 
 tx = optax.adam(1e-2)
+
+
+class Fused(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    w = self.param("wi", nn.initializers.normal(1.0), (2, 3, 4))
+    return nn.gelu(x @ w[0]) * (x @ w[1])
+
+
+class SplitPort(nnx.Module):
+  def __init__(self, rngs):
+    self.gate = nnx.Linear(3, 4, use_bias=False, rngs=rngs)
+    self.up = nnx.Linear(3, 4, use_bias=False, rngs=rngs)
+
+  def __call__(self, x):
+    return nnx.gelu(self.gate(x)) * self.up(x)
 """
 
 
@@ -153,3 +169,36 @@ def test_convert_a_linen_train_state_to_nnx_and_back(tmp_path, target, capsys):
   assert code == 1 and "exists" in capsys.readouterr().err
   code = main(["convert", *common, str(tmp_path / "linen"), str(tmp_path / "x"), "--map", "a"])
   assert code == 2 and "expected LINEN_PATH=NNX_PATH" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_convert_with_a_rule_both_ways(tmp_path, target, capsys):
+  models = importlib.import_module(target)
+  x = jax.random.normal(jax.random.key(0), (5, 3))
+  variables = models.Fused().init(jax.random.key(1), x)
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(str(tmp_path / "linen"), variables)
+  checkpointer.wait_until_finished()
+  rule = "split('wi', ['gate/kernel', 'up/kernel'], axis=0)"
+  common = [f"{target}:Fused", f"{target}:SplitPort", "--arg", "float32[5,3]", "--rule", rule]
+
+  code = main(["convert", *common, str(tmp_path / "linen"), str(tmp_path / "nnx"), "--json"])
+  out, err = capsys.readouterr()
+  assert code == 0, err
+  assert json.loads(out)["placements"][0]["transforms"] == [f"lb.checkpoint.{rule}"]
+  port = models.SplitPort(nnx.Rngs(7))
+  nnx.update(port, checkpointer.restore(str(tmp_path / "nnx"), {"model": nnx.state(port)})["model"])
+  np.testing.assert_allclose(port(x), models.Fused().apply(variables, x), rtol=1e-5, atol=1e-6)
+
+  code = main(["convert", *common, str(tmp_path / "nnx"), str(tmp_path / "back"), "--to", "linen"])
+  assert code == 0, capsys.readouterr().err
+  assert _same(checkpointer.restore(str(tmp_path / "back"), variables), variables)
+
+
+@pytest.mark.parametrize(
+  "rule, match",
+  [("split(", "cannot read the rule"), ("os.system('x')", "cannot read the rule")],
+)
+def test_a_malformed_rule_is_a_usage_error(tmp_path, rule, match, capsys):
+  code = main(["convert", "a:b", "c:d", str(tmp_path / "s"), str(tmp_path / "d"), "--rule", rule])
+  assert code == 2 and match in capsys.readouterr().err

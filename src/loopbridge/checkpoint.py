@@ -22,6 +22,12 @@ Examples:
 from ._checkpoint.convert import linen_to_nnx as linen_to_nnx
 from ._checkpoint.convert import nnx_to_linen as nnx_to_linen
 from ._checkpoint.convert_report import ConversionReport as ConversionReport
+from ._checkpoint.leaf_rules import LeafRule as LeafRule
+from ._checkpoint.leaf_rules import fuse as fuse
+from ._checkpoint.leaf_rules import rename as rename
+from ._checkpoint.leaf_rules import reshape as reshape
+from ._checkpoint.leaf_rules import split as split
+from ._checkpoint.leaf_rules import transpose as transpose
 from ._checkpoint.save_restore import from_linen_variables as from_linen_variables
 from ._checkpoint.save_restore import load_linen_variables as load_linen_variables
 from ._checkpoint.save_restore import restore as restore
@@ -31,10 +37,16 @@ from ._core.errors import CheckpointError as CheckpointError
 __all__ = [
   "CheckpointError",
   "ConversionReport",
+  "LeafRule",
   "from_linen_variables",
+  "fuse",
   "linen_to_nnx",
   "load_linen_variables",
   "nnx_to_linen",
+  "rename",
+  "reshape",
   "restore",
   "save",
+  "split",
+  "transpose",
 ]

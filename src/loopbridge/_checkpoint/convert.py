@@ -1,11 +1,12 @@
 """Linen variables and optax state <-> a hand-ported NNX model and its `nnx.Optimizer`.
 
-The pairing of variables comes from the two models' own calls (`convert_align`); this module
-moves the numbers: slices stacks layer by layer, stacks them again on the other side (along
-the Linen `variable_axes` axis or the NNX stack's axis 0), and writes every array without a
-cast, so a round trip is bit-exact. The same pairing converts every params-shaped subtree of
-an optax state (adam's `mu` and `nu`, ...). Nothing is written until every value has been
-checked, so a failed conversion leaves the port as it was.
+The stages: the units of both models (`convert_align`), every candidate pairing of their
+leaves (`convert_match`, with the `rules=` of `leaf_rules`), the choice among candidates and
+the check of the kept conversion by running both models (`convert_evidence`), and the moving
+of arrays (`convert_moves`). This module runs them and writes: every array without a cast, so
+a round trip is bit-exact. The same pairing converts every params-shaped subtree of an optax
+state (adam's `mu` and `nu`, ...). Nothing is written until every value has been checked, so
+a failed conversion leaves the port as it was.
 """
 
 from __future__ import annotations
@@ -23,20 +24,34 @@ from .._core.errors import CheckpointError
 from .._core.site import key_str
 from .convert_align import (
   Key,
-  Pair,
   Value,
-  align,
   flatten,
   linen_units,
   nnx_units,
   nnx_variables,
   unflatten,
 )
+from .convert_evidence import Check, OutputMismatch, Sides, Verdict, decide
+from .convert_match import Pair, pair_units, reorderings
+from .convert_moves import Axes, to_linen, to_nnx
 from .convert_report import ConversionReport
+from .layer_values import is_placeholder
+from .leaf_rules import LeafRule
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
 OptState = object
 Variables = tp.Mapping[str, object]
+
+
+class Plan(list[Pair]):
+  """The kept pairs of one conversion and the Linen layer axes the evidence chose."""
+
+  def __init__(self, pairs: tp.Iterable[Pair], verdict: Verdict):
+    super().__init__(pairs)
+    self.axes: Axes = verdict.axes
+    self.checks: list[Check] = verdict.checks
+    self.output_error = verdict.output_error
+    self.values = verdict.values
 
 
 def _plan(
@@ -44,7 +59,11 @@ def _plan(
   port: nnx.Module,
   sample_args: tuple[object, ...],
   mapping: tp.Mapping[str, str] | None,
-) -> tuple[list[Pair], dict[Key, jax.ShapeDtypeStruct]]:
+  rules: tp.Sequence[LeafRule] | None,
+  source: tp.Callable[[dict[Key, jax.ShapeDtypeStruct]], tp.Mapping[Key, Value]],
+  forward: bool,
+) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
+  """Pair both models' leaves and decide every open candidate by running them."""
   if not isinstance(linen_module, nn.Module):
     raise CheckpointError(
       f"the Linen model must be a flax.linen Module (unbound, e.g. `Model()`), got "
@@ -55,60 +74,59 @@ def _plan(
       f"the port must be an nnx.Module built with the checkpoint's widths and depth, got "
       f"{type(port).__name__}."
     )
-  lunits, stored = linen_units(linen_module, sample_args)
-  return align(lunits, nnx_units(port, sample_args), mapping), stored
-
-
-def _to_nnx(pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
-  """Linen arrays by key -> NNX arrays by key (stacks sliced and stacked again)."""
-  whole: dict[Key, Value] = {}
-  pieces: dict[Key, dict[int, jax.Array]] = {}
-  for pair in pairs:
-    for lk, nk in pair.leaves:
-      if col is not None and lk[0] != col:
+  if rules is not None and (
+    isinstance(rules, (str, LeafRule)) or not isinstance(rules, tp.Sequence)
+  ):
+    raise CheckpointError(
+      f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
+    )
+  lunits, stored, modules = linen_units(linen_module, sample_args)
+  pairs = pair_units(lunits, nnx_units(port, sample_args), mapping, rules)
+  values = source(stored)
+  axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
+  sides = Sides(linen_module, modules, port, sample_args, values, forward)
+  try:
+    verdict = decide(pairs, sides, axis_options)
+  except OutputMismatch as mismatch:
+    # Call order paired modules of equal shapes wrongly (e.g. the port calls them in another
+    # order): every other assignment within those classes is run; one must agree.
+    found = []
+    for other in reorderings(pairs):
+      try:
+        found.append((other, decide(other, sides, axis_options)))
+      except CheckpointError:
         continue
-      value = source[(lk[0], *pair.linen.path, lk[1])]
-      axis = pair.linen.leaves[lk].axis
-      if axis is not None:
-        value = jax.lax.index_in_dim(
-          jnp.asarray(value), tp.cast(int, pair.linen.layer), axis, False
-        )
-      key = (nk[0], *pair.nnx.path, nk[1])
-      if pair.nnx.leaves[nk].axis is None:
-        whole[key] = value
-      else:
-        pieces.setdefault(key, {})[tp.cast(int, pair.nnx.layer)] = jnp.asarray(value)
-  for key, layers in pieces.items():
-    whole[key] = jnp.stack([layers[i] for i in range(len(layers))])
-  return whole
+    if len(found) != 1:
+      raise mismatch from None
+    pairs, verdict = found[0]
+    for pair, check in zip(pairs, verdict.checks):
+      if pair.order_class is not None:
+        check.decided, check.candidates = "model", check.candidates + 1
+  return Plan(pairs, verdict), stored
 
 
-def _to_linen(
-  pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None
-) -> dict[Key, Value]:
+def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
+  """Linen arrays by key -> NNX arrays by key (a whole stack moved once, or sliced and stacked)."""
+  return to_nnx(pairs, source, col, pairs.axes)
+
+
+def _to_linen(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen leaf's layer axis)."""
-  whole: dict[Key, Value] = {}
-  pieces: dict[Key, tuple[int, dict[int, jax.Array]]] = {}
-  for pair in pairs:
-    for lk, nk in pair.leaves:
-      if col is not None and lk[0] != col:
-        continue
-      value = source[(nk[0], *pair.nnx.path, nk[1])]
-      if pair.nnx.leaves[nk].axis is not None:
-        value = jnp.asarray(value)[tp.cast(int, pair.nnx.layer)]
-      key = (lk[0], *pair.linen.path, lk[1])
-      axis = pair.linen.leaves[lk].axis
-      if axis is None:
-        whole.setdefault(key, value)  # a variable shared by every layer: the first layer's
-      else:
-        pieces.setdefault(key, (axis, {}))[1][tp.cast(int, pair.linen.layer)] = jnp.asarray(value)
-  for key, (axis, layers) in pieces.items():
-    whole[key] = jnp.stack([layers[i] for i in range(len(layers))], axis=axis)
-  return whole
+  return to_linen(pairs, source, col, pairs.axes)
 
 
 def _desc(value: Value | jax.ShapeDtypeStruct) -> str:
+  if is_placeholder(value):
+    return f"the optax placeholder {value!r}"
   return f"{jnp.result_type(value)}{list(np.shape(value))}"
+
+
+_PLACEHOLDER_MISMATCH = (
+  "{what}: `{key}` is {new} in the source but {old} in the target. Why: the two optimizers "
+  "leave different params out (optax.masked / optax.multi_transform labels, "
+  "optax.set_to_zero), so this slot means something else on each side. Fix: build the "
+  "target's optimizer with the source's transformation and the same labels for these params."
+)
 
 
 def _checked_writes(
@@ -120,6 +138,13 @@ def _checked_writes(
     if key not in values:
       raise CheckpointError(f"{what}: nothing converts into `{'/'.join(key)}`.")
     old, new = _compat.variable_value(variable), values[key]
+    if is_placeholder(old) or is_placeholder(new):
+      # Placeholders hold no numbers: the target keeps its own, if it is the same kind.
+      if jax.tree_util.tree_structure(old) != jax.tree_util.tree_structure(new):
+        raise CheckpointError(
+          _PLACEHOLDER_MISMATCH.format(what=what, key="/".join(key), new=_desc(new), old=_desc(old))
+        )
+      continue
     if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
       raise CheckpointError(
         f"{what}: `{'/'.join(key)}` is {_desc(new)} in the source but {_desc(old)} in the "
@@ -143,9 +168,15 @@ def _nnx_param_paths(port_params: tp.Mapping[Key, nnx.Variable]) -> set[tuple[st
   return {k[1:] for k in port_params}
 
 
+def _holds_value(leaf: object) -> bool:
+  # flax 0.10 keeps a value-less Param (`nnx.Linear(use_bias=False).bias`) and optax states
+  # of it: they hold nothing and are skipped, as in `nnx_variables`.
+  return not (isinstance(leaf, nnx.Variable) and _compat.variable_value(leaf) is None)
+
+
 def _state_paths(node: object) -> set[tuple[str, ...]]:
   flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(key_str(k) for k in path) for path, _ in flat}
+  return {tuple(key_str(k) for k in path) for path, leaf in flat if _holds_value(leaf)}
 
 
 def _nnx_params_like(paths: set[tuple[str, ...]]) -> tp.Callable[[object], bool]:
@@ -177,7 +208,7 @@ def _optimizer_parts(optimizer: nnx.Optimizer, port_params: tp.Mapping[Key, nnx.
 
 
 def _opt_to_nnx(
-  pairs: list[Pair],
+  pairs: Plan,
   opt_state: OptState,
   optimizer: nnx.Optimizer,
   port_params: dict[Key, nnx.Variable],
@@ -215,11 +246,11 @@ def _opt_to_nnx(
 
 def _flat_variables(node: object) -> dict[tuple[str, ...], nnx.Variable]:
   flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(key_str(k) for k in path): v for path, v in flat}
+  return {tuple(key_str(k) for k in path): v for path, v in flat if _holds_value(v)}
 
 
 def _opt_to_linen(
-  pairs: list[Pair],
+  pairs: Plan,
   optimizer: nnx.Optimizer,
   port_params: dict[Key, nnx.Variable],
   stored: dict[Key, jax.ShapeDtypeStruct],
@@ -260,19 +291,25 @@ def linen_to_nnx(
   opt_state: OptState | None = None,
   optimizer: nnx.Optimizer | None = None,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
   step: int | None = None,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
-  Both models run once abstractly on `sample_args`; each Linen module that holds variables is
-  paired with the port's module holding the same variable names and shapes, by path, then by
-  call order (so a port with its own attribute names works), per layer for stacks (`nn.scan`
-  along any `variable_axes` axis, `nn.remat`, `layers_0...`; NNX lists or `nnx.vmap` stacks).
-  Every collection is converted (`params` into `nnx.Param`, `batch_stats` into
-  `nnx.BatchStat`, ...). Values are never cast; each keeps the port's sharding. A stack's layer
-  axis is the axis its stored arrays have beyond what a layer sees; when the number of layers
-  equals a width, so that several axes fit, the first fitting axis is taken: check the port
-  with `lb.compare` then.
+  Both models run once abstractly on `sample_args` to find which modules hold which
+  variables (per layer for stacks: `nn.scan` along any `variable_axes` axis, `nn.remat`,
+  `layers_0...`; NNX lists or `nnx.vmap` stacks). Leaves pair by `rules=` and `mapping=`
+  first, then by path, then by shapes in call order, then by leaf transforms (split, fuse,
+  reshape, transpose) below a module path both sides share. Nothing is chosen by order
+  alone: a Linen stack's layer axis is read from its `nn.scan` `variable_axes`; wherever
+  several candidates fit (leaves of equal shapes under other names, a split's order, a layer
+  axis that cannot be read when the depth equals a width, modules of equal shapes), the Linen
+  model
+  runs once on `sample_args` and each candidate is checked against it, module by module where
+  the modules ran outside transforms, else through the model's output; exactly one must agree.
+  The kept conversion is checked the same way before anything is written. Every collection is
+  converted (`params` into `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...); values are
+  never cast; each keeps the port's sharding.
 
   Args:
     linen_module: the Linen model (unbound).
@@ -283,16 +320,22 @@ def linen_to_nnx(
     opt_state: the Linen optax state (`tx.init(variables['params'])`, trained or not).
     optimizer: the port's `nnx.Optimizer(port, tx, wrt=nnx.Param)` to fill from `opt_state`.
     mapping: `{linen_path: nnx_path}` for modules the automatic pairing cannot place
-      (module paths joined with '/'; a prefix maps a subtree).
+      (module paths joined with '/'; a prefix maps a subtree; a leaf path such as
+      `'ln/scale': 'norm/alpha'` maps one variable).
+    rules: leaf transforms the port applies (`lb.checkpoint.split`, `fuse`, `reshape`,
+      `transpose`, `rename`), e.g. a fused gate/up `[2, D, F]` kept as two Linears.
     step: the optimizer step; by default the optax state's first `count`.
 
   Returns:
-    A `ConversionReport` of what went where (`print` it, or `to_dict()`).
+    A `ConversionReport` of what went where, how each pair was decided and the error of its
+    check (`print` it, or `to_dict()`).
 
   Raises:
-    CheckpointError: a module without counterpart (named, with the `mapping=` fix), a shape
-      or dtype that differs, variables that do not fit the Linen model, or an optax state of
-      another structure. Nothing is written then.
+    CheckpointError: a module without counterpart (named, with the `mapping=` fix); a
+      mapping entry or rule that cannot be honoured (named); no candidate, or several, that
+      reproduce the Linen output (listed as rules ready to paste); a converted port whose
+      output differs; a shape or dtype that differs, variables that do not fit the Linen
+      model, or an optax state of another structure. Nothing is written then.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
@@ -318,32 +361,36 @@ def linen_to_nnx(
       "opt_state= and optimizer= go together: the Linen optax state is converted into the "
       "nnx.Optimizer's state. Pass both, or neither to convert the model only."
     )
-  pairs, stored = _plan(linen_module, port, sample_args, mapping)
-  source = flatten(variables)
-  missing = ["/".join(k) for k in stored if k not in source]
-  extra = ["/".join(k) for k in source if k not in stored]
-  wrong = [
-    f"{'/'.join(k)}: {list(np.shape(source[k]))} vs {list(stored[k].shape)}"
-    for k in stored
-    if k in source and np.shape(source[k]) != stored[k].shape
-  ]
-  if missing or extra or wrong:
-    problems = [
-      f"{label} {found[:10]}"
-      for label, found in (
-        ("missing", missing),
-        ("not created by the module", extra),
-        ("other shapes at", wrong),
-      )
-      if found
+
+  def checked_source(stored: dict[Key, jax.ShapeDtypeStruct]) -> dict[Key, Value]:
+    source = flatten(tp.cast(Variables, variables))
+    missing = ["/".join(k) for k in stored if k not in source]
+    extra = ["/".join(k) for k in source if k not in stored]
+    wrong = [
+      f"{'/'.join(k)}: {list(np.shape(source[k]))} vs {list(stored[k].shape)}"
+      for k in stored
+      if k in source and np.shape(source[k]) != stored[k].shape
     ]
-    raise CheckpointError(
-      "the variables do not fit the Linen module on these sample arguments: "
-      + "; ".join(problems)
-      + ". Fix: pass the variables of this very Linen model (same widths and depth)."
-    )
+    if missing or extra or wrong:
+      problems = [
+        f"{label} {found[:10]}"
+        for label, found in (
+          ("missing", missing),
+          ("not created by the module", extra),
+          ("other shapes at", wrong),
+        )
+        if found
+      ]
+      raise CheckpointError(
+        "the variables do not fit the Linen module on these sample arguments: "
+        + "; ".join(problems)
+        + ". Fix: pass the variables of this very Linen model (same widths and depth)."
+      )
+    return source
+
+  pairs, stored = _plan(linen_module, port, sample_args, mapping, rules, checked_source, True)
   targets = nnx_variables(port)
-  writes = _checked_writes(targets, _to_nnx(pairs, source, None), "linen_to_nnx")
+  writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
   optimizer_arrays = 0
   if optimizer is not None:
@@ -363,8 +410,11 @@ def linen_to_nnx(
   return ConversionReport.from_pairs(
     "linen_to_nnx",
     pairs,
+    pairs.checks,
     optimizer_arrays=optimizer_arrays,
     step=None if optimizer is None else int(_compat.variable_value(optimizer.step)),
+    output_error=pairs.output_error,
+    layer_axes=pairs.axes,
   )
 
 
@@ -375,6 +425,7 @@ def nnx_to_linen(
   *sample_args: object,
   optimizer: None = None,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -383,6 +434,7 @@ def nnx_to_linen(
   *sample_args: object,
   optimizer: nnx.Optimizer,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -390,11 +442,14 @@ def nnx_to_linen(
   *sample_args: object,
   optimizer: nnx.Optimizer | None = None,
   mapping: tp.Mapping[str, str] | None = None,
+  rules: tp.Sequence[LeafRule] | None = None,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
-  The inverse of `linen_to_nnx`, paired the same way: stacks are rebuilt along the Linen
-  module's own layer axes, every collection is returned, values are never cast.
+  The inverse of `linen_to_nnx`, paired and decided the same way (the port runs once on
+  `sample_args` and the Linen model with each candidate is checked against it): rules run
+  inverted, stacks are rebuilt along the Linen module's own layer axes, every collection is
+  returned, values are never cast.
 
   Args:
     port: the NNX model.
@@ -402,15 +457,17 @@ def nnx_to_linen(
     *sample_args: arguments of one forward call of both models.
     optimizer: the port's `nnx.Optimizer`; its state is returned as the optax state of the
       same transformation on the Linen params (the step is `optimizer.step`).
-    mapping: `{linen_path: nnx_path}` for modules the automatic pairing cannot place.
+    mapping: `{linen_path: nnx_path}` for modules (or leaves) the pairing cannot place.
+    rules: the same leaf rules as for `linen_to_nnx` (stated Linen -> NNX; run inverted).
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
     when an optimizer is given.
 
   Raises:
-    CheckpointError: a module without counterpart (named, with the `mapping=` fix) or a shape
-      that differs.
+    CheckpointError: a module without counterpart (named, with the `mapping=` fix), a mapping
+      entry or rule that cannot be honoured, candidates that the port's output cannot tell
+      apart (listed), a converted Linen model whose output differs, or a shape that differs.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
@@ -421,9 +478,17 @@ def nnx_to_linen(
     >>> bool((nn.Dense(2).apply(variables, x) == port(x)).all())
     True
   """
-  pairs, stored = _plan(linen_module, port, sample_args, mapping)
   targets = nnx_variables(port)
-  values = _to_linen(pairs, {k: _compat.variable_value(v) for k, v in targets.items()}, None)
+  pairs, stored = _plan(
+    linen_module,
+    port,
+    sample_args,
+    mapping,
+    rules,
+    lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
+    False,
+  )
+  values = pairs.values
   for key, abstract in stored.items():
     if key not in values:
       raise CheckpointError(f"nnx_to_linen: nothing converts into `{'/'.join(key)}`.")

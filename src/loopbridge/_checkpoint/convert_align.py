@@ -5,11 +5,14 @@ A *unit* is one module that owns variables, in one layer: Linen `Dense_0`, or la
 Both models run once abstractly (`jax.eval_shape`, nothing is computed or updated) while every
 module call is logged with the variables the module sees *inside* the call. Inside `nn.scan` /
 `nnx.scan` a module sees one layer, so comparing those shapes with the stored ones tells which
-units are stacks and along which axis (Linen `variable_axes`), without reading any transform.
+units are stacks and which axes can be their layer axis.
 
-The units of each side, expanded layer by layer in call order, are then paired: first the
-ones `mapping=` names, then by equal path, then by call order among units with the same
-parameter shapes. A unit left unpaired on either side is an error listing it.
+A Linen `nn.scan` stack's layer axis is read from the `variable_axes` it was made with; where
+that cannot be read and the stored shapes fit several axes (as many layers as a width), every
+fitting axis stays a candidate (`Unit.axis_options`) and running the models decides
+(`convert_evidence`).
+The pairing of units is `convert_match`'s job. Value-less Variables (flax 0.10's
+`nnx.Linear(use_bias=False)` keeps `bias = nnx.Param(None)`) hold nothing and are skipped.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from flax.linen import meta as linen_meta
 
 from .. import _compat
 from .._core.errors import CheckpointError
-from .._core.site import linen_key
 
 # (collection, *module path, variable name): one stored array on either side.
 Key = tuple[str, ...]
@@ -57,6 +59,10 @@ class Unit:
   path: tuple[str, ...]
   layer: int | None
   leaves: dict[LeafName, Leaf]
+  # The Linen stack this unit belongs to, and per collection the layer axes that fit its
+  # stored shapes when more than one does (the leaves carry the first; evidence decides).
+  stack: tuple[str, ...] | None = None
+  axis_options: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
   @property
   def name(self) -> str:
@@ -74,16 +80,6 @@ class Unit:
     return f"`{self.name}` ({inner})"
 
 
-@dataclasses.dataclass(frozen=True)
-class Pair:
-  """A Linen unit, the NNX unit that holds the same numbers, and how they were paired."""
-
-  linen: Unit
-  nnx: Unit
-  how: str  # "mapping", "name" or "order"
-  leaves: tuple[tuple[LeafName, LeafName], ...]
-
-
 # --- logging the calls ----------------------------------------------------------------------
 
 
@@ -91,6 +87,9 @@ class Pair:
 class _Call:
   entry: int
   inside: dict[LeafName, tuple[Shape, jnp.dtype]]
+  module: object = None  # Linen: the module unbound (applied alone by the evidence check)
+  # Linen `nn.scan` / `nn.vmap` modules: the layer axis per collection, as declared.
+  variable_axes: dict[str, int] | None = None
 
 
 def _remember(log: dict[tuple[str, ...], _Call], path: tuple[str, ...]) -> _Call:
@@ -104,12 +103,24 @@ def _linen_calls(
 ) -> tuple[dict[tuple[str, ...], _Call], dict[Key, jax.ShapeDtypeStruct]]:
   """Every Linen module call of one abstract `init`, and the variables `init` stores."""
   log: dict[tuple[str, ...], _Call] = {}
+  pending: list[tuple[str | None, dict[str, int]]] = []
 
   def interceptor(next_fun, args, kwargs, context):
     scope = context.module.scope
     if scope is None:
       return next_fun(*args, **kwargs)
-    call = _remember(log, tuple(str(p) for p in scope.path))
+    # A lifted `nn.scan` module is intercepted (under another method name, in a scope of its
+    # own) just before the module it wraps, which has its name: the declared axes go there.
+    declared = _compat.linen_variable_axes(context.module)
+    if declared is not None:
+      pending[:] = [(context.module.name, declared)]
+      return next_fun(*args, **kwargs)
+    path = tuple(str(p) for p in scope.path)
+    call = _remember(log, path)
+    if call.module is None and context.method_name == "__call__":
+      call.module = context.module.clone(parent=None)
+    if pending and path[-1:] == (pending[0][0],):
+      call.variable_axes = pending.pop()[1]
     out = next_fun(*args, **kwargs)
     # Read after the call: the call creates the variables. Inside nn.scan, one layer's view.
     for col, tree in linen_meta.unbox(context.module.variables).items():
@@ -191,7 +202,8 @@ def nnx_variables(port: nnx.Module) -> dict[Key, nnx.Variable]:
   for path, node in _compat.iter_graph(port):
     if isinstance(node, nnx.Variable) and not isinstance(node, nnx.RngState):
       col = _compat.collection_name(type(node))
-      if col not in _SKIPPED_COLLECTIONS:
+      # A value-less Param (flax 0.10: `nnx.Linear(use_bias=False).bias`) holds nothing.
+      if col not in _SKIPPED_COLLECTIONS and _compat.variable_value(node) is not None:
         found[(col, *(str(p) for p in path))] = node
   return found
 
@@ -325,18 +337,38 @@ def _units(
     for m in group:
       for col, axes in m.axes.items():
         shared[col] = axes if col not in shared else shared[col] & axes
+    # The axis the Linen transform declares (`variable_axes`), where it can be read and fits
+    # the shapes; otherwise every fitting axis stays a candidate for the evidence.
+    declared = next(
+      (
+        c.variable_axes
+        for p, c in sorted(calls.items(), key=lambda kv: -len(kv[0]))
+        if c.variable_axes and module.path[: len(p)] == p
+      ),
+      {},
+    )
+    for col, axis in declared.items():
+      if axis in shared.get(col, set()):
+        shared[col] = {axis}
     made = [leaves(m, {c: shared[c] or axes for c, axes in m.axes.items()}) for m in group]
+    options = tuple(
+      (col, tuple(sorted(tp.cast(set[int], axes))))
+      for col, axes in sorted(shared.items())
+      if len(axes) > 1 and None not in axes and linen
+    )
     for layer in range(module.depth):
-      units.extend(Unit(m.path, layer, ls) for m, ls in zip(group, made))
+      units.extend(Unit(m.path, layer, ls, root, options) for m, ls in zip(group, made))
   return units
 
 
 def linen_units(
   module: nn.Module, sample_args: tuple[object, ...]
-) -> tuple[list[Unit], dict[Key, jax.ShapeDtypeStruct]]:
-  """The Linen module's units and the abstract variables its `init` stores."""
+) -> tuple[list[Unit], dict[Key, jax.ShapeDtypeStruct], dict[tuple[str, ...], nn.Module]]:
+  """The Linen module's units, the abstract variables its `init` stores, and each called
+  module unbound by path (to apply one alone)."""
   calls, stored = _linen_calls(module, sample_args)
-  return _units(calls, stored, linen=True), stored
+  modules = {p: tp.cast(nn.Module, c.module) for p, c in calls.items() if c.module is not None}
+  return _units(calls, stored, linen=True), stored, modules
 
 
 def nnx_units(port: nnx.Module, sample_args: tuple[object, ...]) -> list[Unit]:
@@ -344,111 +376,3 @@ def nnx_units(port: nnx.Module, sample_args: tuple[object, ...]) -> list[Unit]:
   calls = _nnx_calls(port, sample_args)
   stored = {k: _compat.variable_value(v) for k, v in nnx_variables(port).items()}
   return _units(calls, stored, linen=False)
-
-
-# --- pairing --------------------------------------------------------------------------------
-
-
-def _under(path: tuple[str, ...], prefix: tuple[str, ...]) -> bool:
-  return path[: len(prefix)] == prefix
-
-
-def _split(text: str) -> tuple[str, ...]:
-  return tuple(p for p in text.replace(".", "/").split("/") if p)
-
-
-def _pair_leaves(lu: Unit, nu: Unit) -> tuple[tuple[LeafName, LeafName], ...] | None:
-  """Leaves by equal (collection, name), then in order among equal shapes; None if any is left."""
-  pairs = [(k, k) for k in lu.leaves if k in nu.leaves]
-  rest_l = [k for k in lu.leaves if k not in nu.leaves]
-  rest_n = [k for k in nu.leaves if k not in lu.leaves]
-  for k in rest_l:
-    match = next(
-      (j for j in rest_n if j[0] == k[0] and nu.leaves[j].shape == lu.leaves[k].shape),
-      None,
-    )
-    if match is None:
-      return None
-    rest_n.remove(match)
-    pairs.append((k, match))
-  return None if rest_n else tuple(pairs)
-
-
-def _rel(unit: Unit, prefix: tuple[str, ...]) -> tuple[str, int | None]:
-  """The unit's name below `prefix`; an NNX list entry `layers/0` is named like Linen's
-  `layers_0`, as `lb.compare` names them."""
-  below = (int(p) if p.isdigit() else p for p in unit.path[len(prefix) :])
-  return "/".join(linen_key(tuple(below))), unit.layer
-
-
-_MAPPING_HELP = (
-  "Fix: if a port module is built with other widths, dtypes or depth, build it like the Linen "
-  "one; if the modules exist on both sides but pair wrongly, pass mapping={{linen_path: "
-  "nnx_path}} (module paths joined with '/', e.g. mapping={{'Dense_0': 'proj'}}; a prefix "
-  "maps a whole subtree, e.g. {{'ScanBlock_0': 'blocks'}})."
-)
-
-
-def align(
-  lunits: list[Unit], nunits: list[Unit], mapping: tp.Mapping[str, str] | None
-) -> list[Pair]:
-  """Pair every Linen unit with an NNX unit; raise listing whatever stays unpaired."""
-  mapping = dict(mapping or {})
-  for k, v in mapping.items():
-    if not isinstance(k, str) or not isinstance(v, str):
-      raise CheckpointError(
-        f"mapping={mapping!r}: keys and values are module paths as strings ('a/b'), got "
-        f"{k!r}: {v!r}."
-      )
-    if not any(_under(u.path, _split(k)) for u in lunits):
-      raise CheckpointError(
-        f"mapping key {k!r} names no Linen module that holds variables; the Linen modules "
-        f"are {sorted({'/'.join(u.path) for u in lunits})}."
-      )
-    if not any(_under(u.path, _split(v)) for u in nunits):
-      raise CheckpointError(
-        f"mapping value {v!r} names no NNX module that holds Variables; the port's modules "
-        f"are {sorted({'/'.join(u.path) for u in nunits})}."
-      )
-  # Each unit belongs to the longest mapping prefix it is under ('' maps the rest).
-  groups = sorted(((_split(k), _split(v)) for k, v in mapping.items()), key=lambda g: -len(g[0]))
-  groups.append(((), ()))
-  pairs: list[Pair] = []
-  free_l, free_n = list(lunits), list(nunits)
-  for lp, np_ in groups:
-    how = "mapping" if lp or np_ else None
-    mine_l = [u for u in free_l if _under(u.path, lp)]
-    mine_n = [u for u in free_n if _under(u.path, np_)]
-    by_name = {_rel(u, np_): u for u in mine_n}
-    for lu in list(mine_l):
-      nu = by_name.get(_rel(lu, lp))
-      leaves = None if nu is None or nu not in mine_n else _pair_leaves(lu, nu)
-      if nu is not None and leaves is not None and lu.signature() == nu.signature():
-        pairs.append(Pair(lu, nu, how or "name", leaves))
-        mine_l.remove(lu)
-        mine_n.remove(nu)
-    for lu in list(mine_l):
-      for nu in mine_n:
-        leaves = _pair_leaves(lu, nu) if lu.signature() == nu.signature() else None
-        if leaves is not None:
-          pairs.append(Pair(lu, nu, how or "order", leaves))
-          mine_l.remove(lu)
-          mine_n.remove(nu)
-          break
-    placed_l = {id(p.linen) for p in pairs}
-    placed_n = {id(p.nnx) for p in pairs}
-    free_l = [u for u in free_l if id(u) not in placed_l]
-    free_n = [u for u in free_n if id(u) not in placed_n]
-  if free_l or free_n:
-    lines = [f"  Linen {u.describe()}" for u in free_l[:20]]
-    lines += [f"  NNX {u.describe()}" for u in free_n[:20]]
-    more = max(0, len(free_l) - 20) + max(0, len(free_n) - 20)
-    raise CheckpointError(
-      "cannot place every variable: these modules found no counterpart with the same "
-      "variable names and shapes (matched by path, then by call order and shapes):\n"
-      + "\n".join(lines)
-      + (f"\n  ... and {more} more" if more else "")
-      + "\n"
-      + _MAPPING_HELP.format()
-    )
-  return pairs

@@ -1,30 +1,59 @@
-"""What `lb.checkpoint.linen_to_nnx` put where: one line per pair of modules."""
+"""What `lb.checkpoint.linen_to_nnx` put where, how each pairing was decided and checked."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing as tp
 
-from .convert_align import Pair, Unit
+from .convert_evidence import Check
+from .convert_match import Pair, leaf_path
+from .leaf_rules import Rename
 
 
-def _layers(units: tp.Sequence[Unit]) -> str:
-  layers = sorted({u.layer for u in units if u.layer is not None})
-  if not layers:
+def _layers(layers: tp.Iterable[int | None]) -> str:
+  found = sorted({x for x in layers if x is not None})
+  if not found:
     return ""
-  if layers == list(range(layers[0], layers[-1] + 1)) and len(layers) > 1:
-    return f"[layers {layers[0]}-{layers[-1]}]"
-  return f"[layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}]"
+  if found == list(range(found[0], found[-1] + 1)) and len(found) > 1:
+    return f"[layers {found[0]}-{found[-1]}]"
+  return f"[layer{'s' if len(found) > 1 else ''} {', '.join(map(str, found))}]"
+
+
+def _where(path: tuple[str, ...], layers: tp.Iterable[int | None]) -> str:
+  return " ".join(filter(None, ["/".join(path) or "<root>", _layers(layers)]))
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-  """One Linen module's variables and the NNX module they went to (all layers together)."""
+  """One Linen module's variables and the NNX module they went to (all layers together).
+
+  Attributes:
+    linen: the Linen module path (and its layers, for stacks).
+    nnx: the NNX module path (and its layers).
+    how: how the modules were paired: "name" (same path), "order" (same shapes, call
+      order), "mapping" (a `mapping=` entry), "rule" (a `rules=` entry) or "shapes" (the
+      only leaf transforms that fit, below a module path both sides share).
+    variables: (Linen leaf, NNX leaf) per moved array, as 'collection/name' below the
+      modules (several leaves joined with ', ' for a split or a fuse).
+    transforms: the leaf rules that are not a plain copy, as `lb.checkpoint` calls.
+    decided: "unique" (one candidate fitted), or what chose among several: "module" (the
+      module alone run on its recorded inputs) or "model" (the whole model run).
+    candidates: how many candidates there were.
+    checked: "module" (the pair's own outputs compared) or "model" (checked through the
+      model's output, e.g. inside a scanned stack).
+    max_abs_error: the largest absolute difference of that check.
+  """
 
   linen: str
   nnx: str
-  how: str  # "name", "order" or "mapping"
-  variables: tuple[tuple[str, str], ...]  # (Linen 'collection/name', NNX 'collection/name')
+  how: str
+  variables: tuple[tuple[str, str], ...]
+  transforms: tuple[str, ...] = ()
+  decided: str = "unique"
+  candidates: int = 1
+  checked: str = "model"
+  max_abs_error: float = 0.0
 
   def to_dict(self) -> dict[str, object]:
     return {
@@ -32,48 +61,92 @@ class Placement:
       "nnx": self.nnx,
       "how": self.how,
       "variables": [list(v) for v in self.variables],
+      "transforms": list(self.transforms),
+      "decided": self.decided,
+      "candidates": self.candidates,
+      "checked": self.checked,
+      "max_abs_error": self.max_abs_error,
     }
+
+
+def _below(path: str, prefix: tuple[str, ...]) -> str:
+  return "/".join(path.split("/")[len(prefix) :])
+
+
+def _placement(group: list[tuple[Pair, Check]]) -> Placement:
+  first, check = group[0]
+  variables, transforms = [], []
+  for move in first.moves:
+    lnames = [
+      f"{n[0]}/{_below(leaf_path(first.linen[i], n), first.linen_at)}" for i, n in move.linen
+    ]
+    nnames = [f"{n[0]}/{_below(leaf_path(first.nnx[i], n), first.nnx_at)}" for i, n in move.nnx]
+    variables.append((", ".join(lnames), ", ".join(nnames)))
+    if not isinstance(move.rule, Rename):
+      transforms.append(str(move.rule))
+  checks = [c for _, c in group]
+  checked = "module" if all(c.checked == "module" for c in checks) else "model"
+  return Placement(
+    linen=_where(first.linen_at, [p.layer for p, _ in group]),
+    nnx=_where(first.nnx_at, [p.nnx[0].layer for p, _ in group]),
+    how=first.how,
+    variables=tuple(variables),
+    transforms=tuple(transforms),
+    decided=check.decided,
+    candidates=check.candidates,
+    checked=checked,
+    max_abs_error=max(c.max_abs_error for c in checks),
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class ConversionReport:
-  """What went where in one conversion; `print` it or read `to_dict()`.
+  """What went where in one conversion, how each pair was decided and checked.
+
+  `print` it or read `to_dict()`.
 
   Attributes:
     direction: "linen_to_nnx".
     placements: one entry per Linen module (its layers together), in call order.
     optimizer_arrays: how many arrays of the optimizer state were written (0 without one).
     step: the optimizer step after the conversion (None without an optimizer).
+    output_error: the largest absolute difference between the port's output and the Linen
+      model's on the sample arguments, after the conversion.
+    layer_axes: the layer axis of each Linen stack whose depth equals a width (so that its
+      shapes fitted several axes), as chosen by running, by 'stack/collection'.
   """
 
   direction: str
   placements: tuple[Placement, ...]
   optimizer_arrays: int = 0
   step: int | None = None
+  output_error: float = 0.0
+  layer_axes: tuple[tuple[str, int], ...] = ()
 
   @classmethod
   def from_pairs(
-    cls, direction: str, pairs: tp.Sequence[Pair], *, optimizer_arrays: int, step: int | None
+    cls,
+    direction: str,
+    pairs: tp.Sequence[Pair],
+    checks: tp.Sequence[Check],
+    *,
+    optimizer_arrays: int,
+    step: int | None,
+    output_error: float = 0.0,
+    layer_axes: tp.Mapping[tuple[tuple[str, ...], str], int] | None = None,
   ) -> ConversionReport:
-    groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[Pair]] = {}
-    for pair in pairs:
-      groups.setdefault((pair.linen.path, pair.nnx.path), []).append(pair)
-    placements = []
-    for (lpath, npath), group in groups.items():
-      first = group[0]
-      placements.append(
-        Placement(
-          linen=" ".join(
-            filter(None, ["/".join(lpath) or "<root>", _layers([p.linen for p in group])])
-          ),
-          nnx=" ".join(
-            filter(None, ["/".join(npath) or "<root>", _layers([p.nnx for p in group])])
-          ),
-          how=first.how,
-          variables=tuple((f"{lk[0]}/{lk[1]}", f"{nk[0]}/{nk[1]}") for lk, nk in first.leaves),
-        )
-      )
-    return cls(direction, tuple(placements), optimizer_arrays, step)
+    groups: dict[tuple[object, ...], list[tuple[Pair, Check]]] = {}
+    for pair, check in zip(pairs, checks):
+      groups.setdefault((pair.linen_at, pair.nnx_at, pair.key), []).append((pair, check))
+    axes = tuple(("/".join((*s, c)), a) for (s, c), a in sorted((layer_axes or {}).items()))
+    return cls(
+      direction,
+      tuple(_placement(g) for g in groups.values()),
+      optimizer_arrays,
+      step,
+      output_error,
+      axes,
+    )
 
   def to_dict(self) -> dict[str, object]:
     """The report as plain data (JSON-ready)."""
@@ -82,14 +155,27 @@ class ConversionReport:
       "placements": [p.to_dict() for p in self.placements],
       "optimizer_arrays": self.optimizer_arrays,
       "step": self.step,
+      "output_error": self.output_error,
+      "layer_axes": [list(a) for a in self.layer_axes],
     }
 
   def __str__(self) -> str:
     width = max((len(p.linen) for p in self.placements), default=0)
-    lines = [f"{self.direction}: {len(self.placements)} modules"]
+    lines = [
+      f"{self.direction}: {len(self.placements)} modules, each pair checked by running both "
+      f"models (output max abs error {self.output_error:.3g})"
+    ]
     for p in self.placements:
       names = ", ".join(a.split("/", 1)[1] if a == b else f"{a} -> {b}" for a, b in p.variables)
-      lines.append(f"  {p.linen:<{width}}  ->  {p.nnx}  ({p.how}: {names})")
+      decided = "" if p.decided == "unique" else f", 1 of {p.candidates} by {p.decided}"
+      err = "inf" if math.isinf(p.max_abs_error) else f"{p.max_abs_error:.3g}"
+      lines.append(
+        f"  {p.linen:<{width}}  ->  {p.nnx}  ({p.how}{decided}: {names}; {p.checked} check, "
+        f"error {err})"
+      )
+      lines += [f"      {t}" for t in p.transforms]
+    for where, axis in self.layer_axes:
+      lines.append(f"  layer axis of {where}: {axis} (chosen by running)")
     if self.step is not None:
       lines.append(f"  optimizer: {self.optimizer_arrays} arrays, step {self.step}")
     return "\n".join(lines)

@@ -16,7 +16,10 @@ import os
 import typing as tp
 
 from .. import _compat
-from . import inputs, loading, options
+from .._checkpoint.leaf_rules import LeafRule
+from .._checkpoint.leaf_rules import parse as parse_rule
+from .._core.errors import CheckpointError
+from . import checkpoint_io, inputs, loading, options
 from .errors import SUCCESS, USAGE_ERROR, CliError
 from .output import progress
 
@@ -31,7 +34,9 @@ DESCRIPTION = (
   "--tx the optax state and step) into an orbax checkpoint of a hand-ported NNX model and "
   "its nnx.Optimizer (--to nnx, the default), or back (--to linen). Variables are paired by "
   "the two models' own calls (lb.checkpoint.linen_to_nnx), so the port may name its "
-  "attributes as it likes; --map names what the pairing cannot place."
+  "attributes as it likes; every pairing is checked by running both models on --arg. --map "
+  "names what the pairing cannot place; --rule declares arrays the port stores otherwise "
+  "(split, fused, reshaped, transposed, renamed), inverted for --to linen."
 )
 EPILOG = (
   "LINEN_TARGET and NNX_TARGET are package.module:attribute, as for `loopbridge compare`. "
@@ -74,7 +79,18 @@ def add_parser(commands: Subcommands) -> None:
     default=None,
     metavar="LINEN_PATH=NNX_PATH",
     dest="mapping",
-    help="pair a Linen module (or subtree) with an NNX one, e.g. 'Dense_0=proj'; repeatable",
+    help="pair a Linen module (or subtree) with an NNX one, e.g. 'Dense_0=proj', or a leaf, "
+    "e.g. 'ln/scale=norm/alpha'; repeatable",
+  )
+  p.add_argument(
+    "--rule",
+    action="append",
+    default=None,
+    metavar="RULE",
+    dest="rules",
+    help="a leaf rule as its Python call (what a conversion error prints), e.g. "
+    "\"split('mlp/wi', ['mlp/gate/kernel', 'mlp/up/kernel'], axis=0)\"; also rename, "
+    "transpose, reshape, fuse; literals only, nothing is executed; repeatable",
   )
   options.add_common_options(p, "print the report as one JSON document")
   p.set_defaults(run=run)
@@ -92,6 +108,13 @@ def _mapping(items: tp.Sequence[str] | None) -> dict[str, str]:
   return mapping
 
 
+def _rules(items: tp.Sequence[str] | None) -> list[LeafRule]:
+  try:
+    return [parse_rule(item) for item in items or []]
+  except CheckpointError as e:
+    raise CliError(f"--rule: {e}", USAGE_ERROR) from e
+
+
 def _load_tx(target: str) -> optax.GradientTransformation:
   obj = loading.resolve(target, "--tx")
   if not (hasattr(obj, "init") and hasattr(obj, "update")) and callable(obj):
@@ -105,36 +128,6 @@ def _load_tx(target: str) -> optax.GradientTransformation:
       "`tx = optax.adam(1e-3)` in that module)"
     )
   return tp.cast("optax.GradientTransformation", obj)
-
-
-def _checkpointer():
-  import orbax.checkpoint as ocp  # flax depends on it; imported only when used
-
-  return ocp.StandardCheckpointer()
-
-
-def _restore(path: str, target: object, what: str) -> dict[str, object]:
-  if not os.path.isdir(path):
-    raise CliError(f"SOURCE {path!r} is not a directory (an orbax checkpoint is one)")
-  checkpointer = _checkpointer()
-  try:
-    with progress(f"restoring the {what} checkpoint"):
-      return checkpointer.restore(os.path.abspath(path), target)
-  except Exception as e:
-    raise CliError(
-      f"SOURCE {path!r} does not hold the {what} checkpoint these models and options "
-      f"describe ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}). Check the models, "
-      "--arg and --tx (with --tx the Linen checkpoint holds 'opt_state' and 'step')."
-    ) from e
-
-
-def _save(path: str, tree: object, what: str) -> None:
-  if os.path.exists(path):
-    raise CliError(f"DEST {path!r} exists; pick a new directory (nothing is overwritten)")
-  checkpointer = _checkpointer()
-  with progress(f"writing the {what} checkpoint"):
-    checkpointer.save(os.path.abspath(path), tree)
-    checkpointer.wait_until_finished()
 
 
 def _optimizer_state_filter() -> type:
@@ -153,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
 
   specs = [inputs.parse_arg_spec(t) for t in (args.args or [])]
   mapping = _mapping(args.mapping)
+  rules = _rules(args.rules)
   with progress("importing the models"):
     module = loading.load_linen_target(args.linen, command="convert", what="LINEN_TARGET")
     port = loading.load_nnx_target(args.nnx, args.seed)
@@ -172,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
       target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target
       )
-      state = _restore(args.source, target, "Linen")
+      state = checkpoint_io.restore(args.source, target, "Linen")
       variables = {k: v for k, v in state.items() if k not in ("opt_state", "step")}
       with progress("converting"):
         report = lb.checkpoint.linen_to_nnx(
@@ -183,32 +177,35 @@ def run(args: argparse.Namespace) -> int:
           opt_state=state.get("opt_state"),
           optimizer=optimizer,
           mapping=mapping,
+          rules=rules,
           step=None if tx is None else int(tp.cast(jax.Array, state["step"])),
         )
       out: dict[str, object] = {"model": nnx.state(port)}
       if optimizer is not None:
         out["optimizer"] = nnx.state(optimizer, opt_filter)
-      _save(args.dest, out, "NNX")
+      checkpoint_io.save(args.dest, out, "NNX")
       doc = report.to_dict()
       text = str(report)
     else:
       target = {"model": nnx.state(port)}
       if optimizer is not None:
         target["optimizer"] = nnx.state(optimizer, opt_filter)
-      state = _restore(args.source, target, "NNX")
+      state = checkpoint_io.restore(args.source, target, "NNX")
       nnx.update(port, tp.cast(nnx.State, state["model"]))
       if optimizer is not None:
         nnx.update(optimizer, tp.cast(nnx.State, state["optimizer"]))
       with progress("converting"):
         if optimizer is None:
-          out = dict(lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping))
+          out = dict(
+            lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping, rules=rules)
+          )
         else:
           variables, opt_state = lb.checkpoint.nnx_to_linen(
-            port, module, *samples, optimizer=optimizer, mapping=mapping
+            port, module, *samples, optimizer=optimizer, mapping=mapping, rules=rules
           )
           step = _compat.variable_value(optimizer.step)
           out = {**variables, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}
-      _save(args.dest, out, "Linen")
+      checkpoint_io.save(args.dest, out, "Linen")
       collections = sorted(k for k in out if k not in ("opt_state", "step"))
       doc = {"direction": "nnx_to_linen", "collections": collections, "optimizer": tx is not None}
       text = f"nnx_to_linen: wrote {', '.join(collections)}" + (

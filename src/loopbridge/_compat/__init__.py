@@ -818,6 +818,31 @@ def stock_sow_tuple_length(node: object, children: tp.Mapping[object, object]) -
   return None
 
 
+# --- Linen lifted transforms (lb.checkpoint.linen_to_nnx) -------------------------------------
+def linen_variable_axes(module: object) -> dict[str, int] | None:
+  """The `variable_axes` an `nn.scan` / `nn.vmap` module class was made with, by collection
+  name (string keys and int axes only), or None.
+
+  Linen keeps the transform's keyword arguments in the closure of the lifted class's methods
+  (flax 0.10.2 through 0.12.8 alike: `module_class_lift_transform`'s `trafo_kwargs`); no
+  public attribute holds them. A flax that keeps them elsewhere gives None, and the caller
+  decides the layer axis by running the models instead.
+  """
+  method = type(module).__dict__.get("__call__")
+  for cell in getattr(method, "__closure__", None) or ():
+    try:
+      value = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if isinstance(value, dict) and isinstance(value.get("variable_axes"), tp.Mapping):
+      return {
+        k: a
+        for k, a in value["variable_axes"].items()
+        if isinstance(k, str) and isinstance(a, int) and not isinstance(a, bool) and a >= 0
+      }
+  return None
+
+
 # --- nnx.Optimizer (lb.checkpoint.linen_to_nnx, its tests and guide) -------------------------
 _OPTIMIZER_UPDATE_TAKES_MODEL = "model" in inspect.signature(nnx.Optimizer.update).parameters
 
