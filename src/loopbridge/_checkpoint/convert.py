@@ -308,8 +308,9 @@ def linen_to_nnx(
   runs once on `sample_args` and each candidate is checked against it, module by module where
   the modules ran outside transforms, else through the model's output; exactly one must agree.
   The kept conversion is checked the same way before anything is written. Every collection is
-  converted (`params` into `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...); values are
-  never cast; each keeps the port's sharding.
+  converted (`params` into `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...) but decode
+  caches: a Linen `cache` collection is left out and the port keeps its `nnx.Cache` values;
+  values are never cast; each keeps the port's sharding.
 
   Args:
     linen_module: the Linen model (unbound).
@@ -449,7 +450,8 @@ def nnx_to_linen(
   The inverse of `linen_to_nnx`, paired and decided the same way (the port runs once on
   `sample_args` and the Linen model with each candidate is checked against it): rules run
   inverted, stacks are rebuilt along the Linen module's own layer axes, every collection is
-  returned, values are never cast.
+  returned but the port's decode caches (`nnx.Cache`; Linen sizes its own by `init`), values
+  are never cast.
 
   Args:
     port: the NNX model.

@@ -39,8 +39,11 @@ Shape = tuple[int, ...]
 # One stored array (numpy when read from some checkpoints).
 Value = jax.Array | np.ndarray
 
-# Values that are not model state: recorded activations, rng streams.
-_SKIPPED_COLLECTIONS = frozenset({"intermediates"})
+# Values that are not model state: recorded activations, rng streams, and decode caches
+# (Linen's `cache` collection, `nnx.Cache`): per-sequence state each side sizes by its own
+# init on the full length, often in its own layout, which the plain sample call never reads,
+# so no evidence could check a pairing. Each side keeps its own; neither is converted.
+_SKIPPED_COLLECTIONS = frozenset({"intermediates", "cache"})
 
 
 @dataclasses.dataclass(frozen=True)
