@@ -58,6 +58,7 @@ def test_readme_lists_every_constraints_file():
     ("0.11.0", "0.8.0", "constraints/flax-0.11.txt"),  # 0.11.0 needs jax._src.core.mutable_array
     ("0.12.0", "0.9.2", "constraints/flax-0.12.0.txt"),
     ("0.12.0", "0.10.2", "constraints/flax-0.12.0.txt"),
+    ("0.12.8", "0.11.2", "install flax 0.12.10"),  # a GPU image's jax under pip's flax
   ],
 )
 def test_broken_pair_names_the_pair_and_the_fix(flax, jax, fix):
@@ -71,7 +72,13 @@ def test_broken_pair_names_the_pair_and_the_fix(flax, jax, fix):
 
 @pytest.mark.parametrize(
   ("flax", "jax"),
-  [("0.11.0", "0.7.2"), ("0.11.2", "0.8.3"), ("0.12.0", "0.8.3"), ("0.12.1", "0.10.2")],
+  [
+    ("0.11.0", "0.7.2"),
+    ("0.11.2", "0.8.3"),
+    ("0.12.0", "0.8.3"),
+    ("0.12.1", "0.10.2"),
+    ("0.12.10", "0.11.2"),  # the GPU image's pair
+  ],
 )
 def test_pairs_that_import_pass(flax, jax):
   assert _compat.broken_pair_message(flax, jax) is None

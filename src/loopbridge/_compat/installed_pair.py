@@ -21,21 +21,44 @@ def version_tuple(version: str) -> tuple[int, ...]:
 # --- the installed flax/jax pair --------------------------------------------------------------
 # flax's own `jax>=` bound has no upper end, so pip can pair an older flax with a jax that has
 # removed what `from flax import nnx` imports (jax internals); the import then fails deep inside
-# flax. Each row: (flax from, flax up to, first jax that breaks it, the tested pair to install).
+# flax. Each row: (flax from, flax up to, first jax known to break it, the fix).
 #   flax 0.11.0 imports `jax._src.core.mutable_array`, gone in jax 0.8.0;
 #   flax 0.11.1 to 0.12.0 fall back to it when `jax.array_ref` is missing, both gone in jax 0.9.0.
+#   flax 0.12.8 does not import with jax 0.11.2 (seen on a GPU image; 0.11.0 and 0.11.1 untried);
+#   flax 0.12.10 does, and loopbridge's suite passes on that pair (README, "Supported versions").
 # flax 0.10.2 (jax 0.5.3) and 0.12.1 on (flax asks for jax >= 0.8.1) import with jax 0.10.2.
+_BELOW = "install jax and jaxlib below {} as in the tested pair (constraints/{})"
 _BROKEN_PAIRS: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], ...] = (
-  ((0, 11, 0), (0, 11, 0), (0, 8, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
-  ((0, 11, 1), (0, 11, 99), (0, 9, 0), "constraints/flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
-  ((0, 12, 0), (0, 12, 0), (0, 9, 0), "constraints/flax-0.12.0.txt: flax 0.12.0, jax 0.8.0"),
+  (
+    (0, 11, 0),
+    (0, 11, 0),
+    (0, 8, 0),
+    _BELOW.format("0.8.0", "flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
+  ),
+  (
+    (0, 11, 1),
+    (0, 11, 99),
+    (0, 9, 0),
+    _BELOW.format("0.9.0", "flax-0.11.txt: flax 0.11.2, jax 0.7.1"),
+  ),
+  (
+    (0, 12, 0),
+    (0, 12, 0),
+    (0, 9, 0),
+    _BELOW.format("0.9.0", "flax-0.12.0.txt: flax 0.12.0, jax 0.8.0"),
+  ),
+  (
+    (0, 12, 8),
+    (0, 12, 8),
+    (0, 11, 2),
+    "install flax 0.12.10 (tested with jax 0.11.2 by hand, on a GPU)",
+  ),
 )
 
 _BROKEN_PAIR_MESSAGE = (
-  "loopbridge: flax {flax} cannot import with jax {jax} (jax {jax_bad} removed internals this "
-  "flax imports, so `from flax import nnx` fails; flax's own bounds allow the pair); install "
-  "jax and jaxlib below {jax_bad} as in the tested pair ({fix}), or flax 0.12.8 with jax "
-  '0.10.2 (constraints/newest.txt); see loopbridge\'s README, "Supported versions".'
+  "loopbridge: flax {flax} cannot import with jax {jax} (`from flax import nnx` fails with jax "
+  "{jax_bad} and newer; flax's own bounds allow the pair); {fix}, or install flax 0.12.8 with "
+  'jax 0.10.2 (constraints/newest.txt); see loopbridge\'s README, "Supported versions".'
 )
 
 
