@@ -16,9 +16,7 @@ def render(
   root: str, changes: tp.Sequence[Change], todos: tp.Sequence[Todo], check: Check | None
 ) -> str:
   """The report text of a draft of `root`."""
-  lines = [
-    f"Drafted NNX port of {root}: {len(changes)} changes, {len(todos)} TODOs."
-  ]
+  lines = [f"Drafted NNX port of {root}: {len(changes)} changes, {len(todos)} TODOs."]
   if changes:
     lines.append("")
     lines.append("Changes:")
