@@ -29,6 +29,8 @@ class Site:
   conditional: bool = False  # under an `if` (inside the method / loop body)
   target: object = None  # the resolved class / function
   outer_call: tp.Any = None  # `nn.Dense(4)(x)`: the call of the construction
+  guards: list[tuple[tp.Any, bool]] = dataclasses.field(default_factory=list)  # (if test, else)
+  lift: tp.Any = None  # `block = nn.remat(Block)`: the lift call a local construction goes through
   setup_attr: str | None = None  # `self.<attr> = <site>` in setup
   setup_list: bool = False  # `self.<attr> = [<site> for ...]` in setup
   comp: tp.Any = None  # that list comprehension
@@ -56,11 +58,18 @@ def find_sites(
   sites: list[Site] = []
   from flax import linen as nn
 
+  conditions: dict[int, list[tuple[tp.Any, bool]]] = {}
+
   def context(node) -> tuple[str, tp.Any, int, bool, tp.Any]:
     method, loop, depth, cond, stmt = "", None, 0, False, None
     n = node
+    guards: list[tuple[tp.Any, bool]] = []
     while n in parents:
-      n = parents[n]
+      child, n = n, parents[n]
+      if isinstance(n, c.If) and loop is None:
+        guards.append((n.test, child is n.orelse))
+      elif isinstance(n, c.IfExp) and child is not n.test:
+        guards.append((None, False))  # a conditional expression: decided by presence
       if isinstance(n, (c.SimpleStatementLine, c.For, c.If, c.While, c.With)) and stmt is None:
         stmt = n
       if isinstance(n, c.For):
@@ -71,12 +80,49 @@ def find_sites(
       if isinstance(n, c.FunctionDef):
         method = n.name.value
         break
+    conditions[id(node)] = guards
     return method, loop, depth, cond, stmt
+
+  from .linen_api import is_lift
+
+  def lifted_class(node: tp.Any) -> tuple[type, tp.Any] | None:
+    """`nn.remat(Block, ...)` -> (Block, that call); nested lifts are not unwrapped here."""
+    if not isinstance(node, c.Call) or not is_lift(resolve(dotted(node.func), namespace)):
+      return None
+    if not node.args or node.args[0].keyword is not None:
+      return None
+    target = resolve(dotted(node.args[0].value), namespace)
+    if isinstance(target, type) and issubclass(target, nn.Module):
+      return target, node
+    return None
+
+  lifted_locals: dict[tuple[str, str], tuple[type, tp.Any]] = {}
+
+  class Locals(c.CSTVisitor):
+    def visit_Assign(self, node: tp.Any) -> None:
+      found = lifted_class(node.value)
+      target = node.targets[0].target if len(node.targets) == 1 else None
+      if found is not None and isinstance(target, c.Name):
+        lifted_locals[(context(node)[0], target.value)] = found
+
+  module.visit(Locals())
 
   class Visitor(c.CSTVisitor):
     def visit_Call(self, node: tp.Any) -> None:
       func: tp.Any = node.func
       name = dotted(func)
+      if isinstance(func, c.Name) and (context(node)[0], func.value) in lifted_locals:
+        cls, lift = lifted_locals[(context(node)[0], func.value)]
+        method, loop, depth, cond, _ = context(node)
+        pos = positions[node]
+        parent: tp.Any = parents.get(node)
+        outer = parent if isinstance(parent, c.Call) and parent.func is node else None
+        site = Site(
+          "construct", node, method, (pos.start.line, pos.end.line), loop, depth, cond, cls, outer
+        )
+        site.lift = lift
+        sites.append(site)
+        return
       pos = positions[node]
       lines = (pos.start.line, pos.end.line)
       method, loop, depth, cond, _ = context(node)
@@ -115,11 +161,10 @@ def find_sites(
         ):
           site.setup_attr = assign.targets[0].target.attr.value
         sites.append(site)
-      elif name and name.split(".")[0] in linen_names:
-        from .linen_api import is_lift
-
-        if is_lift(target):
-          sites.append(Site("lift", node, method, lines, loop, depth, cond, target, outer))
+      elif name and name.split(".")[0] in linen_names and is_lift(target):
+        sites.append(Site("lift", node, method, lines, loop, depth, cond, target, outer))
 
   module.visit(Visitor())
+  for site in sites:
+    site.guards = conditions.get(id(site.node), [])
   return sites

@@ -142,8 +142,27 @@ class Rewriter(libcst().CSTTransformer):
       return updated
     hoist = self.p.hoists.get(key)
     if hoist is not None:
+      if hoist.site.lift is not None and hoist.site.outer_call is None:
+        self._mark("a module made through a lifted transform and called later")
+        return updated
       return self._hoisted(hoist, original, updated)
+    if key in self.p.lift_rewrites:
+      code = self.p.lift_rewrites[key]
+      self.p.change(
+        self.p.site_of[key].lines,
+        self.p.code(original),
+        code,
+        "rematerialization moves from the class to the call (nnx.remat)",
+      )
+      return c.parse_expression(code)
     for h in self.p.hoists.values():
+      if h.site.outer_call is original and h.site.lift is not None:
+        # `block(config, name=...)(y, mask)` -> `block(self.layers[i], y, mask)`.
+        extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
+        return updated.with_changes(
+          func=c.parse_expression(self.p.code(h.site.node.func)),
+          args=[c.Arg(updated.func), *updated.args, *extra],
+        )
       if h.site.outer_call is original and h.call_kwargs:
         extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
         return updated.with_changes(args=[*updated.args, *extra])
@@ -422,8 +441,12 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     if site.setup_attr is not None or id(site.node) not in planner.hoisted_code:
       continue
     if not hoist.is_list:
-      lines.append(f"self.{hoist.attr} = {planner.hoisted_code[id(site.node)]}")
-      lines += hoist.post
+      block = [f"self.{hoist.attr} = {planner.hoisted_code[id(site.node)]}", *hoist.post]
+      present = {p: bool(kids) for p, kids in hoist.children.items()}
+      cond = planner.guard(site, present, hoist.attr)
+      if cond is not None:
+        block = [f"if {cond}:\n" + "\n".join(f"{unit}{ln}" for ln in block)]
+      lines += block
       planner.port.attributes[hoist.attr] = planner.src.line(site.lines[0])
       continue
     loop = site.loop
