@@ -30,6 +30,9 @@ class Site:
   target: object = None  # the resolved class / function
   outer_call: tp.Any = None  # `nn.Dense(4)(x)`: the call of the construction
   guards: list[tuple[tp.Any, bool]] = dataclasses.field(default_factory=list)  # (if test, else)
+  inner_lift: tp.Any = None  # `nn.scan(block)` over `block = nn.remat(Block)`: the remat call
+  local: str | None = None  # `dense = nn.Dense(4)`: the local the construction is assigned to
+  local_lines: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # its calls
   lift: tp.Any = None  # `block = nn.remat(Block)`: the lift call a local construction goes through
   setup_attr: str | None = None  # `self.<attr> = <site>` in setup
   setup_list: bool = False  # `self.<attr> = [<site> for ...]` in setup
@@ -85,18 +88,23 @@ def find_sites(
 
   from .linen_api import is_lift
 
-  def lifted_class(node: tp.Any) -> tuple[type, tp.Any] | None:
-    """`nn.remat(Block, ...)` -> (Block, that call); nested lifts are not unwrapped here."""
+  lifted_locals: dict[tuple[str, str], tuple[type, tp.Any, tp.Any]] = {}
+
+  def lifted_class(node: tp.Any) -> tuple[type, tp.Any, tp.Any] | None:
+    """`nn.remat(Block, ...)` -> (Block, that call, None); `nn.scan(block, ...)` over a local
+    `block = nn.remat(Block)` -> (Block, the scan call, the remat call)."""
     if not isinstance(node, c.Call) or not is_lift(resolve(dotted(node.func), namespace)):
       return None
     if not node.args or node.args[0].keyword is not None:
       return None
-    target = resolve(dotted(node.args[0].value), namespace)
+    first = node.args[0].value
+    if isinstance(first, c.Name) and (context(node)[0], first.value) in lifted_locals:
+      cls, inner, _ = lifted_locals[(context(node)[0], first.value)]
+      return cls, node, inner
+    target = resolve(dotted(first), namespace)
     if isinstance(target, type) and issubclass(target, nn.Module):
-      return target, node
+      return target, node, None
     return None
-
-  lifted_locals: dict[tuple[str, str], tuple[type, tp.Any]] = {}
 
   class Locals(c.CSTVisitor):
     def visit_Assign(self, node: tp.Any) -> None:
@@ -111,8 +119,13 @@ def find_sites(
     def visit_Call(self, node: tp.Any) -> None:
       func: tp.Any = node.func
       name = dotted(func)
+      lifted = None
       if isinstance(func, c.Name) and (context(node)[0], func.value) in lifted_locals:
-        cls, lift = lifted_locals[(context(node)[0], func.value)]
+        lifted = lifted_locals[(context(node)[0], func.value)]
+      elif isinstance(func, c.Call):
+        lifted = lifted_class(func)
+      if lifted is not None:
+        cls, lift, inner = lifted
         method, loop, depth, cond, _ = context(node)
         pos = positions[node]
         parent: tp.Any = parents.get(node)
@@ -120,7 +133,8 @@ def find_sites(
         site = Site(
           "construct", node, method, (pos.start.line, pos.end.line), loop, depth, cond, cls, outer
         )
-        site.lift = lift
+        site.lift, site.inner_lift = lift, inner
+        site.local = _assigned_local(parent)
         sites.append(site)
         return
       pos = positions[node]
@@ -146,6 +160,7 @@ def find_sites(
       target = resolve(name, namespace)
       if isinstance(target, type) and issubclass(target, nn.Module):
         site = Site("construct", node, method, lines, loop, depth, cond, target, outer)
+        site.local = _assigned_local(parent)
         assign: tp.Any = parent
         if isinstance(parent, c.ListComp) and parent.elt is node:
           site.comp = parent
@@ -165,6 +180,28 @@ def find_sites(
         sites.append(Site("lift", node, method, lines, loop, depth, cond, target, outer))
 
   module.visit(Visitor())
+  local_calls: dict[tuple[str, str], list[tuple[int, int]]] = {}
+
+  class LocalCalls(c.CSTVisitor):
+    def visit_Call(self, node: tp.Any) -> None:
+      if isinstance(node.func, c.Name):
+        pos = positions[node]
+        key = (context(node)[0], node.func.value)
+        local_calls.setdefault(key, []).append((pos.start.line, pos.end.line))
+
+  module.visit(LocalCalls())
   for site in sites:
     site.guards = conditions.get(id(site.node), [])
+    if site.local is not None:
+      site.local_lines = local_calls.get((site.method, site.local), [])
   return sites
+
+
+def _assigned_local(parent: tp.Any) -> str | None:
+  """`x = <construction>`: the name x (None for any other parent)."""
+  c = libcst()
+  if isinstance(parent, c.Assign) and len(parent.targets) == 1:
+    target = parent.targets[0].target
+    if isinstance(target, c.Name):
+      return target.value
+  return None

@@ -44,6 +44,7 @@ class Hoist:
   call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
   index: str | None = None  # the loop variable indexing the list at the call
   post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
+  scan: tp.Any = None  # a `scan_lift.ScanPlan` when built through nn.scan
 
 
 @dataclasses.dataclass
@@ -62,10 +63,13 @@ class ClassPort:
 
 
 def _match(site: Site, src: ClassSource, child: Instance) -> bool:
-  if child.called_at is None or child.called_at[0] != src.file:
+  """Whether the trace saw `child` called by this construction (or by the local it went to)."""
+  if child.called_at is None or child.called_at[0] != src.file or child.cls is not site.target:
     return False
-  first, last = (src.line(site.lines[0]), src.line(site.lines[1]))
-  return first <= child.called_at[1] <= last and child.cls is site.target
+  line = child.called_at[1]
+  return any(
+    src.line(first) <= line <= src.line(last) for first, last in [site.lines, *site.local_lines]
+  )
 
 
 def _list_name(names: list[str]) -> str | None:
@@ -121,6 +125,7 @@ class Planner:
     self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
     self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
     self.lift_rewrites: dict[int, str] = {}  # id(lift call) -> its NNX form
+    self.scan_locals: dict[tuple[str, str], Hoist] = {}  # (method, local) -> its scan hoist
     self.positions = wrapper.resolve(libcst().metadata.PositionProvider)
     self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
     self.site_of = {id(s.node): s for s in self.sites}
@@ -224,6 +229,7 @@ class Planner:
 
   def plan(self) -> None:
     used_lifts = {id(s.lift): s for s in self.sites if s.lift is not None}
+    used_lifts.update({id(s.inner_lift): s for s in self.sites if s.inner_lift is not None})
     for site in self.sites:
       if site.kind == "lift" and id(site.node) in used_lifts:
         self._plan_lift(site)
@@ -241,6 +247,8 @@ class Planner:
     """`block = nn.remat(Block, ...)` -> `block = nnx.remat(Block.__call__, ...)`."""
     name = getattr(site.target, "__name__", "")
     node = site.node
+    if name == "scan":
+      return  # written with the construction that goes through it (`plan_scan`)
     extra = [a for a in node.args[1:] if a.keyword is None or a.keyword.value not in _REMAT_ARGS]
     if name not in ("checkpoint", "remat") or extra:
       self.todo(
@@ -250,7 +258,7 @@ class Planner:
       )
       return
     cls = self.code(node.args[0].value)
-    kwargs = "".join(f", {self.code(a)}" for a in node.args[1:])
+    kwargs = "".join(f", {a.keyword.value}={self.code(a.value)}" for a in node.args[1:])
     self.lift_rewrites[id(node)] = f"nnx.remat({cls}.__call__{kwargs})"
 
   def _plan_construct(self, site: Site) -> None:
@@ -299,7 +307,20 @@ class Planner:
         f"(made {sorted(names)} across instances); name it with name='...'",
       )
       return
-    self.hoists[id(site.node)] = Hoist(next(iter(made_names))[0], site, children, False)
+    hoist = Hoist(next(iter(made_names))[0], site, children, False)
+    if site.lift is not None and getattr(site.lift.func, "attr", None) is not None:
+      lift = dotted(site.lift.func) or ""
+      if lift.endswith(".scan"):
+        from .scan_lift import plan_scan
+
+        plan = plan_scan(self, site)
+        if isinstance(plan, str):
+          self.todo(site, plan)
+          return
+        hoist.scan = plan
+        if site.local is not None:
+          self.scan_locals[(site.method, site.local)] = hoist
+    self.hoists[id(site.node)] = hoist
 
   # --- values -----------------------------------------------------------------------------
 
