@@ -46,6 +46,7 @@ class Draft:
   calls: tuple[Call, ...] = dataclasses.field(repr=False)
   variables: tp.Mapping[str, object] | None = dataclasses.field(repr=False)
   filename: str = dataclasses.field(repr=False, default="port.py")
+  unpaired: tuple[str, ...] = dataclasses.field(repr=False, default=())
 
   @property
   def ok(self) -> bool:
@@ -142,6 +143,18 @@ def _user_classes(root: nn.Module, traced) -> list[type]:
   return sorted(depth, key=lambda c: -depth[c])
 
 
+def _opaque_insides(traced) -> tuple[str, ...]:
+  """Module paths inside layers whose NNX counterpart is built otherwise (compared as a whole)."""
+  from .standard_layers import lookup
+
+  opaque = [p for p, i in traced.instances.items() if (m := lookup(i.cls)) and m.opaque]
+  return tuple(
+    "/".join(p)
+    for p in traced.instances
+    if any(len(p) > len(o) and p[: len(o)] == o for o in opaque)
+  )
+
+
 def draft(
   linen_module: nn.Module,
   *sample_args: object,
@@ -234,6 +247,7 @@ def draft(
     calls=all_calls,
     variables=variables,
     filename=filename,
+    unpaired=_opaque_insides(traced),
   )
   if check:
     result.check = _check(result)
@@ -245,7 +259,9 @@ def _check(result: Draft) -> Check:
     port, variables = result.port_and_variables()
   except Exception as e:
     return Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
-  return run_check(result.linen_module, variables, port, result.calls, result.source)
+  return run_check(
+    result.linen_module, variables, port, result.calls, result.source, result.unpaired
+  )
 
 
 del inspect
