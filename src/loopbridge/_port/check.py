@@ -78,7 +78,7 @@ def run_check(
       kwargs["method"] = call.method
       candidate = _method_port(port, call.method)
     try:
-      mapping = {path: None for path in unpaired} or None
+      mapping = dict.fromkeys(unpaired) or None
       report = compare((linen_module, variables), candidate, *call.args, mapping=mapping, **kwargs)
     except Exception as e:
       return Check(False, tuple(reports), None, f"{call.label()}: {type(e).__name__}: {e}")
