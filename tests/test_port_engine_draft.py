@@ -100,6 +100,7 @@ def _equal_to_linen(draft, *args, **kwargs):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, expected)
 
 
+@pytest.mark.slow
 def test_remat_blocks_in_a_loop_with_attention_and_a_conditional_cache_variable():
   x = jax.random.normal(jax.random.key(3), (2, 4, 8))
   draft = lb.port.draft(models.RematStack(), x)
@@ -111,6 +112,7 @@ def test_remat_blocks_in_a_loop_with_attention_and_a_conditional_cache_variable(
   _equal_to_linen(draft, x)
 
 
+@pytest.mark.slow
 def test_scan_over_a_module_becomes_a_vmap_stack_run_by_nnx_scan():
   carry = jax.random.normal(jax.random.key(4), (2, 6))
   xs = jax.random.normal(jax.random.key(5), (2, 3, 6))
@@ -125,6 +127,7 @@ def test_scan_over_a_module_becomes_a_vmap_stack_run_by_nnx_scan():
   np.testing.assert_allclose(port(carry, xs), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_rnn_over_an_optimized_lstm_cell():
   x = jax.random.normal(jax.random.key(6), (2, 5, 3))
   draft = lb.port.draft(models.Recurrent(), x)
