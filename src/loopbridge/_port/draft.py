@@ -234,8 +234,14 @@ def draft(
   }
   for extra in root_port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
     init_kwargs[extra.name] = extra.values[()]
-  todos = tuple(t for cls in classes for t in ctx.ported[cls].todos)
-  changes = tuple(ch for cls in classes for ch in ctx.ported[cls].changes)
+  todos = tuple(
+    sorted((t for cls in classes for t in ctx.ported[cls].todos), key=lambda t: (t.file, t.line))
+  )
+  changes = tuple(
+    sorted(
+      (ch for cls in classes for ch in ctx.ported[cls].changes), key=lambda ch: (ch.file, ch.line)
+    )
+  )
   result = Draft(
     source=text,
     root=type(linen_module).__name__,

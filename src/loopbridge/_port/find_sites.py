@@ -110,7 +110,7 @@ def find_sites(
   class Locals(c.CSTVisitor):
     def visit_Assign(self, node: tp.Any) -> None:
       found = lifted_class(node.value)
-      target = node.targets[0].target if len(node.targets) == 1 else None
+      target: tp.Any = node.targets[0].target if len(node.targets) == 1 else None
       if found is not None and isinstance(target, c.Name):
         lifted_locals[(context(node)[0], target.value)] = found
 
@@ -129,7 +129,7 @@ def find_sites(
         cls, lift, inner = lifted
         method, loop, depth, cond, _ = context(node)
         pos = positions[node]
-        parent: tp.Any = parents.get(node)
+        parent = parents.get(node)
         outer = parent if isinstance(parent, c.Call) and parent.func is node else None
         site = Site(
           "construct", node, method, (pos.start.line, pos.end.line), loop, depth, cond, cls, outer
@@ -193,7 +193,7 @@ def find_sites(
   module.visit(LocalCalls())
   constructs = {id(s.node): s for s in sites if s.kind == "construct"}
   for site in sites:
-    arg = parents.get(site.node)
+    arg: tp.Any = parents.get(site.node)
     call = parents.get(arg) if isinstance(arg, c.Arg) else None
     if site.kind == "construct" and call is not None and id(call) in constructs:
       site.nested_in = call
