@@ -2,52 +2,22 @@
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import inspect
 import typing as tp
 
 from . import standard_layers
 from .find_sites import Site
+from .hoist import Hoist, match_child
+from .names import available, loop_targets, names_in
 from .source import libcst
 from .values import literal
 
 if tp.TYPE_CHECKING:
   import libcst as cst
 
-  from .rewrite_class import Hoist, Planner
-
-
-def names_in(node: cst.CSTNode) -> set[str]:
-  """The free names an expression reads (attribute names after a dot excluded)."""
-  c = libcst()
-  found: set[str] = set()
-
-  class V(c.CSTVisitor):
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-      node.value.visit(self)
-      return False
-
-    def visit_Name(self, node: cst.Name) -> None:
-      found.add(node.value)
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-      node.value.visit(self)
-      return False
-
-  node.visit(V())
-  return found
-
-
-def available(node: cst.CSTNode, namespace: tp.Mapping[str, object], extra: set[str]) -> bool:
-  """Whether an expression can be evaluated in `__init__` (fields, globals, loop targets)."""
-  return all(
-    n == "self" or n in namespace or hasattr(builtins, n) or n in extra for n in names_in(node)
-  )
-
-
-def loop_targets(loop: cst.For | None) -> set[str]:
-  return names_in(loop.target) if loop is not None else set()
+# The planner (`rewrite_class.Planner`) is passed in; typed loosely so this module stays below it.
+Planner = tp.Any
 
 
 def bind(site: Site, cls: type) -> tuple[dict[str, cst.BaseExpression], str | None]:
@@ -108,14 +78,11 @@ def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str 
   Linen adopts it where it was built (a sibling, `OptimizedLSTMCell_0`); the trace pairs it by
   the line that called it, as any construction.
   """
-  from .rewrite_class import Hoist as HoistRecord
-  from .rewrite_class import _match
-
   trace = planner.ctx.trace
   children = {
-    p: [k for k in trace.children(p) if _match(inner, planner.src, k)] for p in hoist.children
+    p: [k for k in trace.children(p) if match_child(inner, planner.src, k)] for p in hoist.children
   }
-  record = HoistRecord(f"{hoist.attr}_{field}", inner, children, hoist.is_list)
+  record = Hoist(f"{hoist.attr}_{field}", inner, children, hoist.is_list)
   return construction(planner, record, index)
 
 

@@ -14,7 +14,10 @@ import typing as tp
 
 from . import standard_layers
 from .find_sites import Site, explicit_name, find_sites
+from .hoist import Hoist, match_child
+from .names import available, names_in
 from .records import Change, Todo
+from .scan_lift import plan_scan
 from .source import ClassSource, dotted, libcst
 from .trace import Instance, Trace
 from .values import Resolver
@@ -34,20 +37,6 @@ class Context:
 
 
 @dataclasses.dataclass
-class Hoist:
-  """One attribute of the port built in `__init__` (or a list of them, built by a loop)."""
-
-  attr: str
-  site: Site
-  children: dict[tuple[str, ...], list[Instance]]  # parent instance path -> made in order
-  is_list: bool
-  call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
-  index: str | None = None  # the loop variable indexing the list at the call
-  post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
-  scan: tp.Any = None  # a `scan_lift.ScanPlan` when built through nn.scan
-
-
-@dataclasses.dataclass
 class ClassPort:
   cls: type
   source: ClassSource
@@ -62,16 +51,6 @@ class ClassPort:
     return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
 
 
-def _match(site: Site, src: ClassSource, child: Instance) -> bool:
-  """Whether the trace saw `child` called by this construction (or by the local it went to)."""
-  if child.called_at is None or child.called_at[0] != src.file or child.cls is not site.target:
-    return False
-  line = child.called_at[1]
-  return any(
-    src.line(first) <= line <= src.line(last) for first, last in [site.lines, *site.local_lines]
-  )
-
-
 def _list_name(names: list[str]) -> str | None:
   """`Dense` for `['Dense_0', 'Dense_1']` (the names a loop made, in order), else None."""
   m = re.fullmatch(r"(.+)_0", names[0]) if names else None
@@ -83,8 +62,6 @@ def _list_name(names: list[str]) -> str | None:
 
 def _assignment_counts(fn: tp.Any) -> dict[str, int]:
   """How often each local of a function is bound (a loop target or `+=` counts as many)."""
-  from .emit import names_in
-
   c = libcst()
   counts: dict[str, int] = {}
 
@@ -142,8 +119,6 @@ class Planner:
     `config = self.config` then `nn.Dense(config.mlp_dim)`: the construction moves to
     `__init__`, where the same line gives `config` the same value.
     """
-    from .emit import available
-
     c = libcst()
     found: dict[str, dict[str, str]] = {}
     classdef: tp.Any = self.module.body[0]
@@ -173,8 +148,6 @@ class Planner:
     The site's own `if` tests when `__init__` can evaluate them (fields, globals, aliases);
     otherwise whether the trace saw it in each instance: always, or an added bool argument.
     """
-    from .emit import available, names_in
-
     if not site.guards:
       return None
     aliases = self.aliases.get(site.method, {})
@@ -281,7 +254,7 @@ class Planner:
         attr = site.setup_attr
         made = [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
       else:
-        made = [k for k in kids if _match(site, self.src, k)]
+        made = [k for k in kids if match_child(site, self.src, k)]
       children[inst.path] = made
     names = {tuple(k.path[-1] for k in made) for made in children.values()}
     if site.setup_attr is not None and not site.setup_list:
@@ -311,8 +284,6 @@ class Planner:
     if site.lift is not None and getattr(site.lift.func, "attr", None) is not None:
       lift = dotted(site.lift.func) or ""
       if lift.endswith(".scan"):
-        from .scan_lift import plan_scan
-
         plan = plan_scan(self, site)
         if isinstance(plan, str):
           self.todo(site, plan)

@@ -15,10 +15,12 @@ import typing as tp
 from flax.core import meta
 
 from . import standard_layers
-from .emit import available, construction, loop_targets
+from .emit import construction
+from .hoist import Hoist
 from .linen_api import VARIABLE_TYPES
+from .names import available, loop_targets
 from .records import Todo
-from .rewrite_class import ClassPort, Context, Hoist, Planner
+from .rewrite_class import ClassPort, Context, Planner
 from .source import ClassSource, dotted, libcst
 
 if tp.TYPE_CHECKING:

@@ -14,11 +14,14 @@ import typing as tp
 
 from flax import linen as nn
 
+from .names import available
 from .source import dotted
 
 if tp.TYPE_CHECKING:
   from .find_sites import Site
-  from .rewrite_class import Planner
+
+# The planner (`rewrite_class.Planner`) is passed in; typed loosely so this module stays below it.
+Planner = tp.Any
 
 # nn.scan arguments the draft writes; any other one makes the construction a TODO.
 _KNOWN = frozenset({"variable_axes", "split_rngs", "in_axes", "out_axes", "length"})
@@ -72,8 +75,6 @@ def _value(planner: Planner, node: tp.Any) -> object:
 
 def plan_scan(planner: Planner, site: Site) -> ScanPlan | str:
   """The plan of a construction through `nn.scan`, or why it stays a TODO."""
-  from .emit import available
-
   call = site.lift
   kwargs = {a.keyword.value: a.value for a in call.args[1:] if a.keyword is not None}
   unknown = sorted(set(kwargs) - _KNOWN)
