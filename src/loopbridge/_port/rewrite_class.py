@@ -217,7 +217,7 @@ class Planner:
         self._plan_construct(site)
 
   def _plan_lift(self, site: Site) -> None:
-    """`block = nn.remat(Block, ...)` -> `block = nnx.remat(Block.__call__, ...)`."""
+    """`block = nn.remat(Block, ...)` -> `block = nnx.remat(lambda module, *args: ...)`."""
     name = getattr(site.target, "__name__", "")
     node = site.node
     if name == "scan":
@@ -232,7 +232,10 @@ class Planner:
       return
     cls = self.code(node.args[0].value)
     kwargs = "".join(f", {a.keyword.value}={self.code(a.value)}" for a in node.args[1:])
-    self.lift_rewrites[id(node)] = f"nnx.remat({cls}.__call__{kwargs})"
+    # Through the module's own call (not `{cls}.__call__`): its class's call is what runs, as
+    # for any other module call (subclasses and tools that wrap a module's call see it).
+    del cls
+    self.lift_rewrites[id(node)] = f"nnx.remat(lambda module, *args: module(*args){kwargs})"
 
   def _plan_construct(self, site: Site) -> None:
     cls = tp.cast(type, site.target)

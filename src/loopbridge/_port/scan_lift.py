@@ -32,7 +32,7 @@ class ScanPlan:
   length: str
   in_axes: object  # one axis (int or None = broadcast) for every scanned input, or a tuple
   out_axes: str
-  body: str  # what runs one layer: `Block.__call__`, or the local holding its nnx.remat
+  body: str | None  # the local holding the layer's nnx.remat, or None: the layer's own call
 
   def stack(self, attr: str, construction: str, unit: str) -> list[str]:
     """`__init__` lines building the stack of `length` layers."""
@@ -48,7 +48,7 @@ class ScanPlan:
     """`nnx.scan(...)(module, carry, *xs)` for a Linen call `scanned(carry, *xs)`."""
     carry, xs = args[0], args[1:]
     axes = list(self.in_axes) if isinstance(self.in_axes, tuple) else [self.in_axes] * len(xs)
-    params, inner, outer, in_axes = ["layer", "carry"], ["layer", "carry"], [module, carry], []
+    params, inner, outer, in_axes = ["layer", "carry"], ["carry"], [module, carry], []
     for i, (x, axis) in enumerate(zip(xs, axes)):
       if axis is None:
         inner.append(x)
@@ -57,8 +57,9 @@ class ScanPlan:
         inner.append(f"x{i}")
         outer.append(x)
         in_axes.append(repr(axis))
+    run = f"{self.body}(layer, {', '.join(inner)})" if self.body else f"layer({', '.join(inner)})"
     return (
-      f"nnx.scan(lambda {', '.join(params)}: {self.body}({', '.join(inner)}), "
+      f"nnx.scan(lambda {', '.join(params)}: {run}, "
       f"in_axes=(0, nnx.Carry{''.join(', ' + a for a in in_axes)}), "
       f"out_axes=(nnx.Carry, {self.out_axes}))({', '.join(outer)})"
     )
@@ -102,5 +103,6 @@ def plan_scan(planner: Planner, site: Site) -> ScanPlan | str:
   scanned = tuple(axis(a) for a in in_axes) if isinstance(in_axes, tuple) else axis(in_axes)
   cls = tp.cast(type, site.target)
   first = call.args[0].value
-  body = dotted(first) if site.inner_lift is not None else f"{cls.__name__}.__call__"
-  return ScanPlan(planner.code(kwargs["length"]), scanned, repr(out_axes), tp.cast(str, body))
+  body = dotted(first) if site.inner_lift is not None else None
+  del cls
+  return ScanPlan(planner.code(kwargs["length"]), scanned, repr(out_axes), body)
