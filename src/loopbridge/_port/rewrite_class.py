@@ -31,7 +31,7 @@ class Context:
   """What every class of one draft shares."""
 
   trace: Trace
-  modern: bool  # the installed flax has nnx.List and `variable[...]` access
+  modern: bool  # flax 0.12 idioms: nnx.List, `variable[...]`, nnx.scan splitting rng streams
   ported: dict[type, ClassPort]
   linen_names: set[str]  # names the user's modules bind to flax.linen
 

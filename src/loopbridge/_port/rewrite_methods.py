@@ -198,7 +198,8 @@ class Rewriter(libcst().CSTTransformer):
           self._mark("a call of an nn.scan module with keyword or star arguments")
           return updated
         module = self.p.code(updated.func) if h is not scan_local else func.value
-        code = h.scan.call(module, [self.p.code(a.value) for a in updated.args])
+        args = [self.p.code(a.value) for a in updated.args]
+        code = h.scan.call(module, args, split_rngs=not self.p.ctx.modern)
         self.p.change(
           self.p.positions[original].start.line,
           self.p.code(original),

@@ -44,8 +44,12 @@ class ScanPlan:
       f"self.{attr} = make_{attr}(rngs)",
     ]
 
-  def call(self, module: str, args: list[str]) -> str:
-    """`nnx.scan(...)(module, carry, *xs)` for a Linen call `scanned(carry, *xs)`."""
+  def call(self, module: str, args: list[str], split_rngs: bool) -> str:
+    """`nnx.scan(...)(module, carry, *xs)` for a Linen call `scanned(carry, *xs)`.
+
+    `split_rngs`: flax 0.10's nnx.scan needs the stack's rng streams split around the call
+    (its layers' streams keep one count each); flax 0.12 splits them itself.
+    """
     carry, xs = args[0], args[1:]
     axes = list(self.in_axes) if isinstance(self.in_axes, tuple) else [self.in_axes] * len(xs)
     params, inner, outer, in_axes = ["layer", "carry"], ["carry"], [module, carry], []
@@ -58,11 +62,14 @@ class ScanPlan:
         outer.append(x)
         in_axes.append(repr(axis))
     run = f"{self.body}(layer, {', '.join(inner)})" if self.body else f"layer({', '.join(inner)})"
-    return (
+    scan = (
       f"nnx.scan(lambda {', '.join(params)}: {run}, "
       f"in_axes=(0, nnx.Carry{''.join(', ' + a for a in in_axes)}), "
-      f"out_axes=(nnx.Carry, {self.out_axes}))({', '.join(outer)})"
+      f"out_axes=(nnx.Carry, {self.out_axes}))"
     )
+    if split_rngs:
+      scan = f"nnx.split_rngs(splits={self.length})({scan})"
+    return f"{scan}({', '.join(outer)})"
 
 
 def _value(planner: Planner, node: tp.Any) -> object:
