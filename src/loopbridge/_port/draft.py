@@ -230,7 +230,7 @@ def draft(
   init_kwargs = {
     f.name: getattr(linen_module, f.name)
     for f in dataclasses.fields(linen_module)
-    if f.name not in ("parent", "name")
+    if f.name not in ("parent", "name") and f.name not in root_port.dropped
   }
   for extra in root_port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
     init_kwargs[extra.name] = extra.values[()]

@@ -25,7 +25,17 @@ def bind(site: Site, cls: type) -> tuple[dict[str, cst.BaseExpression], str | No
   c = libcst()
   fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
   bound: dict[str, cst.BaseExpression] = {}
-  for i, arg in enumerate(site.node.args):
+  given = list(site.node.args)
+  if site.partial is not None:
+    # partial(Cls, *a, **k)(*b, **j) builds Cls(*a, *b, **k, **j).
+    bound_first = list(site.partial.args[1:])
+    given = (
+      [a for a in bound_first if a.keyword is None]
+      + [a for a in given if a.keyword is None]
+      + [a for a in bound_first if a.keyword is not None]
+      + [a for a in given if a.keyword is not None]
+    )
+  for i, arg in enumerate(given):
     if arg.star:
       return {}, "a construction with *args/**kwargs (the draft binds arguments one by one)"
     if arg.keyword is None:
@@ -66,6 +76,21 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
       moved.append(f"{field}={code}")
     else:
       values[field] = planner.traced(hoist, lambda k, f=field: getattr(k.module, f), field, index)
+  if site.factory_field is not None:
+    # `self.conv(8)` with `conv = partial(nn.Conv, use_bias=False)`: what the partial binds is
+    # read from the submodule the trace saw.
+    for f in dataclasses.fields(cls):
+      if f.name in ("parent", "name") or f.name in values or f.name in moved_names(moved):
+        continue
+      default = f.default if f.default is not dataclasses.MISSING else None
+      kids = [k for ks in hoist.children.values() for k in ks]
+      if kids and any(
+        getattr(k.module, f.name) is not default and getattr(k.module, f.name) != default
+        for k in kids
+      ):
+        values[f.name] = planner.traced(
+          hoist, lambda k, n=f.name: getattr(k.module, n), f.name, index
+        )
   hoist.call_kwargs = moved
   if layer is None:
     return _user_class(planner, hoist, cls, values, index), ""
@@ -84,6 +109,10 @@ def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str 
   }
   record = Hoist(f"{hoist.attr}_{field}", inner, children, hoist.is_list)
   return construction(planner, record, index)
+
+
+def moved_names(moved: list[str]) -> set[str]:
+  return {m.split("=", 1)[0] for m in moved}
 
 
 def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
@@ -149,12 +178,17 @@ def _user_class(planner, hoist, cls, values, index) -> str:
   parts: list[str] = []
   fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
   positional = [a for a in site.node.args if a.keyword is None]
-  for i, _ in enumerate(positional):
-    parts.append(values[fields[i]])
-  for arg in site.node.args:
-    if arg.keyword is not None and arg.keyword.value != "name":
-      parts.append(f"{arg.keyword.value}={values[arg.keyword.value]}")
   child_port = planner.ctx.ported[cls]
+  by_keyword = False
+  for i, _ in enumerate(positional):
+    if fields[i] in child_port.dropped:
+      by_keyword = True  # the child's port has no such argument (a module factory)
+      continue
+    parts.append(f"{fields[i]}={values[fields[i]]}" if by_keyword else values[fields[i]])
+  for arg in site.node.args:
+    keyword = arg.keyword.value if arg.keyword is not None else None
+    if keyword is not None and keyword != "name" and keyword not in child_port.dropped:
+      parts.append(f"{keyword}={values[keyword]}")
   for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
     code = planner.traced(hoist, lambda k, e=extra: e.values[k.path], extra.name, index)
     parts.append(f"{extra.name}={code}")

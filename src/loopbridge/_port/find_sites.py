@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import typing as tp
 
 from .source import dotted, libcst, resolve
@@ -37,6 +38,8 @@ class Site:
   setup_attr: str | None = None  # `self.<attr> = <site>` in setup
   setup_list: bool = False  # `self.<attr> = [<site> for ...]` in setup
   comp: tp.Any = None  # that list comprehension
+  partial: tp.Any = None  # `conv = partial(nn.Conv, ...)`, then `conv(8)`: that partial call
+  factory_field: str | None = None  # `self.conv(8)` where the field `conv` holds a factory
   nested_in: tp.Any = None  # `nn.RNN(nn.LSTMCell(8))`: the construction this one is an argument of
 
 
@@ -52,7 +55,10 @@ def explicit_name(site: Site) -> str | None:
 
 
 def find_sites(
-  wrapper: cst.MetadataWrapper, namespace: tp.Mapping[str, object], linen_names: set[str]
+  wrapper: cst.MetadataWrapper,
+  namespace: tp.Mapping[str, object],
+  linen_names: set[str],
+  fields: tp.Collection[str] = (),
 ) -> list[Site]:
   c = libcst()
   meta = c.metadata
@@ -90,6 +96,20 @@ def find_sites(
   from .linen_api import is_lift
 
   lifted_locals: dict[tuple[str, str], tuple[type, tp.Any, tp.Any]] = {}
+  partial_locals: dict[tuple[str, str], tuple[type, tp.Any]] = {}
+
+  def partial_of_class(node: tp.Any) -> tuple[type, tp.Any] | None:
+    """`partial(nn.Conv, use_bias=False)` -> (nn.Conv, that call)."""
+    if (
+      not isinstance(node, c.Call) or resolve(dotted(node.func), namespace) is not functools.partial
+    ):
+      return None
+    if not node.args or node.args[0].keyword is not None:
+      return None
+    target = resolve(dotted(node.args[0].value), namespace)
+    if isinstance(target, type) and issubclass(target, nn.Module):
+      return target, node
+    return None
 
   def lifted_class(node: tp.Any) -> tuple[type, tp.Any, tp.Any] | None:
     """`nn.remat(Block, ...)` -> (Block, that call, None); `nn.scan(block, ...)` over a local
@@ -113,6 +133,9 @@ def find_sites(
       target: tp.Any = node.targets[0].target if len(node.targets) == 1 else None
       if found is not None and isinstance(target, c.Name):
         lifted_locals[(context(node)[0], target.value)] = found
+      made = partial_of_class(node.value)
+      if made is not None and isinstance(target, c.Name):
+        partial_locals[(context(node)[0], target.value)] = made
 
   module.visit(Locals())
 
@@ -125,6 +148,37 @@ def find_sites(
         lifted = lifted_locals[(context(node)[0], func.value)]
       elif isinstance(func, c.Call):
         lifted = lifted_class(func)
+      key = (context(node)[0], func.value) if isinstance(func, c.Name) else None
+      parent0 = parents.get(node)
+      inline = isinstance(parent0, c.Call) and parent0.func is node
+      factory = (
+        isinstance(func, c.Attribute)
+        and dotted(func.value) == "self"
+        and func.attr.value in fields
+        and inline
+      )
+      if (key is not None and key in partial_locals) or factory:
+        method, loop, depth, cond, _ = context(node)
+        pos = positions[node]
+        target = partial_locals[key][0] if key in partial_locals else None
+        site = Site(
+          "construct",
+          node,
+          method,
+          (pos.start.line, pos.end.line),
+          loop,
+          depth,
+          cond,
+          target,
+          parent0 if inline else None,
+        )
+        if key in partial_locals:
+          site.partial = partial_locals[key][1]
+        else:
+          site.factory_field = func.attr.value
+        site.local = _assigned_local(parent0)
+        sites.append(site)
+        return
       if lifted is not None:
         cls, lift, inner = lifted
         method, loop, depth, cond, _ = context(node)

@@ -47,8 +47,20 @@ class ClassPort:
   uses_rngs_attr: bool = False
   attributes: dict[str, int] = dataclasses.field(default_factory=dict)  # attr -> class line
 
+  dropped: set[str] = dataclasses.field(default_factory=set)  # module-factory fields
+
   def field_names(self) -> list[str]:
     return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
+
+
+def factory_class(value: object) -> type | None:
+  """The Linen class a field value builds: `partial(nn.Conv, ...)` or `nn.Conv` itself."""
+  import functools
+
+  from flax import linen as nn
+
+  func = value.func if isinstance(value, functools.partial) else value
+  return func if isinstance(func, type) and issubclass(func, nn.Module) else None
 
 
 def _list_name(names: list[str]) -> str | None:
@@ -97,7 +109,7 @@ class Planner:
     self.module = wrapper.module
     self.instances = ctx.trace.of_class(port.cls)
     self.resolver = port.resolver = Resolver(self.instances, port.field_names())
-    self.sites = find_sites(wrapper, self.src.namespace, ctx.linen_names)
+    self.sites = find_sites(wrapper, self.src.namespace, ctx.linen_names, port.field_names())
     self.hoists: dict[int, Hoist] = {}  # id(site.node) -> hoist
     self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
     self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
@@ -238,6 +250,17 @@ class Planner:
     self.lift_rewrites[id(node)] = f"nnx.remat(lambda module, *args: module(*args){kwargs})"
 
   def _plan_construct(self, site: Site) -> None:
+    if site.factory_field is not None:
+      made = {factory_class(getattr(i.module, site.factory_field, None)) for i in self.instances}
+      if len(made) != 1 or None in made:
+        self.todo(
+          site,
+          f"self.{site.factory_field}(...) builds {sorted(map(str, made))}: not "
+          "one Linen module class in every instance",
+        )
+        return
+      site.target = made.pop()
+      self.port.dropped.add(site.factory_field)
     cls = tp.cast(type, site.target)
     if not (cls in standard_layers.TABLE or cls in self.ctx.ported):
       why = (

@@ -587,7 +587,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   params: list[str] = []
   by_name = {s.body[0].target.value: s.body[0] for s in field_stmts}
   for f in dataclasses.fields(src.cls):
-    if f.name in ("parent", "name"):
+    if f.name in ("parent", "name") or f.name in port.dropped:
       continue
     node = by_name.get(f.name)
     if node is not None:
@@ -601,7 +601,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   hoisted = _hoisted_lines(planner, loops)
   kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
   signature = ", ".join(["self", *params, "*", *kw])
-  init_lines = [f"self.{f} = {f}" for f in fields]
+  init_lines = [f"self.{f} = {f}" for f in fields if f not in port.dropped]
   if port.uses_rngs_attr:
     init_lines.append("self.rngs = rngs")
   init_src = (
