@@ -57,13 +57,17 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
     return None, error
   aliases = planner.aliases.get(site.method, {})
   extra = loop_targets(site.loop) | planner.comprehension_targets(site) | set(aliases)
+  extra |= planner.scope_names.get(id(site.node), set())
   ns = planner.src.namespace
   values: dict[str, str] = {}
   moved: list[str] = []
   layer = standard_layers.lookup(cls)
   nested = {id(s.node): s for s in planner.sites if s.nested_in is site.node}
+  child = planner.ctx.ported.get(cls)
   for field, expr in bound.items():
     code = planner.code(expr)
+    if child is not None and field in child.dropped:
+      continue  # a module factory: the child's port builds its layers itself
     if id(expr) in nested:
       inner, why = _nested(planner, hoist, nested[id(expr)], field, index)
       if inner is None:
@@ -84,6 +88,12 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
         continue
       default = f.default if f.default is not dataclasses.MISSING else None
       kids = [k for ks in hoist.children.values() for k in ks]
+      if layer is not None and f.name in layer.call_time and site.outer_call is not None:
+        # `use_running_average=not train` bound by the parent's partial: the flag is a call
+        # argument of this method now, passed by the parent at its call.
+        moved.append(f"{f.name}={f.name}")
+        planner.port.threaded.setdefault(site.method, {})[f.name] = site.factory_field
+        continue
       if kids and any(
         getattr(k.module, f.name) is not default and getattr(k.module, f.name) != default
         for k in kids

@@ -39,7 +39,9 @@ class Site:
   setup_list: bool = False  # `self.<attr> = [<site> for ...]` in setup
   comp: tp.Any = None  # that list comprehension
   partial: tp.Any = None  # `conv = partial(nn.Conv, ...)`, then `conv(8)`: that partial call
+  local_name: str | None = None  # the partial local the construction calls
   factory_field: str | None = None  # `self.conv(8)` where the field `conv` holds a factory
+  loops: list[tp.Any] = dataclasses.field(default_factory=list)  # enclosing for loops, inner first
   nested_in: tp.Any = None  # `nn.RNN(nn.LSTMCell(8))`: the construction this one is an argument of
 
 
@@ -69,11 +71,13 @@ def find_sites(
   from flax import linen as nn
 
   conditions: dict[int, list[tuple[tp.Any, bool]]] = {}
+  loops_of: dict[int, list[tp.Any]] = {}
 
   def context(node) -> tuple[str, tp.Any, int, bool, tp.Any]:
     method, loop, depth, cond, stmt = "", None, 0, False, None
     n = node
     guards: list[tuple[tp.Any, bool]] = []
+    found_loops: list[tp.Any] = []
     while n in parents:
       child, n = n, parents[n]
       if isinstance(n, c.If) and loop is None:
@@ -85,12 +89,14 @@ def find_sites(
       if isinstance(n, c.For):
         depth += 1
         loop = loop or n
+        found_loops.append(n)
       if isinstance(n, (c.If, c.IfExp)) and loop is None:
         cond = True
       if isinstance(n, c.FunctionDef):
         method = n.name.value
         break
     conditions[id(node)] = guards
+    loops_of[id(node)] = found_loops
     return method, loop, depth, cond, stmt
 
   from .linen_api import is_lift
@@ -174,6 +180,7 @@ def find_sites(
         )
         if key in partial_locals:
           site.partial = partial_locals[key][1]
+          site.local_name = func.value
         else:
           site.factory_field = func.attr.value
         site.local = _assigned_local(parent0)
@@ -252,6 +259,7 @@ def find_sites(
     if site.kind == "construct" and call is not None and id(call) in constructs:
       site.nested_in = call
     site.guards = conditions.get(id(site.node), [])
+    site.loops = loops_of.get(id(site.node), [])
     if site.local is not None:
       site.local_lines = local_calls.get((site.method, site.local), [])
   return sites

@@ -21,6 +21,7 @@ class Hoist:
   call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
   index: str | None = None  # the loop variable indexing the list at the call
   post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
+  counter: bool = False  # built in nested loops: indexed by a running count
   scan: tp.Any = None  # a `scan_lift.ScanPlan` when built through nn.scan
 
 

@@ -48,6 +48,8 @@ class ClassPort:
   attributes: dict[str, int] = dataclasses.field(default_factory=dict)  # attr -> class line
 
   dropped: set[str] = dataclasses.field(default_factory=set)  # module-factory fields
+  # method -> {call argument added: the factory field whose partial bound it in Linen}
+  threaded: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
   def field_names(self) -> list[str]:
     return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
@@ -115,6 +117,12 @@ class Planner:
     self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
     self.lift_rewrites: dict[int, str] = {}  # id(lift call) -> its NNX form
     self.scan_locals: dict[tuple[str, str], Hoist] = {}  # (method, local) -> its scan hoist
+    # Layers made in nested loops (`rewrite_methods._plan_counter`), by id of their site:
+    self.counter_plans: dict[int, Hoist] = {}
+    self.counter_nest: dict[int, tuple[str, list[str], int]] = {}  # list local, loop lines, depth
+    self.scope_names: dict[int, set[str]] = {}  # names `__init__` has at the construction
+    self.counter_inits: dict[int, str] = {}  # id(outermost loop) -> its counter
+    self.increments: dict[int, str] = {}  # id(statement) -> the counter it advances
     self.positions = wrapper.resolve(libcst().metadata.PositionProvider)
     self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
     self.site_of = {id(s.node): s for s in self.sites}
@@ -122,7 +130,13 @@ class Planner:
     self.param_attrs: dict[str, str] = {}  # setup attribute -> param name (read as a value)
     self.var_attrs: dict[str, str] = {}  # setup attribute -> variable name (a Variable)
     self.declarations: list[str] = []  # `self.x = nnx.Param(...)` of the call methods
-    self.aliases = self._aliases()  # method -> {local: code} of `config = self.config` lines
+    self.aliases = self._aliases()
+    # (method, local) -> the `partial(Cls, ...)` call assigned to it
+    self.partials = {
+      (s.method, s.local_name): s.partial
+      for s in self.sites
+      if s.partial is not None and s.local_name
+    }  # method -> {local: code} of `config = self.config` lines
     self.used_aliases: set[str] = set()
 
   def _aliases(self) -> dict[str, dict[str, str]]:
@@ -288,7 +302,7 @@ class Planner:
       return
     if site.setup_attr is not None or site.loop is not None:
       lists = {_list_name(list(n)) for n in names if n}
-      if len(lists) != 1 or None in lists or (site.setup_attr is None and site.loop_depth != 1):
+      if len(lists) != 1 or None in lists:
         self.todo(
           site,
           f"the submodules this makes are named {sorted(names)}: not one list "
@@ -296,7 +310,10 @@ class Planner:
         )
         return
       attr = tp.cast(str, lists.pop())
-      self.hoists[id(site.node)] = Hoist(attr, site, children, True)
+      hoist = Hoist(attr, site, children, True)
+      # Nested loops (stages of blocks): a running count indexes the list at the call.
+      hoist.counter = site.setup_attr is None and site.loop_depth > 1
+      self.hoists[id(site.node)] = hoist
       return
     made_names = {n for n in names if n}
     if len(made_names) != 1 or len(next(iter(made_names))) != 1:

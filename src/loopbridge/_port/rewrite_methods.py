@@ -74,11 +74,15 @@ class Rewriter(libcst().CSTTransformer):
     return True
 
   def _pop(self, original, updated):
+    c = libcst()
     self.stack.pop()
     reasons = self.marks.pop(id(original), None)
-    if not reasons:
-      return updated
-    return self._todo_block(original, reasons)
+    if reasons:
+      return self._todo_block(original, reasons)
+    counter = self.p.increments.get(id(original))
+    if counter is not None:
+      return c.FlattenSentinel([updated, c.parse_statement(f"{counter} += 1\n")])
+    return updated
 
   def _todo_block(self, original, reasons: list[str]):
     c = libcst()
@@ -106,6 +110,15 @@ class Rewriter(libcst().CSTTransformer):
   leave_With = _pop
 
   def leave_For(self, original, updated):
+    counter = self.p.counter_inits.get(id(original))
+    if counter is not None:
+      done = self._leave_for(original, updated)
+      if isinstance(done, libcst().For):
+        return libcst().FlattenSentinel([libcst().parse_statement(f"{counter} = 0\n"), done])
+      return done
+    return self._leave_for(original, updated)
+
+  def _leave_for(self, original, updated):
     loop = self.loops.get(id(original))
     if loop is not None and loop[1] is not None:
       c = libcst()
@@ -133,7 +146,30 @@ class Rewriter(libcst().CSTTransformer):
         )
         continue
       kept.append(d)
-    return self._drop_moved_aliases(updated.with_changes(decorators=kept))
+    updated = updated.with_changes(decorators=kept)
+    added = self.p.port.threaded.get(original.name.value, {})
+    if added:
+      c = libcst()
+      params = updated.params
+      new = [
+        c.Param(c.Name(n), default=c.Name("None"), equal=c.AssignEqual())
+        for n in added
+        if n not in {p.name.value for p in [*params.params, *params.kwonly_params]}
+      ]
+      star = (
+        params.star_arg if isinstance(params.star_arg, (c.Param, c.ParamStar)) else c.ParamStar()
+      )
+      updated = updated.with_changes(
+        params=params.with_changes(star_arg=star, kwonly_params=[*params.kwonly_params, *new])
+      )
+      for n, field in added.items():
+        self.p.change(
+          self.p.positions[original].start.line,
+          f"self.{field}(...)",
+          f"{n}= call argument",
+          f"Linen bound {n} through the factory field {field}; NNX takes it at the call",
+        )
+    return self._drop_moved_aliases(updated)
 
   def _drop_moved_aliases(self, fn):
     """Remove `init = nn.with_...(...)` lines that only the moved constructions read.
@@ -143,6 +179,8 @@ class Rewriter(libcst().CSTTransformer):
     c = libcst()
     aliases = self.p.aliases.get(fn.name.value, {})
     moved = [n for n in aliases if n in self.p.used_aliases]
+    # `conv = partial(nn.Conv, ...)`: its constructions are built in __init__ now.
+    moved += [local for method, local in self.p.partials if method == fn.name.value]
     if not moved:
       return fn
     reads: dict[str, int] = {}
@@ -214,6 +252,19 @@ class Rewriter(libcst().CSTTransformer):
           func=c.parse_expression(self.p.code(h.site.node.func)),
           args=[c.Arg(updated.func), *updated.args, *extra],
         )
+      child = self.p.ctx.ported.get(tp.cast(type, h.site.target))
+      if h.site.outer_call is original and child is not None and child.threaded.get("__call__"):
+        extra_args = []
+        for n, field in child.threaded["__call__"].items():
+          value = self._threaded_value(h, field, n)
+          if value is None:
+            self._mark(
+              f"{n} reaches {child.cls.__name__} through its factory field {field}, "
+              "bound by an expression the draft cannot read"
+            )
+            return updated
+          extra_args.append(c.parse_expression(f"f({n}={value})").args[0])
+        return updated.with_changes(args=[*updated.args, *extra_args])
       if h.site.outer_call is original:
         args = list(updated.args)
         layer = standard_layers.lookup(tp.cast(type, h.site.target))
@@ -240,6 +291,18 @@ class Rewriter(libcst().CSTTransformer):
     if site.kind == "self_api":
       return self._self_api(site, original, updated)
     return updated
+
+  def _threaded_value(self, hoist: Hoist, field: str, name: str) -> str | None:
+    """The expression the parent bound `name` to, in the partial it passes as `field`."""
+    c = libcst()
+    arg = next((a for a in hoist.site.node.args if a.keyword and a.keyword.value == field), None)
+    if arg is None or not isinstance(arg.value, c.Name):
+      return None
+    partial = self.p.partials.get((hoist.site.method, arg.value.value))
+    if partial is None:
+      return None
+    bound = next((a for a in partial.args[1:] if a.keyword and a.keyword.value == name), None)
+    return None if bound is None else self.p.code(bound.value)
 
   def _hoisted(self, hoist: Hoist, original, updated):
     c = libcst()
@@ -274,8 +337,13 @@ class Rewriter(libcst().CSTTransformer):
         else "submodule built with rngs",
       )
       return c.parse_expression(code)
-    index = self.loops[id(site.loop)][0] if hoist.is_list else None
-    code, why = construction(self.p, hoist, index)
+    if hoist.counter:
+      local = self.p.counter_nest[id(site.node)][0]
+      code, why = construction(self.p, hoist, f"len({local})")
+      index = hoist.index
+    else:
+      index = self.loops[id(site.loop)][0] if hoist.is_list else None
+      code, why = construction(self.p, hoist, index)
     if code is None:
       self._mark(why)
       return updated
@@ -513,6 +581,14 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     site = hoist.site
     if site.setup_attr is not None or id(site.node) not in planner.hoisted_code:
       continue
+    if hoist.counter:
+      local, nest, depth = planner.counter_nest[id(site.node)]
+      code = planner.hoisted_code[id(site.node)]
+      lines.append(f"{local} = []")
+      lines.append("\n".join([*nest, f"{unit * depth}{local}.append({code})"]) + "\n")
+      lines.append(f"self.{hoist.attr} = {planner.list_of(local)}")
+      planner.port.attributes[hoist.attr] = planner.src.line(site.lines[0])
+      continue
     if not hoist.is_list:
       code = planner.hoisted_code[id(site.node)]
       if hoist.scan is not None:
@@ -551,6 +627,71 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
   return lines
 
 
+def _unique(name: str, taken: set[str]) -> str:
+  while name in taken:
+    name += "_"
+  return name
+
+
+def _plan_counter(planner: Planner, hoist: Hoist) -> None:
+  """Layers made in nested loops: `__init__` replays the loops, the call counts the layers.
+
+  `__init__` runs the same loop headers and the plain assignments before the construction
+  (`strides = (2, 2) if i > 0 else (1, 1)`) when they read fields, globals and loop targets
+  only; a per-layer traced value is indexed by the layers built so far (`len(...)`).
+  """
+  c = libcst()
+  site = hoist.site
+  ns = planner.src.namespace
+  aliases = planner.aliases.get(site.method, {})
+  outer_first = list(reversed(site.loops))
+  if any(id(outer_first[0]) == id(h.site.loops[-1]) for h in planner.counter_plans.values()):
+    planner.todo(site, "two lists of layers built in the same nested loops")
+    return
+  known = set(aliases)
+  lines: list[str] = []
+  unit = planner.module.default_indent
+  clash = hoist.attr in ns or hoist.attr in aliases
+  local = f"{hoist.attr}_layers" if clash else hoist.attr
+  chain: list[tp.Any] = []
+  node: tp.Any = site.node
+  while node in planner.parents:
+    parent = planner.parents[node]
+    if isinstance(parent, c.IndentedBlock) and planner.parents.get(parent) in outer_first:
+      chain.append(node)
+    if parent is outer_first[0]:
+      break
+    node = parent
+  chain = list(reversed(chain))  # per level, the statement holding the site
+  for depth, loop in enumerate(outer_first):
+    if not available(loop.iter, ns, known):
+      planner.todo(site, "a loop whose range depends on the call builds layers")
+      return
+    known |= loop_targets(loop)
+    lines.append(f"{unit * depth}for {planner.code(loop.target)} in {planner.code(loop.iter)}:")
+    for stmt in loop.body.body:
+      if stmt is chain[depth]:
+        break
+      if (
+        isinstance(stmt, c.SimpleStatementLine)
+        and isinstance(stmt.body[0], c.Assign)
+        and isinstance(stmt.body[0].targets[0].target, c.Name)
+        and available(stmt.body[0].value, ns, known)
+      ):
+        lines.append(f"{unit * (depth + 1)}{planner.code(stmt.body[0])}")
+        known.add(stmt.body[0].targets[0].target.value)
+  statement: tp.Any = site.node
+  while not isinstance(statement, c.SimpleStatementLine):
+    statement = planner.parents[statement]
+  counter = _unique("layer", set(ns) | known)
+  planner.scope_names[id(site.node)] = known
+  planner.counter_plans[id(site.node)] = hoist
+  hoist.index = counter
+  planner.counter_nest[id(site.node)] = (local, lines, len(outer_first))
+  planner.counter_inits[id(outer_first[0])] = counter
+  planner.increments[id(statement)] = counter
+
+
 def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   """The NNX port of one Linen class (its code, TODOs, changes and added arguments)."""
   c = libcst()
@@ -561,6 +702,9 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   loops: dict[int, tuple[str, str | None]] = {}
   for hoist in planner.hoists.values():
     loop = hoist.site.loop
+    if hoist.counter:
+      _plan_counter(planner, hoist)
+      continue
     if hoist.is_list and loop is not None and hoist.site.setup_attr is None:
       if not available(loop.iter, src.namespace, set()):
         planner.todo(hoist.site, "a loop whose range depends on the call builds layers")
