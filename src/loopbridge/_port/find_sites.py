@@ -155,7 +155,7 @@ def find_sites(
       elif isinstance(func, c.Call):
         lifted = lifted_class(func)
       key = (context(node)[0], func.value) if isinstance(func, c.Name) else None
-      parent0 = parents.get(node)
+      parent0: tp.Any = parents.get(node)
       inline = isinstance(parent0, c.Call) and parent0.func is node
       factory = (
         isinstance(func, c.Attribute)
