@@ -15,12 +15,19 @@ import sys
 import types
 import typing as tp
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from flax import nnx
+from flax.traverse_util import flatten_dict, unflatten_dict
 
+from .. import _compat
 from .._checkpoint.convert import linen_to_nnx
+from .._core.errors import CheckpointError
 from .._diagnostics.compare import compare
 from .records import Call, Check
+from .trace import rng_streams
 
 _COUNTER = itertools.count()
 
@@ -92,13 +99,65 @@ def run_check(
   return Check(True, tuple(reports), None, None)
 
 
+def _linen_path(path: tuple[object, ...]) -> tuple[str, ...]:
+  """An NNX path as Linen names it: a list's `layers/0` is Linen's `layers_0`."""
+  out: list[str] = []
+  for part in path:
+    if isinstance(part, int) and out:
+      out[-1] = f"{out[-1]}_{part}"
+    else:
+      out.append(str(part))
+  return tuple(out)
+
+
+def _caches(port: nnx.Module) -> dict[tuple[str, ...], nnx.Variable]:
+  return {
+    _linen_path(tuple(path)): node
+    for path, node in _compat.iter_graph(port)
+    if isinstance(node, nnx.Cache)
+  }
+
+
 def convert(
   linen_module: nn.Module,
   variables: tp.Mapping[str, object],
   port: nnx.Module,
   call: Call,
 ) -> None:
-  """Fill `port` with the Linen variables, pairing by the sample call."""
-  linen_to_nnx(
-    linen_module, variables, port, *call.args, method=call.method, sample_kwargs=call.kwargs
+  """Fill `port` with the Linen variables, pairing by the sample call.
+
+  A decode cache sized by an `init` on the full length (as decoding code does) is not what the
+  sample call's `init` makes: the rest is converted with a cache of the sample's size, then the
+  user's cache goes into the port's cache variables by path (the draft names them as Linen).
+  """
+  kwargs = dict(call.kwargs)
+  given: dict[tp.Any, tp.Any] = flatten_dict(
+    dict(tp.cast(tp.Mapping[str, tp.Any], variables.get("cache", {})))
   )
+  sample = jax.eval_shape(
+    lambda: linen_module.init(rng_streams(()), *call.args, method=call.method, **kwargs)
+  )
+  sized: dict[tp.Any, tp.Any] = flatten_dict(dict(sample.get("cache", {})))
+  if not given or {k: v.shape for k, v in sized.items()} == {
+    k: np.shape(v) for k, v in given.items()
+  }:
+    linen_to_nnx(
+      linen_module, variables, port, *call.args, method=call.method, sample_kwargs=kwargs
+    )
+    return
+  caches = _caches(port)
+  missing = [k for k in given if k not in caches]
+  if missing:
+    raise CheckpointError(
+      f"the cache variables {['/'.join(k) for k in missing[:5]]} have no counterpart in the "
+      "port by path; convert them by hand."
+    )
+  for key, value in sized.items():  # the sample's cache, for the pairing of everything else
+    _compat.set_variable_value(caches[key], jnp.zeros(value.shape, value.dtype))
+  stand_in = {
+    **variables,
+    "cache": unflatten_dict({k: jnp.zeros(v.shape, v.dtype) for k, v in sized.items()}),
+  }
+  linen_to_nnx(linen_module, stand_in, port, *call.args, method=call.method, sample_kwargs=kwargs)
+  for key, value in given.items():
+    _compat.set_variable_value(caches[key], jnp.asarray(value))

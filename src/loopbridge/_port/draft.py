@@ -143,6 +143,20 @@ def _user_classes(root: nn.Module, traced) -> list[type]:
   return sorted(depth, key=lambda c: -depth[c])
 
 
+def _cache_shapes(
+  variables: tp.Mapping[str, object] | None,
+) -> dict[tuple[str, ...], dict[str, tuple[int, ...]]]:
+  """Module path -> {name: shape} of the `cache` collection of the user's variables."""
+  from flax.traverse_util import flatten_dict
+
+  cache = (variables or {}).get("cache")
+  found: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = {}
+  if isinstance(cache, tp.Mapping):
+    for path, value in flatten_dict(dict(cache)).items():
+      found.setdefault(tuple(path[:-1]), {})[path[-1]] = tuple(getattr(value, "shape", ()))
+  return found
+
+
 def _opaque_insides(traced) -> tuple[str, ...]:
   """Module paths inside layers whose NNX counterpart is built otherwise (compared as a whole)."""
   from .standard_layers import lookup
@@ -214,10 +228,13 @@ def draft(
   classes = _user_classes(linen_module, traced)
   sources = {cls: read_class(cls) for cls in classes}
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
-  ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names)
+  ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
   for cls in classes:
     ctx.ported[cls] = port_class(sources[cls], ctx)
-  body = "\n\n".join(ctx.ported[cls].code.strip("\n") for cls in classes)
+  from .helpers import HELPERS
+
+  written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
+  body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])
   homes = [(cls.__module__, sources[cls].namespace) for cls in classes]
   header = (
     f'"""NNX port of {type(linen_module).__module__}.{type(linen_module).__qualname__}, '

@@ -104,6 +104,8 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   hoist.call_kwargs = moved
   if layer is None:
     return _user_class(planner, hoist, cls, values, index), ""
+  if layer.nnx_name == "Sequential":
+    return _sequential(planner, hoist, index)
   return _standard(planner, hoist, layer, values, index)
 
 
@@ -119,6 +121,30 @@ def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str 
   }
   record = Hoist(f"{hoist.attr}_{field}", inner, children, hoist.is_list)
   return construction(planner, record, index)
+
+
+def _sequential(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str | None, str]:
+  """`nn.Sequential([a, b])` -> `nnx.Sequential(a', b')`, each built as the Linen `layers_i`."""
+  trace = planner.ctx.trace
+  elements = sorted(
+    (s for s in planner.sites if s.nested_in is hoist.site.node and s.nested_index is not None),
+    key=lambda s: s.nested_index,
+  )
+  arg = hoist.site.node.args[0].value if hoist.site.node.args else None
+  if arg is None or len(elements) != len(getattr(arg, "elements", ())):
+    return None, "nn.Sequential over something other than a list of module constructions"
+  parts = []
+  for inner in elements:
+    name = f"layers_{inner.nested_index}"
+    children = {
+      p: [trace.instances[(*k.path, name)] for k in kids if (*k.path, name) in trace.instances]
+      for p, kids in hoist.children.items()
+    }
+    code, why = construction(planner, Hoist(f"{hoist.attr}_{name}", inner, children, False), index)
+    if code is None:
+      return None, why
+    parts.append(code)
+  return f"nnx.Sequential({', '.join(parts)})", ""
 
 
 def moved_names(moved: list[str]) -> set[str]:
@@ -137,6 +163,8 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   for name in widths_seen or {}:
     args[name] = planner.traced(hoist, lambda k, n=name: layer.widths(k)[n], name, index)
   for field, code in values.items():
+    if field in layer.consumed:
+      continue
     target = layer.renames.get(field, field)
     if target not in known:
       return None, f"nn.{layer_name(hoist)}'s {field}= has no counterpart in nnx.{layer.nnx_name}"
@@ -169,14 +197,21 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     kids = [k[0] for k in hoist.children.values() if k]
     if kids and any(getattr(k.module, "decode", False) for k in kids):
       # Linen sizes the decode cache from the input given to init; NNX needs init_cache.
-      shape = planner.traced(
-        hoist, lambda k: tuple(k.inputs["__call__"][0][0].shape), "cache_shape", None
-      )
+      def input_shape(k):
+        # The user's cache (init on the full length) when given, else the traced init's input.
+        key = planner.ctx.cache_shapes.get(k.path, {}).get("cached_key")
+        if key is not None:
+          return (*key[:-2], k.width())
+        return tuple(k.inputs["__call__"][0][0].shape)
+
+      shape = planner.traced(hoist, input_shape, "cache_shape", None)
       dtype = planner.traced(
         hoist, lambda k: k.module.dtype or k.inputs["__call__"][0][0].dtype, "cache_dtype", None
       )
       hoist.post.append(f"self.{hoist.attr}.init_cache({shape}, dtype={dtype})")
-  return f"nnx.{layer.nnx_name}({', '.join(parts)})", ""
+  if layer.helper:
+    planner.ctx.helpers.add(layer.nnx_name)
+  return f"{layer.code_name}({', '.join(parts)})", ""
 
 
 def layer_name(hoist: Hoist) -> str:

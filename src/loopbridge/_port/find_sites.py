@@ -42,7 +42,9 @@ class Site:
   local_name: str | None = None  # the partial local the construction calls
   factory_field: str | None = None  # `self.conv(8)` where the field `conv` holds a factory
   loops: list[tp.Any] = dataclasses.field(default_factory=list)  # enclosing for loops, inner first
-  nested_in: tp.Any = None  # `nn.RNN(nn.LSTMCell(8))`: the construction this one is an argument of
+  # `nn.RNN(nn.LSTMCell(8))`: the construction this one is an argument of
+  nested_in: tp.Any = None
+  nested_index: int | None = None  # its position in a nn.Sequential's list
 
 
 def explicit_name(site: Site) -> str | None:
@@ -258,6 +260,15 @@ def find_sites(
     call = parents.get(arg) if isinstance(arg, c.Arg) else None
     if site.kind == "construct" and call is not None and id(call) in constructs:
       site.nested_in = call
+    elif site.kind == "construct" and isinstance(arg, c.Element):
+      # `nn.Sequential([nn.Conv(...), Block(...)])`: element i is the Sequential's `layers_i`.
+      seq: tp.Any = parents.get(arg)
+      holder: tp.Any = parents.get(seq)
+      owner = parents.get(holder) if isinstance(holder, c.Arg) else None
+      if isinstance(seq, (c.List, c.Tuple)) and owner is not None and id(owner) in constructs:
+        site.nested_in = owner
+        site.nested_index = [e.value for e in seq.elements].index(site.node)
+        site.setup_attr, site.setup_list = None, False
     site.guards = conditions.get(id(site.node), [])
     site.loops = loops_of.get(id(site.node), [])
     if site.local is not None:

@@ -34,6 +34,12 @@ class Context:
   modern: bool  # flax 0.12 idioms: nnx.List, `variable[...]`, nnx.scan splitting rng streams
   ported: dict[type, ClassPort]
   linen_names: set[str]  # names the user's modules bind to flax.linen
+  # Module path -> {cache variable: shape} of the user's Linen variables (a decode cache sized
+  # by an init on the full length, not by the sample call).
+  cache_shapes: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = dataclasses.field(
+    default_factory=dict
+  )
+  helpers: set[str] = dataclasses.field(default_factory=set)  # `helpers.py` classes used
 
 
 @dataclasses.dataclass

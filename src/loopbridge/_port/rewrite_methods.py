@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import textwrap
 import typing as tp
 
 from flax.core import meta
@@ -65,6 +66,7 @@ class Rewriter(libcst().CSTTransformer):
     self.param_attrs: dict[str, str] = {}  # setup attribute -> param name (read as a value)
     self.var_attrs: dict[str, str] = {}  # setup attribute -> variable name (a Variable)
     self.method = ""
+    self.original_fn: tp.Any = None  # the method being finished (its reads before the rewrite)
     self.local_vars: set[str] = set()  # locals holding a variable (`v = self.variable(...)`)
 
   # --- statements: a TODO replaces the innermost statement holding an untranslated site ---
@@ -91,8 +93,11 @@ class Rewriter(libcst().CSTTransformer):
     line = self.p.src.line(pos.start.line)
     reason = "; ".join(dict.fromkeys(reasons))
     self.p.port.todos.append(Todo(self.p.src.file, line, reason, code))
-    comments = [f"# TODO(port): {reason}"] + [f"#   {ln}" for ln in code.splitlines()]
-    message = f"TODO(port) at {self.p.src.file.rsplit('/', 1)[-1]}:{line}: {reason}"
+    wrapped = textwrap.wrap(f"TODO(port): {reason}", 80) or [""]
+    comments = [f"# {wrapped[0]}", *(f"#   {w}" for w in wrapped[1:])]
+    comments += [f"#   | {ln}" for ln in code.splitlines()]
+    # The reason is in the comment and the report; the message says where (short, lint-clean).
+    message = f"TODO(port) at {self.p.src.file.rsplit('/', 1)[-1]}:{line}"
     stmt = c.parse_statement(f"raise NotImplementedError({message!r})\n")
     return stmt.with_changes(leading_lines=[c.EmptyLine(comment=c.Comment(t)) for t in comments])
 
@@ -133,6 +138,7 @@ class Rewriter(libcst().CSTTransformer):
     return True
 
   def leave_FunctionDef(self, original, updated):
+    self.original_fn = original
     kept = []
     for orig, d in zip(original.decorators, updated.decorators):
       name = dotted(orig.decorator) or ""
@@ -172,35 +178,54 @@ class Rewriter(libcst().CSTTransformer):
     return self._drop_moved_aliases(updated)
 
   def _drop_moved_aliases(self, fn):
-    """Remove `init = nn.with_...(...)` lines that only the moved constructions read.
+    """Remove lines only the moved constructions read, then mark loop targets left unread.
 
-    They now run in `__init__`; a line with a comment above it is kept (the comment with it).
+    `init = nn.with_...(...)`, `conv = partial(nn.Conv, ...)` and the loop's `strides = ...`
+    now run in `__init__`; a line with a comment above it is kept (the comment with it). A
+    loop target no longer read becomes `_name` (what linters expect of an unused target).
     """
     c = libcst()
-    aliases = self.p.aliases.get(fn.name.value, {})
-    moved = [n for n in aliases if n in self.p.used_aliases]
-    # `conv = partial(nn.Conv, ...)`: its constructions are built in __init__ now.
-    moved += [local for method, local in self.p.partials if method == fn.name.value]
-    if not moved:
-      return fn
-    reads: dict[str, int] = {}
+    method = fn.name.value
+    moved = {n for n in self.p.aliases.get(method, {}) if n in self.p.used_aliases}
+    moved |= {local for m, local in self.p.partials if m == method}
+    moved |= set().union(
+      *[
+        self.p.scope_names[id(h.site.node)] - loop_names(h.site.loops)
+        for h in self.p.counter_plans.values()
+        if h.site.method == method
+      ]
+    )
 
-    class Reads(c.CSTVisitor):
-      def visit_Name(self, node) -> None:
-        reads[node.value] = reads.get(node.value, 0) + 1
+    def reads(node) -> dict[str, int]:
+      counts: dict[str, int] = {}
 
-    fn.visit(Reads())
-    body = []
-    for stmt in fn.body.body:
-      target = None
-      if isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign):
-        t = stmt.body[0].targets[0].target
-        target = t.value if isinstance(t, c.Name) else None
-      unused = target in moved and reads.get(target, 0) == 1
-      if unused and not any(line.comment for line in stmt.leading_lines):
-        continue
-      body.append(stmt)
-    return fn.with_changes(body=fn.body.with_changes(body=body))
+      class Reads(c.CSTVisitor):
+        def visit_Name(self, name) -> None:
+          counts[name.value] = counts.get(name.value, 0) + 1
+
+      node.visit(Reads())
+      return counts
+
+    class Drop(c.CSTTransformer):
+      def leave_SimpleStatementLine(self, original, updated):
+        body = updated.body[0]
+        if isinstance(body, c.Assign) and isinstance(body.targets[0].target, c.Name):
+          name = body.targets[0].target.value
+          if (
+            name in moved
+            and counts.get(name, 0) == 1
+            and not any(line.comment for line in updated.leading_lines)
+          ):
+            return c.RemoveFromParent()
+        return updated
+
+    counts = reads(fn)
+    before = reads(self.original_fn) if self.original_fn is not None else {}
+    # A line whose value only the moved constructions read (`d = x.shape[-1]` for a Dense
+    # now built in __init__) goes too.
+    moved |= {n for n, k in counts.items() if k == 1 and before.get(n, 0) > 1}
+    fn = fn.visit(Drop())
+    return mark_unread_targets(fn)
 
   # --- expressions ------------------------------------------------------------------------
 
@@ -555,6 +580,58 @@ class Rewriter(libcst().CSTTransformer):
     return updated
 
 
+def _reads(node) -> dict[str, int]:
+  """How often each name occurs in `node` (reads and writes alike)."""
+  c = libcst()
+  counts: dict[str, int] = {}
+
+  class Reads(c.CSTVisitor):
+    def visit_Name(self, name) -> None:
+      counts[name.value] = counts.get(name.value, 0) + 1
+
+  node.visit(Reads())
+  return counts
+
+
+def mark_unread_targets(fn):
+  """`for width in ...` whose body no longer reads `width` -> `for _width in ...`."""
+  c = libcst()
+
+  class Unread(c.CSTTransformer):
+    def leave_For(self, original, updated):
+      used = _reads(updated.body)
+      names = [
+        n
+        for n in _target_names(updated.target)
+        if used.get(n.value, 0) == 0 and not n.value.startswith("_")
+      ]
+      if not names:
+        return updated
+      renamed = {id(n) for n in names}
+
+      class Rename(c.CSTTransformer):
+        def leave_Name(self, orig, upd):
+          return upd.with_changes(value=f"_{upd.value}") if id(orig) in renamed else upd
+
+      return updated.with_changes(target=updated.target.visit(Rename()))
+
+  return fn.visit(Unread())
+
+
+def _target_names(target) -> list[tp.Any]:
+  """The Name nodes a for-loop target binds (`i`, `(i, x)`)."""
+  c = libcst()
+  if isinstance(target, c.Name):
+    return [target]
+  if isinstance(target, (c.Tuple, c.List)):
+    return [n for e in target.elements for n in _target_names(e.value)]
+  return []
+
+
+def loop_names(loops) -> set[str]:
+  return set().union(*[loop_targets(loop) for loop in loops]) if loops else set()
+
+
 def _is_field(stmt, fields: set[str]) -> bool:
   c = libcst()
   if not isinstance(stmt, c.SimpleStatementLine) or len(stmt.body) != 1:
@@ -764,6 +841,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   init = init.with_changes(
     body=init.body.with_changes(body=init_body or [c.parse_statement("pass")])
   )
+  init = mark_unread_targets(init)
   orig_class: tp.Any = planner.module.body[0]
   orig_body: list[tp.Any] = list(orig_class.body.body)
   orig_setup = [s for s in orig_body if isinstance(s, c.FunctionDef) and s.name.value == "setup"]

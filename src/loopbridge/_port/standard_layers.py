@@ -47,6 +47,12 @@ def _attention(inst: Instance) -> dict[str, object]:
   return widths
 
 
+def _einsum_bias(inst: Instance) -> dict[str, object]:
+  # Linen infers the bias's shape from the einsum string (use_bias); NNX is given it.
+  bias = inst.variables.get(("params", "bias"))
+  return {"bias_shape": None if bias is None else tuple(bias.shape)}  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def _cell(inst: Instance) -> dict[str, object]:
   # A cell is called as cell(carry, x): the input width is the last axis of x.
   return {"in_features": inst.width(arg=1)}
@@ -63,10 +69,21 @@ class LayerMap:
   # Its submodules do other work than the NNX layer's (Linen's OptimizedLSTMCell returns its
   # kernels from `ii`, `hi`, ...): only the layer's own output is compared.
   opaque: bool = False
+  consumed: frozenset[str] = frozenset()  # Linen fields `widths` already accounts for
+
+  helper: bool = False  # a class the draft writes itself (`helpers.py`), not flax's
 
   @property
   def nnx_class(self) -> type:
+    if self.helper:
+      from .helpers import helper_class
+
+      return helper_class(self.nnx_name)
     return getattr(nnx, self.nnx_name)
+
+  @property
+  def code_name(self) -> str:
+    return self.nnx_name if self.helper else f"nnx.{self.nnx_name}"
 
   def parameters(self) -> list[inspect.Parameter]:
     return list(inspect.signature(self.nnx_class.__init__).parameters.values())[1:]
@@ -95,8 +112,13 @@ TABLE: dict[type, LayerMap] = {
   # Linen's OptimizedLSTMCell keeps LSTMCell's parameters (ii, if, ..., hi, ...) and computes
   # the same function; NNX's fuses its kernels (dense_i, dense_h), so LSTMCell is the port.
   nn.OptimizedLSTMCell: LayerMap("LSTMCell", _cell, _CELL_RENAMES, opaque=True),
-  nn.GRUCell: LayerMap("GRUCell", _cell, _CELL_RENAMES),
-  nn.Einsum: LayerMap("Einsum", renames={"shape": "kernel_shape"}),
+  # NNX's GRUCell fuses its gates' kernels; the draft writes Linen's layout in NNX instead.
+  nn.GRUCell: LayerMap("LinenGRUCell", _cell, _CELL_RENAMES, helper=True),
+  nn.Einsum: LayerMap(
+    "Einsum", _einsum_bias, renames={"shape": "kernel_shape"}, consumed=frozenset({"use_bias"})
+  ),
+  # Its layers are built from the constructions in the list it is given (`layers_0`, ...).
+  nn.Sequential: LayerMap("Sequential"),
   # The cell is built by the construction passed as `cell=` (it is the RNN's child `cell`).
   nn.RNN: LayerMap("RNN"),
 }
