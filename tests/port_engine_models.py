@@ -1,5 +1,8 @@
 """Small Linen models for the drafting engine's unit tests (a file, so their source is readable)."""
 
+from functools import partial
+from typing import Any
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -134,3 +137,46 @@ class Partitioned(nn.Module):
     scale = self.param("scale", nn.with_logical_partitioning(nn.ones_init(), ("embed",)), (4,))
     init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
     return nn.Dense(3, kernel_init=init, use_bias=False)(x * scale)
+
+
+class Mixed(nn.Module):
+  """nn.Sequential, an Einsum without bias and a GRU cell stepped over time."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Sequential([nn.Dense(6), nn.relu, nn.Dense(4)])(x)
+    h = nn.Einsum((4, 3), "btd,df->btf", use_bias=False)(h)
+    cell = nn.GRUCell(3, name="gru")
+    carry = jnp.zeros((x.shape[0], 3))
+    for t in range(x.shape[1]):
+      carry, _ = cell(carry, h[:, t])
+    return carry
+
+
+class Stage(nn.Module):
+  """A block that builds its norm through a factory field (the flax ResNet example's shape)."""
+
+  features: int
+  norm: Any
+
+  @nn.compact
+  def __call__(self, x):
+    y = self.norm()(nn.Dense(self.features)(x))
+    if x.shape[-1] != self.features:
+      x = nn.Dense(self.features, name="proj")(x)
+    return x + y
+
+
+class Stages(nn.Module):
+  """partial(...) factories, blocks made in nested loops, a train flag bound by a partial."""
+
+  sizes: tuple[int, ...] = (1, 2)
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9)
+    x = norm(name="stem_norm")(x)
+    for i, size in enumerate(self.sizes):
+      for _ in range(size):
+        x = Stage(4 * (i + 1), norm=norm)(x)
+    return x

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 import loopbridge as lb
 from loopbridge._port.values import literal
@@ -145,3 +146,29 @@ def test_logically_partitioned_params_keep_their_axis_names():
   metadata = getattr(port.scale, "get_metadata", dict)()  # flax 0.12: out_sharding
   assert tuple(metadata.get("out_sharding") or port.scale.sharding) == ("embed",)
   _equal_to_linen(draft, x)
+
+
+def test_sequential_einsum_and_a_gru_cell_in_linens_layout():
+  x = jax.random.normal(jax.random.key(8), (2, 3, 5))
+  draft = lb.port.draft(models.Mixed(), x)
+  assert draft.ok, draft.report()
+  assert "nnx.Sequential(" in draft.source and "class LinenGRUCell(nnx.Module)" in draft.source
+  assert "bias_shape=None" in draft.source or ", None," in draft.source
+  _equal_to_linen(draft, x)
+
+
+def test_factories_nested_loops_and_a_train_flag_bound_by_a_partial():
+  x = jax.random.normal(jax.random.key(9), (3, 4))
+  draft = lb.port.draft(models.Stages(), x, calls=[lb.port.Call(x, train=True)], train=False)
+  assert draft.ok, draft.report()
+  assert "use_running_average=not train" in draft.source  # passed down at the call
+  assert "partial(nn.BatchNorm" not in draft.source  # built in __init__ now
+  port, variables = draft.port_and_variables()
+  for train in (False, True):
+    expected, _ = draft.linen_module.apply(variables, x, train=train, mutable=["batch_stats"])
+    np.testing.assert_allclose(port(x, train=train), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_flax_layer_as_the_root_is_refused():
+  with pytest.raises(lb.port.PortError, match=r"flax's own layer.*use nnx\.Linear directly"):
+    lb.port.draft(nn.Dense(3), jnp.ones((1, 2)))

@@ -13,13 +13,13 @@ from flax import nnx
 
 from .assemble import format_source, imports
 from .check import convert, exec_source, run_check, unique_name
-from .errors import PortError, bad_call, bad_method, not_a_linen_module
+from .errors import PortError, bad_call, bad_method, flax_layer, not_a_linen_module
 from .records import Call, Change, Check, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
 from .rewrite_methods import port_class
 from .source import libcst, read_class
-from .standard_layers import is_linen_layer
+from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
 
 
@@ -214,6 +214,9 @@ def draft(
   """
   if not isinstance(linen_module, nn.Module):
     raise PortError(not_a_linen_module(linen_module))
+  if is_linen_layer(type(linen_module)):
+    mapped = lookup(type(linen_module))
+    raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
   for call in calls:
     if not isinstance(call, Call):
       raise PortError(bad_call(call))

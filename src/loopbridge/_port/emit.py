@@ -124,22 +124,34 @@ def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str 
 
 
 def _sequential(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str | None, str]:
-  """`nn.Sequential([a, b])` -> `nnx.Sequential(a', b')`, each built as the Linen `layers_i`."""
+  """`nn.Sequential([a, f, b])` -> `nnx.Sequential(a', f, b')`, each module built as Linen's
+  `layers_i` (i its position in the list; a plain function such as `nn.relu` stays one)."""
   trace = planner.ctx.trace
-  elements = sorted(
-    (s for s in planner.sites if s.nested_in is hoist.site.node and s.nested_index is not None),
-    key=lambda s: s.nested_index,
-  )
+  by_node = {id(s.node): s for s in planner.sites if s.nested_in is hoist.site.node}
   arg = hoist.site.node.args[0].value if hoist.site.node.args else None
-  if arg is None or len(elements) != len(getattr(arg, "elements", ())):
-    return None, "nn.Sequential over something other than a list of module constructions"
+  elements = getattr(arg, "elements", None)
+  if elements is None:
+    return None, "nn.Sequential over something other than a list written out"
   parts = []
-  for inner in elements:
-    name = f"layers_{inner.nested_index}"
-    children = {
-      p: [trace.instances[(*k.path, name)] for k in kids if (*k.path, name) in trace.instances]
-      for p, kids in hoist.children.items()
-    }
+  aliases = planner.aliases.get(hoist.site.method, {})
+  # Built in a compact method, the layers are the parent's (`Dense_0`, `Dense_1`: made on this
+  # line, in list order); built in setup, the Sequential's own (`layers_0`, ...).
+  seen: dict[type, int] = {}
+  for i, element in enumerate(elements):
+    inner = by_node.get(id(element.value))
+    if inner is None:
+      if not available(element.value, planner.src.namespace, set(aliases)):
+        return None, "nn.Sequential over an element that depends on the call"
+      parts.append(planner.rewrite_expr(planner.code(element.value)))
+      continue
+    name = f"layers_{i}"
+    nth = seen.get(tp.cast(type, inner.target), 0)
+    seen[tp.cast(type, inner.target)] = nth + 1
+    children: dict[tuple[str, ...], list[tp.Any]] = {}
+    for p, kids in hoist.children.items():
+      own = [trace.instances[(*k.path, name)] for k in kids if (*k.path, name) in trace.instances]
+      siblings = [k for k in trace.children(p) if match_child(inner, planner.src, k)]
+      children[p] = own or siblings[nth : nth + 1]
     code, why = construction(planner, Hoist(f"{hoist.attr}_{name}", inner, children, False), index)
     if code is None:
       return None, why

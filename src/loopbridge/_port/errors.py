@@ -23,6 +23,15 @@ def not_a_linen_module(obj: object) -> str:
   )
 
 
+def flax_layer(cls: type, counterpart: str | None) -> str:
+  use = f"nnx.{counterpart}" if counterpart else "its NNX counterpart"
+  return (
+    f"lb.port.draft: {cls.__module__}.{cls.__qualname__} is flax's own layer, not code to port: "
+    f"use {use} directly (lb.checkpoint.linen_to_nnx moves its variables). Drafting ports the "
+    "classes you wrote; pass the module of yours that uses this layer."
+  )
+
+
 def no_source(cls: type, why: str) -> str:
   return (
     f"lb.port.draft: the source of the Linen class {cls.__qualname__} cannot be read ({why}). "

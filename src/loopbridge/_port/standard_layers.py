@@ -136,6 +136,9 @@ def call_keywords(linen_cls: type, layer: LayerMap, count: int) -> list[str | No
   for i in range(count):
     mine = linen[i] if i < len(linen) else None
     theirs = nnx_params[i] if i < len(nnx_params) else None
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in (mine, theirs) if p is not None):
+      out += [None] * (count - i)  # `*args` on either side: positions carry over as they are
+      break
     positional = theirs is not None and theirs.kind in (
       inspect.Parameter.POSITIONAL_ONLY,
       inspect.Parameter.POSITIONAL_OR_KEYWORD,
