@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import os
 import typing as tp
 
@@ -288,6 +287,3 @@ def _check(result: Draft) -> Check:
   return run_check(
     result.linen_module, variables, port, result.calls, result.source, result.unpaired
   )
-
-
-del inspect
