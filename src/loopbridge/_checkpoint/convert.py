@@ -44,6 +44,8 @@ def _plan(
   port: nnx.Module,
   sample_args: tuple[object, ...],
   mapping: tp.Mapping[str, str] | None,
+  sample_kwargs: tp.Mapping[str, object] | None = None,
+  method: str | None = None,
 ) -> tuple[list[Pair], dict[Key, jax.ShapeDtypeStruct]]:
   if not isinstance(linen_module, nn.Module):
     raise CheckpointError(
@@ -55,8 +57,8 @@ def _plan(
       f"the port must be an nnx.Module built with the checkpoint's widths and depth, got "
       f"{type(port).__name__}."
     )
-  lunits, stored = linen_units(linen_module, sample_args)
-  return align(lunits, nnx_units(port, sample_args), mapping), stored
+  lunits, stored = linen_units(linen_module, sample_args, sample_kwargs, method)
+  return align(lunits, nnx_units(port, sample_args, sample_kwargs, method), mapping), stored
 
 
 def _to_nnx(pairs: list[Pair], source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
@@ -261,6 +263,8 @@ def linen_to_nnx(
   optimizer: nnx.Optimizer | None = None,
   mapping: tp.Mapping[str, str] | None = None,
   step: int | None = None,
+  method: str | None = None,
+  sample_kwargs: tp.Mapping[str, object] | None = None,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -285,6 +289,9 @@ def linen_to_nnx(
     mapping: `{linen_path: nnx_path}` for modules the automatic pairing cannot place
       (module paths joined with '/'; a prefix maps a subtree).
     step: the optimizer step; by default the optax state's first `count`.
+    method: the method both models run on the sample call (as in Linen's
+      `apply(..., method=...)`); None for `__call__`.
+    sample_kwargs: keyword arguments of that call (e.g. `{'train': False}`).
 
   Returns:
     A `ConversionReport` of what went where (`print` it, or `to_dict()`).
@@ -318,7 +325,7 @@ def linen_to_nnx(
       "opt_state= and optimizer= go together: the Linen optax state is converted into the "
       "nnx.Optimizer's state. Pass both, or neither to convert the model only."
     )
-  pairs, stored = _plan(linen_module, port, sample_args, mapping)
+  pairs, stored = _plan(linen_module, port, sample_args, mapping, sample_kwargs, method)
   source = flatten(variables)
   missing = ["/".join(k) for k in stored if k not in source]
   extra = ["/".join(k) for k in source if k not in stored]

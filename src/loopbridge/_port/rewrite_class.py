@@ -1,0 +1,233 @@
+"""Rewrite one Linen class into its NNX port: plan the attributes, then rewrite the methods.
+
+The plan pairs each construction site with the submodules the trace saw it make (by the line
+that called them, or the attribute `setup` assigned), names each attribute as Linen named the
+submodule (so the converter pairs them by path), and writes their NNX constructions into
+`__init__`. `rewrite_methods` then replaces the sites inside the methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing as tp
+
+from . import standard_layers
+from .find_sites import Site, find_sites
+from .records import Change, Todo
+from .source import ClassSource, dotted, libcst
+from .trace import Instance, Trace
+from .values import Resolver
+
+if tp.TYPE_CHECKING:
+  import libcst as cst
+
+
+@dataclasses.dataclass
+class Context:
+  """What every class of one draft shares."""
+
+  trace: Trace
+  modern: bool  # the installed flax has nnx.List and `variable[...]` access
+  ported: dict[type, ClassPort]
+  linen_names: set[str]  # names the user's modules bind to flax.linen
+
+
+@dataclasses.dataclass
+class Hoist:
+  """One attribute of the port built in `__init__` (or a list of them, built by a loop)."""
+
+  attr: str
+  site: Site
+  children: dict[tuple[str, ...], list[Instance]]  # parent instance path -> made in order
+  is_list: bool
+  call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
+  index: str | None = None  # the loop variable indexing the list at the call
+
+
+@dataclasses.dataclass
+class ClassPort:
+  cls: type
+  source: ClassSource
+  code: str = ""
+  resolver: Resolver | None = None
+  todos: list[Todo] = dataclasses.field(default_factory=list)
+  changes: list[Change] = dataclasses.field(default_factory=list)
+  uses_rngs_attr: bool = False
+  attributes: dict[str, int] = dataclasses.field(default_factory=dict)  # attr -> class line
+
+  def field_names(self) -> list[str]:
+    return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
+
+
+def _match(site: Site, src: ClassSource, child: Instance) -> bool:
+  if child.called_at is None or child.called_at[0] != src.file:
+    return False
+  first, last = (src.line(site.lines[0]), src.line(site.lines[1]))
+  return first <= child.called_at[1] <= last and child.cls is site.target
+
+
+def _list_name(names: list[str]) -> str | None:
+  """`Dense` for `['Dense_0', 'Dense_1']` (the names a loop made, in order), else None."""
+  m = re.fullmatch(r"(.+)_0", names[0]) if names else None
+  if m is None:
+    return None
+  prefix = m.group(1)
+  return prefix if names == [f"{prefix}_{i}" for i in range(len(names))] else None
+
+
+class Planner:
+  """Pairs a class's sites with the traced submodules and writes their NNX constructions."""
+
+  def __init__(self, port: ClassPort, ctx: Context, wrapper: cst.MetadataWrapper):
+    self.port = port
+    self.ctx = ctx
+    self.src = port.source
+    self.module = wrapper.module
+    self.instances = ctx.trace.of_class(port.cls)
+    self.resolver = port.resolver = Resolver(self.instances, port.field_names())
+    self.sites = find_sites(wrapper, self.src.namespace, ctx.linen_names)
+    self.hoists: dict[int, Hoist] = {}  # id(site.node) -> hoist
+    self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
+    self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
+    self.positions = wrapper.resolve(libcst().metadata.PositionProvider)
+    self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
+    self.site_of = {id(s.node): s for s in self.sites}
+    self.hoisted_code: dict[int, str] = {}
+    self.param_attrs: dict[str, str] = {}  # setup attribute -> param name (read as a value)
+    self.var_attrs: dict[str, str] = {}  # setup attribute -> variable name (a Variable)
+    self.declarations: list[str] = []  # `self.x = nnx.Param(...)` of the call methods
+
+  def declare(self, site: Site, name: str, decl: str) -> None:
+    """Record a variable: built in `__init__` (setup: in place, under the Linen name)."""
+    c = libcst()
+    assign = self.parents.get(site.node)
+    if site.method == "setup" and isinstance(assign, c.Assign):
+      target = assign.targets[0].target
+      if isinstance(target, c.Attribute) and dotted(target.value) == "self":
+        table = self.param_attrs if site.kind == "param" else self.var_attrs
+        table[target.attr.value] = name
+        self.renames[id(assign)] = name
+        self.port.attributes[name] = self.src.line(site.lines[0])
+        return
+    if site.method == "setup":
+      self.todo(site, "a variable declared in setup without `self.<attr> = ...`")
+      return
+    self.declarations.append(f"self.{name} = {decl}")
+    self.port.attributes[name] = self.src.line(site.lines[0])
+
+  def code(self, node: cst.CSTNode) -> str:
+    return self.module.code_for_node(node)
+
+  def todo(self, site: Site, reason: str) -> None:
+    self.todo_nodes[id(site.node)] = reason
+
+  def change(self, lines: tuple[int, int] | int, old: str, new: str, why: str) -> None:
+    line = lines[0] if isinstance(lines, tuple) else lines
+    old1 = " ".join(old.split())
+    self.port.changes.append(Change(self.src.file, self.src.line(line), old1[:90], new, why))
+
+  # --- pairing ----------------------------------------------------------------------------
+
+  def plan(self) -> None:
+    for site in self.sites:
+      if site.kind == "lift":
+        name = getattr(site.target, "__name__", "a lifted transform")
+        self.todo(
+          site,
+          f"nn.{name} (a Linen lifted transform) has no drafted NNX form here; "
+          "port it by hand (nnx.vmap/nnx.scan/nnx.remat over an NNX module)",
+        )
+      elif site.kind == "construct":
+        self._plan_construct(site)
+
+  def _plan_construct(self, site: Site) -> None:
+    cls = tp.cast(type, site.target)
+    if not (cls in standard_layers.TABLE or cls in self.ctx.ported):
+      why = (
+        f"{cls.__module__}.{cls.__qualname__} has no NNX counterpart in the draft's table"
+        if standard_layers.is_linen_layer(cls)
+        else f"{cls.__qualname__} was not traced (never called on the sample call)"
+      )
+      self.todo(site, why)
+      return
+    children: dict[tuple[str, ...], list[Instance]] = {}
+    for inst in self.instances:
+      kids = self.ctx.trace.children(inst.path)
+      if site.setup_attr is not None:
+        attr = site.setup_attr
+        made = [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
+      else:
+        made = [k for k in kids if _match(site, self.src, k)]
+      children[inst.path] = made
+    names = {tuple(k.path[-1] for k in made) for made in children.values()}
+    if site.setup_attr is not None and not site.setup_list:
+      self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, False)
+      return
+    if site.setup_attr is not None or site.loop is not None:
+      lists = {_list_name(list(n)) for n in names if n}
+      if len(lists) != 1 or None in lists or (site.setup_attr is None and site.loop_depth != 1):
+        self.todo(
+          site,
+          f"the submodules this makes are named {sorted(names)}: not one list "
+          "name_0, name_1, ... made once per iteration of one loop",
+        )
+        return
+      attr = tp.cast(str, lists.pop())
+      self.hoists[id(site.node)] = Hoist(attr, site, children, True)
+      return
+    if len(names) != 1 or len(next(iter(names))) != 1:
+      self.todo(
+        site,
+        f"the trace cannot tell which submodule this construction made "
+        f"(made {sorted(names)} across instances); name it with name='...'",
+      )
+      return
+    if site.conditional:
+      self.todo(
+        site,
+        "a construction under a condition (the port must decide in __init__ "
+        "whether it exists); write the condition over constructor arguments",
+      )
+      return
+    self.hoists[id(site.node)] = Hoist(next(iter(names))[0], site, children, False)
+
+  # --- values -----------------------------------------------------------------------------
+
+  def traced(
+    self, hoist: Hoist, get: tp.Callable[[Instance], object], hint: str, index: str | None
+  ) -> str:
+    """The expression of a traced per-submodule value (per element of a list)."""
+    name = f"{hoist.attr}_{hint}"
+    if hoist.is_list:
+      per = {p: tuple(get(k) for k in kids) for p, kids in hoist.children.items()}
+      firsts = {p: t[0] for p, t in per.items() if t}
+      if all(all(v == t[0] for v in t) for t in per.values()):
+        return self.resolver.expr(firsts, name)
+      return f"{self.resolver.expr(per, name)}[{index}]"
+    return self.resolver.expr({p: get(k[0]) for p, k in hoist.children.items() if k}, name)
+
+  def comprehension_targets(self, site: Site) -> set[str]:
+    c = libcst()
+    node = site.comp
+    return (
+      set() if node is None else {t.value for t in [node.for_in.target] if isinstance(t, c.Name)}
+    )
+
+  def rewrite_expr(self, code: str) -> str:
+    """`nn.initializers.zeros_init()` -> `nnx.initializers.zeros_init()` (same objects)."""
+    from .linen_api import nnx_equivalent
+
+    def sub(m: re.Match[str]) -> str:
+      rest = nnx_equivalent(m.group(2))
+      return f"nnx.{rest}" if rest else m.group(0)
+
+    for alias in self.ctx.linen_names:
+      code = re.sub(rf"\b({re.escape(alias)})\.([A-Za-z_][\w.]*)", sub, code)
+    return code
+
+  def value_access(self, attr: str) -> str:
+    return f"self.{attr}[...]" if self.ctx.modern else f"self.{attr}.value"
+
+  def list_of(self, items: str) -> str:
+    return f"nnx.List({items})" if self.ctx.modern else items

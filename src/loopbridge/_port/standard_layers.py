@@ -1,0 +1,90 @@
+"""One table: each standard Linen layer, its NNX counterpart and how its arguments carry over.
+
+A Linen field keeps its name in NNX unless `renames` says otherwise; what NNX needs and Linen
+infers from the input (an input width) comes from the traced call (`widths`); a field NNX
+takes at call time (`Dropout.deterministic`) moves to the call when it names call-time values.
+A field that NNX has no parameter for is never dropped: the construction becomes a TODO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing as tp
+
+from flax import linen as nn
+from flax import nnx
+
+from .trace import Instance
+
+Widths = tp.Callable[[Instance], dict[str, object]]
+
+
+def _last(param: str) -> Widths:
+  return lambda inst: {param: inst.width()}
+
+
+def _batch_norm(inst: Instance) -> dict[str, object]:
+  axis = getattr(inst.module, "axis", -1)
+  return {"num_features": inst.width(axis=axis if isinstance(axis, int) else -1)}
+
+
+def _dense_general(inst: Instance) -> dict[str, object]:
+  axis = getattr(inst.module, "axis", -1)
+  call = inst.inputs.get("__call__")
+  shape = getattr(call[0][0], "shape", ()) if call else ()
+  if isinstance(axis, int):
+    return {"in_features": int(shape[axis])}
+  return {"in_features": tuple(int(shape[a]) for a in axis)}
+
+
+def _cell(inst: Instance) -> dict[str, object]:
+  # A cell is called as cell(carry, x): the input width is the last axis of x.
+  return {"in_features": inst.width(arg=1)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerMap:
+  """How one Linen layer class becomes its NNX counterpart."""
+
+  nnx_name: str
+  widths: Widths = lambda inst: {}
+  renames: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)
+  call_time: frozenset[str] = frozenset()
+
+  @property
+  def nnx_class(self) -> type:
+    return getattr(nnx, self.nnx_name)
+
+  def parameters(self) -> list[inspect.Parameter]:
+    return list(inspect.signature(self.nnx_class.__init__).parameters.values())[1:]
+
+
+_CELL_RENAMES = {"features": "hidden_features"}
+
+TABLE: dict[type, LayerMap] = {
+  nn.Dense: LayerMap("Linear", _last("in_features"), {"features": "out_features"}),
+  nn.DenseGeneral: LayerMap("LinearGeneral", _dense_general, {"features": "out_features"}),
+  nn.Conv: LayerMap("Conv", _last("in_features"), {"features": "out_features"}),
+  nn.ConvTranspose: LayerMap("ConvTranspose", _last("in_features"), {"features": "out_features"}),
+  nn.Embed: LayerMap("Embed"),
+  nn.LayerNorm: LayerMap("LayerNorm", _last("num_features")),
+  nn.RMSNorm: LayerMap("RMSNorm", _last("num_features")),
+  nn.GroupNorm: LayerMap("GroupNorm", _last("num_features")),
+  nn.BatchNorm: LayerMap("BatchNorm", _batch_norm, call_time=frozenset({"use_running_average"})),
+  nn.Dropout: LayerMap("Dropout", call_time=frozenset({"deterministic"})),
+  nn.LSTMCell: LayerMap("LSTMCell", _cell, _CELL_RENAMES),
+  nn.OptimizedLSTMCell: LayerMap("OptimizedLSTMCell", _cell, _CELL_RENAMES),
+  nn.GRUCell: LayerMap("GRUCell", _cell, _CELL_RENAMES),
+  nn.Einsum: LayerMap("Einsum", renames={"shape": "kernel_shape"}),
+}
+"""Linen layer class -> its NNX mapping (attention, RNN and Sequential are not here yet)."""
+
+
+def lookup(cls: type) -> LayerMap | None:
+  return TABLE.get(cls)
+
+
+def is_linen_layer(cls: object) -> bool:
+  """A flax.linen Module class of flax's own (as opposed to one the user wrote)."""
+  return isinstance(cls, type) and issubclass(cls, nn.Module) and cls.__module__.startswith("flax.")

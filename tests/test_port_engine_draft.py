@@ -1,0 +1,92 @@
+"""The drafting engine on small models: each draft is checked against plain Linen apply."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import loopbridge as lb
+from loopbridge._port.values import literal
+
+pytest.importorskip("libcst")
+
+import port_engine_models as models
+
+
+def _linen_and_port(draft, *args, **kwargs):
+  port, variables = draft.port_and_variables()
+  return draft.linen_module.apply(variables, *args, **kwargs), port
+
+
+def test_compact_mlp_with_loop_and_dropout_is_equal_to_linen():
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  draft = lb.port.draft(models.TinyMLP(), x, train=False)
+  assert draft.ok, draft.report()
+  assert "class TinyMLP(nnx.Module)" in draft.source
+  assert "nnx.List(" in draft.source or not hasattr(__import__("flax").nnx, "List")
+  assert "loopbridge" not in draft.source.split('"""', 2)[2]
+  # Independent reference: Linen's own apply on the same variables.
+  expected, port = _linen_and_port(draft, x, train=False)
+  np.testing.assert_allclose(port(x, train=False), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_param_shape_from_the_trace_and_a_class_used_with_two_widths():
+  x = jax.random.normal(jax.random.key(1), (3, 5))
+  draft = lb.port.draft(models.TwoBlocks(), x)
+  assert draft.ok, draft.report()
+  # Scaled is written once; its input width differs per instance: an added argument.
+  assert draft.source.count("class Scaled(nnx.Module)") == 1
+  assert draft.init_kwargs == {}
+  variables = models.TwoBlocks().init(jax.random.key(0), x)
+  port, _ = draft.port_and_variables()
+  lb.checkpoint.linen_to_nnx(models.TwoBlocks(), variables, port, x)
+  expected, _ = models.TwoBlocks().apply(variables, x, mutable=["batch_stats"])
+  np.testing.assert_allclose(port(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_standard_layers_with_input_widths_and_call_time_flags():
+  x = jax.random.normal(jax.random.key(2), (2, 8, 8, 3))
+  draft = lb.port.draft(models.Norms(), x, train=False)
+  assert draft.ok, draft.report()
+  assert "nnx.Conv(3, 4" in draft.source
+  assert "use_running_average=not train" in draft.source
+
+
+def test_untranslatable_construct_becomes_a_todo_and_fails_the_check():
+  x = jnp.ones((1, 2))
+  draft = lb.port.draft(models.Unportable(), x)
+  assert not draft.ok
+  assert len(draft.todos) == 1
+  todo = draft.todos[0]
+  assert "map_variables" in todo.reason and "nn.map_variables" in todo.original
+  assert todo.file.endswith("port_engine_models.py")
+  assert "# TODO(port)" in draft.source and "raise NotImplementedError" in draft.source
+  assert draft.check is not None and not draft.check.equal
+  assert "TODO" in draft.report() and "Verdict" in draft.report()
+
+
+def test_bad_inputs_raise_port_errors():
+  with pytest.raises(lb.port.PortError, match=r"must be a flax\.linen Module instance"):
+    lb.port.draft(models.TinyMLP, jnp.ones((1, 2)))
+  with pytest.raises(lb.port.PortError, match=r"calls= must hold lb\.port\.Call"):
+    lb.port.draft(models.TinyMLP(), jnp.ones((1, 2)), calls=[(jnp.ones((1, 2)),)])
+  with pytest.raises(lb.port.PortError, match="is not a method of TinyMLP"):
+    lb.port.draft(models.TinyMLP(), jnp.ones((1, 2)), method="nope")
+  with pytest.raises(lb.port.PortError, match="running the Linen module TinyMLP"):
+    lb.port.draft(models.TinyMLP(), jnp.ones((1, 2)), bogus=1)
+
+
+def test_a_class_without_readable_source_is_refused():
+  import flax.linen as nn
+
+  namespace: dict[str, object] = {"nn": nn}
+  exec(
+    "class Typed(nn.Module):\n  @nn.compact\n  def __call__(self, x):\n    return x\n", namespace
+  )
+  with pytest.raises(lb.port.PortError, match="cannot be read"):
+    lb.port.draft(namespace["Typed"](), jnp.ones((1, 2)))
+
+
+def test_literal_round_trips_plain_values_only():
+  assert literal((1, (2,), "a")) == "(1, (2,), 'a')"
+  assert literal(object()) is None
