@@ -18,6 +18,8 @@ from loopbridge.__main__ import main
 from loopbridge._cli import call_specs, inputs
 from loopbridge._cli.errors import USAGE_ERROR, CliError
 
+from port_models import ZOO
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MLP = ["port_models.mlp_dropout:model", "--arg", "float32[4,24]", "--kwarg", "train=False"]
 
@@ -159,23 +161,55 @@ def test_todo_exits_1_naming_the_line(capsys, tmp_path):
   assert "# TODO(port)" in out.read_text()  # written all the same, to be finished by hand
 
 
+def _spec(array) -> str:
+  return f"{array.dtype}[{','.join(map(str, array.shape))}]"
+
+
+def _argv(name: str) -> list[str]:
+  """The command line that drafts a zoo model with its sample call's shapes and its calls."""
+  m = importlib.import_module(f"port_models.{name}")
+  argv = [f"port_models.{name}:model"]
+  for a in m.sample_args():
+    argv += ["--arg", _spec(a)]
+  for k, v in m.SAMPLE_KWARGS.items():
+    argv += ["--kwarg", f"{k}={v!r}"]
+  for method, args, kw in m.EXTRA_CALLS:
+    items = [f"method={method}"] if method else []
+    items += [_spec(a) for a in args()] + [f"{k}={v!r}" for k, v in kw.items()]
+    argv += ["--call", " ".join(items)]
+  return argv
+
+
+# The decode build needs its cache sized on the full length: `variables=` from Python only.
+CLI_ZOO = [n for n in ZOO if n != "transformer_lm_decode"]
+
+
+@pytest.mark.parametrize(
+  "name", [pytest.param(n, marks=() if n == "mlp_dropout" else pytest.mark.slow) for n in CLI_ZOO]
+)
+def test_every_zoo_model_from_the_command_line(name, capsys, tmp_path):
+  out = tmp_path / f"{name}_nnx.py"
+  status = main(["port", *_argv(name), "-o", str(out)])
+  captured = capsys.readouterr()
+  assert status == 0, captured.out + captured.err
+  assert "loopbridge" not in out.read_text()
+  ruff_clean(out)
+
+
 @pytest.mark.slow
 def test_subprocess_end_to_end(tmp_path):
-  """The installed entry point, from another directory: a CNN with a train-mode --call."""
+  """The installed entry point, from another directory: batch statistics and a train --call."""
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])}
+  argv = [sys.executable, "-m", "loopbridge", "port", "port_models.setup_style:model"]
   done = subprocess.run(
     [
-      sys.executable,
-      "-m",
-      "loopbridge",
-      "port",
-      "port_models.resnet_cnn:model",
+      *argv,
       "--arg",
-      "float32[2,8,8,3]",
+      "float32[5,12]",
       "--kwarg",
       "train=False",
       "--call",
-      "float32[2,8,8,3] train=True",
+      "float32[5,12] train=True",
     ],
     capture_output=True,
     text=True,
@@ -183,14 +217,8 @@ def test_subprocess_end_to_end(tmp_path):
     env=env,
   )
   assert done.returncode == 0, done.stdout + done.stderr
-  out = tmp_path / "resnet_cnn_nnx.py"
+  out = tmp_path / "setup_style_nnx.py"
   assert f"wrote {out}" in done.stdout
   ruff_clean(out)
-  again = subprocess.run(
-    [sys.executable, "-m", "loopbridge", "port", "port_models.resnet_cnn:model"],
-    capture_output=True,
-    text=True,
-    cwd=tmp_path,
-    env=env,
-  )
-  assert again.returncode == 1 and "resnet_cnn_nnx.py' exists" in again.stderr
+  again = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env)
+  assert again.returncode == 1 and "setup_style_nnx.py' exists" in again.stderr, again.stderr
