@@ -44,7 +44,7 @@ def _plan(
   port: nnx.Module,
   sample_args: tuple[object, ...],
   mapping: tp.Mapping[str, str] | None,
-  sample_kwargs: tp.Mapping[str, object] | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
 ) -> tuple[list[Pair], dict[Key, jax.ShapeDtypeStruct]]:
   if not isinstance(linen_module, nn.Module):
@@ -264,7 +264,7 @@ def linen_to_nnx(
   mapping: tp.Mapping[str, str] | None = None,
   step: int | None = None,
   method: str | None = None,
-  sample_kwargs: tp.Mapping[str, object] | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 

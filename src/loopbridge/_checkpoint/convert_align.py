@@ -102,7 +102,7 @@ def _remember(log: dict[tuple[str, ...], _Call], path: tuple[str, ...]) -> _Call
 def _linen_calls(
   module: nn.Module,
   sample_args: tuple[object, ...],
-  sample_kwargs: tp.Mapping[str, object] | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
 ) -> tuple[dict[tuple[str, ...], _Call], dict[Key, jax.ShapeDtypeStruct]]:
   """Every Linen module call of one abstract `init`, and the variables `init` stores."""
@@ -204,7 +204,7 @@ def nnx_variables(port: nnx.Module) -> dict[Key, nnx.Variable]:
 def _nnx_calls(
   port: nnx.Module,
   sample_args: tuple[object, ...],
-  sample_kwargs: tp.Mapping[str, object] | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
 ) -> dict[tuple[str, ...], _Call]:
   """Every NNX module call of one abstract forward call of a copy of the port."""
@@ -345,7 +345,7 @@ def _units(
 def linen_units(
   module: nn.Module,
   sample_args: tuple[object, ...],
-  sample_kwargs: tp.Mapping[str, object] | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
 ) -> tuple[list[Unit], dict[Key, jax.ShapeDtypeStruct]]:
   """The Linen module's units and the abstract variables its `init` stores."""
@@ -356,7 +356,7 @@ def linen_units(
 def nnx_units(
   port: nnx.Module,
   sample_args: tuple[object, ...],
-  sample_kwargs: tp.Mapping[str, object] | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
 ) -> list[Unit]:
   """The NNX port's units."""

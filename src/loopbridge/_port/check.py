@@ -71,7 +71,7 @@ def run_check(
   """Compare `port` (already holding the converted variables) with Linen on every call."""
   reports = []
   for call in calls:
-    kwargs = dict(call.kwargs)
+    kwargs: dict[str, tp.Any] = dict(call.kwargs)
     candidate = port
     if call.method is not None:
       kwargs["method"] = call.method

@@ -106,7 +106,7 @@ class Draft:
     Examples:
       >>> print(draft.report())  # doctest: +SKIP
     """
-    return render(self)
+    return render(self.root, self.changes, self.todos, self.check)
 
   def write(self, path: str | os.PathLike[str]) -> str:
     """Write the source to `path`, formatted (when ruff is installed) for where it lands.

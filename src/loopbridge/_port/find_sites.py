@@ -62,15 +62,15 @@ def find_sites(
     return method, loop, depth, cond, stmt
 
   class Visitor(c.CSTVisitor):
-    def visit_Call(self, node: cst.Call) -> None:
-      func = node.func
+    def visit_Call(self, node: tp.Any) -> None:
+      func: tp.Any = node.func
       name = dotted(func)
       pos = positions[node]
       lines = (pos.start.line, pos.end.line)
       method, loop, depth, cond, _ = context(node)
       if not method:
         return
-      parent = parents.get(node)
+      parent: tp.Any = parents.get(node)
       outer = parent if isinstance(parent, c.Call) and parent.func is node else None
       if isinstance(func, c.Attribute) and dotted(func.value) == "self":
         attr = func.attr.value
@@ -88,7 +88,7 @@ def find_sites(
       target = resolve(name, namespace)
       if isinstance(target, type) and issubclass(target, nn.Module):
         site = Site("construct", node, method, lines, loop, depth, cond, target, outer)
-        assign = parent
+        assign: tp.Any = parent
         if isinstance(parent, c.ListComp) and parent.elt is node:
           site.comp = parent
         if isinstance(assign, (c.ListComp, c.List, c.Tuple, c.Element)):

@@ -22,7 +22,7 @@ class Call:
 
   __slots__ = ("args", "kwargs", "method")
 
-  def __init__(self, *args: object, method: str | None = None, **kwargs: object):
+  def __init__(self, *args: tp.Any, method: str | None = None, **kwargs: tp.Any):
     self.args = args
     self.method = method
     self.kwargs = kwargs

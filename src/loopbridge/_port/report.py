@@ -5,32 +5,31 @@ from __future__ import annotations
 import os
 import typing as tp
 
-if tp.TYPE_CHECKING:
-  from .draft import Draft
+from .records import Change, Check, Todo
 
 
 def _short(path: str) -> str:
   return os.path.basename(path)
 
 
-def render(draft: Draft) -> str:
-  lines = [
-    f"Drafted NNX port of {draft.root}: {len(draft.changes)} changes, {len(draft.todos)} TODOs."
-  ]
-  if draft.changes:
+def render(
+  root: str, changes: tp.Sequence[Change], todos: tp.Sequence[Todo], check: Check | None
+) -> str:
+  """The report text of a draft of `root`."""
+  lines = [f"Drafted NNX port of {root}: {len(changes)} changes, {len(todos)} TODOs."]
+  if changes:
     lines.append("")
     lines.append("Changes:")
-    for ch in draft.changes:
+    for ch in changes:
       lines.append(f"  {_short(ch.file)}:{ch.line}: {ch.old}")
       lines.append(f"      -> {ch.new}   ({ch.why})")
-  if draft.todos:
+  if todos:
     lines.append("")
     lines.append("TODO (kept as the original lines; the port raises there):")
-    for todo in draft.todos:
+    for todo in todos:
       lines.append(f"  {_short(todo.file)}:{todo.line}: {todo.reason}")
       lines += [f"      | {ln}" for ln in todo.original.splitlines()]
   lines.append("")
-  check = draft.check
   if check is None:
     lines.append("Verdict: not checked (check=False).")
   elif check.error is not None:
@@ -40,6 +39,6 @@ def render(draft: Draft) -> str:
     lines.append(f"Verdict: equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
   else:
     lines.append(f"Verdict: NOT equal; first divergence at {check.first_divergence}.")
-  if draft.todos and check is not None and check.equal:
+  if todos and check is not None and check.equal:
     lines.append("(Not ok: TODOs remain.)")
   return "\n".join(lines)

@@ -101,7 +101,7 @@ class Planner:
   def declare(self, site: Site, name: str, decl: str) -> None:
     """Record a variable: built in `__init__` (setup: in place, under the Linen name)."""
     c = libcst()
-    assign = self.parents.get(site.node)
+    assign: tp.Any = self.parents.get(site.node)
     if site.method == "setup" and isinstance(assign, c.Assign):
       target = assign.targets[0].target
       if isinstance(target, c.Attribute) and dotted(target.value) == "self":

@@ -30,10 +30,10 @@ def _string(node: cst.BaseExpression) -> str | None:
   return value if isinstance(value, str) else None
 
 
-def _loop_index(planner: Planner, loop: cst.For) -> tuple[str, str | None]:
+def _loop_index(planner: Planner, loop: tp.Any) -> tuple[str, str | None]:
   """The loop's index name, and its new `enumerate` header target (None: header unchanged)."""
   c = libcst()
-  it = loop.iter
+  it: tp.Any = loop.iter
   if (
     isinstance(loop.target, c.Name)
     and isinstance(it, c.Call)
@@ -277,7 +277,7 @@ class Rewriter(libcst().CSTTransformer):
     )
     if self.method == "setup":
       return c.parse_expression(decl)
-    assign = self.p.parents.get(original)
+    assign: tp.Any = self.p.parents.get(original)
     if isinstance(assign, c.Assign) and isinstance(assign.targets[0].target, c.Name):
       self.local_vars.add(assign.targets[0].target.value)
     return c.parse_expression(f"self.{name}")
@@ -443,10 +443,10 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       loops.setdefault(id(loop), _loop_index(planner, loop))
   rewriter = Rewriter(planner, loops)
   module = planner.module.visit(rewriter)
-  classdef = module.body[0]
+  classdef: tp.Any = module.body[0]
   fields = port.field_names()
   unit = module.default_indent
-  body = list(classdef.body.body)
+  body: list[tp.Any] = list(classdef.body.body)
   doc: list[tp.Any] = []
   if (
     body
@@ -488,15 +488,15 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
     + f"{unit}pass\n"
   )
   config = c.PartialParserConfig(default_indent=unit)
-  init = c.parse_statement(init_src, config=config)
+  init: tp.Any = c.parse_statement(init_src, config=config)
   init_body = list(init.body.body)[:-1]
   for s in setup:
     init_body += list(s.body.body)
   init = init.with_changes(
     body=init.body.with_changes(body=init_body or [c.parse_statement("pass")])
   )
-  orig_class = planner.module.body[0]
-  orig_body = list(orig_class.body.body)
+  orig_class: tp.Any = planner.module.body[0]
+  orig_body: list[tp.Any] = list(orig_class.body.body)
   orig_setup = [s for s in orig_body if isinstance(s, c.FunctionDef) and s.name.value == "setup"]
   orig_fields = [s for s in orig_body if _is_field(s, set(fields))]
   if setup:

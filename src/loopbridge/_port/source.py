@@ -54,7 +54,7 @@ def read_class(cls: type) -> ClassSource:
   return ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace)
 
 
-def dotted(node: cst.BaseExpression) -> str | None:
+def dotted(node: tp.Any) -> str | None:
   """`a.b.c` for a chain of names and attributes, else None."""
   c = libcst()
   if isinstance(node, c.Name):

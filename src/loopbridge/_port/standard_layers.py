@@ -32,7 +32,7 @@ def _batch_norm(inst: Instance) -> dict[str, object]:
 def _dense_general(inst: Instance) -> dict[str, object]:
   axis = getattr(inst.module, "axis", -1)
   call = inst.inputs.get("__call__")
-  shape = getattr(call[0][0], "shape", ()) if call else ()
+  shape: tp.Any = getattr(call[0][0], "shape", ()) if call else ()
   if isinstance(axis, int):
     return {"in_features": int(shape[axis])}
   return {"in_features": tuple(int(shape[a]) for a in axis)}

@@ -86,7 +86,7 @@ def rng_streams(streams: tp.Iterable[str]) -> dict[str, jax.Array]:
 
 def trace(
   module: nn.Module,
-  calls: tp.Sequence[tuple[str | None, tuple[object, ...], dict[str, object]]],
+  calls: tp.Sequence[tuple[str | None, tuple[tp.Any, ...], dict[str, tp.Any]]],
   streams: tp.Iterable[str] = (),
 ) -> Trace:
   """Run an abstract `init` for each `(method, args, kwargs)` and record every module."""
