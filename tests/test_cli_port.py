@@ -11,6 +11,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -83,6 +84,13 @@ def test_kwarg_errors(text, message):
   assert info.value.code == USAGE_ERROR
 
 
+@pytest.mark.parametrize("name", call_specs.DRAFT_PARAMETERS)
+def test_kwarg_named_like_a_draft_parameter(name):
+  with pytest.raises(CliError, match=rf"'{name}' is a parameter of lb.port.draft itself") as info:
+    call_specs.keyword_values([(name, True)], seed=0)
+  assert info.value.code == USAGE_ERROR
+
+
 def test_kwarg_values():
   assert call_specs.parse_kwarg("rate = 0.5") == ("rate", 0.5)
   assert call_specs.parse_kwarg("name='relu'") == ("name", "relu")
@@ -96,6 +104,7 @@ def test_kwarg_values():
   [
     ([*MLP, "--call", "train=True float32[4,24]"], "after a keyword one"),
     ([*MLP, "--kwarg", "train"], "expected NAME=VALUE"),
+    ([*MLP, "--kwarg", "check=True"], "'check' is a parameter of lb.port.draft itself"),
     (["port_models.mlp_dropout:model", "--arg", "float32[4,"], r"expected DTYPE\[DIM,...\]"),
     (["port_models.mlp_dropout", "--arg", "float32[4,24]"], "package.module:attribute"),
   ],
@@ -222,3 +231,21 @@ def test_subprocess_end_to_end(tmp_path):
   ruff_clean(out)
   again = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env)
   assert again.returncode == 1 and "setup_style_nnx.py' exists" in again.stderr, again.stderr
+
+
+def test_class_without_source_exits_1(capsys, tmp_path, monkeypatch):
+  """`lb.port.PortError` (here: a class made by `exec`, which has no source) is one line, 1."""
+  name = f"lb_port_nosource_{uuid.uuid4().hex[:8]}"
+  (tmp_path / f"{name}.py").write_text(
+    "import flax.linen as nn\n"
+    "namespace = {'nn': nn}\n"
+    "exec('class Net(nn.Module):\\n  @nn.compact\\n  def __call__(self, x):\\n"
+    "    return nn.Dense(2)(x)\\n', namespace)\n"
+    "model = namespace['Net']()\n"
+  )
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert main(["port", f"{name}:model", "--arg", "float32[1,3]", "-o", "out.py"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("loopbridge port: error: lb.port.draft: the source of the Linen class")
+  assert not (tmp_path / "out.py").exists()

@@ -95,7 +95,7 @@ def drafted(name: str) -> tuple[tp.Any, lb.port.Draft, dict[str, tp.Any]]:
   return m, draft, variables
 
 
-def all_calls(m: tp.Any) -> list[tuple[str | None, tuple[tp.Any, ...], dict[str, tp.Any]]]:
+def all_calls(m: tp.Any) -> list[tp.Any]:
   return [(None, m.sample_args(), dict(m.SAMPLE_KWARGS))] + [
     (method, f(), dict(kw)) for method, f, kw in m.EXTRA_CALLS
   ]
@@ -278,7 +278,7 @@ def test_decode_token_by_token():
 
 
 # ----------------------------------------------------------------------------- seed recording
-def _by_site(tree: tp.Mapping[str, tp.Any]) -> dict[tuple[str, ...], jax.Array]:
+def _by_site(tree: tp.Mapping[str, tp.Any]) -> dict[tuple[str, ...], tp.Any]:
   """Records keyed by (module path..., name), whichever level names the collection."""
   return {
     tuple(k for k in path if k != "intermediates"): v

@@ -131,10 +131,36 @@ def parse_call_spec(text: str) -> CallSpec:
   return CallSpec(tuple(args), tuple(kwargs.items()), method)
 
 
-def keyword_values(items: tp.Sequence[tuple[str, object]], seed: int) -> dict[str, object]:
-  """The keyword inputs with each array spec made into an array (`inputs.sample_inputs`)."""
-  out = {}
+# Keyword parameters of `lb.port.draft` itself: a model input of one of these names cannot be
+# passed through its `**sample_kwargs`.
+DRAFT_PARAMETERS = ("method", "calls", "variables", "check")
+
+
+def keyword_values(
+  items: tp.Sequence[tuple[str, object]],
+  seed: int,
+  reserved: tp.Collection[str] = DRAFT_PARAMETERS,
+) -> dict[str, tp.Any]:
+  """The keyword inputs with each array spec made into an array (`inputs.sample_inputs`).
+
+  Args:
+    items: `(name, value)` pairs as `parse_kwarg` reads them.
+    seed: the seed of the arrays.
+    reserved: names refused (the sample call's keywords go through `lb.port.draft`'s
+      `**sample_kwargs`; a `--call`'s through `lb.port.Call`, which reserves `method` only).
+
+  Raises:
+    CliError: (usage) a keyword named in `reserved`.
+  """
+  out: dict[str, tp.Any] = {}
   for i, (name, value) in enumerate(items):
+    if name in reserved:
+      raise CliError(
+        f"--kwarg {name}=...: {name!r} is a parameter of lb.port.draft itself, so a model "
+        f"input of that name cannot be passed (the names taken: {', '.join(DRAFT_PARAMETERS)}; "
+        "for the method use --method, or method= inside --call)",
+        USAGE_ERROR,
+      )
     if isinstance(value, inputs.ArgSpec):
       value = inputs.sample_inputs([value], seed + 1000 + i)[0]
     out[name] = value

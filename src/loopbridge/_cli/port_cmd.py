@@ -17,7 +17,6 @@ import os
 import sys
 import typing as tp
 
-from .._core.errors import first_line
 from . import call_specs, inputs, options
 from .errors import FAILURE, SUCCESS, USAGE_ERROR, CliError
 from .loading import load_linen_target
@@ -134,31 +133,26 @@ def run(ns: argparse.Namespace) -> int:
   specs = [inputs.parse_arg_spec(t) for t in (ns.args or [])]
   kwarg_items = [call_specs.parse_kwarg(t) for t in (ns.kwargs or [])]
   call_items = [call_specs.parse_call_spec(t) for t in (ns.calls or [])]
+  kwargs = call_specs.keyword_values(kwarg_items, ns.seed)
   path = _output_path(ns.target, ns.output, ns.force)
   with progress("importing the model"):
     module = load_linen_target(ns.target, command="port")
   if ns.method is not None and not callable(getattr(module, ns.method, None)):
     raise CliError(f"{type(module).__name__} has no method {ns.method!r} (--method)")
   args = inputs.sample_inputs(specs, ns.seed)
-  kwargs = call_specs.keyword_values(kwarg_items, ns.seed)
   calls = []
   for i, spec in enumerate(call_items):
     if spec.method is not None and not callable(getattr(module, spec.method, None)):
       raise CliError(f"{type(module).__name__} has no method {spec.method!r} (--call {spec})")
     call_seed = ns.seed + i + 1  # each call gets inputs of its own
     call_args = inputs.sample_inputs(spec.args, call_seed)
-    call_kwargs = call_specs.keyword_values(spec.kwargs, call_seed)
+    call_kwargs = call_specs.keyword_values(spec.kwargs, call_seed, reserved=())
     calls.append(lb.port.Call(*call_args, method=spec.method, **call_kwargs))
   try:
     with progress("drafting: trace, rewrite, build, convert, compare"):
       draft = lb.port.draft(module, *args, method=ns.method, calls=tuple(calls), **kwargs)
-  except lb.port.PortError as e:
-    raise CliError(str(e)) from e
-  except Exception as e:  # the model itself fails on the inputs while tracing
-    raise CliError(
-      f"{type(module).__name__} cannot run on the given inputs ({inputs.describe(specs)}): "
-      f"{type(e).__name__}: {first_line(e)}" + ("" if specs else inputs.NO_INPUTS_HINT)
-    ) from e
+  except lb.port.PortError as e:  # e.g. the model fails on the inputs, a class without source
+    raise CliError(str(e) + ("" if specs else inputs.NO_INPUTS_HINT)) from e
   draft.write(path)
   if ns.json:
     print(json.dumps(_document(draft, os.path.abspath(path)), indent=2))
@@ -169,4 +163,8 @@ def run(ns: argparse.Namespace) -> int:
     return SUCCESS
   for line in _todo_lines(draft):
     print(f"loopbridge port: {line}", file=sys.stderr)
+  check = draft.check
+  if check is not None and not check.equal:
+    why = check.error or check.first_divergence or "not equal"
+    print(f"loopbridge port: the draft is not checked equal: {why}", file=sys.stderr)
   return FAILURE
