@@ -207,11 +207,18 @@ def _loss_weights(shape: tuple[int, ...]) -> jax.Array:
 
 
 @pytest.mark.parametrize("name", cases(("setup_style", "resnet_cnn")))
-def test_one_sgd_step_with_batch_stats(name):
-  """Loss, gradient norm, updated statistics and the next evaluation agree with Linen's step."""
+def test_one_optimizer_step_with_batch_stats(name):
+  """One optax step in training mode: the loss, the gradient's norm, and the next evaluation
+  (which reads the stepped params and the updated batch statistics) agree with Linen's step."""
+  import optax
+
   m, draft, variables = drafted(name)
   (x,) = m.sample_args()
-  lr = 0.1
+  tx = optax.sgd(0.1, momentum=0.9)
+
+  def step(params: tp.Any, grads: tp.Any) -> tp.Any:
+    updates, _ = tx.update(grads, tx.init(params), params)
+    return optax.apply_updates(params, updates)
 
   def linen_loss(params):
     out, updates = m.model.apply(
@@ -223,7 +230,7 @@ def test_one_sgd_step_with_batch_stats(name):
   want_norm = global_norm(grads)
   stepped = {
     **variables,
-    "params": jax.tree.map(lambda p, g: p - lr * g, variables["params"], grads),
+    "params": step(variables["params"], grads),
     "batch_stats": updates["batch_stats"],
   }
   want_next = m.model.apply(stepped, x, train=False)
@@ -237,8 +244,7 @@ def test_one_sgd_step_with_batch_stats(name):
   got_loss, got_grads = nnx.value_and_grad(port_loss)(port)
   np.testing.assert_allclose(got_loss, want_loss, rtol=RTOL, atol=ATOL)
   np.testing.assert_allclose(global_norm(got_grads), want_norm, rtol=RTOL, atol=ATOL)
-  params = nnx.state(port, nnx.Param)
-  nnx.update(port, jax.tree.map(lambda p, g: p - lr * g, params, got_grads))
+  nnx.update(port, step(nnx.state(port, nnx.Param), got_grads))
   assert_close(port(x, train=False), want_next, f"{name} after one step")
 
 
