@@ -388,3 +388,24 @@ def test_every_stack_layout_converts_both_ways(linen_cls, port_cls):
   assert type(port) is port_cls  # the discovery run logs calls on a copy only
   np.testing.assert_allclose(port(x), linen_cls().apply(variables, x), rtol=1e-5, atol=1e-6)
   assert _same(lb.checkpoint.nnx_to_linen(port, linen_cls(), x), dict(variables))
+
+
+def test_a_port_layer_without_bias_converts():
+  # flax 0.10's nnx.Linear(use_bias=False) holds `bias = Param(None)`: no array to convert.
+  class Port(nnx.Module):
+    def __init__(self):
+      self.Dense_0 = nnx.Linear(3, 2, use_bias=False, rngs=nnx.Rngs(0))
+
+    def __call__(self, x):
+      return self.Dense_0(x)
+
+  class Linen(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(2, use_bias=False)(x)
+
+  x = jnp.ones((1, 3))
+  variables = Linen().init(jax.random.key(1), x)
+  port = Port()
+  lb.checkpoint.linen_to_nnx(Linen(), variables, port, x)
+  np.testing.assert_array_equal(port(x), Linen().apply(variables, x))

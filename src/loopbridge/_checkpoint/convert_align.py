@@ -196,7 +196,8 @@ def nnx_variables(port: nnx.Module) -> dict[Key, nnx.Variable]:
   for path, node in _compat.iter_graph(port):
     if isinstance(node, nnx.Variable) and not isinstance(node, nnx.RngState):
       col = _compat.collection_name(type(node))
-      if col not in _SKIPPED_COLLECTIONS:
+      # flax 0.10's layers keep `bias = Param(None)` without a bias: nothing to convert.
+      if col not in _SKIPPED_COLLECTIONS and _compat.variable_value(node) is not None:
         found[(col, *(str(p) for p in path))] = node
   return found
 

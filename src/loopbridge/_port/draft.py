@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -70,7 +71,11 @@ class Draft:
     """
     module = exec_source(self.source, self.filename, unique_name(self.root))
     cls = getattr(module, self.root)
-    return cls(**self.init_kwargs, rngs=rngs if rngs is not None else nnx.Rngs(0))
+    no_eager = getattr(nnx, "use_eager_sharding", None)
+    # flax 0.12 shards an annotated Variable when it is created, which needs a mesh; the draft
+    # is built for checking on whatever devices there are, as Linen's init did.
+    with no_eager(False) if no_eager is not None else contextlib.nullcontext():
+      return cls(**self.init_kwargs, rngs=rngs if rngs is not None else nnx.Rngs(0))
 
   def port_and_variables(self) -> tuple[nnx.Module, tp.Mapping[str, object]]:
     """The built port holding the converted Linen variables, and those Linen variables.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import builtins
 import dataclasses
 import inspect
@@ -11,6 +10,7 @@ import typing as tp
 from . import standard_layers
 from .find_sites import Site
 from .source import libcst
+from .values import literal
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -68,17 +68,6 @@ def bind(site: Site, cls: type) -> tuple[dict[str, cst.BaseExpression], str | No
   return bound, None
 
 
-def explicit_name(site: Site) -> str | None:
-  for arg in site.node.args:
-    if arg.keyword is not None and arg.keyword.value == "name":
-      try:
-        value = ast.literal_eval(libcst().Module([]).code_for_node(arg.value))
-      except (ValueError, SyntaxError):
-        return None
-      return value if isinstance(value, str) else None
-  return None
-
-
 def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str | None, str]:
   """(`nnx.Linear(24, 32, rngs=rngs)`, '') or (None, why it cannot be written)."""
   site = hoist.site
@@ -86,7 +75,8 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   bound, error = bind(site, cls)
   if error:
     return None, error
-  extra = loop_targets(site.loop) | planner.comprehension_targets(site)
+  aliases = planner.aliases.get(site.method, {})
+  extra = loop_targets(site.loop) | planner.comprehension_targets(site) | set(aliases)
   ns = planner.src.namespace
   values: dict[str, str] = {}
   moved: list[str] = []
@@ -95,6 +85,7 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
     code = planner.code(expr)
     if available(expr, ns, extra):
       values[field] = planner.rewrite_expr(code)
+      planner.used_aliases.update(n for n in names_in(expr) if n in aliases)
     elif layer is not None and field in layer.call_time and site.outer_call is not None:
       moved.append(f"{field}={code}")
     else:
@@ -121,6 +112,15 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     if target not in known:
       return None, f"nn.{layer_name(hoist)}'s {field}= has no counterpart in nnx.{layer.nnx_name}"
     args[target] = code
+  linen_fields = {f.name: f for f in dataclasses.fields(tp.cast(type, hoist.site.target))}
+  for p in params:
+    field = linen_fields.get(p.name)
+    if field is None or p.name in args or field.default is dataclasses.MISSING:
+      continue
+    text = literal(field.default)
+    if field.default is not None and text is not None and p.default is None:
+      # NNX leaves it open (and then demands it); Linen's default is what the model ran with.
+      args[p.name] = text
   if "rngs" in known:
     args["rngs"] = "rngs"
   parts: list[str] = []
@@ -135,6 +135,18 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     else:
       positional = False
       parts.append(f"{p.name}={args[p.name]}")
+  hoist.post = []
+  if layer.nnx_name == "MultiHeadAttention" and index is None:
+    kids = [k[0] for k in hoist.children.values() if k]
+    if kids and any(getattr(k.module, "decode", False) for k in kids):
+      # Linen sizes the decode cache from the input given to init; NNX needs init_cache.
+      shape = planner.traced(
+        hoist, lambda k: tuple(k.inputs["__call__"][0][0].shape), "cache_shape", None
+      )
+      dtype = planner.traced(
+        hoist, lambda k: k.module.dtype or k.inputs["__call__"][0][0].dtype, "cache_dtype", None
+      )
+      hoist.post.append(f"self.{hoist.attr}.init_cache({shape}, dtype={dtype})")
   return f"nnx.{layer.nnx_name}({', '.join(parts)})", ""
 
 

@@ -8,6 +8,7 @@ statement, so the rewrite can hoist or replace it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import typing as tp
 
@@ -31,6 +32,17 @@ class Site:
   setup_attr: str | None = None  # `self.<attr> = <site>` in setup
   setup_list: bool = False  # `self.<attr> = [<site> for ...]` in setup
   comp: tp.Any = None  # that list comprehension
+
+
+def explicit_name(site: Site) -> str | None:
+  for arg in site.node.args:
+    if arg.keyword is not None and arg.keyword.value == "name":
+      try:
+        value = ast.literal_eval(libcst().Module([]).code_for_node(arg.value))
+      except (ValueError, SyntaxError):
+        return None
+      return value if isinstance(value, str) else None
+  return None
 
 
 def find_sites(

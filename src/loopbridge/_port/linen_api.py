@@ -40,8 +40,14 @@ VARIABLE_TYPES = {
 }
 
 
+# Linen helpers whose NNX counterpart has another name (same meaning: metadata on the Variable).
+RENAMED = {"with_logical_partitioning": "with_partitioning"}
+
+
 def nnx_equivalent(dotted_rest: str) -> str | None:
   """`relu` -> `relu` when `nnx.relu` is the very object `nn.relu` is (else None)."""
+  if dotted_rest in RENAMED:
+    return RENAMED[dotted_rest]
   a, b = nn, nnx
   for part in dotted_rest.split("."):
     a, b = getattr(a, part, None), getattr(b, part, None)

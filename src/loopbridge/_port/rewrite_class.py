@@ -13,7 +13,7 @@ import re
 import typing as tp
 
 from . import standard_layers
-from .find_sites import Site, find_sites
+from .find_sites import Site, explicit_name, find_sites
 from .records import Change, Todo
 from .source import ClassSource, dotted, libcst
 from .trace import Instance, Trace
@@ -43,6 +43,7 @@ class Hoist:
   is_list: bool
   call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
   index: str | None = None  # the loop variable indexing the list at the call
+  post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
 
 
 @dataclasses.dataclass
@@ -76,6 +77,31 @@ def _list_name(names: list[str]) -> str | None:
   return prefix if names == [f"{prefix}_{i}" for i in range(len(names))] else None
 
 
+def _assignment_counts(fn: tp.Any) -> dict[str, int]:
+  """How often each local of a function is bound (a loop target or `+=` counts as many)."""
+  from .emit import names_in
+
+  c = libcst()
+  counts: dict[str, int] = {}
+
+  def bump(target: tp.Any, by: int) -> None:
+    for n in names_in(target):
+      counts[n] = counts.get(n, 0) + by
+
+  class Targets(c.CSTVisitor):
+    def visit_AssignTarget(self, node: tp.Any) -> None:
+      bump(node.target, 1)
+
+    def visit_AugAssign(self, node: tp.Any) -> None:
+      bump(node.target, 2)
+
+    def visit_For(self, node: tp.Any) -> None:
+      bump(node.target, 2)
+
+  fn.visit(Targets())
+  return counts
+
+
 class Planner:
   """Pairs a class's sites with the traced submodules and writes their NNX constructions."""
 
@@ -97,6 +123,39 @@ class Planner:
     self.param_attrs: dict[str, str] = {}  # setup attribute -> param name (read as a value)
     self.var_attrs: dict[str, str] = {}  # setup attribute -> variable name (a Variable)
     self.declarations: list[str] = []  # `self.x = nnx.Param(...)` of the call methods
+    self.aliases = self._aliases()  # method -> {local: code} of `config = self.config` lines
+    self.used_aliases: set[str] = set()
+
+  def _aliases(self) -> dict[str, dict[str, str]]:
+    """Per method, the locals assigned once, at the top, from fields and globals only.
+
+    `config = self.config` then `nn.Dense(config.mlp_dim)`: the construction moves to
+    `__init__`, where the same line gives `config` the same value.
+    """
+    from .emit import available
+
+    c = libcst()
+    found: dict[str, dict[str, str]] = {}
+    classdef: tp.Any = self.module.body[0]
+    for fn in classdef.body.body:
+      if not isinstance(fn, c.FunctionDef):
+        continue
+      counts = _assignment_counts(fn)
+      mine: dict[str, str] = {}
+      for stmt in fn.body.body:
+        if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
+          continue
+        assign = stmt.body[0]
+        target = assign.targets[0].target
+        if (
+          len(assign.targets) == 1
+          and isinstance(target, c.Name)
+          and counts.get(target.value) == 1
+          and available(assign.value, self.src.namespace, set(mine))
+        ):
+          mine[target.value] = self.code(assign.value)
+      found[fn.name.value] = mine
+    return found
 
   def declare(self, site: Site, name: str, decl: str) -> None:
     """Record a variable: built in `__init__` (setup: in place, under the Linen name)."""
@@ -152,9 +211,12 @@ class Planner:
       self.todo(site, why)
       return
     children: dict[tuple[str, ...], list[Instance]] = {}
+    explicit = explicit_name(site)
     for inst in self.instances:
       kids = self.ctx.trace.children(inst.path)
-      if site.setup_attr is not None:
+      if explicit is not None:
+        made = [k for k in kids if k.path[-1] == explicit]
+      elif site.setup_attr is not None:
         attr = site.setup_attr
         made = [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
       else:

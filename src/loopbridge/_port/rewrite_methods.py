@@ -324,6 +324,14 @@ class Rewriter(libcst().CSTTransformer):
         "Linen's 'intermediates' collection is nnx.Intermediate",
       )
       return new
+    if api == "has_variable":
+      self.p.change(
+        site.lines,
+        self.p.code(original),
+        "True",
+        "an NNX module's variables exist once __init__ ran (Linen: not during init)",
+      )
+      return c.parse_expression("True")
     self._mark(f"self.{api} (Linen module machinery with no drafted NNX idiom)")
     return updated
 
@@ -369,6 +377,17 @@ class Rewriter(libcst().CSTTransformer):
 
   def leave_Assign(self, original, updated):
     c = libcst()
+    c = libcst()
+    value = original.value
+    if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
+      elements = [value.elt] if isinstance(value, c.ListComp) else [e.value for e in value.elements]
+      if any(id(e) in self.p.hoists and self.p.hoists[id(e)].is_list for e in elements):
+        # A Python list of layers is an nnx.List on flax versions that have one.
+        updated = updated.with_changes(
+          value=c.parse_expression(f"nnx.List({self.p.code(value)})").with_changes(
+            args=[c.Arg(updated.value)]
+          )
+        )
     name = self.p.renames.get(id(original))
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
@@ -390,7 +409,12 @@ def _is_field(stmt, fields: set[str]) -> bool:
 
 def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -> list[str]:
   """`__init__` lines of the call methods' constructions (loops rebuilt around lists)."""
-  lines: list[str] = []
+  lines: list[str] = [
+    f"{name} = {planner.rewrite_expr(code)}"
+    for aliases in planner.aliases.values()
+    for name, code in aliases.items()
+    if name in planner.used_aliases
+  ]
   seen_loops: set[int] = set()
   unit = planner.module.default_indent
   for hoist in planner.hoists.values():
@@ -399,6 +423,7 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
       continue
     if not hoist.is_list:
       lines.append(f"self.{hoist.attr} = {planner.hoisted_code[id(site.node)]}")
+      lines += hoist.post
       planner.port.attributes[hoist.attr] = planner.src.line(site.lines[0])
       continue
     loop = site.loop

@@ -38,6 +38,15 @@ def _dense_general(inst: Instance) -> dict[str, object]:
   return {"in_features": tuple(int(shape[a]) for a in axis)}
 
 
+def _attention(inst: Instance) -> dict[str, object]:
+  widths: dict[str, object] = {"in_features": inst.width()}
+  kv = inst.width(arg=1)
+  if kv is not None and kv != widths["in_features"]:
+    # Cross-attention from inputs of another width (NNX needs it at construction).
+    widths["in_kv_features"] = kv
+  return widths
+
+
 def _cell(inst: Instance) -> dict[str, object]:
   # A cell is called as cell(carry, x): the input width is the last axis of x.
   return {"in_features": inst.width(arg=1)}
@@ -73,12 +82,18 @@ TABLE: dict[type, LayerMap] = {
   nn.GroupNorm: LayerMap("GroupNorm", _last("num_features")),
   nn.BatchNorm: LayerMap("BatchNorm", _batch_norm, call_time=frozenset({"use_running_average"})),
   nn.Dropout: LayerMap("Dropout", call_time=frozenset({"deterministic"})),
+  nn.MultiHeadDotProductAttention: LayerMap(
+    "MultiHeadAttention", _attention, call_time=frozenset({"deterministic"})
+  ),
+  nn.SelfAttention: LayerMap(
+    "MultiHeadAttention", _attention, call_time=frozenset({"deterministic"})
+  ),
   nn.LSTMCell: LayerMap("LSTMCell", _cell, _CELL_RENAMES),
   nn.OptimizedLSTMCell: LayerMap("OptimizedLSTMCell", _cell, _CELL_RENAMES),
   nn.GRUCell: LayerMap("GRUCell", _cell, _CELL_RENAMES),
   nn.Einsum: LayerMap("Einsum", renames={"shape": "kernel_shape"}),
 }
-"""Linen layer class -> its NNX mapping (attention, RNN and Sequential are not here yet)."""
+"""Linen layer class -> its NNX mapping (nn.RNN and nn.Sequential are not here yet)."""
 
 
 def lookup(cls: type) -> LayerMap | None:
