@@ -23,4 +23,6 @@ ZOO = (
   "vit",
   "seed_sow_scan",
   "partitioned",
+  "conv_autoencoder",
+  "t5_block",
 )
