@@ -169,4 +169,5 @@ def _user_class(planner, hoist, cls, values, index) -> str:
     code = planner.traced(hoist, lambda k, e=extra: e.values[k.path], extra.name, index)
     parts.append(f"{extra.name}={code}")
   parts.append("rngs=rngs")
-  return f"{planner.code(site.node.func)}({', '.join(parts)})"
+  func = cls.__name__ if site.lift is not None else planner.code(site.node.func)
+  return f"{func}({', '.join(parts)})"

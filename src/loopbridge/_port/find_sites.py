@@ -29,6 +29,11 @@ class Site:
   conditional: bool = False  # under an `if` (inside the method / loop body)
   target: object = None  # the resolved class / function
   outer_call: tp.Any = None  # `nn.Dense(4)(x)`: the call of the construction
+  guards: list[tuple[tp.Any, bool]] = dataclasses.field(default_factory=list)  # (if test, else)
+  inner_lift: tp.Any = None  # `nn.scan(block)` over `block = nn.remat(Block)`: the remat call
+  local: str | None = None  # `dense = nn.Dense(4)`: the local the construction is assigned to
+  local_lines: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # its calls
+  lift: tp.Any = None  # `block = nn.remat(Block)`: the lift call a local construction goes through
   setup_attr: str | None = None  # `self.<attr> = <site>` in setup
   setup_list: bool = False  # `self.<attr> = [<site> for ...]` in setup
   comp: tp.Any = None  # that list comprehension
@@ -56,11 +61,18 @@ def find_sites(
   sites: list[Site] = []
   from flax import linen as nn
 
+  conditions: dict[int, list[tuple[tp.Any, bool]]] = {}
+
   def context(node) -> tuple[str, tp.Any, int, bool, tp.Any]:
     method, loop, depth, cond, stmt = "", None, 0, False, None
     n = node
+    guards: list[tuple[tp.Any, bool]] = []
     while n in parents:
-      n = parents[n]
+      child, n = n, parents[n]
+      if isinstance(n, c.If) and loop is None:
+        guards.append((n.test, child is n.orelse))
+      elif isinstance(n, c.IfExp) and child is not n.test:
+        guards.append((None, False))  # a conditional expression: decided by presence
       if isinstance(n, (c.SimpleStatementLine, c.For, c.If, c.While, c.With)) and stmt is None:
         stmt = n
       if isinstance(n, c.For):
@@ -71,12 +83,60 @@ def find_sites(
       if isinstance(n, c.FunctionDef):
         method = n.name.value
         break
+    conditions[id(node)] = guards
     return method, loop, depth, cond, stmt
+
+  from .linen_api import is_lift
+
+  lifted_locals: dict[tuple[str, str], tuple[type, tp.Any, tp.Any]] = {}
+
+  def lifted_class(node: tp.Any) -> tuple[type, tp.Any, tp.Any] | None:
+    """`nn.remat(Block, ...)` -> (Block, that call, None); `nn.scan(block, ...)` over a local
+    `block = nn.remat(Block)` -> (Block, the scan call, the remat call)."""
+    if not isinstance(node, c.Call) or not is_lift(resolve(dotted(node.func), namespace)):
+      return None
+    if not node.args or node.args[0].keyword is not None:
+      return None
+    first = node.args[0].value
+    if isinstance(first, c.Name) and (context(node)[0], first.value) in lifted_locals:
+      cls, inner, _ = lifted_locals[(context(node)[0], first.value)]
+      return cls, node, inner
+    target = resolve(dotted(first), namespace)
+    if isinstance(target, type) and issubclass(target, nn.Module):
+      return target, node, None
+    return None
+
+  class Locals(c.CSTVisitor):
+    def visit_Assign(self, node: tp.Any) -> None:
+      found = lifted_class(node.value)
+      target = node.targets[0].target if len(node.targets) == 1 else None
+      if found is not None and isinstance(target, c.Name):
+        lifted_locals[(context(node)[0], target.value)] = found
+
+  module.visit(Locals())
 
   class Visitor(c.CSTVisitor):
     def visit_Call(self, node: tp.Any) -> None:
       func: tp.Any = node.func
       name = dotted(func)
+      lifted = None
+      if isinstance(func, c.Name) and (context(node)[0], func.value) in lifted_locals:
+        lifted = lifted_locals[(context(node)[0], func.value)]
+      elif isinstance(func, c.Call):
+        lifted = lifted_class(func)
+      if lifted is not None:
+        cls, lift, inner = lifted
+        method, loop, depth, cond, _ = context(node)
+        pos = positions[node]
+        parent: tp.Any = parents.get(node)
+        outer = parent if isinstance(parent, c.Call) and parent.func is node else None
+        site = Site(
+          "construct", node, method, (pos.start.line, pos.end.line), loop, depth, cond, cls, outer
+        )
+        site.lift, site.inner_lift = lift, inner
+        site.local = _assigned_local(parent)
+        sites.append(site)
+        return
       pos = positions[node]
       lines = (pos.start.line, pos.end.line)
       method, loop, depth, cond, _ = context(node)
@@ -100,6 +160,7 @@ def find_sites(
       target = resolve(name, namespace)
       if isinstance(target, type) and issubclass(target, nn.Module):
         site = Site("construct", node, method, lines, loop, depth, cond, target, outer)
+        site.local = _assigned_local(parent)
         assign: tp.Any = parent
         if isinstance(parent, c.ListComp) and parent.elt is node:
           site.comp = parent
@@ -115,11 +176,32 @@ def find_sites(
         ):
           site.setup_attr = assign.targets[0].target.attr.value
         sites.append(site)
-      elif name and name.split(".")[0] in linen_names:
-        from .linen_api import is_lift
-
-        if is_lift(target):
-          sites.append(Site("lift", node, method, lines, loop, depth, cond, target, outer))
+      elif name and name.split(".")[0] in linen_names and is_lift(target):
+        sites.append(Site("lift", node, method, lines, loop, depth, cond, target, outer))
 
   module.visit(Visitor())
+  local_calls: dict[tuple[str, str], list[tuple[int, int]]] = {}
+
+  class LocalCalls(c.CSTVisitor):
+    def visit_Call(self, node: tp.Any) -> None:
+      if isinstance(node.func, c.Name):
+        pos = positions[node]
+        key = (context(node)[0], node.func.value)
+        local_calls.setdefault(key, []).append((pos.start.line, pos.end.line))
+
+  module.visit(LocalCalls())
+  for site in sites:
+    site.guards = conditions.get(id(site.node), [])
+    if site.local is not None:
+      site.local_lines = local_calls.get((site.method, site.local), [])
   return sites
+
+
+def _assigned_local(parent: tp.Any) -> str | None:
+  """`x = <construction>`: the name x (None for any other parent)."""
+  c = libcst()
+  if isinstance(parent, c.Assign) and len(parent.targets) == 1:
+    target = parent.targets[0].target
+    if isinstance(target, c.Name):
+      return target.value
+  return None

@@ -44,6 +44,7 @@ class Hoist:
   call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
   index: str | None = None  # the loop variable indexing the list at the call
   post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
+  scan: tp.Any = None  # a `scan_lift.ScanPlan` when built through nn.scan
 
 
 @dataclasses.dataclass
@@ -62,10 +63,13 @@ class ClassPort:
 
 
 def _match(site: Site, src: ClassSource, child: Instance) -> bool:
-  if child.called_at is None or child.called_at[0] != src.file:
+  """Whether the trace saw `child` called by this construction (or by the local it went to)."""
+  if child.called_at is None or child.called_at[0] != src.file or child.cls is not site.target:
     return False
-  first, last = (src.line(site.lines[0]), src.line(site.lines[1]))
-  return first <= child.called_at[1] <= last and child.cls is site.target
+  line = child.called_at[1]
+  return any(
+    src.line(first) <= line <= src.line(last) for first, last in [site.lines, *site.local_lines]
+  )
 
 
 def _list_name(names: list[str]) -> str | None:
@@ -102,6 +106,10 @@ def _assignment_counts(fn: tp.Any) -> dict[str, int]:
   return counts
 
 
+# nn.remat's arguments that nnx.remat takes as they are (static_argnums counts self in both).
+_REMAT_ARGS = frozenset({"prevent_cse", "static_argnums", "policy"})
+
+
 class Planner:
   """Pairs a class's sites with the traced submodules and writes their NNX constructions."""
 
@@ -116,6 +124,8 @@ class Planner:
     self.hoists: dict[int, Hoist] = {}  # id(site.node) -> hoist
     self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
     self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
+    self.lift_rewrites: dict[int, str] = {}  # id(lift call) -> its NNX form
+    self.scan_locals: dict[tuple[str, str], Hoist] = {}  # (method, local) -> its scan hoist
     self.positions = wrapper.resolve(libcst().metadata.PositionProvider)
     self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
     self.site_of = {id(s.node): s for s in self.sites}
@@ -157,6 +167,31 @@ class Planner:
       found[fn.name.value] = mine
     return found
 
+  def guard(self, site: Site, present: tp.Mapping[tuple[str, ...], bool], attr: str) -> str | None:
+    """The `__init__` condition under which a call-method site's attribute exists (None: always).
+
+    The site's own `if` tests when `__init__` can evaluate them (fields, globals, aliases);
+    otherwise whether the trace saw it in each instance: always, or an added bool argument.
+    """
+    from .emit import available, names_in
+
+    if not site.guards:
+      return None
+    aliases = self.aliases.get(site.method, {})
+    if all(
+      t is not None and available(t, self.src.namespace, set(aliases)) for t, _ in site.guards
+    ):
+      parts = []
+      for test, negated in reversed(site.guards):
+        self.used_aliases.update(n for n in names_in(test) if n in aliases)
+        code = self.code(test)
+        parts.append(f"not ({code})" if negated else code)
+      return " and ".join(f"({p})" if len(parts) > 1 else p for p in parts)
+    values = list(present.values())
+    if all(values):
+      return None
+    return self.resolver.expr(dict(present), f"has_{attr}")
+
   def declare(self, site: Site, name: str, decl: str) -> None:
     """Record a variable: built in `__init__` (setup: in place, under the Linen name)."""
     c = libcst()
@@ -172,7 +207,11 @@ class Planner:
     if site.method == "setup":
       self.todo(site, "a variable declared in setup without `self.<attr> = ...`")
       return
-    self.declarations.append(f"self.{name} = {decl}")
+    present = {i.path: any(k[1] == name for k in i.variables) for i in self.instances}
+    cond = self.guard(site, present, name)
+    unit = self.module.default_indent
+    line = f"self.{name} = {decl}"
+    self.declarations.append(line if cond is None else f"if {cond}:\n{unit}{line}")
     self.port.attributes[name] = self.src.line(site.lines[0])
 
   def code(self, node: cst.CSTNode) -> str:
@@ -189,8 +228,12 @@ class Planner:
   # --- pairing ----------------------------------------------------------------------------
 
   def plan(self) -> None:
+    used_lifts = {id(s.lift): s for s in self.sites if s.lift is not None}
+    used_lifts.update({id(s.inner_lift): s for s in self.sites if s.inner_lift is not None})
     for site in self.sites:
-      if site.kind == "lift":
+      if site.kind == "lift" and id(site.node) in used_lifts:
+        self._plan_lift(site)
+      elif site.kind == "lift":
         name = getattr(site.target, "__name__", "a lifted transform")
         self.todo(
           site,
@@ -199,6 +242,24 @@ class Planner:
         )
       elif site.kind == "construct":
         self._plan_construct(site)
+
+  def _plan_lift(self, site: Site) -> None:
+    """`block = nn.remat(Block, ...)` -> `block = nnx.remat(Block.__call__, ...)`."""
+    name = getattr(site.target, "__name__", "")
+    node = site.node
+    if name == "scan":
+      return  # written with the construction that goes through it (`plan_scan`)
+    extra = [a for a in node.args[1:] if a.keyword is None or a.keyword.value not in _REMAT_ARGS]
+    if name not in ("checkpoint", "remat") or extra:
+      self.todo(
+        site,
+        f"nn.{name} over a module (only nn.remat/nn.checkpoint with "
+        f"{', '.join(sorted(_REMAT_ARGS))} is drafted: nnx.remat)",
+      )
+      return
+    cls = self.code(node.args[0].value)
+    kwargs = "".join(f", {a.keyword.value}={self.code(a.value)}" for a in node.args[1:])
+    self.lift_rewrites[id(node)] = f"nnx.remat({cls}.__call__{kwargs})"
 
   def _plan_construct(self, site: Site) -> None:
     cls = tp.cast(type, site.target)
@@ -238,21 +299,28 @@ class Planner:
       attr = tp.cast(str, lists.pop())
       self.hoists[id(site.node)] = Hoist(attr, site, children, True)
       return
-    if len(names) != 1 or len(next(iter(names))) != 1:
+    made_names = {n for n in names if n}
+    if len(made_names) != 1 or len(next(iter(made_names))) != 1:
       self.todo(
         site,
         f"the trace cannot tell which submodule this construction made "
         f"(made {sorted(names)} across instances); name it with name='...'",
       )
       return
-    if site.conditional:
-      self.todo(
-        site,
-        "a construction under a condition (the port must decide in __init__ "
-        "whether it exists); write the condition over constructor arguments",
-      )
-      return
-    self.hoists[id(site.node)] = Hoist(next(iter(names))[0], site, children, False)
+    hoist = Hoist(next(iter(made_names))[0], site, children, False)
+    if site.lift is not None and getattr(site.lift.func, "attr", None) is not None:
+      lift = dotted(site.lift.func) or ""
+      if lift.endswith(".scan"):
+        from .scan_lift import plan_scan
+
+        plan = plan_scan(self, site)
+        if isinstance(plan, str):
+          self.todo(site, plan)
+          return
+        hoist.scan = plan
+        if site.local is not None:
+          self.scan_locals[(site.method, site.local)] = hoist
+    self.hoists[id(site.node)] = hoist
 
   # --- values -----------------------------------------------------------------------------
 

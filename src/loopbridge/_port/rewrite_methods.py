@@ -12,6 +12,9 @@ import ast
 import dataclasses
 import typing as tp
 
+from flax.core import meta
+
+from . import standard_layers
 from .emit import available, construction, loop_targets
 from .linen_api import VARIABLE_TYPES
 from .records import Todo
@@ -142,11 +145,61 @@ class Rewriter(libcst().CSTTransformer):
       return updated
     hoist = self.p.hoists.get(key)
     if hoist is not None:
+      site = hoist.site
+      if site.lift is not None and site.outer_call is None and hoist.scan is None:
+        self._mark("a module made through a lifted transform and called later")
+        return updated
       return self._hoisted(hoist, original, updated)
+    if key in self.p.lift_rewrites:
+      code = self.p.lift_rewrites[key]
+      self.p.change(
+        self.p.site_of[key].lines,
+        self.p.code(original),
+        code,
+        "rematerialization moves from the class to the call (nnx.remat)",
+      )
+      return c.parse_expression(code)
+    func = original.func
+    scan_local = (
+      self.p.scan_locals.get((self.method, func.value)) if isinstance(func, c.Name) else None
+    )
     for h in self.p.hoists.values():
-      if h.site.outer_call is original and h.call_kwargs:
+      if (h.site.outer_call is original or h is scan_local) and h.scan is not None:
+        if any(a.keyword is not None or a.star for a in updated.args) or not updated.args:
+          self._mark("a call of an nn.scan module with keyword or star arguments")
+          return updated
+        module = self.p.code(updated.func) if h is not scan_local else func.value
+        code = h.scan.call(module, [self.p.code(a.value) for a in updated.args])
+        self.p.change(
+          self.p.positions[original].start.line,
+          self.p.code(original),
+          code,
+          "nn.scan runs as nnx.scan over the vmap-built stack",
+        )
+        return c.parse_expression(code)
+      if h.site.outer_call is original and h.site.lift is not None:
+        # `block(config, name=...)(y, mask)` -> `block(self.layers[i], y, mask)`.
         extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
-        return updated.with_changes(args=[*updated.args, *extra])
+        return updated.with_changes(
+          func=c.parse_expression(self.p.code(h.site.node.func)),
+          args=[c.Arg(updated.func), *updated.args, *extra],
+        )
+      if h.site.outer_call is original:
+        args = list(updated.args)
+        layer = standard_layers.lookup(tp.cast(type, h.site.target))
+        if layer is not None:
+          positional = [a for a in args if a.keyword is None and not a.star]
+          names = standard_layers.call_keywords(
+            tp.cast(type, h.site.target), layer, len(positional)
+          )
+          args = [
+            a.with_changes(keyword=c.Name(n), equal=c.AssignEqual())
+            if a.keyword is None and not a.star and i < len(names) and (n := names[i])
+            else a
+            for i, a in enumerate(args)
+          ]
+        extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
+        return updated.with_changes(args=[*args, *extra])
     site = self.p.site_of.get(key)
     if site is None:
       return updated
@@ -216,18 +269,27 @@ class Rewriter(libcst().CSTTransformer):
     init = self.p.rewrite_expr(self.p.code(args[1].value))
     rest = [a.value for a in args[2:]]
     ns = self.p.src.namespace
-    if all(available(a, ns, set()) for a in rest):
-      init_args = [self.p.rewrite_expr(self.p.code(a)) for a in rest]
-    elif len(rest) == 1:
-      shapes = {
-        i.path: tuple(i.variables[("params", name)].shape)  # pyright: ignore[reportAttributeAccessIssue]
-        for i in self.p.instances
-        if ("params", name) in i.variables
-      }
-      init_args = [self.p.resolver.expr(shapes, f"{name}_shape")]
-    else:
-      self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
-      return updated
+    # Arguments that read the call (`x.shape[-1]`, `x.dtype`) take the traced value instead:
+    # the shape and dtype of the variable Linen created, per instance.
+    made = {
+      i.path: meta.unbox(i.variables[("params", name)])
+      for i in self.p.instances
+      if ("params", name) in i.variables
+    }
+    traced = [
+      lambda v: tuple(v.shape),  # init(key, shape, ...)
+      lambda v: v.dtype,  # init(key, shape, dtype)
+    ]
+    init_args = []
+    for i, a in enumerate(rest):
+      if available(a, ns, set()):
+        init_args.append(self.p.rewrite_expr(self.p.code(a)))
+      elif i < len(traced) and made:
+        values = {p: traced[i](v) for p, v in made.items()}
+        init_args.append(self.p.resolver.expr(values, f"{name}_{('shape', 'dtype')[i]}"))
+      else:
+        self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
+        return updated
     decl = f"nnx.Param({init}(rngs.params(), {', '.join(init_args)}))"
     self.p.declare(site, name, decl)
     self.p.change(
@@ -422,8 +484,16 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     if site.setup_attr is not None or id(site.node) not in planner.hoisted_code:
       continue
     if not hoist.is_list:
-      lines.append(f"self.{hoist.attr} = {planner.hoisted_code[id(site.node)]}")
-      lines += hoist.post
+      code = planner.hoisted_code[id(site.node)]
+      if hoist.scan is not None:
+        block = hoist.scan.stack(hoist.attr, code, unit)
+      else:
+        block = [f"self.{hoist.attr} = {code}", *hoist.post]
+      present = {p: bool(kids) for p, kids in hoist.children.items()}
+      cond = planner.guard(site, present, hoist.attr)
+      if cond is not None:
+        block = [f"if {cond}:\n" + "\n".join(f"{unit}{ln}" for ln in block)]
+      lines += block
       planner.port.attributes[hoist.attr] = planner.src.line(site.lines[0])
       continue
     loop = site.loop

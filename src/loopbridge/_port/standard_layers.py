@@ -96,6 +96,26 @@ TABLE: dict[type, LayerMap] = {
 """Linen layer class -> its NNX mapping (nn.RNN and nn.Sequential are not here yet)."""
 
 
+def call_keywords(linen_cls: type, layer: LayerMap, count: int) -> list[str | None]:
+  """For each of `count` positional call arguments: the keyword NNX needs it under (or None).
+
+  `nn.Dropout(0.1)(x, True)` passes `deterministic` by position; NNX takes it by keyword.
+  """
+  linen = list(inspect.signature(linen_cls.__call__).parameters.values())[1:]
+  nnx_params = list(inspect.signature(layer.nnx_class.__call__).parameters.values())[1:]
+  out: list[str | None] = []
+  for i in range(count):
+    mine = linen[i] if i < len(linen) else None
+    theirs = nnx_params[i] if i < len(nnx_params) else None
+    positional = theirs is not None and theirs.kind in (
+      inspect.Parameter.POSITIONAL_ONLY,
+      inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    same = positional and mine is not None and theirs is not None and theirs.name == mine.name
+    out.append(None if same or mine is None else mine.name)
+  return out
+
+
 def lookup(cls: type) -> LayerMap | None:
   return TABLE.get(cls)
 

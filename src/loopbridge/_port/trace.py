@@ -32,6 +32,7 @@ class Instance:
   inputs: dict[str, tuple[tuple[object, ...], dict[str, object]]]  # method -> (args, kwargs)
   variables: dict[tuple[str, str], object]  # (collection, name) -> abstract value (boxes kept)
   called_at: tuple[str, int] | None  # (file, line) of the user's code that called it first
+  lifts: tuple[str, ...] = ()  # Linen lifted transforms around its class, outermost first
 
   def field_values(self) -> dict[str, object]:
     return {
@@ -60,6 +61,15 @@ class Trace:
 
   def of_class(self, cls: type) -> list[Instance]:
     return [i for i in self.instances.values() if i.cls is cls]
+
+
+def unlifted(cls: type) -> tuple[type, tuple[str, ...]]:
+  """The user's class under the subclasses Linen lifts make (`nn.remat(Block)`); the lifts."""
+  lifts: list[str] = []
+  while cls.__module__.startswith("flax.linen.transforms") and len(cls.__bases__) == 1:
+    lifts.append(cls.__name__)
+    cls = cls.__bases__[0]
+  return cls, tuple(lifts)
 
 
 def _abstract(tree: object) -> object:
@@ -100,7 +110,8 @@ def trace(
     path = tuple(str(p) for p in scope.path)
     inst = instances.get(path)
     if inst is None:
-      inst = instances[path] = Instance(path, type(mod), mod, {}, {}, _user_line())
+      cls, lifts = unlifted(type(mod))
+      inst = instances[path] = Instance(path, cls, mod, {}, {}, _user_line(), lifts)
     inst.inputs.setdefault(context.method_name, (_abstract(args), _abstract(kwargs)))  # pyright: ignore[reportArgumentType]
     out = next_fun(*args, **kwargs)
     for col, tree in mod.variables.items():
