@@ -58,3 +58,79 @@ class Norms(nn.Module):
     x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
     x = nn.LayerNorm(epsilon=1e-5)(x)
     return nn.RMSNorm()(x)
+
+
+class Block(nn.Module):
+  """A pre-norm attention block; a position counter only while decoding."""
+
+  heads: int = 2
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    if self.decode:
+      index = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
+      index.value += 1
+    y = nn.LayerNorm()(x)
+    y = nn.MultiHeadDotProductAttention(num_heads=self.heads, decode=self.decode)(y)
+    return x + nn.Dense(x.shape[-1])(y)
+
+
+class RematStack(nn.Module):
+  """`layers_N` blocks under nn.remat, in a loop over a config field."""
+
+  depth: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    block = nn.remat(Block)
+    for i in range(self.depth):
+      x = block(name=f"layers_{i}")(x)
+    return x
+
+
+class ScanCell(nn.Module):
+  """A scan body: (carry, x) -> (carry, y), sowing its carry."""
+
+  @nn.compact
+  def __call__(self, carry, x):
+    carry = nn.tanh(nn.Dense(carry.shape[-1])(carry) + x)
+    self.sow("intermediates", "carry", carry)
+    return carry, carry
+
+
+class Scanned(nn.Module):
+  """nn.scan over a module, with per-step inputs and a broadcast flag."""
+
+  length: int = 3
+
+  @nn.compact
+  def __call__(self, carry, xs):
+    carry, ys = nn.scan(
+      ScanCell,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      in_axes=1,
+      out_axes=1,
+      length=self.length,
+    )(name="cells")(carry, xs)
+    return carry + ys.sum(axis=1)
+
+
+class Recurrent(nn.Module):
+  """nn.RNN over an OptimizedLSTMCell, then a head."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.RNN(nn.OptimizedLSTMCell(5), name="rnn")(x)
+    return nn.Dense(2)(h[:, -1])
+
+
+class Partitioned(nn.Module):
+  """Params with logical axis names."""
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.ones_init(), ("embed",)), (4,))
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    return nn.Dense(3, kernel_init=init, use_bias=False)(x * scale)

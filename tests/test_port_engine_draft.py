@@ -90,3 +90,58 @@ def test_a_class_without_readable_source_is_refused():
 def test_literal_round_trips_plain_values_only():
   assert literal((1, (2,), "a")) == "(1, (2,), 'a')"
   assert literal(object()) is None
+
+
+def _equal_to_linen(draft, *args, **kwargs):
+  """Independent reference: Linen's own apply on the variables the port was filled with."""
+  port, variables = draft.port_and_variables()
+  expected = draft.linen_module.apply(variables, *args, **kwargs)
+  got = port(*args, **kwargs)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, expected)
+
+
+@pytest.mark.slow
+def test_remat_blocks_in_a_loop_with_attention_and_a_conditional_cache_variable():
+  x = jax.random.normal(jax.random.key(3), (2, 4, 8))
+  draft = lb.port.draft(models.RematStack(), x)
+  assert draft.ok, draft.report()
+  assert "nnx.remat(Block.__call__)" in draft.source
+  assert "nnx.MultiHeadAttention(" in draft.source
+  # The cache counter exists only when decoding, as in Linen (the test stays in __init__).
+  assert "if self.decode:" in draft.source
+  _equal_to_linen(draft, x)
+
+
+@pytest.mark.slow
+def test_scan_over_a_module_becomes_a_vmap_stack_run_by_nnx_scan():
+  carry = jax.random.normal(jax.random.key(4), (2, 6))
+  xs = jax.random.normal(jax.random.key(5), (2, 3, 6))
+  draft = lb.port.draft(models.Scanned(), carry, xs)
+  assert draft.ok, draft.report()
+  assert "@nnx.vmap(in_axes=(0,), out_axes=0)" in draft.source
+  assert "nnx.scan(" in draft.source and "nnx.split_rngs(splits=self.length)" in draft.source
+  port, variables = draft.port_and_variables()
+  stacked = variables["params"]["cells"]["Dense_0"]["kernel"]
+  assert stacked.shape == (3, 6, 6)  # Linen's layer axis 0 is the stack's axis 0
+  expected, _ = draft.linen_module.apply(variables, carry, xs, mutable=["intermediates"])
+  np.testing.assert_allclose(port(carry, xs), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_rnn_over_an_optimized_lstm_cell():
+  x = jax.random.normal(jax.random.key(6), (2, 5, 3))
+  draft = lb.port.draft(models.Recurrent(), x)
+  assert draft.ok, draft.report()
+  assert "nnx.RNN(nnx.LSTMCell(3, 5" in draft.source
+  _equal_to_linen(draft, x)
+
+
+def test_logically_partitioned_params_keep_their_axis_names():
+  x = jax.random.normal(jax.random.key(7), (2, 4))
+  draft = lb.port.draft(models.Partitioned(), x)
+  assert draft.ok, draft.report()
+  assert draft.source.count("nnx.with_partitioning(") == 2
+  port, _ = draft.port_and_variables()
+  metadata = getattr(port.scale, "get_metadata", dict)()  # flax 0.12: out_sharding
+  assert tuple(metadata.get("out_sharding") or port.scale.sharding) == ("embed",)
+  _equal_to_linen(draft, x)

@@ -67,6 +67,7 @@ def run_check(
   port: nnx.Module,
   calls: tp.Sequence[Call],
   source: str,
+  unpaired: tp.Sequence[str] = (),
 ) -> Check:
   """Compare `port` (already holding the converted variables) with Linen on every call."""
   reports = []
@@ -77,7 +78,8 @@ def run_check(
       kwargs["method"] = call.method
       candidate = _method_port(port, call.method)
     try:
-      report = compare((linen_module, variables), candidate, *call.args, **kwargs)
+      mapping = dict.fromkeys(unpaired) or None
+      report = compare((linen_module, variables), candidate, *call.args, mapping=mapping, **kwargs)
     except Exception as e:
       return Check(False, tuple(reports), None, f"{call.label()}: {type(e).__name__}: {e}")
     reports.append(report)

@@ -46,6 +46,7 @@ class Draft:
   calls: tuple[Call, ...] = dataclasses.field(repr=False)
   variables: tp.Mapping[str, object] | None = dataclasses.field(repr=False)
   filename: str = dataclasses.field(repr=False, default="port.py")
+  unpaired: tuple[str, ...] = dataclasses.field(repr=False, default=())
 
   @property
   def ok(self) -> bool:
@@ -142,6 +143,18 @@ def _user_classes(root: nn.Module, traced) -> list[type]:
   return sorted(depth, key=lambda c: -depth[c])
 
 
+def _opaque_insides(traced) -> tuple[str, ...]:
+  """Module paths inside layers whose NNX counterpart is built otherwise (compared as a whole)."""
+  from .standard_layers import lookup
+
+  opaque = [p for p, i in traced.instances.items() if (m := lookup(i.cls)) and m.opaque]
+  return tuple(
+    "/".join(p)
+    for p in traced.instances
+    if any(len(p) > len(o) and p[: len(o)] == o for o in opaque)
+  )
+
+
 def draft(
   linen_module: nn.Module,
   *sample_args: object,
@@ -221,8 +234,14 @@ def draft(
   }
   for extra in root_port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
     init_kwargs[extra.name] = extra.values[()]
-  todos = tuple(t for cls in classes for t in ctx.ported[cls].todos)
-  changes = tuple(ch for cls in classes for ch in ctx.ported[cls].changes)
+  todos = tuple(
+    sorted((t for cls in classes for t in ctx.ported[cls].todos), key=lambda t: (t.file, t.line))
+  )
+  changes = tuple(
+    sorted(
+      (ch for cls in classes for ch in ctx.ported[cls].changes), key=lambda ch: (ch.file, ch.line)
+    )
+  )
   result = Draft(
     source=text,
     root=type(linen_module).__name__,
@@ -234,6 +253,7 @@ def draft(
     calls=all_calls,
     variables=variables,
     filename=filename,
+    unpaired=_opaque_insides(traced),
   )
   if check:
     result.check = _check(result)
@@ -245,7 +265,9 @@ def _check(result: Draft) -> Check:
     port, variables = result.port_and_variables()
   except Exception as e:
     return Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
-  return run_check(result.linen_module, variables, port, result.calls, result.source)
+  return run_check(
+    result.linen_module, variables, port, result.calls, result.source, result.unpaired
+  )
 
 
 del inspect

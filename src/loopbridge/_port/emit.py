@@ -81,9 +81,15 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   values: dict[str, str] = {}
   moved: list[str] = []
   layer = standard_layers.lookup(cls)
+  nested = {id(s.node): s for s in planner.sites if s.nested_in is site.node}
   for field, expr in bound.items():
     code = planner.code(expr)
-    if available(expr, ns, extra):
+    if id(expr) in nested:
+      inner, why = _nested(planner, hoist, nested[id(expr)], field, index)
+      if inner is None:
+        return None, why
+      values[field] = inner
+    elif available(expr, ns, extra):
       values[field] = planner.rewrite_expr(code)
       planner.used_aliases.update(n for n in names_in(expr) if n in aliases)
     elif layer is not None and field in layer.call_time and site.outer_call is not None:
@@ -94,6 +100,23 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   if layer is None:
     return _user_class(planner, hoist, cls, values, index), ""
   return _standard(planner, hoist, layer, values, index)
+
+
+def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str | None):
+  """The NNX construction of a module built as another's argument (`nn.RNN(nn.LSTMCell(8))`).
+
+  Linen adopts it where it was built (a sibling, `OptimizedLSTMCell_0`); the trace pairs it by
+  the line that called it, as any construction.
+  """
+  from .rewrite_class import Hoist as HoistRecord
+  from .rewrite_class import _match
+
+  trace = planner.ctx.trace
+  children = {
+    p: [k for k in trace.children(p) if _match(inner, planner.src, k)] for p in hoist.children
+  }
+  record = HoistRecord(f"{hoist.attr}_{field}", inner, children, hoist.is_list)
+  return construction(planner, record, index)
 
 
 def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:

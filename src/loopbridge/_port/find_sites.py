@@ -37,6 +37,7 @@ class Site:
   setup_attr: str | None = None  # `self.<attr> = <site>` in setup
   setup_list: bool = False  # `self.<attr> = [<site> for ...]` in setup
   comp: tp.Any = None  # that list comprehension
+  nested_in: tp.Any = None  # `nn.RNN(nn.LSTMCell(8))`: the construction this one is an argument of
 
 
 def explicit_name(site: Site) -> str | None:
@@ -109,7 +110,7 @@ def find_sites(
   class Locals(c.CSTVisitor):
     def visit_Assign(self, node: tp.Any) -> None:
       found = lifted_class(node.value)
-      target = node.targets[0].target if len(node.targets) == 1 else None
+      target: tp.Any = node.targets[0].target if len(node.targets) == 1 else None
       if found is not None and isinstance(target, c.Name):
         lifted_locals[(context(node)[0], target.value)] = found
 
@@ -128,7 +129,7 @@ def find_sites(
         cls, lift, inner = lifted
         method, loop, depth, cond, _ = context(node)
         pos = positions[node]
-        parent: tp.Any = parents.get(node)
+        parent = parents.get(node)
         outer = parent if isinstance(parent, c.Call) and parent.func is node else None
         site = Site(
           "construct", node, method, (pos.start.line, pos.end.line), loop, depth, cond, cls, outer
@@ -190,7 +191,12 @@ def find_sites(
         local_calls.setdefault(key, []).append((pos.start.line, pos.end.line))
 
   module.visit(LocalCalls())
+  constructs = {id(s.node): s for s in sites if s.kind == "construct"}
   for site in sites:
+    arg: tp.Any = parents.get(site.node)
+    call = parents.get(arg) if isinstance(arg, c.Arg) else None
+    if site.kind == "construct" and call is not None and id(call) in constructs:
+      site.nested_in = call
     site.guards = conditions.get(id(site.node), [])
     if site.local is not None:
       site.local_lines = local_calls.get((site.method, site.local), [])

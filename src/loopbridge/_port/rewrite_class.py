@@ -240,7 +240,7 @@ class Planner:
           f"nn.{name} (a Linen lifted transform) has no drafted NNX form here; "
           "port it by hand (nnx.vmap/nnx.scan/nnx.remat over an NNX module)",
         )
-      elif site.kind == "construct":
+      elif site.kind == "construct" and site.nested_in is None:
         self._plan_construct(site)
 
   def _plan_lift(self, site: Site) -> None:

@@ -118,7 +118,6 @@ class Rewriter(libcst().CSTTransformer):
     return True
 
   def leave_FunctionDef(self, original, updated):
-    c = libcst()
     kept = []
     for orig, d in zip(original.decorators, updated.decorators):
       name = dotted(orig.decorator) or ""
@@ -132,8 +131,36 @@ class Rewriter(libcst().CSTTransformer):
         )
         continue
       kept.append(d)
-    del c
-    return updated.with_changes(decorators=kept)
+    return self._drop_moved_aliases(updated.with_changes(decorators=kept))
+
+  def _drop_moved_aliases(self, fn):
+    """Remove `init = nn.with_...(...)` lines that only the moved constructions read.
+
+    They now run in `__init__`; a line with a comment above it is kept (the comment with it).
+    """
+    c = libcst()
+    aliases = self.p.aliases.get(fn.name.value, {})
+    moved = [n for n in aliases if n in self.p.used_aliases]
+    if not moved:
+      return fn
+    reads: dict[str, int] = {}
+
+    class Reads(c.CSTVisitor):
+      def visit_Name(self, node) -> None:
+        reads[node.value] = reads.get(node.value, 0) + 1
+
+    fn.visit(Reads())
+    body = []
+    for stmt in fn.body.body:
+      target = None
+      if isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign):
+        t = stmt.body[0].targets[0].target
+        target = t.value if isinstance(t, c.Name) else None
+      unused = target in moved and reads.get(target, 0) == 1
+      if unused and not any(line.comment for line in stmt.leading_lines):
+        continue
+      body.append(stmt)
+    return fn.with_changes(body=fn.body.with_changes(body=body))
 
   # --- expressions ------------------------------------------------------------------------
 

@@ -60,6 +60,9 @@ class LayerMap:
   widths: Widths = lambda inst: {}
   renames: tp.Mapping[str, str] = dataclasses.field(default_factory=dict)
   call_time: frozenset[str] = frozenset()
+  # Its submodules do other work than the NNX layer's (Linen's OptimizedLSTMCell returns its
+  # kernels from `ii`, `hi`, ...): only the layer's own output is compared.
+  opaque: bool = False
 
   @property
   def nnx_class(self) -> type:
@@ -89,11 +92,15 @@ TABLE: dict[type, LayerMap] = {
     "MultiHeadAttention", _attention, call_time=frozenset({"deterministic"})
   ),
   nn.LSTMCell: LayerMap("LSTMCell", _cell, _CELL_RENAMES),
-  nn.OptimizedLSTMCell: LayerMap("OptimizedLSTMCell", _cell, _CELL_RENAMES),
+  # Linen's OptimizedLSTMCell keeps LSTMCell's parameters (ii, if, ..., hi, ...) and computes
+  # the same function; NNX's fuses its kernels (dense_i, dense_h), so LSTMCell is the port.
+  nn.OptimizedLSTMCell: LayerMap("LSTMCell", _cell, _CELL_RENAMES, opaque=True),
   nn.GRUCell: LayerMap("GRUCell", _cell, _CELL_RENAMES),
   nn.Einsum: LayerMap("Einsum", renames={"shape": "kernel_shape"}),
+  # The cell is built by the construction passed as `cell=` (it is the RNN's child `cell`).
+  nn.RNN: LayerMap("RNN"),
 }
-"""Linen layer class -> its NNX mapping (nn.RNN and nn.Sequential are not here yet)."""
+"""Linen layer class -> its NNX mapping (nn.Sequential is not here yet)."""
 
 
 def call_keywords(linen_cls: type, layer: LayerMap, count: int) -> list[str | None]:
