@@ -34,8 +34,9 @@ def add_parser(commands: Subcommands) -> None:
     description=(
       "Read the Linen model's classes, rewrite them into NNX (submodules built in "
       "__init__ with their input widths, nnx.Param/BatchStat/Cache, nnx.List, nnx.scan "
-      "stacks for nn.scan; comments, docstrings and your own code kept), then build the draft, convert "
-      "the Linen variables into it and compare it with the Linen model on the sample call "
+      "stacks for nn.scan; comments, docstrings and your own code kept), then build the "
+      "draft, convert the Linen variables into it and compare it with the Linen model on "
+      "the sample call "
       "and every --call (lb.port.draft). Prints the report: each change (file:line old -> "
       "new), each place left as '# TODO(port)' and the measured verdict."
     ),
