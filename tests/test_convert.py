@@ -396,7 +396,6 @@ def test_every_stack_layout_converts_both_ways(linen_cls, port_cls):
   assert _same(lb.checkpoint.nnx_to_linen(port, linen_cls(), x), dict(variables))
 
 
-
 # --- a sample call with keywords or another method (as in Linen's apply) --------------------
 
 
@@ -491,6 +490,4 @@ def test_a_method_only_the_linen_model_has_is_refused():
 
   x, variables = _keyword_variables()
   with pytest.raises(lb.checkpoint.CheckpointError, match=r"the port Bare has no method 'score'"):
-    lb.checkpoint.linen_to_nnx(
-      KeywordNet(), variables, Bare(nnx.Rngs(0)), x, 1.0, method="score"
-    )
+    lb.checkpoint.linen_to_nnx(KeywordNet(), variables, Bare(nnx.Rngs(0)), x, 1.0, method="score")
