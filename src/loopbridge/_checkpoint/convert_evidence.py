@@ -60,7 +60,8 @@ def _concrete(tree: object) -> bool:
 
 _RNG_HELP = (
   "If a model draws random numbers on these sample arguments (dropout in training mode), "
-  "pass arguments of a deterministic call (e.g. train=False) so both models compute the same."
+  "make the sample call deterministic (e.g. sample_kwargs={'train': False}) so both models "
+  "compute the same."
 )
 
 
