@@ -394,3 +394,100 @@ def test_every_stack_layout_converts_both_ways(linen_cls, port_cls):
   assert type(port) is port_cls  # the discovery run logs calls on a copy only
   np.testing.assert_allclose(port(x), linen_cls().apply(variables, x), rtol=1e-5, atol=1e-6)
   assert _same(lb.checkpoint.nnx_to_linen(port, linen_cls(), x), dict(variables))
+
+
+# --- a sample call with keywords or another method (as in Linen's apply) --------------------
+
+
+class KeywordNet(nn.Module):
+  """Needs `train=` on every call; `score` is a second method over the same modules."""
+
+  def setup(self):
+    self.proj = nn.Dense(4)
+    self.norm = nn.BatchNorm()
+    self.drop = nn.Dropout(0.5)
+    self.head = nn.Dense(2)
+
+  def __call__(self, x, *, train: bool):
+    h = self.norm(self.proj(x), use_running_average=not train)
+    return self.head(nn.relu(self.drop(h, deterministic=not train)))
+
+  def score(self, x, scale):
+    return scale * self.head(self.norm(self.proj(x), use_running_average=True))
+
+
+class KeywordPort(nnx.Module):
+  def __init__(self, rngs: nnx.Rngs):
+    self.proj = nnx.Linear(3, 4, rngs=rngs)
+    self.norm = nnx.BatchNorm(4, rngs=rngs)
+    self.drop = nnx.Dropout(0.5, rngs=rngs)
+    self.head = nnx.Linear(4, 2, rngs=rngs)
+
+  def __call__(self, x, *, train: bool):
+    h = self.norm(self.proj(x), use_running_average=not train)
+    return self.head(nnx.relu(self.drop(h, deterministic=not train)))
+
+  def score(self, x, scale):
+    return scale * self.head(self.norm(self.proj(x), use_running_average=True))
+
+
+def _keyword_variables():
+  x = jax.random.normal(jax.random.key(0), (5, 3))
+  return x, _trained_like(KeywordNet().init(jax.random.key(1), x, train=False))
+
+
+def test_a_sample_call_with_keywords_converts_both_ways():
+  x, variables = _keyword_variables()
+  port = KeywordPort(nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(KeywordNet(), variables, port, x, sample_kwargs={"train": False})
+  reference = KeywordNet().apply(variables, x, train=False)
+  np.testing.assert_allclose(port(x, train=False), reference, rtol=1e-5, atol=1e-6)
+  back = lb.checkpoint.nnx_to_linen(port, KeywordNet(), x, sample_kwargs={"train": False})
+  assert _same(back, dict(variables))
+
+
+def test_a_sample_call_of_another_method_converts_both_ways():
+  x, variables = _keyword_variables()
+  port = KeywordPort(nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(
+    KeywordNet(), variables, port, x, method="score", sample_kwargs={"scale": 3.0}
+  )
+  reference = KeywordNet().apply(variables, x, 3.0, method="score")
+  np.testing.assert_allclose(port.score(x, 3.0), reference, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    port(x, train=False), KeywordNet().apply(variables, x, train=False), rtol=1e-5, atol=1e-6
+  )
+  back = lb.checkpoint.nnx_to_linen(port, KeywordNet(), x, 2.0, method="score")
+  assert _same(back, dict(variables))
+
+
+def test_a_keyword_the_sample_call_lacks_is_reported():
+  x, variables = _keyword_variables()
+  with pytest.raises(lb.checkpoint.CheckpointError, match="train"):
+    lb.checkpoint.linen_to_nnx(KeywordNet(), variables, KeywordPort(nnx.Rngs(0)), x)
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    ({"method": "decode"}, r"method='decode': the Linen model KeywordNet has no method"),
+    ({"method": 3}, r"method= takes the name of the method"),
+    ({"sample_kwargs": [("train", False)]}, r"sample_kwargs= takes the keyword arguments"),
+  ],
+)
+def test_a_bad_sample_call_is_refused(kwargs, match):
+  x, variables = _keyword_variables()
+  port = KeywordPort(nnx.Rngs(0))
+  with pytest.raises(lb.checkpoint.CheckpointError, match=match):
+    lb.checkpoint.linen_to_nnx(KeywordNet(), variables, port, x, **kwargs)
+  with pytest.raises(lb.checkpoint.CheckpointError, match=match.replace("Linen model", ".*")):
+    lb.checkpoint.nnx_to_linen(port, KeywordNet(), x, **kwargs)
+
+
+def test_a_method_only_the_linen_model_has_is_refused():
+  class Bare(KeywordPort):
+    score = None  # pyright: ignore[reportAssignmentType]
+
+  x, variables = _keyword_variables()
+  with pytest.raises(lb.checkpoint.CheckpointError, match=r"the port Bare has no method 'score'"):
+    lb.checkpoint.linen_to_nnx(KeywordNet(), variables, Bare(nnx.Rngs(0)), x, 1.0, method="score")

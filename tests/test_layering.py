@@ -15,7 +15,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "loopbridge"
-WINGS = ("_loops", "_layers", "_diagnostics", "_checkpoint", "_sharding", "_cli")
+WINGS = ("_loops", "_layers", "_diagnostics", "_checkpoint", "_sharding", "_cli", "_port")
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -105,7 +105,7 @@ def test_the_core_imports_no_wing():
 
 
 def test_every_module_is_in_the_core_a_wing_or_the_public_front():
-  front = {"", "__main__", "_compat", "checkpoint", "layers", "sharding"}
+  front = {"", "__main__", "_compat", "checkpoint", "layers", "port", "sharding"}
   for name in _graph():
     assert name in front or name.split(".")[0] in ("_core", "_compat", *WINGS), name
 

@@ -15,7 +15,12 @@ import pytest
 import loopbridge as lb
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NAMESPACES = {"layers": lb.layers, "checkpoint": lb.checkpoint, "sharding": lb.sharding}
+NAMESPACES = {
+  "layers": lb.layers,
+  "checkpoint": lb.checkpoint,
+  "sharding": lb.sharding,
+  "port": lb.port,
+}
 # Importable for annotations (what compile_step / explain return), not star-exported.
 TYPES_OUTSIDE_ALL = {"CompiledStep", "StructureReport"}
 
@@ -71,6 +76,7 @@ def test_old_top_level_names_are_gone(old):
 def test_errors_share_the_base():
   errors = [getattr(lb, n) for n in lb.__all__ if n.endswith("Error")]
   errors += [lb.layers.StackError, lb.checkpoint.CheckpointError, lb.sharding.ShardingError]
+  errors += [lb.port.PortError]
   for error in errors:
     assert issubclass(error, lb.LoopbridgeError), error
 

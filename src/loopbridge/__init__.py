@@ -14,6 +14,7 @@ record buffers on a mesh).
 from . import _compat  # noqa: F401  # pyright: ignore[reportUnusedImport]
 from . import checkpoint as checkpoint
 from . import layers as layers
+from . import port as port
 from . import sharding as sharding
 from ._core.buffers import Buffer as Buffer
 from ._core.buffers import Count as Count

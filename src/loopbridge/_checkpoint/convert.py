@@ -54,6 +54,32 @@ class Plan(list[Pair]):
     self.values = verdict.values
 
 
+def _check_call(
+  linen_module: nn.Module,
+  port: nnx.Module,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None,
+  method: str | None,
+) -> None:
+  """The sample call's `method=` and `sample_kwargs=` name something both models can run."""
+  if sample_kwargs is not None and not isinstance(sample_kwargs, tp.Mapping):
+    raise CheckpointError(
+      f"sample_kwargs= takes the keyword arguments of the sample call as a dict "
+      f"(e.g. {{'train': False}}), got {sample_kwargs!r}."
+    )
+  if method is None:
+    return
+  if not isinstance(method, str):
+    raise CheckpointError(
+      f"method= takes the name of the method both models run (e.g. 'encode'), got {method!r}."
+    )
+  for side, model in (("Linen model", linen_module), ("port", port)):
+    if not callable(getattr(type(model), method, None)):
+      raise CheckpointError(
+        f"method={method!r}: the {side} {type(model).__name__} has no method {method!r}. "
+        "Fix: name a method both models define (the port keeps the Linen method's name)."
+      )
+
+
 def _plan(
   linen_module: nn.Module,
   port: nnx.Module,
@@ -62,6 +88,8 @@ def _plan(
   rules: tp.Sequence[LeafRule] | None,
   source: tp.Callable[[dict[Key, jax.ShapeDtypeStruct]], tp.Mapping[Key, Value]],
   forward: bool,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None,
+  method: str | None,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   """Pair both models' leaves and decide every open candidate by running them."""
   if not isinstance(linen_module, nn.Module):
@@ -80,11 +108,13 @@ def _plan(
     raise CheckpointError(
       f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
     )
-  lunits, stored, modules = linen_units(linen_module, sample_args)
-  pairs = pair_units(lunits, nnx_units(port, sample_args), mapping, rules)
+  _check_call(linen_module, port, sample_kwargs, method)
+  lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method)
+  nunits = nnx_units(port, sample_args, sample_kwargs, method)
+  pairs = pair_units(lunits, nunits, mapping, rules)
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
-  sides = Sides(linen_module, modules, port, sample_args, values, forward)
+  sides = Sides(linen_module, modules, port, sample_args, values, forward, sample_kwargs, method)
   try:
     verdict = decide(pairs, sides, axis_options)
   except OutputMismatch as mismatch:
@@ -293,6 +323,8 @@ def linen_to_nnx(
   mapping: tp.Mapping[str, str] | None = None,
   rules: tp.Sequence[LeafRule] | None = None,
   step: int | None = None,
+  method: str | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -326,6 +358,9 @@ def linen_to_nnx(
     rules: leaf transforms the port applies (`lb.checkpoint.split`, `fuse`, `reshape`,
       `transpose`, `rename`), e.g. a fused gate/up `[2, D, F]` kept as two Linears.
     step: the optimizer step; by default the optax state's first `count`.
+    method: the method both models run on the sample call (as in Linen's
+      `apply(..., method=...)`); None for `__call__`.
+    sample_kwargs: keyword arguments of that call (e.g. `{'train': False}`).
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -336,7 +371,8 @@ def linen_to_nnx(
       mapping entry or rule that cannot be honoured (named); no candidate, or several, that
       reproduce the Linen output (listed as rules ready to paste); a converted port whose
       output differs; a shape or dtype that differs, variables that do not fit the Linen
-      model, or an optax state of another structure. Nothing is written then.
+      model, an optax state of another structure, or a `method=` either model lacks.
+      Nothing is written then.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
@@ -389,7 +425,17 @@ def linen_to_nnx(
       )
     return source
 
-  pairs, stored = _plan(linen_module, port, sample_args, mapping, rules, checked_source, True)
+  pairs, stored = _plan(
+    linen_module,
+    port,
+    sample_args,
+    mapping,
+    rules,
+    checked_source,
+    True,
+    sample_kwargs,
+    method,
+  )
   targets = nnx_variables(port)
   writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
@@ -427,6 +473,8 @@ def nnx_to_linen(
   optimizer: None = None,
   mapping: tp.Mapping[str, str] | None = None,
   rules: tp.Sequence[LeafRule] | None = None,
+  method: str | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -436,6 +484,8 @@ def nnx_to_linen(
   optimizer: nnx.Optimizer,
   mapping: tp.Mapping[str, str] | None = None,
   rules: tp.Sequence[LeafRule] | None = None,
+  method: str | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -444,6 +494,8 @@ def nnx_to_linen(
   optimizer: nnx.Optimizer | None = None,
   mapping: tp.Mapping[str, str] | None = None,
   rules: tp.Sequence[LeafRule] | None = None,
+  method: str | None = None,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
@@ -461,6 +513,8 @@ def nnx_to_linen(
       same transformation on the Linen params (the step is `optimizer.step`).
     mapping: `{linen_path: nnx_path}` for modules (or leaves) the pairing cannot place.
     rules: the same leaf rules as for `linen_to_nnx` (stated Linen -> NNX; run inverted).
+    method: the method both models run on the sample call; None for `__call__`.
+    sample_kwargs: keyword arguments of that call (e.g. `{'train': False}`).
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
@@ -469,7 +523,8 @@ def nnx_to_linen(
   Raises:
     CheckpointError: a module without counterpart (named, with the `mapping=` fix), a mapping
       entry or rule that cannot be honoured, candidates that the port's output cannot tell
-      apart (listed), a converted Linen model whose output differs, or a shape that differs.
+      apart (listed), a converted Linen model whose output differs, a shape that differs,
+      or a `method=` either model lacks.
 
   Examples:
     >>> import jax, jax.numpy as jnp, loopbridge as lb
@@ -489,6 +544,8 @@ def nnx_to_linen(
     rules,
     lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
     False,
+    sample_kwargs,
+    method,
   )
   values = pairs.values
   for key, abstract in stored.items():

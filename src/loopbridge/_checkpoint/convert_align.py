@@ -102,7 +102,10 @@ def _remember(log: dict[tuple[str, ...], _Call], path: tuple[str, ...]) -> _Call
 
 
 def _linen_calls(
-  module: nn.Module, sample_args: tuple[object, ...]
+  module: nn.Module,
+  sample_args: tuple[object, ...],
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  method: str | None = None,
 ) -> tuple[dict[tuple[str, ...], _Call], dict[Key, jax.ShapeDtypeStruct]]:
   """Every Linen module call of one abstract `init`, and the variables `init` stores."""
   log: dict[tuple[str, ...], _Call] = {}
@@ -136,7 +139,9 @@ def _linen_calls(
   rngs = {"params": key, "dropout": key}
   try:
     with nn.intercept_methods(interceptor):
-      stored = jax.eval_shape(lambda: module.init(rngs, *sample_args))
+      stored = jax.eval_shape(
+        lambda: module.init(rngs, *sample_args, method=method, **(sample_kwargs or {}))
+      )
   except Exception as e:
     raise CheckpointError(
       f"running the Linen module {type(module).__name__} on the sample arguments failed "
@@ -211,7 +216,12 @@ def nnx_variables(port: nnx.Module) -> dict[Key, nnx.Variable]:
   return found
 
 
-def _nnx_calls(port: nnx.Module, sample_args: tuple[object, ...]) -> dict[tuple[str, ...], _Call]:
+def _nnx_calls(
+  port: nnx.Module,
+  sample_args: tuple[object, ...],
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  method: str | None = None,
+) -> dict[tuple[str, ...], _Call]:
   """Every NNX module call of one abstract forward call of a copy of the port."""
   copy = _compat.clone_graph(port)
   for path, node in _compat.iter_graph(copy):
@@ -222,7 +232,8 @@ def _nnx_calls(port: nnx.Module, sample_args: tuple[object, ...]) -> dict[tuple[
   graphdef, state = _compat.split_graph(copy)
 
   def forward(state):
-    nnx.merge(graphdef, state)(*sample_args)
+    merged = nnx.merge(graphdef, state)
+    getattr(merged, method or "__call__")(*sample_args, **(sample_kwargs or {}))
 
   log: dict[tuple[str, ...], _Call] = {}
   token = _NNX_LOG.set(log)
@@ -365,17 +376,25 @@ def _units(
 
 
 def linen_units(
-  module: nn.Module, sample_args: tuple[object, ...]
+  module: nn.Module,
+  sample_args: tuple[object, ...],
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  method: str | None = None,
 ) -> tuple[list[Unit], dict[Key, jax.ShapeDtypeStruct], dict[tuple[str, ...], nn.Module]]:
   """The Linen module's units, the abstract variables its `init` stores, and each called
   module unbound by path (to apply one alone)."""
-  calls, stored = _linen_calls(module, sample_args)
+  calls, stored = _linen_calls(module, sample_args, sample_kwargs, method)
   modules = {p: tp.cast(nn.Module, c.module) for p, c in calls.items() if c.module is not None}
   return _units(calls, stored, linen=True), stored, modules
 
 
-def nnx_units(port: nnx.Module, sample_args: tuple[object, ...]) -> list[Unit]:
+def nnx_units(
+  port: nnx.Module,
+  sample_args: tuple[object, ...],
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  method: str | None = None,
+) -> list[Unit]:
   """The NNX port's units."""
-  calls = _nnx_calls(port, sample_args)
+  calls = _nnx_calls(port, sample_args, sample_kwargs, method)
   stored = {k: _compat.variable_value(v) for k, v in nnx_variables(port).items()}
   return _units(calls, stored, linen=False)

@@ -60,7 +60,8 @@ def _concrete(tree: object) -> bool:
 
 _RNG_HELP = (
   "If a model draws random numbers on these sample arguments (dropout in training mode), "
-  "pass arguments of a deterministic call (e.g. train=False) so both models compute the same."
+  "make the sample call deterministic (e.g. sample_kwargs={'train': False}) so both models "
+  "compute the same."
 )
 
 
@@ -73,7 +74,11 @@ def _rngs() -> dict[str, jax.Array]:
 
 
 def linen_run(
-  module: nn.Module, variables: tp.Mapping[Key, Value], sample_args: tuple[object, ...]
+  module: nn.Module,
+  variables: tp.Mapping[Key, Value],
+  sample_args: tuple[object, ...],
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  method: str | None = None,
 ) -> tuple[object, dict[Path, Record]]:
   """Linen `apply` on flat variables, recording each module's first concrete `__call__`."""
   records: dict[Path, Record] = {}
@@ -90,7 +95,12 @@ def linen_run(
   try:
     with nn.intercept_methods(interceptor):
       out, _ = module.apply(
-        tp.cast(dict, unflatten(variables)), *sample_args, mutable=True, rngs=_rngs()
+        tp.cast(dict, unflatten(variables)),
+        *sample_args,
+        method=method,
+        mutable=True,
+        rngs=_rngs(),
+        **(sample_kwargs or {}),
       )
   except Exception as e:
     raise CheckpointError(
@@ -139,7 +149,11 @@ def _copy_with(node: nnx.Module, values: tp.Mapping[Key, Value] | None, prefix: 
 
 
 def nnx_run(
-  port: nnx.Module, values: tp.Mapping[Key, Value] | None, sample_args: tuple[object, ...]
+  port: nnx.Module,
+  values: tp.Mapping[Key, Value] | None,
+  sample_args: tuple[object, ...],
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  method: str | None = None,
 ) -> tuple[object, dict[Path, Record]]:
   """A copy of the port holding `values` (None: its own) called once, recording each module's
   first concrete `__call__`."""
@@ -151,7 +165,7 @@ def nnx_run(
   records: dict[Path, Record] = {}
   token = _RECORDS.set(records)
   try:
-    out = copy(*sample_args)
+    out = getattr(copy, method or "__call__")(*sample_args, **(sample_kwargs or {}))
   except Exception as e:
     raise CheckpointError(
       f"running the NNX port {type(port).__name__} with the converted values failed "
@@ -245,11 +259,16 @@ class Sides:
     sample_args: tuple[object, ...],
     source: tp.Mapping[Key, Value],
     to_nnx_direction: bool,
+    sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+    method: str | None = None,
   ):
     self.linen_module = linen_module
     self.linen_modules = linen_modules
     self.port = port
     self.sample_args = sample_args
+    # The sample call's keywords and method (as in Linen's `apply`): every run of either model.
+    self.sample_kwargs = dict(sample_kwargs or {})
+    self.method = method
     self.source = source
     self.forward = to_nnx_direction
     self.tol = default_tolerance()
@@ -262,15 +281,19 @@ class Sides:
     """The source model on the sample arguments (run once, then remembered)."""
     if self._source_run is None:
       if self.forward:
-        self._source_run = linen_run(self.linen_module, self.source, self.sample_args)
+        self._source_run = linen_run(
+          self.linen_module, self.source, self.sample_args, self.sample_kwargs, self.method
+        )
       else:
-        self._source_run = nnx_run(self.port, None, self.sample_args)
+        self._source_run = nnx_run(
+          self.port, None, self.sample_args, self.sample_kwargs, self.method
+        )
     return self._source_run
 
   def run_target(self, values: tp.Mapping[Key, Value]) -> tuple[object, dict[Path, Record]]:
     if self.forward:
-      return nnx_run(self.port, values, self.sample_args)
-    return linen_run(self.linen_module, values, self.sample_args)
+      return nnx_run(self.port, values, self.sample_args, self.sample_kwargs, self.method)
+    return linen_run(self.linen_module, values, self.sample_args, self.sample_kwargs, self.method)
 
   def source_path(self, pair: Pair) -> Path:
     return pair.linen_at if self.forward else pair.nnx_at

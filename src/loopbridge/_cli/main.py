@@ -14,11 +14,11 @@ import traceback
 import typing as tp
 
 from .._core.errors import first_line
-from . import compare_cmd, convert_cmd, inspect_cmd
+from . import compare_cmd, convert_cmd, inspect_cmd, port_cmd
 from .errors import FAILURE, INTERRUPTED, CliError
 
 # The subcommands, in the order `--help` lists them.
-COMMANDS = (inspect_cmd, compare_cmd, convert_cmd)
+COMMANDS = (inspect_cmd, compare_cmd, convert_cmd, port_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

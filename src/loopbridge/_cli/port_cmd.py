@@ -1,0 +1,171 @@
+"""`loopbridge port TARGET`: draft the NNX port of a Linen model, write it, and check it.
+
+`lb.port.draft` rewrites the Linen classes' source into NNX and checks the drafted port
+against the Linen model on the sample call and every `--call`. The command writes the source
+(`-o FILE`, by default `<module>_nnx.py` in the current directory, never over an existing file
+unless `--force`), prints the report (each change, each TODO, the measured verdict) and exits
+0 only when the port is checked equal with no TODO left; 1 when the check fails, cannot run, or
+a TODO remains (the file is still written, for finishing by hand); 2 on a malformed command
+line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import typing as tp
+
+from . import call_specs, inputs, options
+from .errors import FAILURE, SUCCESS, USAGE_ERROR, CliError
+from .loading import load_linen_target
+from .output import progress
+
+if tp.TYPE_CHECKING:
+  from .options import Subcommands
+
+
+def add_parser(commands: Subcommands) -> None:
+  """Register `port` and its options."""
+  p = commands.add_parser(
+    "port",
+    help="draft the NNX port of a Linen model, write it and check it equal",
+    description=(
+      "Read the Linen model's classes, rewrite them into NNX (submodules built in "
+      "__init__ with their input widths, nnx.Param/BatchStat/Cache, nnx.List, nnx.scan "
+      "stacks for nn.scan; comments, docstrings and your own code kept), then build the "
+      "draft, convert the Linen variables into it and compare it with the Linen model on "
+      "the sample call "
+      "and every --call (lb.port.draft). Prints the report: each change (file:line old -> "
+      "new), each place left as '# TODO(port)' and the measured verdict."
+    ),
+    epilog=(
+      "TARGET is package.module:attribute naming a Linen module instance, a Linen module "
+      "class with no required fields, or a function taking no arguments that returns one. "
+      "Inputs: floats are standard normal (seeded), integers zeros, bools True. "
+      "--kwarg and --call values are Python literals (True, 3, 0.5, 'text', None) or array "
+      "specs; a --call is one quoted string: array specs first, then NAME=VALUE, and "
+      f"method=NAME for another method ({call_specs.CALL_EXAMPLE}). Exit status: 0 the "
+      "draft is checked equal on every call and nothing is left as TODO; 1 the check "
+      "failed or could not run, a TODO remains (its file:line is printed), or the target "
+      "failed; 2 malformed command line."
+    ),
+  )
+  p.add_argument("target", metavar="TARGET", help="the Linen model: package.module:attribute")
+  options.add_arg_option(p, "'float32[4,24]', 'int32[2,8]'")
+  p.add_argument(
+    "--kwarg",
+    action="append",
+    default=None,
+    metavar="NAME=VALUE",
+    dest="kwargs",
+    help="a keyword input of the sample call, e.g. 'train=False'; repeatable",
+  )
+  p.add_argument("--method", default=None, help="the Linen method of the sample call")
+  p.add_argument(
+    "--call",
+    action="append",
+    default=None,
+    metavar="SPEC",
+    dest="calls",
+    help="another call to check the draft on, e.g. 'float32[4,24] train=True' or "
+    "'method=generate float32[3,8]'; repeatable",
+  )
+  p.add_argument(
+    "-o",
+    "--output",
+    default=None,
+    metavar="FILE",
+    help="where to write the drafted source (default: <module>_nnx.py in the current directory)",
+  )
+  p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+  options.add_common_options(p, "print the report as one JSON document")
+  p.set_defaults(run=run)
+
+
+def _output_path(target: str, output: str | None, force: bool) -> str:
+  if output is None:
+    module_name = target.partition(":")[0].rsplit(".", 1)[-1]
+    output = f"{module_name}_nnx.py"
+  if os.path.isdir(output):
+    raise CliError(f"-o {output!r} is a directory; name the file to write", USAGE_ERROR)
+  if os.path.exists(output) and not force:
+    raise CliError(
+      f"{output!r} exists (a draft you may have edited); pass -o NEW_FILE, or --force to "
+      "overwrite it"
+    )
+  return output
+
+
+def _todo_lines(draft: tp.Any) -> list[str]:
+  return [f"{t.file}:{t.line}: TODO(port): {t.reason}" for t in draft.todos]
+
+
+def _document(draft: tp.Any, path: str) -> dict[str, object]:
+  check = draft.check
+  return {
+    "ok": draft.ok,
+    "root": draft.root,
+    "file": path,
+    "changes": [
+      {"file": c.file, "line": c.line, "old": c.old, "new": c.new, "why": c.why}
+      for c in draft.changes
+    ],
+    "todos": [
+      {"file": t.file, "line": t.line, "reason": t.reason, "original": t.original}
+      for t in draft.todos
+    ],
+    "check": None
+    if check is None
+    else {
+      "equal": check.equal,
+      "first_divergence": check.first_divergence,
+      "error": check.error,
+      "calls": [r.to_dict() for r in check.reports],
+    },
+  }
+
+
+def run(ns: argparse.Namespace) -> int:
+  """`loopbridge port`: writes the draft, prints the report; 0 only when the draft is ok."""
+  import loopbridge as lb
+
+  specs = [inputs.parse_arg_spec(t) for t in (ns.args or [])]
+  kwarg_items = [call_specs.parse_kwarg(t) for t in (ns.kwargs or [])]
+  call_items = [call_specs.parse_call_spec(t) for t in (ns.calls or [])]
+  kwargs = call_specs.keyword_values(kwarg_items, ns.seed)
+  path = _output_path(ns.target, ns.output, ns.force)
+  with progress("importing the model"):
+    module = load_linen_target(ns.target, command="port")
+  if ns.method is not None and not callable(getattr(module, ns.method, None)):
+    raise CliError(f"{type(module).__name__} has no method {ns.method!r} (--method)")
+  args = inputs.sample_inputs(specs, ns.seed)
+  calls = []
+  for i, spec in enumerate(call_items):
+    if spec.method is not None and not callable(getattr(module, spec.method, None)):
+      raise CliError(f"{type(module).__name__} has no method {spec.method!r} (--call {spec})")
+    call_seed = ns.seed + i + 1  # each call gets inputs of its own
+    call_args = inputs.sample_inputs(spec.args, call_seed)
+    call_kwargs = call_specs.keyword_values(spec.kwargs, call_seed, reserved=())
+    calls.append(lb.port.Call(*call_args, method=spec.method, **call_kwargs))
+  try:
+    with progress("drafting: trace, rewrite, build, convert, compare"):
+      draft = lb.port.draft(module, *args, method=ns.method, calls=tuple(calls), **kwargs)
+  except lb.port.PortError as e:  # e.g. the model fails on the inputs, a class without source
+    raise CliError(str(e) + ("" if specs else inputs.NO_INPUTS_HINT)) from e
+  draft.write(path)
+  if ns.json:
+    print(json.dumps(_document(draft, os.path.abspath(path)), indent=2))
+  else:
+    print(draft.report())
+    print(f"wrote {os.path.abspath(path)}")
+  if draft.ok:
+    return SUCCESS
+  for line in _todo_lines(draft):
+    print(f"loopbridge port: {line}", file=sys.stderr)
+  check = draft.check
+  if check is not None and not check.equal:
+    why = check.error or check.first_divergence or "not equal"
+    print(f"loopbridge port: the draft is not checked equal: {why}", file=sys.stderr)
+  return FAILURE

@@ -1,0 +1,289 @@
+"""`lb.port.draft`: the NNX source of a Linen model's port, and the check that it is equal."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import typing as tp
+
+from flax import linen as nn
+from flax import nnx
+
+from .assemble import format_source, imports
+from .check import convert, exec_source, run_check, unique_name
+from .errors import PortError, bad_call, bad_method, flax_layer, not_a_linen_module
+from .records import Call, Change, Check, Todo
+from .report import render
+from .rewrite_class import ClassPort, Context
+from .rewrite_methods import port_class
+from .source import libcst, read_class
+from .standard_layers import is_linen_layer, lookup
+from .trace import rng_streams, trace
+
+
+@dataclasses.dataclass
+class Draft:
+  """A drafted NNX port: its source, what changed, what is left to do, and the measured verdict.
+
+  Attributes:
+    source: the drafted NNX source (one importable file).
+    root: the class name of the port of the drafted Linen module.
+    init_kwargs: constructor arguments that rebuild the port of this very Linen module.
+    todos: each place left untranslated (`lb.port.Todo`).
+    changes: each change made (`lb.port.Change`), the report's rows.
+    check: the verdict (`lb.port.Check`), or None when drafted with `check=False`.
+  """
+
+  source: str
+  root: str
+  init_kwargs: dict[str, object]
+  todos: tuple[Todo, ...]
+  changes: tuple[Change, ...]
+  check: Check | None
+  linen_module: nn.Module = dataclasses.field(repr=False)
+  calls: tuple[Call, ...] = dataclasses.field(repr=False)
+  variables: tp.Mapping[str, object] | None = dataclasses.field(repr=False)
+  filename: str = dataclasses.field(repr=False, default="port.py")
+  unpaired: tuple[str, ...] = dataclasses.field(repr=False, default=())
+
+  @property
+  def ok(self) -> bool:
+    """The check ran, every call was equal, and no TODO remains."""
+    return self.check is not None and self.check.equal and not self.todos
+
+  def build(self, rngs: nnx.Rngs | None = None) -> nnx.Module:
+    """Run the source as a fresh module and construct the root port with `init_kwargs`.
+
+    Args:
+      rngs: the port's random streams (default `nnx.Rngs(0)`).
+
+    Returns:
+      The port (freshly initialized, not holding the Linen variables).
+
+    Raises:
+      Exception: whatever the drafted code raises (a TODO raises NotImplementedError).
+
+    Examples:
+      >>> import jax.numpy as jnp, flax.linen as nn, loopbridge as lb
+      >>> d = lb.port.draft(nn.Dense(3), jnp.ones((1, 2)), check=False)  # doctest: +SKIP
+      >>> d.build().Dense_0  # doctest: +SKIP
+    """
+    module = exec_source(self.source, self.filename, unique_name(self.root))
+    cls = getattr(module, self.root)
+    no_eager = getattr(nnx, "use_eager_sharding", None)
+    # flax 0.12 shards an annotated Variable when it is created, which needs a mesh; the draft
+    # is built for checking on whatever devices there are, as Linen's init did.
+    with no_eager(False) if no_eager is not None else contextlib.nullcontext():
+      return cls(**self.init_kwargs, rngs=rngs if rngs is not None else nnx.Rngs(0))
+
+  def port_and_variables(self) -> tuple[nnx.Module, tp.Mapping[str, object]]:
+    """The built port holding the converted Linen variables, and those Linen variables.
+
+    Returns:
+      `(port, linen_variables)`: the variables are the user's, or the fresh `init` of the
+      sample call that the check used.
+
+    Raises:
+      CheckpointError: the variables could not be converted into the port.
+
+    Examples:
+      >>> port, variables = draft.port_and_variables()  # doctest: +SKIP
+    """
+    variables = self.variables
+    if variables is None:
+      sample = self.calls[0]
+      streams = rng_streams(())
+      variables = self.linen_module.init(
+        streams, *sample.args, method=sample.method, **sample.kwargs
+      )
+      object.__setattr__(self, "variables", variables)
+    port = self.build()
+    convert(self.linen_module, variables, port, self.calls[0])
+    return port, variables
+
+  def report(self) -> str:
+    """The report: each change (file:line old -> new), each TODO and its reason, the verdict.
+
+    Returns:
+      Text to print.
+
+    Examples:
+      >>> print(draft.report())  # doctest: +SKIP
+    """
+    return render(self.root, self.changes, self.todos, self.check)
+
+  def write(self, path: str | os.PathLike[str]) -> str:
+    """Write the source to `path`, formatted (when ruff is installed) for where it lands.
+
+    Args:
+      path: the file to write.
+
+    Returns:
+      The path written.
+
+    Examples:
+      >>> draft.write("mlp_nnx.py")  # doctest: +SKIP
+    """
+    path = os.fspath(path)
+    text = format_source(self.source, os.path.abspath(path))
+    with open(path, "w") as f:
+      f.write(text)
+    return path
+
+
+def _user_classes(root: nn.Module, traced) -> list[type]:
+  """User-written Linen classes of the trace, children before the classes that build them."""
+  depth: dict[type, int] = {}
+  for inst in traced.instances.values():
+    if not is_linen_layer(inst.cls):
+      depth[inst.cls] = max(depth.get(inst.cls, -1), len(inst.path))
+  depth.setdefault(type(root), 0)
+  return sorted(depth, key=lambda c: -depth[c])
+
+
+def _cache_shapes(
+  variables: tp.Mapping[str, object] | None,
+) -> dict[tuple[str, ...], dict[str, tuple[int, ...]]]:
+  """Module path -> {name: shape} of the `cache` collection of the user's variables."""
+  from flax.traverse_util import flatten_dict
+
+  cache = (variables or {}).get("cache")
+  found: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = {}
+  if isinstance(cache, tp.Mapping):
+    for path, value in flatten_dict(dict(cache)).items():
+      found.setdefault(tuple(path[:-1]), {})[path[-1]] = tuple(getattr(value, "shape", ()))
+  return found
+
+
+def _opaque_insides(traced) -> tuple[str, ...]:
+  """Module paths inside layers whose NNX counterpart is built otherwise (compared as a whole)."""
+  from .standard_layers import lookup
+
+  opaque = [p for p, i in traced.instances.items() if (m := lookup(i.cls)) and m.opaque]
+  return tuple(
+    "/".join(p)
+    for p in traced.instances
+    if any(len(p) > len(o) and p[: len(o)] == o for o in opaque)
+  )
+
+
+def draft(
+  linen_module: nn.Module,
+  *sample_args: object,
+  method: str | None = None,
+  calls: tp.Sequence[Call] = (),
+  variables: tp.Mapping[str, object] | None = None,
+  check: bool = True,
+  **sample_kwargs: object,
+) -> Draft:
+  """Draft the NNX port of a Linen module from its source, then check that it computes the same.
+
+  Reads the source of the module's class and of every user-written Linen class it uses,
+  rewrites them into NNX (submodules built in `__init__` with input widths from one traced
+  call, `nnx.Param`/`nnx.BatchStat` variables, `nnx.List` for layers built in loops), and,
+  with `check=True`, builds the port, converts the Linen variables into it
+  (`lb.checkpoint.linen_to_nnx`) and compares it with Linen (`lb.compare`) on the sample call
+  and on every `calls=` entry. What it cannot translate stays as a TODO block holding the
+  original lines (the port raises there); a TODO or an unequal call never raises here, it is
+  reported (`draft.ok` is False).
+
+  Args:
+    linen_module: the Linen module instance to port (the root).
+    *sample_args: positional inputs of its sample call.
+    method: the Linen method of the sample call (as in `Module.apply`); None for `__call__`.
+    calls: extra calls to check, as `lb.port.Call(*args, method=None, **kwargs)`.
+    variables: the Linen variables to check with; None runs a fresh `init` on the sample call.
+    check: False drafts the source only.
+    **sample_kwargs: keyword inputs of the sample call (e.g. `train=False`).
+
+  Returns:
+    A `Draft`: `.source`, `.todos`, `.changes`, `.check`, `.ok`, `.report()`, `.build()`.
+
+  Raises:
+    PortError: not a Linen module, a class whose source cannot be read, a bad `calls=` entry
+      or method, the sample call failing in Linen, or libcst missing.
+
+  Examples:
+    >>> import jax.numpy as jnp, loopbridge as lb
+    >>> from tests.port_models.mlp_dropout import model  # doctest: +SKIP
+    >>> d = lb.port.draft(model, jnp.ones((4, 24)), train=False)  # doctest: +SKIP
+    >>> d.ok  # doctest: +SKIP
+    True
+  """
+  if not isinstance(linen_module, nn.Module):
+    raise PortError(not_a_linen_module(linen_module))
+  if is_linen_layer(type(linen_module)):
+    mapped = lookup(type(linen_module))
+    raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
+  for call in calls:
+    if not isinstance(call, Call):
+      raise PortError(bad_call(call))
+  all_calls = (Call(*sample_args, method=method, **sample_kwargs), *calls)
+  for call in all_calls:
+    if call.method is not None and not callable(getattr(type(linen_module), call.method, None)):
+      raise PortError(bad_method(type(linen_module), call.method))
+  libcst()
+  root_source = read_class(type(linen_module))
+  streams = set()
+  traced = trace(linen_module, [(c.method, c.args, dict(c.kwargs)) for c in all_calls], streams)
+  classes = _user_classes(linen_module, traced)
+  sources = {cls: read_class(cls) for cls in classes}
+  linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
+  ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
+  for cls in classes:
+    ctx.ported[cls] = port_class(sources[cls], ctx)
+  from .helpers import HELPERS
+
+  written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
+  body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])
+  homes = [(cls.__module__, sources[cls].namespace) for cls in classes]
+  header = (
+    f'"""NNX port of {type(linen_module).__module__}.{type(linen_module).__qualname__}, '
+    'drafted from its Linen source."""\n\n'
+  )
+  text = header + "\n".join(imports(body, homes)) + "\n\n\n" + body + "\n"
+  filename = os.path.join(os.path.dirname(root_source.file), "_nnx_port_draft.py")
+  text = format_source(text, filename)
+  root_port: ClassPort = ctx.ported[type(linen_module)]
+  init_kwargs = {
+    f.name: getattr(linen_module, f.name)
+    for f in dataclasses.fields(linen_module)
+    if f.name not in ("parent", "name") and f.name not in root_port.dropped
+  }
+  for extra in root_port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
+    init_kwargs[extra.name] = extra.values[()]
+  todos = tuple(
+    sorted((t for cls in classes for t in ctx.ported[cls].todos), key=lambda t: (t.file, t.line))
+  )
+  changes = tuple(
+    sorted(
+      (ch for cls in classes for ch in ctx.ported[cls].changes), key=lambda ch: (ch.file, ch.line)
+    )
+  )
+  result = Draft(
+    source=text,
+    root=type(linen_module).__name__,
+    init_kwargs=init_kwargs,
+    todos=todos,
+    changes=changes,
+    check=None,
+    linen_module=linen_module,
+    calls=all_calls,
+    variables=variables,
+    filename=filename,
+    unpaired=_opaque_insides(traced),
+  )
+  if check:
+    result.check = _check(result)
+  return result
+
+
+def _check(result: Draft) -> Check:
+  try:
+    port, variables = result.port_and_variables()
+  except Exception as e:
+    return Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
+  return run_check(
+    result.linen_module, variables, port, result.calls, result.source, result.unpaired
+  )

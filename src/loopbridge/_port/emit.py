@@ -1,0 +1,254 @@
+"""Write the NNX construction of one hoisted attribute (standard layer or user class)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing as tp
+
+from . import standard_layers
+from .find_sites import Site
+from .hoist import Hoist, match_child
+from .names import available, loop_targets, names_in
+from .source import libcst
+from .values import literal
+
+if tp.TYPE_CHECKING:
+  import libcst as cst
+
+# The planner (`rewrite_class.Planner`) is passed in; typed loosely so this module stays below it.
+Planner = tp.Any
+
+
+def bind(site: Site, cls: type) -> tuple[dict[str, cst.BaseExpression], str | None]:
+  """Linen field -> argument expression of a construction, or an error text."""
+  c = libcst()
+  fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
+  bound: dict[str, cst.BaseExpression] = {}
+  given = list(site.node.args)
+  if site.partial is not None:
+    # partial(Cls, *a, **k)(*b, **j) builds Cls(*a, *b, **k, **j).
+    bound_first = list(site.partial.args[1:])
+    given = (
+      [a for a in bound_first if a.keyword is None]
+      + [a for a in given if a.keyword is None]
+      + [a for a in bound_first if a.keyword is not None]
+      + [a for a in given if a.keyword is not None]
+    )
+  for i, arg in enumerate(given):
+    if arg.star:
+      return {}, "a construction with *args/**kwargs (the draft binds arguments one by one)"
+    if arg.keyword is None:
+      if i >= len(fields):
+        return {}, "more positional arguments than the class has fields"
+      bound[fields[i]] = arg.value
+    elif arg.keyword.value != "name":
+      bound[arg.keyword.value] = arg.value
+  del c
+  return bound, None
+
+
+def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str | None, str]:
+  """(`nnx.Linear(24, 32, rngs=rngs)`, '') or (None, why it cannot be written)."""
+  site = hoist.site
+  cls = tp.cast(type, site.target)
+  bound, error = bind(site, cls)
+  if error:
+    return None, error
+  aliases = planner.aliases.get(site.method, {})
+  extra = loop_targets(site.loop) | planner.comprehension_targets(site) | set(aliases)
+  extra |= planner.scope_names.get(id(site.node), set())
+  ns = planner.src.namespace
+  values: dict[str, str] = {}
+  moved: list[str] = []
+  layer = standard_layers.lookup(cls)
+  nested = {id(s.node): s for s in planner.sites if s.nested_in is site.node}
+  child = planner.ctx.ported.get(cls)
+  for field, expr in bound.items():
+    code = planner.code(expr)
+    if child is not None and field in child.dropped:
+      continue  # a module factory: the child's port builds its layers itself
+    if id(expr) in nested:
+      inner, why = _nested(planner, hoist, nested[id(expr)], field, index)
+      if inner is None:
+        return None, why
+      values[field] = inner
+    elif available(expr, ns, extra):
+      values[field] = planner.rewrite_expr(code)
+      planner.used_aliases.update(n for n in names_in(expr) if n in aliases)
+    elif layer is not None and field in layer.call_time and site.outer_call is not None:
+      moved.append(f"{field}={code}")
+    else:
+      values[field] = planner.traced(hoist, lambda k, f=field: getattr(k.module, f), field, index)
+  if site.factory_field is not None:
+    # `self.conv(8)` with `conv = partial(nn.Conv, use_bias=False)`: what the partial binds is
+    # read from the submodule the trace saw.
+    for f in dataclasses.fields(cls):
+      if f.name in ("parent", "name") or f.name in values or f.name in moved_names(moved):
+        continue
+      default = f.default if f.default is not dataclasses.MISSING else None
+      kids = [k for ks in hoist.children.values() for k in ks]
+      if layer is not None and f.name in layer.call_time and site.outer_call is not None:
+        # `use_running_average=not train` bound by the parent's partial: the flag is a call
+        # argument of this method now, passed by the parent at its call.
+        moved.append(f"{f.name}={f.name}")
+        planner.port.threaded.setdefault(site.method, {})[f.name] = site.factory_field
+        continue
+      if kids and any(
+        getattr(k.module, f.name) is not default and getattr(k.module, f.name) != default
+        for k in kids
+      ):
+        values[f.name] = planner.traced(
+          hoist, lambda k, n=f.name: getattr(k.module, n), f.name, index
+        )
+  hoist.call_kwargs = moved
+  if layer is None:
+    return _user_class(planner, hoist, cls, values, index), ""
+  if layer.nnx_name == "Sequential":
+    return _sequential(planner, hoist, index)
+  return _standard(planner, hoist, layer, values, index)
+
+
+def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str | None):
+  """The NNX construction of a module built as another's argument (`nn.RNN(nn.LSTMCell(8))`).
+
+  Linen adopts it where it was built (a sibling, `OptimizedLSTMCell_0`); the trace pairs it by
+  the line that called it, as any construction.
+  """
+  trace = planner.ctx.trace
+  children = {
+    p: [k for k in trace.children(p) if match_child(inner, planner.src, k)] for p in hoist.children
+  }
+  record = Hoist(f"{hoist.attr}_{field}", inner, children, hoist.is_list)
+  return construction(planner, record, index)
+
+
+def _sequential(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str | None, str]:
+  """`nn.Sequential([a, f, b])` -> `nnx.Sequential(a', f, b')`, each module built as Linen's
+  `layers_i` (i its position in the list; a plain function such as `nn.relu` stays one)."""
+  trace = planner.ctx.trace
+  by_node = {id(s.node): s for s in planner.sites if s.nested_in is hoist.site.node}
+  arg = hoist.site.node.args[0].value if hoist.site.node.args else None
+  elements = getattr(arg, "elements", None)
+  if elements is None:
+    return None, "nn.Sequential over something other than a list written out"
+  parts = []
+  aliases = planner.aliases.get(hoist.site.method, {})
+  # Built in a compact method, the layers are the parent's (`Dense_0`, `Dense_1`: made on this
+  # line, in list order); built in setup, the Sequential's own (`layers_0`, ...).
+  seen: dict[type, int] = {}
+  for i, element in enumerate(elements):
+    inner = by_node.get(id(element.value))
+    if inner is None:
+      if not available(element.value, planner.src.namespace, set(aliases)):
+        return None, "nn.Sequential over an element that depends on the call"
+      parts.append(planner.rewrite_expr(planner.code(element.value)))
+      continue
+    name = f"layers_{i}"
+    nth = seen.get(tp.cast(type, inner.target), 0)
+    seen[tp.cast(type, inner.target)] = nth + 1
+    children: dict[tuple[str, ...], list[tp.Any]] = {}
+    for p, kids in hoist.children.items():
+      own = [trace.instances[(*k.path, name)] for k in kids if (*k.path, name) in trace.instances]
+      siblings = [k for k in trace.children(p) if match_child(inner, planner.src, k)]
+      children[p] = own or siblings[nth : nth + 1]
+    code, why = construction(planner, Hoist(f"{hoist.attr}_{name}", inner, children, False), index)
+    if code is None:
+      return None, why
+    parts.append(code)
+  return f"nnx.Sequential({', '.join(parts)})", ""
+
+
+def moved_names(moved: list[str]) -> set[str]:
+  return {m.split("=", 1)[0] for m in moved}
+
+
+def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
+  params = layer.parameters()
+  known = {p.name for p in params}
+  args: dict[str, str] = {}
+  widths_seen = None
+  for kids in hoist.children.values():
+    if kids:
+      widths_seen = layer.widths(kids[0])
+      break
+  for name in widths_seen or {}:
+    args[name] = planner.traced(hoist, lambda k, n=name: layer.widths(k)[n], name, index)
+  for field, code in values.items():
+    if field in layer.consumed:
+      continue
+    target = layer.renames.get(field, field)
+    if target not in known:
+      return None, f"nn.{layer_name(hoist)}'s {field}= has no counterpart in nnx.{layer.nnx_name}"
+    args[target] = code
+  linen_fields = {f.name: f for f in dataclasses.fields(tp.cast(type, hoist.site.target))}
+  for p in params:
+    field = linen_fields.get(p.name)
+    if field is None or p.name in args or field.default is dataclasses.MISSING:
+      continue
+    text = literal(field.default)
+    if field.default is not None and text is not None and p.default is None:
+      # NNX leaves it open (and then demands it); Linen's default is what the model ran with.
+      args[p.name] = text
+  if "rngs" in known:
+    args["rngs"] = "rngs"
+  parts: list[str] = []
+  positional = True
+  for p in params:
+    if p.name not in args:
+      if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        positional = False
+      continue
+    if positional and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+      parts.append(args[p.name])
+    else:
+      positional = False
+      parts.append(f"{p.name}={args[p.name]}")
+  hoist.post = []
+  if layer.nnx_name == "MultiHeadAttention" and index is None:
+    kids = [k[0] for k in hoist.children.values() if k]
+    if kids and any(getattr(k.module, "decode", False) for k in kids):
+      # Linen sizes the decode cache from the input given to init; NNX needs init_cache.
+      def input_shape(k):
+        # The user's cache (init on the full length) when given, else the traced init's input.
+        key = planner.ctx.cache_shapes.get(k.path, {}).get("cached_key")
+        if key is not None:
+          return (*key[:-2], k.width())
+        return tuple(k.inputs["__call__"][0][0].shape)
+
+      shape = planner.traced(hoist, input_shape, "cache_shape", None)
+      dtype = planner.traced(
+        hoist, lambda k: k.module.dtype or k.inputs["__call__"][0][0].dtype, "cache_dtype", None
+      )
+      hoist.post.append(f"self.{hoist.attr}.init_cache({shape}, dtype={dtype})")
+  if layer.helper:
+    planner.ctx.helpers.add(layer.nnx_name)
+  return f"{layer.code_name}({', '.join(parts)})", ""
+
+
+def layer_name(hoist: Hoist) -> str:
+  return tp.cast(type, hoist.site.target).__name__
+
+
+def _user_class(planner, hoist, cls, values, index) -> str:
+  site = hoist.site
+  parts: list[str] = []
+  fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
+  positional = [a for a in site.node.args if a.keyword is None]
+  child_port = planner.ctx.ported[cls]
+  by_keyword = False
+  for i, _ in enumerate(positional):
+    if fields[i] in child_port.dropped:
+      by_keyword = True  # the child's port has no such argument (a module factory)
+      continue
+    parts.append(f"{fields[i]}={values[fields[i]]}" if by_keyword else values[fields[i]])
+  for arg in site.node.args:
+    keyword = arg.keyword.value if arg.keyword is not None else None
+    if keyword is not None and keyword != "name" and keyword not in child_port.dropped:
+      parts.append(f"{keyword}={values[keyword]}")
+  for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
+    code = planner.traced(hoist, lambda k, e=extra: e.values[k.path], extra.name, index)
+    parts.append(f"{extra.name}={code}")
+  parts.append("rngs=rngs")
+  func = cls.__name__ if site.lift is not None else planner.code(site.node.func)
+  return f"{func}({', '.join(parts)})"

@@ -1,0 +1,64 @@
+"""`PortError` and the error texts the port wing raises (each written once)."""
+
+from __future__ import annotations
+
+from .._core.errors import LoopbridgeError
+
+
+class PortError(LoopbridgeError, ValueError):
+  """An input `lb.port.draft` cannot draft from (what, why and the fix are in the message)."""
+
+
+NO_LIBCST = (
+  "lb.port.draft needs libcst to read and rewrite the Linen source, and it is not installed. "
+  "Fix: pip install 'loopbridge[port]'."
+)
+
+
+def not_a_linen_module(obj: object) -> str:
+  kind = f"the class {obj.__name__}" if isinstance(obj, type) else type(obj).__name__
+  return (
+    f"lb.port.draft: the model must be a flax.linen Module instance (e.g. `MLP()`), got {kind}. "
+    "Fix: pass the Linen module you want ported, built with its fields, then its sample inputs."
+  )
+
+
+def flax_layer(cls: type, counterpart: str | None) -> str:
+  use = f"nnx.{counterpart}" if counterpart else "its NNX counterpart"
+  return (
+    f"lb.port.draft: {cls.__module__}.{cls.__qualname__} is flax's own layer, not code to port: "
+    f"use {use} directly (lb.checkpoint.linen_to_nnx moves its variables). Drafting ports the "
+    "classes you wrote; pass the module of yours that uses this layer."
+  )
+
+
+def no_source(cls: type, why: str) -> str:
+  return (
+    f"lb.port.draft: the source of the Linen class {cls.__qualname__} cannot be read ({why}). "
+    "Drafting rewrites the class's own source, so it must live in a file Python can read "
+    "(not a REPL, a notebook cell without a file, or exec'd text). Fix: move the class into a "
+    ".py module, import it from there, and draft again."
+  )
+
+
+def bad_call(what: object) -> str:
+  return (
+    f"lb.port.draft: calls= must hold lb.port.Call records, got {type(what).__name__}. "
+    "Fix: calls=(lb.port.Call(x, train=False), lb.port.Call(z, method='decode'))."
+  )
+
+
+def bad_method(cls: type, method: object) -> str:
+  return (
+    f"lb.port.draft: method={method!r} is not a method of {cls.__qualname__}. "
+    "Fix: name a method of the Linen class (as in Module.apply(..., method='encode')), or "
+    "None for __call__."
+  )
+
+
+def trace_failed(cls: type, error: BaseException) -> str:
+  return (
+    f"lb.port.draft: running the Linen module {cls.__qualname__} on the sample call failed "
+    f"({type(error).__name__}: {error}). Drafting reads input widths from one call of the "
+    "model. Fix: pass the arguments a forward call takes (e.g. one batch, train=False)."
+  )

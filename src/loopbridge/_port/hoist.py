@@ -1,0 +1,35 @@
+"""One attribute the port builds in `__init__`, and how the trace's submodules pair with sites."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+from .find_sites import Site
+from .source import ClassSource
+from .trace import Instance
+
+
+@dataclasses.dataclass
+class Hoist:
+  """One attribute of the port built in `__init__` (or a list of them, built by a loop)."""
+
+  attr: str
+  site: Site
+  children: dict[tuple[str, ...], list[Instance]]  # parent instance path -> made in order
+  is_list: bool
+  call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
+  index: str | None = None  # the loop variable indexing the list at the call
+  post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
+  counter: bool = False  # built in nested loops: indexed by a running count
+  scan: tp.Any = None  # a `scan_lift.ScanPlan` when built through nn.scan
+
+
+def match_child(site: Site, src: ClassSource, child: Instance) -> bool:
+  """Whether the trace saw `child` called by this construction (or by the local it went to)."""
+  if child.called_at is None or child.called_at[0] != src.file or child.cls is not site.target:
+    return False
+  line = child.called_at[1]
+  return any(
+    src.line(first) <= line <= src.line(last) for first, last in [site.lines, *site.local_lines]
+  )

@@ -1,0 +1,43 @@
+"""Which names an expression reads, and whether `__init__` can evaluate it."""
+
+from __future__ import annotations
+
+import builtins
+import typing as tp
+
+from .source import libcst
+
+if tp.TYPE_CHECKING:
+  import libcst as cst
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+  """The free names an expression reads (attribute names after a dot excluded)."""
+  c = libcst()
+  found: set[str] = set()
+
+  class V(c.CSTVisitor):
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+      node.value.visit(self)
+      return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+      found.add(node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+      node.value.visit(self)
+      return False
+
+  node.visit(V())
+  return found
+
+
+def available(node: cst.CSTNode, namespace: tp.Mapping[str, object], extra: set[str]) -> bool:
+  """Whether an expression can be evaluated in `__init__` (fields, globals, loop targets)."""
+  return all(
+    n == "self" or n in namespace or hasattr(builtins, n) or n in extra for n in names_in(node)
+  )
+
+
+def loop_targets(loop: cst.For | None) -> set[str]:
+  return names_in(loop.target) if loop is not None else set()

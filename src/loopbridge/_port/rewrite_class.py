@@ -1,0 +1,383 @@
+"""Rewrite one Linen class into its NNX port: plan the attributes, then rewrite the methods.
+
+The plan pairs each construction site with the submodules the trace saw it make (by the line
+that called them, or the attribute `setup` assigned), names each attribute as Linen named the
+submodule (so the converter pairs them by path), and writes their NNX constructions into
+`__init__`. `rewrite_methods` then replaces the sites inside the methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing as tp
+
+from . import standard_layers
+from .find_sites import Site, explicit_name, find_sites
+from .hoist import Hoist, match_child
+from .names import available, names_in
+from .records import Change, Todo
+from .scan_lift import plan_scan
+from .source import ClassSource, dotted, libcst
+from .trace import Instance, Trace
+from .values import Resolver
+
+if tp.TYPE_CHECKING:
+  import libcst as cst
+
+
+@dataclasses.dataclass
+class Context:
+  """What every class of one draft shares."""
+
+  trace: Trace
+  modern: bool  # flax 0.12 idioms: nnx.List, `variable[...]`, nnx.scan splitting rng streams
+  ported: dict[type, ClassPort]
+  linen_names: set[str]  # names the user's modules bind to flax.linen
+  # Module path -> {cache variable: shape} of the user's Linen variables (a decode cache sized
+  # by an init on the full length, not by the sample call).
+  cache_shapes: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = dataclasses.field(
+    default_factory=dict
+  )
+  helpers: set[str] = dataclasses.field(default_factory=set)  # `helpers.py` classes used
+
+
+@dataclasses.dataclass
+class ClassPort:
+  cls: type
+  source: ClassSource
+  code: str = ""
+  resolver: Resolver | None = None
+  todos: list[Todo] = dataclasses.field(default_factory=list)
+  changes: list[Change] = dataclasses.field(default_factory=list)
+  uses_rngs_attr: bool = False
+  attributes: dict[str, int] = dataclasses.field(default_factory=dict)  # attr -> class line
+
+  dropped: set[str] = dataclasses.field(default_factory=set)  # module-factory fields
+  # method -> {call argument added: the factory field whose partial bound it in Linen}
+  threaded: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+
+  def field_names(self) -> list[str]:
+    return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
+
+
+def factory_class(value: object) -> type | None:
+  """The Linen class a field value builds: `partial(nn.Conv, ...)` or `nn.Conv` itself."""
+  import functools
+
+  from flax import linen as nn
+
+  func = value.func if isinstance(value, functools.partial) else value
+  return func if isinstance(func, type) and issubclass(func, nn.Module) else None
+
+
+def _list_name(names: list[str]) -> str | None:
+  """`Dense` for `['Dense_0', 'Dense_1']` (the names a loop made, in order), else None."""
+  m = re.fullmatch(r"(.+)_0", names[0]) if names else None
+  if m is None:
+    return None
+  prefix = m.group(1)
+  return prefix if names == [f"{prefix}_{i}" for i in range(len(names))] else None
+
+
+def _assignment_counts(fn: tp.Any) -> dict[str, int]:
+  """How often each local of a function is bound (a loop target or `+=` counts as many)."""
+  c = libcst()
+  counts: dict[str, int] = {}
+
+  def bump(target: tp.Any, by: int) -> None:
+    for n in names_in(target):
+      counts[n] = counts.get(n, 0) + by
+
+  class Targets(c.CSTVisitor):
+    def visit_AssignTarget(self, node: tp.Any) -> None:
+      bump(node.target, 1)
+
+    def visit_AugAssign(self, node: tp.Any) -> None:
+      bump(node.target, 2)
+
+    def visit_For(self, node: tp.Any) -> None:
+      bump(node.target, 2)
+
+  fn.visit(Targets())
+  return counts
+
+
+# nn.remat's arguments that nnx.remat takes as they are (static_argnums counts self in both).
+_REMAT_ARGS = frozenset({"prevent_cse", "static_argnums", "policy"})
+
+
+class Planner:
+  """Pairs a class's sites with the traced submodules and writes their NNX constructions."""
+
+  def __init__(self, port: ClassPort, ctx: Context, wrapper: cst.MetadataWrapper):
+    self.port = port
+    self.ctx = ctx
+    self.src = port.source
+    self.module = wrapper.module
+    self.instances = ctx.trace.of_class(port.cls)
+    self.resolver = port.resolver = Resolver(self.instances, port.field_names())
+    self.sites = find_sites(wrapper, self.src.namespace, ctx.linen_names, port.field_names())
+    self.hoists: dict[int, Hoist] = {}  # id(site.node) -> hoist
+    self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
+    self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
+    self.lift_rewrites: dict[int, str] = {}  # id(lift call) -> its NNX form
+    self.scan_locals: dict[tuple[str, str], Hoist] = {}  # (method, local) -> its scan hoist
+    # Layers made in nested loops (`rewrite_methods._plan_counter`), by id of their site:
+    self.counter_plans: dict[int, Hoist] = {}
+    self.counter_nest: dict[int, tuple[str, list[str], int]] = {}  # list local, loop lines, depth
+    self.scope_names: dict[int, set[str]] = {}  # names `__init__` has at the construction
+    self.counter_inits: dict[int, str] = {}  # id(outermost loop) -> its counter
+    self.increments: dict[int, str] = {}  # id(statement) -> the counter it advances
+    self.positions = wrapper.resolve(libcst().metadata.PositionProvider)
+    self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
+    self.site_of = {id(s.node): s for s in self.sites}
+    self.hoisted_code: dict[int, str] = {}
+    self.param_attrs: dict[str, str] = {}  # setup attribute -> param name (read as a value)
+    self.var_attrs: dict[str, str] = {}  # setup attribute -> variable name (a Variable)
+    self.declarations: list[str] = []  # `self.x = nnx.Param(...)` of the call methods
+    self.aliases = self._aliases()
+    # (method, local) -> the `partial(Cls, ...)` call assigned to it
+    self.partials = {
+      (s.method, s.local_name): s.partial
+      for s in self.sites
+      if s.partial is not None and s.local_name
+    }  # method -> {local: code} of `config = self.config` lines
+    self.used_aliases: set[str] = set()
+
+  def _aliases(self) -> dict[str, dict[str, str]]:
+    """Per method, the locals assigned once, at the top, from fields and globals only.
+
+    `config = self.config` then `nn.Dense(config.mlp_dim)`: the construction moves to
+    `__init__`, where the same line gives `config` the same value.
+    """
+    c = libcst()
+    found: dict[str, dict[str, str]] = {}
+    classdef: tp.Any = self.module.body[0]
+    for fn in classdef.body.body:
+      if not isinstance(fn, c.FunctionDef):
+        continue
+      counts = _assignment_counts(fn)
+      mine: dict[str, str] = {}
+      for stmt in fn.body.body:
+        if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
+          continue
+        assign = stmt.body[0]
+        target = assign.targets[0].target
+        if (
+          len(assign.targets) == 1
+          and isinstance(target, c.Name)
+          and counts.get(target.value) == 1
+          and available(assign.value, self.src.namespace, set(mine))
+        ):
+          mine[target.value] = self.code(assign.value)
+      found[fn.name.value] = mine
+    return found
+
+  def guard(self, site: Site, present: tp.Mapping[tuple[str, ...], bool], attr: str) -> str | None:
+    """The `__init__` condition under which a call-method site's attribute exists (None: always).
+
+    The site's own `if` tests when `__init__` can evaluate them (fields, globals, aliases);
+    otherwise whether the trace saw it in each instance: always, or an added bool argument.
+    """
+    if not site.guards:
+      return None
+    aliases = self.aliases.get(site.method, {})
+    if all(
+      t is not None and available(t, self.src.namespace, set(aliases)) for t, _ in site.guards
+    ):
+      parts = []
+      for test, negated in reversed(site.guards):
+        self.used_aliases.update(n for n in names_in(test) if n in aliases)
+        code = self.code(test)
+        parts.append(f"not ({code})" if negated else code)
+      return " and ".join(f"({p})" if len(parts) > 1 else p for p in parts)
+    values = list(present.values())
+    if all(values):
+      return None
+    return self.resolver.expr(dict(present), f"has_{attr}")
+
+  def declare(self, site: Site, name: str, decl: str) -> None:
+    """Record a variable: built in `__init__` (setup: in place, under the Linen name)."""
+    c = libcst()
+    assign: tp.Any = self.parents.get(site.node)
+    if site.method == "setup" and isinstance(assign, c.Assign):
+      target = assign.targets[0].target
+      if isinstance(target, c.Attribute) and dotted(target.value) == "self":
+        table = self.param_attrs if site.kind == "param" else self.var_attrs
+        table[target.attr.value] = name
+        self.renames[id(assign)] = name
+        self.port.attributes[name] = self.src.line(site.lines[0])
+        return
+    if site.method == "setup":
+      self.todo(site, "a variable declared in setup without `self.<attr> = ...`")
+      return
+    present = {i.path: any(k[1] == name for k in i.variables) for i in self.instances}
+    cond = self.guard(site, present, name)
+    unit = self.module.default_indent
+    line = f"self.{name} = {decl}"
+    self.declarations.append(line if cond is None else f"if {cond}:\n{unit}{line}")
+    self.port.attributes[name] = self.src.line(site.lines[0])
+
+  def code(self, node: cst.CSTNode) -> str:
+    return self.module.code_for_node(node)
+
+  def todo(self, site: Site, reason: str) -> None:
+    self.todo_nodes[id(site.node)] = reason
+
+  def change(self, lines: tuple[int, int] | int, old: str, new: str, why: str) -> None:
+    line = lines[0] if isinstance(lines, tuple) else lines
+    old1 = " ".join(old.split())
+    self.port.changes.append(Change(self.src.file, self.src.line(line), old1[:90], new, why))
+
+  # --- pairing ----------------------------------------------------------------------------
+
+  def plan(self) -> None:
+    used_lifts = {id(s.lift): s for s in self.sites if s.lift is not None}
+    used_lifts.update({id(s.inner_lift): s for s in self.sites if s.inner_lift is not None})
+    for site in self.sites:
+      if site.kind == "lift" and id(site.node) in used_lifts:
+        self._plan_lift(site)
+      elif site.kind == "lift":
+        name = getattr(site.target, "__name__", "a lifted transform")
+        self.todo(
+          site,
+          f"nn.{name} (a Linen lifted transform) has no drafted NNX form here; "
+          "port it by hand (nnx.vmap/nnx.scan/nnx.remat over an NNX module)",
+        )
+      elif site.kind == "construct" and site.nested_in is None:
+        self._plan_construct(site)
+
+  def _plan_lift(self, site: Site) -> None:
+    """`block = nn.remat(Block, ...)` -> `block = nnx.remat(lambda module, *args: ...)`."""
+    name = getattr(site.target, "__name__", "")
+    node = site.node
+    if name == "scan":
+      return  # written with the construction that goes through it (`plan_scan`)
+    extra = [a for a in node.args[1:] if a.keyword is None or a.keyword.value not in _REMAT_ARGS]
+    if name not in ("checkpoint", "remat") or extra:
+      self.todo(
+        site,
+        f"nn.{name} over a module (only nn.remat/nn.checkpoint with "
+        f"{', '.join(sorted(_REMAT_ARGS))} is drafted: nnx.remat)",
+      )
+      return
+    cls = self.code(node.args[0].value)
+    kwargs = "".join(f", {a.keyword.value}={self.code(a.value)}" for a in node.args[1:])
+    # Through the module's own call (not `{cls}.__call__`): its class's call is what runs, as
+    # for any other module call (subclasses and tools that wrap a module's call see it).
+    del cls
+    self.lift_rewrites[id(node)] = f"nnx.remat(lambda module, *args: module(*args){kwargs})"
+
+  def _plan_construct(self, site: Site) -> None:
+    if site.factory_field is not None:
+      made = {factory_class(getattr(i.module, site.factory_field, None)) for i in self.instances}
+      if len(made) != 1 or None in made:
+        self.todo(
+          site,
+          f"self.{site.factory_field}(...) builds {sorted(map(str, made))}: not "
+          "one Linen module class in every instance",
+        )
+        return
+      site.target = made.pop()
+      self.port.dropped.add(site.factory_field)
+    cls = tp.cast(type, site.target)
+    if not (cls in standard_layers.TABLE or cls in self.ctx.ported):
+      why = (
+        f"{cls.__module__}.{cls.__qualname__} has no NNX counterpart in the draft's table"
+        if standard_layers.is_linen_layer(cls)
+        else f"{cls.__qualname__} was not traced (never called on the sample call)"
+      )
+      self.todo(site, why)
+      return
+    children: dict[tuple[str, ...], list[Instance]] = {}
+    explicit = explicit_name(site)
+    for inst in self.instances:
+      kids = self.ctx.trace.children(inst.path)
+      if explicit is not None:
+        made = [k for k in kids if k.path[-1] == explicit]
+      elif site.setup_attr is not None:
+        attr = site.setup_attr
+        made = [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
+      else:
+        made = [k for k in kids if match_child(site, self.src, k)]
+      children[inst.path] = made
+    names = {tuple(k.path[-1] for k in made) for made in children.values()}
+    if site.setup_attr is not None and not site.setup_list:
+      self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, False)
+      return
+    if site.setup_attr is not None or site.loop is not None:
+      lists = {_list_name(list(n)) for n in names if n}
+      if len(lists) != 1 or None in lists:
+        self.todo(
+          site,
+          f"the submodules this makes are named {sorted(names)}: not one list "
+          "name_0, name_1, ... made once per iteration of one loop",
+        )
+        return
+      attr = tp.cast(str, lists.pop())
+      hoist = Hoist(attr, site, children, True)
+      # Nested loops (stages of blocks): a running count indexes the list at the call.
+      hoist.counter = site.setup_attr is None and site.loop_depth > 1
+      self.hoists[id(site.node)] = hoist
+      return
+    made_names = {n for n in names if n}
+    if len(made_names) != 1 or len(next(iter(made_names))) != 1:
+      self.todo(
+        site,
+        f"the trace cannot tell which submodule this construction made "
+        f"(made {sorted(names)} across instances); name it with name='...'",
+      )
+      return
+    hoist = Hoist(next(iter(made_names))[0], site, children, False)
+    if site.lift is not None and getattr(site.lift.func, "attr", None) is not None:
+      lift = dotted(site.lift.func) or ""
+      if lift.endswith(".scan"):
+        plan = plan_scan(self, site)
+        if isinstance(plan, str):
+          self.todo(site, plan)
+          return
+        hoist.scan = plan
+        if site.local is not None:
+          self.scan_locals[(site.method, site.local)] = hoist
+    self.hoists[id(site.node)] = hoist
+
+  # --- values -----------------------------------------------------------------------------
+
+  def traced(
+    self, hoist: Hoist, get: tp.Callable[[Instance], object], hint: str, index: str | None
+  ) -> str:
+    """The expression of a traced per-submodule value (per element of a list)."""
+    name = f"{hoist.attr}_{hint}"
+    if hoist.is_list:
+      per = {p: tuple(get(k) for k in kids) for p, kids in hoist.children.items()}
+      firsts = {p: t[0] for p, t in per.items() if t}
+      if all(all(v == t[0] for v in t) for t in per.values()):
+        return self.resolver.expr(firsts, name)
+      return f"{self.resolver.expr(per, name)}[{index}]"
+    return self.resolver.expr({p: get(k[0]) for p, k in hoist.children.items() if k}, name)
+
+  def comprehension_targets(self, site: Site) -> set[str]:
+    c = libcst()
+    node = site.comp
+    return (
+      set() if node is None else {t.value for t in [node.for_in.target] if isinstance(t, c.Name)}
+    )
+
+  def rewrite_expr(self, code: str) -> str:
+    """`nn.initializers.zeros_init()` -> `nnx.initializers.zeros_init()` (same objects)."""
+    from .linen_api import nnx_equivalent
+
+    def sub(m: re.Match[str]) -> str:
+      rest = nnx_equivalent(m.group(2))
+      return f"nnx.{rest}" if rest else m.group(0)
+
+    for alias in self.ctx.linen_names:
+      code = re.sub(rf"\b({re.escape(alias)})\.([A-Za-z_][\w.]*)", sub, code)
+    return code
+
+  def value_access(self, attr: str) -> str:
+    return f"self.{attr}[...]" if self.ctx.modern else f"self.{attr}.value"
+
+  def list_of(self, items: str) -> str:
+    return f"nnx.List({items})" if self.ctx.modern else items

@@ -1,0 +1,182 @@
+"""Small Linen models for the drafting engine's unit tests (a file, so their source is readable)."""
+
+from functools import partial
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class TinyMLP(nn.Module):
+  """Dense layers built in a loop, dropout behind a train flag, a named head."""
+
+  hidden: tuple[int, ...] = (8, 6)
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    for width in self.hidden:
+      x = nn.relu(nn.Dense(width)(x))
+      x = nn.Dropout(0.5, deterministic=not train)(x)
+    return nn.Dense(3, name="head")(x)
+
+
+class Scaled(nn.Module):
+  """A raw param with an input-dependent shape and a batch statistic."""
+
+  features: int = 4
+
+  @nn.compact
+  def __call__(self, x):
+    w = self.param("w", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+    count = self.variable("batch_stats", "count", lambda: jnp.zeros((), jnp.int32))
+    if not self.is_initializing():
+      count.value += 1
+    return x @ w
+
+
+class TwoBlocks(nn.Module):
+  """One user class used twice with different input widths."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = Scaled(6)(x)
+    return Scaled(2)(x)
+
+
+class Unportable(nn.Module):
+  """nn.map_variables has no drafted form: the draft must keep it as a TODO."""
+
+  @nn.compact
+  def __call__(self, x):
+    dense = nn.map_variables(nn.Dense, "params", lambda v: v, init=True)(3)
+    return dense(x)
+
+
+class Norms(nn.Module):
+  """Convolution, batch norm and layer norm (standard layers with input widths)."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = nn.Conv(4, (3, 3), strides=(2, 2))(x)
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+    x = nn.LayerNorm(epsilon=1e-5)(x)
+    return nn.RMSNorm()(x)
+
+
+class Block(nn.Module):
+  """A pre-norm attention block; a position counter only while decoding."""
+
+  heads: int = 2
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    if self.decode:
+      index = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
+      index.value += 1
+    y = nn.LayerNorm()(x)
+    y = nn.MultiHeadDotProductAttention(num_heads=self.heads, decode=self.decode)(y)
+    return x + nn.Dense(x.shape[-1])(y)
+
+
+class RematStack(nn.Module):
+  """`layers_N` blocks under nn.remat, in a loop over a config field."""
+
+  depth: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    block = nn.remat(Block)
+    for i in range(self.depth):
+      x = block(name=f"layers_{i}")(x)
+    return x
+
+
+class ScanCell(nn.Module):
+  """A scan body: (carry, x) -> (carry, y), sowing its carry."""
+
+  @nn.compact
+  def __call__(self, carry, x):
+    carry = nn.tanh(nn.Dense(carry.shape[-1])(carry) + x)
+    self.sow("intermediates", "carry", carry)
+    return carry, carry
+
+
+class Scanned(nn.Module):
+  """nn.scan over a module, with per-step inputs and a broadcast flag."""
+
+  length: int = 3
+
+  @nn.compact
+  def __call__(self, carry, xs):
+    carry, ys = nn.scan(
+      ScanCell,
+      variable_axes={"params": 0, "intermediates": 0},
+      split_rngs={"params": True},
+      in_axes=1,
+      out_axes=1,
+      length=self.length,
+    )(name="cells")(carry, xs)
+    return carry + ys.sum(axis=1)
+
+
+class Recurrent(nn.Module):
+  """nn.RNN over an OptimizedLSTMCell, then a head."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.RNN(nn.OptimizedLSTMCell(5), name="rnn")(x)
+    return nn.Dense(2)(h[:, -1])
+
+
+class Partitioned(nn.Module):
+  """Params with logical axis names."""
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.ones_init(), ("embed",)), (4,))
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    return nn.Dense(3, kernel_init=init, use_bias=False)(x * scale)
+
+
+class Mixed(nn.Module):
+  """nn.Sequential, an Einsum without bias and a GRU cell stepped over time."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Sequential([nn.Dense(6), nn.relu, nn.Dense(4)])(x)
+    h = nn.Einsum((4, 3), "btd,df->btf", use_bias=False)(h)
+    cell = nn.GRUCell(3, name="gru")
+    carry = jnp.zeros((x.shape[0], 3))
+    for t in range(x.shape[1]):
+      carry, _ = cell(carry, h[:, t])
+    return carry
+
+
+class Stage(nn.Module):
+  """A block that builds its norm through a factory field (the flax ResNet example's shape)."""
+
+  features: int
+  norm: Any
+
+  @nn.compact
+  def __call__(self, x):
+    y = self.norm()(nn.Dense(self.features)(x))
+    if x.shape[-1] != self.features:
+      x = nn.Dense(self.features, name="proj")(x)
+    return x + y
+
+
+class Stages(nn.Module):
+  """partial(...) factories, blocks made in nested loops, a train flag bound by a partial."""
+
+  sizes: tuple[int, ...] = (1, 2)
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9)
+    x = norm(name="stem_norm")(x)
+    for i, size in enumerate(self.sizes):
+      for _ in range(size):
+        x = Stage(4 * (i + 1), norm=norm)(x)
+    return x
