@@ -734,6 +734,39 @@ def mesh_context(mesh: jax.sharding.Mesh) -> tp.ContextManager[object]:
   return mesh
 
 
+@functools.cache
+def nnx_scan_needs_split_rngs() -> bool:
+  """Whether `nnx.scan` over an `nnx.vmap`-built stack needs `nnx.split_rngs` around it.
+
+  flax 0.10 scans a stack's rng stream counts as scalars ("axis 0 is out of bounds"), so a
+  scan over a stack of layers holding a stream (a Dropout) needs the streams split around the
+  call; flax 0.11 and 0.12 scan them as they are, and there the wrapper splits an already
+  split key ("fold_in accepts a single key"). Decided by running one tiny scan, once.
+  """
+
+  class _Layer(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+      self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+      return self.drop(x, deterministic=True)
+
+  @nnx.split_rngs(splits=2)
+  @nnx.vmap(in_axes=(0,), out_axes=0)
+  def make(rngs: nnx.Rngs) -> _Layer:
+    return _Layer(rngs)
+
+  def step(layer: _Layer, x: jax.Array) -> tuple[jax.Array, None]:
+    return layer(x), None
+
+  scan = nnx.scan(step, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
+  try:
+    scan(make(nnx.Rngs(0)), jax.numpy.ones(2))
+  except Exception:  # flax 0.10: the stream counts are not scanned along the stack
+    return True
+  return False
+
+
 def no_eager_sharding() -> tp.ContextManager[object]:
   """Create Variables from existing arrays as they are, keeping partitioning as metadata only.
 

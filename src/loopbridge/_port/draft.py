@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import typing as tp
@@ -10,6 +9,7 @@ import typing as tp
 from flax import linen as nn
 from flax import nnx
 
+from .. import _compat
 from .assemble import format_source, imports
 from .check import convert, exec_source, run_check, unique_name
 from .errors import PortError, bad_call, bad_method, flax_layer, not_a_linen_module
@@ -71,10 +71,10 @@ class Draft:
     """
     module = exec_source(self.source, self.filename, unique_name(self.root))
     cls = getattr(module, self.root)
-    no_eager = getattr(nnx, "use_eager_sharding", None)
     # flax 0.12 shards an annotated Variable when it is created, which needs a mesh; the draft
-    # is built for checking on whatever devices there are, as Linen's init did.
-    with no_eager(False) if no_eager is not None else contextlib.nullcontext():
+    # is built for checking on whatever devices there are, as Linen's init did (flax 0.12.0
+    # has only the process-wide flag, flipped for the block).
+    with _compat.no_eager_sharding():
       return cls(**self.init_kwargs, rngs=rngs if rngs is not None else nnx.Rngs(0))
 
   def port_and_variables(self) -> tuple[nnx.Module, tp.Mapping[str, object]]:

@@ -15,6 +15,7 @@ import typing as tp
 
 from flax.core import meta
 
+from .. import _compat
 from . import standard_layers
 from .emit import construction
 from .hoist import Hoist
@@ -262,7 +263,7 @@ class Rewriter(libcst().CSTTransformer):
           return updated
         module = self.p.code(updated.func) if h is not scan_local else func.value
         args = [self.p.code(a.value) for a in updated.args]
-        code = h.scan.call(module, args, split_rngs=not self.p.ctx.modern)
+        code = h.scan.call(module, args, split_rngs=_compat.nnx_scan_needs_split_rngs())
         self.p.change(
           self.p.positions[original].start.line,
           self.p.code(original),
