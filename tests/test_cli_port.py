@@ -208,7 +208,10 @@ def test_every_zoo_model_from_the_command_line(name, capsys, tmp_path):
 @pytest.mark.slow
 def test_subprocess_end_to_end(tmp_path):
   """The installed entry point, from another directory: batch statistics and a train --call."""
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")])}
+  # In front of the caller's PYTHONPATH, not instead of it: an environment that brings its
+  # packages on PYTHONPATH (libcst on a GPU image) keeps them.
+  paths = [str(REPO / "src"), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
   argv = [sys.executable, "-m", "loopbridge", "port", "port_models.setup_style:model"]
   done = subprocess.run(
     [
@@ -249,3 +252,19 @@ def test_class_without_source_exits_1(capsys, tmp_path, monkeypatch):
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].startswith("loopbridge port: error: lb.port.draft: the source of the Linen class")
   assert not (tmp_path / "out.py").exists()
+
+
+def test_each_phase_of_the_draft_has_its_progress_note(capsys, tmp_path, monkeypatch):
+  from loopbridge._cli import output
+
+  monkeypatch.setattr(output, "PROGRESS_DELAY", 0.0)  # every note shows, however fast
+  out = tmp_path / "mlp_nnx.py"
+  assert main(["port", *MLP, "-o", str(out)]) == 0
+  err = capsys.readouterr().err
+  phases = [
+    "tracing the Linen model and rewriting its classes",
+    "building the port and converting the Linen variables into it",
+    "comparing the port with Linen on 1 call(s)",
+  ]
+  at = [err.find(f"loopbridge: {phase}...") for phase in phases]
+  assert all(i >= 0 for i in at) and at == sorted(at), err

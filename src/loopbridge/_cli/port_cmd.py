@@ -130,6 +130,7 @@ def _document(draft: tp.Any, path: str) -> dict[str, object]:
 def run(ns: argparse.Namespace) -> int:
   """`loopbridge port`: writes the draft, prints the report; 0 only when the draft is ok."""
   import loopbridge as lb
+  from loopbridge._port.draft import build_failed, compare_built
 
   specs = [inputs.parse_arg_spec(t) for t in (ns.args or [])]
   kwarg_items = [call_specs.parse_kwarg(t) for t in (ns.kwargs or [])]
@@ -150,10 +151,21 @@ def run(ns: argparse.Namespace) -> int:
     call_kwargs = call_specs.keyword_values(spec.kwargs, call_seed, reserved=())
     calls.append(lb.port.Call(*call_args, method=spec.method, **call_kwargs))
   try:
-    with progress("drafting: trace, rewrite, build, convert, compare"):
-      draft = lb.port.draft(module, *args, method=ns.method, calls=tuple(calls), **kwargs)
+    with progress("tracing the Linen model and rewriting its classes"):
+      draft = lb.port.draft(
+        module, *args, method=ns.method, calls=tuple(calls), check=False, **kwargs
+      )
   except lb.port.PortError as e:  # e.g. the model fails on the inputs, a class without source
     raise CliError(str(e) + ("" if specs else inputs.NO_INPUTS_HINT)) from e
+  # The check in its phases, as `lb.port.draft(check=True)` runs it, each with its own note.
+  with progress("building the port and converting the Linen variables into it"):
+    try:
+      built = draft.port_and_variables()
+    except Exception as e:  # reported as the check's verdict, as draft() reports it
+      draft.check = build_failed(e)
+  if draft.check is None:
+    with progress(f"comparing the port with Linen on {len(draft.calls)} call(s)"):
+      draft.check = compare_built(draft, *built)
   draft.write(path)
   if ns.json:
     print(json.dumps(_document(draft, os.path.abspath(path)), indent=2))

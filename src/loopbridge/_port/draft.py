@@ -281,9 +281,23 @@ def draft(
 
 def _check(result: Draft) -> Check:
   try:
-    port, variables = result.port_and_variables()
+    built = result.port_and_variables()
   except Exception as e:
-    return Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
+    return build_failed(e)
+  return compare_built(result, *built)
+
+
+def build_failed(error: Exception) -> Check:
+  """The check of a draft whose port could not be built or converted."""
+  return Check(False, (), None, f"building or converting the port: {type(error).__name__}: {error}")
+
+
+def compare_built(result: Draft, port: nnx.Module, variables: tp.Mapping[str, object]) -> Check:
+  """The check's last phase: the built, converted port against Linen on every call.
+
+  The command line runs the phases one by one (`check=False`, then `port_and_variables`,
+  then this) to say which one is running.
+  """
   return run_check(
     result.linen_module, variables, port, result.calls, result.source, result.unpaired
   )
