@@ -158,14 +158,16 @@ def run(ns: argparse.Namespace) -> int:
   except lb.port.PortError as e:  # e.g. the model fails on the inputs, a class without source
     raise CliError(str(e) + ("" if specs else inputs.NO_INPUTS_HINT)) from e
   # The check in its phases, as `lb.port.draft(check=True)` runs it, each with its own note.
+  built = None
   with progress("building the port and converting the Linen variables into it"):
     try:
       built = draft.port_and_variables()
     except Exception as e:  # reported as the check's verdict, as draft() reports it
       draft.check = build_failed(e)
-  if draft.check is None:
+  if built is not None:
+    port, variables = built
     with progress(f"comparing the port with Linen on {len(draft.calls)} call(s)"):
-      draft.check = compare_built(draft, *built)
+      draft.check = compare_built(draft, port, variables)
   draft.write(path)
   if ns.json:
     print(json.dumps(_document(draft, os.path.abspath(path)), indent=2))
