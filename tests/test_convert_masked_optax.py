@@ -118,6 +118,21 @@ def _same(a, b) -> bool:
   )
 
 
+def _optimizer(port, tx):
+  """The port's `nnx.Optimizer`; skipped where flax's own Optimizer cannot hold a masked state.
+
+  flax 0.11's `nnx.Optimizer` indexes every state leaf with `[...]` when it is built, which a
+  `multi_transform` state's `MaskedNode` leaves refuse (`TypeError: tuple indices must be
+  integers or slices, not ellipsis`): there is no optimizer to convert into.
+  """
+  try:
+    return nnx.Optimizer(port, tx, wrt=nnx.Param)
+  except TypeError as e:
+    if "ellipsis" not in str(e):
+      raise
+    pytest.skip(f"this flax's nnx.Optimizer cannot hold a masked optax state ({e})")
+
+
 def _masked_nodes(tree) -> int:
   return sum(
     isinstance(x, optax.MaskedNode)
@@ -133,7 +148,7 @@ def test_a_multi_transform_state_converts_and_training_goes_on_identically(linen
   assert _masked_nodes(opt_state) > 0  # the state really holds placeholders
 
   port = Port(nnx.Rngs(5))
-  optimizer = nnx.Optimizer(port, tx, wrt=nnx.Param)
+  optimizer = _optimizer(port, tx)
   lb.checkpoint.linen_to_nnx(
     linen, {"params": params}, port, X, opt_state=opt_state, optimizer=optimizer
   )
@@ -179,7 +194,7 @@ def test_layers_masked_differently_cannot_share_one_stack():
   linen, tx = PerLayer(), _tx(first_layer_frozen)
   params = linen.init(jax.random.key(2), X)["params"]
   port = Port(nnx.Rngs(5))
-  optimizer = nnx.Optimizer(port, _tx(), wrt=nnx.Param)
+  optimizer = _optimizer(port, _tx())
   with pytest.raises(lb.checkpoint.CheckpointError, match="cannot be partly masked"):
     lb.checkpoint.linen_to_nnx(
       linen, {"params": params}, port, X, opt_state=tx.init(params), optimizer=optimizer
@@ -196,7 +211,7 @@ def test_optimizers_masking_other_params_are_refused_before_writing():
   params = linen.init(jax.random.key(2), X)["params"]
   port = Port(nnx.Rngs(5))
   before = jax.tree.map(np.asarray, nnx.state(port))
-  optimizer = nnx.Optimizer(port, _tx(kernels_frozen), wrt=nnx.Param)
+  optimizer = _optimizer(port, _tx(kernels_frozen))
   with pytest.raises(lb.checkpoint.CheckpointError, match="leave different params out"):
     lb.checkpoint.linen_to_nnx(
       linen, {"params": params}, port, X, opt_state=tx.init(params), optimizer=optimizer
@@ -245,7 +260,7 @@ def test_a_masked_array_a_rule_splits_stays_masked_both_ways():
   assert _masked_nodes(opt_state) > 0
 
   port = SplitPort(nnx.Rngs(5))
-  optimizer = nnx.Optimizer(port, _tx(_frozen_where("gate", "up")), wrt=nnx.Param)
+  optimizer = _optimizer(port, _tx(_frozen_where("gate", "up")))
   lb.checkpoint.linen_to_nnx(
     linen, {"params": params}, port, X, opt_state=opt_state, optimizer=optimizer, rules=SPLIT
   )
@@ -261,6 +276,6 @@ def test_a_masked_array_a_rule_splits_stays_masked_both_ways():
 def test_a_rule_fusing_a_masked_and_a_trained_array_is_refused():
   linen = Fused()
   port = SplitPort(nnx.Rngs(5))
-  optimizer = nnx.Optimizer(port, _tx(_frozen_where("gate")), wrt=nnx.Param)
+  optimizer = _optimizer(port, _tx(_frozen_where("gate")))
   with pytest.raises(lb.checkpoint.CheckpointError, match="together with the optax placeholder"):
     lb.checkpoint.nnx_to_linen(port, linen, X, optimizer=optimizer, rules=SPLIT)
