@@ -476,14 +476,28 @@ def layer_view_variable(
   return view
 
 
+@functools.cache
+def tolinen_stores_graphdef() -> bool:
+  """Whether `nnx.bridge.ToLinen` keeps its module's graphdef in an 'nnx' collection (flax 0.10).
+
+  Such a wrapper rebuilds its module with `nnx.merge(stored graphdef, state)` and makes the
+  Variables itself; flax 0.11 and later keep no graphdef and `nnx.update` a fresh module with
+  the Linen variables. Read from one tiny init, once (flax 0.12.0 and 0.11 lack
+  `Variable.get_value` yet behave like 0.12.8 here, so no other feature tells them apart).
+  """
+  wrapper = _bridge_wrappers.ToLinen(nnx.Linear, args=(1, 1))
+  variables = wrapper.init(jax.random.key(0), jax.numpy.ones((1, 1)))
+  return "nnx" in variables
+
+
 def nnx_sow_input(value: object, variable_type: object) -> object:
   """An NNX module's accumulator as `nnx.bridge.ToLinen` must be given it to reduce into.
 
-  flax 0.12's wrapper `nnx.update`s a fresh module with the Linen variables: a raw array
+  flax 0.11+'s wrapper `nnx.update`s a fresh module with the Linen variables: a raw array
   becomes a plain attribute, which `Module.sow` refuses ("Expected 'tot' to be a Variable"), so
   it gets a Variable of the sow's type. flax 0.10's makes the Variables itself (by collection).
   """
-  if not hasattr(nnx.Variable, "get_value"):  # flax 0.10
+  if tolinen_stores_graphdef():  # flax 0.10
     return value
   if isinstance(variable_type, str):
     from flax.nnx import variablelib
@@ -507,7 +521,7 @@ def tolinen_graphdef_with(
   `added`: path inside the NNX module -> (collection, value). flax 0.12's wrapper keeps no
   graphdef: `graphdef` is returned as it is there.
   """
-  if hasattr(nnx.Variable, "get_value") or not added:  # flax 0.12
+  if not tolinen_stores_graphdef() or not added:  # flax 0.11 and later
     return graphdef
   from flax.core import meta
   from flax.nnx.bridge import variables as bridge_variables
