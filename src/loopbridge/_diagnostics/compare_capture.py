@@ -193,9 +193,7 @@ class Recorder:
     return body
 
   def add(self, frame: _Frame, output: object, module: object) -> None:
-    if _compat.in_linen_scan_broadcast_pass() or any(
-      _compat.is_partial_eval_tracer(x) for x in jax.tree_util.tree_leaves(output)
-    ):
+    if has_tracer(output) and _in_broadcast_pass(output):
       # Linen `nn.scan`'s broadcast pass: its staged part never runs, so a callback there
       # delivers nothing, and on jax 0.11 an ordered one makes flax call the broadcast
       # variables data-dependent on the body. The real scan traces the body again.
@@ -239,6 +237,12 @@ class Recorder:
         calls.append(entry)
     _name_layer_stacks(calls, linen)
     return calls
+
+
+def _in_broadcast_pass(output: object) -> bool:
+  # Only traced outputs get here: an eager call (most of a run) walks no stack frames.
+  leaves = jax.tree_util.tree_leaves(output)
+  return any(map(_compat.is_partial_eval_tracer, leaves)) or _compat.in_linen_scan_broadcast_pass()
 
 
 def _values_per_iteration(output: object, into: list[object]) -> bool:
