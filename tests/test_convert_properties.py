@@ -3,6 +3,11 @@
 Random small Linen models of Dense / LayerNorm / `nn.scan` stacks (random `variable_axes`,
 depths that equal the width) against ports with random attribute names and norms whose
 leaves may be named `alpha`/`beta`. The reference is the Linen model's own `apply`.
+
+The norms' epsilon is 1e-2, not 1e-6: random weights saturate `tanh`, so a row's variance can
+be ~1e-10, and with a 1e-6 epsilon float32 rounding alone then moves Linen's own output by
+~4e-3 between XLA optimisation levels. A larger epsilon keeps every generated model
+well-conditioned, so a difference above the tolerance can only be a wrong conversion.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import numpy as np
 import pytest
 from flax import linen as nn
 from flax import nnx
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 
 import loopbridge as lb
 
 pytestmark = pytest.mark.slow
+
+EPS = 1e-2  # see the module docstring
 
 
 class Body(nn.Module):
@@ -28,7 +35,7 @@ class Body(nn.Module):
   @nn.compact
   def __call__(self, x, _):
     x = jnp.tanh(nn.Dense(self.width)(x))
-    return (nn.LayerNorm()(x) if self.norm else x), None
+    return (nn.LayerNorm(epsilon=EPS)(x) if self.norm else x), None
 
 
 class LinenNet(nn.Module):
@@ -41,7 +48,7 @@ class LinenNet(nn.Module):
       if kind == "dense":
         x = jnp.tanh(nn.Dense(self.width)(x))
       elif kind == "norm":
-        x = nn.LayerNorm()(x)
+        x = nn.LayerNorm(epsilon=EPS)(x)
       else:
         stack = nn.scan(
           Body, variable_axes={"params": axis}, split_rngs={"params": True}, length=depth
@@ -58,13 +65,14 @@ class AlphaBeta(nnx.Module):
     self.alpha = nnx.Param(jnp.ones(width))
 
   def __call__(self, x):
+    # Linen's LayerNorm statistics (use_fast_variance): E[x^2] - E[x]^2.
     mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + 1e-6) * self.alpha[...] + self.beta[...]
+    var = jnp.maximum(0.0, (x * x).mean(-1, keepdims=True) - mean * mean)
+    return (x - mean) * jax.lax.rsqrt(var + EPS) * self.alpha[...] + self.beta[...]
 
 
 def _norm(width, alpha_beta, rngs):
-  return AlphaBeta(width) if alpha_beta else nnx.LayerNorm(width, rngs=rngs)
+  return AlphaBeta(width) if alpha_beta else nnx.LayerNorm(width, epsilon=EPS, rngs=rngs)
 
 
 class PortBody(nnx.Module):
@@ -131,6 +139,16 @@ component = st.tuples(
   names=st.permutations(NAMES),
   alpha_beta=st.booleans(),
   seed=st.integers(0, 2**16),
+)
+# Rows whose variance after a saturated tanh is ~1e-5 and ~1e-10 (found by CI and by a deep
+# run while the norms' epsilon was 1e-6; see the module docstring).
+@example(width=3, spec=[("scan", 2, 0, True)], names=NAMES, alpha_beta=True, seed=14661)
+@example(
+  width=3,
+  spec=[("dense", 2, 0, False), ("norm", 2, 0, False), ("scan", 2, 0, True)],
+  names=NAMES,
+  alpha_beta=True,
+  seed=802,
 )
 def test_a_conversion_that_returns_computes_what_linen_does(width, spec, names, alpha_beta, seed):
   spec = tuple(spec)
