@@ -140,7 +140,7 @@ def _masked_nodes(tree) -> int:
   )
 
 
-@pytest.mark.parametrize("linen_cls", [Scanned, PerLayer])
+@pytest.mark.parametrize("linen_cls", [pytest.param(Scanned, marks=pytest.mark.slow), PerLayer])
 def test_a_multi_transform_state_converts_and_training_goes_on_identically(linen_cls):
   linen, tx = linen_cls(), _tx()
   params = linen.init(jax.random.key(2), X)["params"]
