@@ -19,7 +19,7 @@ from .. import _compat
 from .._checkpoint.leaf_rules import LeafRule
 from .._checkpoint.leaf_rules import parse as parse_rule
 from .._core.errors import CheckpointError
-from . import checkpoint_io, inputs, loading, options
+from . import call_specs, checkpoint_io, inputs, loading, options
 from .errors import SUCCESS, USAGE_ERROR, CliError
 from .output import progress
 
@@ -34,12 +34,16 @@ DESCRIPTION = (
   "--tx the optax state and step) into an orbax checkpoint of a hand-ported NNX model and "
   "its nnx.Optimizer (--to nnx, the default), or back (--to linen). Variables are paired by "
   "the two models' own calls (lb.checkpoint.linen_to_nnx), so the port may name its "
-  "attributes as it likes; every pairing is checked by running both models on --arg. --map "
+  "attributes as it likes; every pairing is checked by running both models on the sample call "
+  "(--arg, --kwarg, --method). --map "
   "names what the pairing cannot place; --rule declares arrays the port stores otherwise "
   "(split, fused, reshaped, transposed, renamed), inverted for --to linen."
 )
 EPILOG = (
   "LINEN_TARGET and NNX_TARGET are package.module:attribute, as for `loopbridge compare`. "
+  "The sample call (--arg, --kwarg, --method) is one forward call both models take, e.g. "
+  "--kwarg train=False for a model with dropout; --kwarg values are Python literals or "
+  "array specs. "
   "The Linen checkpoint is one dict: the collections ('params', 'batch_stats', ...) and, "
   "with --tx, 'opt_state' and 'step' (what a flax TrainState saves). The NNX checkpoint is "
   "{'model': nnx.state(model), 'optimizer': nnx.state(optimizer, OptState)}. Exit status: "
@@ -66,6 +70,7 @@ def add_parser(commands: Subcommands) -> None:
     help="nnx: SOURCE is a Linen checkpoint (default); linen: SOURCE is an NNX checkpoint",
   )
   options.add_arg_option(p, "'float32[1,100]'")
+  options.add_call_options(p)
   p.add_argument(
     "--tx",
     default=None,
@@ -130,6 +135,34 @@ def _load_tx(target: str) -> optax.GradientTransformation:
   return tp.cast("optax.GradientTransformation", obj)
 
 
+def _abstract_variables(
+  module: tp.Any,
+  samples: tp.Sequence[object],
+  method: str | None,
+  kwargs: dict[str, tp.Any],
+  described: str,
+) -> dict[str, tp.Any]:
+  """The shapes of the Linen variables the sample call creates: orbax's restore target.
+
+  `described` is the sample call as given on the command line, for the error message.
+  """
+  import jax
+
+  key = jax.random.key(0)  # a dropout stream too, for a sample call in training mode
+  try:
+    return jax.eval_shape(
+      lambda: module.init({"params": key, "dropout": key}, *samples, method=method, **kwargs)
+    )
+  except Exception as e:
+    call = f"{method or '__call__'}({described})"
+    raise CliError(
+      f"LINEN_TARGET {type(module).__name__}: the sample call {call} failed "
+      f"({type(e).__name__}: {e}). Give the inputs of one forward call: --arg for each "
+      "positional array, --kwarg NAME=VALUE for keyword inputs (e.g. train=False), --method "
+      "for another method than __call__"
+    ) from e
+
+
 def _optimizer_state_filter() -> type:
   from flax.nnx.training.optimizer import OptState  # step and optax state, not the model
 
@@ -145,18 +178,27 @@ def run(args: argparse.Namespace) -> int:
   import loopbridge as lb
 
   specs = [inputs.parse_arg_spec(t) for t in (args.args or [])]
+  kwarg_items = [call_specs.parse_kwarg(t) for t in (args.kwargs or [])]
+  # linen_to_nnx takes the call's keywords as one dict, so no keyword name is reserved.
+  sample_kwargs = call_specs.keyword_values(kwarg_items, args.seed, reserved=())
   mapping = _mapping(args.mapping)
   rules = _rules(args.rules)
   with progress("importing the models"):
     module = loading.load_linen_target(args.linen, command="convert", what="LINEN_TARGET")
     port = loading.load_nnx_target(args.nnx, args.seed)
     tx = None if args.tx is None else _load_tx(args.tx)
+  method = args.method
+  for model, what in ((module, "LINEN_TARGET"), (port, "NNX_TARGET")):
+    if method is not None and not callable(getattr(model, method, None)):
+      raise CliError(f"{what} {type(model).__name__} has no method {method!r} (--method)")
+  call = dict(method=method, sample_kwargs=sample_kwargs)
   samples = inputs.sample_inputs(specs, args.seed)
   optimizer: nnx.Optimizer | None = None if tx is None else nnx.Optimizer(port, tx, wrt=nnx.Param)
   opt_filter = _optimizer_state_filter()
   try:
     if args.to == "nnx":
-      abstract = jax.eval_shape(lambda: module.init(jax.random.key(0), *samples))
+      described = ", ".join([*(args.args or []), *(args.kwargs or [])])
+      abstract = _abstract_variables(module, samples, method, sample_kwargs, described)
       target: dict[str, object] = {k: v for k, v in abstract.items() if k != "intermediates"}
       if tx is not None:
         target["opt_state"] = jax.eval_shape(tx.init, target["params"])
@@ -179,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
           mapping=mapping,
           rules=rules,
           step=None if tx is None else int(tp.cast(jax.Array, state["step"])),
+          **call,
         )
       out: dict[str, object] = {"model": nnx.state(port)}
       if optimizer is not None:
@@ -197,11 +240,11 @@ def run(args: argparse.Namespace) -> int:
       with progress("converting"):
         if optimizer is None:
           out = dict(
-            lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping, rules=rules)
+            lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping, rules=rules, **call)
           )
         else:
           variables, opt_state = lb.checkpoint.nnx_to_linen(
-            port, module, *samples, optimizer=optimizer, mapping=mapping, rules=rules
+            port, module, *samples, optimizer=optimizer, mapping=mapping, rules=rules, **call
           )
           step = _compat.variable_value(optimizer.step)
           out = {**variables, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}

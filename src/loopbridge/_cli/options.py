@@ -60,6 +60,19 @@ def add_arg_option(parser: argparse.ArgumentParser, examples: str) -> None:
   )
 
 
+def add_call_options(parser: argparse.ArgumentParser) -> None:
+  """`--kwarg NAME=VALUE` (repeatable) and `--method NAME`: the rest of the sample call."""
+  parser.add_argument(
+    "--kwarg",
+    action="append",
+    default=None,
+    metavar="NAME=VALUE",
+    dest="kwargs",
+    help="a keyword input of the sample call, e.g. 'train=False' or 'mask=bool[2,8]'; repeatable",
+  )
+  parser.add_argument("--method", default=None, help="the Linen method of the sample call")
+
+
 def add_common_options(parser: argparse.ArgumentParser, json_help: str) -> None:
   """`--seed`, `--json` and `--debug`, which every subcommand takes."""
   parser.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")

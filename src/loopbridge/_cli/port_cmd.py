@@ -54,15 +54,7 @@ def add_parser(commands: Subcommands) -> None:
   )
   p.add_argument("target", metavar="TARGET", help="the Linen model: package.module:attribute")
   options.add_arg_option(p, "'float32[4,24]', 'int32[2,8]'")
-  p.add_argument(
-    "--kwarg",
-    action="append",
-    default=None,
-    metavar="NAME=VALUE",
-    dest="kwargs",
-    help="a keyword input of the sample call, e.g. 'train=False'; repeatable",
-  )
-  p.add_argument("--method", default=None, help="the Linen method of the sample call")
+  options.add_call_options(p)
   p.add_argument(
     "--call",
     action="append",
