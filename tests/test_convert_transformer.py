@@ -328,9 +328,14 @@ def test_a_linen_cache_is_neither_refused_nor_converted(decode):
   port = PortLM(nnx.Rngs(0))
   port.init_cache(*PROMPT.shape)
 
-  lb.checkpoint.linen_to_nnx(
+  report = lb.checkpoint.linen_to_nnx(
     LinenLM(decode=decode), {**variables, "cache": cache}, port, TOKENS, rules=RULES
   )
+  # The report says the cache was left out, and why.
+  assert report.skipped == ("cache",) and report.to_dict()["skipped"] == ["cache"]
+  assert "not converted: the Linen 'cache' collection (a decode cache" in str(report)
+  plain = lb.checkpoint.linen_to_nnx(linen, variables, PortLM(nnx.Rngs(0)), TOKENS, rules=RULES)
+  assert plain.skipped == () and "not converted" not in str(plain)
 
   rtol, atol = matmul_tolerance(1e-5, 1e-5)
   np.testing.assert_allclose(port(TOKENS), linen.apply(variables, TOKENS), rtol=rtol, atol=atol)

@@ -23,6 +23,7 @@ from .. import _compat
 from .._core.errors import CheckpointError
 from .._core.site import key_str
 from .convert_align import (
+  SKIPPED_COLLECTIONS,
   Key,
   Value,
   flatten,
@@ -462,6 +463,7 @@ def linen_to_nnx(
     step=None if optimizer is None else int(_compat.variable_value(optimizer.step)),
     output_error=pairs.output_error,
     layer_axes=pairs.axes,
+    skipped=sorted(k for k in variables if k in SKIPPED_COLLECTIONS),
   )
 
 

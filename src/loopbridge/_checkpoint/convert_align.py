@@ -43,7 +43,7 @@ Value = jax.Array | np.ndarray
 # (Linen's `cache` collection, `nnx.Cache`): per-sequence state each side sizes by its own
 # init on the full length, often in its own layout, which the plain sample call never reads,
 # so no evidence could check a pairing. Each side keeps its own; neither is converted.
-_SKIPPED_COLLECTIONS = frozenset({"intermediates", "cache"})
+SKIPPED_COLLECTIONS = frozenset({"intermediates", "cache"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _linen_calls(
     # Read after the call: the call creates the variables. Inside nn.scan, one layer's view.
     for col, tree in linen_meta.unbox(context.module.variables).items():
       for name, value in tree.items():
-        if not isinstance(value, tp.Mapping) and col not in _SKIPPED_COLLECTIONS:
+        if not isinstance(value, tp.Mapping) and col not in SKIPPED_COLLECTIONS:
           call.inside.setdefault((col, name), (tuple(value.shape), jnp.dtype(value.dtype)))
     return out
 
@@ -154,7 +154,7 @@ def flatten(tree: tp.Mapping[str, object], prefix: tuple[str, ...] = ()) -> dict
   """Nested Linen variables as `{(collection, *path, name): value}` (boxes removed)."""
   flat: dict[Key, Value] = {}
   for key, value in linen_meta.unbox(tree).items():
-    if not prefix and key in _SKIPPED_COLLECTIONS:
+    if not prefix and key in SKIPPED_COLLECTIONS:
       continue
     if isinstance(value, tp.Mapping):
       flat.update(flatten(value, (*prefix, str(key))))
@@ -195,7 +195,7 @@ def _logging_class(cls: type[nnx.Module]) -> type:
           if isinstance(value, nnx.Variable) and not isinstance(value, nnx.RngState):
             col = _compat.collection_name(type(value))
             array = _compat.variable_value(value)
-            if col not in _SKIPPED_COLLECTIONS and hasattr(array, "shape"):
+            if col not in SKIPPED_COLLECTIONS and hasattr(array, "shape"):
               call.inside.setdefault((col, name), (tuple(array.shape), jnp.dtype(array.dtype)))
       return cls.__call__(self, *args, **kwargs)
 
@@ -211,7 +211,7 @@ def nnx_variables(port: nnx.Module) -> dict[Key, nnx.Variable]:
     if isinstance(node, nnx.Variable) and not isinstance(node, nnx.RngState):
       col = _compat.collection_name(type(node))
       # A value-less Param (flax 0.10: `nnx.Linear(use_bias=False).bias`) holds nothing.
-      if col not in _SKIPPED_COLLECTIONS and _compat.variable_value(node) is not None:
+      if col not in SKIPPED_COLLECTIONS and _compat.variable_value(node) is not None:
         found[(col, *(str(p) for p in path))] = node
   return found
 

@@ -99,6 +99,13 @@ def _placement(group: list[tuple[Pair, Check]]) -> Placement:
   )
 
 
+# Why a collection of the Linen variables is left out, as the report prints it.
+_SKIPPED_WHY = {
+  "cache": "a decode cache is per-sequence state; the port keeps its own nnx.Cache values",
+  "intermediates": "sown values are outputs of a call, not state",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ConversionReport:
   """What went where in one conversion, how each pair was decided and checked.
@@ -114,6 +121,8 @@ class ConversionReport:
       model's on the sample arguments, after the conversion.
     layer_axes: the layer axis of each Linen stack whose depth equals a width (so that its
       shapes fitted several axes), as chosen by running, by 'stack/collection'.
+    skipped: collections of the given Linen variables left out on purpose: a decode `cache`
+      (per-sequence state; the port keeps its own `nnx.Cache` values) and `intermediates`.
   """
 
   direction: str
@@ -122,6 +131,7 @@ class ConversionReport:
   step: int | None = None
   output_error: float = 0.0
   layer_axes: tuple[tuple[str, int], ...] = ()
+  skipped: tuple[str, ...] = ()
 
   @classmethod
   def from_pairs(
@@ -134,6 +144,7 @@ class ConversionReport:
     step: int | None,
     output_error: float = 0.0,
     layer_axes: tp.Mapping[tuple[tuple[str, ...], str], int] | None = None,
+    skipped: tp.Sequence[str] = (),
   ) -> ConversionReport:
     groups: dict[tuple[object, ...], list[tuple[Pair, Check]]] = {}
     for pair, check in zip(pairs, checks):
@@ -146,6 +157,7 @@ class ConversionReport:
       step,
       output_error,
       axes,
+      tuple(skipped),
     )
 
   def to_dict(self) -> dict[str, object]:
@@ -157,6 +169,7 @@ class ConversionReport:
       "step": self.step,
       "output_error": self.output_error,
       "layer_axes": [list(a) for a in self.layer_axes],
+      "skipped": list(self.skipped),
     }
 
   def __str__(self) -> str:
@@ -178,4 +191,7 @@ class ConversionReport:
       lines.append(f"  layer axis of {where}: {axis} (chosen by running)")
     if self.step is not None:
       lines.append(f"  optimizer: {self.optimizer_arrays} arrays, step {self.step}")
+    for collection in self.skipped:
+      why = _SKIPPED_WHY.get(collection, "left out")
+      lines.append(f"  not converted: the Linen {collection!r} collection ({why})")
     return "\n".join(lines)
