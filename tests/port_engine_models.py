@@ -4,6 +4,7 @@ from functools import partial
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 
@@ -180,3 +181,75 @@ class Stages(nn.Module):
       for _ in range(size):
         x = Stage(4 * (i + 1), norm=norm)(x)
     return x
+
+
+class Member(nn.Module):
+  """One member of a vmapped ensemble (or one example of a batch mapped with shared params)."""
+
+  features: int = 3
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(x)
+
+
+class Ensemble(nn.Module):
+  """nn.vmap with params shared over the batch axis, then one set of params per member."""
+
+  members: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    shared = nn.vmap(
+      Member, variable_axes={"params": None}, split_rngs={"params": False}, in_axes=0
+    )(4, name="shared")
+    heads = nn.vmap(
+      Member,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=None,
+      out_axes=1,
+      axis_size=self.members,
+    )(name="heads")
+    return heads(shared(x))  # (batch, members, 3)
+
+
+class Centered(nn.Module):
+  """A member that reads the whole mapped axis through a collective."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(x - jax.lax.pmean(x, "batch"))
+
+
+class RefusedVmaps(nn.Module):
+  """nn.vmap forms the draft keeps as TODOs (each in its own statement)."""
+
+  in_axis: int = 0
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.vmap(Member, variable_axes={"params": 1}, split_rngs={"params": True}, in_axes=1)()(x.T)
+    y = nn.vmap(
+      Member, variable_axes={"params": 0, "batch_stats": 0}, split_rngs={"params": True}
+    )()(x)
+    y = nn.vmap(
+      Member, variable_axes={"params": 0}, split_rngs={"params": True}, methods=["__call__"]
+    )()(x)
+    y = nn.vmap(
+      Centered, variable_axes={"params": 0}, split_rngs={"params": True}, axis_name="batch"
+    )()(x)
+    y = nn.vmap(
+      Member, variable_axes={"params": 0}, split_rngs={"params": True}, spmd_axis_name="data"
+    )()(x)
+    y = nn.vmap(Member, {"params": 0}, {"params": True})()(x)
+    y = nn.vmap(
+      Member, variable_axes={"params": 0}, split_rngs={"params": True}, axis_size=x.shape[0]
+    )()(x)
+    y = nn.vmap(
+      Member, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=self.in_axis
+    )()(x)
+    y = nn.vmap(
+      Member, variable_axes={"params": None}, split_rngs={"params": False, "dropout": True}
+    )()(x)
+    return y

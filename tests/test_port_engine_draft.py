@@ -1,5 +1,8 @@
 """The drafting engine on small models: each draft is checked against plain Linen apply."""
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -178,3 +181,51 @@ def test_factories_nested_loops_and_a_train_flag_bound_by_a_partial():
 def test_flax_layer_as_the_root_is_refused():
   with pytest.raises(lb.port.PortError, match=r"flax's own layer.*use nnx\.Linear directly"):
     lb.port.draft(nn.Dense(3), jnp.ones((1, 2)))
+
+
+# ----------------------------------------------------------------------------------- nn.vmap
+def test_vmap_ensemble_is_an_nnx_vmap_stack_and_shared_params_one_module():
+  x = jax.random.normal(jax.random.key(10), (3, 5))
+  draft = lb.port.draft(models.Ensemble(), x)
+  assert draft.ok, draft.report()
+  # Without whitespace and trailing commas: as written, or as ruff formatted it.
+  code = re.sub(r"\s+", "", re.sub(r",(?=\n\s*\))", "", draft.source))
+  # One set of params per member: a stack built like nn.scan's, mapped on its axis 0.
+  assert "@nnx.split_rngs(splits=self.members)@nnx.vmap(in_axes=(0,),out_axes=0)" in code
+  assert "nnx.vmap(lambdamodule,*args:module(*args),in_axes=(0,None),out_axes=1)" in code
+  # Params shared over the batch axis: one module, broadcast.
+  assert "self.shared=Member(4," in code
+  assert "in_axes=(None,0),out_axes=0)(shared,x)" in code
+  port, variables = draft.port_and_variables()
+  assert variables["params"]["heads"]["Dense_0"]["kernel"].shape == (2, 4, 3)
+  assert port.heads.Dense_0.kernel.shape == (2, 4, 3)  # Linen's member axis 0, the stack's 0
+  expected = draft.linen_module.apply(variables, x)
+  assert expected.shape == (3, 2, 3)
+  np.testing.assert_allclose(port(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@functools.cache
+def _refused_vmaps():
+  return lb.port.draft(models.RefusedVmaps(), jnp.ones((3, 5)))
+
+
+@pytest.mark.parametrize(
+  ("written", "reason"),
+  [
+    ('variable_axes={"params": 1}', r"variable_axes=\{'params': 1\}"),
+    ('"batch_stats": 0', r"variable_axes=.*'batch_stats'.*only params"),
+    ("methods=", r"nn\.vmap with methods \(not drafted\)"),
+    ('axis_name="batch"', r"nn\.vmap with axis_name"),
+    ("spmd_axis_name=", r"nn\.vmap with spmd_axis_name"),
+    ('{"params": 0}, {"params": True}', r"nn\.vmap with positional arguments"),
+    ("axis_size=x.shape[0]", r"nn\.vmap whose axis_size= depends on the call"),
+    ("in_axes=self.in_axis", r"nn\.vmap's self\.in_axis cannot be read before the call"),
+    ('"dropout": True', r"split_rngs=\{'params': False, 'dropout': True\}"),
+  ],
+)
+def test_vmap_forms_not_drafted_stay_todos_with_their_reason(written, reason):
+  draft = _refused_vmaps()
+  assert not draft.ok
+  (todo,) = [t for t in draft.todos if written in t.original]
+  assert re.search(reason, todo.reason), todo.reason
+  assert all(f"#   | {line}" in draft.source for line in todo.original.splitlines())  # kept

@@ -25,4 +25,5 @@ ZOO = (
   "partitioned",
   "conv_autoencoder",
   "t5_block",
+  "ensemble_vmap",
 )

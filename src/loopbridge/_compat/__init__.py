@@ -748,15 +748,8 @@ def mesh_context(mesh: jax.sharding.Mesh) -> tp.ContextManager[object]:
   return mesh
 
 
-@functools.cache
-def nnx_scan_needs_split_rngs() -> bool:
-  """Whether `nnx.scan` over an `nnx.vmap`-built stack needs `nnx.split_rngs` around it.
-
-  flax 0.10 scans a stack's rng stream counts as scalars ("axis 0 is out of bounds"), so a
-  scan over a stack of layers holding a stream (a Dropout) needs the streams split around the
-  call; flax 0.11 and 0.12 scan them as they are, and there the wrapper splits an already
-  split key ("fold_in accepts a single key"). Decided by running one tiny scan, once.
-  """
+def _stack_call_fails(run: tp.Callable[[tp.Any, jax.Array], object]) -> bool:
+  """Whether `run(stack, x)` fails over a two-layer `nnx.vmap`-built stack holding a stream."""
 
   class _Layer(nnx.Module):
     def __init__(self, rngs: nnx.Rngs):
@@ -770,15 +763,36 @@ def nnx_scan_needs_split_rngs() -> bool:
   def make(rngs: nnx.Rngs) -> _Layer:
     return _Layer(rngs)
 
-  def step(layer: _Layer, x: jax.Array) -> tuple[jax.Array, None]:
+  try:
+    run(make(nnx.Rngs(0)), jax.numpy.ones(2))
+  except Exception:  # flax 0.10: the stream counts are not mapped along the stack
+    return True
+  return False
+
+
+@functools.cache
+def nnx_scan_needs_split_rngs() -> bool:
+  """Whether `nnx.scan` over an `nnx.vmap`-built stack needs `nnx.split_rngs` around it.
+
+  flax 0.10 scans a stack's rng stream counts as scalars ("axis 0 is out of bounds"), so a
+  scan over a stack of layers holding a stream (a Dropout) needs the streams split around the
+  call; flax 0.11 and 0.12 scan them as they are, and there the wrapper splits an already
+  split key ("fold_in accepts a single key"). Decided by running one tiny scan, once.
+  """
+
+  def step(layer: tp.Any, x: jax.Array) -> tuple[jax.Array, None]:
     return layer(x), None
 
   scan = nnx.scan(step, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
-  try:
-    scan(make(nnx.Rngs(0)), jax.numpy.ones(2))
-  except Exception:  # flax 0.10: the stream counts are not scanned along the stack
-    return True
-  return False
+  return _stack_call_fails(scan)
+
+
+@functools.cache
+def nnx_vmap_needs_split_rngs() -> bool:
+  """Whether `nnx.vmap` over an `nnx.vmap`-built stack (its axis 0) needs `nnx.split_rngs`
+  around it: as for `nnx.scan`, flax 0.10 maps the stack's stream counts, which are scalars
+  ("rank should be at least 1"); flax 0.12 maps them as they are. Decided by running once."""
+  return _stack_call_fails(nnx.vmap(lambda layer, x: layer(x), in_axes=(0, None), out_axes=0))
 
 
 def no_eager_sharding() -> tp.ContextManager[object]:

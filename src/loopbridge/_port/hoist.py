@@ -22,7 +22,8 @@ class Hoist:
   index: str | None = None  # the loop variable indexing the list at the call
   post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
   counter: bool = False  # built in nested loops: indexed by a running count
-  scan: tp.Any = None  # a `scan_lift.ScanPlan` when built through nn.scan
+  # A `scan_lift.ScanPlan` / `vmap_lift.VmapPlan` when built through nn.scan / nn.vmap.
+  lifted: tp.Any = None
 
 
 def match_child(site: Site, src: ClassSource, child: Instance) -> bool:

@@ -18,9 +18,10 @@ from .hoist import Hoist, match_child
 from .names import available, names_in
 from .records import Change, Todo
 from .scan_lift import plan_scan
-from .source import ClassSource, dotted, libcst
+from .source import ClassSource, dotted, libcst, resolve
 from .trace import Instance, Trace
 from .values import Resolver
+from .vmap_lift import plan_vmap
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -103,6 +104,9 @@ def _assignment_counts(fn: tp.Any) -> dict[str, int]:
   return counts
 
 
+# Lifts written with the construction that goes through them: the plan of each, or why not.
+_PLANNED_LIFTS = {"scan": plan_scan, "vmap": plan_vmap}
+
 # nn.remat's arguments that nnx.remat takes as they are (static_argnums counts self in both).
 _REMAT_ARGS = frozenset({"prevent_cse", "static_argnums", "policy"})
 
@@ -122,7 +126,8 @@ class Planner:
     self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
     self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
     self.lift_rewrites: dict[int, str] = {}  # id(lift call) -> its NNX form
-    self.scan_locals: dict[tuple[str, str], Hoist] = {}  # (method, local) -> its scan hoist
+    # (method, local) -> the hoist of the nn.scan / nn.vmap module the local holds
+    self.lifted_locals: dict[tuple[str, str], Hoist] = {}
     # Layers made in nested loops (`rewrite_methods._plan_counter`), by id of their site:
     self.counter_plans: dict[int, Hoist] = {}
     self.counter_nest: dict[int, tuple[str, list[str], int]] = {}  # list local, loop lines, depth
@@ -252,8 +257,8 @@ class Planner:
     """`block = nn.remat(Block, ...)` -> `block = nnx.remat(lambda module, *args: ...)`."""
     name = getattr(site.target, "__name__", "")
     node = site.node
-    if name == "scan":
-      return  # written with the construction that goes through it (`plan_scan`)
+    if name in _PLANNED_LIFTS:
+      return  # written with the construction that goes through it (`plan_scan`, `plan_vmap`)
     extra = [a for a in node.args[1:] if a.keyword is None or a.keyword.value not in _REMAT_ARGS]
     if name not in ("checkpoint", "remat") or extra:
       self.todo(
@@ -330,16 +335,17 @@ class Planner:
       )
       return
     hoist = Hoist(next(iter(made_names))[0], site, children, False)
-    if site.lift is not None and getattr(site.lift.func, "attr", None) is not None:
-      lift = dotted(site.lift.func) or ""
-      if lift.endswith(".scan"):
-        plan = plan_scan(self, site)
+    if site.lift is not None:
+      lift = getattr(resolve(dotted(site.lift.func), self.src.namespace), "__name__", "")
+      planner = _PLANNED_LIFTS.get(lift)
+      if planner is not None:
+        plan = planner(self, site)
         if isinstance(plan, str):
           self.todo(site, plan)
           return
-        hoist.scan = plan
+        hoist.lifted = plan
         if site.local is not None:
-          self.scan_locals[(site.method, site.local)] = hoist
+          self.lifted_locals[(site.method, site.local)] = hoist
     self.hoists[id(site.node)] = hoist
 
   # --- values -----------------------------------------------------------------------------

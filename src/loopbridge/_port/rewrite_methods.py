@@ -15,7 +15,6 @@ import typing as tp
 
 from flax.core import meta
 
-from .. import _compat
 from . import standard_layers
 from .emit import construction
 from .hoist import Hoist
@@ -239,7 +238,7 @@ class Rewriter(libcst().CSTTransformer):
     hoist = self.p.hoists.get(key)
     if hoist is not None:
       site = hoist.site
-      if site.lift is not None and site.outer_call is None and hoist.scan is None:
+      if site.lift is not None and site.outer_call is None and hoist.lifted is None:
         self._mark("a module made through a lifted transform and called later")
         return updated
       return self._hoisted(hoist, original, updated)
@@ -253,22 +252,19 @@ class Rewriter(libcst().CSTTransformer):
       )
       return c.parse_expression(code)
     func = original.func
-    scan_local = (
-      self.p.scan_locals.get((self.method, func.value)) if isinstance(func, c.Name) else None
+    lifted_local = (
+      self.p.lifted_locals.get((self.method, func.value)) if isinstance(func, c.Name) else None
     )
     for h in self.p.hoists.values():
-      if (h.site.outer_call is original or h is scan_local) and h.scan is not None:
+      if (h.site.outer_call is original or h is lifted_local) and h.lifted is not None:
         if any(a.keyword is not None or a.star for a in updated.args) or not updated.args:
-          self._mark("a call of an nn.scan module with keyword or star arguments")
+          self._mark(f"a call of an nn.{h.lifted.lift} module with keyword or star arguments")
           return updated
-        module = self.p.code(updated.func) if h is not scan_local else func.value
+        module = self.p.code(updated.func) if h is not lifted_local else func.value
         args = [self.p.code(a.value) for a in updated.args]
-        code = h.scan.call(module, args, split_rngs=_compat.nnx_scan_needs_split_rngs())
+        code = h.lifted.call(module, args)
         self.p.change(
-          self.p.positions[original].start.line,
-          self.p.code(original),
-          code,
-          "nn.scan runs as nnx.scan over the vmap-built stack",
+          self.p.positions[original].start.line, self.p.code(original), code, h.lifted.why
         )
         return c.parse_expression(code)
       if h.site.outer_call is original and h.site.lift is not None:
@@ -669,8 +665,8 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
       continue
     if not hoist.is_list:
       code = planner.hoisted_code[id(site.node)]
-      if hoist.scan is not None:
-        block = hoist.scan.stack(hoist.attr, code, unit)
+      if hoist.lifted is not None:
+        block = hoist.lifted.init_lines(hoist.attr, code, unit)
       else:
         block = [f"self.{hoist.attr} = {code}", *hoist.post]
       present = {p: bool(kids) for p, kids in hoist.children.items()}

@@ -14,7 +14,8 @@ import typing as tp
 
 from flax import linen as nn
 
-from .names import available
+from .. import _compat
+from . import lift_args
 from .source import dotted
 
 if tp.TYPE_CHECKING:
@@ -33,22 +34,18 @@ class ScanPlan:
   in_axes: object  # one axis (int or None = broadcast) for every scanned input, or a tuple
   out_axes: str
   body: str | None  # the local holding the layer's nnx.remat, or None: the layer's own call
+  lift: tp.ClassVar[str] = "scan"
+  why: tp.ClassVar[str] = "nn.scan runs as nnx.scan over the vmap-built stack"
 
-  def stack(self, attr: str, construction: str, unit: str) -> list[str]:
+  def init_lines(self, attr: str, construction: str, unit: str) -> list[str]:
     """`__init__` lines building the stack of `length` layers."""
-    return [
-      f"@nnx.split_rngs(splits={self.length})\n"
-      f"@nnx.vmap(in_axes=(0,), out_axes=0)\n"
-      f"def make_{attr}(rngs: nnx.Rngs):\n"
-      f"{unit}return {construction}\n",
-      f"self.{attr} = make_{attr}(rngs)",
-    ]
+    return lift_args.stack(self.length, attr, construction, unit)
 
-  def call(self, module: str, args: list[str], split_rngs: bool) -> str:
+  def call(self, module: str, args: list[str]) -> str:
     """`nnx.scan(...)(module, carry, *xs)` for a Linen call `scanned(carry, *xs)`.
 
-    `split_rngs`: flax 0.10's nnx.scan needs the stack's rng streams split around the call
-    (its layers' streams keep one count each); flax 0.12 splits them itself.
+    flax 0.10's nnx.scan needs the stack's rng streams split around the call (its layers'
+    streams keep one count each); flax 0.12 splits them itself.
     """
     carry, xs = args[0], args[1:]
     axes = list(self.in_axes) if isinstance(self.in_axes, tuple) else [self.in_axes] * len(xs)
@@ -67,39 +64,27 @@ class ScanPlan:
       f"in_axes=(0, nnx.Carry{''.join(', ' + a for a in in_axes)}), "
       f"out_axes=(nnx.Carry, {self.out_axes}))"
     )
-    if split_rngs:
+    if _compat.nnx_scan_needs_split_rngs():
       scan = f"nnx.split_rngs(splits={self.length})({scan})"
     return f"{scan}({', '.join(outer)})"
 
 
-def _value(planner: Planner, node: tp.Any) -> object:
-  """A scan argument's value: literals and the module's globals (`nn.broadcast`) only."""
-  code = planner.code(node)
-  try:
-    return eval(code, dict(planner.src.namespace))  # the user's own literal, e.g. {'params': 0}
-  except Exception as e:
-    raise ValueError(f"nn.scan's {code} cannot be read before the call ({e})") from e
-
-
 def plan_scan(planner: Planner, site: Site) -> ScanPlan | str:
   """The plan of a construction through `nn.scan`, or why it stays a TODO."""
-  call = site.lift
-  kwargs = {a.keyword.value: a.value for a in call.args[1:] if a.keyword is not None}
-  unknown = sorted(set(kwargs) - _KNOWN)
-  if unknown or any(a.keyword is None for a in call.args[1:]):
-    return f"nn.scan with {', '.join(unknown) or 'positional arguments'} (not drafted)"
+  kwargs = lift_args.keywords(site, _KNOWN, "scan")
+  if isinstance(kwargs, str):
+    return kwargs
   try:
-    axes = _value(planner, kwargs["variable_axes"]) if "variable_axes" in kwargs else {}
-    in_axes = _value(planner, kwargs["in_axes"]) if "in_axes" in kwargs else 0
-    out_axes = _value(planner, kwargs["out_axes"]) if "out_axes" in kwargs else 0
+    read = {k: lift_args.value(planner, v, "scan") for k, v in kwargs.items() if k != "length"}
   except ValueError as e:
     return str(e)
+  axes = read.get("variable_axes", {})
+  in_axes, out_axes = read.get("in_axes", 0), read.get("out_axes", 0)
   if not isinstance(axes, dict) or any(v != 0 for v in axes.values()):
     return f"nn.scan with variable_axes={axes!r} (the drafted stack has its layers on axis 0)"
   if "length" not in kwargs:
     return "nn.scan without length= (the stack's size must be known in __init__)"
-  aliases = planner.aliases.get(site.method, {})
-  if not available(kwargs["length"], planner.src.namespace, set(aliases)):
+  if not lift_args.known_in_init(planner, site, kwargs["length"]):
     return "nn.scan whose length= depends on the call"
 
   def axis(a: object) -> object:
@@ -108,8 +93,6 @@ def plan_scan(planner: Planner, site: Site) -> ScanPlan | str:
   if not isinstance(out_axes, int):
     return f"nn.scan with out_axes={out_axes!r} (not drafted)"
   scanned = tuple(axis(a) for a in in_axes) if isinstance(in_axes, tuple) else axis(in_axes)
-  cls = tp.cast(type, site.target)
-  first = call.args[0].value
+  first = site.lift.args[0].value
   body = dotted(first) if site.inner_lift is not None else None
-  del cls
   return ScanPlan(planner.code(kwargs["length"]), scanned, repr(out_axes), body)
