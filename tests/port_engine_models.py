@@ -194,7 +194,8 @@ class Member(nn.Module):
 
 
 class Ensemble(nn.Module):
-  """nn.vmap with params shared over the batch axis, then one set of params per member."""
+  """nn.vmap with params shared over the batch axis, then one set of params per member (each
+  member through nn.remat)."""
 
   members: int = 2
 
@@ -203,8 +204,9 @@ class Ensemble(nn.Module):
     shared = nn.vmap(
       Member, variable_axes={"params": None}, split_rngs={"params": False}, in_axes=0
     )(4, name="shared")
+    member = nn.remat(Member)  # each member rematerialized in the backward pass
     heads = nn.vmap(
-      Member,
+      member,
       variable_axes={"params": 0},
       split_rngs={"params": True},
       in_axes=None,
@@ -252,4 +254,18 @@ class RefusedVmaps(nn.Module):
     y = nn.vmap(
       Member, variable_axes={"params": None}, split_rngs={"params": False, "dropout": True}
     )()(x)
+    for _ in range(2):
+      y = nn.vmap(Member, variable_axes={"params": None}, split_rngs={"params": False})(3)(y)
     return y
+
+
+class VmapInSetup(nn.Module):
+  """An ensemble built in setup and called in another method: kept as a TODO."""
+
+  def setup(self):
+    self.heads = nn.vmap(
+      Member, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None, axis_size=2
+    )()
+
+  def __call__(self, x):
+    return self.heads(x)

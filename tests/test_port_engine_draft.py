@@ -192,7 +192,8 @@ def test_vmap_ensemble_is_an_nnx_vmap_stack_and_shared_params_one_module():
   code = re.sub(r"\s+", "", re.sub(r",(?=\n\s*\))", "", draft.source))
   # One set of params per member: a stack built like nn.scan's, mapped on its axis 0.
   assert "@nnx.split_rngs(splits=self.members)@nnx.vmap(in_axes=(0,),out_axes=0)" in code
-  assert "nnx.vmap(lambdamodule,*args:module(*args),in_axes=(0,None),out_axes=1)" in code
+  assert "member=nnx.remat(lambdamodule,*args:module(*args))" in code
+  assert "nnx.vmap(lambdamodule,*args:member(module,*args),in_axes=(0,None),out_axes=1)" in code
   # Params shared over the batch axis: one module, broadcast.
   assert "self.shared=Member(4," in code
   assert "in_axes=(None,0),out_axes=0)(shared,x)" in code
@@ -221,6 +222,7 @@ def _refused_vmaps():
     ("axis_size=x.shape[0]", r"nn\.vmap whose axis_size= depends on the call"),
     ("in_axes=self.in_axis", r"nn\.vmap's self\.in_axis cannot be read before the call"),
     ('"dropout": True', r"split_rngs=\{'params': False, 'dropout': True\}"),
+    ("(3)(y)", r"nn\.vmap built in a loop"),
   ],
 )
 def test_vmap_forms_not_drafted_stay_todos_with_their_reason(written, reason):
@@ -229,3 +231,10 @@ def test_vmap_forms_not_drafted_stay_todos_with_their_reason(written, reason):
   (todo,) = [t for t in draft.todos if written in t.original]
   assert re.search(reason, todo.reason), todo.reason
   assert all(f"#   | {line}" in draft.source for line in todo.original.splitlines())  # kept
+
+
+def test_vmap_built_in_setup_stays_a_todo():
+  draft = lb.port.draft(models.VmapInSetup(), jnp.ones((3, 5)))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert re.search(r"nn\.vmap built in setup", todo.reason), todo.reason

@@ -274,6 +274,12 @@ class Planner:
     del cls
     self.lift_rewrites[id(node)] = f"nnx.remat(lambda module, *args: module(*args){kwargs})"
 
+  def _lift_name(self, site: Site) -> str:
+    """`scan` for a construction through `nn.scan` (however imported); '' for none."""
+    if site.lift is None:
+      return ""
+    return getattr(resolve(dotted(site.lift.func), self.src.namespace), "__name__", "")
+
   def _plan_construct(self, site: Site) -> None:
     if site.factory_field is not None:
       made = {factory_class(getattr(i.module, site.factory_field, None)) for i in self.instances}
@@ -294,6 +300,15 @@ class Planner:
         else f"{cls.__qualname__} was not traced (never called on the sample call)"
       )
       self.todo(site, why)
+      return
+    lift = self._lift_name(site)
+    if lift in _PLANNED_LIFTS and (site.method == "setup" or site.loop is not None):
+      where = "in setup" if site.method == "setup" else "in a loop"
+      self.todo(
+        site,
+        f"nn.{lift} built {where} (drafted where a compact method builds and calls it, "
+        "outside loops)",
+      )
       return
     children: dict[tuple[str, ...], list[Instance]] = {}
     explicit = explicit_name(site)
@@ -335,17 +350,14 @@ class Planner:
       )
       return
     hoist = Hoist(next(iter(made_names))[0], site, children, False)
-    if site.lift is not None:
-      lift = getattr(resolve(dotted(site.lift.func), self.src.namespace), "__name__", "")
-      planner = _PLANNED_LIFTS.get(lift)
-      if planner is not None:
-        plan = planner(self, site)
-        if isinstance(plan, str):
-          self.todo(site, plan)
-          return
-        hoist.lifted = plan
-        if site.local is not None:
-          self.lifted_locals[(site.method, site.local)] = hoist
+    if lift in _PLANNED_LIFTS:
+      plan = _PLANNED_LIFTS[lift](self, site)
+      if isinstance(plan, str):
+        self.todo(site, plan)
+        return
+      hoist.lifted = plan
+      if site.local is not None:
+        self.lifted_locals[(site.method, site.local)] = hoist
     self.hoists[id(site.node)] = hoist
 
   # --- values -----------------------------------------------------------------------------
