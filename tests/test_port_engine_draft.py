@@ -193,7 +193,10 @@ def test_vmap_ensemble_is_an_nnx_vmap_stack_and_shared_params_one_module():
   # One set of params per member: a stack built like nn.scan's, mapped on its axis 0.
   assert "@nnx.split_rngs(splits=self.members)@nnx.vmap(in_axes=(0,),out_axes=0)" in code
   assert "member=nnx.remat(lambdamodule,*args:module(*args))" in code
-  assert "nnx.vmap(lambdamodule,*args:member(module,*args),in_axes=(0,None),out_axes=1)" in code
+  assert (
+    "nnx.vmap(lambdamodule,*args:member(module,*args),in_axes=(0,None),out_axes=1,"
+    "axis_size=self.members)" in code
+  )
   # Params shared over the batch axis: one module, broadcast.
   assert "self.shared=Member(4," in code
   assert "in_axes=(None,0),out_axes=0)(shared,x)" in code

@@ -39,7 +39,9 @@ class VmapPlan:
   size: str | None  # the members of an ensemble (its stack's size); None: shared params
   in_axes: object  # Linen's: one axis for every input, or a tuple (one per input)
   out_axes: str
-  axis_size: str | None  # written at the call (shared params only; a stack has its size)
+  # Written at the call: the stack's size (a member without arrays maps nothing but still
+  # has its size), or Linen's own axis_size= over shared params (None: none given).
+  axis_size: str | None
   body: str | None  # the local holding the module's nnx.remat, or None: the module's own call
   lift: tp.ClassVar[str] = "vmap"
 
@@ -120,9 +122,5 @@ def plan_vmap(planner: Planner, site: Site) -> VmapPlan | str:
   body = dotted(first) if site.inner_lift is not None else None
   size_code = None if size is None else planner.code(size)
   return VmapPlan(
-    size_code if stacked else None,
-    in_axes,
-    tp.cast(str, literal(out_axes)),
-    None if stacked else size_code,
-    body,
+    size_code if stacked else None, in_axes, tp.cast(str, literal(out_axes)), size_code, body
   )
