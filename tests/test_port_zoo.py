@@ -303,6 +303,21 @@ def test_decode_token_by_token():
     assert_close(port(step), want, f"decode step {i}")
 
 
+@pytest.mark.slow
+def test_ensemble_dropout_runs_through_the_drafted_stack():
+  """Training mode through the drafted nn.vmap stack, whose members hold dropout streams (on
+  flax 0.10 the call splits them around nnx.vmap): it runs, drops units, and the streams
+  advance from call to call (numbers cannot match Linen's, which splits keys otherwise)."""
+  m, draft, _ = drafted("ensemble_vmap")
+  tokens, mask = m.sample_args()
+  port = fresh_port(draft)
+  _, first = port(tokens, mask, train=True)
+  _, second = port(tokens, mask, train=True)
+  _, deterministic = port(tokens, mask, train=False)
+  assert bool(jnp.all(jnp.isfinite(first))) and first.shape == deterministic.shape
+  assert not np.allclose(first, deterministic) and not np.allclose(first, second)
+
+
 # ----------------------------------------------------------------------------- seed recording
 def _by_site(tree: tp.Mapping[str, tp.Any]) -> dict[tuple[str, ...], tp.Any]:
   """Records keyed by (module path..., name), whichever level names the collection."""

@@ -25,8 +25,9 @@ class Head(nn.Module):
   num_classes: int
 
   @nn.compact
-  def __call__(self, h):
+  def __call__(self, h, train):
     h = nn.gelu(nn.Dense(self.hidden)(h))
+    h = nn.Dropout(0.2, deterministic=not train)(h)
     return nn.Dense(self.num_classes)(h)
 
 
@@ -36,7 +37,7 @@ class EnsembleClassifier(nn.Module):
   num_classes: int = 3
 
   @nn.compact
-  def __call__(self, tokens, mask):
+  def __call__(self, tokens, mask, train: bool = False):
     x = nn.relu(nn.Dense(self.width, name="embed")(tokens))
     x = nn.LayerNorm()(x)
     # Written for one example; vmap maps it over the batch with one set of params.
@@ -50,12 +51,12 @@ class EnsembleClassifier(nn.Module):
     heads = nn.vmap(
       Head,
       variable_axes={"params": 0},
-      split_rngs={"params": True},
+      split_rngs={"params": True, "dropout": True},  # each member drops its own units
       in_axes=None,
       out_axes=0,
       axis_size=self.members,
     )(2 * self.width, self.num_classes, name="heads")
-    logits = heads(pooled)  # (members, batch, classes)
+    logits = heads(pooled, train)  # (members, batch, classes)
     return logits.mean(axis=0), logits
 
 
@@ -68,5 +69,5 @@ def sample_args():
   return tokens, mask
 
 
-SAMPLE_KWARGS = {}
+SAMPLE_KWARGS = {"train": False}
 EXTRA_CALLS = ()
