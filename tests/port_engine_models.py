@@ -224,6 +224,16 @@ class Centered(nn.Module):
     return nn.Dense(3)(x - jax.lax.pmean(x, "batch"))
 
 
+class DropMember(nn.Module):
+  """A member with dropout (inactive here, but a stream it draws in training)."""
+
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dropout(0.5, deterministic=self.deterministic)(nn.Dense(3)(x))
+
+
 class RefusedVmaps(nn.Module):
   """nn.vmap forms the draft keeps as TODOs (each in its own statement)."""
 
@@ -253,6 +263,9 @@ class RefusedVmaps(nn.Module):
     )()(x)
     y = nn.vmap(
       Member, variable_axes={"params": None}, split_rngs={"params": False, "dropout": True}
+    )()(x)
+    y = nn.vmap(
+      DropMember, variable_axes={"params": 0}, split_rngs={"params": True}, axis_size=3
     )()(x)
     for _ in range(2):
       y = nn.vmap(Member, variable_axes={"params": None}, split_rngs={"params": False})(3)(y)

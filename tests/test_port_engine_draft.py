@@ -226,6 +226,7 @@ def _refused_vmaps():
     ("in_axes=self.in_axis", r"nn\.vmap's self\.in_axis cannot be read before the call"),
     ('"dropout": True', r"split_rngs=\{'params': False, 'dropout': True\}"),
     ("(3)(y)", r"nn\.vmap built in a loop"),
+    ("DropMember", r"members draw from \['dropout'\] that split_rngs=\{'params': True\}"),
   ],
 )
 def test_vmap_forms_not_drafted_stay_todos_with_their_reason(written, reason):

@@ -351,7 +351,8 @@ class Planner:
       return
     hoist = Hoist(next(iter(made_names))[0], site, children, False)
     if lift in _PLANNED_LIFTS:
-      plan = _PLANNED_LIFTS[lift](self, site)
+      made = [k for kids in children.values() for k in kids]
+      plan = _PLANNED_LIFTS[lift](self, site, made)
       if isinstance(plan, str):
         self.todo(site, plan)
         return

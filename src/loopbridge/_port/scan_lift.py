@@ -69,8 +69,12 @@ class ScanPlan:
     return f"{scan}({', '.join(outer)})"
 
 
-def plan_scan(planner: Planner, site: Site) -> ScanPlan | str:
-  """The plan of a construction through `nn.scan`, or why it stays a TODO."""
+def plan_scan(planner: Planner, site: Site, made: tp.Sequence[object] = ()) -> ScanPlan | str:
+  """The plan of a construction through `nn.scan`, or why it stays a TODO.
+
+  `made` (the modules the trace saw it make) is not read: whether the layers draw from a
+  stream Linen's `split_rngs` leaves unsplit is checked for `nn.vmap` only (not yet here).
+  """
   kwargs = lift_args.keywords(site, _KNOWN, "scan")
   if isinstance(kwargs, str):
     return kwargs

@@ -16,7 +16,11 @@ Anything else (other axes or collections, `axis_name` and its collectives, `meth
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 import typing as tp
+
+from flax import linen as nn
 
 from .. import _compat
 from . import lift_args
@@ -25,6 +29,7 @@ from .values import literal
 
 if tp.TYPE_CHECKING:
   from .find_sites import Site
+  from .trace import Instance
 
 # The planner (`rewrite_class.Planner`) is passed in; typed loosely so this module stays below it.
 Planner = tp.Any
@@ -79,8 +84,28 @@ class VmapPlan:
     return f"{vmap}({', '.join([module, *args])})"
 
 
-def plan_vmap(planner: Planner, site: Site) -> VmapPlan | str:
-  """The plan of a construction through `nn.vmap`, or why it stays a TODO."""
+def _drawn_streams(planner: Planner, made: tp.Sequence[Instance]) -> set[str]:
+  """The rng streams the vmapped modules (and their submodules) draw from, as the trace and
+  their classes' source show them: a Dropout's `rng_collection`, `make_rng('<name>')`."""
+  roots = [k.path for k in made]
+  found: set[str] = set()
+  for path, inst in planner.ctx.trace.instances.items():
+    if not any(path[: len(r)] == r for r in roots):
+      continue
+    stream = getattr(inst.module, "rng_collection", None)
+    if isinstance(inst.module, nn.Dropout) and isinstance(stream, str):
+      found.add(stream)
+    try:
+      text = inspect.getsource(inst.cls)
+    except (OSError, TypeError):
+      continue
+    found.update(re.findall(r"make_rng\(\s*['\"](\w+)['\"]", text))
+  return found - {"params"}
+
+
+def plan_vmap(planner: Planner, site: Site, made: tp.Sequence[Instance]) -> VmapPlan | str:
+  """The plan of a construction through `nn.vmap` (`made`: the modules the trace saw it
+  make), or why it stays a TODO."""
   kwargs = lift_args.keywords(site, _KNOWN, "vmap")
   if isinstance(kwargs, str):
     return kwargs
@@ -117,6 +142,15 @@ def plan_vmap(planner: Planner, site: Site) -> VmapPlan | str:
     return (
       "nn.vmap with params per member and no axis_size= (the stack's size must be known "
       "in __init__)"
+    )
+  unsplit = _drawn_streams(planner, made) - set(split) if stacked else set()
+  if unsplit:
+    # Linen gives every member the same draws from a stream it does not split; the stack
+    # built in __init__ gives each member its own: a difference no check can measure.
+    return (
+      f"nn.vmap whose members draw from {sorted(unsplit)} that split_rngs={split!r} does not "
+      "split (every member gets the same draws in Linen, its own in the drafted stack); "
+      "split it too, or port by hand"
     )
   first = site.lift.args[0].value
   body = dotted(first) if site.inner_lift is not None else None
