@@ -234,6 +234,25 @@ class DropMember(nn.Module):
     return nn.Dropout(0.5, deterministic=self.deterministic)(nn.Dense(3)(x))
 
 
+class Sower(nn.Module):
+  """A member that sows its output."""
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Dense(3)(x)
+    self.sow("intermediates", "y", y)
+    return y
+
+
+class InlineRemat(nn.Module):
+  """nn.remat (and its alias nn.checkpoint) applied, built and called in one expression."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.remat(Member)(4, name="first")(x)
+    return nn.checkpoint(Member, prevent_cse=False)()(x)
+
+
 class RefusedVmaps(nn.Module):
   """nn.vmap forms the draft keeps as TODOs (each in its own statement)."""
 
@@ -266,6 +285,9 @@ class RefusedVmaps(nn.Module):
     )()(x)
     y = nn.vmap(
       DropMember, variable_axes={"params": 0}, split_rngs={"params": True}, axis_size=3
+    )()(x)
+    y = nn.vmap(
+      Sower, variable_axes={"params": 0, "intermediates": 0}, split_rngs={"params": True}
     )()(x)
     for _ in range(2):
       y = nn.vmap(Member, variable_axes={"params": None}, split_rngs={"params": False})(3)(y)

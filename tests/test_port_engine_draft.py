@@ -116,6 +116,19 @@ def test_remat_blocks_in_a_loop_with_attention_and_a_conditional_cache_variable(
   _equal_to_linen(draft, x)
 
 
+def test_remat_applied_built_and_called_in_one_expression():
+  x = jax.random.normal(jax.random.key(6), (2, 5))
+  draft = lb.port.draft(models.InlineRemat(), x)
+  assert draft.ok, draft.report()
+  code = re.sub(r"\s+", "", draft.source)
+  # Both lifts moved to the call, the module built in __init__ under Linen's own name.
+  assert "nnx.remat(lambdamodule,*args:module(*args))(self.first,x)" in code
+  assert "nnx.remat(lambdamodule,*args:module(*args),prevent_cse=False)(" in code
+  assert "self.CheckpointMember_0=Member(Dense_0_in_features=4,rngs=rngs)" in code
+  assert not re.search(r"\bnn\.(remat|checkpoint)\(", draft.source)  # no Linen lift left
+  _equal_to_linen(draft, x)
+
+
 @pytest.mark.slow
 def test_scan_over_a_module_becomes_a_vmap_stack_run_by_nnx_scan():
   carry = jax.random.normal(jax.random.key(4), (2, 6))
@@ -227,6 +240,8 @@ def _refused_vmaps():
     ('"dropout": True', r"split_rngs=\{'params': False, 'dropout': True\}"),
     ("(3)(y)", r"nn\.vmap built in a loop"),
     ("DropMember", r"members draw from \['dropout'\] that split_rngs=\{'params': True\}"),
+    # A member that sows: its intermediates would need their own axis in the port.
+    ('"intermediates": 0', r"variable_axes=.*'intermediates'.*only params"),
   ],
 )
 def test_vmap_forms_not_drafted_stay_todos_with_their_reason(written, reason):

@@ -268,10 +268,13 @@ class Rewriter(libcst().CSTTransformer):
         )
         return c.parse_expression(code)
       if h.site.outer_call is original and h.site.lift is not None:
-        # `block(config, name=...)(y, mask)` -> `block(self.layers[i], y, mask)`.
+        # `block(config, name=...)(y, mask)` -> `block(self.layers[i], y, mask)`; written
+        # inline, `nn.remat(Block)(config)(y)` -> `nnx.remat(...)(self.CheckpointBlock_0, y)`.
+        lift = h.site.node.func
+        lift_code = self.p.lift_rewrites.get(id(lift)) or self.p.code(lift)
         extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
         return updated.with_changes(
-          func=c.parse_expression(self.p.code(h.site.node.func)),
+          func=c.parse_expression(lift_code),
           args=[c.Arg(updated.func), *updated.args, *extra],
         )
       child = self.p.ctx.ported.get(tp.cast(type, h.site.target))
