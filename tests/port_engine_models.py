@@ -244,6 +244,16 @@ class Sower(nn.Module):
     return y
 
 
+class Handed(nn.Module):
+  """A submodule handed in as a dataclass field (Linen adopts it under the field's name)."""
+
+  child: nn.Module
+
+  @nn.compact
+  def __call__(self, x):
+    return Member(3)(self.child(x))  # a Member of another input width: an added argument
+
+
 class InlineRemat(nn.Module):
   """nn.remat (and its alias nn.checkpoint) applied, built and called in one expression."""
 

@@ -116,6 +116,19 @@ def test_remat_blocks_in_a_loop_with_attention_and_a_conditional_cache_variable(
   _equal_to_linen(draft, x)
 
 
+def test_a_submodule_handed_in_as_a_field_is_handed_its_port():
+  x = jax.random.normal(jax.random.key(7), (2, 5))
+  linen = models.Handed(child=models.Member(4))
+  draft = lb.port.draft(linen, x)
+  assert draft.ok, draft.report()
+  assert "child: nnx.Module" in draft.source
+  child = draft.init_kwargs["child"]
+  assert child == lb.port.PortOf("Member", {"features": 4, "Dense_0_in_features": 5})
+  port, variables = draft.port_and_variables()
+  assert variables["params"]["child"]["Dense_0"]["kernel"].shape == (5, 4)
+  np.testing.assert_allclose(port(x), linen.apply(variables, x), rtol=1e-6, atol=1e-6)
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

@@ -12,6 +12,7 @@ from ._port.errors import PortError as PortError
 from ._port.records import Call as Call
 from ._port.records import Change as Change
 from ._port.records import Check as Check
+from ._port.records import PortOf as PortOf
 from ._port.records import Todo as Todo
 
-__all__ = ["Call", "Change", "Check", "Draft", "PortError", "Todo", "draft"]
+__all__ = ["Call", "Change", "Check", "Draft", "PortError", "PortOf", "Todo", "draft"]

@@ -13,13 +13,32 @@ from .. import _compat
 from .assemble import format_source, imports
 from .check import convert, exec_source, run_check, unique_name
 from .errors import PortError, bad_call, bad_method, flax_layer, not_a_linen_module
-from .records import Call, Change, Check, Todo
+from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
 from .rewrite_methods import port_class
 from .source import libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
+
+
+def _init_kwargs(module: nn.Module, path: tuple[str, ...], ctx: Context) -> dict[str, object]:
+  """The constructor arguments of the port of `module` (at `path` in the trace): its fields
+  (a Linen submodule among them as the `PortOf` its port) and the arguments the draft added."""
+  port: ClassPort = ctx.ported[type(module)]
+  kwargs: dict[str, object] = {}
+  for f in dataclasses.fields(module):
+    if f.name in ("parent", "name") or f.name in port.dropped:
+      continue
+    value = getattr(module, f.name)
+    # Linen adopts a module handed in as a field under the field's name.
+    inner = (*path, f.name)
+    if isinstance(value, nn.Module) and type(value) in ctx.ported and inner in ctx.trace.instances:
+      value = PortOf(type(value).__name__, _init_kwargs(value, inner, ctx))
+    kwargs[f.name] = value
+  for extra in port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
+    kwargs[extra.name] = extra.values[path]
+  return kwargs
 
 
 @dataclasses.dataclass
@@ -29,7 +48,8 @@ class Draft:
   Attributes:
     source: the drafted NNX source (one importable file).
     root: the class name of the port of the drafted Linen module.
-    init_kwargs: constructor arguments that rebuild the port of this very Linen module.
+    init_kwargs: constructor arguments that rebuild the port of this very Linen module (a Linen
+      submodule handed in as a field appears as the `PortOf` its port is built from).
     todos: each place left untranslated (`lb.port.Todo`).
     changes: each change made (`lb.port.Change`), the report's rows.
     check: the verdict (`lb.port.Check`), or None when drafted with `check=False`.
@@ -74,8 +94,16 @@ class Draft:
     # flax 0.12 shards an annotated Variable when it is created, which needs a mesh; the draft
     # is built for checking on whatever devices there are, as Linen's init did (flax 0.12.0
     # has only the process-wide flag, flipped for the block).
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+
+    def built(value: object) -> object:
+      if not isinstance(value, PortOf):
+        return value
+      kwargs = {k: built(v) for k, v in value.kwargs.items()}
+      return getattr(module, value.cls)(**kwargs, rngs=rngs)
+
     with _compat.no_eager_sharding():
-      return cls(**self.init_kwargs, rngs=rngs if rngs is not None else nnx.Rngs(0))
+      return cls(**{k: built(v) for k, v in self.init_kwargs.items()}, rngs=rngs)
 
   def port_and_variables(self) -> tuple[nnx.Module, tp.Mapping[str, object]]:
     """The built port holding the converted Linen variables, and those Linen variables.
@@ -245,14 +273,7 @@ def draft(
   text = header + "\n".join(imports(body, homes)) + "\n\n\n" + body + "\n"
   filename = os.path.join(os.path.dirname(root_source.file), "_nnx_port_draft.py")
   text = format_source(text, filename)
-  root_port: ClassPort = ctx.ported[type(linen_module)]
-  init_kwargs = {
-    f.name: getattr(linen_module, f.name)
-    for f in dataclasses.fields(linen_module)
-    if f.name not in ("parent", "name") and f.name not in root_port.dropped
-  }
-  for extra in root_port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
-    init_kwargs[extra.name] = extra.values[()]
+  init_kwargs = _init_kwargs(linen_module, (), ctx)
   todos = tuple(
     sorted((t for cls in classes for t in ctx.ported[cls].todos), key=lambda t: (t.file, t.line))
   )

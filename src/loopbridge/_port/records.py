@@ -93,3 +93,20 @@ class Check:
   reports: tuple[tp.Any, ...]
   first_divergence: str | None
   error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PortOf:
+  """A constructor argument that is itself a drafted port, in `Draft.init_kwargs`.
+
+  A Linen module handed to another as a dataclass field (`Holder(child=Child())`) is handed
+  to the port as the port of that module; `Draft.build` builds it from the draft's source,
+  with the same `rngs`, before the module that takes it.
+
+  Attributes:
+    cls: the drafted class to build.
+    kwargs: its constructor arguments (others may be `PortOf` in turn), without `rngs`.
+  """
+
+  cls: str
+  kwargs: dict[str, object]

@@ -12,6 +12,8 @@ import dataclasses
 import re
 import typing as tp
 
+from flax import linen as nn
+
 from . import standard_layers
 from .find_sites import Site, explicit_name, find_sites
 from .hoist import Hoist, match_child
@@ -25,6 +27,14 @@ from .vmap_lift import plan_vmap
 
 if tp.TYPE_CHECKING:
   import libcst as cst
+
+
+def _handed_in(parent: Instance, kid: Instance) -> bool:
+  """`kid` was handed to `parent` as a dataclass field (Linen adopts it under the field's
+  name): no construction in the parent's source made it, though the parent calls it."""
+  name = kid.path[-1]
+  fields = {f.name for f in dataclasses.fields(parent.module)}
+  return name in fields and isinstance(getattr(parent.module, name, None), nn.Module)
 
 
 @dataclasses.dataclass
@@ -313,7 +323,7 @@ class Planner:
     children: dict[tuple[str, ...], list[Instance]] = {}
     explicit = explicit_name(site)
     for inst in self.instances:
-      kids = self.ctx.trace.children(inst.path)
+      kids = [k for k in self.ctx.trace.children(inst.path) if not _handed_in(inst, k)]
       if explicit is not None:
         made = [k for k in kids if k.path[-1] == explicit]
       elif site.setup_attr is not None:

@@ -812,7 +812,10 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       continue
     node = by_name.get(f.name)
     if node is not None:
-      text = f"{f.name}: {planner.code(node.annotation.annotation)}"
+      annotation = planner.code(node.annotation.annotation)
+      if annotation in {f"{n}.Module" for n in planner.ctx.linen_names}:
+        annotation = "nnx.Module"  # a submodule handed in is the NNX port of one
+      text = f"{f.name}: {annotation}"
       if node.value is not None:
         text += f" = {planner.rewrite_expr(planner.code(node.value))}"
     else:
