@@ -254,6 +254,18 @@ class Handed(nn.Module):
     return Member(3)(self.child(x))  # a Member of another input width: an added argument
 
 
+class NowrapHelper(nn.Module):
+  """A layer built by a helper method and named by a variable: the trace cannot place it."""
+
+  @nn.nowrap
+  def _norm(self, name):
+    return nn.LayerNorm(name=name)
+
+  @nn.compact
+  def __call__(self, x):
+    return self._norm("ln")(nn.Dense(4)(x))
+
+
 class InlineRemat(nn.Module):
   """nn.remat (and its alias nn.checkpoint) applied, built and called in one expression."""
 

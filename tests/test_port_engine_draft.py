@@ -129,6 +129,15 @@ def test_a_submodule_handed_in_as_a_field_is_handed_its_port():
   np.testing.assert_allclose(port(x), linen.apply(variables, x), rtol=1e-6, atol=1e-6)
 
 
+def test_a_layer_built_by_a_helper_method_is_a_todo_saying_how_to_place_it():
+  draft = lb.port.draft(models.NowrapHelper(), jnp.ones((2, 5)))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert todo.original == "return nn.LayerNorm(name=name)"
+  assert "no submodule the trace saw matches this construction" in todo.reason
+  assert "literal name='...', or in setup" in todo.reason
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

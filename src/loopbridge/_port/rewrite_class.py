@@ -352,6 +352,14 @@ class Planner:
       self.hoists[id(site.node)] = hoist
       return
     made_names = {n for n in names if n}
+    if not made_names:
+      self.todo(
+        site,
+        "no submodule the trace saw matches this construction (it is built outside the "
+        "method that calls it, or named by a variable); build it where it is called with a "
+        "literal name='...', or in setup",
+      )
+      return
     if len(made_names) != 1 or len(next(iter(made_names))) != 1:
       self.todo(
         site,
