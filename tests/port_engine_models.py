@@ -1,5 +1,6 @@
 """Small Linen models for the drafting engine's unit tests (a file, so their source is readable)."""
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -326,3 +327,55 @@ class VmapInSetup(nn.Module):
 
   def __call__(self, x):
     return self.heads(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class HFConfig:
+  """A frozen config object handed to every module, as HuggingFace Flax models do."""
+
+  width: int = 8
+  layers: int = 3
+  init_range: float = 0.02
+
+
+class HFBlock(nn.Module):
+  config: HFConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    init = jax.nn.initializers.normal(self.config.init_range)  # jax's, not flax.linen's
+    self.fc = nn.Dense(self.config.width, dtype=self.dtype, kernel_init=init)
+    self.ln = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype)
+
+  def __call__(self, x):
+    return x + self.fc(self.ln(x))
+
+
+class HFBlockCollection(nn.Module):
+  """HuggingFace Flax's layer list: each block named by its index (`0`, `1`, ...)."""
+
+  config: HFConfig
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    self.blocks = [
+      HFBlock(self.config, name=str(i), dtype=self.dtype) for i in range(self.config.layers)
+    ]
+    self.heads = [nn.Dense(2, name=f"head_{i}") for i in range(2)]
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = block(x)
+    return [head(x) for head in self.heads]
+
+
+class CountedDown(nn.Module):
+  """Blocks named by a counter that does not count up in the order they are made."""
+
+  def setup(self):
+    self.blocks = [nn.Dense(4, name=str(i)) for i in reversed(range(3))]
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = block(x)
+    return x

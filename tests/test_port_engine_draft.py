@@ -138,6 +138,33 @@ def test_a_layer_built_by_a_helper_method_is_a_todo_saying_how_to_place_it():
   assert "literal name='...', or in setup" in todo.reason
 
 
+def test_layers_named_by_their_index_as_huggingface_flax_names_them():
+  x = jax.random.normal(jax.random.key(8), (2, 8))
+  linen = models.HFBlockCollection(models.HFConfig())
+  draft = lb.port.draft(linen, x)
+  assert draft.ok, draft.report()
+  code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")  # flax 0.10: a list
+  assert "self.blocks=[HFBlock(self.config,dtype=self.dtype,rngs=rngs)" in code
+  assert "self.heads=[nnx.Linear(8,2,rngs=rngs)" in code
+  assert "kernel_init=init" in code and "init=jax.nn.initializers.normal(" in code
+  port, variables = draft.port_and_variables()
+  assert sorted(variables["params"]) == ["0", "1", "2", "head_0", "head_1"]
+  # Perturbed per layer, so a layer paired with another would show.
+  variables = jax.tree.map(
+    lambda a: a + jax.random.uniform(jax.random.key(a.size), a.shape), variables
+  )
+  lb.checkpoint.linen_to_nnx(linen, variables, port, x)
+  for got, want in zip(port(x), linen.apply(variables, x), strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_layers_named_by_a_counter_out_of_order_are_a_todo():
+  draft = lb.port.draft(models.CountedDown(), jnp.ones((2, 4)))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert re.search(r"named \[\('2', '1', '0'\)\]: not 0, 1, \.\.\. made in order", todo.reason)
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

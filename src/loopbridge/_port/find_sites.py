@@ -58,6 +58,40 @@ def explicit_name(site: Site) -> str | None:
   return None
 
 
+def counted_name(site: Site) -> tuple[str, str] | None:
+  """`(prefix, suffix)` when `name=` is built from one counter: `str(i)` (HuggingFace Flax's
+  `[Block(config, name=str(i)) for i in range(n)]`) or `f"h_{i}"`; whether the names really
+  count 0, 1, ... is read from the trace, not assumed."""
+  c = libcst()
+  arg = next(
+    (a for a in site.node.args if a.keyword is not None and a.keyword.value == "name"), None
+  )
+  if arg is None:
+    return None
+  value = arg.value
+  if (
+    isinstance(value, c.Call)
+    and isinstance(value.func, c.Name)
+    and value.func.value == "str"
+    and len(value.args) == 1
+    and isinstance(value.args[0].value, c.Name)
+  ):
+    return "", ""
+  if isinstance(value, c.FormattedString):
+    parts = value.parts
+    holes = [i for i, p in enumerate(parts) if isinstance(p, c.FormattedStringExpression)]
+    if len(holes) != 1:
+      return None
+    hole = parts[holes[0]]
+    if not isinstance(hole.expression, c.Name) or hole.format_spec or hole.conversion:
+      return None
+    text = [p.value if isinstance(p, c.FormattedStringText) else None for p in parts]
+    return "".join(t or "" for t in text[: holes[0]]), "".join(
+      t or "" for t in text[holes[0] + 1 :]
+    )
+  return None
+
+
 def find_sites(
   wrapper: cst.MetadataWrapper,
   namespace: tp.Mapping[str, object],

@@ -15,7 +15,7 @@ import typing as tp
 from flax import linen as nn
 
 from . import standard_layers
-from .find_sites import Site, explicit_name, find_sites
+from .find_sites import Site, counted_name, explicit_name, find_sites
 from .hoist import Hoist, match_child
 from .names import available, names_in
 from .records import Change, Todo
@@ -322,10 +322,16 @@ class Planner:
       return
     children: dict[tuple[str, ...], list[Instance]] = {}
     explicit = explicit_name(site)
+    counted = counted_name(site) if site.setup_list else None
+    counted_pattern = (
+      "" if counted is None else rf"{re.escape(counted[0])}\d+{re.escape(counted[1])}"
+    )
     for inst in self.instances:
       kids = [k for k in self.ctx.trace.children(inst.path) if not _handed_in(inst, k)]
       if explicit is not None:
         made = [k for k in kids if k.path[-1] == explicit]
+      elif site.setup_attr is not None and counted is not None:
+        made = [k for k in kids if re.fullmatch(counted_pattern, k.path[-1])]
       elif site.setup_attr is not None:
         attr = site.setup_attr
         made = [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
@@ -335,6 +341,19 @@ class Planner:
     names = {tuple(k.path[-1] for k in made) for made in children.values()}
     if site.setup_attr is not None and not site.setup_list:
       self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, False)
+      return
+    if counted is not None and site.setup_attr is not None:
+      # Linen names each layer by the counter (`0`, `1`, ...: no list prefix); the port keeps
+      # them in the setup attribute's list, paired layer by layer in order.
+      prefix, suffix = counted
+      if not all(list(n) == [f"{prefix}{i}{suffix}" for i in range(len(n))] for n in names):
+        self.todo(
+          site,
+          f"the submodules this makes are named {sorted(names)}: not "
+          f"{prefix}0{suffix}, {prefix}1{suffix}, ... made in order",
+        )
+        return
+      self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, True)
       return
     if site.setup_attr is not None or site.loop is not None:
       lists = {_list_name(list(n)) for n in names if n}
@@ -410,7 +429,8 @@ class Planner:
       return f"nnx.{rest}" if rest else m.group(0)
 
     for alias in self.ctx.linen_names:
-      code = re.sub(rf"\b({re.escape(alias)})\.([A-Za-z_][\w.]*)", sub, code)
+      # Only the alias itself: `jax.nn.initializers` is jax's, not flax.linen's.
+      code = re.sub(rf"(?<![\w.])({re.escape(alias)})\.([A-Za-z_][\w.]*)", sub, code)
     return code
 
   def value_access(self, attr: str) -> str:
