@@ -379,3 +379,12 @@ class CountedDown(nn.Module):
     for block in self.blocks:
       x = block(x)
     return x
+
+
+class ReadsVariables(nn.Module):
+  """Reads Linen's variable dict (no NNX idiom is drafted for it)."""
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.Dense(3, name="proj")(x)
+    return y * jnp.sum(self.variables["params"]["proj"]["bias"])

@@ -165,6 +165,14 @@ def test_layers_named_by_a_counter_out_of_order_are_a_todo():
   assert re.search(r"named \[\('2', '1', '0'\)\]: not 0, 1, \.\.\. made in order", todo.reason)
 
 
+def test_reading_linens_variable_dict_is_a_todo():
+  draft = lb.port.draft(models.ReadsVariables(), jnp.ones((2, 4)))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "self.variables[" in todo.original
+  assert todo.reason.startswith("self.variables (Linen's variable dict and scope")
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

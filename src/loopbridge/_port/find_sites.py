@@ -182,6 +182,23 @@ def find_sites(
   module.visit(Locals())
 
   class Visitor(c.CSTVisitor):
+    def visit_Attribute(self, node: tp.Any) -> None:
+      # `self.variables[...]` / `self.scope`: Linen's variable dict and scope, read without a
+      # call (a call `self.<name>(...)` is a site of its own, below).
+      parent: tp.Any = parents.get(node)
+      if (
+        dotted(node.value) != "self"
+        or node.attr.value not in ("variables", "scope")
+        or node.attr.value in fields
+        or (isinstance(parent, c.Call) and parent.func is node)
+      ):
+        return
+      method, loop, depth, cond, _ = context(node)
+      if method:
+        pos = positions[node]
+        lines = (pos.start.line, pos.end.line)
+        sites.append(Site("self_api", node, method, lines, loop, depth, cond, node.attr.value))
+
     def visit_Call(self, node: tp.Any) -> None:
       func: tp.Any = node.func
       name = dotted(func)

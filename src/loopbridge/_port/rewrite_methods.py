@@ -539,6 +539,13 @@ class Rewriter(libcst().CSTTransformer):
 
   def leave_Attribute(self, original, updated):
     c = libcst()
+    site = self.p.site_of.get(id(original))
+    if site is not None and site.kind == "self_api":  # `self.variables[...]`, `self.scope`
+      self._mark(
+        f"self.{site.target} (Linen's variable dict and scope; an NNX module holds its "
+        "Variables as attributes: read those)"
+      )
+      return updated
     name = dotted(original)
     if name is None:
       return updated
