@@ -388,3 +388,42 @@ class ReadsVariables(nn.Module):
   def __call__(self, x):
     y = nn.Dense(3, name="proj")(x)
     return y * jnp.sum(self.variables["params"]["proj"]["bias"])
+
+
+hidden = 7  # a module-level name that a method below binds too (as a script's `x = ...` does)
+
+
+class ShadowsAGlobal(nn.Module):
+  """Widths read from the call argument, which shares its name with a module global."""
+
+  @nn.compact
+  def __call__(self, hidden):
+    scale = self.param("scale", nn.initializers.ones, (hidden.shape[-1],))
+    return nn.Dense(hidden.shape[-1])(hidden) * scale
+
+
+class EnumeratedWidths(nn.Module):
+  """Layers built in a loop over `enumerate` of the widths (a tuple loop target)."""
+
+  features: tuple[int, ...] = (6, 4, 3)
+
+  @nn.compact
+  def __call__(self, x):
+    for i, f in enumerate(self.features):
+      x = nn.Dense(f, name=f"dense_{i}")(x)
+      x = nn.relu(x) if i < len(self.features) - 1 else x
+    return x
+
+
+class NormUnderAnIfInALoop(nn.Module):
+  """A norm after every layer but the last: fewer layers than iterations."""
+
+  features: tuple[int, ...] = (6, 4, 3)
+
+  @nn.compact
+  def __call__(self, x):
+    for i, f in enumerate(self.features):
+      x = nn.Dense(f)(x)
+      if i < len(self.features) - 1:
+        x = nn.LayerNorm()(x)
+    return x

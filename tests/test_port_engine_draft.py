@@ -173,6 +173,33 @@ def test_reading_linens_variable_dict_is_a_todo():
   assert todo.reason.startswith("self.variables (Linen's variable dict and scope")
 
 
+def test_a_call_argument_named_like_a_module_global_is_read_from_the_trace():
+  x = jax.random.normal(jax.random.key(9), (2, 5))
+  draft = lb.port.draft(models.ShadowsAGlobal(), x)
+  assert draft.ok, draft.report()
+  assert "nnx.Linear(5, 5," in draft.source  # the call's width, not the global's 7
+  assert "(5,)" in draft.source
+  _equal_to_linen(draft, x)
+
+
+def test_a_loop_over_enumerate_keeps_its_tuple_target():
+  x = jax.random.normal(jax.random.key(10), (2, 5))
+  draft = lb.port.draft(models.EnumeratedWidths(), x)
+  assert draft.ok, draft.report()
+  assert re.search(
+    r"for layer, \(_?i, f\) in enumerate\(enumerate\(self\.features\)\)", draft.source
+  )
+  _equal_to_linen(draft, x)
+
+
+def test_a_layer_under_an_if_inside_a_loop_is_a_todo():
+  draft = lb.port.draft(models.NormUnderAnIfInALoop(), jnp.ones((2, 5)))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert todo.original == "x = nn.LayerNorm()(x)"
+  assert todo.reason.startswith("a layer built under an `if` inside a loop")
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

@@ -58,7 +58,7 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   aliases = planner.aliases.get(site.method, {})
   extra = loop_targets(site.loop) | planner.comprehension_targets(site) | set(aliases)
   extra |= planner.scope_names.get(id(site.node), set())
-  ns = planner.src.namespace
+  ns = planner.init_namespace
   values: dict[str, str] = {}
   moved: list[str] = []
   layer = standard_layers.lookup(cls)
@@ -140,7 +140,7 @@ def _sequential(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str 
   for i, element in enumerate(elements):
     inner = by_node.get(id(element.value))
     if inner is None:
-      if not available(element.value, planner.src.namespace, set(aliases)):
+      if not available(element.value, planner.init_namespace, set(aliases)):
         return None, "nn.Sequential over an element that depends on the call"
       parts.append(planner.rewrite_expr(planner.code(element.value)))
       continue

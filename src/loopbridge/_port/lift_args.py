@@ -41,7 +41,7 @@ def value(planner: Planner, node: tp.Any, lift: str) -> object:
 def known_in_init(planner: Planner, site: Site, node: tp.Any) -> bool:
   """Whether `__init__` can evaluate `node` (fields, globals, the method's top aliases)."""
   aliases = planner.aliases.get(site.method, {})
-  if not available(node, planner.src.namespace, set(aliases)):
+  if not available(node, planner.init_namespace, set(aliases)):
     return False
   planner.used_aliases.update(n for n in names_in(node) if n in aliases)  # moved to __init__
   return True

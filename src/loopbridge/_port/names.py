@@ -41,3 +41,44 @@ def available(node: cst.CSTNode, namespace: tp.Mapping[str, object], extra: set[
 
 def loop_targets(loop: cst.For | None) -> set[str]:
   return names_in(loop.target) if loop is not None else set()
+
+
+def bound_in_methods(classdef: cst.ClassDef) -> set[str]:
+  """Every name a method of the class binds (parameters, assignment, loop and `with` targets).
+
+  Such a name read in a construction is the method's own (`nn.Dense(x.shape[-1])` reads the
+  call's `x`), even when the module has a global of that name: `__init__` cannot read it.
+  """
+  c = libcst()
+  found: set[str] = set()
+
+  class V(c.CSTVisitor):
+    def visit_Param(self, node: cst.Param) -> None:
+      found.add(node.name.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+      found.update(names_in(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+      found.update(names_in(node.target))
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+      found.update(names_in(node.target))
+
+    def visit_For(self, node: cst.For) -> None:
+      found.update(names_in(node.target))
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+      found.update(names_in(node.target))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+      found.update(names_in(node.name))
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+      found.update(names_in(node.target))
+
+  for stmt in classdef.body.body:
+    if isinstance(stmt, c.FunctionDef):
+      stmt.visit(V())
+  found.discard("self")
+  return found

@@ -17,7 +17,7 @@ from flax import linen as nn
 from . import standard_layers
 from .find_sites import Site, counted_name, explicit_name, find_sites
 from .hoist import Hoist, match_child
-from .names import available, names_in
+from .names import available, bound_in_methods, names_in
 from .records import Change, Todo
 from .scan_lift import plan_scan
 from .source import ClassSource, dotted, libcst, resolve
@@ -129,6 +129,9 @@ class Planner:
     self.ctx = ctx
     self.src = port.source
     self.module = wrapper.module
+    # The globals `__init__` can read: the module's, less the names a method binds itself.
+    shadowed = bound_in_methods(tp.cast(tp.Any, self.module.body[0]))
+    self.init_namespace = {k: v for k, v in self.src.namespace.items() if k not in shadowed}
     self.instances = ctx.trace.of_class(port.cls)
     self.resolver = port.resolver = Resolver(self.instances, port.field_names())
     self.sites = find_sites(wrapper, self.src.namespace, ctx.linen_names, port.field_names())
@@ -183,7 +186,7 @@ class Planner:
           len(assign.targets) == 1
           and isinstance(target, c.Name)
           and counts.get(target.value) == 1
-          and available(assign.value, self.src.namespace, set(mine))
+          and available(assign.value, self.init_namespace, set(mine))
         ):
           mine[target.value] = self.code(assign.value)
       found[fn.name.value] = mine
@@ -199,7 +202,7 @@ class Planner:
       return None
     aliases = self.aliases.get(site.method, {})
     if all(
-      t is not None and available(t, self.src.namespace, set(aliases)) for t, _ in site.guards
+      t is not None and available(t, self.init_namespace, set(aliases)) for t, _ in site.guards
     ):
       parts = []
       for test, negated in reversed(site.guards):
@@ -354,6 +357,15 @@ class Planner:
         )
         return
       self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, True)
+      return
+    if site.loop is not None and site.conditional:
+      # One layer per iteration is what the list and its index assume; an `if` inside the
+      # loop makes fewer, and which iterations made them is not in the names.
+      self.todo(
+        site,
+        "a layer built under an `if` inside a loop (the draft builds one per iteration); "
+        "build it in every iteration, or port the condition by hand",
+      )
       return
     if site.setup_attr is not None or site.loop is not None:
       lists = {_list_name(list(n)) for n in names if n}

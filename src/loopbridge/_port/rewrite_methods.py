@@ -19,7 +19,7 @@ from . import standard_layers
 from .emit import construction
 from .hoist import Hoist
 from .linen_api import VARIABLE_TYPES
-from .names import available, loop_targets
+from .names import available, loop_targets, names_in
 from .records import Todo
 from .rewrite_class import ClassPort, Context, Planner
 from .source import ClassSource, dotted, libcst
@@ -51,7 +51,10 @@ def _loop_index(planner: Planner, loop: tp.Any) -> tuple[str, str | None]:
   name = "layer"
   while name in taken:
     name += "_"
-  return name, f"{name}, {planner.code(loop.target)}"
+  target = planner.code(loop.target)
+  if isinstance(loop.target, c.Tuple) and not loop.target.lpar:
+    target = f"({target})"  # `for i, f in ...` -> `for layer, (i, f) in enumerate(...)`
+  return name, f"{name}, {target}"
 
 
 class Rewriter(libcst().CSTTransformer):
@@ -391,7 +394,7 @@ class Rewriter(libcst().CSTTransformer):
       return updated
     init = self.p.rewrite_expr(self.p.code(args[1].value))
     rest = [a.value for a in args[2:]]
-    ns = self.p.src.namespace
+    ns = self.p.init_namespace
     # Arguments that read the call (`x.shape[-1]`, `x.dtype`) take the traced value instead:
     # the shape and dtype of the variable Linen created, per instance.
     made = {
@@ -440,7 +443,7 @@ class Rewriter(libcst().CSTTransformer):
     if kind is None:
       self._mark(f"a variable of the collection {col!r} (no NNX Variable type is drafted for it)")
       return updated
-    ns = self.p.src.namespace
+    ns = self.p.init_namespace
     rest = [a.value for a in args[3:]]
     if not all(available(a, ns, set()) for a in [args[2].value, *rest]):
       self._mark(f"self.variable({col!r}, {name!r}, ...) has arguments that depend on the call")
@@ -726,7 +729,7 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
   """
   c = libcst()
   site = hoist.site
-  ns = planner.src.namespace
+  ns = planner.init_namespace
   aliases = planner.aliases.get(site.method, {})
   outer_first = list(reversed(site.loops))
   if any(id(outer_first[0]) == id(h.site.loops[-1]) for h in planner.counter_plans.values()):
@@ -751,6 +754,7 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
     if not available(loop.iter, ns, known):
       planner.todo(site, "a loop whose range depends on the call builds layers")
       return
+    planner.used_aliases.update(n for n in names_in(loop.iter) if n in aliases)
     known |= loop_targets(loop)
     lines.append(f"{unit * depth}for {planner.code(loop.target)} in {planner.code(loop.iter)}:")
     for stmt in loop.body.body:
@@ -763,11 +767,12 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
         and available(stmt.body[0].value, ns, known)
       ):
         lines.append(f"{unit * (depth + 1)}{planner.code(stmt.body[0])}")
+        planner.used_aliases.update(n for n in names_in(stmt.body[0].value) if n in aliases)
         known.add(stmt.body[0].targets[0].target.value)
   statement: tp.Any = site.node
   while not isinstance(statement, c.SimpleStatementLine):
     statement = planner.parents[statement]
-  counter = _unique("layer", set(ns) | known)
+  counter = _unique("layer", set(planner.src.namespace) | known)
   planner.scope_names[id(site.node)] = known
   planner.counter_plans[id(site.node)] = hoist
   hoist.index = counter
@@ -790,9 +795,11 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       _plan_counter(planner, hoist)
       continue
     if hoist.is_list and loop is not None and hoist.site.setup_attr is None:
-      if not available(loop.iter, src.namespace, set()):
+      aliases = planner.aliases.get(hoist.site.method, {})
+      if not available(loop.iter, planner.init_namespace, set(aliases)):
         planner.todo(hoist.site, "a loop whose range depends on the call builds layers")
         continue
+      planner.used_aliases.update(n for n in names_in(loop.iter) if n in aliases)
       loops.setdefault(id(loop), _loop_index(planner, loop))
   rewriter = Rewriter(planner, loops)
   module = planner.module.visit(rewriter)
