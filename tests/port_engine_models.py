@@ -427,3 +427,40 @@ class NormUnderAnIfInALoop(nn.Module):
       if i < len(self.features) - 1:
         x = nn.LayerNorm()(x)
     return x
+
+
+class NormIfTheCallSaysSo(nn.Module):
+  """A norm in a loop under an `if` that reads the call: `__init__` cannot evaluate it."""
+
+  @nn.compact
+  def __call__(self, x):
+    for f in (6, 4):
+      x = nn.Dense(f)(x)
+      if x.shape[-1] > 4:
+        x = nn.LayerNorm()(x)
+    return x
+
+
+class DownAndUp(nn.Module):
+  """A UNet's shape: blocks per level in nested loops (convs numbered on past an earlier
+  `Conv_0`), a downsampling conv on every level but the last (an `if` in the loop)."""
+
+  mults: tuple[int, ...] = (1, 2)
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Conv(4, (3, 3), padding="SAME")(x)
+    for level, mult in enumerate(self.mults):
+      for _ in range(2):
+        h = nn.relu(nn.Conv(4 * mult, (3, 3), padding="SAME")(h))
+      if level != len(self.mults) - 1:
+        h = nn.Conv(h.shape[-1], (3, 3), strides=(2, 2), padding="SAME", name=f"down_{level}")(h)
+    return h
+
+
+class ThreeOnOneLine(nn.Module):
+  """Three layers of one class built and called on one line, one inside another's input."""
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(nn.relu(nn.Dense(4)(x))) + nn.Dense(3)(x)

@@ -192,12 +192,44 @@ def test_a_loop_over_enumerate_keeps_its_tuple_target():
   _equal_to_linen(draft, x)
 
 
-def test_a_layer_under_an_if_inside_a_loop_is_a_todo():
-  draft = lb.port.draft(models.NormUnderAnIfInALoop(), jnp.ones((2, 5)))
+def test_a_layer_under_an_if_inside_a_loop_is_built_where_the_if_holds():
+  x = jax.random.normal(jax.random.key(11), (2, 5))
+  draft = lb.port.draft(models.NormUnderAnIfInALoop(), x)
+  assert draft.ok, draft.report()
+  code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")
+  # __init__ replays the loop and its test; the call counts the norms it runs.
+  assert "fori,_finenumerate(self.features):ifi<len(self.features)-1:LayerNorm.append(" in code
+  assert "x=self.LayerNorm[layer_](x)layer_+=1" in code
+  _equal_to_linen(draft, x)
+
+
+def test_nested_loop_lists_under_an_if_and_numbered_past_an_earlier_layer():
+  x = jax.random.normal(jax.random.key(12), (1, 8, 8, 3))
+  draft = lb.port.draft(models.DownAndUp(), x)
+  assert draft.ok, draft.report()
+  code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")
+  assert "self.Conv_1_to_4=" in code  # Linen's Conv_1 .. Conv_4: the blocks
+  assert "iflevel!=len(self.mults)-1:down.append(nnx.Conv(4,4,(3,3),(2,2)," in code
+  _equal_to_linen(draft, x)
+
+
+def test_a_layer_under_an_if_that_reads_the_call_in_a_loop_is_a_todo():
+  draft = lb.port.draft(models.NormIfTheCallSaysSo(), jnp.ones((2, 5)))
   assert not draft.ok
   (todo,) = draft.todos
   assert todo.original == "x = nn.LayerNorm()(x)"
-  assert todo.reason.startswith("a layer built under an `if` inside a loop")
+  assert todo.reason == "a layer built under an `if` whose test reads the call, in a loop"
+
+
+def test_layers_of_one_class_built_on_one_line_are_told_apart_by_call_order():
+  x = jax.random.normal(jax.random.key(13), (2, 5))
+  draft = lb.port.draft(models.ThreeOnOneLine(), x)
+  assert draft.ok, draft.report()
+  # Linen names them as they are built (outer, inner, right) and calls the inner one first.
+  code = re.sub(r"\s+", "", draft.source)
+  assert "returnself.Dense_0(nnx.relu(self.Dense_1(x)))+self.Dense_2(x)" in code
+  assert "self.Dense_1=nnx.Linear(5,4," in code
+  _equal_to_linen(draft, x)
 
 
 def test_remat_applied_built_and_called_in_one_expression():

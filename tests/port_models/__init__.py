@@ -26,4 +26,5 @@ ZOO = (
   "conv_autoencoder",
   "t5_block",
   "ensemble_vmap",
+  "unet_diffusion",
 )

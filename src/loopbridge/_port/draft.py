@@ -37,7 +37,7 @@ def _init_kwargs(module: nn.Module, path: tuple[str, ...], ctx: Context) -> dict
       value = PortOf(type(value).__name__, _init_kwargs(value, inner, ctx))
     kwargs[f.name] = value
   for extra in port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
-    kwargs[extra.name] = extra.values[path]
+    kwargs[extra.name] = extra.values.get(path)  # none: the instance never reads it
   return kwargs
 
 

@@ -247,7 +247,9 @@ def _user_class(planner, hoist, cls, values, index) -> str:
     if keyword is not None and keyword != "name" and keyword not in child_port.dropped:
       parts.append(f"{keyword}={values[keyword]}")
   for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
-    code = planner.traced(hoist, lambda k, e=extra: e.values[k.path], extra.name, index)
+    # An instance without a value never reads the argument (say, the input width of a layer
+    # it does not build: the added bool that guards it is False there): None.
+    code = planner.traced(hoist, lambda k, e=extra: e.values.get(k.path), extra.name, index)
     parts.append(f"{extra.name}={code}")
   parts.append("rngs=rngs")
   func = cls.__name__ if site.lift is not None else planner.code(site.node.func)

@@ -82,13 +82,15 @@ def factory_class(value: object) -> type | None:
   return func if isinstance(func, type) and issubclass(func, nn.Module) else None
 
 
-def _list_name(names: list[str]) -> str | None:
-  """`Dense` for `['Dense_0', 'Dense_1']` (the names a loop made, in order), else None."""
-  m = re.fullmatch(r"(.+)_0", names[0]) if names else None
+def _list_run(names: list[str]) -> tuple[str, int, int] | None:
+  """`('Dense', 0, 1)` for `['Dense_0', 'Dense_1']`, `('Conv', 1, 2)` for `['Conv_1',
+  'Conv_2']` (the names a loop made, in order, numbered on), else None."""
+  m = re.fullmatch(r"(.+)_(\d+)", names[0]) if names else None
   if m is None:
     return None
-  prefix = m.group(1)
-  return prefix if names == [f"{prefix}_{i}" for i in range(len(names))] else None
+  prefix, first = m.group(1), int(m.group(2))
+  wanted = [f"{prefix}_{first + i}" for i in range(len(names))]
+  return (prefix, first, first + len(names) - 1) if names == wanted else None
 
 
 def _assignment_counts(fn: tp.Any) -> dict[str, int]:
@@ -145,7 +147,8 @@ class Planner:
     self.counter_plans: dict[int, Hoist] = {}
     self.counter_nest: dict[int, tuple[str, list[str], int]] = {}  # list local, loop lines, depth
     self.scope_names: dict[int, set[str]] = {}  # names `__init__` has at the construction
-    self.counter_inits: dict[int, str] = {}  # id(outermost loop) -> its counter
+    self.counter_inits: dict[int, list[str]] = {}  # id(outermost loop) -> its counters
+    self.counter_names: list[str] = []  # every running counter, so that each is unique
     self.increments: dict[int, str] = {}  # id(statement) -> the counter it advances
     self.positions = wrapper.resolve(libcst().metadata.PositionProvider)
     self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
@@ -340,6 +343,7 @@ class Planner:
         made = [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
       else:
         made = [k for k in kids if match_child(site, self.src, k)]
+        made = self._one_of_a_line(site, made)
       children[inst.path] = made
     names = {tuple(k.path[-1] for k in made) for made in children.values()}
     if site.setup_attr is not None and not site.setup_list:
@@ -358,28 +362,24 @@ class Planner:
         return
       self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, True)
       return
-    if site.loop is not None and site.conditional:
-      # One layer per iteration is what the list and its index assume; an `if` inside the
-      # loop makes fewer, and which iterations made them is not in the names.
-      self.todo(
-        site,
-        "a layer built under an `if` inside a loop (the draft builds one per iteration); "
-        "build it in every iteration, or port the condition by hand",
-      )
-      return
     if site.setup_attr is not None or site.loop is not None:
-      lists = {_list_name(list(n)) for n in names if n}
-      if len(lists) != 1 or None in lists:
+      # Built in a compact method, a class's layers are numbered across the whole method:
+      # a list may start past 0 (`Conv_1, Conv_2` after a `Conv_0` built before the loop).
+      runs = {_list_run(list(n)) for n in names if n}
+      run = runs.pop() if len(runs) == 1 else None
+      if run is None or (site.setup_attr is not None and run[1] != 0):
         self.todo(
           site,
           f"the submodules this makes are named {sorted(names)}: not one list "
-          "name_0, name_1, ... made once per iteration of one loop",
+          "name_0, name_1, ... made in order",
         )
         return
-      attr = tp.cast(str, lists.pop())
+      prefix, first, last = run
+      attr = prefix if first == 0 else f"{prefix}_{first}_to_{last}"
       hoist = Hoist(attr, site, children, True)
-      # Nested loops (stages of blocks): a running count indexes the list at the call.
-      hoist.counter = site.setup_attr is None and site.loop_depth > 1
+      # Nested loops (stages of blocks), or an `if` in the loop: a running count indexes the
+      # list at the call.
+      hoist.counter = site.setup_attr is None and (site.loop_depth > 1 or site.conditional)
       self.hoists[id(site.node)] = hoist
       return
     made_names = {n for n in names if n}
@@ -409,6 +409,28 @@ class Planner:
       if site.local is not None:
         self.lifted_locals[(site.method, site.local)] = hoist
     self.hoists[id(site.node)] = hoist
+
+  def _one_of_a_line(self, site: Site, made: list[Instance]) -> list[Instance]:
+    """`nn.Dense(4)(nn.silu(nn.Dense(4)(x)))`: both constructions match the submodules the
+    line called; each is the one called at its place in the order the calls finish (the
+    inner first, then left to right), which is the trace's order."""
+    peers = [
+      s
+      for s in self.sites
+      if s.kind == "construct"
+      and s.lines == site.lines
+      and s.target is site.target
+      and s.loop is None
+      and s.outer_call is not None
+      and s.local is None
+      and s.lift is None
+    ]
+    if len(peers) < 2 or site not in peers or len(made) != len(peers):
+      return made
+    peers.sort(
+      key=lambda s: (self.positions[s.outer_call].end.line, self.positions[s.outer_call].end.column)
+    )
+    return [made[peers.index(site)]]
 
   # --- values -----------------------------------------------------------------------------
 

@@ -47,10 +47,11 @@ def _loop_index(planner: Planner, loop: tp.Any) -> tuple[str, str | None]:
     and len(it.args) == 1
   ):
     return loop.target.value, None
-  taken = set(planner.src.namespace) | loop_targets(loop)
+  taken = set(planner.src.namespace) | loop_targets(loop) | set(planner.counter_names)
   name = "layer"
   while name in taken:
     name += "_"
+  planner.counter_names.append(name)  # a running counter of the same loop must not take it
   target = planner.code(loop.target)
   if isinstance(loop.target, c.Tuple) and not loop.target.lpar:
     target = f"({target})"  # `for i, f in ...` -> `for layer, (i, f) in enumerate(...)`
@@ -118,11 +119,12 @@ class Rewriter(libcst().CSTTransformer):
   leave_With = _pop
 
   def leave_For(self, original, updated):
-    counter = self.p.counter_inits.get(id(original))
-    if counter is not None:
+    counters = self.p.counter_inits.get(id(original))
+    if counters:
       done = self._leave_for(original, updated)
       if isinstance(done, libcst().For):
-        return libcst().FlattenSentinel([libcst().parse_statement(f"{counter} = 0\n"), done])
+        starts = [libcst().parse_statement(f"{counter} = 0\n") for counter in counters]
+        return libcst().FlattenSentinel([*starts, done])
       return done
     return self._leave_for(original, updated)
 
@@ -696,7 +698,10 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     members = [
       h
       for h in planner.hoists.values()
-      if h.site.loop is loop and id(h.site.node) in planner.hoisted_code and h.is_list
+      if h.site.loop is loop
+      and id(h.site.node) in planner.hoisted_code
+      and h.is_list
+      and not h.counter  # a list under an `if` in this loop has its own replay
     ]
     header = loops[id(loop)][1]
     target = header or planner.code(loop.target)
@@ -721,63 +726,80 @@ def _unique(name: str, taken: set[str]) -> str:
 
 
 def _plan_counter(planner: Planner, hoist: Hoist) -> None:
-  """Layers made in nested loops: `__init__` replays the loops, the call counts the layers.
+  """Layers made in nested loops, or under an `if` in a loop: `__init__` replays the loops and
+  the `if`s, the call counts the layers.
 
-  `__init__` runs the same loop headers and the plain assignments before the construction
-  (`strides = (2, 2) if i > 0 else (1, 1)`) when they read fields, globals and loop targets
-  only; a per-layer traced value is indexed by the layers built so far (`len(...)`).
+  `__init__` runs the same loop headers, `if` tests and the plain assignments before the
+  construction (`strides = (2, 2) if i > 0 else (1, 1)`) when they read fields, globals and
+  loop targets only; a per-layer traced value is indexed by the layers built so far
+  (`len(...)`). A test `__init__` cannot evaluate (it reads the call) is a TODO.
   """
   c = libcst()
   site = hoist.site
   ns = planner.init_namespace
   aliases = planner.aliases.get(site.method, {})
   outer_first = list(reversed(site.loops))
-  if any(id(outer_first[0]) == id(h.site.loops[-1]) for h in planner.counter_plans.values()):
-    planner.todo(site, "two lists of layers built in the same nested loops")
-    return
   known = set(aliases)
   lines: list[str] = []
   unit = planner.module.default_indent
   clash = hoist.attr in ns or hoist.attr in aliases
   local = f"{hoist.attr}_layers" if clash else hoist.attr
-  chain: list[tp.Any] = []
+  # The nodes from the outermost loop down to the site's statement.
+  path: list[tp.Any] = []
   node: tp.Any = site.node
-  while node in planner.parents:
-    parent = planner.parents[node]
-    if isinstance(parent, c.IndentedBlock) and planner.parents.get(parent) in outer_first:
-      chain.append(node)
-    if parent is outer_first[0]:
-      break
-    node = parent
-  chain = list(reversed(chain))  # per level, the statement holding the site
-  for depth, loop in enumerate(outer_first):
-    if not available(loop.iter, ns, known):
-      planner.todo(site, "a loop whose range depends on the call builds layers")
+  while node in planner.parents and node is not outer_first[0]:
+    path.append(node)
+    node = planner.parents[node]
+  path.append(outer_first[0])
+  path.reverse()
+  depth = 0
+  for i, step in enumerate(path):
+    after = path[i + 1] if i + 1 < len(path) else None
+    if isinstance(step, c.For):
+      if not available(step.iter, ns, known):
+        planner.todo(site, "a loop whose range depends on the call builds layers")
+        return
+      planner.used_aliases.update(n for n in names_in(step.iter) if n in aliases)
+      known |= loop_targets(step)
+      lines.append(f"{unit * depth}for {planner.code(step.target)} in {planner.code(step.iter)}:")
+      depth += 1
+    elif isinstance(step, c.If) and after is not None and after is not step.test:
+      if not available(step.test, ns, known):
+        planner.todo(site, "a layer built under an `if` whose test reads the call, in a loop")
+        return
+      planner.used_aliases.update(n for n in names_in(step.test) if n in aliases)
+      test = planner.code(step.test)
+      lines.append(f"{unit * depth}if {test if after is step.body else f'not ({test})'}:")
+      depth += 1
+    elif isinstance(step, c.IndentedBlock) and after is not None:
+      for stmt in step.body:  # the plain assignments before the statement holding the site
+        if stmt is after:
+          break
+        if (
+          isinstance(stmt, c.SimpleStatementLine)
+          and isinstance(stmt.body[0], c.Assign)
+          and isinstance(stmt.body[0].targets[0].target, c.Name)
+          and available(stmt.body[0].value, ns, known)
+        ):
+          lines.append(f"{unit * depth}{planner.code(stmt.body[0])}")
+          planner.used_aliases.update(n for n in names_in(stmt.body[0].value) if n in aliases)
+          known.add(stmt.body[0].targets[0].target.value)
+    elif isinstance(step, (c.While, c.Try, c.IfExp)) or (
+      isinstance(step, c.If) and after is step.test
+    ):
+      planner.todo(site, f"a layer built in a loop under a {type(step).__name__.lower()}")
       return
-    planner.used_aliases.update(n for n in names_in(loop.iter) if n in aliases)
-    known |= loop_targets(loop)
-    lines.append(f"{unit * depth}for {planner.code(loop.target)} in {planner.code(loop.iter)}:")
-    for stmt in loop.body.body:
-      if stmt is chain[depth]:
-        break
-      if (
-        isinstance(stmt, c.SimpleStatementLine)
-        and isinstance(stmt.body[0], c.Assign)
-        and isinstance(stmt.body[0].targets[0].target, c.Name)
-        and available(stmt.body[0].value, ns, known)
-      ):
-        lines.append(f"{unit * (depth + 1)}{planner.code(stmt.body[0])}")
-        planner.used_aliases.update(n for n in names_in(stmt.body[0].value) if n in aliases)
-        known.add(stmt.body[0].targets[0].target.value)
   statement: tp.Any = site.node
   while not isinstance(statement, c.SimpleStatementLine):
     statement = planner.parents[statement]
-  counter = _unique("layer", set(planner.src.namespace) | known)
+  taken = set(planner.src.namespace) | known | set(planner.counter_names)
+  counter = _unique("layer", taken)
+  planner.counter_names.append(counter)
   planner.scope_names[id(site.node)] = known
   planner.counter_plans[id(site.node)] = hoist
   hoist.index = counter
-  planner.counter_nest[id(site.node)] = (local, lines, len(outer_first))
-  planner.counter_inits[id(outer_first[0])] = counter
+  planner.counter_nest[id(site.node)] = (local, lines, depth)
+  planner.counter_inits.setdefault(id(outer_first[0]), []).append(counter)
   planner.increments[id(statement)] = counter
 
 
