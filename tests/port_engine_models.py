@@ -464,3 +464,24 @@ class ThreeOnOneLine(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.Dense(3)(nn.relu(nn.Dense(4)(x))) + nn.Dense(3)(x)
+
+
+class HeadsInAComprehension(nn.Module):
+  """Layers built and called in a list comprehension over a field."""
+
+  widths: tuple[int, ...] = (4, 5)
+
+  @nn.compact
+  def __call__(self, x):
+    outs = [nn.Dense(w)(x) for w in self.widths]
+    scales = [nn.Dense(1, name=f"scale_{i}")(x) for i in range(2)]
+    return jnp.concatenate([*outs, *scales], axis=-1)
+
+
+class ComprehensionOverOutputs(nn.Module):
+  """A comprehension of layers over what the call computed: `__init__` cannot replay it."""
+
+  @nn.compact
+  def __call__(self, x):
+    parts = jnp.split(x, 2, axis=-1)
+    return [nn.Dense(2)(p) for p in parts]

@@ -232,6 +232,24 @@ def test_layers_of_one_class_built_on_one_line_are_told_apart_by_call_order():
   _equal_to_linen(draft, x)
 
 
+def test_layers_built_and_called_in_a_list_comprehension():
+  x = jax.random.normal(jax.random.key(14), (2, 6))
+  draft = lb.port.draft(models.HeadsInAComprehension(), x)
+  assert draft.ok, draft.report()
+  code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")
+  assert "self.Dense=[nnx.Linear(6,w,rngs=rngs)forlayer,winenumerate(self.widths)]" in code
+  assert "outs=[self.Dense[layer](x)forlayer,winenumerate(self.widths)]" in code
+  assert "scales=[self.scale[i](x)foriinrange(2)]" in code
+  _equal_to_linen(draft, x)
+
+
+def test_a_list_comprehension_of_layers_over_call_values_is_a_todo():
+  draft = lb.port.draft(models.ComprehensionOverOutputs(), jnp.ones((2, 4)))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert todo.reason == "a list comprehension of layers over something the call gives"
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

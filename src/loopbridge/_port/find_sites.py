@@ -279,6 +279,9 @@ def find_sites(
         assign: tp.Any = parent
         if isinstance(parent, c.ListComp) and parent.elt is node:
           site.comp = parent
+        held: tp.Any = parents.get(outer) if outer is not None else None
+        if isinstance(held, c.ListComp) and held.elt is outer:
+          site.comp = held  # `[nn.Dense(w)(x) for w in self.widths]`: built and called
         if isinstance(assign, (c.ListComp, c.List, c.Tuple, c.Element)):
           while assign in parents and not isinstance(assign, c.Assign):
             assign = parents[assign]

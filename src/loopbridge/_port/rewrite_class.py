@@ -149,6 +149,8 @@ class Planner:
     self.scope_names: dict[int, set[str]] = {}  # names `__init__` has at the construction
     self.counter_inits: dict[int, list[str]] = {}  # id(outermost loop) -> its counters
     self.counter_names: list[str] = []  # every running counter, so that each is unique
+    # id(list comprehension building and calling layers) -> its index name, new target or None
+    self.comp_index: dict[int, tuple[str, str | None]] = {}
     self.increments: dict[int, str] = {}  # id(statement) -> the counter it advances
     self.positions = wrapper.resolve(libcst().metadata.PositionProvider)
     self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
@@ -362,7 +364,13 @@ class Planner:
         return
       self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, True)
       return
-    if site.setup_attr is not None or site.loop is not None:
+    inline_comp = site.comp is not None and site.setup_attr is None
+    if inline_comp:
+      why = self._inline_comp_todo(site)
+      if why is not None:
+        self.todo(site, why)
+        return
+    if site.setup_attr is not None or site.loop is not None or inline_comp:
       # Built in a compact method, a class's layers are numbered across the whole method:
       # a list may start past 0 (`Conv_1, Conv_2` after a `Conv_0` built before the loop).
       runs = {_list_run(list(n)) for n in names if n}
@@ -410,6 +418,29 @@ class Planner:
         self.lifted_locals[(site.method, site.local)] = hoist
     self.hoists[id(site.node)] = hoist
 
+  def _inline_comp_todo(self, site: Site) -> str | None:
+    """Why a list comprehension that builds and calls a layer (`[nn.Dense(w)(x) for w in
+    self.widths]`) is not drafted, or None: `__init__` builds the same list."""
+    c = libcst()
+    comp: tp.Any = site.comp
+    for_in = comp.for_in
+    if site.loop is not None or site.conditional:
+      return "a list comprehension of layers inside a loop or under an `if`"
+    if for_in.inner_for_in is not None or for_in.ifs or for_in.asynchronous:
+      return "a list comprehension of layers with several `for`s or an `if`"
+    if any(
+      s is not site and s.kind == "construct" and s.target is site.target and s.lines == site.lines
+      for s in self.sites
+    ):
+      return "a list comprehension of layers with another layer of its class on its lines"
+    aliases = self.aliases.get(site.method, {})
+    if not available(for_in.iter, self.init_namespace, set(aliases)):
+      return "a list comprehension of layers over something the call gives"
+    if not isinstance(for_in.target, (c.Name, c.Tuple)):
+      return "a list comprehension of layers with an unusual target"
+    self.used_aliases.update(n for n in names_in(for_in.iter) if n in aliases)
+    return None
+
   def _one_of_a_line(self, site: Site, made: list[Instance]) -> list[Instance]:
     """`nn.Dense(4)(nn.silu(nn.Dense(4)(x)))`: both constructions match the submodules the
     line called; each is the one called at its place in the order the calls finish (the
@@ -448,11 +479,8 @@ class Planner:
     return self.resolver.expr({p: get(k[0]) for p, k in hoist.children.items() if k}, name)
 
   def comprehension_targets(self, site: Site) -> set[str]:
-    c = libcst()
     node = site.comp
-    return (
-      set() if node is None else {t.value for t in [node.for_in.target] if isinstance(t, c.Name)}
-    )
+    return set() if node is None else names_in(node.for_in.target)
 
   def rewrite_expr(self, code: str) -> str:
     """`nn.initializers.zeros_init()` -> `nnx.initializers.zeros_init()` (same objects)."""

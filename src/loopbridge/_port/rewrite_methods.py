@@ -371,6 +371,9 @@ class Rewriter(libcst().CSTTransformer):
       local = self.p.counter_nest[id(site.node)][0]
       code, why = construction(self.p, hoist, f"len({local})")
       index = hoist.index
+    elif id(site.comp) in self.p.comp_index:
+      index = self.p.comp_index[id(site.comp)][0]
+      code, why = construction(self.p, hoist, index)
     else:
       index = self.loops[id(site.loop)][0] if hoist.is_list else None
       code, why = construction(self.p, hoist, index)
@@ -525,6 +528,18 @@ class Rewriter(libcst().CSTTransformer):
     self._mark(f"self.{api} (Linen module machinery with no drafted NNX idiom)")
     return updated
 
+  def leave_ListComp(self, original, updated):
+    """`[nn.Dense(w)(x) for w in ws]` -> `[self.Dense[layer](x) for layer, w in enumerate(ws)]`."""
+    header = self.p.comp_index.get(id(original), (None, None))[1]
+    if header is None:
+      return updated
+    c = libcst()
+    for_in = updated.for_in.with_changes(
+      target=c.parse_expression(header),
+      iter=c.parse_expression(f"enumerate({self.p.code(original.for_in.iter)})"),
+    )
+    return updated.with_changes(for_in=for_in)
+
   def leave_UnaryOperation(self, original, updated):
     c = libcst()
     expr = updated.expression
@@ -678,6 +693,17 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
       lines.append(f"self.{hoist.attr} = {planner.list_of(local)}")
       planner.port.attributes[hoist.attr] = planner.src.line(site.lines[0])
       continue
+    if id(site.comp) in planner.comp_index:
+      # A list comprehension that built and called layers: `__init__` builds the list.
+      code = planner.hoisted_code[id(site.node)]
+      comp: tp.Any = site.comp
+      header = planner.comp_index[id(comp)][1]
+      target = header or planner.code(comp.for_in.target)
+      it = planner.code(comp.for_in.iter)
+      it = f"enumerate({it})" if header is not None else it
+      lines.append(f"self.{hoist.attr} = {planner.list_of(f'[{code} for {target} in {it}]')}")
+      planner.port.attributes[hoist.attr] = planner.src.line(site.lines[0])
+      continue
     if not hoist.is_list:
       code = planner.hoisted_code[id(site.node)]
       if hoist.lifted is not None:
@@ -823,6 +849,10 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         continue
       planner.used_aliases.update(n for n in names_in(loop.iter) if n in aliases)
       loops.setdefault(id(loop), _loop_index(planner, loop))
+    elif hoist.is_list and hoist.site.comp is not None and hoist.site.setup_attr is None:
+      comp: tp.Any = hoist.site.comp
+      if id(comp) not in planner.comp_index:
+        planner.comp_index[id(comp)] = _loop_index(planner, comp.for_in)
   rewriter = Rewriter(planner, loops)
   module = planner.module.visit(rewriter)
   classdef: tp.Any = module.body[0]
