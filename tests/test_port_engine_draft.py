@@ -22,6 +22,14 @@ def _linen_and_port(draft, *args, **kwargs):
   return draft.linen_module.apply(variables, *args, **kwargs), port
 
 
+def _the_todo(module, *args):
+  """The one TODO of a draft that must not be ok."""
+  draft = lb.port.draft(module, *args)
+  assert not draft.ok
+  (todo,) = draft.todos
+  return todo
+
+
 def test_compact_mlp_with_loop_and_dropout_is_equal_to_linen():
   x = jax.random.normal(jax.random.key(0), (2, 5))
   draft = lb.port.draft(models.TinyMLP(), x, train=False)
@@ -130,9 +138,7 @@ def test_a_submodule_handed_in_as_a_field_is_handed_its_port():
 
 
 def test_a_layer_built_by_a_helper_method_is_a_todo_saying_how_to_place_it():
-  draft = lb.port.draft(models.NowrapHelper(), jnp.ones((2, 5)))
-  assert not draft.ok
-  (todo,) = draft.todos
+  todo = _the_todo(models.NowrapHelper(), jnp.ones((2, 5)))
   assert todo.original == "return nn.LayerNorm(name=name)"
   assert "no submodule the trace saw matches this construction" in todo.reason
   assert "literal name='...', or in setup" in todo.reason
@@ -159,16 +165,12 @@ def test_layers_named_by_their_index_as_huggingface_flax_names_them():
 
 
 def test_layers_named_by_a_counter_out_of_order_are_a_todo():
-  draft = lb.port.draft(models.CountedDown(), jnp.ones((2, 4)))
-  assert not draft.ok
-  (todo,) = draft.todos
+  todo = _the_todo(models.CountedDown(), jnp.ones((2, 4)))
   assert re.search(r"named \[\('2', '1', '0'\)\]: not 0, 1, \.\.\. made in order", todo.reason)
 
 
 def test_reading_linens_variable_dict_is_a_todo():
-  draft = lb.port.draft(models.ReadsVariables(), jnp.ones((2, 4)))
-  assert not draft.ok
-  (todo,) = draft.todos
+  todo = _the_todo(models.ReadsVariables(), jnp.ones((2, 4)))
   assert "self.variables[" in todo.original
   assert todo.reason.startswith("self.variables (Linen's variable dict and scope")
 
@@ -214,9 +216,7 @@ def test_nested_loop_lists_under_an_if_and_numbered_past_an_earlier_layer():
 
 
 def test_a_layer_under_an_if_that_reads_the_call_in_a_loop_is_a_todo():
-  draft = lb.port.draft(models.NormIfTheCallSaysSo(), jnp.ones((2, 5)))
-  assert not draft.ok
-  (todo,) = draft.todos
+  todo = _the_todo(models.NormIfTheCallSaysSo(), jnp.ones((2, 5)))
   assert todo.original == "x = nn.LayerNorm()(x)"
   assert todo.reason == "a layer built under an `if` whose test reads the call, in a loop"
 
@@ -244,9 +244,7 @@ def test_layers_built_and_called_in_a_list_comprehension():
 
 
 def test_a_list_comprehension_of_layers_over_call_values_is_a_todo():
-  draft = lb.port.draft(models.ComprehensionOverOutputs(), jnp.ones((2, 4)))
-  assert not draft.ok
-  (todo,) = draft.todos
+  todo = _the_todo(models.ComprehensionOverOutputs(), jnp.ones((2, 4)))
   assert todo.reason == "a list comprehension of layers over something the call gives"
 
 
@@ -387,7 +385,5 @@ def test_vmap_forms_not_drafted_stay_todos_with_their_reason(written, reason):
 
 
 def test_vmap_built_in_setup_stays_a_todo():
-  draft = lb.port.draft(models.VmapInSetup(), jnp.ones((3, 5)))
-  assert not draft.ok
-  (todo,) = draft.todos
+  todo = _the_todo(models.VmapInSetup(), jnp.ones((3, 5)))
   assert re.search(r"nn\.vmap built in setup", todo.reason), todo.reason

@@ -33,9 +33,25 @@ def value(planner: Planner, node: tp.Any, lift: str) -> object:
   """An argument's value: literals and the module's globals (`nn.broadcast`) only."""
   code = planner.code(node)
   try:
-    return eval(code, dict(planner.src.namespace))  # the user's own literal, e.g. {'params': 0}
+    # The user's own literal, e.g. {'params': 0}; a name a method binds is not the global's.
+    return eval(code, dict(planner.init_namespace))
   except Exception as e:
     raise ValueError(f"nn.{lift}'s {code} cannot be read before the call ({e})") from e
+
+
+def read(
+  planner: Planner, site: Site, known: tp.Collection[str], lift: str, size: str
+) -> tuple[dict[str, tp.Any], dict[str, object]] | str:
+  """The lift call's keyword arguments (nodes) and the values of all but `size` (the stack's
+  size, evaluated in `__init__`), or why the construction stays a TODO."""
+  kwargs = keywords(site, known, lift)
+  if isinstance(kwargs, str):
+    return kwargs
+  try:
+    values = {k: value(planner, v, lift) for k, v in kwargs.items() if k != size}
+  except ValueError as e:
+    return str(e)
+  return kwargs, values
 
 
 def known_in_init(planner: Planner, site: Site, node: tp.Any) -> bool:

@@ -75,13 +75,10 @@ def plan_scan(planner: Planner, site: Site, made: tp.Sequence[object] = ()) -> S
   `made` (the modules the trace saw it make) is not read: whether the layers draw from a
   stream Linen's `split_rngs` leaves unsplit is checked for `nn.vmap` only (not yet here).
   """
-  kwargs = lift_args.keywords(site, _KNOWN, "scan")
-  if isinstance(kwargs, str):
-    return kwargs
-  try:
-    read = {k: lift_args.value(planner, v, "scan") for k, v in kwargs.items() if k != "length"}
-  except ValueError as e:
-    return str(e)
+  found = lift_args.read(planner, site, _KNOWN, "scan", "length")
+  if isinstance(found, str):
+    return found
+  kwargs, read = found
   axes = read.get("variable_axes", {})
   in_axes, out_axes = read.get("in_axes", 0), read.get("out_axes", 0)
   if not isinstance(axes, dict) or any(v != 0 for v in axes.values()):

@@ -106,13 +106,10 @@ def _drawn_streams(planner: Planner, made: tp.Sequence[Instance]) -> set[str]:
 def plan_vmap(planner: Planner, site: Site, made: tp.Sequence[Instance]) -> VmapPlan | str:
   """The plan of a construction through `nn.vmap` (`made`: the modules the trace saw it
   make), or why it stays a TODO."""
-  kwargs = lift_args.keywords(site, _KNOWN, "vmap")
-  if isinstance(kwargs, str):
-    return kwargs
-  try:
-    read = {k: lift_args.value(planner, v, "vmap") for k, v in kwargs.items() if k != "axis_size"}
-  except ValueError as e:
-    return str(e)
+  found = lift_args.read(planner, site, _KNOWN, "vmap", "axis_size")
+  if isinstance(found, str):
+    return found
+  kwargs, read = found
   axes = read.get("variable_axes", {})
   split = read.get("split_rngs", {})
   in_axes, out_axes = read.get("in_axes", 0), read.get("out_axes", 0)
