@@ -485,3 +485,44 @@ class ComprehensionOverOutputs(nn.Module):
   def __call__(self, x):
     parts = jnp.split(x, 2, axis=-1)
     return [nn.Dense(2)(p) for p in parts]
+
+
+class ExampleBlock(nn.Module):
+  """flax/examples/imagenet's residual block: conv and norm factories handed in as fields."""
+
+  filters: int
+  conv: Any
+  norm: Any
+  strides: tuple[int, int] = (1, 1)
+
+  @nn.compact
+  def __call__(self, x):
+    y = self.norm()(self.conv(self.filters, (3, 3), self.strides)(x))
+    y = self.norm(scale_init=nn.initializers.zeros_init())(
+      self.conv(self.filters, (3, 3))(nn.relu(y))
+    )
+    if x.shape != y.shape:
+      x = self.norm(name="norm_proj")(
+        self.conv(self.filters, (1, 1), self.strides, name="conv_proj")(x)
+      )
+    return nn.relu(x + y)
+
+
+class ExampleResNet(nn.Module):
+  """flax/examples/imagenet's ResNet: the block class and the conv class are fields, the conv
+  factory a partial of the field."""
+
+  stage_sizes: tuple[int, ...] = (1, 1)
+  block_cls: Any = ExampleBlock
+  conv: Any = nn.Conv
+
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    conv = partial(self.conv, use_bias=False)
+    norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9)
+    x = nn.relu(norm(name="bn_init")(conv(4, (3, 3), (2, 2), name="conv_init")(x)))
+    for i, size in enumerate(self.stage_sizes):
+      for j in range(size):
+        strides = (2, 2) if i > 0 and j == 0 else (1, 1)
+        x = self.block_cls(4 * 2**i, strides=strides, conv=conv, norm=norm)(x)
+    return nn.Dense(3)(jnp.mean(x, axis=(1, 2)))

@@ -248,6 +248,18 @@ def test_a_list_comprehension_of_layers_over_call_values_is_a_todo():
   assert todo.reason == "a list comprehension of layers over something the call gives"
 
 
+def test_flax_examples_resnet_with_the_block_and_conv_classes_in_fields():
+  x = jax.random.normal(jax.random.key(15), (2, 8, 8, 3))
+  draft = lb.port.draft(models.ExampleResNet(), x, train=False)
+  assert draft.ok, draft.report()
+  code = re.sub(r"\s+", "", draft.source)
+  # partial(self.conv, ...) is a partial of nn.Conv; self.block_cls(...) is the drafted block.
+  assert "self.conv_init=nnx.Conv(3,4,(3,3),(2,2),use_bias=False,rngs=rngs)" in code
+  assert "ExampleBlock(4*2**i,strides=strides,has_norm_proj=" in code
+  assert "partial(self.conv" not in code  # the call no longer builds layers
+  _equal_to_linen(draft, x, train=False)
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

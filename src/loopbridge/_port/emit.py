@@ -86,6 +86,8 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
     for f in dataclasses.fields(cls):
       if f.name in ("parent", "name") or f.name in values or f.name in moved_names(moved):
         continue
+      if child is not None and f.name in child.dropped:
+        continue  # a module factory of a user class: its port builds those layers itself
       default = f.default if f.default is not dataclasses.MISSING else None
       kids = [k for ks in hoist.children.values() for k in ks]
       if layer is not None and f.name in layer.call_time and site.outer_call is not None:
@@ -252,5 +254,7 @@ def _user_class(planner, hoist, cls, values, index) -> str:
     code = planner.traced(hoist, lambda k, e=extra: e.values.get(k.path), extra.name, index)
     parts.append(f"{extra.name}={code}")
   parts.append("rngs=rngs")
-  func = cls.__name__ if site.lift is not None else planner.code(site.node.func)
+  # Through a lift or a field holding the class (`self.block_cls(...)`): the drafted class.
+  drafted = site.lift is not None or site.factory_field is not None
+  func = cls.__name__ if drafted else planner.code(site.node.func)
   return f"{func}({', '.join(parts)})"

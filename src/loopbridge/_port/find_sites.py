@@ -97,7 +97,13 @@ def find_sites(
   namespace: tp.Mapping[str, object],
   linen_names: set[str],
   fields: tp.Collection[str] = (),
+  classes_in_fields: tp.Mapping[str, type] | None = None,
 ) -> list[Site]:
+  """Every place of the class's source the draft rewrites.
+
+  `classes_in_fields`: fields holding one Linen class in every instance (flax's ResNet's
+  `conv: ModuleDef = nn.Conv`), so that `partial(self.conv, ...)` is a partial of that class.
+  """
   c = libcst()
   meta = c.metadata
   positions = wrapper.resolve(meta.PositionProvider)
@@ -148,7 +154,10 @@ def find_sites(
       return None
     if not node.args or node.args[0].keyword is not None:
       return None
-    target = resolve(dotted(node.args[0].value), namespace)
+    name = dotted(node.args[0].value) or ""
+    target = resolve(name, namespace)
+    if name.startswith("self.") and classes_in_fields:
+      target = classes_in_fields.get(name[len("self.") :])
     if isinstance(target, type) and issubclass(target, nn.Module):
       return target, node
     return None

@@ -136,7 +136,9 @@ class Planner:
     self.init_namespace = {k: v for k, v in self.src.namespace.items() if k not in shadowed}
     self.instances = ctx.trace.of_class(port.cls)
     self.resolver = port.resolver = Resolver(self.instances, port.field_names())
-    self.sites = find_sites(wrapper, self.src.namespace, ctx.linen_names, port.field_names())
+    self.sites = find_sites(
+      wrapper, self.src.namespace, ctx.linen_names, port.field_names(), self._classes_in_fields()
+    )
     self.hoists: dict[int, Hoist] = {}  # id(site.node) -> hoist
     self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
     self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
@@ -417,6 +419,18 @@ class Planner:
       if site.local is not None:
         self.lifted_locals[(site.method, site.local)] = hoist
     self.hoists[id(site.node)] = hoist
+
+  def _classes_in_fields(self) -> dict[str, type]:
+    """The fields that hold the same Linen class in every traced instance."""
+    found: dict[str, type] = {}
+    for name in self.port.field_names():
+      values = {
+        id(getattr(i.module, name, None)): getattr(i.module, name, None) for i in self.instances
+      }
+      (value,) = values.values() if len(values) == 1 else (None,)
+      if isinstance(value, type) and issubclass(value, nn.Module):
+        found[name] = value
+    return found
 
   def _inline_comp_todo(self, site: Site) -> str | None:
     """Why a list comprehension that builds and calls a layer (`[nn.Dense(w)(x) for w in

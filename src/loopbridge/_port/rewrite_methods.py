@@ -205,6 +205,10 @@ class Rewriter(libcst().CSTTransformer):
       counts: dict[str, int] = {}
 
       class Reads(c.CSTVisitor):
+        def visit_Attribute(self, attribute) -> bool:
+          attribute.value.visit(self)  # `self.conv` reads `self`, not a name `conv`
+          return False
+
         def visit_Name(self, name) -> None:
           counts[name.value] = counts.get(name.value, 0) + 1
 
