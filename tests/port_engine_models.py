@@ -526,3 +526,31 @@ class ExampleResNet(nn.Module):
         strides = (2, 2) if i > 0 and j == 0 else (1, 1)
         x = self.block_cls(4 * 2**i, strides=strides, conv=conv, norm=norm)(x)
     return nn.Dense(3)(jnp.mean(x, axis=(1, 2)))
+
+
+class ScannedLayer(nn.Module):
+  """A MaxText-style decoder layer: logically partitioned kernel, a broadcast input."""
+
+  @nn.compact
+  def __call__(self, x, positions):
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    y = nn.DenseGeneral(x.shape[-1], kernel_init=init, name="mlp")(nn.RMSNorm()(x))
+    return x + y * positions[..., None], None
+
+
+class PartitionedScan(nn.Module):
+  """MaxText's stack: nn.scan with metadata_params naming the layer axis for sharding."""
+
+  num_layers: int = 3
+
+  @nn.compact
+  def __call__(self, x, positions):
+    x, _ = nn.scan(
+      ScannedLayer,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(nn.broadcast,),
+      length=self.num_layers,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+    )(name="layers")(x, positions)
+    return x

@@ -303,15 +303,29 @@ def test_logically_partitioned_params_keep_their_axis_names():
   assert draft.ok, draft.report()
   assert draft.source.count("nnx.with_partitioning(") == 2
   port, _ = draft.port_and_variables()
-  # flax 0.12.1+: `out_sharding` metadata; flax 0.11 and 0.12.0: `sharding_names`; 0.10: `sharding`
-  metadata = getattr(port.scale, "get_metadata", dict)()
-  names = (
-    metadata.get("out_sharding")
-    or getattr(port.scale, "sharding_names", None)
-    or port.scale.sharding
-  )
-  assert tuple(names) == ("embed",)
+  assert _axis_names(port.scale) == ("embed",)
   _equal_to_linen(draft, x)
+
+
+def _axis_names(variable):
+  # flax 0.12.1+: `out_sharding` metadata; flax 0.11 and 0.12.0: `sharding_names`; 0.10: `sharding`
+  metadata = getattr(variable, "get_metadata", dict)()
+  return tuple(
+    metadata.get("out_sharding") or getattr(variable, "sharding_names", None) or variable.sharding
+  )
+
+
+def test_scan_metadata_params_name_the_stacks_axis_as_linen_does():
+  x = jax.random.normal(jax.random.key(16), (2, 4, 8))
+  positions = jnp.broadcast_to(jnp.arange(4.0), (2, 4))
+  draft = lb.port.draft(models.PartitionedScan(), x, positions)
+  assert draft.ok, draft.report()
+  assert draft.source.count('transform_metadata={nnx.PARTITION_NAME: "layers"}') == 2
+  port, variables = draft.port_and_variables()
+  linen_spec = nn.get_partition_spec(variables)["params"]["layers"]["mlp"]["kernel"]
+  assert tuple(linen_spec) == ("layers", "embed", "mlp")
+  assert _axis_names(port.layers.mlp.kernel) == tuple(linen_spec)
+  _equal_to_linen(draft, x, positions)
 
 
 def test_sequential_einsum_and_a_gru_cell_in_linens_layout():

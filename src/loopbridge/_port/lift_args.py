@@ -63,11 +63,12 @@ def known_in_init(planner: Planner, site: Site, node: tp.Any) -> bool:
   return True
 
 
-def stack(size: str, attr: str, construction: str, unit: str) -> list[str]:
-  """`__init__` lines building a stack of `size` modules, each with its own rng streams."""
+def stack(size: str, attr: str, construction: str, unit: str, metadata: str = "") -> list[str]:
+  """`__init__` lines building a stack of `size` modules, each with its own rng streams
+  (`metadata`: `, transform_metadata=...` for the vmap, or empty)."""
   return [
     f"@nnx.split_rngs(splits={size})\n"
-    f"@nnx.vmap(in_axes=(0,), out_axes=0)\n"
+    f"@nnx.vmap(in_axes=(0,), out_axes=0{metadata})\n"
     f"def make_{attr}(rngs: nnx.Rngs):\n"
     f"{unit}return {construction}\n",
     f"self.{attr} = make_{attr}(rngs)",

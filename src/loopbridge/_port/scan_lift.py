@@ -10,6 +10,7 @@ from layer to layer (and may be a Python flag that must stay static).
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing as tp
 
 from flax import linen as nn
@@ -25,7 +26,9 @@ if tp.TYPE_CHECKING:
 Planner = tp.Any
 
 # nn.scan arguments the draft writes; any other one makes the construction a TODO.
-_KNOWN = frozenset({"variable_axes", "split_rngs", "in_axes", "out_axes", "length"})
+_KNOWN = frozenset(
+  {"variable_axes", "split_rngs", "in_axes", "out_axes", "length", "metadata_params"}
+)
 
 
 @dataclasses.dataclass
@@ -34,12 +37,20 @@ class ScanPlan:
   in_axes: object  # one axis (int or None = broadcast) for every scanned input, or a tuple
   out_axes: str
   body: str | None  # the local holding the layer's nnx.remat, or None: the layer's own call
+  # `metadata_params={nn.PARTITION_NAME: "layers"}` (MaxText's): the stack's logical axis
+  # name, given to nnx.vmap and nnx.scan as `transform_metadata`; None: none given.
+  partition: str | None = None
   lift: tp.ClassVar[str] = "scan"
   why: tp.ClassVar[str] = "nn.scan runs as nnx.scan over the vmap-built stack"
 
   def init_lines(self, attr: str, construction: str, unit: str) -> list[str]:
     """`__init__` lines building the stack of `length` layers."""
-    return lift_args.stack(self.length, attr, construction, unit)
+    return lift_args.stack(self.length, attr, construction, unit, self._metadata())
+
+  def _metadata(self) -> str:
+    if self.partition is None:
+      return ""
+    return f", transform_metadata={{nnx.PARTITION_NAME: {json.dumps(self.partition)}}}"
 
   def call(self, module: str, args: list[str]) -> str:
     """`nnx.scan(...)(module, carry, *xs)` for a Linen call `scanned(carry, *xs)`.
@@ -62,7 +73,7 @@ class ScanPlan:
     scan = (
       f"nnx.scan(lambda {', '.join(params)}: {run}, "
       f"in_axes=(0, nnx.Carry{''.join(', ' + a for a in in_axes)}), "
-      f"out_axes=(nnx.Carry, {self.out_axes}))"
+      f"out_axes=(nnx.Carry, {self.out_axes}){self._metadata()})"
     )
     if _compat.nnx_scan_needs_split_rngs():
       scan = f"nnx.split_rngs(splits={self.length})({scan})"
@@ -94,6 +105,12 @@ def plan_scan(planner: Planner, site: Site, made: tp.Sequence[object] = ()) -> S
   if not isinstance(out_axes, int):
     return f"nn.scan with out_axes={out_axes!r} (not drafted)"
   scanned = tuple(axis(a) for a in in_axes) if isinstance(in_axes, tuple) else axis(in_axes)
+  metadata = read.get("metadata_params", {})
+  if not isinstance(metadata, dict) or set(metadata) - {nn.PARTITION_NAME}:
+    return f"nn.scan with metadata_params={metadata!r} (only nn.PARTITION_NAME is drafted)"
+  partition = metadata.get(nn.PARTITION_NAME)
+  if partition is not None and not isinstance(partition, str):
+    return f"nn.scan with metadata_params={metadata!r} (the partition name must be a string)"
   first = site.lift.args[0].value
   body = dotted(first) if site.inner_lift is not None else None
-  return ScanPlan(planner.code(kwargs["length"]), scanned, repr(out_axes), body)
+  return ScanPlan(planner.code(kwargs["length"]), scanned, repr(out_axes), body, partition)
