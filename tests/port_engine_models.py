@@ -554,3 +554,13 @@ class PartitionedScan(nn.Module):
       metadata_params={nn.PARTITION_NAME: "layers"},
     )(name="layers")(x, positions)
     return x
+
+
+class FieldNamedLikeASubmodule(nn.Module):
+  """A field and a submodule of one name: Linen keeps them apart, NNX cannot."""
+
+  head: int = 3
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.head, name="head")(x)

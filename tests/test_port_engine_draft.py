@@ -260,6 +260,12 @@ def test_flax_examples_resnet_with_the_block_and_conv_classes_in_fields():
   _equal_to_linen(draft, x, train=False)
 
 
+def test_a_submodule_named_like_a_field_is_a_todo():
+  todo = _the_todo(models.FieldNamedLikeASubmodule(), jnp.ones((2, 4)))
+  assert todo.original == 'return nn.Dense(self.head, name="head")(x)'
+  assert todo.reason.startswith("the submodule 'head' has the name of a field of the class")
+
+
 def test_remat_applied_built_and_called_in_one_expression():
   x = jax.random.normal(jax.random.key(6), (2, 5))
   draft = lb.port.draft(models.InlineRemat(), x)

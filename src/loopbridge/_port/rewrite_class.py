@@ -272,6 +272,17 @@ class Planner:
         )
       elif site.kind == "construct" and site.nested_in is None:
         self._plan_construct(site)
+    fields = set(self.port.field_names())
+    for key, hoist in list(self.hoists.items()):
+      if hoist.attr in fields:
+        # Linen keeps a field and a submodule of one name apart; an NNX module has one
+        # attribute per name.
+        del self.hoists[key]
+        self.todo(
+          hoist.site,
+          f"the submodule {hoist.attr!r} has the name of a field of the class; an NNX module "
+          "has one attribute per name: rename one of them (the submodule with name='...')",
+        )
 
   def _plan_lift(self, site: Site) -> None:
     """`block = nn.remat(Block, ...)` -> `block = nnx.remat(lambda module, *args: ...)`."""
