@@ -521,6 +521,7 @@ class ExampleResNet(nn.Module):
     conv = partial(self.conv, use_bias=False)
     norm = partial(nn.BatchNorm, use_running_average=not train, momentum=0.9)
     x = nn.relu(norm(name="bn_init")(conv(4, (3, 3), (2, 2), name="conv_init")(x)))
+    x = nn.max_pool(x, (3, 3), strides=(1, 1), padding="SAME")
     for i, size in enumerate(self.stage_sizes):
       for j in range(size):
         strides = (2, 2) if i > 0 and j == 0 else (1, 1)

@@ -257,6 +257,8 @@ def test_flax_examples_resnet_with_the_block_and_conv_classes_in_fields():
   assert "self.conv_init=nnx.Conv(3,4,(3,3),(2,2),use_bias=False,rngs=rngs)" in code
   assert "ExampleBlock(4*2**i,strides=strides,has_norm_proj=" in code
   assert "partial(self.conv" not in code  # the call no longer builds layers
+  # `strides = ...` moved to __init__ with the blocks (a `strides=` keyword is not a read of it)
+  assert code.count("strides=(2,2)ifi>0andj==0else(1,1)") == 1
   _equal_to_linen(draft, x, train=False)
 
 

@@ -209,6 +209,10 @@ class Rewriter(libcst().CSTTransformer):
           attribute.value.visit(self)  # `self.conv` reads `self`, not a name `conv`
           return False
 
+        def visit_Arg(self, arg) -> bool:
+          arg.value.visit(self)  # `max_pool(x, strides=s)` reads `s`, not a name `strides`
+          return False
+
         def visit_Name(self, name) -> None:
           counts[name.value] = counts.get(name.value, 0) + 1
 
