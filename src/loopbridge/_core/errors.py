@@ -70,7 +70,8 @@ class CacheLengthWarning(UserWarning):
 
 
 class StackError(LoopbridgeError, ValueError):
-  """Modules that cannot be stacked (they differ), or a module that is not a layer stack."""
+  """Modules that cannot be stacked (they differ), a module that is not a layer stack, or a
+  stack whose layers recorded different numbers of values, read back as one array."""
 
 
 class ShardingError(LoopbridgeError, ValueError):
