@@ -164,6 +164,19 @@ def test_malformed_target(capsys, target):
   )
 
 
+@pytest.mark.parametrize(
+  "target,fixed",
+  [
+    ("models.py:TransformerLM", "models:TransformerLM"),
+    ("src/lm/models.py:LM", "src.lm.models:LM"),
+  ],
+)
+def test_a_file_for_a_module_suggests_the_module(capsys, target, fixed):
+  assert_one_line_error(
+    capsys, ["inspect", target], 2, rf"names a file.*did you mean '{re.escape(fixed)}'\? \(drop"
+  )
+
+
 def test_unimportable_module(capsys):
   assert_one_line_error(
     capsys,
@@ -202,7 +215,10 @@ def test_module_exiting_on_import(capsys, tmp_path, monkeypatch, code):
 @pytest.mark.parametrize(
   "attr,pattern",
   [
-    ("Missing", r"has no attribute 'Missing'"),
+    ("Missing", r"has no attribute 'Missing'$"),
+    ("NET", r"has no attribute 'NET'; did you mean '[\w]+:Net'\?$"),
+    ("Nett", r"has no attribute 'Nett'; did you mean '[\w]+:Net'\?$"),
+    ("Net.othr", r"has no attribute 'Net.othr'; did you mean '[\w]+:Net.other'\?$"),
     ("NeedsFields", r"Linen module class NeedsFields, which has required fields \(depth\)"),
     ("not_a_model", r"is a int, not a Linen module"),
     ("factory_with_param", r"function with required parameters \(width\)"),
