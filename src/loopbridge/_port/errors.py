@@ -8,6 +8,8 @@ from .._core.errors import LoopbridgeError
 class PortError(LoopbridgeError, ValueError):
   """An input `lb.port.draft` cannot draft from (what, why and the fix are in the message)."""
 
+  __module__ = "loopbridge.port"  # its public name (tracebacks and reprs show it)
+
 
 NO_LIBCST = (
   "lb.port.draft needs libcst to read and rewrite the Linen source, and it is not installed. "

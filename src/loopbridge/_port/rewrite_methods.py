@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import textwrap
 import typing as tp
 
@@ -58,8 +59,12 @@ def _loop_index(planner: Planner, loop: tp.Any) -> tuple[str, str | None]:
   return name, f"{name}, {target}"
 
 
-class Rewriter(libcst().CSTTransformer):
-  """Applies the plan to the class's methods (and to `setup`, whose body moves to `__init__`)."""
+class Rewriter:
+  """Applies the plan to the class's methods (and to `setup`, whose body moves to `__init__`).
+
+  The methods of a libcst `CSTTransformer`, joined to that base only when drafting runs
+  (`_transformer`): a base named here would import libcst with the package.
+  """
 
   def __init__(self, planner: Planner, loops: dict[int, tuple[str, str | None]]):
     super().__init__()
@@ -837,6 +842,16 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
   planner.increments[id(statement)] = counter
 
 
+@functools.cache
+def _transformer_class() -> type:
+  return type("Rewriter", (Rewriter, libcst().CSTTransformer), {})
+
+
+def _transformer(planner: Planner, loops: dict[int, tuple[str, str | None]]) -> tp.Any:
+  """A `Rewriter` that is a libcst transformer (libcst is imported here, when drafting)."""
+  return _transformer_class()(planner, loops)
+
+
 def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   """The NNX port of one Linen class (its code, TODOs, changes and added arguments)."""
   c = libcst()
@@ -861,7 +876,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       comp: tp.Any = hoist.site.comp
       if id(comp) not in planner.comp_index:
         planner.comp_index[id(comp)] = _loop_index(planner, comp.for_in)
-  rewriter = Rewriter(planner, loops)
+  rewriter = _transformer(planner, loops)
   module = planner.module.visit(rewriter)
   classdef: tp.Any = module.body[0]
   fields = port.field_names()
