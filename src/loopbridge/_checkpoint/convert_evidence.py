@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import itertools
 import math
 import typing as tp
@@ -126,6 +127,22 @@ CACHE_RUN_HELP = (
 _RECORDS: contextvars.ContextVar[dict[Path, Record] | None] = contextvars.ContextVar(
   "loopbridge_convert_records", default=None
 )
+# Under `jax.jit` (the port's run): the jit body's own trace. A call whose values belong to
+# it is recorded (its values come out of the jitted function); one inside a loop (`nnx.scan`)
+# has another trace and is not, as an eager run does not record calls that see tracers.
+_OUTER_TRACE: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+  "loopbridge_convert_outer_trace", default=None
+)
+
+
+def _recordable(tree: object) -> bool:
+  outer = _OUTER_TRACE.get()
+  leaves = jax.tree.leaves(tree)
+  if outer is None:
+    return not any(is_traced(x) for x in leaves)
+  return all(not is_traced(x) or _compat.trace_of(x) is outer for x in leaves)
+
+
 _PATH_ATTR = "_loopbridge_evidence_path"
 _RECORDING_CLASSES: dict[type, type] = {}
 
@@ -139,7 +156,7 @@ def _recording_class(cls: type) -> type:
       records = _RECORDS.get()
       path = getattr(self, _PATH_ATTR, None)
       fresh = records is not None and path is not None and path not in records
-      if fresh and _concrete((args, kwargs, out)):
+      if fresh and _recordable((args, kwargs, out)):
         tp.cast(dict, records)[path] = Record(tuple(args), dict(kwargs), out)
       return out
 
@@ -161,6 +178,80 @@ def _copy_with(node: nnx.Module, values: tp.Mapping[Key, Value] | None, prefix: 
   return copy
 
 
+def _recording_copy(port: nnx.Module, values: tp.Mapping[Key, Value] | None) -> nnx.Module:
+  """A copy of the port holding `values` whose modules record their calls by path."""
+  copy = _copy_with(port, values, ())
+  for path, node in _compat.iter_graph(copy):
+    if isinstance(node, nnx.Module) and callable(type(node)) and "__call__" in dir(type(node)):
+      node.__class__ = _recording_class(type(node))
+      setattr(node, _PATH_ATTR, tuple(str(p) for p in path))
+  return copy
+
+
+def _is_array(leaf: object) -> bool:
+  return isinstance(leaf, (jax.Array, np.ndarray))
+
+
+# What a jitted run's records hold besides arrays (Python scalars, None, ...), by the jit's
+# static arguments and the shapes it ran on: filled when jax traces, read on every call.
+_SKELETONS: dict[object, tuple[jax.tree_util.PyTreeDef, tuple[object, ...], tuple[bool, ...]]] = {}
+
+
+def _signature(graphdef, method, static, treedef, state, dynamic) -> object:
+  shapes = tuple((np.shape(x), str(jnp.result_type(x))) for x in jax.tree.leaves((state, dynamic)))
+  return (graphdef, method, static, treedef, shapes)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _jitted_call(graphdef, method, static, treedef, state, dynamic):
+  """The port's call under `jax.jit`: only its output and the recorded calls' arrays come
+  out (flax 0.10's eager `nnx.scan` over an `nnx.vmap` stack returns the stack's state as new
+  arrays, a second copy of the weights; compiled, nothing but the outputs is materialized)."""
+  model = nnx.merge(graphdef, state)
+  dyn = iter(dynamic)
+  leaves = [next(dyn) if is_dyn else value for is_dyn, value in static]
+  args, kwargs = jax.tree.unflatten(treedef, leaves)
+  records: dict[Path, Record] = {}
+  token = _RECORDS.set(records)
+  outer = _OUTER_TRACE.set(_compat.trace_of(jax.tree.leaves(state)[0]))
+  try:
+    out = getattr(model, method)(*args, **kwargs)
+  finally:
+    _RECORDS.reset(token)
+    _OUTER_TRACE.reset(outer)
+  flat, record_def = jax.tree.flatten(
+    {path: (r.args, r.kwargs, r.out) for path, r in records.items()}, is_leaf=lambda x: x is None
+  )
+  is_arr = tuple(is_traced(x) or _is_array(x) for x in flat)
+  key = _signature(graphdef, method, static, treedef, state, dynamic)
+  _SKELETONS[key] = (record_def, tuple(None if a else x for a, x in zip(is_arr, flat)), is_arr)
+  return out, [x for a, x in zip(is_arr, flat) if a]
+
+
+def _jitted_run(copy: nnx.Module, method: str, args: tuple, kwargs: dict) -> Ran | None:
+  """The recording copy's call under `jax.jit`; None where it cannot be (a Python value of
+  the call that cannot be a static argument): the caller runs it eagerly."""
+  leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)))
+  static = tuple((True, None) if _is_array(x) else (False, x) for x in leaves)
+  dynamic = [x for x in leaves if _is_array(x)]
+  try:
+    hash(static)
+  except TypeError:
+    return None
+  graphdef, state = _compat.split_graph(copy)
+  if not jax.tree.leaves(state):
+    return None
+  out, arrays = _jitted_call(graphdef, method, static, treedef, state, dynamic)
+  skeleton = _SKELETONS.get(_signature(graphdef, method, static, treedef, state, dynamic))
+  if skeleton is None:  # jax reused a compilation our key had not seen: run eagerly
+    return None
+  record_def, fixed, is_arr = skeleton
+  it = iter(arrays)
+  flat = [next(it) if a else x for a, x in zip(is_arr, fixed)]
+  tree = jax.tree.unflatten(record_def, flat)
+  return out, {path: Record(tuple(a), dict(k), o) for path, (a, k, o) in tree.items()}
+
+
 def nnx_run(
   port: nnx.Module,
   values: tp.Mapping[Key, Value] | None,
@@ -168,24 +259,24 @@ def nnx_run(
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
 ) -> tuple[object, dict[Path, Record]]:
-  """A copy of the port holding `values` (None: its own) called once, recording each module's
-  first concrete `__call__`."""
-  copy = _copy_with(port, values, ())
-  for path, node in _compat.iter_graph(copy):
-    if isinstance(node, nnx.Module) and callable(type(node)) and "__call__" in dir(type(node)):
-      node.__class__ = _recording_class(type(node))
-      setattr(node, _PATH_ATTR, tuple(str(p) for p in path))
-  records: dict[Path, Record] = {}
-  token = _RECORDS.set(records)
+  """A copy of the port holding `values` (None: its own) called once under `jax.jit`,
+  recording each module's first call outside loops (its inputs and output)."""
+  copy = _recording_copy(port, values)
   try:
-    out = getattr(copy, method or "__call__")(*sample_args, **(sample_kwargs or {}))
+    ran = _jitted_run(copy, method or "__call__", tuple(sample_args), dict(sample_kwargs or {}))
+    if ran is not None:
+      return ran
+    records: dict[Path, Record] = {}
+    token = _RECORDS.set(records)
+    try:
+      out = getattr(copy, method or "__call__")(*sample_args, **(sample_kwargs or {}))
+    finally:
+      _RECORDS.reset(token)
   except Exception as e:
     raise CheckpointError(
       f"running the NNX port {type(port).__name__} with the converted values failed "
       f"({type(e).__name__}: {e})."
     ) from e
-  finally:
-    _RECORDS.reset(token)
   return out, records
 
 
