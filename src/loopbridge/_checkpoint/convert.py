@@ -329,15 +329,18 @@ def linen_to_nnx(
   first, then by path, then by shapes in call order, then by leaf transforms (split, fuse,
   reshape, transpose) below a module path both sides share. Nothing is chosen by order
   alone: a Linen stack's layer axis is read from its `nn.scan` `variable_axes`; wherever
-  several candidates fit (leaves of equal shapes under other names, a split's order, a layer
-  axis that cannot be read when the depth equals a width, modules of equal shapes), the Linen
-  model
-  runs once on `sample_args` and each candidate is checked against it, module by module where
-  the modules ran outside transforms, else through the model's output; exactly one must agree.
-  The kept conversion is checked the same way before anything is written. Every collection is
-  converted (`params` into `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...) but decode
-  caches: a Linen `cache` collection is left out and the port keeps its `nnx.Cache` values;
-  values are never cast; each keeps the port's sharding.
+  several candidates fit (leaves of equal shapes under other names, a square kernel that may
+  be stored transposed, a split's order, a layer axis that cannot be read when the depth
+  equals a width, every assignment among modules of equal shapes), both models run on
+  `sample_args` and on probes made from their shapes and dtypes (random values, so that a
+  degenerate sample cannot make a wrong candidate agree), and each candidate is checked
+  against Linen on every input, module by module where the modules ran outside transforms,
+  else through the model's output; exactly one must agree. The kept conversion is checked the
+  same way before anything is written. Every collection is converted (`params` into
+  `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...); a Linen `cache` collection is
+  converted (and run, as the call's decode state) only when the sample call creates one (a
+  decode step of flax's `has_variable('cache', ...)` idiom), else left out with the port
+  keeping its `nnx.Cache` values; values are never cast; each keeps the port's sharding.
 
   Args:
     linen_module: the Linen model (unbound).
