@@ -251,7 +251,7 @@ def _user_class(planner, hoist, cls, values, index) -> str:
   for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
     # An instance without a value never reads the argument (say, the input width of a layer
     # it does not build: the added bool that guards it is False there): None.
-    code = planner.traced(hoist, lambda k, e=extra: e.values.get(k.path), extra.name, index)
+    code = planner.traced(hoist, lambda k, e=extra: e.value_of(k), extra.name, index)
     parts.append(f"{extra.name}={code}")
   parts.append("rngs=rngs")
   # Through a lift or a field holding the class (`self.block_cls(...)`): the drafted class.

@@ -425,7 +425,10 @@ class Rewriter(libcst().CSTTransformer):
         init_args.append(self.p.rewrite_expr(self.p.code(a)))
       elif i < len(traced) and made:
         values = {p: traced[i](v) for p, v in made.items()}
-        init_args.append(self.p.resolver.expr(values, f"{name}_{('shape', 'dtype')[i]}"))
+        alt = self.p.alt_own(
+          lambda inst, f=traced[i]: f(meta.unbox(inst.variables[("params", name)]))
+        )
+        init_args.append(self.p.resolver.expr(values, f"{name}_{('shape', 'dtype')[i]}", alt))
       else:
         self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
         return updated
