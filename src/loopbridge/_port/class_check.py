@@ -18,6 +18,7 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
+from .cache_idiom import size_caches
 from .check import convert, run_check
 from .records import Call, Check
 from .trace import rng_streams
@@ -114,6 +115,7 @@ def at_config(
   variables = linen_module.init(
     rng_streams(()), *sample.args, method=sample.method, **sample.kwargs
   )
+  size_caches(port, variables, (linen_module, sample))
   convert(linen_module, variables, port, sample)
   return run_check(linen_module, variables, port, (sample,), source, unpaired)
 

@@ -11,6 +11,7 @@ from flax import nnx
 
 from .. import _compat
 from .assemble import format_source, imports
+from .cache_idiom import add_method, size_caches
 from .check import convert, exec_source, run_check, unique_name
 from .class_check import check_class
 from .configs import literal_notes, other_configs
@@ -142,6 +143,7 @@ class Draft:
       )
       object.__setattr__(self, "variables", variables)
     port = self.build()
+    size_caches(port, variables, (self.linen_module, self.calls[0]))
     convert(self.linen_module, variables, port, self.calls[0])
     return port, variables
 
@@ -282,6 +284,8 @@ def draft(
   ctx.alt_traces = [t for _, t in others]
   for cls in classes:
     ctx.ported[cls] = port_class(sources[cls], ctx)
+    if ctx.caches.get(cls):
+      ctx.ported[cls].code = add_method(ctx.ported[cls].code, ctx.caches[cls])
   from .helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]

@@ -54,6 +54,9 @@ class Context:
   helpers: set[str] = dataclasses.field(default_factory=set)  # `helpers.py` classes used
   # The traces of the derived configurations (`configs.py`): evidence for width expressions.
   alt_traces: list[Trace] = dataclasses.field(default_factory=list)
+  # Class -> (attribute, "attention" | "module" | "list") whose decode caches its
+  # `init_cache` method sizes (`cache_idiom.py`).
+  caches: dict[type, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
