@@ -1,0 +1,57 @@
+"""Models for drafting the class, not one instance (`tests/test_port_class.py`).
+
+`Net` reads its widths from a config dataclass and runs lm1b's `MlpBlock` idiom (the output
+width is the input's unless `out_dim` is given); `Odd` has a width no field expression
+explains (`3 * features + 1`), so its port is right at the traced configuration only.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Config:
+  features: int = 8
+  hidden: int = 12
+
+
+class Mlp(nn.Module):
+  config: Config
+  out_dim: int | None = None
+
+  @nn.compact
+  def __call__(self, inputs):
+    actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim
+    x = nn.Dense(self.config.hidden)(inputs)
+    x = nn.relu(x)
+    return nn.Dense(actual_out_dim)(x)
+
+
+class Net(nn.Module):
+  config: Config
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(self.config.features)(x)
+    x = nn.LayerNorm()(x)
+    y = Mlp(self.config)(x)
+    z = Mlp(self.config, out_dim=5, name="head")(x)
+    return y, z
+
+
+class Odd(nn.Module):
+  features: int = 4
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(3 * self.features + 1)(x)
+    return nn.Dense(2)(x)
+
+
+model = Net(Config())
+
+
+def sample_args():
+  return (jax.random.normal(jax.random.key(0), (2, 6), jnp.float32),)
