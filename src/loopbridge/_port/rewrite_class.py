@@ -529,11 +529,14 @@ class Planner:
   ) -> list[dict[tuple[str, ...], object]]:
     """`get` of the (first) submodule at the same path in each derived configuration."""
     out: list[dict[tuple[str, ...], object]] = []
-    for t in self.ctx.alt_traces:
+    # Every instance of the class there (a derived configuration may have more of them),
+    # with the submodule of the same name.
+    name = next((kids[0].path[-1] for kids in hoist.children.values() if kids), None)
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
       found: dict[tuple[str, ...], object] = {}
-      for p, kids in hoist.children.items():
-        kid = t.instances.get(kids[0].path) if kids else None
-        if kid is None or p not in t.instances:
+      for p in parents if name is not None else ():
+        kid = t.instances.get((*p, name))
+        if kid is None:
           continue
         try:
           found[p] = get(kid)
@@ -548,15 +551,23 @@ class Planner:
     """`get` of each layer of the list in each derived configuration (`Dense_0, Dense_1, ...`
     under the same parent; a derived configuration may make more of them)."""
     out: list[dict[tuple[str, ...], tuple[object, ...]]] = []
-    for t in self.ctx.alt_traces:
+    first = next((kids[0].path[-1] for kids in hoist.children.values() if kids), "")
+    m = re.fullmatch(r"(.+)_(\d+)", first)
+    # Another construction numbered on after this one (a second loop of ResBlocks): the run
+    # keeps the user's length, which then no field decides.
+    cap = None
+    for p, kids in hoist.children.items():
+      last = re.fullmatch(r".+_(\d+)", kids[-1].path[-1]) if kids else None
+      after = None if m is None or last is None else f"{m.group(1)}_{int(last.group(1)) + 1}"
+      if after is not None and (*p, after) in self.ctx.trace.instances:
+        cap = len(kids)
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
       found: dict[tuple[str, ...], tuple[object, ...]] = {}
-      for p, kids in hoist.children.items():
-        m = re.fullmatch(r"(.+)_(\d+)", kids[0].path[-1]) if kids else None
-        if m is None or p not in t.instances:
-          continue
+      for p in parents if m is not None else ():
+        assert m is not None
         prefix, n = m.group(1), int(m.group(2))
         layers = []
-        while (*p, f"{prefix}_{n}") in t.instances:
+        while (*p, f"{prefix}_{n}") in t.instances and (cap is None or len(layers) < cap):
           layers.append(t.instances[(*p, f"{prefix}_{n}")])
           n += 1
         try:

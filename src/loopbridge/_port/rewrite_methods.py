@@ -428,7 +428,9 @@ class Rewriter(libcst().CSTTransformer):
         alt = self.p.alt_own(
           lambda inst, f=traced[i]: f(meta.unbox(inst.variables[("params", name)]))
         )
-        init_args.append(self.p.resolver.expr(values, f"{name}_{('shape', 'dtype')[i]}", alt))
+        # A shape read from the call is the input's: one no field explains is an argument.
+        hint = f"{name}_{('shape', 'dtype')[i]}"
+        init_args.append(self.p.resolver.expr(values, hint, alt, from_input=i == 0))
       else:
         self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
         return updated
