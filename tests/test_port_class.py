@@ -86,3 +86,19 @@ def test_user_configs_are_traced_and_checked():
 def test_bad_configs_entry():
   with pytest.raises(lb.port.PortError, match="configs= must hold other instances of Net"):
     lb.port.draft(cw.model, *cw.sample_args(), configs=(cw.Odd(),), check=False)
+
+
+def test_layers_frozen_by_a_literal_stay_frozen_after_train():
+  """`nn.BatchNorm(use_running_average=True)`, `nn.Dropout(0.5, deterministic=True)`: after
+  NNX's `port.train()` the port still computes what Linen does (before: the flags were
+  constructor fields that `train()` flips, so the port used batch statistics and dropped)."""
+  model = cw.Frozen()
+  x = cw.sample_args()[0]
+  variables = model.init(jax.random.key(0), x)
+  stats = jax.tree.map(lambda v: v + 0.5, variables["batch_stats"])  # not what x gives
+  variables = {**variables, "batch_stats": stats}
+  draft = lb.port.draft(model, x, variables=variables)
+  assert draft.ok, draft.report()
+  port, _ = draft.port_and_variables()
+  port.train()
+  np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)

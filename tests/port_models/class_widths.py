@@ -55,3 +55,14 @@ model = Net(Config())
 
 def sample_args():
   return (jax.random.normal(jax.random.key(0), (2, 6), jnp.float32),)
+
+
+class Frozen(nn.Module):
+  """Layers frozen by a literal (fine-tuning on top of fixed statistics, no dropout)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(8)(x)
+    x = nn.BatchNorm(use_running_average=True)(x)
+    x = nn.Dropout(0.5, deterministic=True)(x)
+    return nn.Dense(3)(x)

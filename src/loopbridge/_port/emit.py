@@ -73,6 +73,15 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
       if inner is None:
         return None, why
       values[field] = inner
+    elif (
+      layer is not None
+      and field in layer.call_time
+      and site.outer_call is not None
+      and code in ("True", "False")
+    ):
+      # `nn.Dropout(0.5, deterministic=True)`: frozen by a literal. As a constructor field NNX's
+      # `model.train()` would flip it; passed at the call, it stays as Linen runs it.
+      moved.append(f"{field}={code}")
     elif available(expr, ns, extra):
       values[field] = planner.rewrite_expr(code)
       planner.used_aliases.update(n for n in names_in(expr) if n in aliases)
