@@ -102,3 +102,18 @@ def test_layers_frozen_by_a_literal_stay_frozen_after_train():
   port, _ = draft.port_and_variables()
   port.train()
   np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
+
+
+def test_default_factory_field_stays_a_factory(tmp_path):
+  """The drafted class builds with its defaults and gives each instance its own list (before:
+  the default was the `dataclasses.Field` object)."""
+  model = cw.Widths()
+  x = cw.sample_args()[0]
+  draft = lb.port.draft(model, x)
+  assert draft.ok, draft.report()
+  module = imported(draft, tmp_path, "widths_nnx")
+  port = module.Widths(rngs=nnx.Rngs(0))
+  assert port.widths == [6, 4] and port.widths is not module.Widths(rngs=nnx.Rngs(1)).widths
+  variables = model.init(jax.random.key(0), x)
+  lb.checkpoint.linen_to_nnx(model, variables, port, x)
+  np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)

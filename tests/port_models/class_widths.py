@@ -5,6 +5,8 @@ width is the input's unless `out_dim` is given); `Odd` has a width no field expr
 explains (`3 * features + 1`), so its port is right at the traced configuration only.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -66,3 +68,15 @@ class Frozen(nn.Module):
     x = nn.BatchNorm(use_running_average=True)(x)
     x = nn.Dropout(0.5, deterministic=True)(x)
     return nn.Dense(3)(x)
+
+
+class Widths(nn.Module):
+  """A field with a default factory: each instance gets its own list of widths."""
+
+  widths: list[int] = dataclasses.field(default_factory=lambda: [6, 4])
+
+  @nn.compact
+  def __call__(self, x):
+    for w in self.widths:
+      x = nn.Dense(w)(x)
+    return x
