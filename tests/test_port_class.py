@@ -7,14 +7,11 @@ drafted source imported as a user would import it.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import jax
 import numpy as np
 import pytest
 from flax import nnx
+from test_port_zoo import imported_port as imported
 
 import loopbridge as lb
 
@@ -22,16 +19,6 @@ from conftest import matmul_tolerance
 from port_models import class_widths as cw
 
 RTOL, ATOL = matmul_tolerance(1e-5, 1e-5)
-
-
-def imported(draft: lb.port.Draft, tmp_path: pathlib.Path, name: str):
-  path = draft.write(tmp_path / f"{name}.py")
-  spec = importlib.util.spec_from_file_location(name, path)
-  assert spec is not None and spec.loader is not None
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
 
 
 def test_widths_are_expressions_of_the_config(tmp_path):
