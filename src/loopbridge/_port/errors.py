@@ -64,3 +64,12 @@ def trace_failed(cls: type, error: BaseException) -> str:
     f"({type(error).__name__}: {error}). Drafting reads input widths from one call of the "
     "model. Fix: pass the arguments a forward call takes (e.g. one batch, train=False)."
   )
+
+
+def bad_config(cls: type, what: object) -> str:
+  got = type(what).__qualname__
+  return (
+    f"lb.port.draft: configs= must hold other instances of {cls.__qualname__} (the same class "
+    f"at other field values, to tell a width of the class from a number of one instance), got "
+    f"{got}. Fix: configs=({cls.__qualname__}(...other fields...),)."
+  )

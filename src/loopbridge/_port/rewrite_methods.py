@@ -18,6 +18,7 @@ from flax.core import meta
 
 from . import standard_layers
 from .emit import construction
+from .factory_fields import signature_and_init
 from .hoist import Hoist
 from .linen_api import VARIABLE_TYPES
 from .names import available, loop_targets, names_in
@@ -430,7 +431,12 @@ class Rewriter:
         init_args.append(self.p.rewrite_expr(self.p.code(a)))
       elif i < len(traced) and made:
         values = {p: traced[i](v) for p, v in made.items()}
-        init_args.append(self.p.resolver.expr(values, f"{name}_{('shape', 'dtype')[i]}"))
+        alt = self.p.alt_own(
+          lambda inst, f=traced[i]: f(meta.unbox(inst.variables[("params", name)]))
+        )
+        # A shape read from the call is the input's: one no field explains is an argument.
+        hint = f"{name}_{('shape', 'dtype')[i]}"
+        init_args.append(self.p.resolver.expr(values, hint, alt, from_input=i == 0))
       else:
         self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
         return updated
@@ -895,6 +901,11 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   rest = [s for s in body if s not in field_stmts and s not in setup]
   # The signature: the dataclass fields in order, then the added arguments and rngs.
   params: list[str] = []
+  field_inits: dict[str, str] = {}  # `dataclasses.field(...)` fields: their __init__ line
+
+  def rewritten(node: tp.Any) -> str:
+    return planner.rewrite_expr(planner.code(node))
+
   by_name = {s.body[0].target.value: s.body[0] for s in field_stmts}
   for f in dataclasses.fields(src.cls):
     if f.name in ("parent", "name") or f.name in port.dropped:
@@ -905,7 +916,14 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       if annotation in {f"{n}.Module" for n in planner.ctx.linen_names}:
         annotation = "nnx.Module"  # a submodule handed in is the NNX port of one
       text = f"{f.name}: {annotation}"
-      if node.value is not None:
+      as_field = (
+        None
+        if node.value is None
+        else signature_and_init(f.name, annotation, node.value, src.namespace, rewritten)
+      )
+      if as_field is not None:
+        text, field_inits[f.name] = as_field
+      elif node.value is not None:
         text += f" = {planner.rewrite_expr(planner.code(node.value))}"
     else:
       text = f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}"
@@ -914,7 +932,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   hoisted = _hoisted_lines(planner, loops)
   kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
   signature = ", ".join(["self", *params, "*", *kw])
-  init_lines = [f"self.{f} = {f}" for f in fields if f not in port.dropped]
+  init_lines = [field_inits.get(f, f"self.{f} = {f}") for f in fields if f not in port.dropped]
   if port.uses_rngs_attr:
     init_lines.append("self.rngs = rngs")
   init_src = (

@@ -33,6 +33,7 @@ class Instance:
   variables: dict[tuple[str, str], object]  # (collection, name) -> abstract value (boxes kept)
   called_at: tuple[str, int] | None  # (file, line) of the user's code that called it first
   lifts: tuple[str, ...] = ()  # Linen lifted transforms around its class, outermost first
+  config: int = 0  # 0: the user's configuration; k: the k-th derived one (`configs.py`)
 
   def field_values(self) -> dict[str, object]:
     return {
@@ -98,6 +99,7 @@ def trace(
   module: nn.Module,
   calls: tp.Sequence[tuple[str | None, tuple[tp.Any, ...], dict[str, tp.Any]]],
   streams: tp.Iterable[str] = (),
+  config: int = 0,
 ) -> Trace:
   """Run an abstract `init` for each `(method, args, kwargs)` and record every module."""
   instances: dict[tuple[str, ...], Instance] = {}
@@ -111,7 +113,7 @@ def trace(
     inst = instances.get(path)
     if inst is None:
       cls, lifts = unlifted(type(mod))
-      inst = instances[path] = Instance(path, cls, mod, {}, {}, _user_line(), lifts)
+      inst = instances[path] = Instance(path, cls, mod, {}, {}, _user_line(), lifts, config)
     inst.inputs.setdefault(context.method_name, (_abstract(args), _abstract(kwargs)))  # pyright: ignore[reportArgumentType]
     out = next_fun(*args, **kwargs)
     for col, tree in mod.variables.items():
