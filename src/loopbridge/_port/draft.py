@@ -17,7 +17,15 @@ from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
 from .rewrite_methods import port_class
-from .source import libcst, read_class
+from .safety import (
+  class_failed_reason,
+  drafted_code_error,
+  fallback_port,
+  flax_layer_base,
+  subclassed_layer_reason,
+  unparsable_reason,
+)
+from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
 
@@ -260,7 +268,7 @@ def draft(
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
   ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
   for cls in classes:
-    ctx.ported[cls] = port_class(sources[cls], ctx)
+    ctx.ported[cls] = _port_one(sources[cls], ctx)
   from .helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
@@ -298,6 +306,26 @@ def draft(
   if check:
     result.check = _check(result)
   return result
+
+
+def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
+  """The port of one class; a failure or unparsable output is one TODO for that class."""
+  base = flax_layer_base(src.cls)
+  if base is not None:
+    return fallback_port(src, subclassed_layer_reason(src.cls, base))
+  helpers = set(ctx.helpers)
+  try:
+    port = port_class(src, ctx)
+  except PortError:
+    raise
+  except Exception as e:  # a defect of the drafter: the rest of the model still drafts
+    ctx.helpers = helpers
+    return fallback_port(src, class_failed_reason(src.cls, e))
+  why = drafted_code_error(port.code)
+  if why is not None:
+    ctx.helpers = helpers
+    return fallback_port(src, unparsable_reason(src.cls, why))
+  return port
 
 
 def _check(result: Draft) -> Check:

@@ -246,6 +246,7 @@ def find_sites(
         else:
           site.factory_field = func.attr.value
         site.local = _assigned_local(parent0)
+        site.setup_attr = _setup_target(node, parents)
         sites.append(site)
         return
       if lifted is not None:
@@ -302,6 +303,8 @@ def find_sites(
           and dotted(assign.targets[0].target.value) == "self"
         ):
           site.setup_attr = assign.targets[0].target.attr.value
+        elif (unpacked := _setup_target(node, parents)) is not None:
+          site.setup_attr, site.setup_list = unpacked, False
         sites.append(site)
       elif name and name.split(".")[0] in linen_names and is_lift(target):
         sites.append(Site("lift", node, method, lines, loop, depth, cond, target, outer))
@@ -346,4 +349,29 @@ def _assigned_local(parent: tp.Any) -> str | None:
     target = parent.targets[0].target
     if isinstance(target, c.Name):
       return target.value
+  return None
+
+
+def _setup_target(node: tp.Any, parents: tp.Mapping[tp.Any, tp.Any]) -> str | None:
+  """`self.q = dense()` -> 'q'; `self.q, self.k = dense(), dense()` -> 'q' or 'k' (the target
+  at the construction's position): the attribute one construction is assigned to, else None."""
+  c = libcst()
+  parent = parents.get(node)
+  if isinstance(parent, c.Assign):
+    targets = [t.target for t in parent.targets]
+    if len(targets) == 1 and isinstance(targets[0], c.Attribute):
+      return targets[0].attr.value if dotted(targets[0].value) == "self" else None
+    return None
+  element = parent
+  values = parents.get(element) if isinstance(element, c.Element) else None
+  assign = parents.get(values) if isinstance(values, c.Tuple) else None
+  if not isinstance(assign, c.Assign) or len(assign.targets) != 1:
+    return None
+  target = assign.targets[0].target
+  if not isinstance(target, (c.Tuple, c.List)) or len(target.elements) != len(values.elements):
+    return None
+  index = list(values.elements).index(element)
+  attr = target.elements[index].value
+  if isinstance(attr, c.Attribute) and dotted(attr.value) == "self":
+    return attr.attr.value
   return None

@@ -1,0 +1,56 @@
+"""Small Linen models written the way published Linen code writes them (HuggingFace
+transformers' and diffusers' Flax modules, flax's examples), for the drafting tests.
+
+Each class names the real code whose idiom it copies. A file, so their source is readable.
+"""
+
+from functools import partial
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class PartialDenseAttention(nn.Module):
+  """HF BART/GPT-J/Llama: `dense = partial(nn.Dense, ...)` then `self.q_proj = dense()` in
+  setup, three unpacked on one line, and one sized at the call of the partial (HF BLOOM)."""
+
+  embed_dim: int = 8
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    dense = partial(
+      nn.Dense,
+      self.embed_dim,
+      use_bias=False,
+      dtype=self.dtype,
+      kernel_init=jax.nn.initializers.normal(0.02),
+    )
+    self.q_proj, self.k_proj, self.v_proj = dense(), dense(), dense()
+    self.out_proj = dense()
+    sized = partial(nn.Dense, dtype=self.dtype)
+    self.wide = sized(self.embed_dim * 3)
+
+  def __call__(self, x):
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    w = jax.nn.softmax(q @ k.swapaxes(-1, -2), axis=-1)
+    return self.out_proj(w @ v) + self.wide(x)[..., : self.embed_dim]
+
+
+class OffsetEmbed(nn.Embed):
+  """HF OPT's learned positions: a subclass of flax's own nn.Embed with its own setup."""
+
+  def setup(self):
+    self.offset = 2
+    self.embedding = self.param(
+      "embedding", self.embedding_init, (self.num_embeddings + self.offset, self.features)
+    )
+
+  def __call__(self, positions):
+    return super().__call__(positions + self.offset)
+
+
+class UsesOffsetEmbed(nn.Module):
+  @nn.compact
+  def __call__(self, positions):
+    return nn.Dense(3)(OffsetEmbed(10, 4)(positions))
