@@ -54,3 +54,54 @@ class UsesOffsetEmbed(nn.Module):
   @nn.compact
   def __call__(self, positions):
     return nn.Dense(3)(OffsetEmbed(10, 4)(positions))
+
+
+class ConvLayer(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.relu(nn.Conv(self.features, (3, 3))(x))
+
+
+class NamedLayerList(nn.Module):
+  """HF ResNet/RegNet: a literal list of layers named "0", "1", ... assigned in setup."""
+
+  features: int = 4
+
+  def setup(self):
+    self.layer = [
+      ConvLayer(self.features, name="0"),
+      ConvLayer(self.features, name="1"),
+    ]
+
+  def __call__(self, x):
+    for layer in self.layer:
+      x = layer(x)
+    return x
+
+
+class AppendedStage(nn.Module):
+  """HF ResNet's stage: a local list, its first layer named "0", then appended named str(i + 1)
+  in a loop, then assigned; diffusers append a local `block = X(...)` the same way."""
+
+  depth: int = 3
+  features: int = 4
+
+  def setup(self):
+    layers = [ConvLayer(self.features, name="0")]
+    for i in range(self.depth - 1):
+      layers.append(ConvLayer(self.features, name=str(i + 1)))
+    self.layers = layers
+    blocks = []
+    for _ in range(2):
+      block = nn.Dense(3)
+      blocks.append(block)
+    self.blocks = blocks
+
+  def __call__(self, x):
+    for layer in self.layers:
+      x = layer(x)
+    for block in self.blocks:
+      x = block(x)
+    return x

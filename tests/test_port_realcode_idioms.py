@@ -26,7 +26,7 @@ def test_partial_dense_layers_assigned_in_setup_hf_attention():
   x = jax.random.normal(jax.random.key(0), (2, 3, 8))
   draft = lb.port.draft(models.PartialDenseAttention(), x)
   assert draft.ok, draft.report()
-  assert "self.q_proj, self.k_proj, self.v_proj = (" in draft.source
+  assert "self.q_proj, self.k_proj, self.v_proj = " in draft.source
   assert draft.source.count("nnx.Linear(") == 5
   _equal_to_linen(draft, x)
 
@@ -63,3 +63,20 @@ def test_a_class_whose_drafting_fails_is_one_todo_not_a_raw_exception(monkeypatc
   assert draft.check is not None and not draft.check.equal
   with pytest.raises(NotImplementedError, match="TODO"):
     draft.build()
+
+
+def test_a_literal_list_of_layers_named_0_1_in_setup_hf_resnet():
+  x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+  draft = lb.port.draft(models.NamedLayerList(), x)
+  assert draft.ok, draft.report()
+  assert "ConvLayer(self.features" in draft.source
+  _equal_to_linen(draft, x)
+
+
+def test_layers_collected_in_a_local_list_then_assigned_hf_resnet_stage_and_diffusers():
+  x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+  draft = lb.port.draft(models.AppendedStage(), x)
+  assert draft.ok, draft.report()
+  # The setup code stays as written, each construction drafted in place.
+  assert "layers.append(ConvLayer(" in draft.source and "blocks.append(block)" in draft.source
+  _equal_to_linen(draft, x)

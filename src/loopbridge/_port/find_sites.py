@@ -45,6 +45,10 @@ class Site:
   # `nn.RNN(nn.LSTMCell(8))`: the construction this one is an argument of
   nested_in: tp.Any = None
   nested_index: int | None = None  # its position in a nn.Sequential's list
+  # Built in setup into a list (`[X(name="0"), ...]`, `layers.append(X(...))`) that setup
+  # assigns to `self.<list_attr>`: that attribute and the element's index expression.
+  list_attr: str | None = None
+  list_index: str | None = None
 
 
 def explicit_name(site: Site) -> str | None:
@@ -320,6 +324,9 @@ def find_sites(
         local_calls.setdefault(key, []).append((pos.start.line, pos.end.line))
 
   module.visit(LocalCalls())
+  from .setup_lists import mark_setup_lists
+
+  mark_setup_lists(module, sites, parents, lambda n: context(n)[0])
   constructs = {id(s.node): s for s in sites if s.kind == "construct"}
   for site in sites:
     arg: tp.Any = parents.get(site.node)

@@ -20,6 +20,7 @@ from .hoist import Hoist, match_child
 from .names import available, bound_in_methods, names_in
 from .records import Change, Todo
 from .scan_lift import plan_scan
+from .setup_lists import plan_setup_list
 from .source import ClassSource, dotted, libcst, resolve
 from .trace import Instance, Trace
 from .values import Resolver
@@ -343,6 +344,13 @@ class Planner:
       return
     children: dict[tuple[str, ...], list[Instance]] = {}
     explicit = explicit_name(site)
+    if site.list_attr is not None:
+      planned = plan_setup_list(self, site, explicit)
+      if isinstance(planned, str):
+        self.todo(site, planned)
+      else:
+        self.hoists[id(site.node)] = planned
+      return
     counted = counted_name(site) if site.setup_list else None
     counted_pattern = (
       "" if counted is None else rf"{re.escape(counted[0])}\d+{re.escape(counted[1])}"

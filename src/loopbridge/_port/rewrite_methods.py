@@ -345,8 +345,8 @@ class Rewriter(libcst().CSTTransformer):
   def _hoisted(self, hoist: Hoist, original, updated):
     c = libcst()
     site = hoist.site
-    if site.setup_attr is not None:
-      index = None
+    if site.setup_attr is not None or site.list_attr is not None:
+      index = site.list_index
       if site.comp is not None:
         target = site.comp.for_in.target
         if (
@@ -601,13 +601,24 @@ class Rewriter(libcst().CSTTransformer):
     value = original.value
     if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
       elements = [value.elt] if isinstance(value, c.ListComp) else [e.value for e in value.elements]
-      if any(id(e) in self.p.hoists and self.p.hoists[id(e)].is_list for e in elements):
+      local = isinstance(updated.targets[0].target, c.Name)
+      if not local and any(
+        id(e) in self.p.hoists and self.p.hoists[id(e)].is_list for e in elements
+      ):
         # A Python list of layers is an nnx.List on flax versions that have one.
         updated = updated.with_changes(
           value=c.parse_expression(f"nnx.List({self.p.code(value)})").with_changes(
             args=[c.Arg(updated.value)]
           )
         )
+    if self.p.ctx.modern and isinstance(value, c.Name) and self.method == "setup":
+      target = original.targets[0].target if len(original.targets) == 1 else None
+      attr = target.attr.value if isinstance(target, c.Attribute) else None
+      if attr is not None and any(
+        h.site.list_attr == attr and h.site.setup_attr is None for h in self.p.hoists.values()
+      ):
+        # `self.layers = layers`, a list setup filled with layers: an nnx.List.
+        updated = updated.with_changes(value=c.parse_expression(f"nnx.List({value.value})"))
     name = self.p.renames.get(id(original))
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
