@@ -105,3 +105,41 @@ class AppendedStage(nn.Module):
     for block in self.blocks:
       x = block(x)
     return x
+
+
+class SetupLocalsInOrder(nn.Module):
+  """HF CLIP's vision embeddings: a setup local reads an attribute setup assigned before it."""
+
+  image_size: int = 8
+  patch_size: int = 4
+
+  def setup(self):
+    patch_size = self.patch_size
+    self.num_patches = (self.image_size // patch_size) ** 2
+    num_positions = self.num_patches + 1
+    self.position_embedding = nn.Embed(num_positions, 6)
+    self.position_ids = jnp.arange(num_positions)[None]
+
+  def __call__(self, x):
+    return x + self.position_embedding(self.position_ids).sum()
+
+
+class Pooler(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return jnp.tanh(nn.Dense(x.shape[-1])(x[:, 0]))
+
+
+class OptionalPooler(nn.Module):
+  """HF ViT/BEiT: `self.pooler = Pooler(...) if self.add_pooling_layer else None`."""
+
+  add_pooling_layer: bool = True
+
+  def setup(self):
+    self.encoder = nn.Dense(5)
+    self.pooler = Pooler() if self.add_pooling_layer else None
+
+  def __call__(self, x):
+    x = self.encoder(x)
+    pooled = self.pooler(x) if self.add_pooling_layer else None
+    return x, pooled

@@ -80,3 +80,19 @@ def test_layers_collected_in_a_local_list_then_assigned_hf_resnet_stage_and_diff
   # The setup code stays as written, each construction drafted in place.
   assert "layers.append(ConvLayer(" in draft.source and "blocks.append(block)" in draft.source
   _equal_to_linen(draft, x)
+
+
+def test_setup_locals_run_in_their_order_hf_clip():
+  x = jax.random.normal(jax.random.key(0), (2, 3))
+  draft = lb.port.draft(models.SetupLocalsInOrder(), x)
+  assert draft.ok, draft.report()
+  assert draft.source.count("num_positions = self.num_patches + 1") == 1
+  _equal_to_linen(draft, x)
+
+
+def test_a_conditional_construction_in_setup_when_its_branch_is_taken_hf_vit():
+  x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  draft = lb.port.draft(models.OptionalPooler(), x)
+  assert draft.ok, draft.report()
+  assert "if self.add_pooling_layer else None" in draft.source
+  _equal_to_linen(draft, x)

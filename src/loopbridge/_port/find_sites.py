@@ -364,6 +364,9 @@ def _setup_target(node: tp.Any, parents: tp.Mapping[tp.Any, tp.Any]) -> str | No
   at the construction's position): the attribute one construction is assigned to, else None."""
   c = libcst()
   parent = parents.get(node)
+  while isinstance(parent, c.IfExp) and parent.test is not node:
+    # `self.pooler = Pooler(...) if self.add_pooling_layer else None` (HF ViT, BEiT).
+    node, parent = parent, parents.get(parent)
   if isinstance(parent, c.Assign):
     targets = [t.target for t in parent.targets]
     if len(targets) == 1 and isinstance(targets[0], c.Attribute):

@@ -692,9 +692,12 @@ def _is_field(stmt, fields: set[str]) -> bool:
 
 def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -> list[str]:
   """`__init__` lines of the call methods' constructions (loops rebuilt around lists)."""
+  # Setup's own locals are not repeated: its body runs in `__init__` as written, in order
+  # (HF CLIP's `num_positions = self.num_patches + 1` reads an attribute set just before).
   lines: list[str] = [
     f"{name} = {planner.rewrite_expr(code)}"
-    for aliases in planner.aliases.values()
+    for method, aliases in planner.aliases.items()
+    if method != "setup"
     for name, code in aliases.items()
     if name in planner.used_aliases
   ]
