@@ -118,10 +118,10 @@ class SetupLocalsInOrder(nn.Module):
     self.num_patches = (self.image_size // patch_size) ** 2
     num_positions = self.num_patches + 1
     self.position_embedding = nn.Embed(num_positions, 6)
-    self.position_ids = jnp.arange(num_positions)[None]
+    self.position_ids = tuple(range(num_positions))  # HF's is an array: see flax 0.10's TODO
 
   def __call__(self, x):
-    return x + self.position_embedding(self.position_ids).sum()
+    return x + self.position_embedding(jnp.asarray(self.position_ids)).sum()
 
 
 class Pooler(nn.Module):
