@@ -143,3 +143,38 @@ class OptionalPooler(nn.Module):
     x = self.encoder(x)
     pooled = self.pooler(x) if self.add_pooling_layer else None
     return x, pooled
+
+
+class LoadingMixin:
+  """diffusers' FlaxModelMixin: loading and saving that work on the Linen model."""
+
+  def params_shape(self, x):
+    return jax.eval_shape(self.init_weights, jax.random.key(0), x)
+
+
+def register_fields(cls):
+  """diffusers' @flax_register_to_config: wraps __init__ and reads the dataclass fields."""
+  import dataclasses
+
+  original = cls.__init__
+
+  def init(self, *args, **kwargs):
+    original(self, *args, **kwargs)
+    object.__setattr__(self, "registered", [f.name for f in dataclasses.fields(self)])
+
+  cls.__init__ = init
+  return cls
+
+
+@register_fields
+class WithInitWeights(nn.Module, LoadingMixin):
+  """diffusers' UNet/VAE/ControlNet: a decorator, a mixin base and `init_weights`."""
+
+  features: int = 3
+
+  def init_weights(self, rng, x):
+    return self.init(rng, x)["params"]
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features)(x)

@@ -96,3 +96,15 @@ def test_a_conditional_construction_in_setup_when_its_branch_is_taken_hf_vit():
   assert draft.ok, draft.report()
   assert "if self.add_pooling_layer else None" in draft.source
   _equal_to_linen(draft, x)
+
+
+def test_linen_machinery_is_left_out_of_the_port_and_reported_diffusers():
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.WithInitWeights(), x)
+  assert draft.ok, draft.report()
+  assert "def init_weights" not in draft.source and "LoadingMixin" not in draft.source
+  assert "@register_fields" not in draft.source
+  removed = {ch.old: ch.why for ch in draft.changes if ch.new == "removed"}
+  assert set(removed) == {"def init_weights(...)", "@register_fields", "LoadingMixin"}
+  assert "self.init" in removed["def init_weights(...)"]
+  _equal_to_linen(draft, x)

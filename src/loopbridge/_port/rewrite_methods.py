@@ -22,7 +22,7 @@ from .linen_api import VARIABLE_TYPES
 from .names import available, loop_targets, names_in
 from .records import Todo
 from .rewrite_class import ClassPort, Context, Planner
-from .source import ClassSource, dotted, libcst
+from .source import ClassSource, dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -951,15 +951,39 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       "__init__ arguments",
       "NNX modules take their configuration in __init__",
     )
+  from .linen_machinery import (
+    DROPPED_BASE,
+    DROPPED_DECORATOR,
+    DROPPED_INIT_METHOD,
+    calls_linen_init,
+    is_mixin_base,
+  )
+
+  for fn in orig_body:
+    if isinstance(fn, c.FunctionDef) and fn.name.value != "setup" and calls_linen_init(fn):
+      first, last = planner.positions[fn].start.line, planner.positions[fn].end.line
+      lines = range(src.line(first), src.line(last) + 1)
+      port.todos = [t for t in port.todos if not (t.file == src.file and t.line in lines)]
+      rest = [s for s in rest if getattr(s, "name", None) is None or s.name.value != fn.name.value]
+      planner.change(first, f"def {fn.name.value}(...)", "removed", DROPPED_INIT_METHOD)
   new_body = [
     *doc,
     *[s for s in rest if not isinstance(s, c.FunctionDef)],
     init,
     *[s for s in rest if isinstance(s, c.FunctionDef)],
   ]
+  for decorator in orig_class.decorators:
+    code = planner.code(decorator.decorator)
+    planner.change(
+      planner.positions[decorator].start.line, f"@{code}", "removed", DROPPED_DECORATOR
+    )
+  classdef = classdef.with_changes(decorators=[])
   bases = []
   for base in classdef.bases:
     name = dotted(base.value) or ""
+    if is_mixin_base(resolve(name, src.namespace)):
+      planner.change(planner.positions[orig_class].start.line, name, "removed", DROPPED_BASE)
+      continue
     if name.split(".")[0] in ctx.linen_names and name.endswith(".Module"):
       bases.append(base.with_changes(value=c.parse_expression("nnx.Module")))
       planner.change(
