@@ -178,3 +178,12 @@ class WithInitWeights(nn.Module, LoadingMixin):
   @nn.compact
   def __call__(self, x):
     return nn.Dense(self.features)(x)
+
+
+class MeshAtTheCall(nn.Module):
+  """MaxText: a `jax.sharding.Mesh` handed to the call (it has a `shape` and no dtype)."""
+
+  @nn.compact
+  def __call__(self, x, mesh):
+    del mesh  # MaxText constrains shardings with it; one device here
+    return nn.Dense(3)(x)

@@ -108,3 +108,38 @@ def test_linen_machinery_is_left_out_of_the_port_and_reported_diffusers():
   assert set(removed) == {"def init_weights(...)", "@register_fields", "LoadingMixin"}
   assert "self.init" in removed["def init_weights(...)"]
   _equal_to_linen(draft, x)
+
+
+def test_bad_method_calls_and_variables_arguments_raise_port_errors():
+  x = jax.numpy.ones((2, 4))
+  model = models.WithInitWeights()
+  with pytest.raises(lb.port.PortError, match=r"method=3 is not a method of WithInitWeights"):
+    lb.port.draft(model, x, method=3)
+  with pytest.raises(lb.port.PortError, match=r"calls= must be a sequence of lb\.port\.Call"):
+    lb.port.draft(model, x, calls=None)
+  with pytest.raises(lb.port.PortError, match=r"calls= must be a sequence of lb\.port\.Call"):
+    lb.port.draft(model, x, calls=lb.port.Call(x))
+  with pytest.raises(lb.port.PortError, match=r"variables= must be the Linen variables mapping"):
+    lb.port.draft(model, x, variables=3)
+
+
+def test_a_mesh_argument_does_not_break_the_trace_maxtext():
+  from jax.sharding import Mesh
+
+  x = jax.numpy.ones((2, 4))
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  draft = lb.port.draft(models.MeshAtTheCall(), x, mesh)
+  assert draft.ok, draft.report()
+  _equal_to_linen(draft, x, mesh)
+
+
+def test_a_failure_of_the_trace_bookkeeping_is_reported_as_the_drafter_s(monkeypatch):
+  """Not as the user's arguments (the model ran): the error says so and how to work around."""
+  from loopbridge._port import trace as trace_module
+
+  def broken(tree):
+    raise AttributeError("no dtype")
+
+  monkeypatch.setattr(trace_module, "_abstract", broken)
+  with pytest.raises(lb.port.PortError, match=r"failed inside the drafter .*defect of lb\.port"):
+    lb.port.draft(models.MeshAtTheCall(), jax.numpy.ones((2, 4)), None)

@@ -12,7 +12,15 @@ from flax import nnx
 from .. import _compat
 from .assemble import format_source, imports
 from .check import convert, exec_source, run_check, unique_name
-from .errors import PortError, bad_call, bad_method, flax_layer, not_a_linen_module
+from .errors import (
+  PortError,
+  bad_call,
+  bad_calls,
+  bad_method,
+  bad_variables,
+  flax_layer,
+  not_a_linen_module,
+)
 from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
@@ -252,12 +260,20 @@ def draft(
   if is_linen_layer(type(linen_module)):
     mapped = lookup(type(linen_module))
     raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
+  if not isinstance(calls, tp.Iterable) or isinstance(calls, (str, bytes, Call)):
+    raise PortError(bad_calls(calls))
+  calls = tuple(calls)
+  if variables is not None and not isinstance(variables, tp.Mapping):
+    raise PortError(bad_variables(variables))
   for call in calls:
     if not isinstance(call, Call):
       raise PortError(bad_call(call))
   all_calls = (Call(*sample_args, method=method, **sample_kwargs), *calls)
   for call in all_calls:
-    if call.method is not None and not callable(getattr(type(linen_module), call.method, None)):
+    if call.method is not None and (
+      not isinstance(call.method, str)
+      or not callable(getattr(type(linen_module), call.method, None))
+    ):
       raise PortError(bad_method(type(linen_module), call.method))
   libcst()
   root_source = read_class(type(linen_module))
