@@ -187,3 +187,14 @@ class MeshAtTheCall(nn.Module):
   def __call__(self, x, mesh):
     del mesh  # MaxText constrains shardings with it; one device here
     return nn.Dense(3)(x)
+
+
+class LoopOfUntracedDense(nn.Module):
+  """T5's `self.layer += (...)`-style list the trace cannot pair: the TODO says so plainly."""
+
+  @nn.compact
+  def __call__(self, x):
+    for _ in range(2):
+      dense = nn.Dense(3)
+      del dense  # built, never called: the trace saw no submodule
+    return x

@@ -143,3 +143,9 @@ def test_a_failure_of_the_trace_bookkeeping_is_reported_as_the_drafter_s(monkeyp
   monkeypatch.setattr(trace_module, "_abstract", broken)
   with pytest.raises(lb.port.PortError, match=r"failed inside the drafter .*defect of lb\.port"):
     lb.port.draft(models.MeshAtTheCall(), jax.numpy.ones((2, 4)), None)
+
+
+def test_a_loop_construction_nothing_was_paired_with_says_so_not_named_empty():
+  todo = lb.port.draft(models.LoopOfUntracedDense(), jax.numpy.ones((2, 4))).todos[0]
+  assert "[()]" not in todo.reason
+  assert todo.reason.startswith("no submodule the trace saw matches this construction")

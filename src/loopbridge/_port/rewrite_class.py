@@ -117,6 +117,12 @@ def _assignment_counts(fn: tp.Any) -> dict[str, int]:
   return counts
 
 
+NO_MATCH = (
+  "no submodule the trace saw matches this construction (it is built outside the "
+  "method that calls it, or named by a variable); build it where it is called with a "
+  "literal name='...', or in setup"
+)
+
 # Lifts written with the construction that goes through them: the plan of each, or why not.
 _PLANNED_LIFTS = {"scan": plan_scan, "vmap": plan_vmap}
 
@@ -396,6 +402,9 @@ class Planner:
       # a list may start past 0 (`Conv_1, Conv_2` after a `Conv_0` built before the loop).
       runs = {_list_run(list(n)) for n in names if n}
       run = runs.pop() if len(runs) == 1 else None
+      if not any(names):  # not `named [()]`: nothing was paired at all
+        self.todo(site, NO_MATCH)
+        return
       if run is None or (site.setup_attr is not None and run[1] != 0):
         self.todo(
           site,
@@ -413,12 +422,7 @@ class Planner:
       return
     made_names = {n for n in names if n}
     if not made_names:
-      self.todo(
-        site,
-        "no submodule the trace saw matches this construction (it is built outside the "
-        "method that calls it, or named by a variable); build it where it is called with a "
-        "literal name='...', or in setup",
-      )
+      self.todo(site, NO_MATCH)
       return
     if len(made_names) != 1 or len(next(iter(made_names))) != 1:
       self.todo(
