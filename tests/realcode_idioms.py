@@ -198,3 +198,17 @@ class LoopOfUntracedDense(nn.Module):
       dense = nn.Dense(3)
       del dense  # built, never called: the trace saw no submodule
     return x
+
+
+class LambdaParamNorm(nn.Module):
+  """HF Llama/Mistral/Gemma's RMSNorm: `self.param(name, lambda _, shape: ..., n)` in setup."""
+
+  hidden_size: int = 4
+  eps: float = 1e-6
+
+  def setup(self):
+    self.weight = self.param("weight", lambda _, shape: jnp.ones(shape), self.hidden_size)
+
+  def __call__(self, x):
+    variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    return self.weight * (x * jax.lax.rsqrt(variance + self.eps))

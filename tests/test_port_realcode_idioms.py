@@ -149,3 +149,11 @@ def test_a_loop_construction_nothing_was_paired_with_says_so_not_named_empty():
   todo = lb.port.draft(models.LoopOfUntracedDense(), jax.numpy.ones((2, 4))).todos[0]
   assert "[()]" not in todo.reason
   assert todo.reason.startswith("no submodule the trace saw matches this construction")
+
+
+def test_a_param_initialized_by_a_lambda_hf_rmsnorm():
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.LambdaParamNorm(), x)
+  assert draft.ok, draft.report()
+  assert "nnx.Param((lambda _, shape: jnp.ones(shape))(rngs.params(), " in draft.source
+  _equal_to_linen(draft, x)

@@ -406,6 +406,9 @@ class Rewriter(libcst().CSTTransformer):
       self._mark("self.param without a literal name and an initializer")
       return updated
     init = self.p.rewrite_expr(self.p.code(args[1].value))
+    if not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
+      # `lambda _, shape: jnp.ones(shape)` (HF's RMSNorm) is called, not made the Param.
+      init = f"({init})"
     rest = [a.value for a in args[2:]]
     ns = self.p.init_namespace
     # Arguments that read the call (`x.shape[-1]`, `x.dtype`) take the traced value instead:
