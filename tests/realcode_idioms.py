@@ -212,3 +212,21 @@ class LambdaParamNorm(nn.Module):
   def __call__(self, x):
     variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     return self.weight * (x * jax.lax.rsqrt(variance + self.eps))
+
+
+class Squeeze(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x * nn.sigmoid(nn.Dense(x.shape[-1])(x.mean(axis=(1, 2), keepdims=True)))
+
+
+class MixedNamedList(nn.Module):
+  """HF RegNet's layer: conv, squeeze-excite, conv in one list named "0", "1", "2"."""
+
+  def setup(self):
+    self.layer = [ConvLayer(4, name="0"), Squeeze(name="1"), ConvLayer(5, name="2")]
+
+  def __call__(self, x):
+    for layer in self.layer:
+      x = layer(x)
+    return x

@@ -157,3 +157,10 @@ def test_a_param_initialized_by_a_lambda_hf_rmsnorm():
   assert draft.ok, draft.report()
   assert "nnx.Param((lambda _, shape: jnp.ones(shape))(rngs.params(), " in draft.source
   _equal_to_linen(draft, x)
+
+
+def test_a_setup_list_of_layers_of_several_classes_hf_regnet():
+  x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+  draft = lb.port.draft(models.MixedNamedList(), x)
+  assert draft.ok, draft.report()
+  _equal_to_linen(draft, x)

@@ -137,7 +137,9 @@ def plan_setup_list(planner: Planner, site: Site, explicit: str | None) -> Hoist
   name = getattr(cls, "__name__", str(cls))
   if not made:
     return f"no submodule the trace saw matches this construction of {name} into self.{attr}"
-  if any(k.cls is not cls for k in made):
+  # Elements of other classes are fine for a drafted class: its index picks its own element,
+  # and the values of the others are never read (HF RegNet: conv, SE, conv in one list).
+  if any(k.cls is not cls for k in made) and cls not in planner.ctx.ported:
     return (
       f"the list self.{attr} holds layers of several classes "
       f"({', '.join(sorted({k.cls.__name__ for k in made}))}); build it by hand"
