@@ -15,12 +15,28 @@ from .cache_idiom import add_method, size_caches
 from .check import convert, exec_source, run_check, unique_name
 from .class_check import check_class
 from .configs import literal_notes, other_configs
-from .errors import PortError, bad_call, bad_method, flax_layer, not_a_linen_module
+from .errors import (
+  PortError,
+  bad_call,
+  bad_calls,
+  bad_method,
+  bad_variables,
+  flax_layer,
+  not_a_linen_module,
+)
 from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
 from .rewrite_methods import port_class
-from .source import libcst, read_class
+from .safety import (
+  class_failed_reason,
+  drafted_code_error,
+  fallback_port,
+  flax_layer_base,
+  subclassed_layer_reason,
+  unparsable_reason,
+)
+from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
 
@@ -265,12 +281,20 @@ def draft(
   if is_linen_layer(type(linen_module)):
     mapped = lookup(type(linen_module))
     raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
+  if not isinstance(calls, tp.Iterable) or isinstance(calls, (str, bytes, Call)):
+    raise PortError(bad_calls(calls))
+  calls = tuple(calls)
+  if variables is not None and not isinstance(variables, tp.Mapping):
+    raise PortError(bad_variables(variables))
   for call in calls:
     if not isinstance(call, Call):
       raise PortError(bad_call(call))
   all_calls = (Call(*sample_args, method=method, **sample_kwargs), *calls)
   for call in all_calls:
-    if call.method is not None and not callable(getattr(type(linen_module), call.method, None)):
+    if call.method is not None and (
+      not isinstance(call.method, str)
+      or not callable(getattr(type(linen_module), call.method, None))
+    ):
       raise PortError(bad_method(type(linen_module), call.method))
   libcst()
   root_source = read_class(type(linen_module))
@@ -283,7 +307,7 @@ def draft(
   others = other_configs(linen_module, configs, all_calls[0], streams)
   ctx.alt_traces = [t for _, t in others]
   for cls in classes:
-    ctx.ported[cls] = port_class(sources[cls], ctx)
+    ctx.ported[cls] = _port_one(sources[cls], ctx)
     if ctx.caches.get(cls):
       ctx.ported[cls].code = add_method(ctx.ported[cls].code, ctx.caches[cls])
   from .helpers import HELPERS
@@ -329,6 +353,26 @@ def draft(
   if check:
     result.check = _check(result)
   return result
+
+
+def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
+  """The port of one class; a failure or unparsable output is one TODO for that class."""
+  base = flax_layer_base(src.cls)
+  if base is not None:
+    return fallback_port(src, subclassed_layer_reason(src.cls, base))
+  helpers = set(ctx.helpers)
+  try:
+    port = port_class(src, ctx)
+  except PortError:
+    raise
+  except Exception as e:  # a defect of the drafter: the rest of the model still drafts
+    ctx.helpers = helpers
+    return fallback_port(src, class_failed_reason(src.cls, e))
+  why = drafted_code_error(port.code)
+  if why is not None:
+    ctx.helpers = helpers
+    return fallback_port(src, unparsable_reason(src.cls, why))
+  return port
 
 
 def _check(result: Draft) -> Check:

@@ -21,6 +21,7 @@ from .hoist import Hoist, match_child
 from .names import available, bound_in_methods, names_in
 from .records import Change, Todo
 from .scan_lift import plan_scan
+from .setup_lists import plan_setup_list
 from .source import ClassSource, dotted, libcst, resolve
 from .trace import Instance, Trace
 from .values import Resolver
@@ -121,6 +122,12 @@ def _assignment_counts(fn: tp.Any) -> dict[str, int]:
   fn.visit(Targets())
   return counts
 
+
+NO_MATCH = (
+  "no submodule the trace saw matches this construction (it is built outside the "
+  "method that calls it, or named by a variable); build it where it is called with a "
+  "literal name='...', or in setup"
+)
 
 # Lifts written with the construction that goes through them: the plan of each, or why not.
 _PLANNED_LIFTS = {"scan": plan_scan, "vmap": plan_vmap}
@@ -361,6 +368,13 @@ class Planner:
       return
     children: dict[tuple[str, ...], list[Instance]] = {}
     explicit = explicit_name(site)
+    if site.list_attr is not None:
+      planned = plan_setup_list(self, site, explicit)
+      if isinstance(planned, str):
+        self.todo(site, planned)
+      else:
+        self.hoists[id(site.node)] = planned
+      return
     counted = counted_name(site) if site.setup_list else None
     counted_pattern = (
       "" if counted is None else rf"{re.escape(counted[0])}\d+{re.escape(counted[1])}"
@@ -406,6 +420,9 @@ class Planner:
       # a list may start past 0 (`Conv_1, Conv_2` after a `Conv_0` built before the loop).
       runs = {_list_run(list(n)) for n in names if n}
       run = runs.pop() if len(runs) == 1 else None
+      if not any(names):  # not `named [()]`: nothing was paired at all
+        self.todo(site, NO_MATCH)
+        return
       if run is None or (site.setup_attr is not None and run[1] != 0):
         self.todo(
           site,
@@ -423,12 +440,7 @@ class Planner:
       return
     made_names = {n for n in names if n}
     if not made_names:
-      self.todo(
-        site,
-        "no submodule the trace saw matches this construction (it is built outside the "
-        "method that calls it, or named by a variable); build it where it is called with a "
-        "literal name='...', or in setup",
-      )
+      self.todo(site, NO_MATCH)
       return
     if len(made_names) != 1 or len(next(iter(made_names))) != 1:
       self.todo(

@@ -24,7 +24,7 @@ from .linen_api import VARIABLE_TYPES
 from .names import available, loop_targets, names_in
 from .records import Todo
 from .rewrite_class import ClassPort, Context, Planner
-from .source import ClassSource, dotted, libcst
+from .source import ClassSource, dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -351,8 +351,8 @@ class Rewriter:
   def _hoisted(self, hoist: Hoist, original, updated):
     c = libcst()
     site = hoist.site
-    if site.setup_attr is not None:
-      index = None
+    if site.setup_attr is not None or site.list_attr is not None:
+      index = site.list_index
       if site.comp is not None:
         target = site.comp.for_in.target
         if (
@@ -412,6 +412,9 @@ class Rewriter:
       self._mark("self.param without a literal name and an initializer")
       return updated
     init = self.p.rewrite_expr(self.p.code(args[1].value))
+    if not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
+      # `lambda _, shape: jnp.ones(shape)` (HF's RMSNorm) is called, not made the Param.
+      init = f"({init})"
     rest = [a.value for a in args[2:]]
     ns = self.p.init_namespace
     # Arguments that read the call (`x.shape[-1]`, `x.dtype`) take the traced value instead:
@@ -612,13 +615,24 @@ class Rewriter:
     value = original.value
     if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
       elements = [value.elt] if isinstance(value, c.ListComp) else [e.value for e in value.elements]
-      if any(id(e) in self.p.hoists and self.p.hoists[id(e)].is_list for e in elements):
+      local = isinstance(updated.targets[0].target, c.Name)
+      if not local and any(
+        id(e) in self.p.hoists and self.p.hoists[id(e)].is_list for e in elements
+      ):
         # A Python list of layers is an nnx.List on flax versions that have one.
         updated = updated.with_changes(
           value=c.parse_expression(f"nnx.List({self.p.code(value)})").with_changes(
             args=[c.Arg(updated.value)]
           )
         )
+    if self.p.ctx.modern and isinstance(value, c.Name) and self.method == "setup":
+      target = original.targets[0].target if len(original.targets) == 1 else None
+      attr = target.attr.value if isinstance(target, c.Attribute) else None
+      if attr is not None and any(
+        h.site.list_attr == attr and h.site.setup_attr is None for h in self.p.hoists.values()
+      ):
+        # `self.layers = layers`, a list setup filled with layers: an nnx.List.
+        updated = updated.with_changes(value=c.parse_expression(f"nnx.List({value.value})"))
     name = self.p.renames.get(id(original))
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
@@ -692,9 +706,12 @@ def _is_field(stmt, fields: set[str]) -> bool:
 
 def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -> list[str]:
   """`__init__` lines of the call methods' constructions (loops rebuilt around lists)."""
+  # Setup's own locals are not repeated: its body runs in `__init__` as written, in order
+  # (HF CLIP's `num_positions = self.num_patches + 1` reads an attribute set just before).
   lines: list[str] = [
     f"{name} = {planner.rewrite_expr(code)}"
-    for aliases in planner.aliases.values()
+    for method, aliases in planner.aliases.items()
+    if method != "setup"
     for name, code in aliases.items()
     if name in planner.used_aliases
   ]
@@ -970,15 +987,39 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       "__init__ arguments",
       "NNX modules take their configuration in __init__",
     )
+  from .linen_machinery import (
+    DROPPED_BASE,
+    DROPPED_DECORATOR,
+    DROPPED_INIT_METHOD,
+    calls_linen_init,
+    is_mixin_base,
+  )
+
+  for fn in orig_body:
+    if isinstance(fn, c.FunctionDef) and fn.name.value != "setup" and calls_linen_init(fn):
+      first, last = planner.positions[fn].start.line, planner.positions[fn].end.line
+      lines = range(src.line(first), src.line(last) + 1)
+      port.todos = [t for t in port.todos if not (t.file == src.file and t.line in lines)]
+      rest = [s for s in rest if getattr(s, "name", None) is None or s.name.value != fn.name.value]
+      planner.change(first, f"def {fn.name.value}(...)", "removed", DROPPED_INIT_METHOD)
   new_body = [
     *doc,
     *[s for s in rest if not isinstance(s, c.FunctionDef)],
     init,
     *[s for s in rest if isinstance(s, c.FunctionDef)],
   ]
+  for decorator in orig_class.decorators:
+    code = planner.code(decorator.decorator)
+    planner.change(
+      planner.positions[decorator].start.line, f"@{code}", "removed", DROPPED_DECORATOR
+    )
+  classdef = classdef.with_changes(decorators=[])
   bases = []
   for base in classdef.bases:
     name = dotted(base.value) or ""
+    if is_mixin_base(resolve(name, src.namespace)):
+      planner.change(planner.positions[orig_class].start.line, name, "removed", DROPPED_BASE)
+      continue
     if name.split(".")[0] in ctx.linen_names and name.endswith(".Module"):
       bases.append(base.with_changes(value=c.parse_expression("nnx.Module")))
       planner.change(
