@@ -273,6 +273,46 @@ def test_an_nnx_accumulators_model_runs_again_in_plain_linen_and_accumulates_as_
     assert_close(recorded[k], h)
 
 
+class Tallying(nnx.Module):
+  """An NNX module with no Variables of its own: its init writes nothing into Linen."""
+
+  def __init__(self, *, rngs):
+    del rngs
+
+  def __call__(self, x):
+    self.sow(
+      nnx.Intermediate, "total", x.sum(0), reduce_fn=lambda a, b: a + b, init_fn=lambda: jnp.ones(4)
+    )
+    self.sow(nnx.Intermediate, "h", jnp.tanh(x))
+    return x * 2.0
+
+
+class WrappedTallying(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(4)(bridge.ToLinen(Tallying, name="part")(x))
+
+
+def test_an_nnx_part_without_variables_has_its_sows_declared_by_lazy_init():
+  # Nothing of the part reaches Linen during init (flax 0.12's ToLinen writes no graphdef), yet
+  # its sows must be declared before the loop: reduced and recorded in place, as plain Linen's
+  # applies give them (each starting the accumulator from init_fn()).
+  model = lb.lazy_init(lb.ToNNX(WrappedTallying(), rngs=nnx.Rngs(0)), X, capacity=4)
+  ids = _variable_ids(model)
+  model(XS[0])
+  _eager_then_loop(model, XS)
+  assert _variable_ids(model) == ids
+  steps = [
+    WrappedTallying().apply(params_only(model), x, mutable=["intermediates"])[1]["intermediates"]
+    for x in XS
+  ]
+  want = jnp.ones(4) + sum(s["part"]["total"] - jnp.ones(4) for s in steps)
+  assert_close(lb.linen_variables(model)["intermediates"]["part"]["total"], want)
+  recorded = lb.recorded(model)["intermediates"]["part"]["h"]
+  for k, step in enumerate(steps):
+    assert_close(recorded[k], step["part"]["h"][0])
+
+
 # ====================================================== transforms and depth around the NNX part
 class Deep(nn.Module):
   """The NNX part two Linen levels down."""

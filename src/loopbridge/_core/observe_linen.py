@@ -107,6 +107,9 @@ class SowLog(list):
     # Custom-reduce sows of NNX modules run inside the block, by sow name: a wrapper writes
     # their accumulators with `put_variable` after the call.
     self.nnx_accumulators: dict[str, NNXAccumulatorInit] = {}
+    # Every `sow` of an NNX module run inside the block: in `init` a wrapper writes none of
+    # them, and one whose module has no Variables (flax 0.11+) writes nothing at all there.
+    self.nnx_sows = 0
 
 
 class _Installed:
@@ -163,6 +166,7 @@ def _observing_sow(
 def _observing_nnx_sow(self, variable_type, name, value, *args, **kwargs):
   log = _SOW_LOG.get()
   if isinstance(log, SowLog):
+    log.nnx_sows += 1
     bound = inspect.signature(_Installed.nnx_sow).bind(
       self, variable_type, name, value, *args, **kwargs
     )

@@ -238,10 +238,12 @@ class ToNNX(bridge.ToNNX):
     }
     linen_vars.set_variables(self, traverse_util.unflatten_dict(kept))
     linen_vars.add_accumulators(self, fresh)
-    if calls.direct_writes:
-      # A module wrote its variables itself (`put_variable`, e.g. nnx.bridge.ToLinen): what it
-      # writes in apply (an NNX module's sows) is not in init's variables. One abstract apply
-      # shows it; nothing runs concretely a second time, so caches stay as init left them.
+    if calls.direct_writes or calls.nnx_sows:
+      # A module wrote its variables itself (`put_variable`, e.g. nnx.bridge.ToLinen), or an
+      # NNX module sowed (flax 0.11+'s ToLinen writes nothing in init for a module without
+      # Variables): what it writes in apply (an NNX module's sows) is not in init's variables.
+      # One abstract apply shows it; nothing runs concretely a second time, so caches stay as
+      # init left them.
       _add_apply_only_sites(self, found, args, kwargs, init_rngs, method, capture)
     report = discovery_session.BridgeReport(
       self,
