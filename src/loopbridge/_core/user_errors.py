@@ -153,8 +153,11 @@ def _resized_state(variables: tp.Mapping[str, tp.Any], batch: int):
   found: dict[str, tuple[int, ...]] = {}
 
   def resize(path, leaf):
-    value = leaf.unbox() if isinstance(leaf, meta.AxisMetadata) else leaf
-    shape = tuple(getattr(value, "shape", ()))
+    if isinstance(leaf, meta.Partitioned):  # LogicallyPartitioned too: no constraint here
+      value = leaf.unbox(apply_constraint=False)
+    else:
+      value = leaf.unbox() if isinstance(leaf, meta.AxisMetadata) else leaf
+    shape: tuple[int, ...] = tuple(getattr(value, "shape", None) or ())
     if len(shape) < 2 or shape[0] == batch:
       return leaf
     found["/".join(str(getattr(k, "key", k)) for k in path)] = shape
