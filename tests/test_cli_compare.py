@@ -5,7 +5,6 @@ one-line errors for targets and layouts that do not fit, and one end-to-end subp
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import pytest
 
 from loopbridge.__main__ import main
 from loopbridge._cli import compare_cmd, inputs, loading
+
+from conftest import child_env
 
 SOURCE = """
 import flax.linen as nn
@@ -344,10 +345,7 @@ def test_unalignable_is_one_line(capsys, target):
 @pytest.mark.slow  # subprocess; the in-process tests above cover the command; `-m slow`
 def test_end_to_end_subprocess(tmp_path):
   (tmp_path / "cli_compare_models.py").write_text(SOURCE)
-  env = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-  }
+  env = child_env(str(tmp_path))
   result = subprocess.run(
     [
       sys.executable,

@@ -22,6 +22,7 @@ from flax import nnx
 from .. import _compat
 from .._core.errors import CheckpointError
 from .._core.site import key_str
+from .._diagnostics.compare_tolerance import HIGHEST, check_context, check_precision
 from .convert_align import (
   SKIPPED_COLLECTIONS,
   Key,
@@ -47,8 +48,9 @@ Variables = tp.Mapping[str, object]
 class Plan(list[Pair]):
   """The kept pairs of one conversion and the Linen layer axes the evidence chose."""
 
-  def __init__(self, pairs: tp.Iterable[Pair], verdict: Verdict):
+  def __init__(self, pairs: tp.Iterable[Pair], verdict: Verdict, sides: Sides):
     super().__init__(pairs)
+    self.tolerance = sides.tol
     self.axes: Axes = verdict.axes
     self.checks: list[Check] = verdict.checks
     self.output_error = verdict.output_error
@@ -91,8 +93,10 @@ def _plan(
   forward: bool,
   sample_kwargs: tp.Mapping[str, tp.Any] | None,
   method: str | None,
+  precision: str,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
-  """Pair both models' leaves and decide every open candidate by running them."""
+  """Pair both models' leaves and decide every open candidate by running them (both models
+  under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
   if not isinstance(linen_module, nn.Module):
     raise CheckpointError(
       f"the Linen model must be a flax.linen Module (unbound, e.g. `Model()`), got "
@@ -110,12 +114,42 @@ def _plan(
       f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
     )
   _check_call(linen_module, port, sample_kwargs, method)
+  check_precision(precision, "lb.checkpoint", CheckpointError)
+  with check_context(precision):
+    return _planned(
+      linen_module,
+      port,
+      sample_args,
+      mapping,
+      rules,
+      source,
+      forward,
+      sample_kwargs,
+      method,
+      precision,
+    )
+
+
+def _planned(
+  linen_module: nn.Module,
+  port: nnx.Module,
+  sample_args: tuple[object, ...],
+  mapping: tp.Mapping[str, str] | None,
+  rules: tp.Sequence[LeafRule] | None,
+  source: tp.Callable[[dict[Key, jax.ShapeDtypeStruct]], tp.Mapping[Key, Value]],
+  forward: bool,
+  sample_kwargs: tp.Mapping[str, tp.Any] | None,
+  method: str | None,
+  precision: str,
+) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method)
   nunits = nnx_units(port, sample_args, sample_kwargs, method)
   pairs = pair_units(lunits, nunits, mapping, rules)
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
-  sides = Sides(linen_module, modules, port, sample_args, values, forward, sample_kwargs, method)
+  sides = Sides(
+    linen_module, modules, port, sample_args, values, forward, sample_kwargs, method, precision
+  )
   try:
     verdict = decide(pairs, sides, axis_options)
   except OutputMismatch as mismatch:
@@ -133,7 +167,7 @@ def _plan(
     for pair, check in zip(pairs, verdict.checks):
       if pair.order_class is not None:
         check.decided, check.candidates = "model", check.candidates + 1
-  return Plan(pairs, verdict), stored
+  return Plan(pairs, verdict, sides), stored
 
 
 def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
@@ -326,6 +360,7 @@ def linen_to_nnx(
   step: int | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -362,6 +397,10 @@ def linen_to_nnx(
     method: the method both models run on the sample call (as in Linen's
       `apply(..., method=...)`); None for `__call__`.
     sample_kwargs: keyword arguments of that call (e.g. `{'train': False}`).
+    precision: what both models run at when candidates are checked: 'highest' (the default)
+      under `jax.default_matmul_precision('highest')`, so a TPU's float32 matmuls (one
+      bfloat16 pass by default) cannot blur two candidates; 'model' at their own precision,
+      with the looser tolerance that goes with it. The report names it (`tolerance`).
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -436,6 +475,7 @@ def linen_to_nnx(
     True,
     sample_kwargs,
     method,
+    precision,
   )
   targets = nnx_variables(port)
   writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
@@ -464,6 +504,7 @@ def linen_to_nnx(
     output_error=pairs.output_error,
     layer_axes=pairs.axes,
     skipped=sorted(k for k in variables if k in SKIPPED_COLLECTIONS),
+    tolerance=pairs.tolerance,
   )
 
 
@@ -477,6 +518,7 @@ def nnx_to_linen(
   rules: tp.Sequence[LeafRule] | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -488,6 +530,7 @@ def nnx_to_linen(
   rules: tp.Sequence[LeafRule] | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -498,6 +541,7 @@ def nnx_to_linen(
   rules: tp.Sequence[LeafRule] | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
@@ -517,6 +561,9 @@ def nnx_to_linen(
     rules: the same leaf rules as for `linen_to_nnx` (stated Linen -> NNX; run inverted).
     method: the method both models run on the sample call; None for `__call__`.
     sample_kwargs: keyword arguments of that call (e.g. `{'train': False}`).
+    precision: what both models run at when candidates are checked: 'highest' (the default)
+      or 'model' (their own, with the looser tolerance that goes with it), as for
+      `linen_to_nnx`.
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
@@ -548,6 +595,7 @@ def nnx_to_linen(
     False,
     sample_kwargs,
     method,
+    precision,
   )
   values = pairs.values
   for key, abstract in stored.items():

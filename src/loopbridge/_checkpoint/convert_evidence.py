@@ -15,9 +15,10 @@ and output; calls inside `nn.scan` / `nnx.scan` see tracers and are not recorded
    pair whose modules both ran concretely is compared call against call, the rest through the
    model's output. A conversion that returns is one whose output agrees.
 
-Agreement is `|target - source| <= atol + rtol * |source|` with `lb.compare`'s default
-tolerance for the dtype and backend. Candidates that produce identical arrays (e.g. two zero
-biases swapped) are one conversion.
+Agreement is `|target - source| <= atol * max|source| + rtol * |source|` with `lb.compare`'s
+default tolerance for the dtype, backend and check precision (both models run under
+`jax.default_matmul_precision('highest')` by default; `convert.py` sets it). Candidates that
+produce identical arrays (e.g. two zero biases swapped) are one conversion.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from flax import nnx
 from .. import _compat
 from .._core.buffers import is_traced
 from .._core.errors import CheckpointError
-from .._diagnostics.compare_tolerance import ToleranceChoice, default_tolerance, is_float
+from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
 from .convert_align import Key, Value, nnx_variables, unflatten
 from .convert_match import MAX_OPTIONS, Pair
 from .convert_moves import Axes, to_linen, to_nnx
@@ -208,7 +209,7 @@ def agreement(reference: object, candidate: object, tol: ToleranceChoice) -> flo
       if not np.array_equal(x, y):
         return None
       continue
-    rtol, atol = tol.for_dtype(x.dtype)
+    rtol, atol = tol.for_values(x)  # atol relative to the source output's scale
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
     with np.errstate(invalid="ignore"):
       same = (x64 == y64) | (np.isnan(x64) & np.isnan(y64))
@@ -261,6 +262,7 @@ class Sides:
     to_nnx_direction: bool,
     sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
     method: str | None = None,
+    precision: str = HIGHEST,
   ):
     self.linen_module = linen_module
     self.linen_modules = linen_modules
@@ -271,7 +273,7 @@ class Sides:
     self.method = method
     self.source = source
     self.forward = to_nnx_direction
-    self.tol = default_tolerance()
+    self.tol = default_tolerance(precision=precision)  # the runs are under check_context
     self._source_run: tuple[object, dict[Path, Record]] | None = None
 
   def convert(self, pairs: tp.Sequence[Pair], axes: Axes) -> dict[Key, Value]:
