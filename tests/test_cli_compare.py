@@ -172,6 +172,17 @@ def test_correct_port_exits_0(capsys, target):
   assert out.startswith("lb.compare: OK, all 4 aligned module calls agree")
 
 
+@pytest.mark.parametrize("precision", [None, "highest", "model"])
+def test_precision_option_reaches_the_check_and_the_report(capsys, target, precision):
+  chosen = [] if precision is None else ["--precision", precision]
+  argv = ["compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]", *chosen]
+  code, out, err = run(capsys, *argv, "--json")
+  assert code == 0, err
+  used = json.loads(out)["default_tolerance"]
+  assert used["precision"] == (precision or "highest")
+  assert used["matmul_precision"] == ("default" if precision == "model" else "highest")
+
+
 def test_port_receives_the_linen_params(target):
   import importlib
 

@@ -95,8 +95,8 @@ def _plan(
   method: str | None,
   precision: str,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
-  """Pair both models' leaves and decide every open candidate by running them (both models
-  under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
+  """Pair both models' leaves and decide every open candidate by running them (the caller runs
+  this under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
   if not isinstance(linen_module, nn.Module):
     raise CheckpointError(
       f"the Linen model must be a flax.linen Module (unbound, e.g. `Model()`), got "
@@ -114,34 +114,6 @@ def _plan(
       f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
     )
   _check_call(linen_module, port, sample_kwargs, method)
-  check_precision(precision, "lb.checkpoint", CheckpointError)
-  with check_context(precision):
-    return _planned(
-      linen_module,
-      port,
-      sample_args,
-      mapping,
-      rules,
-      source,
-      forward,
-      sample_kwargs,
-      method,
-      precision,
-    )
-
-
-def _planned(
-  linen_module: nn.Module,
-  port: nnx.Module,
-  sample_args: tuple[object, ...],
-  mapping: tp.Mapping[str, str] | None,
-  rules: tp.Sequence[LeafRule] | None,
-  source: tp.Callable[[dict[Key, jax.ShapeDtypeStruct]], tp.Mapping[Key, Value]],
-  forward: bool,
-  sample_kwargs: tp.Mapping[str, tp.Any] | None,
-  method: str | None,
-  precision: str,
-) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method)
   nunits = nnx_units(port, sample_args, sample_kwargs, method)
   pairs = pair_units(lunits, nunits, mapping, rules)
@@ -465,18 +437,20 @@ def linen_to_nnx(
       )
     return source
 
-  pairs, stored = _plan(
-    linen_module,
-    port,
-    sample_args,
-    mapping,
-    rules,
-    checked_source,
-    True,
-    sample_kwargs,
-    method,
-    precision,
-  )
+  check_precision(precision, "lb.checkpoint", CheckpointError)
+  with check_context(precision):
+    pairs, stored = _plan(
+      linen_module,
+      port,
+      sample_args,
+      mapping,
+      rules,
+      checked_source,
+      True,
+      sample_kwargs,
+      method,
+      precision,
+    )
   targets = nnx_variables(port)
   writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
@@ -585,18 +559,20 @@ def nnx_to_linen(
     True
   """
   targets = nnx_variables(port)
-  pairs, stored = _plan(
-    linen_module,
-    port,
-    sample_args,
-    mapping,
-    rules,
-    lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
-    False,
-    sample_kwargs,
-    method,
-    precision,
-  )
+  check_precision(precision, "lb.checkpoint", CheckpointError)
+  with check_context(precision):
+    pairs, stored = _plan(
+      linen_module,
+      port,
+      sample_args,
+      mapping,
+      rules,
+      lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
+      False,
+      sample_kwargs,
+      method,
+      precision,
+    )
   values = pairs.values
   for key, abstract in stored.items():
     if key not in values:
