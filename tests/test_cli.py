@@ -3,6 +3,8 @@ a small target (checked against plain Linen), and the command end to end in two 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
 import json
 import os
@@ -13,10 +15,13 @@ import sys
 import time
 import uuid
 
+import flax
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from loopbridge.__main__ import main
 from loopbridge._cli import inputs, inspect_cmd, output
@@ -167,6 +172,19 @@ def test_malformed_target(capsys, target):
   )
 
 
+@pytest.mark.parametrize(
+  "target,fixed",
+  [
+    ("models.py:TransformerLM", "models:TransformerLM"),
+    ("src/lm/models.py:LM", "src.lm.models:LM"),
+  ],
+)
+def test_a_file_for_a_module_suggests_the_module(capsys, target, fixed):
+  assert_one_line_error(
+    capsys, ["inspect", target], 2, rf"names a file.*did you mean '{re.escape(fixed)}'\? \(drop"
+  )
+
+
 def test_unimportable_module(capsys):
   assert_one_line_error(
     capsys,
@@ -205,7 +223,10 @@ def test_module_exiting_on_import(capsys, tmp_path, monkeypatch, code):
 @pytest.mark.parametrize(
   "attr,pattern",
   [
-    ("Missing", r"has no attribute 'Missing'"),
+    ("Missing", r"has no attribute 'Missing'$"),
+    ("NET", r"has no attribute 'NET'; did you mean '[\w]+:Net'\?$"),
+    ("Nett", r"has no attribute 'Nett'; did you mean '[\w]+:Net'\?$"),
+    ("Net.othr", r"has no attribute 'Net.othr'; did you mean '[\w]+:Net.other'\?$"),
     ("NeedsFields", r"Linen module class NeedsFields, which has required fields \(depth\)"),
     ("not_a_model", r"is a int, not a Linen module"),
     ("factory_with_param", r"function with required parameters \(width\)"),
@@ -794,3 +815,61 @@ def test_json_is_the_only_stdout_when_the_model_prints(tmp_path):
     extra_path=str(tmp_path),
   )
   assert "hello from the import" in text.stdout  # without --json, stdout is left alone
+
+
+# lm1b / t5x style: params annotated with logical axis names, no mesh on the command line.
+LOGICAL_SOURCE = """
+import flax.linen as nn
+
+
+class Logical(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    h = nn.Dense(4, kernel_init=init)(x)
+    self.sow("intermediates", "h", h)
+    return h
+"""
+
+
+@pytest.fixture
+def logical_target(tmp_path, monkeypatch):
+  name = f"lb_cli_logical_{uuid.uuid4().hex[:8]}"
+  (tmp_path / f"{name}.py").write_text(LOGICAL_SOURCE)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield f"{name}:Logical"
+  sys.modules.pop(name, None)
+
+
+def test_inspect_of_logically_partitioned_params_gives_the_whole_fix(capsys, logical_target):
+  if not (hasattr(nnx, "use_eager_sharding") or hasattr(flax.config, "flax_always_shard_variable")):
+    pytest.skip("this flax never shards a Variable when it creates it")
+  code, _, err = run_main(capsys, "inspect", logical_target, "--arg", "float32[1,3]")
+  line = err.strip().splitlines()[-1]
+  assert code == 1
+  assert "cannot run on the given inputs" not in line
+  assert "Logical cannot create its partition-annotated params without a mesh" in line
+  assert "Fix: either initialize under a mesh" in line  # lb.ToNNX's fix, not cut off
+  assert line.endswith(
+    "Fix here: pass --no-eager-sharding (the params are created unsharded, as flax 0.10 did; "
+    "what the model sows does not depend on it)."
+  )
+
+
+def test_inspect_no_eager_sharding_records_what_plain_linen_sows(capsys, logical_target):
+  argv = ["inspect", logical_target, "--arg", "float32[1,3]", "--no-eager-sharding", "--json"]
+  code, out, _ = run_main(capsys, *argv)
+  assert code == 0
+  doc = json.loads(out)
+  # The reference: plain Linen's own apply, with the params unboxed (no mesh needed).
+  module = importlib.import_module(logical_target.split(":")[0]).Logical()
+  x = jnp.ones((1, 3))
+  with contextlib.ExitStack() as stack:
+    if hasattr(nnx, "use_eager_sharding"):
+      stack.enter_context(nnx.use_eager_sharding(False))
+    params = nn.unbox(module.init(jax.random.key(0), x))
+  _, state = module.apply(params, x, mutable=["intermediates"])
+  (expected,) = state["intermediates"]["h"]
+  assert [s["path"] for s in doc["sow_sites"]["sites"]] == ["h"]
+  assert doc["sow_sites"]["sites"][0]["shape"] == list(expected.shape)
+  assert doc["live_check"]["loopbridge"]["recorded"]["intermediates/h"]["kept"] == 5

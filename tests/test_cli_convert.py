@@ -15,6 +15,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from flax import linen as nn
 from flax import nnx
 from flax.nnx.training.optimizer import OptState
 
@@ -103,6 +104,22 @@ class Encoder(nn.Module):
 
   def encode(self, x, train):
     return self.out(self.drop(jnp.tanh(self.inp(x)), deterministic=not train))
+
+
+class Annotated(nn.Module):
+  # lm1b style: params boxed with logical axis names (nn.LogicallyPartitioned) at init.
+  @nn.compact
+  def __call__(self, x):
+    init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    return nn.Dense(4, kernel_init=init, name="proj")(x)
+
+
+class AnnotatedPort(nnx.Module):
+  def __init__(self, rngs):
+    self.proj = nnx.Linear(3, 4, rngs=rngs)
+
+  def __call__(self, x):
+    return self.proj(x)
 
 
 class EncoderPort(nnx.Module):
@@ -281,3 +298,34 @@ def test_a_bad_method_or_keyword_input_is_named(tmp_path, target, capsys, extra,
   common = [f"{target}:Encoder", f"{target}:EncoderPort", "--arg", "float32[5,3]"]
   got = main(["convert", *common, *extra, str(tmp_path / "src"), str(tmp_path / "dst")])
   assert got == code and match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("saved", ["boxed", "unboxed"])
+def test_a_train_state_saved_with_or_without_its_metadata_boxes_converts(
+  tmp_path, target, capsys, saved
+):
+  models = importlib.import_module(target)
+  model, tx = models.Annotated(), models.tx
+  x = jax.random.normal(jax.random.key(0), (5, 3))
+  params = model.init(jax.random.key(1), x)["params"]  # boxed: kernel is LogicallyPartitioned
+  if saved == "unboxed":
+    params = nn.unbox(params)  # what many training loops save
+  opt_state = tx.init(params)
+  state = {"params": params, "opt_state": opt_state, "step": jnp.asarray(3, jnp.int32)}
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(str(tmp_path / "linen"), state)
+  checkpointer.wait_until_finished()
+
+  argv = [f"{target}:Annotated", f"{target}:AnnotatedPort", "--arg", "float32[5,3]"]
+  argv += ["--tx", f"{target}:tx", str(tmp_path / "linen"), str(tmp_path / "nnx")]
+  assert main(["convert", *argv]) == 0, capsys.readouterr().err
+
+  port = models.AnnotatedPort(nnx.Rngs(7))
+  optimizer = nnx.Optimizer(port, tx, wrt=nnx.Param)
+  restored = checkpointer.restore(
+    str(tmp_path / "nnx"), {"model": nnx.state(port), "optimizer": nnx.state(optimizer, OptState)}
+  )
+  nnx.update(port, restored["model"])
+  nnx.update(optimizer, restored["optimizer"])
+  np.testing.assert_allclose(port(x), model.apply({"params": params}, x), rtol=1e-6, atol=1e-6)
+  assert int(optimizer.step[...]) == 3

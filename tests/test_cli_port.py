@@ -125,6 +125,18 @@ def test_existing_file_is_not_overwritten(capsys, tmp_path):
   assert out.read_text() == "# my edits\n"
 
 
+def test_a_misspelled_target_is_reported_before_an_existing_output(capsys, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "mlp_dropout_nnx.py").write_text("# an earlier draft\n")  # the default output
+  argv = ["port", "port_models.mlp_dropout:Model", "--arg", "float32[4,24]"]
+  assert main(argv) == 1
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err == (
+    "loopbridge port: error: module 'port_models.mlp_dropout' has no attribute 'Model'; "
+    "did you mean 'port_models.mlp_dropout:model'?"
+  )
+
+
 def test_directory_output_is_a_usage_error(capsys, tmp_path):
   assert main(["port", *MLP, "-o", str(tmp_path)]) == 2
   assert "is a directory" in capsys.readouterr().err

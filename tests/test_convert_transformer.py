@@ -317,10 +317,27 @@ def test_decode_steps_are_equal_with_a_kv_cache_on_both_sides(rules):
     np.testing.assert_array_equal(got, expected, err_msg=f"step {t}")
 
 
-@pytest.mark.parametrize("decode", [False, True], ids=["plain", "decode-mode"])
-def test_a_linen_cache_is_neither_refused_nor_converted(decode):
-  # The variables of a decode-mode `init` hold a `cache` collection next to the params, and a
-  # decode-mode module creates one; the port sizes its own. Caches are per-sequence state.
+def test_a_cache_given_to_a_decode_model_runs_as_its_decode_state():
+  # A decode-mode model creates a cache on the call, so the given one is the state the call
+  # reads: run with it, this model refuses the 6-token sample (as Linen's own apply does).
+  linen = LinenLM()
+  variables = _trained_like(linen.init(jax.random.key(1), TOKENS))
+  cache = LinenLM(decode=True).init(jax.random.key(0), PROMPT)["cache"]
+  port = PortLM(nnx.Rngs(0))
+  port.init_cache(*PROMPT.shape)
+  with pytest.raises(
+    lb.checkpoint.CheckpointError,
+    match=r"(?s)decode takes one token per call.*The given `cache` collection ran as this "
+    r"call's decode state.*leave `cache` out of the variables",
+  ):
+    lb.checkpoint.linen_to_nnx(
+      LinenLM(decode=True), {**variables, "cache": cache}, port, TOKENS, rules=RULES
+    )
+
+
+def test_a_linen_cache_the_call_does_not_read_is_neither_refused_nor_converted():
+  # The variables of a decode-mode `init` hold a `cache` collection next to the params; a
+  # plain-mode call creates no cache, so it never reads one: left out, the port keeps its own.
   linen = LinenLM()
   variables = _trained_like(linen.init(jax.random.key(1), TOKENS))
   cache = LinenLM(decode=True).init(jax.random.key(0), PROMPT)["cache"]
@@ -329,7 +346,7 @@ def test_a_linen_cache_is_neither_refused_nor_converted(decode):
   port.init_cache(*PROMPT.shape)
 
   report = lb.checkpoint.linen_to_nnx(
-    LinenLM(decode=decode), {**variables, "cache": cache}, port, TOKENS, rules=RULES
+    linen, {**variables, "cache": cache}, port, TOKENS, rules=RULES
   )
   # The report says the cache was left out, and why.
   assert report.skipped == ("cache",) and report.to_dict()["skipped"] == ["cache"]

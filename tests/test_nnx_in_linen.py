@@ -240,6 +240,39 @@ def test_an_nnx_accumulator_inside_linen_is_declared_and_reduced_in_place(entry)
   assert _variable_ids(model) == ids  # updated in place: no Variable created or replaced
 
 
+class BareAccumulating(nn.Module):
+  """The NNX part is the whole Linen model: its graphdef sits at the root of 'nnx' (flax 0.10)."""
+
+  @nn.compact
+  def __call__(self, x):
+    return bridge.ToLinen(Accumulating, args=(4, 3), name="part")(x)
+
+
+@pytest.mark.parametrize("where", ["inside", "bare"])
+def test_an_nnx_accumulators_model_runs_again_in_plain_linen_and_accumulates_as_it(where):
+  # The Linen variables of the model (records left out) are what plain Linen holds: its apply
+  # takes them (flax 0.10's ToLinen rebuilt its module from a graphdef that named the
+  # accumulator: "Expected key 'total' in state"), and the accumulator is the running sum of
+  # what plain Linen's applies, each starting from init_fn(), add to it.
+  linen = WrappedAccumulating() if where == "inside" else bridge.ToLinen(Accumulating, args=(4, 3))
+  model = lb.lazy_init(lb.ToNNX(linen, rngs=nnx.Rngs(0)), X, capacity=4)
+  model(XS[0])
+  _eager_then_loop(model, XS)
+  plain = params_only(model)
+  steps = [linen.apply(plain, x, mutable=["intermediates"])[1]["intermediates"] for x in XS]
+  if where == "bare":
+    steps = [{"part": s} for s in steps]
+  held = lb.linen_variables(model)["intermediates"]
+  got = held["part"]["total"] if where == "inside" else held["total"]
+  want = jnp.ones(3) + sum(s["part"]["total"] - jnp.ones(3) for s in steps)
+  assert_close(got, want)
+  recorded = lb.recorded(model)["intermediates"]
+  recorded = recorded["part"]["h"] if where == "inside" else recorded["h"]
+  for k, step in enumerate(steps):
+    (h,) = step["part"]["h"]
+    assert_close(recorded[k], h)
+
+
 # ====================================================== transforms and depth around the NNX part
 class Deep(nn.Module):
   """The NNX part two Linen levels down."""

@@ -149,7 +149,9 @@ def test_draft_is_ok(name):
   assert draft.todos == ()
   assert draft.check is not None and draft.check.equal and draft.check.error is None
   m = zoo_module(name)
-  assert len(draft.check.reports) == 1 + len(m.EXTRA_CALLS)
+  # The user's calls, then the class check's (random inputs, another batch size, another
+  # configuration).
+  assert len(draft.check.reports) > 1 + len(m.EXTRA_CALLS)
   assert all(r.ok for r in draft.check.reports)
   verdict = draft.report().strip().splitlines()[-1]
   n = len(draft.check.reports)
@@ -300,6 +302,59 @@ def test_decode_token_by_token():
     step = tokens[:, i : i + 1]
     want, updates = m.model.apply(linen_vars, step, mutable=["cache"])
     linen_vars = {**linen_vars, "cache": updates["cache"]}
+    assert_close(port(step), want, f"decode step {i}")
+
+
+def imported_port(draft: lb.port.Draft, tmp_path: pathlib.Path, name: str) -> tp.Any:
+  """The drafted source written to a file and imported, as a user imports it."""
+  path = draft.write(tmp_path / f"{name}.py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  assert spec is not None and spec.loader is not None
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.slow
+def test_lm_port_is_the_class_at_another_emb_dim(tmp_path):
+  """The drafted LM built with another emb_dim and max_len equals Linen there (its widths are
+  config expressions, not the sample's literals)."""
+  import dataclasses
+
+  m, draft, _ = drafted("transformer_lm")
+  module = imported_port(draft, tmp_path, "transformer_lm_nnx")
+  config = dataclasses.replace(m.config, emb_dim=24, mlp_dim=40, max_len=10)
+  linen = m.TransformerLM(config)
+  tokens = jax.random.randint(jax.random.key(5), (3, 10), 0, config.vocab_size)
+  variables = perturbed(linen.init(jax.random.key(0), tokens))
+  port = module.TransformerLM(config, rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(linen, variables, port, tokens)
+  assert_close(port(tokens), linen.apply(variables, tokens), "emb_dim=24")
+
+
+@pytest.mark.slow
+def test_decode_cache_is_sized_by_init_cache(tmp_path):
+  """No cache of the sample's size in __init__: `init_cache((batch, max_length))` sizes it,
+  and the port decodes a longer sequence at another batch size token by token like Linen."""
+  import dataclasses
+
+  m, draft, _ = drafted("transformer_lm_decode")
+  assert "def init_cache(self, input_shape" in draft.source
+  init = draft.source.split("def __call__")[0]
+  assert ".init_cache(" not in init.split("def init_cache")[0], draft.source
+  module = imported_port(draft, tmp_path, "transformer_lm_decode_nnx")
+  config = dataclasses.replace(m.config, max_len=12)
+  linen = m.TransformerLM(config)
+  variables = linen.init(jax.random.key(0), jnp.zeros((3, 12), jnp.int32))
+  port = module.TransformerLM(config, rngs=nnx.Rngs(0))
+  port.init_cache((3, 12))
+  tokens = jax.random.randint(jax.random.key(8), (3, 12), 0, config.vocab_size)
+  lb.checkpoint.linen_to_nnx(linen, variables, port, tokens[:, :1])
+  for i in range(12):
+    step = tokens[:, i : i + 1]
+    want, updates = linen.apply(variables, step, mutable=["cache"])
+    variables = {**variables, "cache": updates["cache"]}
     assert_close(port(step), want, f"decode step {i}")
 
 

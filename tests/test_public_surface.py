@@ -97,3 +97,29 @@ def test_every_public_name_is_in_the_api_reference():
 
 def test_no_private_names_documented():
   assert not [n for n in _documented() if any(part.startswith("_") for part in n.split("."))]
+
+
+def _public_exceptions() -> dict[str, type[BaseException]]:
+  """Every public exception and warning, by the name the docs give it (`lb.x` / `lb.ns.x`)."""
+  found = {}
+  for prefix, ns in [("", lb), *((f"{name}.", ns) for name, ns in NAMESPACES.items())]:
+    for name in ns.__all__:
+      obj = getattr(ns, name)
+      if isinstance(obj, type) and issubclass(obj, BaseException):
+        found[f"loopbridge.{prefix}{name}"] = obj
+  return found
+
+
+def test_every_public_exception_shows_its_public_name():
+  import importlib
+  import traceback
+
+  exceptions = _public_exceptions()
+  assert {"loopbridge.sharding.ShardingError", "loopbridge.port.PortError"} <= set(exceptions)
+  for public, cls in exceptions.items():
+    module, _, name = public.rpartition(".")
+    assert f"{cls.__module__}.{cls.__qualname__}" == public
+    assert repr(cls) == f"<class '{public}'>"
+    assert getattr(importlib.import_module(cls.__module__), cls.__qualname__) is cls
+    shown = traceback.format_exception_only(cls, cls("message"))[-1]
+    assert shown == f"{public}: message\n", (module, name, shown)

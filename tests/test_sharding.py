@@ -340,10 +340,11 @@ class _SowsH(nn.Module):
     return h
 
 
-@pytest.mark.parametrize("how", ["collection", "path", "callable"])
+@pytest.mark.parametrize("how", ["collection", "path", "path in its collection", "callable"])
 def test_shard_buffers_places_every_call_signatures_buffers_by_the_public_path(mesh, how):
   # Two call signatures (batch 8, then batch 4): a key, or a callable, names a sow's buffers
-  # of every signature alike, by the path users see (never the internal slot key).
+  # of every signature alike, by the path users see (never the internal slot key). The path
+  # with its collection ("intermediates/h", as the callable and lb.sow_sites name it) too.
   big = jax.random.normal(jax.random.key(2), (BATCH, FEATURES))
   small = big[:4] * 2
   model = lb.lazy_init(lb.ToNNX(_SowsH(), rngs=nnx.Rngs(0)), big, capacity=2)
@@ -354,7 +355,12 @@ def test_shard_buffers_places_every_call_signatures_buffers_by_the_public_path(m
     seen.append(site)
     return P("data")
 
-  spec = {"collection": {"intermediates": P("data")}, "path": {"h": P("data")}, "callable": rule}
+  spec = {
+    "collection": {"intermediates": P("data")},
+    "path": {"h": P("data")},
+    "path in its collection": {"intermediates/h": P("data")},
+    "callable": rule,
+  }
   lb.sharding.shard_buffers(model, spec[how], mesh=mesh)
   if how == "callable":
     assert sorted(seen) == ["intermediates/h", "intermediates/h"]
@@ -371,14 +377,20 @@ def test_shard_buffers_places_every_call_signatures_buffers_by_the_public_path(m
     np.testing.assert_allclose(got["intermediates"]["h"][0], state["intermediates"]["h"][0], **TOL)
 
 
-def test_shard_buffers_key_with_the_collection_is_refused_for_every_signature_alike(mesh):
-  # As for capacity=, a sow path is given inside its collection: "intermediates/h" names no
-  # buffer, whichever signature's (it once matched the second signature's only, silently).
+def test_shard_buffers_key_naming_no_buffer_lists_the_keys_that_would(mesh):
+  # A key naming no buffer is refused, and every name the message lists is a key that works.
   big = jax.random.normal(jax.random.key(2), (BATCH, FEATURES))
   model = lb.lazy_init(lb.ToNNX(_SowsH(), rngs=nnx.Rngs(0)), big, capacity=2)
   lb.preallocate(model, big[:4], capacity=2)
-  with pytest.raises(lb.sharding.ShardingError, match=r"\[.intermediates/h.\] name no buffer"):
-    lb.sharding.shard_buffers(model, {"intermediates/h": P("data")}, mesh=mesh)
+  with pytest.raises(
+    lb.sharding.ShardingError,
+    match=r"\['intermediates/g'\] name no buffer.*are: \['intermediates/h'\]",
+  ):
+    lb.sharding.shard_buffers(model, {"intermediates/g": P("data")}, mesh=mesh)
+  lb.sharding.shard_buffers(model, {"intermediates/h": P("data")}, mesh=mesh)
+  for label in (f"(float32[{BATCH},{FEATURES}])", f"(float32[4,{FEATURES}])"):
+    buf = lb.buffers(model, signature=label)["intermediates"]["h"]
+    assert _spec_equal(buf, mesh, P(None, "data", None)), (label, buf.sharding)
 
 
 def test_shard_buffers_rejects_uneven_split(mesh):

@@ -579,6 +579,64 @@ def test_layer_of_a_stack_of_bridged_linen_layers_runs_and_equals_linen(how, gra
   )
 
 
+def test_layers_of_a_bridged_stack_count_apart_and_read_back_honestly():
+  # lb.layers.layer(stack, 1) runs layer 1 alone: only its count advances. Reading the stack
+  # back refuses while its layers hold different numbers of records (two never ran; their
+  # slots hold nothing sown), and names the per-layer read; lb.counts gives each layer's.
+  # Reference: plain Linen apply of each layer's own variables.
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  layers = _bridged_layers(x)
+  variables = [lb.linen_variables(layer) for layer in layers]
+  stacked = lb.layers.stack(layers)
+  y = lb.layers.layer(stacked, 1)(x)
+  h, state = LinenLayer().apply(variables[1], x, mutable=["intermediates"])
+  np.testing.assert_allclose(y, h, rtol=1e-6, atol=1e-6)
+  assert lb.counts(stacked)["intermediates"]["h"].tolist() == [0, 1, 0]
+  with pytest.raises(
+    lb.layers.StackError, match=r"layers recorded 0, 1, 0 values.*layer\(stack, i\)"
+  ):
+    lb.recorded(stacked)
+  got = lb.recorded(lb.layers.layer(stacked, 1))["intermediates"]["h"]
+  np.testing.assert_allclose(got, state["intermediates"]["h"][0][None], rtol=1e-6, atol=1e-6)
+  assert lb.recorded(lb.layers.layer(stacked, 0))["intermediates"]["h"].shape == (0, 2, 4)
+  second = lb.layers.unstack(stacked)[1]
+  np.testing.assert_allclose(lb.recorded(second)["intermediates"]["h"], got)
+  for i in (0, 2):  # every layer has run once: the stack reads back, [calls, layers, ...]
+    lb.layers.layer(stacked, i)(x)
+  want = np.stack(
+    [
+      LinenLayer().apply(v, x, mutable=["intermediates"])[1]["intermediates"]["h"][0]
+      for v in variables
+    ]
+  )
+  np.testing.assert_allclose(
+    lb.recorded(stacked)["intermediates"]["h"], want[None], rtol=1e-6, atol=1e-6
+  )
+
+
+@pytest.mark.parametrize("overflow", ["error", "wrap"])
+def test_a_stack_read_inside_a_trace_orders_each_layer_by_its_own_count(overflow):
+  # Inside a trace the whole buffer comes back; under "wrap" each layer's ring is turned by
+  # its own count (layer 1 ran four times into three slots, layer 0 once).
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  layers = [
+    lb.lazy_init(lb.ToNNX(LinenLayer(), rngs=nnx.Rngs(i)), x, capacity=3, overflow=overflow)
+    for i in range(2)
+  ]
+  variables = [lb.linen_variables(layer) for layer in layers]
+  stacked = lb.layers.stack(layers)
+  runs = {0: [x], 1: [x, x + 1, x + 2, x + 3] if overflow == "wrap" else [x, x + 1]}
+  for i, xs in runs.items():
+    for xi in xs:
+      lb.layers.layer(stacked, i)(xi)
+  full, counts = nnx.jit(lambda s: (lb.recorded(s), lb.counts(s)))(stacked)
+  assert counts["intermediates"]["h"].tolist() == [len(runs[0]), len(runs[1])]
+  for i, xs in runs.items():
+    want = [LinenLayer().apply(variables[i], xi) for xi in xs][-3:]
+    got = full["intermediates"]["h"][: len(want), i]
+    np.testing.assert_allclose(got, np.stack(want), rtol=1e-6, atol=1e-6)
+
+
 class BridgedNet(nnx.Module):
   def __init__(self, layers):
     self.layers = layers

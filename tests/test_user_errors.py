@@ -10,7 +10,9 @@ import dataclasses
 import types
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -136,3 +138,65 @@ def test_on_python_3_10_the_notes_list_is_filled_alike(monkeypatch):
   _user_errors.add_note(error, "first")
   _user_errors.add_note(error, "first")  # once only
   assert error.__notes__ == ["loopbridge: first"]
+
+
+class DecodeLM(nn.Module):
+  """flax's decode attention: its cache is sized from the input given to `init`."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(11, 8)(tokens)
+    x = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8, decode=True)(x, x)
+    self.sow("intermediates", "h", x)
+    return nn.Dense(11)(x)
+
+
+def _decoder(batch):
+  model = lb.ToNNX(DecodeLM(), rngs=nnx.Rngs(0))
+  lb.lazy_init(model, jnp.zeros((batch, 6), jnp.int32), capacity=3)
+  lb.preallocate(model, jnp.zeros((batch, 1), jnp.int32), capacity=3)
+  return model
+
+
+@pytest.mark.parametrize("entry", ["call", "jit", "preallocate"])
+def test_another_batch_on_a_decode_cache_names_the_cache_its_shape_and_the_fix(entry):
+  model = _decoder(1)
+  step = jnp.ones((2, 1), jnp.int32)
+  # The reference: plain Linen sizes the cache from init's input.
+  plain = DecodeLM().init(jax.random.key(0), jnp.zeros((1, 6), jnp.int32))
+  sized = plain["cache"]["MultiHeadDotProductAttention_0"]["cached_key"].shape
+  with pytest.raises(ValueError, match="Autoregressive cache shape error") as info:
+    if entry == "call":
+      model(step, mutable=True)
+    elif entry == "jit":
+      nnx.jit(lambda m, t: m(t, mutable=True))(model, step)
+    else:
+      lb.preallocate(model, step, capacity=3)
+  text = notes(info.value)
+  assert (
+    "the state 'cache' was sized for batch 1 "
+    f"(cache/MultiHeadDotProductAttention_0/cached_key: {sized}, " in text
+  )
+  assert "this call has batch 2; the same call runs with that state sized for batch 2" in text
+  assert "Fix: lb.lazy_init(model, *inputs, capacity=...) again with inputs of batch 2" in text
+  if entry == "preallocate":  # plain Linen called as a decoding user calls it
+    assert (
+      "plain Linen `DecodeLM.apply(variables, *args, mutable=['cache'])` fails the same way" in text
+    )
+
+
+def test_the_note_is_left_out_when_resizing_the_state_would_not_help():
+  model = _decoder(1)
+  with pytest.raises(ValueError) as info:  # wrong length and batch: a resized cache fails too
+    model(jnp.ones((2, 7), jnp.int32), mutable=True)
+  assert "sized for batch" not in notes(info.value)
+
+
+def test_the_fix_in_the_note_decodes_as_plain_linen_does():
+  model = _decoder(2)
+  step = jnp.array([[3], [4]], jnp.int32)
+  variables = lb.linen_variables(model)
+  expected, _ = DecodeLM().apply(
+    {"params": variables["params"], "cache": variables["cache"]}, step, mutable=["cache"]
+  )
+  np.testing.assert_allclose(model(step, mutable=True), expected, rtol=1e-6, atol=1e-6)

@@ -24,6 +24,7 @@ from .._core.errors import CheckpointError
 from .._core.site import key_str
 from .._diagnostics.compare_tolerance import HIGHEST, check_context, check_precision
 from .convert_align import (
+  CACHE,
   SKIPPED_COLLECTIONS,
   Key,
   Value,
@@ -33,8 +34,8 @@ from .convert_align import (
   nnx_variables,
   unflatten,
 )
-from .convert_evidence import Check, OutputMismatch, Sides, Verdict, decide
-from .convert_match import Pair, pair_units, reorderings
+from .convert_evidence import Check, Sides, Verdict, decide
+from .convert_match import Pair, pair_units, split_classes
 from .convert_moves import Axes, to_linen, to_nnx
 from .convert_report import ConversionReport
 from .layer_values import is_placeholder
@@ -55,6 +56,8 @@ class Plan(list[Pair]):
     self.checks: list[Check] = verdict.checks
     self.output_error = verdict.output_error
     self.values = verdict.values
+    # Whether a given Linen decode cache was converted (the sample call was a decode step).
+    self.cache = any(k[0] == CACHE for k in verdict.values) if sides.forward else False
 
 
 def _check_call(
@@ -93,7 +96,8 @@ def _plan(
   forward: bool,
   sample_kwargs: tp.Mapping[str, tp.Any] | None,
   method: str | None,
-  precision: str,
+  cache: tp.Mapping[str, object] | None = None,
+  precision: str = HIGHEST,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   """Pair both models' leaves and decide every open candidate by running them (the caller runs
   this under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
@@ -114,31 +118,21 @@ def _plan(
       f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
     )
   _check_call(linen_module, port, sample_kwargs, method)
-  lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method)
-  nunits = nnx_units(port, sample_args, sample_kwargs, method)
+  lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method, cache)
+  with_cache = any(k[0] == CACHE for k in stored)
+  nunits = nnx_units(port, sample_args, sample_kwargs, method, with_cache)
   pairs = pair_units(lunits, nunits, mapping, rules)
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
   sides = Sides(
     linen_module, modules, port, sample_args, values, forward, sample_kwargs, method, precision
   )
-  try:
-    verdict = decide(pairs, sides, axis_options)
-  except OutputMismatch as mismatch:
-    # Call order paired modules of equal shapes wrongly (e.g. the port calls them in another
-    # order): every other assignment within those classes is run; one must agree.
-    found = []
-    for other in reorderings(pairs):
-      try:
-        found.append((other, decide(other, sides, axis_options)))
-      except CheckpointError:
-        continue
-    if len(found) != 1:
-      raise mismatch from None
-    pairs, verdict = found[0]
-    for pair, check in zip(pairs, verdict.checks):
-      if pair.order_class is not None:
-        check.decided, check.candidates = "model", check.candidates + 1
+  verdict = decide(pairs, sides, axis_options)
+  # A class of modules of equal shapes was decided as one pair (every assignment); from
+  # here on (the report, an optax state's moves) it is one pair per module again.
+  split = split_classes(pairs)
+  pairs = [pair for pair, _ in split]
+  verdict.checks = [verdict.checks[n] for _, n in split]
   return Plan(pairs, verdict, sides), stored
 
 
@@ -342,15 +336,18 @@ def linen_to_nnx(
   first, then by path, then by shapes in call order, then by leaf transforms (split, fuse,
   reshape, transpose) below a module path both sides share. Nothing is chosen by order
   alone: a Linen stack's layer axis is read from its `nn.scan` `variable_axes`; wherever
-  several candidates fit (leaves of equal shapes under other names, a split's order, a layer
-  axis that cannot be read when the depth equals a width, modules of equal shapes), the Linen
-  model
-  runs once on `sample_args` and each candidate is checked against it, module by module where
-  the modules ran outside transforms, else through the model's output; exactly one must agree.
-  The kept conversion is checked the same way before anything is written. Every collection is
-  converted (`params` into `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...) but decode
-  caches: a Linen `cache` collection is left out and the port keeps its `nnx.Cache` values;
-  values are never cast; each keeps the port's sharding.
+  several candidates fit (leaves of equal shapes under other names, a square kernel that may
+  be stored transposed, a split's order, a layer axis that cannot be read when the depth
+  equals a width, every assignment among modules of equal shapes), both models run on
+  `sample_args` and on probes made from their shapes and dtypes (random values, so that a
+  degenerate sample cannot make a wrong candidate agree), and each candidate is checked
+  against Linen on every input, module by module where the modules ran outside transforms,
+  else through the model's output; exactly one must agree. The kept conversion is checked the
+  same way before anything is written. Every collection is converted (`params` into
+  `nnx.Param`, `batch_stats` into `nnx.BatchStat`, ...); a Linen `cache` collection is
+  converted (and run, as the call's decode state) only when the sample call creates one (a
+  decode step of flax's `has_variable('cache', ...)` idiom), else left out with the port
+  keeping its `nnx.Cache` values; values are never cast; each keeps the port's sharding.
 
   Args:
     linen_module: the Linen model (unbound).
@@ -412,7 +409,8 @@ def linen_to_nnx(
     )
 
   def checked_source(stored: dict[Key, jax.ShapeDtypeStruct]) -> dict[Key, Value]:
-    source = flatten(tp.cast(Variables, variables))
+    keep = (CACHE,) if any(k[0] == CACHE for k in stored) else ()
+    source = flatten(tp.cast(Variables, variables), keep=keep)
     missing = ["/".join(k) for k in stored if k not in source]
     extra = ["/".join(k) for k in source if k not in stored]
     wrong = [
@@ -449,9 +447,10 @@ def linen_to_nnx(
       True,
       sample_kwargs,
       method,
+      tp.cast(tp.Mapping[str, object], variables.get(CACHE)),
       precision,
     )
-  targets = nnx_variables(port)
+  targets = nnx_variables(port, cache=pairs.cache)
   writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
   optimizer_arrays = 0
@@ -477,7 +476,9 @@ def linen_to_nnx(
     step=None if optimizer is None else int(_compat.variable_value(optimizer.step)),
     output_error=pairs.output_error,
     layer_axes=pairs.axes,
-    skipped=sorted(k for k in variables if k in SKIPPED_COLLECTIONS),
+    skipped=sorted(
+      k for k in variables if k in SKIPPED_COLLECTIONS and not (k == CACHE and pairs.cache)
+    ),
     tolerance=pairs.tolerance,
   )
 
@@ -571,7 +572,7 @@ def nnx_to_linen(
       False,
       sample_kwargs,
       method,
-      precision,
+      precision=precision,
     )
   values = pairs.values
   for key, abstract in stored.items():

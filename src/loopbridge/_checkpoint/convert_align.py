@@ -41,9 +41,13 @@ Value = jax.Array | np.ndarray
 
 # Values that are not model state: recorded activations, rng streams, and decode caches
 # (Linen's `cache` collection, `nnx.Cache`): per-sequence state each side sizes by its own
-# init on the full length, often in its own layout, which the plain sample call never reads,
-# so no evidence could check a pairing. Each side keeps its own; neither is converted.
+# init on the full length, often in its own layout, which a plain sample call never reads,
+# so no evidence could check a pairing. Each side keeps its own; neither is converted, but
+# where the sample call is a decode step (the Linen call creates a `cache` and one is given:
+# flax's `has_variable('cache', ...)` idiom), the given cache is state that call reads, so it
+# is converted and checked like the rest (`CACHE`).
 SKIPPED_COLLECTIONS = frozenset({"intermediates", "cache"})
+CACHE = "cache"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +110,9 @@ def _linen_calls(
   sample_args: tuple[object, ...],
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
-) -> tuple[dict[tuple[str, ...], _Call], dict[Key, jax.ShapeDtypeStruct]]:
-  """Every Linen module call of one abstract `init`, and the variables `init` stores."""
+) -> tuple[dict[tuple[str, ...], _Call], dict[Key, jax.ShapeDtypeStruct], set[str]]:
+  """Every Linen module call of one abstract `init`, the variables `init` stores (no
+  skipped collection) and the collections it creates."""
   log: dict[tuple[str, ...], _Call] = {}
   pending: list[tuple[str | None, dict[str, int]]] = []
 
@@ -147,14 +152,17 @@ def _linen_calls(
       f"running the Linen module {type(module).__name__} on the sample arguments failed "
       f"({type(e).__name__}: {e}). Pass the arguments a forward call takes (e.g. one batch)."
     ) from e
-  return log, tp.cast(dict[Key, jax.ShapeDtypeStruct], flatten(stored))
+  return log, tp.cast(dict[Key, jax.ShapeDtypeStruct], flatten(stored)), set(stored)
 
 
-def flatten(tree: tp.Mapping[str, object], prefix: tuple[str, ...] = ()) -> dict[Key, Value]:
-  """Nested Linen variables as `{(collection, *path, name): value}` (boxes removed)."""
+def flatten(
+  tree: tp.Mapping[str, object], prefix: tuple[str, ...] = (), keep: tp.Container[str] = ()
+) -> dict[Key, Value]:
+  """Nested Linen variables as `{(collection, *path, name): value}` (boxes removed; the
+  skipped collections left out but those in `keep`)."""
   flat: dict[Key, Value] = {}
   for key, value in linen_meta.unbox(tree).items():
-    if not prefix and key in SKIPPED_COLLECTIONS:
+    if not prefix and key in SKIPPED_COLLECTIONS and key not in keep:
       continue
     if isinstance(value, tp.Mapping):
       flat.update(flatten(value, (*prefix, str(key))))
@@ -204,14 +212,17 @@ def _logging_class(cls: type[nnx.Module]) -> type:
   return _LOGGING_CLASSES[cls]
 
 
-def nnx_variables(port: nnx.Module) -> dict[Key, nnx.Variable]:
-  """The port's Variables as `{(collection, *path, name): Variable}` (no rng streams)."""
+def nnx_variables(port: nnx.Module, cache: bool = False) -> dict[Key, nnx.Variable]:
+  """The port's Variables as `{(collection, *path, name): Variable}` (no rng streams; its
+  decode caches only with `cache`)."""
   found: dict[Key, nnx.Variable] = {}
+  keep = (CACHE,) if cache else ()
   for path, node in _compat.iter_graph(port):
     if isinstance(node, nnx.Variable) and not isinstance(node, nnx.RngState):
       col = _compat.collection_name(type(node))
+      skipped = col in SKIPPED_COLLECTIONS and col not in keep
       # A value-less Param (flax 0.10: `nnx.Linear(use_bias=False).bias`) holds nothing.
-      if col not in SKIPPED_COLLECTIONS and _compat.variable_value(node) is not None:
+      if not skipped and _compat.variable_value(node) is not None:
         found[(col, *(str(p) for p in path))] = node
   return found
 
@@ -380,10 +391,16 @@ def linen_units(
   sample_args: tuple[object, ...],
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
+  cache: tp.Mapping[str, object] | None = None,
 ) -> tuple[list[Unit], dict[Key, jax.ShapeDtypeStruct], dict[tuple[str, ...], nn.Module]]:
   """The Linen module's units, the abstract variables its `init` stores, and each called
-  module unbound by path (to apply one alone)."""
-  calls, stored = _linen_calls(module, sample_args, sample_kwargs, method)
+  module unbound by path (to apply one alone). A given decode `cache` joins them when the
+  call creates one (a decode step reads it), with the given shapes (sized by an `init` on
+  the full length, not by this call's)."""
+  calls, stored, created = _linen_calls(module, sample_args, sample_kwargs, method)
+  if cache is not None and CACHE in created:
+    given = flatten({CACHE: cache}, keep=(CACHE,))
+    stored.update({k: jax.ShapeDtypeStruct(np.shape(v), v.dtype) for k, v in given.items()})
   modules = {p: tp.cast(nn.Module, c.module) for p, c in calls.items() if c.module is not None}
   return _units(calls, stored, linen=True), stored, modules
 
@@ -393,8 +410,9 @@ def nnx_units(
   sample_args: tuple[object, ...],
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
+  cache: bool = False,
 ) -> list[Unit]:
-  """The NNX port's units."""
+  """The NNX port's units (its decode caches among them with `cache`)."""
   calls = _nnx_calls(port, sample_args, sample_kwargs, method)
-  stored = {k: _compat.variable_value(v) for k, v in nnx_variables(port).items()}
+  stored = {k: _compat.variable_value(v) for k, v in nnx_variables(port, cache).items()}
   return _units(calls, stored, linen=False)

@@ -1,8 +1,10 @@
 """Deciding by running: every candidate pairing is checked against the source model's outputs.
 
-The source side (Linen for `linen_to_nnx`, the port for `nnx_to_linen`) runs once on the
-sample arguments with its real values, recording each module's first concrete call (inputs
-and output; calls inside `nn.scan` / `nnx.scan` see tracers and are not recorded). Then:
+The source side (Linen for `linen_to_nnx`, the port for `nnx_to_linen`) runs with its real
+values on every input (`convert_probes`: the sample arguments and probes made from their
+shapes and dtypes, because a degenerate sample lets wrong candidates agree), recording each
+module's first concrete call (inputs and output; calls inside `nn.scan` / `nnx.scan` see
+tracers and are not recorded). A candidate agrees only if it agrees on every input. Then:
 1. A pair with several candidates (leaves of equal shapes under other names, a group that
    several leaf transforms fit) is decided where its modules were called concretely: the
    target module alone is applied, with each candidate's values, to the inputs the source
@@ -15,6 +17,7 @@ and output; calls inside `nn.scan` / `nnx.scan` see tracers and are not recorded
    pair whose modules both ran concretely is compared call against call, the rest through the
    model's output. A conversion that returns is one whose output agrees.
 
+Each decision notes which inputs ruled the other candidates out (the report's `probes`).
 Agreement is `|target - source| <= atol * max|source| + rtol * |source|` with `lb.compare`'s
 default tolerance for the dtype, backend and check precision (both models run under
 `jax.default_matmul_precision('highest')` by default; `convert.py` sets it). Candidates that
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import itertools
 import math
 import typing as tp
@@ -39,9 +43,10 @@ from .. import _compat
 from .._core.buffers import is_traced
 from .._core.errors import CheckpointError
 from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
-from .convert_align import Key, Value, nnx_variables, unflatten
-from .convert_match import MAX_OPTIONS, Pair
+from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
+from .convert_match import MAX_OPTIONS, Pair, unit_mapping
 from .convert_moves import Axes, to_linen, to_nnx
+from .convert_probes import Input, make_inputs, same_array
 
 Path = tuple[str, ...]
 
@@ -104,16 +109,41 @@ def linen_run(
         **(sample_kwargs or {}),
       )
   except Exception as e:
+    with_cache = any(k[0] == CACHE for k in variables)
     raise CheckpointError(
       f"running the Linen module {type(module).__name__} with the converted variables failed "
-      f"({type(e).__name__}: {e})."
+      f"({type(e).__name__}: {e})." + (CACHE_RUN_HELP if with_cache else "")
     ) from e
   return out, records
+
+
+CACHE_RUN_HELP = (
+  " The given `cache` collection ran as this call's decode state (the call creates a cache, "
+  "so it reads one). Fix: pass a sample call the model takes with this cache (one decode "
+  "step, e.g. one token), or leave `cache` out of the variables to convert the rest (the "
+  "port then keeps its own cache)."
+)
 
 
 _RECORDS: contextvars.ContextVar[dict[Path, Record] | None] = contextvars.ContextVar(
   "loopbridge_convert_records", default=None
 )
+# Under `jax.jit` (the port's run): the jit body's own trace. A call whose values belong to
+# it is recorded (its values come out of the jitted function); one inside a loop (`nnx.scan`)
+# has another trace and is not, as an eager run does not record calls that see tracers.
+_OUTER_TRACE: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+  "loopbridge_convert_outer_trace", default=None
+)
+
+
+def _recordable(tree: object) -> bool:
+  outer = _OUTER_TRACE.get()
+  leaves = jax.tree.leaves(tree)
+  if outer is None:
+    return not any(is_traced(x) for x in leaves)
+  return all(not is_traced(x) or _compat.trace_of(x) is outer for x in leaves)
+
+
 _PATH_ATTR = "_loopbridge_evidence_path"
 _RECORDING_CLASSES: dict[type, type] = {}
 
@@ -127,7 +157,7 @@ def _recording_class(cls: type) -> type:
       records = _RECORDS.get()
       path = getattr(self, _PATH_ATTR, None)
       fresh = records is not None and path is not None and path not in records
-      if fresh and _concrete((args, kwargs, out)):
+      if fresh and _recordable((args, kwargs, out)):
         tp.cast(dict, records)[path] = Record(tuple(args), dict(kwargs), out)
       return out
 
@@ -142,11 +172,85 @@ def _copy_with(node: nnx.Module, values: tp.Mapping[Key, Value] | None, prefix: 
   `prefix`); the original is left as it is, whatever the copy's call updates."""
   copy = _compat.clone_graph(node)
   if values:
-    for key, variable in nnx_variables(copy).items():
+    for key, variable in nnx_variables(copy, cache=True).items():
       full = (key[0], *prefix, *key[1:])
       if full in values:
         _compat.set_variable_value(variable, values[full])
   return copy
+
+
+def _recording_copy(port: nnx.Module, values: tp.Mapping[Key, Value] | None) -> nnx.Module:
+  """A copy of the port holding `values` whose modules record their calls by path."""
+  copy = _copy_with(port, values, ())
+  for path, node in _compat.iter_graph(copy):
+    if isinstance(node, nnx.Module) and callable(type(node)) and "__call__" in dir(type(node)):
+      node.__class__ = _recording_class(type(node))
+      setattr(node, _PATH_ATTR, tuple(str(p) for p in path))
+  return copy
+
+
+def _is_array(leaf: object) -> bool:
+  return isinstance(leaf, (jax.Array, np.ndarray))
+
+
+# What a jitted run's records hold besides arrays (Python scalars, None, ...), by the jit's
+# static arguments and the shapes it ran on: filled when jax traces, read on every call.
+_SKELETONS: dict[object, tuple[jax.tree_util.PyTreeDef, tuple[object, ...], tuple[bool, ...]]] = {}
+
+
+def _signature(graphdef, method, static, treedef, state, dynamic) -> object:
+  shapes = tuple((np.shape(x), str(jnp.result_type(x))) for x in jax.tree.leaves((state, dynamic)))
+  return (graphdef, method, static, treedef, shapes)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _jitted_call(graphdef, method, static, treedef, state, dynamic):
+  """The port's call under `jax.jit`: only its output and the recorded calls' arrays come
+  out (flax 0.10's eager `nnx.scan` over an `nnx.vmap` stack returns the stack's state as new
+  arrays, a second copy of the weights; compiled, nothing but the outputs is materialized)."""
+  model = nnx.merge(graphdef, state)
+  dyn = iter(dynamic)
+  leaves = [next(dyn) if is_dyn else value for is_dyn, value in static]
+  args, kwargs = jax.tree.unflatten(treedef, leaves)
+  records: dict[Path, Record] = {}
+  token = _RECORDS.set(records)
+  outer = _OUTER_TRACE.set(_compat.trace_of(jax.tree.leaves(state)[0]))
+  try:
+    out = getattr(model, method)(*args, **kwargs)
+  finally:
+    _RECORDS.reset(token)
+    _OUTER_TRACE.reset(outer)
+  flat, record_def = jax.tree.flatten(
+    {path: (r.args, r.kwargs, r.out) for path, r in records.items()}, is_leaf=lambda x: x is None
+  )
+  is_arr = tuple(is_traced(x) or _is_array(x) for x in flat)
+  key = _signature(graphdef, method, static, treedef, state, dynamic)
+  _SKELETONS[key] = (record_def, tuple(None if a else x for a, x in zip(is_arr, flat)), is_arr)
+  return out, [x for a, x in zip(is_arr, flat) if a]
+
+
+def _jitted_run(copy: nnx.Module, method: str, args: tuple, kwargs: dict) -> Ran | None:
+  """The recording copy's call under `jax.jit`; None where it cannot be (a Python value of
+  the call that cannot be a static argument): the caller runs it eagerly."""
+  leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)))
+  static = tuple((True, None) if _is_array(x) else (False, x) for x in leaves)
+  dynamic = [x for x in leaves if _is_array(x)]
+  try:
+    hash(static)
+  except TypeError:
+    return None
+  graphdef, state = _compat.split_graph(copy)
+  if not jax.tree.leaves(state):
+    return None
+  out, arrays = _jitted_call(graphdef, method, static, treedef, state, dynamic)
+  skeleton = _SKELETONS.get(_signature(graphdef, method, static, treedef, state, dynamic))
+  if skeleton is None:  # jax reused a compilation our key had not seen: run eagerly
+    return None
+  record_def, fixed, is_arr = skeleton
+  it = iter(arrays)
+  flat = [next(it) if a else x for a, x in zip(is_arr, fixed)]
+  tree = jax.tree.unflatten(record_def, flat)
+  return out, {path: Record(tuple(a), dict(k), o) for path, (a, k, o) in tree.items()}
 
 
 def nnx_run(
@@ -156,24 +260,24 @@ def nnx_run(
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   method: str | None = None,
 ) -> tuple[object, dict[Path, Record]]:
-  """A copy of the port holding `values` (None: its own) called once, recording each module's
-  first concrete `__call__`."""
-  copy = _copy_with(port, values, ())
-  for path, node in _compat.iter_graph(copy):
-    if isinstance(node, nnx.Module) and callable(type(node)) and "__call__" in dir(type(node)):
-      node.__class__ = _recording_class(type(node))
-      setattr(node, _PATH_ATTR, tuple(str(p) for p in path))
-  records: dict[Path, Record] = {}
-  token = _RECORDS.set(records)
+  """A copy of the port holding `values` (None: its own) called once under `jax.jit`,
+  recording each module's first call outside loops (its inputs and output)."""
+  copy = _recording_copy(port, values)
   try:
-    out = getattr(copy, method or "__call__")(*sample_args, **(sample_kwargs or {}))
+    ran = _jitted_run(copy, method or "__call__", tuple(sample_args), dict(sample_kwargs or {}))
+    if ran is not None:
+      return ran
+    records: dict[Path, Record] = {}
+    token = _RECORDS.set(records)
+    try:
+      out = getattr(copy, method or "__call__")(*sample_args, **(sample_kwargs or {}))
+    finally:
+      _RECORDS.reset(token)
   except Exception as e:
     raise CheckpointError(
       f"running the NNX port {type(port).__name__} with the converted values failed "
       f"({type(e).__name__}: {e})."
     ) from e
-  finally:
-    _RECORDS.reset(token)
   return out, records
 
 
@@ -236,6 +340,8 @@ class Check:
   candidates: int
   checked: str  # "module": its own call; "model": through the model's output
   max_abs_error: float
+  # The inputs ("sample", "probe 1", ...) that ruled the other candidates out.
+  probes: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -249,8 +355,13 @@ class Verdict:
   values: dict[Key, Value]
 
 
+# One run of a model on one input: its output and the calls it recorded.
+Ran = tuple[object, dict[Path, Record]]
+
+
 class Sides:
-  """The two models and the direction: which side is the source, how the target runs."""
+  """The two models and the direction: which side is the source, how the target runs, and
+  the inputs both run on (the sample and probes made from it)."""
 
   def __init__(
     self,
@@ -274,28 +385,50 @@ class Sides:
     self.source = source
     self.forward = to_nnx_direction
     self.tol = default_tolerance(precision=precision)  # the runs are under check_context
-    self._source_run: tuple[object, dict[Path, Record]] | None = None
+    self._inputs: list[Input] | None = None
+    self._source_runs: list[Ran] | None = None
 
   def convert(self, pairs: tp.Sequence[Pair], axes: Axes) -> dict[Key, Value]:
     return (to_nnx if self.forward else to_linen)(pairs, self.source, None, axes)
 
-  def run_source(self) -> tuple[object, dict[Path, Record]]:
-    """The source model on the sample arguments (run once, then remembered)."""
-    if self._source_run is None:
-      if self.forward:
-        self._source_run = linen_run(
-          self.linen_module, self.source, self.sample_args, self.sample_kwargs, self.method
-        )
-      else:
-        self._source_run = nnx_run(
-          self.port, None, self.sample_args, self.sample_kwargs, self.method
-        )
-    return self._source_run
+  def _run(self, linen: bool, values: tp.Mapping[Key, Value] | None, given: Input) -> Ran:
+    if linen:
+      return linen_run(
+        self.linen_module, tp.cast(tp.Mapping, values), given.args, given.kwargs, self.method
+      )
+    return nnx_run(self.port, values, given.args, given.kwargs, self.method)
 
-  def run_target(self, values: tp.Mapping[Key, Value]) -> tuple[object, dict[Path, Record]]:
-    if self.forward:
-      return nnx_run(self.port, values, self.sample_args, self.sample_kwargs, self.method)
-    return linen_run(self.linen_module, values, self.sample_args, self.sample_kwargs, self.method)
+  @property
+  def inputs(self) -> list[Input]:
+    """The sample, then the probes (made once, from the source's run on the sample)."""
+    self.run_source()
+    return tp.cast(list[Input], self._inputs)
+
+  def run_source(self) -> list[Ran]:
+    """The source model on every input (run once, then remembered)."""
+    if self._source_runs is None:
+      sample = Input("sample", tuple(self.sample_args), dict(self.sample_kwargs))
+      first = self._run(self.forward, self.source if self.forward else None, sample)
+      self._inputs = make_inputs(self.sample_args, self.sample_kwargs, self._vocabulary(first))
+      self._source_runs = [first] + [
+        self._run(self.forward, self.source if self.forward else None, given)
+        for given in self._inputs[1:]
+      ]
+    return self._source_runs
+
+  def _vocabulary(self, sample_run: Ran) -> tp.Callable[[object], int | None]:
+    """An integer sample leaf -> the vocabulary of the embedding whose recorded call took
+    it (`num_embeddings` of flax's `nn.Embed` / `nnx.Embed` and look-alikes)."""
+    found: list[tuple[object, int]] = []
+    for path, record in sample_run[1].items():
+      module = self.linen_modules.get(path) if self.forward else _node_at(self.port, path)
+      size = getattr(module, "num_embeddings", None)
+      if isinstance(size, int) and size > 1 and record.args:
+        found.append((record.args[0], size))
+    return lambda leaf: min((n for a, n in found if same_array(a, leaf)), default=None)
+
+  def run_target(self, values: tp.Mapping[Key, Value], given: Input) -> Ran:
+    return self._run(not self.forward, values, given)
 
   def source_path(self, pair: Pair) -> Path:
     return pair.linen_at if self.forward else pair.nnx_at
@@ -334,21 +467,28 @@ def _same_values(a: tp.Mapping[Key, Value], b: tp.Mapping[Key, Value]) -> bool:
 
 Groups = dict[tuple[object, ...], list[int]]
 AxisOptions = dict[tuple[Path, str], tuple[int, ...]]
-# The target's output and records, the layer axes and the values it ran with.
-Run = tuple[object, dict[Path, Record], dict[tuple[Path, str], int], dict[Key, Value]]
+# The target's runs (one per input), the layer axes and the values it ran with.
+Run = tuple[list[Ran], dict[tuple[Path, str], int], dict[Key, Value]]
+# Per open key: how it was decided and the inputs that ruled the other candidates out.
+Decided = dict[tuple[object, ...], tuple[str, tuple[str, ...]]]
+
+
+def _ruled_out(names: tp.Iterable[str], inputs: tp.Sequence[Input]) -> tuple[str, ...]:
+  found = set(names)
+  return tuple(i.name for i in inputs if i.name in found)
 
 
 def decide(pairs: list[Pair], sides: Sides, axis_options: AxisOptions) -> Verdict:
   """Choose every open candidate by running; check the whole conversion; raise if in doubt."""
-  ref_out, ref_records = sides.run_source()
+  refs = sides.run_source()
   groups: Groups = {}
   for i, pair in enumerate(pairs):
     groups.setdefault(pair.key, []).append(i)
   open_keys = [k for k, idx in groups.items() if len(pairs[idx[0]].options) > 1]
-  decided_by = _by_module(pairs, groups, open_keys, sides, ref_records)
+  decided_by, narrowed = _by_module(pairs, groups, open_keys, sides, refs)
   open_keys = [k for k in open_keys if k not in decided_by]
-  final = _by_model(pairs, groups, open_keys, sides, axis_options, ref_out, decided_by)
-  return _final_check(pairs, sides, ref_out, ref_records, final, decided_by)
+  final = _by_model(pairs, groups, open_keys, sides, axis_options, refs, decided_by, narrowed)
+  return _final_check(pairs, sides, refs, final, decided_by)
 
 
 def _by_module(
@@ -356,37 +496,58 @@ def _by_module(
   groups: Groups,
   open_keys: list[tuple[object, ...]],
   sides: Sides,
-  ref_records: dict[Path, Record],
-) -> dict[tuple[object, ...], str]:
+  refs: list[Ran],
+) -> tuple[Decided, dict[tuple[object, ...], list[int]]]:
   """Open pairs whose modules ran concretely: the target module alone, with each candidate,
-  on the inputs the source module saw (deepest modules first). Returns what it decided."""
-  decided_by: dict[tuple[object, ...], str] = {}
+  on the inputs the source module saw on every input (deepest modules first). Returns what
+  it decided, and for what stays open the candidates that agreed here (the model's runs
+  need try only those)."""
+  decided_by: Decided = {}
+  narrowed: dict[tuple[object, ...], list[int]] = {}
   for key in sorted(open_keys, key=lambda k: -len(sides.target_path(pairs[groups[k][0]]))):
     idx = groups[key]
     pair = pairs[idx[0]]
-    record = ref_records.get(sides.source_path(pair))
-    if len(idx) != 1 or record is None:
+    records = [ran[1].get(sides.source_path(pair)) for ran in refs]
+    if len(idx) != 1 or any(r is None for r in records):
       continue
     target = sides.target_path(pair)
     nearby = [
       p for p in pairs if any(_in(u.path, target) for u in (p.nnx if sides.forward else p.linen))
     ]
     agreeing: list[tuple[int, dict[Key, Value]]] = []
+    rejected: list[str] = []
     try:
       for option in range(len(pair.options)):
         pair.chosen = option
         values = {k: v for k, v in sides.convert(nearby, {}).items() if _under(k, target)}
-        out = sides.apply_target(target, values, record)
-        if agreement(record.out, out, sides.tol) is not None and not any(
-          _same_values(values, v) for _, v in agreeing
-        ):
-          agreeing.append((option, values))
+        for given, record in zip(sides.inputs, records):
+          record = tp.cast(Record, record)
+          if agreement(record.out, sides.apply_target(target, values, record), sides.tol) is None:
+            rejected.append(given.name)
+            break
+        else:
+          if not any(_same_values(values, v) for _, v in agreeing):
+            agreeing.append((option, values))
     except Exception:  # the module does not run alone on these inputs: the model decides
       agreeing = []
     pair.chosen = agreeing[0][0] if len(agreeing) == 1 else 0
     if len(agreeing) == 1:
-      decided_by[key] = "module"
-  return decided_by
+      decided_by[key] = ("module", _ruled_out(rejected, sides.inputs))
+    elif agreeing:
+      narrowed[key] = [option for option, _ in agreeing]
+      pair.chosen = narrowed[key][0]
+  return decided_by, narrowed
+
+
+def _run_all(sides: Sides, values: dict[Key, Value], refs: list[Ran]) -> tuple[list[Ran], str]:
+  """The target on every input, stopping at the first whose output disagrees (named)."""
+  runs: list[Ran] = []
+  for given, (ref_out, _) in zip(sides.inputs, refs):
+    ran = sides.run_target(values, given)
+    runs.append(ran)
+    if agreement(ref_out, ran[0], sides.tol) is None:
+      return runs, given.name
+  return runs, ""
 
 
 def _by_model(
@@ -395,16 +556,17 @@ def _by_model(
   open_keys: list[tuple[object, ...]],
   sides: Sides,
   axis_options: AxisOptions,
-  ref_out: object,
-  decided_by: dict[tuple[object, ...], str],
+  refs: list[Ran],
+  decided_by: Decided,
+  narrowed: dict[tuple[object, ...], list[int]],
 ) -> Run | None:
   """What stays open, on the whole model: every combination of open pairs and layer axes.
   Returns the decisive run (None when nothing was open)."""
   axis_keys = sorted(axis_options)
-  choices = [len(pairs[groups[k][0]].options) for k in open_keys]
-  choices += [len(axis_options[k]) for k in axis_keys]
-  total = math.prod(choices)
-  lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys)
+  choices = [narrowed.get(k, list(range(len(pairs[groups[k][0]].options)))) for k in open_keys]
+  choices += [list(range(len(axis_options[k]))) for k in axis_keys]
+  total = math.prod(len(c) for c in choices)
+  lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys, choices)
   if total > MAX_OPTIONS:
     raise CheckpointError(
       f"{total} combinations of candidates stay open after checking each module alone, too "
@@ -412,72 +574,99 @@ def _by_model(
       "for these (each line lists its candidates)."
     )
   if total == 1:
+    for key, (option,) in zip(open_keys, choices):
+      for i in groups[key]:
+        pairs[i].chosen = option
     return None
   agreeing: list[tuple[tuple[int, ...], dict[Key, Value], Run]] = []
-  for combo in itertools.product(*(range(c) for c in choices)):
+  rejected: list[str] = []
+  for combo in itertools.product(*choices):
     for key, option in zip(open_keys, combo):
       for i in groups[key]:
         pairs[i].chosen = option
     axes = {k: axis_options[k][o] for k, o in zip(axis_keys, combo[len(open_keys) :])}
     values = sides.convert(pairs, axes)
-    out, records = sides.run_target(values)
-    if agreement(ref_out, out, sides.tol) is not None and not any(
-      _same_values(values, v) for _, v, _ in agreeing
-    ):
-      agreeing.append((combo, values, (out, records, axes, values)))
+    runs, failed = _run_all(sides, values, refs)
+    if failed:
+      rejected.append(failed)
+    elif not any(_same_values(values, v) for _, v, _ in agreeing):
+      agreeing.append((combo, values, (runs, axes, values)))
+  names = ", ".join(i.name for i in sides.inputs)
   if not agreeing:
     raise CheckpointError(
       f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
-      f"sample arguments ({total} tried). The open choices:\n{lines}\nFix: check that the "
+      f"inputs ({names}; {total} tried). The open choices:\n{lines}\nFix: check that the "
       f"port computes what the Linen model computes (lb.compare), then pass rules=[...] or "
       f"mapping= for the leaves it stores otherwise. {_RNG_HELP}"
     )
   if len(agreeing) > 1:
-    raise CheckpointError(
-      f"{len(agreeing)} different conversions reproduce the {_source_name(sides)} "
-      f"model's output on the sample arguments, so the sample cannot tell them apart:\n"
-      f"{lines}\nFix: pass the intended one as rules=[...] or mapping= (ready to paste "
-      "above), or sample arguments that exercise every layer."
+    found = _open_lines(
+      pairs,
+      groups,
+      open_keys,
+      axis_options,
+      axis_keys,
+      [sorted(set(c)) for c in zip(*(a[0] for a in agreeing))],
     )
+    raise CheckpointError(ambiguous_message(len(agreeing), _source_name(sides), names, found))
   combo, _, run = agreeing[0]
   for key, option in zip(open_keys, combo):
     for i in groups[key]:
       pairs[i].chosen = option
-    decided_by[key] = "model"
+    decided_by[key] = ("model", _ruled_out(rejected, sides.inputs))
   return run
+
+
+def ambiguous_message(count: int, source: str, inputs: str, lines: str) -> str:
+  """The error of several candidates agreeing on every input."""
+  return (
+    f"{count} different conversions reproduce the {source} model's output on every input "
+    f"({inputs}), so the evidence cannot tell them apart:\n{lines}\nFix: pass the intended "
+    "one as rules=[...] or mapping= (ready to paste above), or sample arguments that "
+    "exercise every layer (e.g. more than one token, rows that differ)."
+  )
 
 
 def _final_check(
   pairs: list[Pair],
   sides: Sides,
-  ref_out: object,
-  ref_records: dict[Path, Record],
+  refs: list[Ran],
   final: Run | None,
-  decided_by: dict[tuple[object, ...], str],
+  decided_by: Decided,
 ) -> Verdict:
-  """The kept conversion against the source: the model's output, and each pair's own call."""
+  """The kept conversion against the source on every input: the model's output, and each
+  pair's own call."""
   if final is None:
-    axes = {}
+    axes: dict[tuple[Path, str], int] = {}
     values = sides.convert(pairs, axes)
-    out, records = sides.run_target(values)
+    runs, failed = _run_all(sides, values, refs)
   else:
-    out, records, axes, values = final
-  output_error = agreement(ref_out, out, sides.tol)
+    runs, axes, values = final
+    failed = ""
+  errors = [agreement(ref[0], ran[0], sides.tol) for ref, ran in zip(refs, runs)]
+  output_error = None if failed else max(tp.cast(list[float], errors))
   checks: list[Check] = []
   first_bad: Pair | None = None
   for pair in pairs:
-    ref = ref_records.get(sides.source_path(pair))
-    got = records.get(sides.target_path(pair))
-    err = None if ref is None or got is None else agreement(ref.out, got.out, sides.tol)
-    if ref is not None and got is not None and err is None and first_bad is None:
-      first_bad = pair
+    err: float | None = 0.0
+    for ref_run, ran in zip(refs, runs):
+      ref = ref_run[1].get(sides.source_path(pair))
+      got = ran[1].get(sides.target_path(pair))
+      one = None if ref is None or got is None else agreement(ref.out, got.out, sides.tol)
+      if ref is not None and got is not None and one is None and first_bad is None:
+        first_bad = pair
+      err = None if one is None or err is None else max(err, one)
+    if len(runs) < len(refs):
+      err = None
     n = len(pair.options)
+    how, probes = decided_by.get(pair.key, ("unique", ()))
     checks.append(
       Check(
-        decided_by.get(pair.key, "unique") if n > 1 else "unique",
+        how if n > 1 else "unique",
         n,
         "module" if err is not None else "model",
         err if err is not None else (output_error if output_error is not None else math.inf),
+        probes if n > 1 else (),
       )
     )
   if output_error is None:
@@ -488,9 +677,14 @@ def _final_check(
       if first_bad is not None
       else ""
     )
+    on = (
+      "the sample arguments"
+      if failed == "sample"
+      else f"{failed} (an input made from the sample's shapes)"
+    )
     raise OutputMismatch(
       f"the converted {'port' if sides.forward else 'Linen model'} does not reproduce the "
-      f"{_source_name(sides)} model's output on the sample arguments.{where} Fix: check the "
+      f"{_source_name(sides)} model's output on {on}.{where} Fix: check the "
       "port with lb.compare; if it stores arrays otherwise (split, fused, reshaped, "
       "transposed, renamed), pass rules=[...]; if modules pair wrongly, pass mapping=. " + _RNG_HELP
     )
@@ -515,17 +709,27 @@ def _open_lines(
   open_keys: tp.Sequence[tuple[object, ...]],
   axis_options: tp.Mapping[tuple[Path, str], tuple[int, ...]],
   axis_keys: tp.Sequence[tuple[Path, str]],
+  choices: tp.Sequence[tp.Sequence[int]] | None = None,
 ) -> str:
+  """The open choices, each candidate as the rules or mapping that declare it."""
   lines = []
-  for key in open_keys:
+  for n, key in enumerate(open_keys):
     pair = pairs[groups[key][0]]
     lines.append(f"  Linen `{_name(pair.linen_at)}` -> NNX `{_name(pair.nnx_at)}`:")
-    for option in range(len(pair.options)):
+    options = range(len(pair.options)) if choices is None else choices[n]
+    for option in options:
+      mapping = unit_mapping(pair, option)
+      if mapping is not None:
+        lines.append(f"    candidate {option + 1}: mapping={mapping!r}")
+        continue
       rules = ", ".join(str(m.rule) for m in pair.options[option])
       lines.append(f"    candidate {option + 1}: rules=[{rules}]")
-  for stack, col in axis_keys:
+  for n, (stack, col) in enumerate(axis_keys):
+    fitting = list(axis_options[(stack, col)])
+    if choices is not None:
+      fitting = [fitting[o] for o in choices[len(open_keys) + n]]
     lines.append(
       f"  Linen stack `{'/'.join(stack)}` stores `{col}` along one of the axes "
-      f"{list(axis_options[(stack, col)])} (its depth equals a width)"
+      f"{fitting} (its depth equals a width)"
     )
   return "\n".join(lines)

@@ -59,9 +59,11 @@ class Pair:
   options: list[tuple[Move, ...]]
   key: tuple[object, ...]
   chosen: int = 0
-  # Pairs made by call order among units of equal shapes share a class: if the check fails,
-  # other assignments within the class are tried (`reorderings`).
+  # Pairs made by call order among units of equal shapes share a class: every assignment
+  # within the class becomes an option of one class pair (`_class_pairs`).
   order_class: tuple[object, ...] | None = None
+  # A class pair: per option, the NNX unit each Linen unit goes to (indices into `nnx`).
+  assignments: list[tuple[int, ...]] | None = None
 
   @property
   def moves(self) -> tuple[Move, ...]:
@@ -263,16 +265,36 @@ def _leaf_options(lu: Unit, nu: Unit) -> list[tuple[Move, ...]] | None:
   ]
   options = []
   for combo in itertools.product(*per_class):
-    pairs = fixed + [p for part in combo for p in part]
-    options.append(
-      tuple(
-        Move(Rename((leaf_path(lu, a),), (leaf_path(nu, b),)), ((0, a),), ((0, b),))
-        for a, b in pairs
+    renamed = [p for part in combo for p in part]
+    # A leaf under another name may also be stored transposed: a square kernel `x @ W.T`
+    # (PyTorch's layout) has the shape of `x @ W`, so each shape-keeping permutation is a
+    # candidate too, for the evidence to decide.
+    ways = [[None]] * len(fixed) + [
+      [None, *_square_permutations(lu.leaves[a].shape)] for a, _ in renamed
+    ]
+    for how in itertools.product(*ways):
+      options.append(
+        tuple(
+          Move(_same_shape_rule(leaf_path(lu, a), leaf_path(nu, b), perm), ((0, a),), ((0, b),))
+          for (a, b), perm in zip(fixed + renamed, how)
+        )
       )
-    )
-    if len(options) > MAX_OPTIONS:
-      break
+      if len(options) > MAX_OPTIONS:
+        return options
   return options
+
+
+def _square_permutations(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+  """The non-identity axis permutations that keep `shape` (a square kernel's transpose)."""
+  return [
+    perm
+    for perm in itertools.permutations(range(len(shape)))
+    if perm != tuple(range(len(shape))) and tuple(shape[i] for i in perm) == shape
+  ]
+
+
+def _same_shape_rule(a: str, b: str, perm: tuple[int, ...] | None) -> LeafRule:
+  return Rename((a,), (b,)) if perm is None else Transpose((a,), (b,), perm)
 
 
 # --- leftovers: leaf transforms within a group ----------------------------------------------
@@ -571,38 +593,123 @@ def pair_units(
       "these modules found no counterpart (matched by path, by call order and shapes, and by "
       "leaf transforms under a shared module path)",
     )
-  return pairs
+  return _class_pairs(pairs)
 
 
 def _signature(unit: Unit) -> tuple[object, ...]:
   return (unit.layer is None, tuple(sorted(_kind(leaf, n) for n, leaf in unit.leaves.items())))
 
 
-# Classes of more units than this are not reordered (their permutations are too many).
-MAX_REORDERED = 4
+# More assignments than this for one class of modules of equal shapes: an error asks for a
+# mapping instead of trying them (6 modules: 720 assignments, each one module call per input).
+MAX_ASSIGNMENTS = 720
+
+ASSIGNMENTS_HELP = (
+  "Linen {linen} and NNX {nnx} hold variables of equal shapes under {where}, and can be "
+  "paired in {count} ways, more than the {cap} the converter tries. Fix: name the pairing, "
+  "e.g. (call order, check it) mapping={mapping!r}."
+)
 
 
-def reorderings(pairs: list[Pair]) -> tp.Iterator[list[Pair]]:
-  """The other ways to pair the units that call order paired among equal shapes (outside
-  stacks, classes of up to `MAX_REORDERED` units): each as a whole list of pairs."""
+def _class_pairs(pairs: list[Pair]) -> list[Pair]:
+  """Pairs made by call order among units of equal shapes, replaced by one pair per class
+  whose options are every assignment within it (units under the same parent module on each
+  side, one layer of a stack standing for all): call order alone decides nothing."""
   classes: dict[tuple[object, ...], list[int]] = {}
   for i, pair in enumerate(pairs):
-    if pair.order_class is not None and pair.layer is None and pair.nnx[0].layer is None:
-      classes.setdefault(pair.order_class, []).append(i)
-  movable = [idx for idx in classes.values() if 1 < len(idx) <= MAX_REORDERED]
-  perms = [list(itertools.permutations(range(len(idx)))) for idx in movable]
-  for n, combo in enumerate(itertools.product(*perms)):
-    if n > MAX_OPTIONS:
-      return
-    if all(p == tuple(range(len(p))) for p in combo):
+    if pair.order_class is not None:
+      lu, nu = pair.linen[0], pair.nnx[0]
+      where = (pair.order_class, lu.path[:-1], nu.path[:-1], lu.layer, nu.layer)
+      classes.setdefault(where, []).append(i)
+  out = list(pairs)
+  for idx in classes.values():
+    if len(idx) < 2:
       continue
-    new = list(pairs)
-    for idx, perm in zip(movable, combo):
-      for i, j in zip(idx, perm):
-        lu, nu = pairs[i].linen[0], pairs[idx[j]].nnx[0]
-        options = tp.cast(list[tuple[Move, ...]], _leaf_options(lu, nu))
-        new[i] = _unit_pair(lu, nu, "order", options)
-    yield new
+    lus = tuple(pairs[i].linen[0] for i in idx)
+    nus = tuple(pairs[i].nnx[0] for i in idx)
+    count = 1
+    for n in range(2, len(idx) + 1):
+      count *= n
+    if count > MAX_ASSIGNMENTS:
+      raise CheckpointError(
+        ASSIGNMENTS_HELP.format(
+          linen=", ".join(f"`{u.name}`" for u in lus),
+          nnx=", ".join(f"`{u.name}`" for u in nus),
+          where=f"`{'/'.join(_common(u.path for u in lus)) or '<root>'}`",
+          count=count,
+          cap=MAX_ASSIGNMENTS,
+          mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
+        )
+      )
+    options: list[tuple[Move, ...]] = []
+    assignments: list[tuple[int, ...]] = []
+    for perm in itertools.permutations(range(len(idx))):
+      per_unit = []
+      for i, j in enumerate(perm):
+        found = _leaf_options(lus[i], nus[j])
+        if found is None:
+          break
+        per_unit.append(
+          [
+            tuple(
+              Move(m.rule, tuple((i, n) for _, n in m.linen), tuple((j, n) for _, n in m.nnx))
+              for m in option
+            )
+            for option in found
+          ]
+        )
+      else:
+        for combo in itertools.product(*per_unit):
+          options.append(tuple(m for moves in combo for m in moves))
+          assignments.append(perm)
+          if len(options) > MAX_ASSIGNMENTS:
+            raise CheckpointError(
+              ASSIGNMENTS_HELP.format(
+                linen=", ".join(f"`{u.name}`" for u in lus),
+                nnx=", ".join(f"`{u.name}`" for u in nus),
+                where=f"`{'/'.join(_common(u.path for u in lus)) or '<root>'}`",
+                count=f"more than {MAX_ASSIGNMENTS}",
+                cap=MAX_ASSIGNMENTS,
+                mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
+              )
+            )
+    key = ("class", tuple(u.path for u in lus), tuple(u.path for u in nus), lus[0].layer is None)
+    group = Pair(
+      lus, nus, _common(u.path for u in lus), _common(u.path for u in nus), "order", options, key
+    )
+    group.assignments = assignments
+    out[idx[0]] = group
+    for i in idx[1:]:
+      out[i] = None  # pyright: ignore[reportCallIssue, reportArgumentType]
+  return [p for p in out if p is not None]
+
+
+def unit_mapping(pair: Pair, option: int) -> dict[str, str] | None:
+  """A class pair's candidate `option` as the `mapping=` that declares it (None: not a class)."""
+  if pair.assignments is None:
+    return None
+  perm = pair.assignments[option]
+  return {"/".join(pair.linen[i].path): "/".join(pair.nnx[j].path) for i, j in enumerate(perm)}
+
+
+def split_classes(pairs: tp.Sequence[Pair]) -> list[tuple[Pair, int]]:
+  """Each class pair as the unit pairs of its chosen assignment (so the report and the moves
+  of an optax state read one pair per module), with the index of the pair it came from."""
+  out: list[tuple[Pair, int]] = []
+  for n, pair in enumerate(pairs):
+    if pair.assignments is None:
+      out.append((pair, n))
+      continue
+    perm = pair.assignments[pair.chosen]
+    for i, j in enumerate(perm):
+      moves = tuple(
+        Move(m.rule, tuple((0, x) for _, x in m.linen), tuple((0, x) for _, x in m.nnx))
+        for m in pair.moves
+        if m.linen[0][0] == i
+      )
+      lu, nu = pair.linen[i], pair.nnx[j]
+      out.append((_unit_pair(lu, nu, "order", [moves]), n))
+  return out
 
 
 def _unit_pair(lu: Unit, nu: Unit, how: str, options: list[tuple[Move, ...]]) -> Pair:

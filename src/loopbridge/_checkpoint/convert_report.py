@@ -44,6 +44,9 @@ class Placement:
     checked: "module" (the pair's own outputs compared) or "model" (checked through the
       model's output, e.g. inside a scanned stack).
     max_abs_error: the largest absolute difference of that check.
+    probes: the inputs that ruled the other candidates out ("sample", "probe 1", ...: the
+      evidence runs on the sample arguments and on probes made from their shapes and dtypes);
+      empty for a unique candidate.
   """
 
   linen: str
@@ -55,6 +58,7 @@ class Placement:
   candidates: int = 1
   checked: str = "model"
   max_abs_error: float = 0.0
+  probes: tuple[str, ...] = ()
 
   def to_dict(self) -> dict[str, object]:
     return {
@@ -67,6 +71,7 @@ class Placement:
       "candidates": self.candidates,
       "checked": self.checked,
       "max_abs_error": self.max_abs_error,
+      "probes": list(self.probes),
     }
 
 
@@ -97,6 +102,7 @@ def _placement(group: list[tuple[Pair, Check]]) -> Placement:
     candidates=check.candidates,
     checked=checked,
     max_abs_error=max(c.max_abs_error for c in checks),
+    probes=check.probes,
   )
 
 
@@ -188,6 +194,8 @@ class ConversionReport:
     for p in self.placements:
       names = ", ".join(a.split("/", 1)[1] if a == b else f"{a} -> {b}" for a, b in p.variables)
       decided = "" if p.decided == "unique" else f", 1 of {p.candidates} by {p.decided}"
+      if p.probes:
+        decided += f" on {', '.join(p.probes)}"
       err = "inf" if math.isinf(p.max_abs_error) else f"{p.max_abs_error:.3g}"
       lines.append(
         f"  {p.linen:<{width}}  ->  {p.nnx}  ({p.how}{decided}: {names}; {p.checked} check, "

@@ -160,13 +160,29 @@ def _quiet_orbax() -> tp.Iterator[None]:
       logger.disabled = was
 
 
-def restore(source: str, target: object, what: str) -> tp.Any:
+def unboxed(target: object) -> object:
+  """`target` with Linen's metadata boxes (`nn.Partitioned`, ...) replaced by their values:
+  the layout of a train state saved after `nn.unbox`, which many training loops save."""
+  import jax
+  from flax.core import meta
+
+  from .._core.linen_vars import unbox
+
+  return jax.tree.map(
+    lambda x: unbox(x, constrain=False), target, is_leaf=lambda x: isinstance(x, meta.AxisMetadata)
+  )
+
+
+def restore(source: str, target: object, what: str, layouts: tp.Sequence[object] = ()) -> tp.Any:
   """Read the checkpoint at `source` into the structure of `target`, checked first.
 
   Args:
     source: the checkpoint directory as given on the command line.
     target: the tree to read (arrays or `jax.ShapeDtypeStruct`s, typed keys allowed).
     what: "Linen" or "NNX", for the messages.
+    layouts: other trees holding the same arrays in another layout (the params without their
+      metadata boxes): the checkpoint is read into the one its metadata matches exactly; the
+      messages name `target`'s differences when none does.
 
   Returns:
     The restored tree, typed keys where `target` holds them.
@@ -194,6 +210,11 @@ def restore(source: str, target: object, what: str) -> tp.Any:
     raise CliError(not_orbax.format(why="orbax found no array metadata in it"))
   saved = _specs(tree)
   error = _mismatch(source, what, saved, _specs(readable))
+  for layout in layouts:  # chosen by the saved paths, shapes and dtypes, never by guessing
+    if (
+      error is not None and _mismatch(source, what, saved, _specs(_key_data_target(layout))) is None
+    ):
+      target, readable, error = layout, _key_data_target(layout), None
   if error is not None:
     raise error
   try:

@@ -209,7 +209,11 @@ def run(args: argparse.Namespace) -> int:
       target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target
       )
-      state = checkpoint_io.restore(args.source, target, "Linen")
+      # Saved as the model's init makes it (metadata boxes with their 'value' level) or
+      # after nn.unbox (what many training loops save): linen_to_nnx takes either.
+      state = checkpoint_io.restore(
+        args.source, target, "Linen", layouts=[checkpoint_io.unboxed(target)]
+      )
       variables = {k: v for k, v in state.items() if k not in ("opt_state", "step")}
       with progress("converting"):
         report = lb.checkpoint.linen_to_nnx(

@@ -39,6 +39,15 @@ from .output import progress, stdout_to_stderr
 if tp.TYPE_CHECKING:
   from .options import Subcommands
 
+# flax >= 0.12 shards partition-annotated params (nn.with_logical_partitioning) when they are
+# created, which needs a mesh; the command has none to give. lb.ToNNX's ShardingError says so
+# and how to get past it in Python; this says how from the shell.
+NO_MESH = (
+  "{model} cannot create its partition-annotated params without a mesh: {message} "
+  "Fix here: pass --no-eager-sharding (the params are created unsharded, as flax 0.10 did; "
+  "what the model sows does not depend on it)."
+)
+
 
 def add_parser(commands: Subcommands) -> None:
   """Register `inspect` and its options."""
@@ -87,6 +96,13 @@ def add_parser(commands: Subcommands) -> None:
     type=options.positive_int,
     default=5,
     help="loop steps of the live check (default: 5)",
+  )
+  p.add_argument(
+    "--no-eager-sharding",
+    action="store_true",
+    help="create partition-annotated params (nn.with_logical_partitioning) unsharded, as "
+    "flax 0.10 did (nnx.use_eager_sharding(False)): flax >= 0.12 shards them at creation, "
+    "which needs a mesh",
   )
   options.add_common_options(p, "print one JSON document instead")
   p.set_defaults(run=run)
@@ -191,6 +207,10 @@ def inspect_model(
       # Dropped sows are listed in the report itself.
       warnings.simplefilter("ignore", lb.DroppedSowWarning)
       lb.lazy_init(model, *args, capacity=capacity, **call_kwargs)
+  except lb.sharding.ShardingError as e:
+    # The whole message: its Python fix is on later lines, and the switch is the shell's.
+    message = " ".join(str(e).split())
+    raise CliError(NO_MESH.format(model=type(module).__name__, message=message)) from e
   except Exception as e:
     raise CliError(
       f"{type(module).__name__} cannot run on the given inputs ({inputs.describe(specs)}"
@@ -257,17 +277,19 @@ def run(ns: argparse.Namespace) -> int:
   with stdout_to_stderr() if ns.json else contextlib.nullcontext():
     with progress("importing the model"):
       module = default_model.default_model() if target is None else load_linen_target(target)
-    doc = inspect_model(
-      module,
-      specs,
-      method=ns.method,
-      capacity=ns.capacity if ns.capacity is not None else ns.steps,
-      steps=ns.steps,
-      seed=ns.seed,
-      target=target,
-      description=description,
-      capture=ns.capture,
-    )
+    eager = _compat.no_eager_sharding() if ns.no_eager_sharding else contextlib.nullcontext()
+    with eager:
+      doc = inspect_model(
+        module,
+        specs,
+        method=ns.method,
+        capacity=ns.capacity if ns.capacity is not None else ns.steps,
+        steps=ns.steps,
+        seed=ns.seed,
+        target=target,
+        description=description,
+        capture=ns.capture,
+      )
   if ns.json:
     doc.pop("sow_sites_table", None)
     print(json.dumps(doc, indent=2))

@@ -9,6 +9,7 @@ arguments or from `rngs` alone.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import os
@@ -46,6 +47,34 @@ def _required_parameters(function: tp.Callable[..., object]) -> list[str] | None
   ]
 
 
+# A TARGET written as a file (`models.py:Net`, `src/models.py:Net`) rather than a module.
+FILE_NOT_MODULE = (
+  "{what} {target!r} names a file, but TARGET names a module as Python imports it: "
+  "did you mean {fixed!r}? (drop '.py'; run from the file's directory or put it on PYTHONPATH)"
+)
+# The attribute is not there; the closest names the module (or class) has.
+NO_ATTRIBUTE = "module {module!r} has no attribute {attr!r}"
+DID_YOU_MEAN = "; did you mean {fixed!r}?"
+
+
+def _as_module(module_name: str) -> str | None:
+  """`models` for `models.py`, `src.models` for `src/models.py`; None for a module name."""
+  if not module_name.endswith(".py"):
+    return None
+  dotted = module_name.removesuffix(".py").replace("\\", "/").strip("./").replace("/", ".")
+  return dotted if all(part.isidentifier() for part in dotted.split(".")) else None
+
+
+def _closest(name: str, owner: object) -> str | None:
+  """The attribute of `owner` a misspelled `name` most likely meant (case first)."""
+  names = [n for n in dir(owner) if not n.startswith("_")]
+  same_case = [n for n in names if n.lower() == name.lower()]
+  if same_case:
+    return same_case[0]
+  close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+  return close[0] if close else None
+
+
 def resolve(target: str, what: str = "TARGET") -> object:
   """Import `package.module:attr` and return the attribute.
 
@@ -58,6 +87,11 @@ def resolve(target: str, what: str = "TARGET") -> object:
       `sys.exit` while importing, or an attribute it lacks.
   """
   module_name, sep, attr = target.partition(":")
+  as_module = _as_module(module_name)
+  if as_module is not None and attr:
+    raise CliError(
+      FILE_NOT_MODULE.format(what=what, target=target, fixed=f"{as_module}:{attr}"), USAGE_ERROR
+    )
   if (
     not sep
     or not module_name
@@ -90,9 +124,15 @@ def resolve(target: str, what: str = "TARGET") -> object:
       "model"
     ) from None
   obj: object = module
-  for part in attr.split("."):
+  parts = attr.split(".")
+  for i, part in enumerate(parts):
     if not hasattr(obj, part):
-      raise CliError(f"module {module_name!r} has no attribute {attr!r}")
+      message = NO_ATTRIBUTE.format(module=module_name, attr=attr)
+      closest = _closest(part, obj)
+      if closest is not None:
+        fixed = ".".join([*parts[:i], closest, *parts[i + 1 :]])
+        message += DID_YOU_MEAN.format(fixed=f"{module_name}:{fixed}")
+      raise CliError(message)
     obj = getattr(obj, part)
   return obj
 

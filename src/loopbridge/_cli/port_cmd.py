@@ -128,9 +128,10 @@ def run(ns: argparse.Namespace) -> int:
   kwarg_items = [call_specs.parse_kwarg(t) for t in (ns.kwargs or [])]
   call_items = [call_specs.parse_call_spec(t) for t in (ns.calls or [])]
   kwargs = call_specs.keyword_values(kwarg_items, ns.seed)
-  path = _output_path(ns.target, ns.output, ns.force)
   with progress("importing the model"):
     module = load_linen_target(ns.target, command="port")
+  # After the target: a misspelled TARGET is reported as such, not as an existing output file.
+  path = _output_path(ns.target, ns.output, ns.force)
   if ns.method is not None and not callable(getattr(module, ns.method, None)):
     raise CliError(f"{type(module).__name__} has no method {ns.method!r} (--method)")
   args = inputs.sample_inputs(specs, ns.seed)

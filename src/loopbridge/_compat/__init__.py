@@ -918,3 +918,14 @@ def optimizer_update(optimizer: nnx.Optimizer, model: nnx.Module, grads: nnx.Sta
     optimizer.update(model, grads)  # pyright: ignore[reportCallIssue]
   else:
     optimizer.update(grads)  # pyright: ignore[reportCallIssue]
+
+
+def trace_of(x: object) -> object | None:
+  """The trace a tracer belongs to (None for a concrete value, or where jax does not say).
+
+  jax keeps it as the private `Tracer._trace` (since the stackless tracing of 0.4.36; read on
+  jax 0.5.3 and 0.10.2). Used only to tell a value of a `jax.jit` body from one of a loop
+  inside it; a jax without it gives None, and callers then treat the value as nested (the
+  conservative answer).
+  """
+  return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None

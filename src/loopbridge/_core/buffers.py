@@ -22,7 +22,7 @@ from flax import nnx
 from .. import _compat
 from . import placement
 from .capacity import Overflow
-from .errors import BufferOverflowError, NotDeclaredError
+from .errors import BufferOverflowError, NotDeclaredError, StackError
 
 COUNT_DTYPE = jnp.int32
 # A count stops here instead of wrapping around to negative numbers (which would read back as
@@ -252,6 +252,18 @@ def is_traced(x: object) -> bool:
   return isinstance(x, jax.core.Tracer)
 
 
+# Reading a stack whose layers hold different numbers of records as one array would hand
+# back slots a layer never wrote (zeros) as if they were its records.
+UNEVEN_LAYERS = (
+  "sow site {label} of a layer stack: its layers recorded {counts} values since the last "
+  "reset, so they do not fill one [records, layers, ...] array. Why: a layer run alone "
+  "(lb.layers.layer(stack, i)(...)) advances its own count only; the other layers' slots hold "
+  "nothing sown. Fix: read a layer by itself, lb.recorded(lb.layers.layer(stack, i)) (or "
+  "lb.layers.unstack(stack)); lb.counts(stack) gives each layer's count; lb.reset(stack) "
+  "starts every layer from zero."
+)
+
+
 def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
   """The recorded values, oldest first.
 
@@ -259,7 +271,9 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
   `overflow="error"` reading an overflowed buffer raises `BufferOverflowError`.
   Inside a trace (jit, loops): shapes must be static, so the full `(capacity, ...)` buffer is
   returned (oldest first for `"wrap"`); slots past `count` hold zeros. Use `lb.counts` there.
-  `count`: the site's entry of its recorder's Count vector.
+  `count`: the site's entry of its recorder's Count vector; for a stack seen by `flat_view`,
+  one per layer (`(*stack,)`): each layer's ring is turned by its own, and outside a trace the
+  layers must agree (StackError otherwise).
   """
   buf = _compat.variable_value(buffer)
   n = count
@@ -268,9 +282,19 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
   if is_traced(buf) or is_traced(n):
     if policy == "wrap":
       shift = jnp.where(n > capacity, n % capacity, 0)
-      return jnp.roll(buf, -shift, axis=0)
+      if not jnp.ndim(shift):
+        return jnp.roll(buf, -shift, axis=0)
+      # Per layer: slot k of layer l is ring slot (k + shift[l]) % capacity.
+      order = (jnp.arange(capacity).reshape((capacity,) + (1,) * shift.ndim) + shift) % capacity
+      order = order.reshape(order.shape + (1,) * (buf.ndim - order.ndim))
+      return jnp.take_along_axis(buf, order, axis=0)
     return buf
-  n = int(n)
+  per_layer = np.asarray(n).reshape(-1)
+  if per_layer.size > 1 and (per_layer != per_layer[0]).any():
+    raise StackError(
+      UNEVEN_LAYERS.format(label=label, counts=", ".join(str(int(c)) for c in per_layer))
+    )
+  n = int(per_layer[0]) if per_layer.size else 0
   if n >= COUNT_LIMIT:
     raise BufferOverflowError(
       f"sow site {label} was sown {COUNT_LIMIT} times or more since the last reset, the "
@@ -301,16 +325,19 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
 
 def flat_view(buffer: Buffer, count: jax.Array) -> tuple[Buffer, jax.Array]:
   """A stacked buffer `(*stack, capacity, ...)` seen as `(capacity, *stack, ...)`, and the
-  site's count (`count`: its entry of the Count vector, with the stack axes) as one scalar.
+  site's count (`count`: its entry of the Count vector, with the stack axes).
 
-  Every layer of a stack sows once per call, so the counts agree; their maximum is used.
+  The count stays one per layer: a layer run alone (`lb.layers.layer`) advances its own entry,
+  so the layers of a stack need not agree (`read` checks them).
   """
   k = getattr(buffer, "stack_axes", 0) or 0
+  if _compat.is_layer_view(buffer) and k:
+    k -= 1  # one layer of the stack (`lb.layers.layer`): its value lacks the first stack axis
   if not k:
     return buffer, count
   value = _compat.variable_value(buffer)
   moved = jnp.moveaxis(value, k, 0)
-  return Buffer(moved, overflow=buffer.overflow), jnp.max(count)
+  return Buffer(moved, overflow=buffer.overflow), count
 
 
 def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]:

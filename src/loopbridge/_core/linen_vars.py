@@ -209,18 +209,27 @@ def add_accumulators(
       nnx_sown[site] = init_fn.variable_type
       setattr(node, NNX_ACCUMULATORS_ATTR, tuple(sorted(nnx_sown.items())))
   add_variables(node, variables)
-  fit_tolinen_graphdefs(node, [s for s, (f, _) in new.items() if isinstance(f, NNXAccumulatorInit)])
+  _grow_tolinen_graphdefs(node)
 
 
 # Static on a bridged node: ((site, variable type), ...) of the NNX modules' accumulators
 # (see `NNXAccumulatorInit`), which every call passes back in as Variables.
 NNX_ACCUMULATORS_ATTR = "loopbridge__nnx_accumulators"
+# Static on a bridged node (flax 0.10 only): ((path of a ToLinen part, the graphdef it stored,
+# that graphdef grown by the part's accumulators), ...), see `_grow_tolinen_graphdefs`.
+TOLINEN_GRAPHDEFS_ATTR = "loopbridge__tolinen_graphdefs"
 
 
 def call_variables(node: bridge.ToNNX) -> dict[str, tp.Any]:
   """The Linen variables a call of the node's module takes: `to_linen` of its attributes, the
-  accumulators of NNX modules inside it given as flax's wrapper needs them to reduce into."""
+  accumulators of NNX modules inside it given as flax's wrapper needs them to reduce into
+  (and, on flax 0.10, with a graphdef that names them)."""
   variables = to_linen(attrs(node))
+  for part, stored, grown in getattr(node, TOLINEN_GRAPHDEFS_ATTR, ()):
+    held = _nested(variables.get("nnx", {}), part)
+    if isinstance(held, dict) and "graphdef" in held:
+      # A graphdef replaced since (Linen variables loaded into the model) is grown anew.
+      held["graphdef"] = grown if held["graphdef"] == stored else _grown(node, variables, part)
   for site, variable_type in getattr(node, NNX_ACCUMULATORS_ATTR, ()):
     tree = variables
     for key in site[:-1]:
@@ -230,47 +239,50 @@ def call_variables(node: bridge.ToNNX) -> dict[str, tp.Any]:
   return variables
 
 
-def fit_tolinen_graphdefs(node: bridge.ToNNX, added: tp.Iterable[tuple[str, ...]]) -> None:
-  """Give flax 0.10 ToLinen parts the NNX accumulators just added at `added` (sites).
+def _grow_tolinen_graphdefs(node: bridge.ToNNX) -> None:
+  """Keep, for each flax 0.10 ToLinen part with NNX accumulators, the graphdef calls give it.
 
   0.10's `nnx.bridge.ToLinen` rebuilds its NNX module from the graphdef it stored at init,
   which lacks the accumulator a custom-reduce `sow` creates in apply: passed back in, it would
-  be an unknown key. Each stored graphdef (`('nnx', *part, 'graphdef')`) with an accumulator
-  under its part is grown by it (`_compat.tolinen_graphdef_with`); flax 0.12 stores none.
+  be an unknown key. Calls therefore get that graphdef grown by the accumulators
+  (`_compat.tolinen_graphdef_with`). The Linen variables keep the graphdef plain Linen
+  stored, so they still run in plain Linen without the records (a grown graphdef there asks
+  for the accumulator: "Expected key ... in state"). flax 0.12 stores no graphdef.
   """
-  held = attrs(node)
-  variables = to_linen(held)
-  statics = traverse_util.flatten_dict(dict(variables.get("nnx", {})))
-  for key, graphdef in statics.items():
-    if key[-1] != "graphdef" or is_data(graphdef):
-      continue
-    part = key[:-1]
-    mine = {
-      site[1 + len(part) :]: (site[0], _nested(variables, site))
-      for site in added
-      if site[1 : 1 + len(part)] == part and _nested(variables, site) is not None
-    }
-    if not mine:
-      continue
-    inside = {
-      col: _nested(tree, part)
-      for col, tree in variables.items()
-      if col != "nnx" and _nested(tree, part) is not None
-    }
-    inside = {  # the accumulators are what the stored graphdef lacks: added below
-      col: traverse_util.unflatten_dict(
-        {
-          p: v
-          for p, v in traverse_util.flatten_dict(dict(tree)).items()
-          if (col, *p) not in {(c, *q) for q, (c, _) in mine.items()}
-        }
+  if not _compat.tolinen_stores_graphdef():
+    return
+  variables = to_linen(attrs(node))
+  grown = []
+  for key, stored in traverse_util.flatten_dict(dict(variables.get("nnx", {}))).items():
+    if key[-1] == "graphdef" and not is_data(stored):
+      part = key[:-1]
+      new = _grown(node, variables, part)
+      if new is not stored:
+        grown.append((part, stored, new))
+  setattr(node, TOLINEN_GRAPHDEFS_ATTR, tuple(grown))
+
+
+def _grown(node: bridge.ToNNX, variables: tp.Mapping[str, tp.Any], part: tuple[str, ...]) -> object:
+  """The graphdef stored for the ToLinen part at `part`, grown by its NNX accumulators."""
+  stored = _nested(variables["nnx"], part)["graphdef"]
+  mine = {
+    site[1 + len(part) :]: (site[0], _nested(variables, site))
+    for site, _ in getattr(node, NNX_ACCUMULATORS_ATTR, ())
+    if site[1 : 1 + len(part)] == part and _nested(variables, site) is not None
+  }
+  if not mine:
+    return stored
+  # The part's own variables, but for the accumulators: those are what the graphdef lacks.
+  added = {(c, *q) for q, (c, _) in mine.items()}
+  inside = {}
+  for col, tree in variables.items():
+    subtree = _nested(tree, part)
+    if col != "nnx" and isinstance(subtree, tp.Mapping):
+      flat = traverse_util.flatten_dict(dict(subtree))
+      inside[col] = traverse_util.unflatten_dict(
+        {p: v for p, v in flat.items() if (col, *p) not in added}
       )
-      for col, tree in inside.items()
-    }
-    grown = _compat.tolinen_graphdef_with(graphdef, inside, mine)
-    owner = _nested(held, part)
-    if isinstance(owner, tp.MutableMapping):
-      owner["graphdef"] = grown  # stock ToNNX keeps the static value as a plain entry
+  return _compat.tolinen_graphdef_with(stored, inside, mine)
 
 
 def _nested(tree: tp.Any, path: tp.Sequence[str]) -> tp.Any:

@@ -186,6 +186,11 @@ def recorded(model: tp.Any, *, signature: str | None = None) -> dict:
   Inside a trace (jit, loops) shapes must be static, so each array is the whole buffer,
   `(capacity, ...)`, oldest first, with zeros past the count; read `lb.counts(model)` there.
 
+  A stack of layers (`nnx.vmap`, `lb.layers.stack`) reads as `[n, layers, ...]`. Each layer
+  keeps its own count: a layer run alone (`lb.layers.layer(stack, i)(...)`) advances only
+  its own, and while the layers' counts differ the stack does not read as one array
+  (StackError naming them); read a layer with `lb.recorded(lb.layers.layer(stack, i))`.
+
   A model declared for several call signatures (a prompt and one-token decode steps) keeps
   each signature's records apart. With `signature=None` a sow reads as today when one
   signature holds its records; when several do (or inside a trace, for a sow declared for
@@ -202,6 +207,7 @@ def recorded(model: tp.Any, *, signature: str | None = None) -> dict:
   Raises:
     BufferOverflowError: outside a trace, a buffer under `overflow="error"` received more
       values than its capacity.
+    StackError: outside a trace, the layers of a stack recorded different numbers of values.
 
   Examples:
     >>> import jax.numpy as jnp, loopbridge as lb
@@ -231,7 +237,9 @@ def counts(model: tp.Any, *, signature: str | None = None) -> dict:
     signature: as for `recorded`.
 
   Returns:
-    A nested dict shaped like `recorded(model, signature=signature)` holding int32 scalars.
+    A nested dict shaped like `recorded(model, signature=signature)` holding int32 scalars;
+    for a stacked module (`nnx.vmap`, `lb.layers.stack`) one count per layer, shape
+    `(*stack,)`: a layer run alone (`lb.layers.layer(stack, i)`) advances its own.
 
   Examples:
     >>> import jax.numpy as jnp, loopbridge as lb

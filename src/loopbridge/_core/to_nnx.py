@@ -273,33 +273,34 @@ class ToNNX(bridge.ToNNX):
     quiet = _compat.quiet_nnx_accumulators(
       bool(getattr(self, linen_vars.NNX_ACCUMULATORS_ATTR, ()))
     )
+
+    def apply(variables, mutable):
+      return linen.Module.apply(
+        module,
+        variables,
+        *args,
+        rngs=call_rngs,
+        method=method,
+        mutable=mutable,
+        capture_intermediates=capture,
+        **kwargs,
+      )
+
     try:
       with observe_linen.observe() as calls, quiet:
-        out, updates = module.apply(
-          variables,
-          *args,
-          rngs=call_rngs,
-          method=method,
-          mutable=True,
-          capture_intermediates=capture,
-          **kwargs,
-        )
+        out, updates = apply(variables, True)
     except Exception as error:
+      # Plain Linen as a user calls it: the state collections mutable (a decoding model's
+      # `mutable=['cache']`), so the verdict is not about an immutable collection.
+      state = sorted(c for c in variables if c not in ("params", "intermediates"))
       user_errors.note_linen_call(
         error,
         label=type(module).__name__,
         what="apply",
-        plain=_plain_call(module, "apply", method, capture),
-        rerun=lambda: linen.Module.apply(
-          module,
-          variables,
-          *args,
-          rngs=call_rngs,
-          method=method,
-          capture_intermediates=capture,
-          **kwargs,
-        ),
+        plain=_plain_call(module, "apply", method, capture, mutable=state),
+        rerun=lambda: apply(variables, state),
       )
+      user_errors.note_batch_sized_state(error, variables, args, kwargs, lambda v: apply(v, True))
       raise
     found = observe_linen.classify(updates, calls, inputs=variables)
     new_accumulators = {
@@ -393,16 +394,26 @@ class ToNNX(bridge.ToNNX):
     call_rngs = _compat.bridge_call_rngs(
       rngs if rngs is not None else _compat.rngs_of(self), initializing=False
     )
-    with _compat.quiet_nnx_accumulators(bool(getattr(self, linen_vars.NNX_ACCUMULATORS_ATTR, ()))):
-      return _compat.linen_module_of(self).apply(
+    module = _compat.linen_module_of(self)
+    capture = bridge_settings(self).capture_intermediates
+
+    def apply(variables):
+      return module.apply(
         variables,
         *args,
         rngs=call_rngs,
         method=method,
         mutable=mutable,
-        capture_intermediates=bridge_settings(self).capture_intermediates,
+        capture_intermediates=capture,
         **kwargs,
       )
+
+    with _compat.quiet_nnx_accumulators(bool(getattr(self, linen_vars.NNX_ACCUMULATORS_ATTR, ()))):
+      try:
+        return apply(variables)
+      except Exception as error:
+        user_errors.note_batch_sized_state(error, variables, args, kwargs, apply)
+        raise
 
   def _loopbridge_apply_undeclared(self, args, kwargs, rngs, method, mutable, attrs):
     """Stock `ToNNX.__call__` on variables set from outside: updates become Variables.
@@ -650,12 +661,18 @@ def _new_variables(
 
 
 def _plain_call(
-  module: linen.Module, entry: str, method: LinenMethod, capture: CaptureFilter
+  module: linen.Module,
+  entry: str,
+  method: LinenMethod,
+  capture: CaptureFilter,
+  mutable: tp.Sequence[str] = (),
 ) -> str:
   """How a user calls the same thing in plain Linen, for notes on errors from the model."""
   extra = "" if method is None else f", method={getattr(method, '__name__', method)!r}"
   if capture is not False:
     extra += f", capture_intermediates={capture!r}"
+  if mutable:
+    extra += f", mutable={list(mutable)!r}"
   first = "rngs" if entry == "init" else "variables"
   return f"`{type(module).__name__}.{entry}({first}, *args{extra})`"
 

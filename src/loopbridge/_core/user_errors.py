@@ -13,7 +13,9 @@ import sys
 import types
 import typing as tp
 
+import jax
 from flax import linen, nnx
+from flax.core import meta
 
 from .. import _compat
 from .errors import LoopbridgeError
@@ -120,4 +122,86 @@ def note_linen_call(
       else f"too, differently ({type(plain_error).__name__}: {str(plain_error)[:200]})"
     )
     + ": the error is in the model (or its inputs), not in loopbridge.",
+  )
+
+
+# A call whose batch is not the one the model's state (a decode cache) was sized for. Flax's
+# own message ("Autoregressive cache shape error") names neither the state nor the fix, and
+# `lb.preallocate` (the rule for another call signature) keeps the state as it is.
+BATCH_SIZED_STATE = (
+  "the state {collections} was sized for batch {sized} ({shapes}) and this call has batch "
+  "{batch}; the same call runs with that state sized for batch {batch}. Why: state such as a "
+  "decode cache is sized from the inputs lb.lazy_init saw, and lb.preallocate keeps the "
+  "model's state as it is. Fix: lb.lazy_init(model, *inputs, capacity=...) again with inputs "
+  "of batch {batch} (on the full length for a flax decode cache, then lb.preallocate the "
+  "step), or build one decoding model per batch size."
+)
+
+
+def _call_batch(args: tp.Sequence[object], kwargs: tp.Mapping[str, object]) -> int | None:
+  """The leading dimension of the call's first array argument (the batch, if it has one)."""
+  for leaf in jax.tree.leaves((tuple(args), dict(kwargs))):
+    shape = getattr(leaf, "shape", None)
+    if shape:
+      return int(shape[0])
+  return None
+
+
+def _resized_state(variables: tp.Mapping[str, tp.Any], batch: int):
+  """The variables with every state array of another leading dimension made abstract at
+  `batch`, and those arrays' paths and shapes (params and records are never batch-sized)."""
+  found: dict[str, tuple[int, ...]] = {}
+
+  def resize(path, leaf):
+    value = leaf.unbox() if isinstance(leaf, meta.AxisMetadata) else leaf
+    shape = tuple(getattr(value, "shape", ()))
+    if len(shape) < 2 or shape[0] == batch:
+      return leaf
+    found["/".join(str(getattr(k, "key", k)) for k in path)] = shape
+    new = jax.ShapeDtypeStruct((batch, *shape[1:]), value.dtype)
+    return leaf.replace_boxed(new) if isinstance(leaf, meta.AxisMetadata) else new
+
+  resized = {
+    collection: tree
+    if collection in ("params", "intermediates")
+    else jax.tree_util.tree_map_with_path(
+      lambda p, leaf, c=collection: resize((c, *p), leaf),
+      tree,
+      is_leaf=lambda x: isinstance(x, meta.AxisMetadata),
+    )
+    for collection, tree in variables.items()
+  }
+  return resized, found
+
+
+def note_batch_sized_state(
+  error: BaseException,
+  variables: tp.Mapping[str, tp.Any],
+  args: tp.Sequence[object],
+  kwargs: tp.Mapping[str, object],
+  rerun: tp.Callable[[tp.Any], object],
+) -> None:
+  """Note that the call failed on state sized for another batch, when running it again
+  (abstractly: `rerun(variables)` under `jax.eval_shape`) with that state resized succeeds."""
+  if not is_users(error) or has_note(error, "the state"):
+    return
+  batch = _call_batch(args, kwargs)
+  if batch is None:
+    return
+  resized, found = _resized_state(variables, batch)
+  sized = {shape[0] for shape in found.values()}
+  if len(sized) != 1:
+    return  # none, or several other sizes: not one batch the state was sized for
+  try:
+    jax.eval_shape(rerun, resized)
+  except Exception:
+    return  # resizing the state does not fix the call: the note would not be true
+  paths = sorted(found)
+  shapes = ", ".join(f"{p}: {found[p]}" for p in paths[:2]) + (", ..." if len(paths) > 2 else "")
+  collections = ", ".join(f"'{c}'" for c in sorted({p.split("/")[0] for p in paths}))
+  add_note(
+    error,
+    BATCH_SIZED_STATE.format(
+      collections=collections, sized=sized.pop(), shapes=shapes, batch=batch
+    ),
   )

@@ -13,21 +13,44 @@ from .. import _compat
 from .._diagnostics.compare_tolerance import HIGHEST
 from .._diagnostics.compare_tolerance import check_precision as check_precision_of
 from .assemble import format_source, imports
+from .cache_idiom import add_method, size_caches
 from .check import convert, exec_source, run_check, unique_name
-from .errors import PortError, bad_call, bad_method, flax_layer, not_a_linen_module
+from .class_check import check_class
+from .configs import literal_notes, other_configs
+from .errors import (
+  PortError,
+  bad_call,
+  bad_calls,
+  bad_method,
+  bad_variables,
+  flax_layer,
+  not_a_linen_module,
+)
 from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
 from .rewrite_methods import port_class
-from .source import libcst, read_class
+from .safety import (
+  class_failed_reason,
+  drafted_code_error,
+  fallback_port,
+  flax_layer_base,
+  subclassed_layer_reason,
+  unparsable_reason,
+)
+from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
 
 
-def _init_kwargs(module: nn.Module, path: tuple[str, ...], ctx: Context) -> dict[str, object]:
-  """The constructor arguments of the port of `module` (at `path` in the trace): its fields
-  (a Linen submodule among them as the `PortOf` its port) and the arguments the draft added."""
+def _init_kwargs(
+  module: nn.Module, path: tuple[str, ...], ctx: Context, config: int = 0
+) -> dict[str, object]:
+  """The constructor arguments of the port of `module` (at `path` in the trace of `config`, 0
+  the user's): its fields (a Linen submodule among them as the `PortOf` its port) and the
+  arguments the draft added."""
   port: ClassPort = ctx.ported[type(module)]
+  traced = ctx.trace if config == 0 else ctx.alt_traces[config - 1]
   kwargs: dict[str, object] = {}
   for f in dataclasses.fields(module):
     if f.name in ("parent", "name") or f.name in port.dropped:
@@ -35,11 +58,13 @@ def _init_kwargs(module: nn.Module, path: tuple[str, ...], ctx: Context) -> dict
     value = getattr(module, f.name)
     # Linen adopts a module handed in as a field under the field's name.
     inner = (*path, f.name)
-    if isinstance(value, nn.Module) and type(value) in ctx.ported and inner in ctx.trace.instances:
-      value = PortOf(type(value).__name__, _init_kwargs(value, inner, ctx))
+    if isinstance(value, nn.Module) and type(value) in ctx.ported and inner in traced.instances:
+      value = PortOf(type(value).__name__, _init_kwargs(value, inner, ctx, config))
     kwargs[f.name] = value
   for extra in port.resolver.extras.values():  # pyright: ignore[reportOptionalMemberAccess]
-    kwargs[extra.name] = extra.values.get(path)  # none: the instance never reads it
+    at = traced.instances.get(path)
+    # None: the instance never reads it
+    kwargs[extra.name] = extra.value_of(at) if at is not None else extra.values.get(path)
   return kwargs
 
 
@@ -69,17 +94,23 @@ class Draft:
   filename: str = dataclasses.field(repr=False, default="port.py")
   unpaired: tuple[str, ...] = dataclasses.field(repr=False, default=())
   check_precision: str = dataclasses.field(repr=False, default=HIGHEST)
+  # (Linen module, init_kwargs of its port) at each derived configuration that traced.
+  configs: tuple[tuple[nn.Module, dict[str, object]], ...] = dataclasses.field(
+    repr=False, default=()
+  )
 
   @property
   def ok(self) -> bool:
     """The check ran, every call was equal, and no TODO remains."""
     return self.check is not None and self.check.equal and not self.todos
 
-  def build(self, rngs: nnx.Rngs | None = None) -> nnx.Module:
+  def build(self, rngs: nnx.Rngs | None = None, config: int = 0) -> nnx.Module:
     """Run the source as a fresh module and construct the root port with `init_kwargs`.
 
     Args:
       rngs: the port's random streams (default `nnx.Rngs(0)`).
+      config: 0 builds the port of the drafted module; k, of the k-th other configuration the
+        draft traced (`configs=`, or derived), whose arguments are `configs[k - 1][1]`.
 
     Returns:
       The port (freshly initialized, not holding the Linen variables).
@@ -105,8 +136,9 @@ class Draft:
       kwargs = {k: built(v) for k, v in value.kwargs.items()}
       return getattr(module, value.cls)(**kwargs, rngs=rngs)
 
+    kwargs = self.init_kwargs if config == 0 else self.configs[config - 1][1]
     with _compat.no_eager_sharding():
-      return cls(**{k: built(v) for k, v in self.init_kwargs.items()}, rngs=rngs)
+      return cls(**{k: built(v) for k, v in kwargs.items()}, rngs=rngs)
 
   def port_and_variables(self) -> tuple[nnx.Module, tp.Mapping[str, object]]:
     """The built port holding the converted Linen variables, and those Linen variables.
@@ -130,6 +162,7 @@ class Draft:
       )
       object.__setattr__(self, "variables", variables)
     port = self.build()
+    size_caches(port, variables, (self.linen_module, self.calls[0]))
     convert(self.linen_module, variables, port, self.calls[0], self.check_precision)
     return port, variables
 
@@ -207,6 +240,7 @@ def draft(
   variables: tp.Mapping[str, object] | None = None,
   check: bool = True,
   check_precision: tp.Literal["highest", "model"] = HIGHEST,
+  configs: tp.Sequence[nn.Module] | None = None,
   **sample_kwargs: object,
 ) -> Draft:
   """Draft the NNX port of a Linen module from its source, then check that it computes the same.
@@ -231,6 +265,9 @@ def draft(
       `jax.default_matmul_precision('highest')`, so the verdict means the same on a TPU (one
       bfloat16 pass per float32 matmul by default) as on a CPU; 'model' at their own
       precision, with the looser tolerance that goes with it.
+    configs: other instances of the module's class (other field values) to trace as evidence
+      for the widths' expressions and to check the port at; None derives them by scaling the
+      integer fields (and a config dataclass's) by 2 and 4; `()` traces none.
     **sample_kwargs: keyword inputs of the sample call (e.g. `train=False`).
 
   Returns:
@@ -253,12 +290,20 @@ def draft(
   if is_linen_layer(type(linen_module)):
     mapped = lookup(type(linen_module))
     raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
+  if not isinstance(calls, tp.Iterable) or isinstance(calls, (str, bytes, Call)):
+    raise PortError(bad_calls(calls))
+  calls = tuple(calls)
+  if variables is not None and not isinstance(variables, tp.Mapping):
+    raise PortError(bad_variables(variables))
   for call in calls:
     if not isinstance(call, Call):
       raise PortError(bad_call(call))
   all_calls = (Call(*sample_args, method=method, **sample_kwargs), *calls)
   for call in all_calls:
-    if call.method is not None and not callable(getattr(type(linen_module), call.method, None)):
+    if call.method is not None and (
+      not isinstance(call.method, str)
+      or not callable(getattr(type(linen_module), call.method, None))
+    ):
       raise PortError(bad_method(type(linen_module), call.method))
   libcst()
   root_source = read_class(type(linen_module))
@@ -268,8 +313,12 @@ def draft(
   sources = {cls: read_class(cls) for cls in classes}
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
   ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
+  others = other_configs(linen_module, configs, all_calls[0], streams)
+  ctx.alt_traces = [t for _, t in others]
   for cls in classes:
-    ctx.ported[cls] = port_class(sources[cls], ctx)
+    ctx.ported[cls] = _port_one(sources[cls], ctx)
+    if ctx.caches.get(cls):
+      ctx.ported[cls].code = add_method(ctx.ported[cls].code, ctx.caches[cls])
   from .helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
@@ -288,7 +337,8 @@ def draft(
   )
   changes = tuple(
     sorted(
-      (ch for cls in classes for ch in ctx.ported[cls].changes), key=lambda ch: (ch.file, ch.line)
+      (ch for cls in classes for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls))),
+      key=lambda ch: (ch.file, ch.line),
     )
   )
   result = Draft(
@@ -304,10 +354,35 @@ def draft(
     filename=filename,
     unpaired=_opaque_insides(traced),
     check_precision=check_precision,
+    configs=tuple(
+      (m, _init_kwargs(m, (), ctx, k))
+      for k, (m, _) in enumerate(others, 1)
+      if () in ctx.alt_traces[k - 1].instances
+    ),
   )
   if check:
     result.check = _check(result)
   return result
+
+
+def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
+  """The port of one class; a failure or unparsable output is one TODO for that class."""
+  base = flax_layer_base(src.cls)
+  if base is not None:
+    return fallback_port(src, subclassed_layer_reason(src.cls, base))
+  helpers = set(ctx.helpers)
+  try:
+    port = port_class(src, ctx)
+  except PortError:
+    raise
+  except Exception as e:  # a defect of the drafter: the rest of the model still drafts
+    ctx.helpers = helpers
+    return fallback_port(src, class_failed_reason(src.cls, e))
+  why = drafted_code_error(port.code)
+  if why is not None:
+    ctx.helpers = helpers
+    return fallback_port(src, unparsable_reason(src.cls, why))
+  return port
 
 
 def _check(result: Draft) -> Check:
@@ -315,7 +390,7 @@ def _check(result: Draft) -> Check:
     built = result.port_and_variables()
   except Exception as e:
     return build_failed(e)
-  return compare_built(result, *built)
+  return check_class(result, compare_built(result, *built), *built)
 
 
 def build_failed(error: Exception) -> Check:

@@ -73,6 +73,15 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
       if inner is None:
         return None, why
       values[field] = inner
+    elif (
+      layer is not None
+      and field in layer.call_time
+      and site.outer_call is not None
+      and code in ("True", "False")
+    ):
+      # `nn.Dropout(0.5, deterministic=True)`: frozen by a literal. As a constructor field NNX's
+      # `model.train()` would flip it; passed at the call, it stays as Linen runs it.
+      moved.append(f"{field}={code}")
     elif available(expr, ns, extra):
       values[field] = planner.rewrite_expr(code)
       planner.used_aliases.update(n for n in names_in(expr) if n in aliases)
@@ -210,19 +219,10 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   if layer.nnx_name == "MultiHeadAttention" and index is None:
     kids = [k[0] for k in hoist.children.values() if k]
     if kids and any(getattr(k.module, "decode", False) for k in kids):
-      # Linen sizes the decode cache from the input given to init; NNX needs init_cache.
-      def input_shape(k):
-        # The user's cache (init on the full length) when given, else the traced init's input.
-        key = planner.ctx.cache_shapes.get(k.path, {}).get("cached_key")
-        if key is not None:
-          return (*key[:-2], k.width())
-        return tuple(k.inputs["__call__"][0][0].shape)
-
-      shape = planner.traced(hoist, input_shape, "cache_shape", None)
-      dtype = planner.traced(
-        hoist, lambda k: k.module.dtype or k.inputs["__call__"][0][0].dtype, "cache_dtype", None
-      )
-      hoist.post.append(f"self.{hoist.attr}.init_cache({shape}, dtype={dtype})")
+      # Linen sizes the decode cache by the input of an init; NNX by `init_cache(shape)`,
+      # which the class's own `init_cache` method calls (`cache_idiom.py`): no size from
+      # the sample is baked into __init__.
+      planner.ctx.caches.setdefault(planner.port.cls, []).append((hoist.attr, "attention"))
   if layer.helper:
     planner.ctx.helpers.add(layer.nnx_name)
   return f"{layer.code_name}({', '.join(parts)})", ""
@@ -251,9 +251,13 @@ def _user_class(planner, hoist, cls, values, index) -> str:
   for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
     # An instance without a value never reads the argument (say, the input width of a layer
     # it does not build: the added bool that guards it is False there): None.
-    code = planner.traced(hoist, lambda k, e=extra: e.values.get(k.path), extra.name, index)
+    code = planner.traced(hoist, lambda k, e=extra: e.value_of(k), extra.name, index)
     parts.append(f"{extra.name}={code}")
   parts.append("rngs=rngs")
+  if planner.ctx.caches.get(cls):  # its port has decode caches: this class sizes them too
+    kind = "list" if hoist.is_list else "module"
+    if (hoist.attr, kind) not in planner.ctx.caches.setdefault(planner.port.cls, []):
+      planner.ctx.caches[planner.port.cls].append((hoist.attr, kind))
   # Through a lift or a field holding the class (`self.block_cls(...)`): the drafted class.
   drafted = site.lift is not None or site.factory_field is not None
   func = cls.__name__ if drafted else planner.code(site.node.func)

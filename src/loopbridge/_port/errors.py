@@ -8,6 +8,8 @@ from .._core.errors import LoopbridgeError
 class PortError(LoopbridgeError, ValueError):
   """An input `lb.port.draft` cannot draft from (what, why and the fix are in the message)."""
 
+  __module__ = "loopbridge.port"  # its public name (tracebacks and reprs show it)
+
 
 NO_LIBCST = (
   "lb.port.draft needs libcst to read and rewrite the Linen source, and it is not installed. "
@@ -61,4 +63,37 @@ def trace_failed(cls: type, error: BaseException) -> str:
     f"lb.port.draft: running the Linen module {cls.__qualname__} on the sample call failed "
     f"({type(error).__name__}: {error}). Drafting reads input widths from one call of the "
     "model. Fix: pass the arguments a forward call takes (e.g. one batch, train=False)."
+  )
+
+
+def bad_config(cls: type, what: object) -> str:
+  got = type(what).__qualname__
+  return (
+    f"lb.port.draft: configs= must hold other instances of {cls.__qualname__} (the same class "
+    f"at other field values, to tell a width of the class from a number of one instance), got "
+    f"{got}. Fix: configs=({cls.__qualname__}(...other fields...),)."
+  )
+
+
+def bad_calls(what: object) -> str:
+  return (
+    f"lb.port.draft: calls= must be a sequence of lb.port.Call records, got "
+    f"{type(what).__name__}. Fix: calls=(lb.port.Call(x, train=True),), or leave it out."
+  )
+
+
+def bad_variables(what: object) -> str:
+  return (
+    f"lb.port.draft: variables= must be the Linen variables mapping that Module.init returns "
+    f"(e.g. {{'params': ...}}), got {type(what).__name__}. Fix: pass model.init(key, x) or "
+    "the loaded checkpoint's variables, or leave it out to check with a fresh init."
+  )
+
+
+def trace_defect(cls: type, error: BaseException) -> str:
+  return (
+    f"lb.port.draft: recording the sample call of {cls.__qualname__} failed inside the drafter "
+    f"({type(error).__name__}: {error}); the model itself ran. This is a defect of "
+    "lb.port.draft: please report it with the model's call arguments. Workaround: pass the "
+    "non-array arguments (a mesh, a config) as fields of the module instead of at the call."
   )

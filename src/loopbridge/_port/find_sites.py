@@ -45,6 +45,10 @@ class Site:
   # `nn.RNN(nn.LSTMCell(8))`: the construction this one is an argument of
   nested_in: tp.Any = None
   nested_index: int | None = None  # its position in a nn.Sequential's list
+  # Built in setup into a list (`[X(name="0"), ...]`, `layers.append(X(...))`) that setup
+  # assigns to `self.<list_attr>`: that attribute and the element's index expression.
+  list_attr: str | None = None
+  list_index: str | None = None
 
 
 def explicit_name(site: Site) -> str | None:
@@ -246,6 +250,7 @@ def find_sites(
         else:
           site.factory_field = func.attr.value
         site.local = _assigned_local(parent0)
+        site.setup_attr = _setup_target(node, parents)
         sites.append(site)
         return
       if lifted is not None:
@@ -302,6 +307,8 @@ def find_sites(
           and dotted(assign.targets[0].target.value) == "self"
         ):
           site.setup_attr = assign.targets[0].target.attr.value
+        elif (unpacked := _setup_target(node, parents)) is not None:
+          site.setup_attr, site.setup_list = unpacked, False
         sites.append(site)
       elif name and name.split(".")[0] in linen_names and is_lift(target):
         sites.append(Site("lift", node, method, lines, loop, depth, cond, target, outer))
@@ -317,6 +324,9 @@ def find_sites(
         local_calls.setdefault(key, []).append((pos.start.line, pos.end.line))
 
   module.visit(LocalCalls())
+  from .setup_lists import mark_setup_lists
+
+  mark_setup_lists(module, sites, parents, lambda n: context(n)[0])
   constructs = {id(s.node): s for s in sites if s.kind == "construct"}
   for site in sites:
     arg: tp.Any = parents.get(site.node)
@@ -346,4 +356,32 @@ def _assigned_local(parent: tp.Any) -> str | None:
     target = parent.targets[0].target
     if isinstance(target, c.Name):
       return target.value
+  return None
+
+
+def _setup_target(node: tp.Any, parents: tp.Mapping[tp.Any, tp.Any]) -> str | None:
+  """`self.q = dense()` -> 'q'; `self.q, self.k = dense(), dense()` -> 'q' or 'k' (the target
+  at the construction's position): the attribute one construction is assigned to, else None."""
+  c = libcst()
+  parent = parents.get(node)
+  while isinstance(parent, c.IfExp) and parent.test is not node:
+    # `self.pooler = Pooler(...) if self.add_pooling_layer else None` (HF ViT, BEiT).
+    node, parent = parent, parents.get(parent)
+  if isinstance(parent, c.Assign):
+    targets = [t.target for t in parent.targets]
+    if len(targets) == 1 and isinstance(targets[0], c.Attribute):
+      return targets[0].attr.value if dotted(targets[0].value) == "self" else None
+    return None
+  element = parent
+  values = parents.get(element) if isinstance(element, c.Element) else None
+  assign = parents.get(values) if isinstance(values, c.Tuple) else None
+  if not isinstance(assign, c.Assign) or len(assign.targets) != 1:
+    return None
+  target = assign.targets[0].target
+  if not isinstance(target, (c.Tuple, c.List)) or len(target.elements) != len(values.elements):
+    return None
+  index = list(values.elements).index(element)
+  attr = target.elements[index].value
+  if isinstance(attr, c.Attribute) and dotted(attr.value) == "self":
+    return attr.attr.value
   return None

@@ -15,11 +15,13 @@ import typing as tp
 from flax import linen as nn
 
 from . import standard_layers
+from .call_shapes import in_init
 from .find_sites import Site, counted_name, explicit_name, find_sites
 from .hoist import Hoist, match_child
 from .names import available, bound_in_methods, names_in
 from .records import Change, Todo
 from .scan_lift import plan_scan
+from .setup_lists import plan_setup_list
 from .source import ClassSource, dotted, libcst, resolve
 from .trace import Instance, Trace
 from .values import Resolver
@@ -51,6 +53,11 @@ class Context:
     default_factory=dict
   )
   helpers: set[str] = dataclasses.field(default_factory=set)  # `helpers.py` classes used
+  # The traces of the derived configurations (`configs.py`): evidence for width expressions.
+  alt_traces: list[Trace] = dataclasses.field(default_factory=list)
+  # Class -> (attribute, "attention" | "module" | "list") whose decode caches its
+  # `init_cache` method sizes (`cache_idiom.py`).
+  caches: dict[type, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -116,6 +123,12 @@ def _assignment_counts(fn: tp.Any) -> dict[str, int]:
   return counts
 
 
+NO_MATCH = (
+  "no submodule the trace saw matches this construction (it is built outside the "
+  "method that calls it, or named by a variable); build it where it is called with a "
+  "literal name='...', or in setup"
+)
+
 # Lifts written with the construction that goes through them: the plan of each, or why not.
 _PLANNED_LIFTS = {"scan": plan_scan, "vmap": plan_vmap}
 
@@ -135,7 +148,11 @@ class Planner:
     shadowed = bound_in_methods(tp.cast(tp.Any, self.module.body[0]))
     self.init_namespace = {k: v for k, v in self.src.namespace.items() if k not in shadowed}
     self.instances = ctx.trace.of_class(port.cls)
-    self.resolver = port.resolver = Resolver(self.instances, port.field_names())
+    alts = [{p: i for p, i in t.instances.items() if i.cls is port.cls} for t in ctx.alt_traces]
+    root = ctx.trace.instances.get(())
+    self.resolver = port.resolver = Resolver(
+      self.instances, port.field_names(), alts, root is not None and root.cls is port.cls
+    )
     self.sites = find_sites(
       wrapper, self.src.namespace, ctx.linen_names, port.field_names(), self._classes_in_fields()
     )
@@ -196,6 +213,14 @@ class Planner:
           and available(assign.value, self.init_namespace, set(mine))
         ):
           mine[target.value] = self.code(assign.value)
+        elif (
+          len(assign.targets) == 1 and isinstance(target, c.Name) and counts.get(target.value) == 1
+        ):
+          # `out = inputs.shape[-1] if self.out_dim is None else self.out_dim`: kept, sized
+          # by what the traces say the input's shape is (`call_shapes`).
+          code = in_init(self, fn, assign.value, set(mine))
+          if code is not None:
+            mine[target.value] = code
       found[fn.name.value] = mine
     return found
 
@@ -343,6 +368,13 @@ class Planner:
       return
     children: dict[tuple[str, ...], list[Instance]] = {}
     explicit = explicit_name(site)
+    if site.list_attr is not None:
+      planned = plan_setup_list(self, site, explicit)
+      if isinstance(planned, str):
+        self.todo(site, planned)
+      else:
+        self.hoists[id(site.node)] = planned
+      return
     counted = counted_name(site) if site.setup_list else None
     counted_pattern = (
       "" if counted is None else rf"{re.escape(counted[0])}\d+{re.escape(counted[1])}"
@@ -388,6 +420,9 @@ class Planner:
       # a list may start past 0 (`Conv_1, Conv_2` after a `Conv_0` built before the loop).
       runs = {_list_run(list(n)) for n in names if n}
       run = runs.pop() if len(runs) == 1 else None
+      if not any(names):  # not `named [()]`: nothing was paired at all
+        self.todo(site, NO_MATCH)
+        return
       if run is None or (site.setup_attr is not None and run[1] != 0):
         self.todo(
           site,
@@ -405,12 +440,7 @@ class Planner:
       return
     made_names = {n for n in names if n}
     if not made_names:
-      self.todo(
-        site,
-        "no submodule the trace saw matches this construction (it is built outside the "
-        "method that calls it, or named by a variable); build it where it is called with a "
-        "literal name='...', or in setup",
-      )
+      self.todo(site, NO_MATCH)
       return
     if len(made_names) != 1 or len(next(iter(made_names))) != 1:
       self.todo(
@@ -498,10 +528,79 @@ class Planner:
     if hoist.is_list:
       per = {p: tuple(get(k) for k in kids) for p, kids in hoist.children.items()}
       firsts = {p: t[0] for p, t in per.items() if t}
-      if all(all(v == t[0] for v in t) for t in per.values()):
-        return self.resolver.expr(firsts, name)
-      return f"{self.resolver.expr(per, name)}[{index}]"
-    return self.resolver.expr({p: get(k[0]) for p, k in hoist.children.items() if k}, name)
+      alt_per = self.alt_lists(hoist, get)
+      if all(all(v == t[0] for v in t) for d in (per, *alt_per) for t in d.values()):
+        alt_firsts = [{p: t[0] for p, t in d.items() if t} for d in alt_per]
+        return self.resolver.expr(firsts, name, alt_firsts)
+      return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
+    values = {p: get(k[0]) for p, k in hoist.children.items() if k}
+    return self.resolver.expr(values, name, self.alt_children(hoist, get))
+
+  def alt_children(
+    self, hoist: Hoist, get: tp.Callable[[Instance], object]
+  ) -> list[dict[tuple[str, ...], object]]:
+    """`get` of the (first) submodule at the same path in each derived configuration."""
+    out: list[dict[tuple[str, ...], object]] = []
+    # Every instance of the class there (a derived configuration may have more of them),
+    # with the submodule of the same name.
+    name = next((kids[0].path[-1] for kids in hoist.children.values() if kids), None)
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
+      found: dict[tuple[str, ...], object] = {}
+      for p in parents if name is not None else ():
+        kid = t.instances.get((*p, name))
+        if kid is None:
+          continue
+        try:
+          found[p] = get(kid)
+        except Exception:  # a derived configuration is evidence, not a must
+          continue
+      out.append(found)
+    return out
+
+  def alt_lists(
+    self, hoist: Hoist, get: tp.Callable[[Instance], object]
+  ) -> list[dict[tuple[str, ...], tuple[object, ...]]]:
+    """`get` of each layer of the list in each derived configuration (`Dense_0, Dense_1, ...`
+    under the same parent; a derived configuration may make more of them)."""
+    out: list[dict[tuple[str, ...], tuple[object, ...]]] = []
+    first = next((kids[0].path[-1] for kids in hoist.children.values() if kids), "")
+    m = re.fullmatch(r"(.+)_(\d+)", first)
+    # Another construction numbered on after this one (a second loop of ResBlocks): the run
+    # keeps the user's length, which then no field decides.
+    cap = None
+    for p, kids in hoist.children.items():
+      last = re.fullmatch(r".+_(\d+)", kids[-1].path[-1]) if kids else None
+      after = None if m is None or last is None else f"{m.group(1)}_{int(last.group(1)) + 1}"
+      if after is not None and (*p, after) in self.ctx.trace.instances:
+        cap = len(kids)
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
+      found: dict[tuple[str, ...], tuple[object, ...]] = {}
+      for p in parents if m is not None else ():
+        assert m is not None
+        prefix, n = m.group(1), int(m.group(2))
+        layers = []
+        while (*p, f"{prefix}_{n}") in t.instances and (cap is None or len(layers) < cap):
+          layers.append(t.instances[(*p, f"{prefix}_{n}")])
+          n += 1
+        try:
+          found[p] = tuple(get(k) for k in layers)
+        except Exception:  # a derived configuration is evidence, not a must
+          continue
+      out.append(found)
+    return out
+
+  def alt_own(self, get: tp.Callable[[Instance], object]) -> list[dict[tuple[str, ...], object]]:
+    """`get` of the class's own instances in each derived configuration, by path."""
+    out: list[dict[tuple[str, ...], object]] = []
+    for alts in self.resolver.alts:
+      found: dict[tuple[str, ...], object] = {}
+      for p, inst in alts.items():
+        try:
+          found[p] = get(inst)
+        except Exception:  # a derived configuration is evidence, not a must
+          continue
+      out.append(found)
+    return out
 
   def comprehension_targets(self, site: Site) -> set[str]:
     node = site.comp

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import textwrap
 import typing as tp
 
@@ -17,12 +18,13 @@ from flax.core import meta
 
 from . import standard_layers
 from .emit import construction
+from .factory_fields import signature_and_init
 from .hoist import Hoist
 from .linen_api import VARIABLE_TYPES
 from .names import available, loop_targets, names_in
 from .records import Todo
 from .rewrite_class import ClassPort, Context, Planner
-from .source import ClassSource, dotted, libcst
+from .source import ClassSource, dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -58,8 +60,12 @@ def _loop_index(planner: Planner, loop: tp.Any) -> tuple[str, str | None]:
   return name, f"{name}, {target}"
 
 
-class Rewriter(libcst().CSTTransformer):
-  """Applies the plan to the class's methods (and to `setup`, whose body moves to `__init__`)."""
+class Rewriter:
+  """Applies the plan to the class's methods (and to `setup`, whose body moves to `__init__`).
+
+  The methods of a libcst `CSTTransformer`, joined to that base only when drafting runs
+  (`_transformer`): a base named here would import libcst with the package.
+  """
 
   def __init__(self, planner: Planner, loops: dict[int, tuple[str, str | None]]):
     super().__init__()
@@ -345,8 +351,8 @@ class Rewriter(libcst().CSTTransformer):
   def _hoisted(self, hoist: Hoist, original, updated):
     c = libcst()
     site = hoist.site
-    if site.setup_attr is not None:
-      index = None
+    if site.setup_attr is not None or site.list_attr is not None:
+      index = site.list_index
       if site.comp is not None:
         target = site.comp.for_in.target
         if (
@@ -406,6 +412,9 @@ class Rewriter(libcst().CSTTransformer):
       self._mark("self.param without a literal name and an initializer")
       return updated
     init = self.p.rewrite_expr(self.p.code(args[1].value))
+    if not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
+      # `lambda _, shape: jnp.ones(shape)` (HF's RMSNorm) is called, not made the Param.
+      init = f"({init})"
     rest = [a.value for a in args[2:]]
     ns = self.p.init_namespace
     # Arguments that read the call (`x.shape[-1]`, `x.dtype`) take the traced value instead:
@@ -425,7 +434,12 @@ class Rewriter(libcst().CSTTransformer):
         init_args.append(self.p.rewrite_expr(self.p.code(a)))
       elif i < len(traced) and made:
         values = {p: traced[i](v) for p, v in made.items()}
-        init_args.append(self.p.resolver.expr(values, f"{name}_{('shape', 'dtype')[i]}"))
+        alt = self.p.alt_own(
+          lambda inst, f=traced[i]: f(meta.unbox(inst.variables[("params", name)]))
+        )
+        # A shape read from the call is the input's: one no field explains is an argument.
+        hint = f"{name}_{('shape', 'dtype')[i]}"
+        init_args.append(self.p.resolver.expr(values, hint, alt, from_input=i == 0))
       else:
         self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
         return updated
@@ -601,13 +615,24 @@ class Rewriter(libcst().CSTTransformer):
     value = original.value
     if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
       elements = [value.elt] if isinstance(value, c.ListComp) else [e.value for e in value.elements]
-      if any(id(e) in self.p.hoists and self.p.hoists[id(e)].is_list for e in elements):
+      local = isinstance(updated.targets[0].target, c.Name)
+      if not local and any(
+        id(e) in self.p.hoists and self.p.hoists[id(e)].is_list for e in elements
+      ):
         # A Python list of layers is an nnx.List on flax versions that have one.
         updated = updated.with_changes(
           value=c.parse_expression(f"nnx.List({self.p.code(value)})").with_changes(
             args=[c.Arg(updated.value)]
           )
         )
+    if self.p.ctx.modern and isinstance(value, c.Name) and self.method == "setup":
+      target = original.targets[0].target if len(original.targets) == 1 else None
+      attr = target.attr.value if isinstance(target, c.Attribute) else None
+      if attr is not None and any(
+        h.site.list_attr == attr and h.site.setup_attr is None for h in self.p.hoists.values()
+      ):
+        # `self.layers = layers`, a list setup filled with layers: an nnx.List.
+        updated = updated.with_changes(value=c.parse_expression(f"nnx.List({value.value})"))
     name = self.p.renames.get(id(original))
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
@@ -681,9 +706,12 @@ def _is_field(stmt, fields: set[str]) -> bool:
 
 def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -> list[str]:
   """`__init__` lines of the call methods' constructions (loops rebuilt around lists)."""
+  # Setup's own locals are not repeated: its body runs in `__init__` as written, in order
+  # (HF CLIP's `num_positions = self.num_patches + 1` reads an attribute set just before).
   lines: list[str] = [
     f"{name} = {planner.rewrite_expr(code)}"
-    for aliases in planner.aliases.values()
+    for method, aliases in planner.aliases.items()
+    if method != "setup"
     for name, code in aliases.items()
     if name in planner.used_aliases
   ]
@@ -837,6 +865,16 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
   planner.increments[id(statement)] = counter
 
 
+@functools.cache
+def _transformer_class() -> type:
+  return type("Rewriter", (Rewriter, libcst().CSTTransformer), {})
+
+
+def _transformer(planner: Planner, loops: dict[int, tuple[str, str | None]]) -> tp.Any:
+  """A `Rewriter` that is a libcst transformer (libcst is imported here, when drafting)."""
+  return _transformer_class()(planner, loops)
+
+
 def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   """The NNX port of one Linen class (its code, TODOs, changes and added arguments)."""
   c = libcst()
@@ -861,7 +899,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       comp: tp.Any = hoist.site.comp
       if id(comp) not in planner.comp_index:
         planner.comp_index[id(comp)] = _loop_index(planner, comp.for_in)
-  rewriter = Rewriter(planner, loops)
+  rewriter = _transformer(planner, loops)
   module = planner.module.visit(rewriter)
   classdef: tp.Any = module.body[0]
   fields = port.field_names()
@@ -880,6 +918,11 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   rest = [s for s in body if s not in field_stmts and s not in setup]
   # The signature: the dataclass fields in order, then the added arguments and rngs.
   params: list[str] = []
+  field_inits: dict[str, str] = {}  # `dataclasses.field(...)` fields: their __init__ line
+
+  def rewritten(node: tp.Any) -> str:
+    return planner.rewrite_expr(planner.code(node))
+
   by_name = {s.body[0].target.value: s.body[0] for s in field_stmts}
   for f in dataclasses.fields(src.cls):
     if f.name in ("parent", "name") or f.name in port.dropped:
@@ -890,7 +933,14 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       if annotation in {f"{n}.Module" for n in planner.ctx.linen_names}:
         annotation = "nnx.Module"  # a submodule handed in is the NNX port of one
       text = f"{f.name}: {annotation}"
-      if node.value is not None:
+      as_field = (
+        None
+        if node.value is None
+        else signature_and_init(f.name, annotation, node.value, src.namespace, rewritten)
+      )
+      if as_field is not None:
+        text, field_inits[f.name] = as_field
+      elif node.value is not None:
         text += f" = {planner.rewrite_expr(planner.code(node.value))}"
     else:
       text = f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}"
@@ -899,7 +949,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   hoisted = _hoisted_lines(planner, loops)
   kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
   signature = ", ".join(["self", *params, "*", *kw])
-  init_lines = [f"self.{f} = {f}" for f in fields if f not in port.dropped]
+  init_lines = [field_inits.get(f, f"self.{f} = {f}") for f in fields if f not in port.dropped]
   if port.uses_rngs_attr:
     init_lines.append("self.rngs = rngs")
   init_src = (
@@ -937,15 +987,39 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       "__init__ arguments",
       "NNX modules take their configuration in __init__",
     )
+  from .linen_machinery import (
+    DROPPED_BASE,
+    DROPPED_DECORATOR,
+    DROPPED_INIT_METHOD,
+    calls_linen_init,
+    is_mixin_base,
+  )
+
+  for fn in orig_body:
+    if isinstance(fn, c.FunctionDef) and fn.name.value != "setup" and calls_linen_init(fn):
+      first, last = planner.positions[fn].start.line, planner.positions[fn].end.line
+      lines = range(src.line(first), src.line(last) + 1)
+      port.todos = [t for t in port.todos if not (t.file == src.file and t.line in lines)]
+      rest = [s for s in rest if getattr(s, "name", None) is None or s.name.value != fn.name.value]
+      planner.change(first, f"def {fn.name.value}(...)", "removed", DROPPED_INIT_METHOD)
   new_body = [
     *doc,
     *[s for s in rest if not isinstance(s, c.FunctionDef)],
     init,
     *[s for s in rest if isinstance(s, c.FunctionDef)],
   ]
+  for decorator in orig_class.decorators:
+    code = planner.code(decorator.decorator)
+    planner.change(
+      planner.positions[decorator].start.line, f"@{code}", "removed", DROPPED_DECORATOR
+    )
+  classdef = classdef.with_changes(decorators=[])
   bases = []
   for base in classdef.bases:
     name = dotted(base.value) or ""
+    if is_mixin_base(resolve(name, src.namespace)):
+      planner.change(planner.positions[orig_class].start.line, name, "removed", DROPPED_BASE)
+      continue
     if name.split(".")[0] in ctx.linen_names and name.endswith(".Module"):
       bases.append(base.with_changes(value=c.parse_expression("nnx.Module")))
       planner.change(

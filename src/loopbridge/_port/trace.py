@@ -16,7 +16,7 @@ import jax
 from flax import linen as nn
 from flax.core import meta
 
-from .errors import PortError, trace_failed
+from .errors import PortError, trace_defect, trace_failed
 
 # Frames of these packages sit between a module call and the user's line that made it.
 _LIBRARY_PREFIXES = ("flax", "jax", "loopbridge", "contextlib", "functools", "typing")
@@ -33,6 +33,7 @@ class Instance:
   variables: dict[tuple[str, str], object]  # (collection, name) -> abstract value (boxes kept)
   called_at: tuple[str, int] | None  # (file, line) of the user's code that called it first
   lifts: tuple[str, ...] = ()  # Linen lifted transforms around its class, outermost first
+  config: int = 0  # 0: the user's configuration; k: the k-th derived one (`configs.py`)
 
   def field_values(self) -> dict[str, object]:
     return {
@@ -73,9 +74,17 @@ def unlifted(cls: type) -> tuple[type, tuple[str, ...]]:
 
 
 def _abstract(tree: object) -> object:
+  # Arrays only: a `Mesh` argument (MaxText) has a `shape` and no dtype, and stays as it is.
   return jax.tree.map(
-    lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a, tree
+    lambda a: (
+      jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") and hasattr(a, "dtype") else a
+    ),
+    tree,
   )
+
+
+class _Defect(Exception):
+  """The trace's own bookkeeping failed (not the user's model): reported as the drafter's."""
 
 
 def _user_line() -> tuple[str, int] | None:
@@ -98,6 +107,7 @@ def trace(
   module: nn.Module,
   calls: tp.Sequence[tuple[str | None, tuple[tp.Any, ...], dict[str, tp.Any]]],
   streams: tp.Iterable[str] = (),
+  config: int = 0,
 ) -> Trace:
   """Run an abstract `init` for each `(method, args, kwargs)` and record every module."""
   instances: dict[tuple[str, ...], Instance] = {}
@@ -107,12 +117,15 @@ def trace(
     scope = mod.scope
     if scope is None or context.method_name == "setup":
       return next_fun(*args, **kwargs)
-    path = tuple(str(p) for p in scope.path)
-    inst = instances.get(path)
-    if inst is None:
-      cls, lifts = unlifted(type(mod))
-      inst = instances[path] = Instance(path, cls, mod, {}, {}, _user_line(), lifts)
-    inst.inputs.setdefault(context.method_name, (_abstract(args), _abstract(kwargs)))  # pyright: ignore[reportArgumentType]
+    try:
+      path = tuple(str(p) for p in scope.path)
+      inst = instances.get(path)
+      if inst is None:
+        cls, lifts = unlifted(type(mod))
+        inst = instances[path] = Instance(path, cls, mod, {}, {}, _user_line(), lifts, config)
+      inst.inputs.setdefault(context.method_name, (_abstract(args), _abstract(kwargs)))  # pyright: ignore[reportArgumentType]
+    except Exception as e:
+      raise _Defect(e) from e
     out = next_fun(*args, **kwargs)
     for col, tree in mod.variables.items():
       for name, value in tree.items():
@@ -127,6 +140,9 @@ def trace(
         jax.eval_shape(lambda: module.init(rngs, *args, method=method, **kwargs))  # noqa: B023
     except PortError:
       raise
+    except _Defect as e:
+      cause = tp.cast(BaseException, e.__cause__)
+      raise PortError(trace_defect(type(module), cause)) from cause
     except Exception as e:
       raise PortError(trace_failed(type(module), e)) from e
   return Trace(instances)

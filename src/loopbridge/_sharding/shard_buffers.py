@@ -24,13 +24,16 @@ ShardingSpec = placement.ShardingSpec
 
 
 def _names(root_path: tuple[tp.Any, ...], site: tuple[str, ...], sow: tuple[str, ...]) -> set[str]:
-  """The `/`-joined paths a mapping key may give for one buffer, as `capacity=` takes them.
+  """The `/`-joined paths a mapping key may give for one buffer.
 
-  The sow's path (every leaf of a sown pytree shares it) or the leaf's own, each from the
-  recorder or, as `capacity=` counts it, from the root of the model.
+  As `capacity=` takes them: the sow's path inside its collection (every leaf of a sown pytree
+  shares it) or the leaf's own, each from the recorder or from the root of the model. And each
+  with its collection in front (`"intermediates/h"`), as the callable, `lb.sow_sites` and this
+  function's errors name the buffer.
   """
   inside = [site[1:], sow[1:]]
-  return {"/".join(map(str, p)) for q in inside for p in (q, (*root_path, *q))}
+  names = {"/".join(map(str, p)) for q in inside for p in (q, (*root_path, *q))}
+  return names | {"/".join(map(str, p)) for q in (site, sow) for p in (q, (*root_path, *q))}
 
 
 def _key_matches(key: str, names: set[str], collection: str) -> bool:
@@ -52,7 +55,8 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
     sharding: one of
       - a `PartitionSpec` / `NamedSharding` (or `None`: replicated) for every buffer;
       - a mapping whose keys are a collection name, a `/`-joined sow path or a glob of one
-        (as for `capacity=`; a sown pytree's path names all its leaves, a leaf's own path
+        (as for `capacity=`, the path with or without its collection: `"h"` or
+        `"intermediates/h"`; a sown pytree's path names all its leaves, a leaf's own path
         such as `"pair/0"` names one) to such a spec; buffers no key names keep their layout;
       - a callable `(site, value_shape) -> spec`, `site` like `"intermediates/x"`.
       Every call signature's buffer of a sow answers to the sow's path (keys and callables

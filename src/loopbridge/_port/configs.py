@@ -1,0 +1,128 @@
+"""Other configurations of the module to port: the evidence that tells a width of the class
+from a number of one instance.
+
+A width that equals `config.emb_dim` at the user's configuration may be `config.emb_dim`, or
+`config.qkv_dim`, or a constant that happens to agree. Tracing the model again with its integer
+fields changed tells them apart: what still agrees in every configuration is the expression.
+Fields are changed by factors of 2 and 4 (multiples keep the divisibility a model asserts, as
+`qkv_features % num_heads`), each field by a pattern of its own across the configurations (the
+bits of its position), so that no two fields change alike in all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+from flax import linen as nn
+
+from .errors import PortError, bad_config
+from .records import Call, Change
+from .trace import Trace, trace
+
+# At most this many derived configurations are traced (each is one abstract init).
+MAX_DERIVED = 3
+
+
+def _scalable(value: object) -> bool:
+  # A width, a count or a length; 0 and 1 are flags and identities, negatives are axes.
+  return type(value) is int and value >= 2
+
+
+def _config_fields(value: object) -> list[str]:
+  """The scalable integer fields of a config dataclass (a field holding one)."""
+  if not dataclasses.is_dataclass(value) or isinstance(value, (type, nn.Module)):
+    return []
+  return [f.name for f in dataclasses.fields(value) if _scalable(getattr(value, f.name, None))]
+
+
+def knobs(module: nn.Module) -> list[tuple[str, str | None]]:
+  """(field, config attribute or None) of every integer the derived configurations change."""
+  found: list[tuple[str, str | None]] = []
+  for f in dataclasses.fields(module):
+    if f.name in ("parent", "name"):
+      continue
+    value = getattr(module, f.name, None)
+    if _scalable(value):
+      found.append((f.name, None))
+    else:
+      found += [(f.name, a) for a in _config_fields(value)]
+  return found
+
+
+def _changed(module: nn.Module, factors: dict[tuple[str, str | None], int]) -> nn.Module:
+  updates: dict[str, object] = {}
+  for (field, attr), factor in factors.items():
+    if attr is None:
+      updates[field] = getattr(module, field) * factor
+    else:
+      inner = updates.get(field, getattr(module, field))
+      updates[field] = dataclasses.replace(inner, **{attr: getattr(inner, attr) * factor})  # pyright: ignore[reportArgumentType]
+  return module.clone(parent=None, **updates)
+
+
+def derived(module: nn.Module) -> list[nn.Module]:
+  """Other configurations of `module`: its integer fields (and its config's) scaled.
+
+  The first multiplies each by 2 (which most models build with); each next one multiplies the
+  fields whose position has bit k set by 4 instead, so two fields differ in at least one.
+  """
+  found = knobs(module)
+  if not found:
+    return []
+  bits = max(1, len(found).bit_length())
+  out = [_changed(module, dict.fromkeys(found, 2))]
+  for k in range(min(bits, MAX_DERIVED - 1)):
+    factors = {knob: 4 if (i + 1) >> k & 1 else 2 for i, knob in enumerate(found)}
+    out.append(_changed(module, factors))
+  return out
+
+
+def user_configs(module: nn.Module, configs: tp.Sequence[object]) -> list[nn.Module]:
+  """The user's `configs=`: other instances of the module's own class."""
+  for c in configs:
+    if not isinstance(c, nn.Module) or type(c) is not type(module):
+      raise PortError(bad_config(type(module), c))
+  return [tp.cast(nn.Module, c).clone(parent=None) for c in configs]
+
+
+def other_configs(
+  module: nn.Module,
+  configs: tp.Sequence[object] | None,
+  sample: Call,
+  streams: tp.Iterable[str],
+) -> list[tuple[nn.Module, Trace]]:
+  """Each other configuration whose sample call runs in Linen, with its trace (a derived one
+  that does not build, as a width that must divide another, is left out)."""
+  candidates = derived(module) if configs is None else user_configs(module, configs)
+  out: list[tuple[nn.Module, Trace]] = []
+  for other in candidates:
+    try:
+      traced = trace(
+        other, [(sample.method, sample.args, dict(sample.kwargs))], streams, len(out) + 1
+      )
+    except PortError:
+      if configs is not None:
+        raise
+      continue
+    out.append((other, traced))
+  return out
+
+
+def literal_notes(ctx: tp.Any, cls: type) -> list[Change]:
+  """Report rows for the numbers of `cls` kept literal though they change with the config."""
+  port = ctx.ported[cls]
+  resolver = port.resolver
+  if resolver is None:
+    return []
+  return [
+    Change(
+      port.source.file,
+      port.source.first_line,
+      f"{hint} = {value!r} at the traced configuration",
+      f"kept the literal {value!r}",
+      f"a width of one instance, not of the class: {why}; write its expression by hand "
+      "(the check at another configuration fails until then)",
+    )
+    for hint, value, why in resolver.unexplained
+  ]

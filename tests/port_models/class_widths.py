@@ -1,0 +1,82 @@
+"""Models for drafting the class, not one instance (`tests/test_port_class.py`).
+
+`Net` reads its widths from a config dataclass and runs lm1b's `MlpBlock` idiom (the output
+width is the input's unless `out_dim` is given); `Odd` has a width no field expression
+explains (`3 * features + 1`), so its port is right at the traced configuration only.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Config:
+  features: int = 8
+  hidden: int = 12
+
+
+class Mlp(nn.Module):
+  config: Config
+  out_dim: int | None = None
+
+  @nn.compact
+  def __call__(self, inputs):
+    actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim
+    x = nn.Dense(self.config.hidden)(inputs)
+    x = nn.relu(x)
+    return nn.Dense(actual_out_dim)(x)
+
+
+class Net(nn.Module):
+  config: Config
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(self.config.features)(x)
+    x = nn.LayerNorm()(x)
+    y = Mlp(self.config)(x)
+    z = Mlp(self.config, out_dim=5, name="head")(x)
+    return y, z
+
+
+class Odd(nn.Module):
+  features: int = 4
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(3 * self.features + 1)(x)
+    return nn.Dense(2)(x)
+
+
+model = Net(Config())
+
+
+def sample_args():
+  return (jax.random.normal(jax.random.key(0), (2, 6), jnp.float32),)
+
+
+class Frozen(nn.Module):
+  """Layers frozen by a literal (fine-tuning on top of fixed statistics, no dropout)."""
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(8)(x)
+    x = nn.BatchNorm(use_running_average=True)(x)
+    x = nn.Dropout(0.5, deterministic=True)(x)
+    return nn.Dense(3)(x)
+
+
+class Widths(nn.Module):
+  """A field with a default factory: each instance gets its own list of widths."""
+
+  widths: list[int] = dataclasses.field(default_factory=lambda: [6, 4])
+
+  @nn.compact
+  def __call__(self, x):
+    for w in self.widths:
+      x = nn.Dense(w)(x)
+    return x
