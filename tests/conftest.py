@@ -46,6 +46,42 @@ def matmul_tolerance(rtol: float, atol: float) -> tuple[float, float]:
   return max(rtol, choice.rtol), max(atol, choice.atol)
 
 
+def full_precision_tolerance(rtol: float, atol: float) -> tuple[float, float]:
+  """(rtol, atol) for comparing float32 results with plain Linen when both ran under
+  `jax.default_matmul_precision('highest')`, as loopbridge's checks run them.
+
+  The given values where that default is float32's own (CPU, GPU); widened to the check's
+  default on a TPU, whose transcendentals still differ in the 5th digit.
+  """
+  from loopbridge._diagnostics.compare_tolerance import HIGHEST, default_tolerance
+
+  choice = default_tolerance(precision=HIGHEST)
+  return max(rtol, choice.rtol), max(atol, choice.atol)
+
+
+def child_env(*front_paths: str, drop: tp.Sequence[str] = ()) -> dict[str, str]:
+  """The environment of a Python process a test starts: this one's, on the CPU.
+
+  An accelerator chip admits one process (a TPU: the next one fails with "Unable to initialize
+  backend 'tpu': ... libtpu multi-process lockfile"), and the test process holds it, so the
+  child gets `JAX_PLATFORMS=cpu` (it never competes for the chip). `front_paths` go in front of
+  PYTHONPATH, which is kept (a TPU image names its JAX there); `drop` names variables to leave
+  out.
+  """
+  env = {k: v for k, v in os.environ.items() if k not in drop}
+  env["JAX_PLATFORMS"] = "cpu"
+  paths = [*front_paths, env.get("PYTHONPATH", "")]
+  env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+  return env
+
+
+def on_cpu() -> bool:
+  """Whether the suite's JAX backend is the CPU (asked lazily: it starts the backend)."""
+  import jax
+
+  return jax.default_backend() == "cpu"
+
+
 def feedback_while_loop(graph: bool = True) -> tp.Callable:
   """`run(model, x, n)`: the seed loop, n calls in `nnx.while_loop`, each output fed back in."""
   from flax import nnx

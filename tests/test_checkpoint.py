@@ -22,7 +22,7 @@ import loopbridge as lb
 from loopbridge import _compat
 from loopbridge._core import recorder as _recorder
 
-from conftest import graph_kw
+from conftest import full_precision_tolerance, graph_kw
 
 FEATURES, DEPTH, CAPACITY = 4, 2, 5
 TOL: dict[str, tp.Any] = dict(rtol=1e-6, atol=1e-6)
@@ -506,17 +506,21 @@ def test_a_checkpoint_saved_on_any_supported_flax_restores_here(fixture, tmp_pat
   assert sorted(values) == sorted(saved.files)
   for key in saved.files:  # params, buffer, count, rng keys and counts
     np.testing.assert_array_equal(values[key], saved[key], err_msg=key)
-  # The records against plain Linen with the restored params: the last 3 of 5 (wrap).
+  # The records against plain Linen with the restored params: the last 3 of 5 (wrap). The saved
+  # records were computed on a CPU, in float32: so is the reference, at full precision on any
+  # backend (a TPU's default float32 matmul is one bfloat16 pass, 2e-2 off).
   variables = {"params": jax.tree.map(np.asarray, nnx.state(model, nnx.Param).to_pure_dict())}
-  hs = [
-    fx.FixtureNet().apply(
-      variables, fx.inputs(i), mutable=["intermediates"], rngs={"dropout": jax.random.key(0)}
-    )[1]["intermediates"]["h"][0]
-    for i in range(fx.STEPS + 1)
-  ]
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[2:5]), **TOL)
-  model(fx.inputs(fx.STEPS))  # and records on from there
-  np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[3:6]), **TOL)
+  tol = dict(zip(("rtol", "atol"), full_precision_tolerance(TOL["rtol"], TOL["atol"])))
+  with jax.default_matmul_precision("highest"):
+    hs = [
+      fx.FixtureNet().apply(
+        variables, fx.inputs(i), mutable=["intermediates"], rngs={"dropout": jax.random.key(0)}
+      )[1]["intermediates"]["h"][0]
+      for i in range(fx.STEPS + 1)
+    ]
+    np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[2:5]), **tol)
+    model(fx.inputs(fx.STEPS))  # and records on from there
+    np.testing.assert_allclose(lb.recorded(model)["intermediates"]["h"], np.stack(hs[3:6]), **tol)
 
 
 def test_overwrite(tmp_path):

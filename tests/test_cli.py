@@ -25,6 +25,9 @@ from flax import nnx
 
 from loopbridge.__main__ import main
 from loopbridge._cli import inputs, inspect_cmd, output
+from loopbridge._cli.errors import CliError
+
+from conftest import child_env
 
 TARGET_SOURCE = '''
 import flax.linen as nn
@@ -317,6 +320,52 @@ def test_unexpected_failure_is_one_line_unless_debug(capsys, monkeypatch):
   )
   with pytest.raises(KeyError):
     main(["inspect", "--debug"])
+
+
+# JAX's error when another process holds the chip, as a TPU VM raises it (jax 0.10.2).
+TPU_BUSY = (
+  "Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid "
+  "4242. Not attempting to load libtpu.so in this process. (set JAX_PLATFORMS='' to "
+  "automatically choose an available backend)"
+)
+TPU_LOCKFILE = (
+  "Unable to initialize backend 'tpu': ABORTED: Internal error when accessing libtpu "
+  'multi-process lockfile. Run "$ sudo lsof -w /dev/accel0" to figure out which process is '
+  "using the TPU. (set JAX_PLATFORMS='' to automatically choose an available backend)"
+)
+
+
+@pytest.mark.parametrize("message", [TPU_LOCKFILE, TPU_BUSY], ids=["lockfile", "in-use"])
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raised", "quoted"])
+def test_a_busy_accelerator_is_one_line_naming_it_and_the_fix(
+  capsys, monkeypatch, message, wrapped
+):
+  def busy(*args, **kwargs):
+    error = RuntimeError(message)
+    if not wrapped:
+      raise error
+    # a command that quotes the model's failure in a CliError of its own
+    raise CliError(f"the model failed on the inputs: RuntimeError: {message}") from error
+
+  monkeypatch.setattr(inspect_cmd, "inspect_model", busy)
+  code, _, err = run_main(capsys, "inspect")
+  assert code == 2
+  assert err.count("\n") == 1 and "Traceback" not in err and "unexpected" not in err
+  assert err.strip() == (
+    "loopbridge inspect: error: JAX could not open the 'tpu' backend: another process holds "
+    "it (a notebook, a training job or another loopbridge; the chip admits one process at a "
+    "time). Fix: run this command on the CPU, `JAX_PLATFORMS=cpu loopbridge inspect ...`, or "
+    "close the other process."
+  )
+
+
+def test_other_backend_failures_are_not_called_busy(capsys, monkeypatch):
+  def broken(*args, **kwargs):
+    raise RuntimeError("Unable to initialize backend 'cuda': no CUDA-capable device is detected")
+
+  monkeypatch.setattr(inspect_cmd, "inspect_model", broken)
+  code, _, err = run_main(capsys, "inspect")
+  assert code == 1 and "unexpected RuntimeError: Unable to initialize backend 'cuda'" in err
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -625,9 +674,7 @@ def test_bad_capture_filter(capsys, target_module, capture, pattern):
 
 # ----------------------------------------------------------------------------- end to end
 def _run(argv, cwd, extra_path=None):
-  env = dict(os.environ)
-  if extra_path:
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, env.get("PYTHONPATH")) if p)
+  env = child_env(*([extra_path] if extra_path else []))
   return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -680,7 +727,7 @@ def _run_in_terminal(argv, cwd):
 
   primary, secondary = pty.openpty()
   proc = subprocess.Popen(
-    argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary
+    argv, cwd=cwd, env=child_env(), stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary
   )
   os.close(secondary)
   chunks = []

@@ -5,7 +5,6 @@ one-line errors for targets and layouts that do not fit, and one end-to-end subp
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import pytest
 
 from loopbridge.__main__ import main
 from loopbridge._cli import compare_cmd, inputs, loading
+
+from conftest import child_env
 
 SOURCE = """
 import flax.linen as nn
@@ -169,6 +170,17 @@ def test_correct_port_exits_0(capsys, target):
   )
   assert code == 0, err
   assert out.startswith("lb.compare: OK, all 4 aligned module calls agree")
+
+
+@pytest.mark.parametrize("precision", [None, "highest", "model"])
+def test_precision_option_reaches_the_check_and_the_report(capsys, target, precision):
+  chosen = [] if precision is None else ["--precision", precision]
+  argv = ["compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]", *chosen]
+  code, out, err = run(capsys, *argv, "--json")
+  assert code == 0, err
+  used = json.loads(out)["default_tolerance"]
+  assert used["precision"] == (precision or "highest")
+  assert used["matmul_precision"] == ("default" if precision == "model" else "highest")
 
 
 def test_port_receives_the_linen_params(target):
@@ -344,10 +356,7 @@ def test_unalignable_is_one_line(capsys, target):
 @pytest.mark.slow  # subprocess; the in-process tests above cover the command; `-m slow`
 def test_end_to_end_subprocess(tmp_path):
   (tmp_path / "cli_compare_models.py").write_text(SOURCE)
-  env = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
-  }
+  env = child_env(str(tmp_path))
   result = subprocess.run(
     [
       sys.executable,

@@ -184,6 +184,7 @@ def test_convert_a_linen_train_state_to_nnx_and_back(tmp_path, target, capsys):
   out, err = capsys.readouterr()
   assert code == 0, err
   assert json.loads(out)["placements"][0]["nnx"] == "proj"
+  assert json.loads(out)["tolerance"]["precision"] == "highest"  # the check's default
 
   # The NNX checkpoint, read the way the NNX checkpoint guide reads one.
   port = models.Port(nnx.Rngs(7))
@@ -222,10 +223,12 @@ def test_convert_with_a_rule_both_ways(tmp_path, target, capsys):
   rule = "split('wi', ['gate/kernel', 'up/kernel'], axis=0)"
   common = [f"{target}:Fused", f"{target}:SplitPort", "--arg", "float32[5,3]", "--rule", rule]
 
-  code = main(["convert", *common, str(tmp_path / "linen"), str(tmp_path / "nnx"), "--json"])
+  argv = ["convert", *common, str(tmp_path / "linen"), str(tmp_path / "nnx"), "--json"]
+  code = main([*argv, "--precision", "model"])
   out, err = capsys.readouterr()
   assert code == 0, err
   assert json.loads(out)["placements"][0]["transforms"] == [f"lb.checkpoint.{rule}"]
+  assert json.loads(out)["tolerance"]["precision"] == "model"
   port = models.SplitPort(nnx.Rngs(7))
   nnx.update(port, checkpointer.restore(str(tmp_path / "nnx"), {"model": nnx.state(port)})["model"])
   np.testing.assert_allclose(port(x), models.Fused().apply(variables, x), rtol=1e-5, atol=1e-6)

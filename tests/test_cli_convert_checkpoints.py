@@ -6,7 +6,6 @@ written by plain Linen `init`, and the port's own rng state read back by hand.""
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import pytest
 from flax import nnx
 
 from loopbridge.__main__ import main
+
+from conftest import child_env
 
 SOURCE = """
 import optax
@@ -195,11 +196,7 @@ def test_stderr_holds_only_the_one_line_error(tmp_path, target):
   """A separate process, as a user runs it: orbax's failed-read shutdown noise would appear
   there (asyncio log lines, 'Event loop is closed' tracebacks), after `main` returns."""
   _linen_checkpoint(tmp_path / "linen", importlib.import_module(target))
-  env = {
-    **os.environ,
-    "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
-    "JAX_PLATFORMS": "cpu",
-  }
+  env = child_env(str(tmp_path), *sys.path)
   run = subprocess.run(
     [
       sys.executable,

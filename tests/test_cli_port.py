@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -19,6 +18,7 @@ from loopbridge.__main__ import main
 from loopbridge._cli import call_specs, inputs
 from loopbridge._cli.errors import USAGE_ERROR, CliError
 
+from conftest import child_env
 from port_models import ZOO
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -36,6 +36,7 @@ def ruff_clean(path: pathlib.Path) -> None:
       capture_output=True,
       text=True,
       cwd=path.parent,
+      env=child_env(),
     )
     assert done.returncode == 0, f"ruff {command[0]}:\n{done.stdout}{done.stderr}"
 
@@ -222,8 +223,7 @@ def test_subprocess_end_to_end(tmp_path):
   """The installed entry point, from another directory: batch statistics and a train --call."""
   # In front of the caller's PYTHONPATH, not instead of it: an environment that brings its
   # packages on PYTHONPATH (libcst on a GPU image) keeps them.
-  paths = [str(REPO / "src"), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+  env = child_env(str(REPO / "src"), str(REPO / "tests"))
   argv = [sys.executable, "-m", "loopbridge", "port", "port_models.setup_style:model"]
   done = subprocess.run(
     [

@@ -18,16 +18,17 @@ from flax import nnx
 
 import loopbridge as lb
 from loopbridge import _compat
-from loopbridge._diagnostics.compare_tolerance import FLOAT32, default_tolerance
+from loopbridge._diagnostics.compare_tolerance import HIGHEST, default_tolerance
 
-from conftest import matmul_tolerance
+from conftest import full_precision_tolerance, matmul_tolerance
 
-# The independent reference's float32 tolerance for matmul outputs (widened on GPUs and TPUs).
-RTOL, ATOL = matmul_tolerance(1e-5, 1e-5)
-# Whether this backend computes float32 matmuls in float32: a unit-variance epsilon change
-# (1e-5 relative) is then findable with TIGHT tolerances; under TensorFloat-32 it is noise
+# The independent reference's float32 tolerance: both sides at full precision, as lb.compare
+# runs them (widened on a TPU, whose transcendentals differ in the 5th digit).
+RTOL, ATOL = full_precision_tolerance(1e-5, 1e-5)
+# Whether this backend's full-precision check is float32's own (1e-5): a unit-variance epsilon
+# change (1e-5 relative) is then findable with TIGHT tolerances; on a TPU it is noise
 # (tests/test_compare_backend.py finds one on small-variance data on every backend).
-EXACT_MATMULS = default_tolerance().float32_matmuls == FLOAT32
+EXACT_MATMULS = default_tolerance(precision=HIGHEST).rtol <= 1e-5
 
 D, H = 8, 16  # model width, block hidden width
 EPS_BUG = 3e-2  # a planted layer-norm epsilon every backend's default tolerance finds
@@ -190,8 +191,10 @@ def port_outputs(port, x):
 
 
 def first_differing(variables, port, x, rtol=RTOL, atol=ATOL):
-  """The first port path (in call order) whose output differs from its Linen counterpart."""
-  ref, cand = linen_outputs(variables, x), port_outputs(port, x)
+  """The first port path (in call order) whose output differs from its Linen counterpart (both
+  at full precision, as lb.compare runs them by default)."""
+  with jax.default_matmul_precision("highest"):
+    ref, cand = linen_outputs(variables, x), port_outputs(port, x)
   for port_path, linen_path in PORT_PATHS.items():
     a, b = np.asarray(ref[linen_path]), np.asarray(cand[port_path])
     if a.shape != b.shape or not np.allclose(b, a, rtol=rtol, atol=atol):

@@ -102,13 +102,33 @@ def first_differing(report) -> str | None:
     ("gpu", "BF16_BF16_F32", "bfloat16", 3e-2),
     ("tpu", None, "bfloat16", 3e-2),
     ("tpu", "high", "bfloat16_3x", 1e-4),
-    ("tpu", "float32", "float32", 1e-5),
+    # float32 matmuls, but a TPU's transcendentals agree to 4-5 digits
+    ("tpu", "float32", "float32", 1e-4),
+    ("tpu", "highest", "float32", 1e-4),
   ],
 )
 def test_the_default_follows_backend_and_matmul_precision(backend, precision, matmuls, rtol):
   choice = default_tolerance(backend, precision)
   assert (choice.float32_matmuls, choice.rtol, choice.atol) == (matmuls, rtol, rtol)
-  assert choice.reason.startswith(f"float32 rtol {rtol:g}, atol {rtol:g}: ")
+  assert choice.reason.startswith(
+    f"float32 rtol {rtol:g}, atol {rtol:g} of each output's largest magnitude: "
+  )
+
+
+@pytest.mark.parametrize("backend,rtol", [("cpu", 1e-5), ("gpu", 1e-5), ("tpu", 1e-4)])
+def test_a_check_at_highest_has_float32_tolerances_on_every_backend(backend, rtol):
+  choice = default_tolerance(backend, precision="highest")
+  assert (choice.matmul_precision, choice.float32_matmuls) == ("highest", "float32")
+  assert (choice.rtol, choice.atol, choice.precision) == (rtol, rtol, "highest")
+  assert "jax.default_matmul_precision('highest') (precision='highest'" in choice.reason
+
+
+def test_atol_is_relative_to_each_outputs_scale():
+  choice = default_tolerance("tpu", None)  # one bfloat16 pass: 3e-2
+  small = np.array([0.004, -0.005, 0.001], np.float32)
+  assert choice.for_values(small) == (3e-2, pytest.approx(3e-2 * 0.005))
+  assert choice.for_values(np.zeros(3, np.float32)) == (3e-2, 0.0)
+  assert choice.for_values(np.array([1, 2], np.int32)) == (0.0, 0.0)
 
 
 def test_an_unknown_precision_assumes_the_backends_default_and_says_so():
@@ -137,11 +157,20 @@ def test_other_dtypes_keep_their_own_default_widened_to_the_matmul_one():
 def test_the_report_says_which_tolerance_it_used_and_why(setup):
   x, variables = setup
   with jax.default_matmul_precision("bfloat16"):
-    report = lb.compare((Net(), variables), port_of(variables), x)
-  assert report.ok, str(report)
+    report = lb.compare((Net(), variables), port_of(variables), x, precision="model")
+    full = lb.compare((Net(), variables), port_of(variables), x)
+  assert report.ok and full.ok, str(report)
   choice = report.default_tolerance
   assert isinstance(choice, ToleranceChoice)
   assert (choice.backend, choice.matmul_precision) == (jax.default_backend(), "bfloat16")
+  assert choice.precision == "model" and "(precision='model')" in choice.reason
+  # the default overrides the user's setting for the check, and says so
+  assert full.default_tolerance is not None
+  assert (full.default_tolerance.matmul_precision, full.default_tolerance.precision) == (
+    "highest",
+    "highest",
+  )
+  assert "jax.default_matmul_precision('highest')" in str(full)
   data = json.loads(json.dumps(report.to_dict()))
   assert data["default_tolerance"]["reason"] == choice.reason
   assert choice.reason in str(report)
@@ -155,11 +184,12 @@ def test_on_cpu_each_precision_keeps_a_tight_default_that_finds_small_bugs(setup
   if jax.default_backend() != "cpu":
     pytest.skip("what CPU computes under each precision")
   x, variables = setup
+  model = {"precision": "model"}  # the models at the precision set here
   with jax.default_matmul_precision(precision):
-    ok = lb.compare((Net(), variables), port_of(variables), x)
+    ok = lb.compare((Net(), variables), port_of(variables), x, **model)
     # PyTorch's default epsilon, and a bias 1e-3 off: both inside any widened tolerance.
-    eps = lb.compare((Net(), variables), port_of(variables, epsilon=1e-5), x)
-    bias = lb.compare((Net(), variables), port_of(variables, bias_shift=1e-3), x)
+    eps = lb.compare((Net(), variables), port_of(variables, epsilon=1e-5), x, **model)
+    bias = lb.compare((Net(), variables), port_of(variables, bias_shift=1e-3), x, **model)
   assert ok.ok, str(ok)
   assert ok.default_tolerance is not None and ok.default_tolerance.rtol == 1e-5
   assert first_differing(eps) == "LayerNorm_1", str(eps)
@@ -198,11 +228,12 @@ def test_emulated_backend_noise_passes_and_planted_bugs_are_found(setup, backend
 
 
 def test_this_backends_default_passes_a_correct_port_and_finds_small_bugs(setup):
-  # Whatever backend runs the suite (CPU here, a GPU's TensorFloat-32 on a GPU machine): no
-  # emulation, both models computed as that backend computes them.
+  # Whatever backend runs the suite (CPU here, a TPU or GPU elsewhere): no emulation, both
+  # models computed as that backend computes them at the check's default full precision, so
+  # a bias 1e-3 off is found on every backend.
   x, variables = setup
-  choice = default_tolerance()
-  shift = {b: s for b, _, s in NARROW}.get(choice.backend, 1e-3)
+  choice = default_tolerance(precision="highest")
+  shift = 1e-3
   ok = lb.compare((Net(), variables), port_of(variables), x)
   eps = lb.compare((Net(), variables), port_of(variables, epsilon=1e-5), x)
   bias = lb.compare((Net(), variables), port_of(variables, bias_shift=shift), x)

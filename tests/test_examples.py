@@ -18,6 +18,8 @@ import pytest
 from sybil import Sybil
 from sybil.parsers.markdown import PythonCodeBlockParser
 
+from conftest import child_env
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 
@@ -51,7 +53,12 @@ def test_example_compiles_and_prints_its_key_line(script: pathlib.Path):
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(script: pathlib.Path):
   result = subprocess.run(
-    [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600
+    [sys.executable, str(script)],
+    cwd=ROOT,
+    env=child_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
   assert result.returncode == 0, f"{script.name} failed:\n{result.stdout}\n{result.stderr}"
   assert result.stdout.strip(), f"{script.name} printed nothing"

@@ -14,6 +14,8 @@ import pathlib
 
 import pytest
 
+from conftest import child_env
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "loopbridge"
 WINGS = ("_loops", "_layers", "_diagnostics", "_checkpoint", "_sharding", "_cli", "_port")
 
@@ -198,13 +200,11 @@ assert len(jax.devices("cpu")) == 2, jax.devices("cpu")
 
 @pytest.mark.slow
 def test_import_starts_no_backend():
-  import os
   import subprocess
   import sys
 
   # A fresh interpreter (this one has a backend already); no forced device count from outside.
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), env.get("PYTHONPATH", "")])
+  env = child_env(str(PACKAGE.parent), drop=("XLA_FLAGS",))
   done = subprocess.run(
     [sys.executable, "-c", _IMPORT_STARTS_NO_BACKEND], env=env, capture_output=True, text=True
   )

@@ -36,6 +36,15 @@ CAPACITY = 37  # leading dimension of every buffer; no other array has it
 xla_cpu_only = pytest.mark.skipif(
   jax.default_backend() != "cpu", reason="reads XLA:CPU's fusion decisions (see above)"
 )
+# The guards below read every copy XLA:CPU compiles. XLA:TPU (v5e, jax 0.10.2) adds copies of
+# its own around a call: between memory spaces (`copy-start`/`copy-done`, S(1)) and into tiled
+# layouts (T(1,128)), buffer-shaped ones included, even for the planted one-slot write; what
+# they cost is measured there by the recording benchmark (per-step time flat in capacity).
+xla_cpu_copies = pytest.mark.skipif(
+  jax.default_backend() != "cpu",
+  reason="reads the copies XLA:CPU compiles; XLA:TPU adds memory-space and tiled-layout "
+  "copies per call (see above; benchmarks/README.md measures the cost on a TPU)",
+)
 FEATURES, DEPTH = 4, 2
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
@@ -186,6 +195,7 @@ def test_hlo_parser_sees_a_whole_buffer_copy():
   assert ops_on_buffers(comps, inside, "copy"), text
 
 
+@xla_cpu_copies
 def test_recording_loop_writes_one_slot_and_never_copies_a_buffer(graph):
   """lb.compile_step: O(1) writes in the body, and donated buffers, so no call copies them."""
   model, x = new_model()
@@ -229,7 +239,9 @@ def test_buffer_sized_op_guard_can_fail():
     fn = jax.jit(run, static_argnums=2, donate_argnums=0)
     comps = parse_hlo(fn.lower(jnp.zeros((CAPACITY, 3)), 5, whole).compile().as_text())
     found = buffer_sized_ops(comps, reachable(comps, while_bodies(comps)))
-    assert bool(found) == whole, found
+    if whole or jax.default_backend() == "cpu":
+      # XLA:TPU moves even the one-slot write's buffer between memory spaces (see above).
+      assert bool(found) == whole, found
 
 
 @pytest.mark.parametrize("overflow", ["error", "drop", "wrap"])
@@ -371,6 +383,7 @@ def test_readme_loop_pattern_donates_the_buffers(graph):
   assert int(lb.counts(model)["intermediates"]["x"]) == 6
 
 
+@xla_cpu_copies
 def test_decode_step_cost_does_not_grow_with_the_number_of_signatures(graph):
   """A call writes its own signature's buffers only: the loop body of a model declared for
   three signatures has the one-signature body's slot writes, and no buffer of any signature

@@ -6,7 +6,6 @@ metadata first and names the fix in one line.
 """
 
 import importlib.metadata
-import os
 import pathlib
 import re
 import subprocess
@@ -15,6 +14,8 @@ import sys
 import pytest
 
 from loopbridge import _compat
+
+from conftest import child_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -107,7 +108,7 @@ def test_import_fails_before_flax_is_imported(tmp_path):
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
   (tmp_path / "flax").mkdir()
   (tmp_path / "flax" / "__init__.py").write_text("raise ImportError('deep inside flax')\n")
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+  env = child_env(str(tmp_path), str(ROOT / "src"))
   proc = subprocess.run(
     [sys.executable, "-c", "import loopbridge"], capture_output=True, text=True, env=env
   )

@@ -22,6 +22,7 @@ from flax import nnx
 from .. import _compat
 from .._core.errors import CheckpointError
 from .._core.site import key_str
+from .._diagnostics.compare_tolerance import HIGHEST, check_context, check_precision
 from .convert_align import (
   CACHE,
   SKIPPED_COLLECTIONS,
@@ -48,14 +49,15 @@ Variables = tp.Mapping[str, object]
 class Plan(list[Pair]):
   """The kept pairs of one conversion and the Linen layer axes the evidence chose."""
 
-  def __init__(self, pairs: tp.Iterable[Pair], verdict: Verdict, forward: bool):
+  def __init__(self, pairs: tp.Iterable[Pair], verdict: Verdict, sides: Sides):
     super().__init__(pairs)
+    self.tolerance = sides.tol
     self.axes: Axes = verdict.axes
     self.checks: list[Check] = verdict.checks
     self.output_error = verdict.output_error
     self.values = verdict.values
     # Whether a given Linen decode cache was converted (the sample call was a decode step).
-    self.cache = any(k[0] == CACHE for k in verdict.values) if forward else False
+    self.cache = any(k[0] == CACHE for k in verdict.values) if sides.forward else False
 
 
 def _check_call(
@@ -95,8 +97,10 @@ def _plan(
   sample_kwargs: tp.Mapping[str, tp.Any] | None,
   method: str | None,
   cache: tp.Mapping[str, object] | None = None,
+  precision: str = HIGHEST,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
-  """Pair both models' leaves and decide every open candidate by running them."""
+  """Pair both models' leaves and decide every open candidate by running them (the caller runs
+  this under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
   if not isinstance(linen_module, nn.Module):
     raise CheckpointError(
       f"the Linen model must be a flax.linen Module (unbound, e.g. `Model()`), got "
@@ -120,14 +124,16 @@ def _plan(
   pairs = pair_units(lunits, nunits, mapping, rules)
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
-  sides = Sides(linen_module, modules, port, sample_args, values, forward, sample_kwargs, method)
+  sides = Sides(
+    linen_module, modules, port, sample_args, values, forward, sample_kwargs, method, precision
+  )
   verdict = decide(pairs, sides, axis_options)
   # A class of modules of equal shapes was decided as one pair (every assignment); from
   # here on (the report, an optax state's moves) it is one pair per module again.
   split = split_classes(pairs)
   pairs = [pair for pair, _ in split]
   verdict.checks = [verdict.checks[n] for _, n in split]
-  return Plan(pairs, verdict, forward), stored
+  return Plan(pairs, verdict, sides), stored
 
 
 def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
@@ -320,6 +326,7 @@ def linen_to_nnx(
   step: int | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -359,6 +366,10 @@ def linen_to_nnx(
     method: the method both models run on the sample call (as in Linen's
       `apply(..., method=...)`); None for `__call__`.
     sample_kwargs: keyword arguments of that call (e.g. `{'train': False}`).
+    precision: what both models run at when candidates are checked: 'highest' (the default)
+      under `jax.default_matmul_precision('highest')`, so a TPU's float32 matmuls (one
+      bfloat16 pass by default) cannot blur two candidates; 'model' at their own precision,
+      with the looser tolerance that goes with it. The report names it (`tolerance`).
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -424,18 +435,21 @@ def linen_to_nnx(
       )
     return source
 
-  pairs, stored = _plan(
-    linen_module,
-    port,
-    sample_args,
-    mapping,
-    rules,
-    checked_source,
-    True,
-    sample_kwargs,
-    method,
-    tp.cast(tp.Mapping[str, object], variables.get(CACHE)),
-  )
+  check_precision(precision, "lb.checkpoint", CheckpointError)
+  with check_context(precision):
+    pairs, stored = _plan(
+      linen_module,
+      port,
+      sample_args,
+      mapping,
+      rules,
+      checked_source,
+      True,
+      sample_kwargs,
+      method,
+      tp.cast(tp.Mapping[str, object], variables.get(CACHE)),
+      precision,
+    )
   targets = nnx_variables(port, cache=pairs.cache)
   writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
@@ -465,6 +479,7 @@ def linen_to_nnx(
     skipped=sorted(
       k for k in variables if k in SKIPPED_COLLECTIONS and not (k == CACHE and pairs.cache)
     ),
+    tolerance=pairs.tolerance,
   )
 
 
@@ -478,6 +493,7 @@ def nnx_to_linen(
   rules: tp.Sequence[LeafRule] | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -489,6 +505,7 @@ def nnx_to_linen(
   rules: tp.Sequence[LeafRule] | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -499,6 +516,7 @@ def nnx_to_linen(
   rules: tp.Sequence[LeafRule] | None = None,
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
@@ -518,6 +536,9 @@ def nnx_to_linen(
     rules: the same leaf rules as for `linen_to_nnx` (stated Linen -> NNX; run inverted).
     method: the method both models run on the sample call; None for `__call__`.
     sample_kwargs: keyword arguments of that call (e.g. `{'train': False}`).
+    precision: what both models run at when candidates are checked: 'highest' (the default)
+      or 'model' (their own, with the looser tolerance that goes with it), as for
+      `linen_to_nnx`.
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
@@ -539,17 +560,20 @@ def nnx_to_linen(
     True
   """
   targets = nnx_variables(port)
-  pairs, stored = _plan(
-    linen_module,
-    port,
-    sample_args,
-    mapping,
-    rules,
-    lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
-    False,
-    sample_kwargs,
-    method,
-  )
+  check_precision(precision, "lb.checkpoint", CheckpointError)
+  with check_context(precision):
+    pairs, stored = _plan(
+      linen_module,
+      port,
+      sample_args,
+      mapping,
+      rules,
+      lambda _: {k: _compat.variable_value(v) for k, v in targets.items()},
+      False,
+      sample_kwargs,
+      method,
+      precision=precision,
+    )
   values = pairs.values
   for key, abstract in stored.items():
     if key not in values:

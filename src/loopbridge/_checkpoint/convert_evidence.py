@@ -18,9 +18,10 @@ tracers and are not recorded). A candidate agrees only if it agrees on every inp
    model's output. A conversion that returns is one whose output agrees.
 
 Each decision notes which inputs ruled the other candidates out (the report's `probes`).
-Agreement is `|target - source| <= atol + rtol * |source|` with `lb.compare`'s default
-tolerance for the dtype and backend. Candidates that produce identical arrays (e.g. two zero
-biases swapped) are one conversion.
+Agreement is `|target - source| <= atol * max|source| + rtol * |source|` with `lb.compare`'s
+default tolerance for the dtype, backend and check precision (both models run under
+`jax.default_matmul_precision('highest')` by default; `convert.py` sets it). Candidates that
+produce identical arrays (e.g. two zero biases swapped) are one conversion.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from flax import nnx
 from .. import _compat
 from .._core.buffers import is_traced
 from .._core.errors import CheckpointError
-from .._diagnostics.compare_tolerance import ToleranceChoice, default_tolerance, is_float
+from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
 from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
 from .convert_match import MAX_OPTIONS, Pair, unit_mapping
 from .convert_moves import Axes, to_linen, to_nnx
@@ -312,7 +313,7 @@ def agreement(reference: object, candidate: object, tol: ToleranceChoice) -> flo
       if not np.array_equal(x, y):
         return None
       continue
-    rtol, atol = tol.for_dtype(x.dtype)
+    rtol, atol = tol.for_values(x)  # atol relative to the source output's scale
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
     with np.errstate(invalid="ignore"):
       same = (x64 == y64) | (np.isnan(x64) & np.isnan(y64))
@@ -372,6 +373,7 @@ class Sides:
     to_nnx_direction: bool,
     sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
     method: str | None = None,
+    precision: str = HIGHEST,
   ):
     self.linen_module = linen_module
     self.linen_modules = linen_modules
@@ -382,7 +384,7 @@ class Sides:
     self.method = method
     self.source = source
     self.forward = to_nnx_direction
-    self.tol = default_tolerance()
+    self.tol = default_tolerance(precision=precision)  # the runs are under check_context
     self._inputs: list[Input] | None = None
     self._source_runs: list[Ran] | None = None
 

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import typing as tp
 
+from .._diagnostics.compare_tolerance import ToleranceChoice
 from .convert_evidence import Check
 from .convert_match import Pair, leaf_path
 from .leaf_rules import Rename
@@ -129,6 +130,8 @@ class ConversionReport:
       shapes fitted several axes), as chosen by running, by 'stack/collection'.
     skipped: collections of the given Linen variables left out on purpose: a decode `cache`
       (per-sequence state; the port keeps its own `nnx.Cache` values) and `intermediates`.
+    tolerance: the precision both models ran at and the tolerance their outputs were
+      compared with, and why (a `ToleranceChoice`); None in reports built by hand.
   """
 
   direction: str
@@ -138,6 +141,7 @@ class ConversionReport:
   output_error: float = 0.0
   layer_axes: tuple[tuple[str, int], ...] = ()
   skipped: tuple[str, ...] = ()
+  tolerance: ToleranceChoice | None = None
 
   @classmethod
   def from_pairs(
@@ -151,6 +155,7 @@ class ConversionReport:
     output_error: float = 0.0,
     layer_axes: tp.Mapping[tuple[tuple[str, ...], str], int] | None = None,
     skipped: tp.Sequence[str] = (),
+    tolerance: ToleranceChoice | None = None,
   ) -> ConversionReport:
     groups: dict[tuple[object, ...], list[tuple[Pair, Check]]] = {}
     for pair, check in zip(pairs, checks):
@@ -164,6 +169,7 @@ class ConversionReport:
       output_error,
       axes,
       tuple(skipped),
+      tolerance,
     )
 
   def to_dict(self) -> dict[str, object]:
@@ -176,6 +182,7 @@ class ConversionReport:
       "output_error": self.output_error,
       "layer_axes": [list(a) for a in self.layer_axes],
       "skipped": list(self.skipped),
+      "tolerance": None if self.tolerance is None else dataclasses.asdict(self.tolerance),
     }
 
   def __str__(self) -> str:
@@ -202,4 +209,6 @@ class ConversionReport:
     for collection in self.skipped:
       why = _SKIPPED_WHY.get(collection, "left out")
       lines.append(f"  not converted: the Linen {collection!r} collection ({why})")
+    if self.tolerance is not None:
+      lines.append(f"  checked with {self.tolerance.reason}")
     return "\n".join(lines)

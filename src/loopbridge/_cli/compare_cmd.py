@@ -72,15 +72,18 @@ def add_parser(commands: Subcommands) -> None:
     "--rtol",
     type=options.non_negative_float,
     default=None,
-    help="relative tolerance (default: per dtype and backend: float32 1e-5 on CPU, 5e-3 on "
-    "a GPU with TensorFloat-32 matmuls; the report says which)",
+    help="relative tolerance (default: per dtype, backend and --precision: float32 1e-5, 1e-4 "
+    "on a TPU; at --precision model 5e-3 on a GPU with TensorFloat-32 matmuls, 3e-2 on a TPU; "
+    "the report says which)",
   )
   c.add_argument(
     "--atol",
     type=options.non_negative_float,
     default=None,
-    help="absolute tolerance (default: per dtype and backend, as --rtol)",
+    help="absolute tolerance (default: per dtype and backend, as --rtol, times each output's "
+    "largest magnitude)",
   )
+  options.add_precision_option(c)
   c.add_argument(
     "--plot",
     metavar="FILE",
@@ -127,7 +130,9 @@ def run(ns: argparse.Namespace) -> int:
       # Each model keeps its own random weights: their values cannot agree, so only the
       # structure, shapes and dtypes are compared (an infinite atol compares no values).
       atol = math.inf if ns.weights == "random" else ns.atol
-      report = lb.compare((module, variables), port, *args, rtol=ns.rtol, atol=atol)
+      report = lb.compare(
+        (module, variables), port, *args, rtol=ns.rtol, atol=atol, precision=ns.precision
+      )
   except lb.CompareError as e:
     raise CliError(str(e).removeprefix("lb.compare: ")) from e
   if ns.json:

@@ -97,6 +97,7 @@ def add_parser(commands: Subcommands) -> None:
     "\"split('mlp/wi', ['mlp/gate/kernel', 'mlp/up/kernel'], axis=0)\"; also rename, "
     "transpose, reshape, fuse; literals only, nothing is executed; repeatable",
   )
+  options.add_precision_option(p)
   options.add_common_options(p, "print the report as one JSON document")
   p.set_defaults(run=run)
 
@@ -225,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
           mapping=mapping,
           rules=rules,
           step=None if tx is None else int(tp.cast(jax.Array, state["step"])),
+          precision=args.precision,
           **call,
         )
       out: dict[str, object] = {"model": nnx.state(port)}
@@ -244,11 +246,26 @@ def run(args: argparse.Namespace) -> int:
       with progress("converting"):
         if optimizer is None:
           out = dict(
-            lb.checkpoint.nnx_to_linen(port, module, *samples, mapping=mapping, rules=rules, **call)
+            lb.checkpoint.nnx_to_linen(
+              port,
+              module,
+              *samples,
+              mapping=mapping,
+              rules=rules,
+              precision=args.precision,
+              **call,
+            )
           )
         else:
           variables, opt_state = lb.checkpoint.nnx_to_linen(
-            port, module, *samples, optimizer=optimizer, mapping=mapping, rules=rules, **call
+            port,
+            module,
+            *samples,
+            optimizer=optimizer,
+            mapping=mapping,
+            rules=rules,
+            precision=args.precision,
+            **call,
           )
           step = _compat.variable_value(optimizer.step)
           out = {**variables, "opt_state": opt_state, "step": jnp.asarray(step, jnp.int32)}

@@ -15,7 +15,7 @@ import typing as tp
 
 from .._core.errors import first_line
 from . import compare_cmd, convert_cmd, inspect_cmd, port_cmd
-from .errors import FAILURE, INTERRUPTED, CliError
+from .errors import FAILURE, INTERRUPTED, USAGE_ERROR, CliError, busy_backend
 
 # The subcommands, in the order `--help` lists them.
 COMMANDS = (inspect_cmd, compare_cmd, convert_cmd, port_cmd)
@@ -44,16 +44,22 @@ def main(argv: tp.Sequence[str] | None = None) -> int:
   run: tp.Callable[[argparse.Namespace], int] = ns.run
   try:
     return run(ns)
-  except CliError as e:
-    if ns.debug:
-      traceback.print_exc()
-    print(f"loopbridge {ns.command}: error: {e}", file=sys.stderr)
-    return e.code
   except KeyboardInterrupt:
     print(f"loopbridge {ns.command}: interrupted", file=sys.stderr)
     return INTERRUPTED
-  except Exception as e:  # a bug or an unforeseen failure: still one line unless --debug
-    if ns.debug:
+  except Exception as e:
+    # Another process holds the accelerator: say so and how to run anyway, whichever layer
+    # the backend's start failed in (a CliError quoting it, or JAX's own RuntimeError).
+    busy = None if ns.debug else busy_backend(e, ns.command)
+    if busy is not None:
+      print(f"loopbridge {ns.command}: error: {busy}", file=sys.stderr)
+      return USAGE_ERROR
+    if isinstance(e, CliError):
+      if ns.debug:
+        traceback.print_exc()
+      print(f"loopbridge {ns.command}: error: {e}", file=sys.stderr)
+      return e.code
+    if ns.debug:  # a bug or an unforeseen failure: still one line unless --debug
       raise
     print(
       f"loopbridge {ns.command}: error: unexpected {type(e).__name__}: {first_line(e)} "

@@ -73,6 +73,19 @@ def add_call_options(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--method", default=None, help="the Linen method of the sample call")
 
 
+def add_precision_option(parser: argparse.ArgumentParser) -> None:
+  """`--precision {highest,model}`: what the check runs both models at."""
+  parser.add_argument(
+    "--precision",
+    choices=("highest", "model"),
+    default="highest",
+    help="what the check runs both models at: highest (default: under "
+    "jax.default_matmul_precision('highest'), float32 matmuls on every backend, float32 "
+    "tolerances) or model (their own precision, e.g. one bfloat16 pass on a TPU, with the "
+    "looser tolerance that goes with it)",
+  )
+
+
 def add_common_options(parser: argparse.ArgumentParser, json_help: str) -> None:
   """`--seed`, `--json` and `--debug`, which every subcommand takes."""
   parser.add_argument("--seed", type=int, default=0, help="seed for parameters and inputs")

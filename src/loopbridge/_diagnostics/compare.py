@@ -13,7 +13,7 @@ from .._core.errors import CompareError
 from .compare_align import align, call_list, prepare
 from .compare_capture import describe, has_tracer, path_strings, record, subject
 from .compare_report import BY_POSITION, ParityReport, UnmatchedCall
-from .compare_tolerance import default_tolerance
+from .compare_tolerance import HIGHEST, check_context, check_precision, default_tolerance
 from .compare_values import compare_pair, tree_text
 
 __all__ = ["ParityReport", "compare", "path_strings"]
@@ -26,6 +26,7 @@ def compare(
   rtol: float | None = None,
   atol: float | None = None,
   mapping: tp.Mapping[str, str | None] | None = None,
+  precision: tp.Literal["highest", "model"] = HIGHEST,
   **kwargs: tp.Any,
 ) -> ParityReport:
   """Run two implementations of a model on the same inputs and find where they first diverge.
@@ -35,7 +36,9 @@ def compare(
   `mapping` you give, then by equal paths (an NNX list path `layers/0` also matches Linen's
   `layers_0`), then in call order where output shapes agree. Each pair is compared leaf by
   leaf; the first reference call whose counterpart differs is `report.first_divergence`.
-  Both models run eagerly; the user's models and their Variables are left untouched.
+  Both models run eagerly; the user's models and their Variables are left untouched. By
+  default both run under `jax.default_matmul_precision('highest')`, so a TPU (one bfloat16
+  pass per float32 matmul by default) or a GPU (TensorFloat-32) checks as exactly as a CPU.
 
   Calls inside `nn.scan`, `nn.remat`, `nnx.scan` and vmap bodies are recorded once per layer
   (through `jax.debug.callback`): a layer of a scanned stack reads `layers[2]/Dense_1`, and
@@ -49,18 +52,24 @@ def compare(
     candidate: the port: an NNX module (bridged Linen parts inside it are recorded too), an
       `lb.ToNNX`, or `(linen_module, variables)`.
     *args: positional inputs, passed to both models.
-    rtol: relative tolerance; None picks one per dtype and backend: float32 1e-5 where float32
-      matmuls run in float32 (CPU, or `jax_default_matmul_precision='highest'`), 5e-3 where
-      they run in TensorFloat-32 (NVIDIA GPUs by default), 3e-2 in one bfloat16 pass (TPUs by
+    rtol: relative tolerance; None picks one per dtype, backend and `precision`: float32 1e-5
+      where float32 matmuls run in float32 (the default `precision='highest'`, or a CPU), 1e-4
+      on a TPU at 'highest' (its transcendentals), and at `precision='model'` 5e-3 where they
+      run in TensorFloat-32 (NVIDIA GPUs by default), 3e-2 in one bfloat16 pass (TPUs by
       default); bfloat16 1e-2, float64 1e-9, integers and bools exact.
       `report.default_tolerance` says which was used and why.
     atol: absolute tolerance; None picks one per dtype and backend (the same values as
-      `rtol`); `math.inf` compares structure, shapes and dtypes only (e.g. models with their
-      own random weights).
+      `rtol`), as a fraction of each output's largest magnitude; a number given is absolute;
+      `math.inf` compares structure, shapes and dtypes only (e.g. models with their own
+      random weights).
     mapping: `{reference_path: candidate_path}` pairs to align explicitly ('/'-joined module
       paths as the report prints them, '' for the top level); a value None marks a reference
       call that has no counterpart. Repeated calls of one path (the layers of a scanned
       stack) pair up in order; `layers[2]/Dense_1` names one layer.
+    precision: 'highest' (the default) runs both models under
+      `jax.default_matmul_precision('highest')`; 'model' runs them at their own precision (the
+      current `jax_default_matmul_precision`), with the looser default tolerance that goes
+      with it (what a TPU computes by default, say).
     **kwargs: keyword inputs, passed to both models (e.g. `deterministic=True`).
 
   Returns:
@@ -103,6 +112,7 @@ def compare(
       raise CompareError(
         f"lb.compare: {name}={value!r} must be a number >= 0 (or None for the per-dtype default)."
       )
+  check_precision(precision, "lb.compare", CompareError)
   if mapping is not None and not isinstance(mapping, tp.Mapping):
     raise CompareError(
       f"lb.compare: mapping={describe(mapping)} must be a dict "
@@ -116,8 +126,11 @@ def compare(
     )
   ref_kind, ref_subject = subject(reference, "reference")
   cand_kind, cand_subject = subject(candidate, "candidate")
-  ref, not_recorded_r = record("reference", ref_kind, ref_subject, args, kwargs)
-  cand, not_recorded_c = record("candidate", cand_kind, cand_subject, args, kwargs)
+  with check_context(precision):
+    ref, not_recorded_r = record("reference", ref_kind, ref_subject, args, kwargs)
+    cand, not_recorded_c = record("candidate", cand_kind, cand_subject, args, kwargs)
+    # after the runs: the backend they started is the one used; inside: the precision they ran
+    default = default_tolerance(precision=precision)
   prepare(ref)
   prepare(cand)
   aligned = align(ref, cand, mapping)
@@ -136,7 +149,6 @@ def compare(
       f"{call_list(inner_c)}. Check that the candidate is a port of the reference and "
       "takes the same inputs, or pair calls with mapping={reference_path: candidate_path}."
     )
-  default = default_tolerance()  # after the runs: the backend they started is the one used
   pairs = tuple(compare_pair(ref[i], cand[j], how, rtol, atol, default) for i, j, how in aligned)
   used_r = {i for i, _, _ in aligned}
   used_c = {j for _, j, _ in aligned}

@@ -272,12 +272,14 @@ def _render(report: ParityReport) -> str:
     )
   elif report.rtol is None and report.atol is None:
     out.append(
-      "tolerance: |candidate - reference| <= atol + rtol * |reference|, per dtype "
+      "tolerance: |candidate - reference| <= atol * max|reference| + rtol * |reference|, "
+      "per dtype "
       f"({_default_text(report.default_tolerance)}; bfloat16: 1e-02; integers exact)"
     )
   else:
     out.append(
-      f"tolerance: |candidate - reference| <= atol + rtol * |reference|, rtol "
+      f"tolerance: |candidate - reference| <= atol"
+      f"{' * max|reference|' if report.atol is None else ''} + rtol * |reference|, rtol "
       f"{report.rtol if report.rtol is not None else 'per dtype'}, atol "
       f"{report.atol if report.atol is not None else 'per dtype'}"
       + (

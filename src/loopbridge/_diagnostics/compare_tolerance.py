@@ -1,22 +1,41 @@
-"""`lb.compare`'s default tolerance: from each leaf's dtype and the backend's matmul precision.
+"""The tolerance of every check loopbridge runs: the precision both sides run at, and then
+`lb.compare`'s default tolerance from each leaf's dtype, the backend and that precision.
 
 Two correct computations of one model differ by what their arithmetic rounds. For float32 on
 CPU that is a few float32 ulps of reassociated sums. On an NVIDIA GPU (Ampere and later) XLA
 runs float32 matmuls and convolutions in TensorFloat-32 by default (10-bit mantissa, a unit
-roundoff of about 5e-4), so outputs differ by ~1e-3 relative; a TPU runs them in one bfloat16
-pass by default (~1e-2). A tolerance that holds on CPU calls that noise a divergence there; one
-wide enough for every backend hides small bugs on CPU. So the default follows the backend in
-use and `jax_default_matmul_precision` (the `jax.default_matmul_precision(...)` context
-included), decided in one place, `default_tolerance`, and the report says what it chose.
+roundoff of about 5e-4), so outputs differ by ~1e-3 relative. On a TPU (measured on a v5e with
+jax 0.10.2):
+- float32 matmuls run by default as ONE bfloat16 pass (8-bit mantissa, about 3 significant
+  digits); `jax_default_matmul_precision='high'` makes that 3 bfloat16 passes
+  (bfloat16_3x, about 5 digits) and 'highest' 6 passes (about 7 digits, float32's own);
+- transcendentals (exp, tanh, erf, rsqrt) still differ from a CPU's in the 5th digit, even at
+  'highest'.
+At a backend's default precision a tolerance wide enough for that noise hides real porting
+bugs (a missing bias, a LayerNorm with the wrong epsilon), and one tight enough for a CPU calls
+an equal port unequal. So a check (`lb.compare`, the check inside `lb.port.draft`, the evidence
+of `lb.checkpoint.linen_to_nnx` / `nnx_to_linen` and `loopbridge convert`) runs both sides under
+`jax.default_matmul_precision('highest')` by default (`precision='highest'`, `check_context`),
+where every backend computes float32 matmuls in float32, and compares with float32 tolerances
+(1e-5; 1e-4 on a TPU for its transcendentals). `precision='model'` runs the models at their own
+precision (the user's `jax_default_matmul_precision`, `jax.default_matmul_precision(...)`
+blocks included) with the tolerance that goes with it (3e-2 for one bfloat16 pass).
+
+Absolute tolerances are relative to each output's scale: `atol` is a fraction of the largest
+magnitude of the reference leaf (`ToleranceChoice.for_values`), never an absolute 3e-2 that a
+small-init head's whole output fits inside. The decision lives in one place,
+`check_tolerance` / `default_tolerance`, and the reports say what was chosen and why.
 
 Per-call `precision=` arguments inside the models (e.g. `nn.Dense(precision=...)`) are not
-seen; pass `rtol=`/`atol=` for those.
+overridden by the context; pass `rtol=`/`atol=` for those.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import typing as tp
 
 import jax
 import numpy as np
@@ -65,24 +84,46 @@ _PRECISION_NAMES = {
   "highest": "highest",
   "float32": "highest",
 }
+# Differences left at full float32 matmuls: a TPU's transcendentals (exp, tanh, erf, rsqrt)
+# agree with float32 to 4-5 digits, so two equal models that compute them in other orders or
+# fusions differ by up to ~1e-5 relative, amplified by a norm; elsewhere float32 ulps.
+_FLOAT32_FLOOR = {"tpu": (1e-4, 1e-4)}
 _BY_BACKEND = {
   "gpu": {"default": TENSORFLOAT32, "high": TENSORFLOAT32, "highest": FLOAT32},
   "tpu": {"default": BFLOAT16, "high": BFLOAT16_3X, "highest": FLOAT32},
 }
 
 
+# What a check runs both models at: `HIGHEST` sets `jax.default_matmul_precision('highest')`
+# around both runs (the default); `MODEL` leaves the models' own precision.
+HIGHEST = "highest"
+MODEL = "model"
+PRECISIONS = (HIGHEST, MODEL)
+PRECISION_ERROR = (
+  "{where}: precision={value!r} is not one of 'highest' (run both models under "
+  "jax.default_matmul_precision('highest') and compare with float32 tolerances: the default) "
+  "or 'model' (run them at their own precision, with the looser tolerance that goes with it, "
+  "e.g. 3e-2 for a TPU's one bfloat16 pass). Fix: precision='highest' or precision='model'."
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class ToleranceChoice:
-  """The default tolerance `lb.compare` used for values no `rtol=`/`atol=` was given for.
+  """The default tolerance a check used for values no `rtol=`/`atol=` was given for.
 
   Attributes:
     backend: the JAX backend the models ran on (`jax.default_backend()`: 'cpu', 'gpu', 'tpu').
-    matmul_precision: `jax_default_matmul_precision` as set ('default' when unset).
+    matmul_precision: `jax_default_matmul_precision` as the models ran ('default' when unset;
+      'highest' under the check's default `precision='highest'`).
     float32_matmuls: what the backend computes float32 matmuls in with that setting:
       'float32', 'tensorfloat32', 'bfloat16_3x', 'bfloat16' or 'float8'.
     rtol: the relative tolerance for float32 (and complex64) leaves.
-    atol: the absolute tolerance for float32 (and complex64) leaves.
+    atol: the absolute tolerance for float32 (and complex64) leaves, as a fraction of each
+      leaf's scale (the largest magnitude of its reference values): a leaf agrees where
+      `|candidate - reference| <= atol * max|reference| + rtol * |reference|`.
     reason: one sentence saying why.
+    precision: what the check ran both models at: 'highest' (under
+      `jax.default_matmul_precision('highest')`, the default) or 'model' (their own).
 
   Other dtypes keep their own defaults (bfloat16 1e-2, float16 1e-3, float64 1e-9, integers
   and bools exact), widened to `rtol`/`atol` where those are larger.
@@ -94,13 +135,49 @@ class ToleranceChoice:
   rtol: float
   atol: float
   reason: str
+  precision: str = MODEL
 
   def for_dtype(self, dtype: np.dtype) -> tuple[float, float]:
-    """(rtol, atol) for a leaf of `dtype`."""
+    """(rtol, atol as a fraction of the leaf's scale) for a leaf of `dtype`."""
     storage = _storage_tolerance(dtype)
     if storage == (0.0, 0.0) or _float_bytes(dtype) >= 8:
       return storage  # exact types; float64 matmuls are never run in a narrower format
     return (max(storage[0], self.rtol), max(storage[1], self.atol))
+
+  def for_values(
+    self, reference: np.ndarray, candidate_dtype: np.dtype | None = None
+  ) -> tuple[float, float]:
+    """(rtol, absolute atol) for comparing a candidate leaf with `reference`'s values: the
+    dtypes' tolerances (the wider of the two), `atol` scaled by `output_scale(reference)`."""
+    rtol, atol = self.for_dtype(reference.dtype)
+    if candidate_dtype is not None:
+      other = self.for_dtype(np.dtype(candidate_dtype))
+      rtol, atol = max(rtol, other[0]), max(atol, other[1])
+    return rtol, atol * output_scale(reference)
+
+
+def output_scale(values: np.ndarray) -> float:
+  """The scale absolute tolerances are relative to: the largest finite magnitude (0 if none)."""
+  if not values.size or not is_float(values.dtype):
+    return 1.0 if values.size else 0.0
+  magnitudes = np.abs(values.astype(np.complex128 if values.dtype.kind == "c" else np.float64))
+  finite = magnitudes[np.isfinite(magnitudes)]
+  return float(finite.max()) if finite.size else 0.0
+
+
+def check_precision(value: object, where: str, error: type[Exception]) -> str:
+  """`value` if it names a check precision ('highest' or 'model'); else `error` saying so."""
+  if not isinstance(value, str) or value not in PRECISIONS:
+    raise error(PRECISION_ERROR.format(where=where, value=value))
+  return value
+
+
+def check_context(precision: str) -> tp.ContextManager[object]:
+  """What both sides of a check run inside: `jax.default_matmul_precision('highest')` for
+  'highest' (every backend then computes float32 matmuls in float32), nothing for 'model'."""
+  if precision == HIGHEST:
+    return jax.default_matmul_precision(HIGHEST)
+  return contextlib.nullcontext()
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -145,27 +222,41 @@ def _algorithm_class(name: str) -> str | None:
   return None
 
 
+def running_backend() -> str:
+  """The backend the models run on (`jax.default_backend()`); one place, so a test can
+  simulate another backend's arithmetic on a CPU."""
+  return jax.default_backend()
+
+
 def default_tolerance(
-  backend: str | None = None, matmul_precision: object = dataclasses.MISSING
+  backend: str | None = None,
+  matmul_precision: object = dataclasses.MISSING,
+  *,
+  precision: str = MODEL,
 ) -> ToleranceChoice:
-  """The tolerance `lb.compare` uses by default, for a backend and matmul precision.
+  """The default tolerance of a check, for a backend and the precision its models ran at.
 
   Args:
     backend: 'cpu', 'gpu', 'tpu' (or a platform name such as 'cuda'); None for
       `jax.default_backend()`.
-    matmul_precision: a `jax_default_matmul_precision` value; left out for the current one
+    matmul_precision: a `jax_default_matmul_precision` value; left out for the one the models
+      ran at: 'highest' for `precision='highest'`, else the current one
       (`jax.config.jax_default_matmul_precision`, which a `jax.default_matmul_precision(...)`
       block sets).
+    precision: what the check ran both models at: 'highest' (under `check_context`) or
+      'model' (their own precision).
 
   Returns:
     A `ToleranceChoice` naming the backend, the precision, what float32 matmuls are computed
     in, the float32 (rtol, atol) and why.
   """
   if backend is None:
-    backend = jax.default_backend()
+    backend = running_backend()
   backend = {"cuda": "gpu", "rocm": "gpu"}.get(backend, backend)
   if matmul_precision is dataclasses.MISSING:
-    matmul_precision = getattr(jax.config, "jax_default_matmul_precision", None)
+    matmul_precision = (
+      HIGHEST if precision == HIGHEST else getattr(jax.config, "jax_default_matmul_precision", None)
+    )
   setting = _precision_name(matmul_precision)
   shown = "jax_default_matmul_precision " + (repr(setting) if setting != "default" else "unset")
   level = _PRECISION_NAMES.get(setting.lower())
@@ -193,11 +284,22 @@ def default_tolerance(
     matmuls = FLOAT32
     why = f"backend {backend!r} is assumed to compute float32 matmuls in full float32 ({shown})"
   rtol, atol = _MATMUL_TOLERANCES[matmuls]
+  floor = _FLOAT32_FLOOR.get(backend)
+  if floor is not None and matmuls == FLOAT32:
+    rtol, atol = max(rtol, floor[0]), max(atol, floor[1])
+    why += f"; {backend.upper()} transcendentals (exp, tanh, erf, rsqrt) agree to 4-5 digits"
+  ran = (
+    "both models ran under jax.default_matmul_precision('highest') (precision='highest', the "
+    "default)"
+    if precision == HIGHEST
+    else "the models ran at their own precision (precision='model')"
+  )
   return ToleranceChoice(
     backend=backend,
     matmul_precision=setting,
     float32_matmuls=matmuls,
     rtol=rtol,
     atol=atol,
-    reason=f"float32 rtol {rtol:g}, atol {atol:g}: {why}",
+    reason=f"float32 rtol {rtol:g}, atol {atol:g} of each output's largest magnitude: {ran}; {why}",
+    precision=precision,
   )

@@ -1,8 +1,8 @@
 """Comparing two recorded calls of `lb.compare`: their outputs, leaf by leaf, within tolerance.
 
 A leaf agrees when `|candidate - reference| <= atol + rtol * |reference|` everywhere (NaN in
-the same places counts as equal); the tolerances default per dtype and backend
-(`compare_tolerance.default_tolerance`).
+the same places counts as equal); the tolerances default per dtype, backend and check precision
+(`compare_tolerance.default_tolerance`), the default atol relative to the reference's scale.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ def _leaf_diff(
     return LeafDiff(
       leaf, da, db, OK if same and a.dtype == b.dtype else (DTYPE if same else VALUES)
     )
-  (rt_a, at_a), (rt_b, at_b) = default.for_dtype(a.dtype), default.for_dtype(b.dtype)
-  rt = rtol if rtol is not None else max(rt_a, rt_b)
-  at = atol if atol is not None else max(at_a, at_b)
+  # The default atol is a fraction of the reference's scale; a given one is absolute.
+  rt_default, at_default = default.for_values(a, b.dtype)
+  rt = rtol if rtol is not None else rt_default
+  at = atol if atol is not None else at_default
   wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
   x, y = a.astype(wide), b.astype(wide)
   with np.errstate(invalid="ignore", divide="ignore", over="ignore"):

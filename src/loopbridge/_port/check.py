@@ -26,6 +26,7 @@ from .. import _compat
 from .._checkpoint.convert import linen_to_nnx
 from .._core.errors import CheckpointError
 from .._diagnostics.compare import compare
+from .._diagnostics.compare_tolerance import HIGHEST
 from .records import Call, Check
 from .trace import rng_streams
 
@@ -75,6 +76,7 @@ def run_check(
   calls: tp.Sequence[Call],
   source: str,
   unpaired: tp.Sequence[str] = (),
+  precision: str = HIGHEST,
 ) -> Check:
   """Compare `port` (already holding the converted variables) with Linen on every call."""
   reports = []
@@ -86,7 +88,14 @@ def run_check(
       candidate = _method_port(port, call.method)
     try:
       mapping = dict.fromkeys(unpaired) or None
-      report = compare((linen_module, variables), candidate, *call.args, mapping=mapping, **kwargs)
+      report = compare(
+        (linen_module, variables),
+        candidate,
+        *call.args,
+        mapping=mapping,
+        precision=tp.cast(tp.Any, precision),
+        **kwargs,
+      )
     except Exception as e:
       return Check(False, tuple(reports), None, f"{call.label()}: {type(e).__name__}: {e}")
     reports.append(report)
@@ -123,6 +132,7 @@ def convert(
   variables: tp.Mapping[str, object],
   port: nnx.Module,
   call: Call,
+  precision: str = HIGHEST,
 ) -> None:
   """Fill `port` with the Linen variables, pairing by the sample call.
 
@@ -142,7 +152,13 @@ def convert(
     k: np.shape(v) for k, v in given.items()
   }:
     linen_to_nnx(
-      linen_module, variables, port, *call.args, method=call.method, sample_kwargs=kwargs
+      linen_module,
+      variables,
+      port,
+      *call.args,
+      method=call.method,
+      sample_kwargs=kwargs,
+      precision=tp.cast(tp.Any, precision),
     )
     return
   caches = _caches(port)
@@ -158,6 +174,14 @@ def convert(
     **variables,
     "cache": unflatten_dict({k: jnp.zeros(v.shape, v.dtype) for k, v in sized.items()}),
   }
-  linen_to_nnx(linen_module, stand_in, port, *call.args, method=call.method, sample_kwargs=kwargs)
+  linen_to_nnx(
+    linen_module,
+    stand_in,
+    port,
+    *call.args,
+    method=call.method,
+    sample_kwargs=kwargs,
+    precision=tp.cast(tp.Any, precision),
+  )
   for key, value in given.items():
     _compat.set_variable_value(caches[key], jnp.asarray(value))

@@ -110,14 +110,15 @@ def at_config(
   sample: Call,
   source: str,
   unpaired: tp.Sequence[str],
+  precision: str,
 ) -> Check:
   """The port built at a derived configuration against Linen there, on the sample call."""
   variables = linen_module.init(
     rng_streams(()), *sample.args, method=sample.method, **sample.kwargs
   )
   size_caches(port, variables, (linen_module, sample))
-  convert(linen_module, variables, port, sample)
-  return run_check(linen_module, variables, port, (sample,), source, unpaired)
+  convert(linen_module, variables, port, sample, precision)
+  return run_check(linen_module, variables, port, (sample,), source, unpaired, precision)
 
 
 def merged(first: Check, more: Check, where: str) -> Check:
@@ -141,13 +142,28 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
   verdict = first
   extra = random_calls(result.linen_module, variables, sample)
   if extra:
-    more = run_check(result.linen_module, variables, port, extra, result.source, result.unpaired)
+    more = run_check(
+      result.linen_module,
+      variables,
+      port,
+      extra,
+      result.source,
+      result.unpaired,
+      result.check_precision,
+    )
     verdict = merged(verdict, more, "random inputs shaped as the sample")
   if verdict.equal and result.configs:
     other, _ = result.configs[0]
     where = f"another configuration ({_describe(result.linen_module, other)})"
     try:
-      more = at_config(other, result.build(config=1), sample, result.source, result.unpaired)
+      more = at_config(
+        other,
+        result.build(config=1),
+        sample,
+        result.source,
+        result.unpaired,
+        result.check_precision,
+      )
     except Exception as e:  # reported as the check's verdict
       more = Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
     verdict = merged(verdict, more, where)

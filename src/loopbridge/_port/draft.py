@@ -10,6 +10,8 @@ from flax import linen as nn
 from flax import nnx
 
 from .. import _compat
+from .._diagnostics.compare_tolerance import HIGHEST
+from .._diagnostics.compare_tolerance import check_precision as check_precision_of
 from .assemble import format_source, imports
 from .cache_idiom import add_method, size_caches
 from .check import convert, exec_source, run_check, unique_name
@@ -91,6 +93,7 @@ class Draft:
   variables: tp.Mapping[str, object] | None = dataclasses.field(repr=False)
   filename: str = dataclasses.field(repr=False, default="port.py")
   unpaired: tuple[str, ...] = dataclasses.field(repr=False, default=())
+  check_precision: str = dataclasses.field(repr=False, default=HIGHEST)
   # (Linen module, init_kwargs of its port) at each derived configuration that traced.
   configs: tuple[tuple[nn.Module, dict[str, object]], ...] = dataclasses.field(
     repr=False, default=()
@@ -160,7 +163,7 @@ class Draft:
       object.__setattr__(self, "variables", variables)
     port = self.build()
     size_caches(port, variables, (self.linen_module, self.calls[0]))
-    convert(self.linen_module, variables, port, self.calls[0])
+    convert(self.linen_module, variables, port, self.calls[0], self.check_precision)
     return port, variables
 
   def report(self) -> str:
@@ -236,6 +239,7 @@ def draft(
   calls: tp.Sequence[Call] = (),
   variables: tp.Mapping[str, object] | None = None,
   check: bool = True,
+  check_precision: tp.Literal["highest", "model"] = HIGHEST,
   configs: tp.Sequence[nn.Module] | None = None,
   **sample_kwargs: object,
 ) -> Draft:
@@ -257,6 +261,10 @@ def draft(
     calls: extra calls to check, as `lb.port.Call(*args, method=None, **kwargs)`.
     variables: the Linen variables to check with; None runs a fresh `init` on the sample call.
     check: False drafts the source only.
+    check_precision: what the check runs both models at: 'highest' (the default) under
+      `jax.default_matmul_precision('highest')`, so the verdict means the same on a TPU (one
+      bfloat16 pass per float32 matmul by default) as on a CPU; 'model' at their own
+      precision, with the looser tolerance that goes with it.
     configs: other instances of the module's class (other field values) to trace as evidence
       for the widths' expressions and to check the port at; None derives them by scaling the
       integer fields (and a config dataclass's) by 2 and 4; `()` traces none.
@@ -278,6 +286,7 @@ def draft(
   """
   if not isinstance(linen_module, nn.Module):
     raise PortError(not_a_linen_module(linen_module))
+  check_precision_of(check_precision, "lb.port.draft(check_precision=...)", PortError)
   if is_linen_layer(type(linen_module)):
     mapped = lookup(type(linen_module))
     raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
@@ -344,6 +353,7 @@ def draft(
     variables=variables,
     filename=filename,
     unpaired=_opaque_insides(traced),
+    check_precision=check_precision,
     configs=tuple(
       (m, _init_kwargs(m, (), ctx, k))
       for k, (m, _) in enumerate(others, 1)
@@ -395,5 +405,11 @@ def compare_built(result: Draft, port: nnx.Module, variables: tp.Mapping[str, ob
   then this) to say which one is running.
   """
   return run_check(
-    result.linen_module, variables, port, result.calls, result.source, result.unpaired
+    result.linen_module,
+    variables,
+    port,
+    result.calls,
+    result.source,
+    result.unpaired,
+    result.check_precision,
   )
