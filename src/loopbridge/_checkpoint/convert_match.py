@@ -627,10 +627,11 @@ def _class_pairs(pairs: list[Pair]) -> list[Pair]:
       continue
     lus = tuple(pairs[i].linen[0] for i in idx)
     nus = tuple(pairs[i].nnx[0] for i in idx)
+    by_name = _pairing_by_name(lus, nus)
     count = 1
     for n in range(2, len(idx) + 1):
       count *= n
-    if count > MAX_ASSIGNMENTS:
+    if by_name is None and count > MAX_ASSIGNMENTS:
       raise CheckpointError(
         ASSIGNMENTS_HELP.format(
           linen=", ".join(f"`{u.name}`" for u in lus),
@@ -643,7 +644,11 @@ def _class_pairs(pairs: list[Pair]) -> list[Pair]:
       )
     options: list[tuple[Move, ...]] = []
     assignments: list[tuple[int, ...]] = []
-    for perm in itertools.permutations(range(len(idx))):
+    # Names the port's author kept (Linen's `ii`, `if`, ... as `ii`, `if_`, ...) state the
+    # pairing: only it is tried (the evidence still has to agree). Otherwise call order says
+    # nothing, and every assignment is tried.
+    perms = [by_name] if by_name is not None else itertools.permutations(range(len(idx)))
+    for perm in perms:
       per_unit = []
       for i, j in enumerate(perm):
         found = _leaf_options(lus[i], nus[j])
@@ -682,6 +687,26 @@ def _class_pairs(pairs: list[Pair]) -> list[Pair]:
     for i in idx[1:]:
       out[i] = None  # pyright: ignore[reportCallIssue, reportArgumentType]
   return [p for p in out if p is not None]
+
+
+def _pairing_by_name(lus: tuple[tp.Any, ...], nus: tuple[tp.Any, ...]) -> tuple[int, ...] | None:
+  """The assignment that pairs every unit with the one of its own name, if names decide it.
+
+  A name matches itself, or itself with a trailing `_` (a Python keyword such as `if` as an
+  attribute). None unless each Linen unit finds exactly one NNX unit and all are distinct.
+  """
+  perm = []
+  for lu in lus:
+    found = [j for j, nu in enumerate(nus) if _last(nu).rstrip("_") == _last(lu).rstrip("_")]
+    if len(found) != 1:
+      return None
+    perm.append(found[0])
+  return tuple(perm) if len(set(perm)) == len(perm) else None
+
+
+def _last(unit: tp.Any) -> str:
+  """A unit's own name under its parent (the units of one class share their parents)."""
+  return unit.path[-1] if unit.path else ""
 
 
 def unit_mapping(pair: Pair, option: int) -> dict[str, str] | None:
