@@ -230,3 +230,16 @@ class MixedNamedList(nn.Module):
     for layer in self.layer:
       x = layer(x)
     return x
+
+
+class ChosenClass(nn.Module):
+  """HF ResNet's stage: `layer = Bottleneck if ... else Basic`, then `layer(...)`."""
+
+  bottleneck: bool = False
+
+  def setup(self):
+    layer = Squeeze if self.bottleneck else ConvLayer
+    self.layers = [layer(4, name="0")] if not self.bottleneck else [layer(name="0")]
+
+  def __call__(self, x):
+    return self.layers[0](x)

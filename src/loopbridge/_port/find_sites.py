@@ -48,6 +48,7 @@ class Site:
   # Built in setup into a list (`[X(name="0"), ...]`, `layers.append(X(...))`) that setup
   # assigns to `self.<list_attr>`: that attribute and the element's index expression.
   list_attr: str | None = None
+  chosen_class: tp.Any = None  # `layer(...)` with `layer = A if c else B`: that choice
   list_index: str | None = None
 
 
@@ -149,6 +150,7 @@ def find_sites(
 
   lifted_locals: dict[tuple[str, str], tuple[type, tp.Any, tp.Any]] = {}
   partial_locals: dict[tuple[str, str], tuple[type, tp.Any]] = {}
+  class_locals: dict[tuple[str, str], tp.Any] = {}  # local -> the `A if c else B` choosing it
 
   def partial_of_class(node: tp.Any) -> tuple[type, tp.Any] | None:
     """`partial(nn.Conv, use_bias=False)` -> (nn.Conv, that call)."""
@@ -191,6 +193,12 @@ def find_sites(
       made = partial_of_class(node.value)
       if made is not None and isinstance(target, c.Name):
         partial_locals[(context(node)[0], target.value)] = made
+      value = node.value
+      if isinstance(value, c.IfExp) and isinstance(target, c.Name):
+        # `layer = Bottleneck if self.config.layer_type == "bottleneck" else Basic` (HF ResNet).
+        chosen = [resolve(dotted(v), namespace) for v in (value.body, value.orelse)]
+        if all(isinstance(k, type) and issubclass(k, nn.Module) for k in chosen):
+          class_locals[(context(node)[0], target.value)] = value
 
   module.visit(Locals())
 
@@ -221,6 +229,14 @@ def find_sites(
       elif isinstance(func, c.Call):
         lifted = lifted_class(func)
       key = (context(node)[0], func.value) if isinstance(func, c.Name) else None
+      if key is not None and key in class_locals:
+        method, loop, depth, cond, _ = context(node)
+        pos = positions[node]
+        lines = (pos.start.line, pos.end.line)
+        site = Site("construct", node, method, lines, loop, depth, cond, None)
+        site.chosen_class = class_locals[key]
+        sites.append(site)
+        return
       parent0: tp.Any = parents.get(node)
       inline = isinstance(parent0, c.Call) and parent0.func is node
       factory = (
