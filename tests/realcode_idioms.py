@@ -141,7 +141,7 @@ class OptionalPooler(nn.Module):
 
   def __call__(self, x):
     x = self.encoder(x)
-    pooled = self.pooler(x) if self.add_pooling_layer else None
+    pooled = self.pooler(x) if self.add_pooling_layer else None  # pyright: ignore[reportOptionalCall]
     return x, pooled
 
 

@@ -379,25 +379,25 @@ def _setup_target(node: tp.Any, parents: tp.Mapping[tp.Any, tp.Any]) -> str | No
   """`self.q = dense()` -> 'q'; `self.q, self.k = dense(), dense()` -> 'q' or 'k' (the target
   at the construction's position): the attribute one construction is assigned to, else None."""
   c = libcst()
-  parent = parents.get(node)
+  parent: tp.Any = parents.get(node)
   while isinstance(parent, c.IfExp) and parent.test is not node:
     # `self.pooler = Pooler(...) if self.add_pooling_layer else None` (HF ViT, BEiT).
-    node, parent = parent, parents.get(parent)
+    node, parent = parent, tp.cast(tp.Any, parents.get(parent))
   if isinstance(parent, c.Assign):
-    targets = [t.target for t in parent.targets]
+    targets: list[tp.Any] = [t.target for t in parent.targets]
     if len(targets) == 1 and isinstance(targets[0], c.Attribute):
       return targets[0].attr.value if dotted(targets[0].value) == "self" else None
     return None
-  element = parent
-  values = parents.get(element) if isinstance(element, c.Element) else None
-  assign = parents.get(values) if isinstance(values, c.Tuple) else None
+  element: tp.Any = parent
+  values: tp.Any = parents.get(element) if isinstance(element, c.Element) else None
+  assign: tp.Any = parents.get(values) if isinstance(values, c.Tuple) else None
   if not isinstance(assign, c.Assign) or len(assign.targets) != 1:
     return None
-  target = assign.targets[0].target
+  target: tp.Any = assign.targets[0].target
   if not isinstance(target, (c.Tuple, c.List)) or len(target.elements) != len(values.elements):
     return None
   index = list(values.elements).index(element)
-  attr = target.elements[index].value
+  attr: tp.Any = target.elements[index].value
   if isinstance(attr, c.Attribute) and dotted(attr.value) == "self":
     return attr.attr.value
   return None
