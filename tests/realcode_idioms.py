@@ -141,7 +141,7 @@ class OptionalPooler(nn.Module):
 
   def __call__(self, x):
     x = self.encoder(x)
-    pooled = self.pooler(x) if self.add_pooling_layer else None
+    pooled = self.pooler(x) if self.add_pooling_layer else None  # pyright: ignore[reportOptionalCall]
     return x, pooled
 
 
@@ -230,3 +230,16 @@ class MixedNamedList(nn.Module):
     for layer in self.layer:
       x = layer(x)
     return x
+
+
+class ChosenClass(nn.Module):
+  """HF ResNet's stage: `layer = Bottleneck if ... else Basic`, then `layer(...)`."""
+
+  bottleneck: bool = False
+
+  def setup(self):
+    layer = Squeeze if self.bottleneck else ConvLayer
+    self.layers = [layer(4, name="0")] if not self.bottleneck else [layer(name="0")]
+
+  def __call__(self, x):
+    return self.layers[0](x)

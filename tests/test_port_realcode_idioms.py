@@ -164,3 +164,16 @@ def test_a_setup_list_of_layers_of_several_classes_hf_regnet():
   draft = lb.port.draft(models.MixedNamedList(), x)
   assert draft.ok, draft.report()
   _equal_to_linen(draft, x)
+
+
+def test_a_construction_through_a_local_choosing_a_class_is_a_todo_hf_resnet():
+  """Not a port that builds the Linen class (it did, with no TODO: 'unexpected name=')."""
+  x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
+  draft = lb.port.draft(models.ChosenClass(), x)
+  assert not draft.ok
+  reasons = {t.reason for t in draft.todos}
+  assert reasons == {
+    "a layer built through a local bound to a choice of classes (Squeeze if self.bottleneck "
+    "else ConvLayer): the draft does not choose between the ports; write the construction of "
+    "each port under the same condition"
+  }

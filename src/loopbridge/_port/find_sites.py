@@ -48,6 +48,7 @@ class Site:
   # Built in setup into a list (`[X(name="0"), ...]`, `layers.append(X(...))`) that setup
   # assigns to `self.<list_attr>`: that attribute and the element's index expression.
   list_attr: str | None = None
+  chosen_class: tp.Any = None  # `layer(...)` with `layer = A if c else B`: that choice
   list_index: str | None = None
 
 
@@ -149,6 +150,7 @@ def find_sites(
 
   lifted_locals: dict[tuple[str, str], tuple[type, tp.Any, tp.Any]] = {}
   partial_locals: dict[tuple[str, str], tuple[type, tp.Any]] = {}
+  class_locals: dict[tuple[str, str], tp.Any] = {}  # local -> the `A if c else B` choosing it
 
   def partial_of_class(node: tp.Any) -> tuple[type, tp.Any] | None:
     """`partial(nn.Conv, use_bias=False)` -> (nn.Conv, that call)."""
@@ -191,6 +193,12 @@ def find_sites(
       made = partial_of_class(node.value)
       if made is not None and isinstance(target, c.Name):
         partial_locals[(context(node)[0], target.value)] = made
+      value = node.value
+      if isinstance(value, c.IfExp) and isinstance(target, c.Name):
+        # `layer = Bottleneck if self.config.layer_type == "bottleneck" else Basic` (HF ResNet).
+        chosen = [resolve(dotted(v), namespace) for v in (value.body, value.orelse)]
+        if all(isinstance(k, type) and issubclass(k, nn.Module) for k in chosen):
+          class_locals[(context(node)[0], target.value)] = value
 
   module.visit(Locals())
 
@@ -221,6 +229,14 @@ def find_sites(
       elif isinstance(func, c.Call):
         lifted = lifted_class(func)
       key = (context(node)[0], func.value) if isinstance(func, c.Name) else None
+      if key is not None and key in class_locals:
+        method, loop, depth, cond, _ = context(node)
+        pos = positions[node]
+        lines = (pos.start.line, pos.end.line)
+        site = Site("construct", node, method, lines, loop, depth, cond, None)
+        site.chosen_class = class_locals[key]
+        sites.append(site)
+        return
       parent0: tp.Any = parents.get(node)
       inline = isinstance(parent0, c.Call) and parent0.func is node
       factory = (
@@ -363,25 +379,25 @@ def _setup_target(node: tp.Any, parents: tp.Mapping[tp.Any, tp.Any]) -> str | No
   """`self.q = dense()` -> 'q'; `self.q, self.k = dense(), dense()` -> 'q' or 'k' (the target
   at the construction's position): the attribute one construction is assigned to, else None."""
   c = libcst()
-  parent = parents.get(node)
+  parent: tp.Any = parents.get(node)
   while isinstance(parent, c.IfExp) and parent.test is not node:
     # `self.pooler = Pooler(...) if self.add_pooling_layer else None` (HF ViT, BEiT).
-    node, parent = parent, parents.get(parent)
+    node, parent = parent, tp.cast(tp.Any, parents.get(parent))
   if isinstance(parent, c.Assign):
-    targets = [t.target for t in parent.targets]
+    targets: list[tp.Any] = [t.target for t in parent.targets]
     if len(targets) == 1 and isinstance(targets[0], c.Attribute):
       return targets[0].attr.value if dotted(targets[0].value) == "self" else None
     return None
-  element = parent
-  values = parents.get(element) if isinstance(element, c.Element) else None
-  assign = parents.get(values) if isinstance(values, c.Tuple) else None
+  element: tp.Any = parent
+  values: tp.Any = parents.get(element) if isinstance(element, c.Element) else None
+  assign: tp.Any = parents.get(values) if isinstance(values, c.Tuple) else None
   if not isinstance(assign, c.Assign) or len(assign.targets) != 1:
     return None
-  target = assign.targets[0].target
+  target: tp.Any = assign.targets[0].target
   if not isinstance(target, (c.Tuple, c.List)) or len(target.elements) != len(values.elements):
     return None
   index = list(values.elements).index(element)
-  attr = target.elements[index].value
+  attr: tp.Any = target.elements[index].value
   if isinstance(attr, c.Attribute) and dotted(attr.value) == "self":
     return attr.attr.value
   return None

@@ -123,6 +123,11 @@ def _assignment_counts(fn: tp.Any) -> dict[str, int]:
   return counts
 
 
+CHOSEN_CLASS = (
+  "a layer built through a local bound to a choice of classes ({choice}): the draft does not "
+  "choose between the ports; write the construction of each port under the same condition"
+)
+
 NO_MATCH = (
   "no submodule the trace saw matches this construction (it is built outside the "
   "method that calls it, or named by a variable); build it where it is called with a "
@@ -337,6 +342,9 @@ class Planner:
     return getattr(resolve(dotted(site.lift.func), self.src.namespace), "__name__", "")
 
   def _plan_construct(self, site: Site) -> None:
+    if site.chosen_class is not None:
+      self.todo(site, CHOSEN_CLASS.format(choice=self.code(site.chosen_class)))
+      return
     if site.factory_field is not None:
       made = {factory_class(getattr(i.module, site.factory_field, None)) for i in self.instances}
       if len(made) != 1 or None in made:

@@ -626,7 +626,7 @@ class Rewriter:
           )
         )
     if self.p.ctx.modern and isinstance(value, c.Name) and self.method == "setup":
-      target = original.targets[0].target if len(original.targets) == 1 else None
+      target: tp.Any = original.targets[0].target if len(original.targets) == 1 else None
       attr = target.attr.value if isinstance(target, c.Attribute) else None
       if attr is not None and any(
         h.site.list_attr == attr and h.site.setup_attr is None for h in self.p.hoists.values()

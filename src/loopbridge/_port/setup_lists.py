@@ -24,24 +24,24 @@ if tp.TYPE_CHECKING:
 def _slot(node: tp.Any, parents: tp.Mapping[tp.Any, tp.Any]) -> tuple[str, str, str] | None:
   """Where a construction lands: ('local'|'attr', name, index expression), or None."""
   c = libcst()
-  parent = parents.get(node)
+  parent: tp.Any = parents.get(node)
   if isinstance(parent, c.Element):
-    seq = parents.get(parent)
-    assign = parents.get(seq)
+    seq: tp.Any = parents.get(parent)
+    assign: tp.Any = parents.get(seq)
     if not isinstance(seq, (c.List, c.Tuple)) or not isinstance(assign, c.Assign):
       return None
     if len(assign.targets) != 1 or assign.value is not seq:
       return None
     position = str(list(seq.elements).index(parent))
-    target = assign.targets[0].target
+    target: tp.Any = assign.targets[0].target
     if isinstance(target, c.Name):
       return "local", target.value, position
     if isinstance(target, c.Attribute) and dotted(target.value) == "self":
       return "attr", target.attr.value, position
     return None
   if isinstance(parent, c.Arg):
-    call = parents.get(parent)
-    func = getattr(call, "func", None)
+    call: tp.Any = parents.get(parent)
+    func: tp.Any = getattr(call, "func", None)
     if (
       isinstance(func, c.Attribute)
       and func.attr.value == "append"
@@ -65,7 +65,7 @@ def mark_setup_lists(
 
   class Scan(c.CSTVisitor):
     def visit_Call(self, node: tp.Any) -> None:
-      func = node.func
+      func: tp.Any = node.func
       if (
         isinstance(func, c.Attribute)
         and func.attr.value == "append"
@@ -77,7 +77,7 @@ def mark_setup_lists(
         appended[node.args[0].value.value] = func.value.value
 
     def visit_Assign(self, node: tp.Any) -> None:
-      target = node.targets[0].target if len(node.targets) == 1 else None
+      target: tp.Any = node.targets[0].target if len(node.targets) == 1 else None
       if (
         isinstance(target, c.Attribute)
         and dotted(target.value) == "self"
