@@ -104,3 +104,15 @@ def test_default_factory_field_stays_a_factory(tmp_path):
   variables = model.init(jax.random.key(0), x)
   lb.checkpoint.linen_to_nnx(model, variables, port, x)
   np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
+
+
+def test_field_named_train_does_not_hide_nnx_train():
+  """`port.train()` / `port.eval()` stay NNX's methods (before: `self.train` was the bool)."""
+  model = cw.Trainable()
+  x = cw.sample_args()[0]
+  draft = lb.port.draft(model, x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  port.train()
+  port.eval()
+  np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
