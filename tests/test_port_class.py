@@ -43,6 +43,9 @@ def test_input_shaped_line_is_kept(tmp_path):
   """lm1b's `actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim`:
   the drafted Mlp honours `out_dim` (before: the line was dropped and out_dim did nothing)."""
   draft = lb.port.draft(cw.model, *cw.sample_args(), check=False)
+  # The report lists the line the method lost (it now runs in __init__).
+  removed = [ch for ch in draft.changes if ch.new == "(removed from the method)"]
+  assert [ch.old.split(" =")[0] for ch in removed] == ["actual_out_dim"]
   module = imported(draft, tmp_path, "class_widths_mlp_nnx")
   config = cw.Config()
   h = jax.random.normal(jax.random.key(2), (3, 8))
