@@ -57,6 +57,7 @@ def test_input_shaped_line_is_kept(tmp_path):
     np.testing.assert_allclose(port(h), linen.apply(variables, h), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_width_nothing_explains_is_a_literal_the_check_catches():
   """`3 * features + 1` matches no field expression: kept a literal, named in the report, and
   the check at another configuration fails, so the draft is not ok."""
@@ -67,6 +68,7 @@ def test_width_nothing_explains_is_a_literal_the_check_catches():
   assert "another configuration (features=" in report
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_user_configs_are_traced_and_checked():
   draft = lb.port.draft(cw.model, *cw.sample_args(), configs=(cw.Net(cw.Config(16, 40)),))
   assert draft.ok, draft.report()
@@ -78,6 +80,7 @@ def test_bad_configs_entry():
     lb.port.draft(cw.model, *cw.sample_args(), configs=(cw.Odd(),), check=False)
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_layers_frozen_by_a_literal_stay_frozen_after_train():
   """`nn.BatchNorm(use_running_average=True)`, `nn.Dropout(0.5, deterministic=True)`: after
   NNX's `port.train()` the port still computes what Linen does (before: the flags were
@@ -94,6 +97,7 @@ def test_layers_frozen_by_a_literal_stay_frozen_after_train():
   np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_default_factory_field_stays_a_factory(tmp_path):
   """The drafted class builds with its defaults and gives each instance its own list (before:
   the default was the `dataclasses.Field` object)."""
@@ -109,6 +113,7 @@ def test_default_factory_field_stays_a_factory(tmp_path):
   np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_field_named_train_does_not_hide_nnx_train():
   """`port.train()` / `port.eval()` stay NNX's methods (before: `self.train` was the bool)."""
   model = cw.Trainable()
