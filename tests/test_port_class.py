@@ -43,6 +43,9 @@ def test_input_shaped_line_is_kept(tmp_path):
   """lm1b's `actual_out_dim = inputs.shape[-1] if self.out_dim is None else self.out_dim`:
   the drafted Mlp honours `out_dim` (before: the line was dropped and out_dim did nothing)."""
   draft = lb.port.draft(cw.model, *cw.sample_args(), check=False)
+  # The report lists the line the method lost (it now runs in __init__).
+  removed = [ch for ch in draft.changes if ch.new == "(removed from the method)"]
+  assert [ch.old.split(" =")[0] for ch in removed] == ["actual_out_dim"]
   module = imported(draft, tmp_path, "class_widths_mlp_nnx")
   config = cw.Config()
   h = jax.random.normal(jax.random.key(2), (3, 8))
@@ -54,6 +57,7 @@ def test_input_shaped_line_is_kept(tmp_path):
     np.testing.assert_allclose(port(h), linen.apply(variables, h), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_width_nothing_explains_is_a_literal_the_check_catches():
   """`3 * features + 1` matches no field expression: kept a literal, named in the report, and
   the check at another configuration fails, so the draft is not ok."""
@@ -64,6 +68,7 @@ def test_width_nothing_explains_is_a_literal_the_check_catches():
   assert "another configuration (features=" in report
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_user_configs_are_traced_and_checked():
   draft = lb.port.draft(cw.model, *cw.sample_args(), configs=(cw.Net(cw.Config(16, 40)),))
   assert draft.ok, draft.report()
@@ -75,6 +80,7 @@ def test_bad_configs_entry():
     lb.port.draft(cw.model, *cw.sample_args(), configs=(cw.Odd(),), check=False)
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_layers_frozen_by_a_literal_stay_frozen_after_train():
   """`nn.BatchNorm(use_running_average=True)`, `nn.Dropout(0.5, deterministic=True)`: after
   NNX's `port.train()` the port still computes what Linen does (before: the flags were
@@ -91,6 +97,7 @@ def test_layers_frozen_by_a_literal_stay_frozen_after_train():
   np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_default_factory_field_stays_a_factory(tmp_path):
   """The drafted class builds with its defaults and gives each instance its own list (before:
   the default was the `dataclasses.Field` object)."""
@@ -103,4 +110,17 @@ def test_default_factory_field_stays_a_factory(tmp_path):
   assert port.widths == [6, 4] and port.widths is not module.Widths(rngs=nnx.Rngs(1)).widths
   variables = model.init(jax.random.key(0), x)
   lb.checkpoint.linen_to_nnx(model, variables, port, x)
+  np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
+def test_field_named_train_does_not_hide_nnx_train():
+  """`port.train()` / `port.eval()` stay NNX's methods (before: `self.train` was the bool)."""
+  model = cw.Trainable()
+  x = cw.sample_args()[0]
+  draft = lb.port.draft(model, x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  port.train()
+  port.eval()
   np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)

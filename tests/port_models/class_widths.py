@@ -80,3 +80,15 @@ class Widths(nn.Module):
     for w in self.widths:
       x = nn.Dense(w)(x)
     return x
+
+
+class Trainable(nn.Module):
+  """A field named `train`, as many Linen models have."""
+
+  train: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(8)(x)
+    x = nn.Dropout(0.5)(x, deterministic=not self.train)
+    return nn.Dense(2)(x) * (2.0 if self.train else 1.0)

@@ -16,10 +16,8 @@ from flax.traverse_util import flatten_dict
 
 from .source import libcst
 
-_DOC = (
-  '"""Size the decode caches for inputs of `input_shape` (batch, max_length), as\n'
-  '    nnx.MultiHeadAttention.init_cache does (Linen sized them by the input of an init)."""'
-)
+# One line: a formatter re-indents a docstring's continuation lines.
+_DOC = '"""Size the decode caches for inputs of `input_shape` = (batch, max_length)."""'
 
 
 def method(entries: tp.Sequence[tuple[str, str]], unit: str) -> str:

@@ -38,6 +38,7 @@ from .safety import (
   subclassed_layer_reason,
   unparsable_reason,
 )
+from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
@@ -319,6 +320,11 @@ def draft(
     ctx.ported[cls] = _port_one(sources[cls], ctx)
     if ctx.caches.get(cls):
       ctx.ported[cls].code = add_method(ctx.ported[cls].code, ctx.caches[cls])
+    hidden = shadowing(ctx.ported[cls].field_names())
+    if hidden:
+      ctx.ported[cls].code = renamed(ctx.ported[cls].code, hidden)
+      source = sources[cls]
+      ctx.ported[cls].changes += shadowing_changes(source.file, source.first_line, hidden)
   from .helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]

@@ -551,11 +551,12 @@ class Planner:
     out: list[dict[tuple[str, ...], object]] = []
     # Every instance of the class there (a derived configuration may have more of them),
     # with the submodule of the same name.
-    name = next((kids[0].path[-1] for kids in hoist.children.values() if kids), None)
+    # (Its path under the parent: a layer of an nn.Sequential sits one level further down.)
+    rel = next((kids[0].path[len(p) :] for p, kids in hoist.children.items() if kids), None)
     for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
       found: dict[tuple[str, ...], object] = {}
-      for p in parents if name is not None else ():
-        kid = t.instances.get((*p, name))
+      for p in parents if rel is not None else ():
+        kid = t.instances.get((*p, *rel))
         if kid is None:
           continue
         try:

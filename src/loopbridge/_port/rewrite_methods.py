@@ -23,6 +23,7 @@ from .hoist import Hoist
 from .linen_api import VARIABLE_TYPES
 from .names import available, loop_targets, names_in
 from .records import Todo
+from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
 from .source import ClassSource, dotted, libcst, resolve
 
@@ -225,6 +226,8 @@ class Rewriter:
       node.visit(Reads())
       return counts
 
+    outer = self
+
     class Drop(c.CSTTransformer):
       def leave_SimpleStatementLine(self, original, updated):
         body = updated.body[0]
@@ -235,6 +238,7 @@ class Rewriter:
             and counts.get(name, 0) == 1
             and not any(line.comment for line in updated.leading_lines)
           ):
+            removed_line(outer, name)
             return c.RemoveFromParent()
         return updated
 
