@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typing as tp
 
-from .names import available
+from .names import assignment_counts, available
 from .source import libcst
 
 if tp.TYPE_CHECKING:
@@ -54,11 +54,10 @@ def in_init(
   """The code of `value` for `__init__` with its input-shape reads replaced, or None when it
   reads the call otherwise (or a parameter it reads was reassigned in the method)."""
   c = libcst()
-  from .rewrite_class import _assignment_counts
 
   method = fn.name.value
   params = [p.name.value for p in fn.params.params][1:]
-  counts = _assignment_counts(fn)
+  counts = assignment_counts(fn)
   params = [p for p in params if counts.get(p, 0) == 0]
   reads: dict[tuple[str, int], str] = {}
 

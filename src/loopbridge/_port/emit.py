@@ -9,9 +9,9 @@ import typing as tp
 from . import standard_layers
 from .find_sites import Site
 from .hoist import Hoist, match_child
+from .literals import literal
 from .names import available, loop_targets, names_in
 from .source import libcst
-from .values import literal
 
 if tp.TYPE_CHECKING:
   import libcst as cst

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
+from flax import linen as nn
+
 from .find_sites import Site
 from .source import ClassSource
 from .trace import Instance
@@ -34,3 +36,11 @@ def match_child(site: Site, src: ClassSource, child: Instance) -> bool:
   return any(
     src.line(first) <= line <= src.line(last) for first, last in [site.lines, *site.local_lines]
   )
+
+
+def handed_in(parent: Instance, kid: Instance) -> bool:
+  """`kid` was handed to `parent` as a dataclass field (Linen adopts it under the field's
+  name): no construction in the parent's source made it, though the parent calls it."""
+  name = kid.path[-1]
+  fields = {f.name for f in dataclasses.fields(parent.module)}
+  return name in fields and isinstance(getattr(parent.module, name, None), nn.Module)

@@ -82,3 +82,26 @@ def bound_in_methods(classdef: cst.ClassDef) -> set[str]:
       stmt.visit(V())
   found.discard("self")
   return found
+
+
+def assignment_counts(fn: tp.Any) -> dict[str, int]:
+  """How often each local of a function is bound (a loop target or `+=` counts as many)."""
+  c = libcst()
+  counts: dict[str, int] = {}
+
+  def bump(target: tp.Any, by: int) -> None:
+    for n in names_in(target):
+      counts[n] = counts.get(n, 0) + by
+
+  class Targets(c.CSTVisitor):
+    def visit_AssignTarget(self, node: tp.Any) -> None:
+      bump(node.target, 1)
+
+    def visit_AugAssign(self, node: tp.Any) -> None:
+      bump(node.target, 2)
+
+    def visit_For(self, node: tp.Any) -> None:
+      bump(node.target, 2)
+
+  fn.visit(Targets())
+  return counts

@@ -17,11 +17,11 @@ from flax import linen as nn
 from . import standard_layers
 from .call_shapes import in_init
 from .find_sites import Site, counted_name, explicit_name, find_sites
-from .hoist import Hoist, match_child
-from .names import available, bound_in_methods, names_in
+from .hoist import Hoist, handed_in, match_child
+from .names import assignment_counts, available, bound_in_methods, names_in
 from .records import Change, Todo
 from .scan_lift import plan_scan
-from .setup_lists import plan_setup_list
+from .setup_list_plan import plan_setup_list
 from .source import ClassSource, dotted, libcst, resolve
 from .trace import Instance, Trace
 from .values import Resolver
@@ -29,14 +29,6 @@ from .vmap_lift import plan_vmap
 
 if tp.TYPE_CHECKING:
   import libcst as cst
-
-
-def _handed_in(parent: Instance, kid: Instance) -> bool:
-  """`kid` was handed to `parent` as a dataclass field (Linen adopts it under the field's
-  name): no construction in the parent's source made it, though the parent calls it."""
-  name = kid.path[-1]
-  fields = {f.name for f in dataclasses.fields(parent.module)}
-  return name in fields and isinstance(getattr(parent.module, name, None), nn.Module)
 
 
 @dataclasses.dataclass
@@ -98,29 +90,6 @@ def _list_run(names: list[str]) -> tuple[str, int, int] | None:
   prefix, first = m.group(1), int(m.group(2))
   wanted = [f"{prefix}_{first + i}" for i in range(len(names))]
   return (prefix, first, first + len(names) - 1) if names == wanted else None
-
-
-def _assignment_counts(fn: tp.Any) -> dict[str, int]:
-  """How often each local of a function is bound (a loop target or `+=` counts as many)."""
-  c = libcst()
-  counts: dict[str, int] = {}
-
-  def bump(target: tp.Any, by: int) -> None:
-    for n in names_in(target):
-      counts[n] = counts.get(n, 0) + by
-
-  class Targets(c.CSTVisitor):
-    def visit_AssignTarget(self, node: tp.Any) -> None:
-      bump(node.target, 1)
-
-    def visit_AugAssign(self, node: tp.Any) -> None:
-      bump(node.target, 2)
-
-    def visit_For(self, node: tp.Any) -> None:
-      bump(node.target, 2)
-
-  fn.visit(Targets())
-  return counts
 
 
 CHOSEN_CLASS = (
@@ -204,7 +173,7 @@ class Planner:
     for fn in classdef.body.body:
       if not isinstance(fn, c.FunctionDef):
         continue
-      counts = _assignment_counts(fn)
+      counts = assignment_counts(fn)
       mine: dict[str, str] = {}
       for stmt in fn.body.body:
         if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
@@ -388,7 +357,7 @@ class Planner:
       "" if counted is None else rf"{re.escape(counted[0])}\d+{re.escape(counted[1])}"
     )
     for inst in self.instances:
-      kids = [k for k in self.ctx.trace.children(inst.path) if not _handed_in(inst, k)]
+      kids = [k for k in self.ctx.trace.children(inst.path) if not handed_in(inst, k)]
       if explicit is not None:
         made = [k for k in kids if k.path[-1] == explicit]
       elif site.setup_attr is not None and counted is not None:

@@ -24,8 +24,8 @@ from flax import linen as nn
 
 from .. import _compat
 from . import lift_args
+from .literals import literal
 from .source import dotted
-from .values import literal
 
 if tp.TYPE_CHECKING:
   from .find_sites import Site

@@ -16,6 +16,8 @@ import typing as tp
 
 from flax import linen as nn
 
+from .literals import literal
+
 Atom = tuple[str, tp.Callable[[object], object]]
 
 
@@ -94,8 +96,6 @@ def explain(samples: tp.Sequence[tuple[object, object]]) -> Found:
 
   A tuple is explained element by element; an element equal in every sample stays a literal.
   """
-  from .values import literal  # values.py builds on this module
-
   values = [v for _, v in samples]
   if not samples:
     return Found(None, ())
