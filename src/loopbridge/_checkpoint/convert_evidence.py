@@ -195,7 +195,7 @@ def _is_array(leaf: object) -> bool:
 
 # What a jitted run's records hold besides arrays (Python scalars, None, ...), by the jit's
 # static arguments and the shapes it ran on: filled when jax traces, read on every call.
-_SKELETONS: dict[object, tuple[jax.tree_util.PyTreeDef, tuple[object, ...], tuple[bool, ...]]] = {}
+_SKELETONS: dict[object, tuple[tp.Any, tuple[object, ...], tuple[bool, ...]]] = {}
 
 
 def _signature(graphdef, method, static, treedef, state, dynamic) -> object:

@@ -67,7 +67,7 @@ def _all_equal_rows(a: np.ndarray) -> bool:
 
 
 def _draw(leaf: object, kind: str, key: jax.Array, vocabulary: int | None) -> object:
-  shape, dtype = np.shape(leaf), tp.cast(tp.Any, leaf).dtype
+  shape, dtype = np.shape(tp.cast(tp.Any, leaf)), tp.cast(tp.Any, leaf).dtype
   if kind == "float":
     return jax.random.normal(key, shape, dtype)
   if vocabulary is not None:
@@ -118,7 +118,7 @@ def same_array(a: object, b: object) -> bool:
   return (
     _is_array(a)
     and _is_array(b)
-    and np.shape(a) == np.shape(b)
+    and np.shape(tp.cast(tp.Any, a)) == np.shape(tp.cast(tp.Any, b))
     and not _is_key(a)
     and not _is_key(b)
     and np.asarray(a).dtype == np.asarray(b).dtype

@@ -928,4 +928,4 @@ def trace_of(x: object) -> object | None:
   inside it; a jax without it gives None, and callers then treat the value as nested (the
   conservative answer).
   """
-  return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None
+  return getattr(x, "_trace", None) if isinstance(x, jax.core.Tracer) else None  # pyright: ignore[reportAttributeAccessIssue]

@@ -71,7 +71,7 @@ def size_caches(
       lambda: module.init(rng_streams(()), *call.args, method=call.method, **call.kwargs)
     )
     cache = made.get("cache", {})
-  keys = [v for k, v in flatten_dict(dict(cache)).items() if k[-1] == "cached_key"]  # pyright: ignore[reportArgumentType]
+  keys = [v for k, v in flatten_dict(dict(cache)).items() if k[-1] == "cached_key"]  # pyright: ignore[reportArgumentType, reportCallIssue]
   if keys:
-    key = keys[0]
+    key = tp.cast(tp.Any, keys[0])
     init_cache(tuple(key.shape)[:-2], dtype=key.dtype)

@@ -93,7 +93,7 @@ def in_init(
   if not any(_shape_read(n, params) for n in _subscripts(value)):
     return None
   before = dict(planner.resolver.extras)
-  new = value.visit(Replace())
+  new = tp.cast(tp.Any, value.visit(Replace()))
   if not available(new, planner.init_namespace, known | set(planner.resolver.extras)):
     planner.resolver.extras = before  # no argument for a line that stays in the method
     return None

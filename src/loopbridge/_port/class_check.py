@@ -75,7 +75,7 @@ def _runs_in_linen(module: nn.Module, variables: tp.Mapping[str, object], call: 
   try:
     jax.eval_shape(
       lambda: module.apply(
-        variables,
+        tp.cast(tp.Any, variables),
         *call.args,
         method=call.method,
         mutable=mutable,

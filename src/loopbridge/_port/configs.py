@@ -58,7 +58,7 @@ def _changed(module: nn.Module, factors: dict[tuple[str, str | None], int]) -> n
     else:
       inner = updates.get(field, getattr(module, field))
       updates[field] = dataclasses.replace(inner, **{attr: getattr(inner, attr) * factor})  # pyright: ignore[reportArgumentType]
-  return module.clone(parent=None, **updates)
+  return module.clone(parent=None, **tp.cast(dict[str, tp.Any], updates))
 
 
 def derived(module: nn.Module) -> list[nn.Module]:

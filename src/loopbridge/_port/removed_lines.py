@@ -23,7 +23,8 @@ def removed_line(rewriter: tp.Any, name: str) -> None:
     def visit_SimpleStatementLine(self, stmt) -> None:
       body = stmt.body[0] if stmt.body else None
       if isinstance(body, c.Assign) and any(
-        isinstance(t.target, c.Name) and t.target.value == name for t in body.targets
+        isinstance(t.target, c.Name) and t.target.value == name
+        for t in body.targets  # pyright: ignore[reportOptionalMemberAccess]
       ):
         found.append(stmt)
 

@@ -525,7 +525,7 @@ class Planner:
     for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
       found: dict[tuple[str, ...], object] = {}
       for p in parents if rel is not None else ():
-        kid = t.instances.get((*p, *rel))
+        kid = t.instances.get((*p, *rel))  # pyright: ignore[reportOptionalIterable]
         if kid is None:
           continue
         try:

@@ -127,7 +127,9 @@ class Resolver:
     alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]],
   ) -> list[tuple[object, object]]:
     """(instance's module, value) in every configuration that has both."""
-    out = [(i.module, values[i.path]) for i in self.instances if i.path in values]
+    out: list[tuple[object, object]] = [
+      (i.module, values[i.path]) for i in self.instances if i.path in values
+    ]
     for alts, found in zip(self.alts, alt_values):
       out += [(alts[p].module, v) for p, v in found.items() if p in alts]
     return out
