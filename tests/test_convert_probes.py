@@ -242,3 +242,32 @@ def test_a_model_with_its_own_cache_converts_mid_sequence_and_decodes_equal():
       port(tokens[:, t : t + 1]), steps[t][1], rtol=RTOL, atol=ATOL, err_msg=f"step {t}"
     )
   np.testing.assert_array_equal(port.q.kernel[...], params["query"]["kernel"])
+
+
+# --- a port holding a value that cannot be a jit static argument -----------------------------
+
+
+class ListHolder(nnx.Module):
+  """A port keeping a list in an attribute (a drafted `default_factory` field, an HF config):
+  its graph definition cannot be hashed, so the evidence's compiled run is not possible."""
+
+  def __init__(self, rngs):
+    self.widths = [D, D]  # a list: unhashable
+    self.dense = nnx.Linear(D, D, rngs=rngs)
+
+  def __call__(self, x):
+    return self.dense(x)
+
+
+def test_a_port_holding_an_unhashable_attribute_converts():
+  class Linen(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(D)(x)
+
+  x = jax.random.normal(jax.random.key(0), (2, D))
+  variables = _trained_like(Linen().init(jax.random.key(1), x))
+  port = ListHolder(nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(Linen(), variables, port, (x,))
+  fresh = jax.random.normal(jax.random.key(3), (2, D))
+  np.testing.assert_allclose(port(fresh), Linen().apply(variables, fresh), rtol=RTOL, atol=ATOL)

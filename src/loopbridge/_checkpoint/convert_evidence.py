@@ -242,6 +242,10 @@ def _jitted_run(copy: nnx.Module, method: str, args: tuple, kwargs: dict) -> Ran
   graphdef, state = _compat.split_graph(copy)
   if not jax.tree.leaves(state):
     return None
+  try:  # a static argument: a module holding a list or a config object is not hashable
+    hash(graphdef)
+  except TypeError:
+    return None
   out, arrays = _jitted_call(graphdef, method, static, treedef, state, dynamic)
   skeleton = _SKELETONS.get(_signature(graphdef, method, static, treedef, state, dynamic))
   if skeleton is None:  # jax reused a compilation our key had not seen: run eagerly
