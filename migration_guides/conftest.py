@@ -9,6 +9,8 @@ Python program that cannot run in this process (e.g. one process of a multi-host
 
 import os
 
+import pytest
+
 # Tests compile many tiny XLA programs: LLVM's optimization level barely changes their run
 # time but is a quarter of the suite's. Set before the first JAX computation creates the CPU
 # backend (which reads XLA_FLAGS once); a level the caller chose is kept. Benchmarks do not
@@ -25,3 +27,21 @@ pytest_collect_file = Sybil(
   parsers=[PythonCodeBlockParser()],
   patterns=["*.md"],
 ).pytest()
+
+
+# The drafting guide drafts and checks seven models, each at two configurations (a minute or
+# more on one worker, and `--dist loadfile` keeps a guide on one worker): it runs with the slow
+# tests, which CI runs on every supported end; the other guides stay in the default run.
+SLOW_GUIDES = frozenset({"drafting_the_port.md"})
+
+
+def pytest_configure(config):
+  # tests/conftest.py describes the marker; a run of the guides alone loads only this file.
+  config.addinivalue_line("markers", "slow: left out of a plain run (see tests/conftest.py)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the slow tests are deselected and `-m` filters
+def pytest_collection_modifyitems(items):
+  for item in items:
+    if item.path.name in SLOW_GUIDES:
+      item.add_marker(pytest.mark.slow)

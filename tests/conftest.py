@@ -141,7 +141,8 @@ def pytest_configure(config):
 SLOW_REASON = (
   "subprocess runs of the examples and the CLI (the guides and in-process tests "
   "cover the same code), hypothesis property tests, the 2-process job, the real-model corpus "
-  "(tests/corpus: each feature it uses has a faster test of its own)"
+  "(tests/corpus: each feature it uses has a faster test of its own), the drafting guide "
+  "(migration_guides/drafting_the_port.md: the drafting tests cover each case it shows)"
 )
 SLOW_COMMAND = "python -m pytest -q -m slow"
 
