@@ -224,3 +224,38 @@ def test_a_real_model_class_drafts_equal_to_linen(name: str):
   want = module.apply(variables, *args, **kwargs)
   got = port(*args, **kwargs)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4), got, want)
+
+
+def test_the_drafted_gpt2_decodes_token_by_token_like_linen():
+  """HF's decode loop on the drafted FlaxGPT2Module. Linen: the cache from `init(...,
+  init_cache=True)` on the full length (HF's `init_cache`), then `apply(..., mutable=['cache'])`
+  per token. The port: one call with `init_cache=True` on the same input makes its caches, then
+  the same tokens one by one."""
+  make, _ = CASES["GPT2"]
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    module, args, kwargs = make()
+  draft = lb.port.draft(module, *args, **kwargs)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  ids, mask = _ids(), jnp.ones((B, T), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(T)[None], (B, T))
+  flags = dict(deterministic=True, return_dict=False)
+  full = dict(input_ids=ids, attention_mask=mask, position_ids=positions, **flags)
+  cache = module.init(jax.random.key(0), init_cache=True, **full)["cache"]
+  port(init_cache=True, **full)
+  linen_vars = {"params": variables["params"], "cache": cache}
+  got = None
+  for i in range(T):
+    step = dict(full, input_ids=ids[:, i : i + 1], position_ids=positions[:, i : i + 1])
+    want, updates = module.apply(linen_vars, mutable=["cache"], **step)
+    linen_vars = {**linen_vars, "cache": updates["cache"]}
+    got = port(**step)
+    jax.tree.map(
+      lambda a, b, i=i: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=f"step {i}"),
+      got,
+      want,
+    )
+  # The decode really read the cache: its last step is the full sequence's last position.
+  whole = module.apply({"params": variables["params"]}, **full)
+  np.testing.assert_allclose(got[0][:, 0], whole[0][:, -1], rtol=1e-4, atol=1e-4)
