@@ -220,15 +220,25 @@ def test_hf_decode_cache_sized_by_the_call_is_made_on_first_use():
   _equal_to_linen(draft, ids, mask)
 
 
-def test_hf_decode_cache_port_decodes_token_by_token_like_linen():
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_hf_decode_cache_port_decodes_token_by_token_like_linen(jitted: bool):
   """Linen: the cache from `init(..., init_cache=True)` on the full length (HF's `init_cache`),
   then `apply(..., mutable=['cache'])` per token. The port: one call with `init_cache=True` on
-  the same input makes its caches, then the same tokens one by one."""
+  the same input makes its caches, then the same tokens one by one (under `nnx.jit` too, which
+  keeps the attributes the first call made)."""
+  from flax import nnx
+
   model, ids, mask = _decoder_inputs()
   draft = lb.port.draft(model, ids, mask)
   assert draft.ok, draft.report()
-  port, variables = draft.port_and_variables()
+  module, variables = draft.port_and_variables()
   assert "cache" not in variables  # the sample call makes no cache, in Linen or in the port
+
+  def port(*args, **kwargs):
+    if not jitted:
+      return module(*args, **kwargs)
+    return nnx.jit(lambda m, *a: m(*a, **kwargs))(module, *args)
+
   cache = model.init(jax.random.key(0), ids, mask, init_cache=True)["cache"]
   port(ids, mask, init_cache=True)
   linen_vars = {"params": variables["params"], "cache": cache}
