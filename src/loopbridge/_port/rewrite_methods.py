@@ -525,9 +525,9 @@ class Rewriter:
     self.p.change(
       site.lines,
       self.p.code(original),
-      f"if not hasattr(self, {name!r}): self.{name} = {decl}",
-      f"a {col} variable Linen makes in the call (it or its group is sized by the call) "
-      f"becomes an nnx.{kind} attribute the method makes on first use",
+      f'if not hasattr(self, "{name}"): self.{name} = {decl}',
+      f"Linen makes this {col} variable in the call, sized by the call or beside one that "
+      f"is: an nnx.{kind} attribute the method makes on first use",
     )
     assign: tp.Any = self.p.parents.get(original)
     if isinstance(assign, c.Assign) and isinstance(assign.targets[0].target, c.Name):
