@@ -191,3 +191,76 @@ def test_a_construction_through_a_local_choosing_a_class_is_a_todo_hf_resnet():
     "else ConvLayer): the draft does not choose between the ports; write the construction of "
     "each port under the same condition"
   }
+
+
+def _decoder_inputs():
+  model = models.CachedDecoder()
+  max_length = models.CachedSelfAttention.max_length
+  ids = jax.random.randint(jax.random.key(3), (2, max_length), 0, model.vocab_size)
+  return model, ids, jax.numpy.ones((2, max_length), jax.numpy.int32)
+
+
+def test_hf_decode_cache_sized_by_the_call_is_made_on_first_use():
+  """`self.variable('cache', ..., key.shape, ...)` in `_concatenate_to_cache` was a TODO: now
+  an attribute the method makes when absent, `has_variable` its presence, and
+  `self.variables['cache'][...]` its value; each change is in the report."""
+  model, ids, mask = _decoder_inputs()
+  draft = lb.port.draft(model, ids, mask)
+  assert draft.ok, draft.report()
+  source = draft.source
+  assert 'is_initialized = hasattr(self, "cached_key")' in source
+  for name in ("cached_key", "cached_value", "cache_index"):
+    assert f'if not hasattr(self, "{name}"):\n      self.{name} = nnx.Cache(' in source
+  assert "self.variables[" not in source and "self.has_variable(" not in source
+  assert "self.cached_key = nnx.Cache(jnp.zeros(key.shape, key.dtype))" in source
+  olds = {ch.old for ch in draft.changes}
+  assert 'self.variables["cache"]["cache_index"]' in olds
+  assert 'self.has_variable("cache", "cached_key")' in olds
+  new = {ch.old: ch.new for ch in draft.changes}
+  made = new['self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)']
+  assert made == (
+    'if not hasattr(self, "cached_key"): '
+    "self.cached_key = nnx.Cache(jnp.zeros(key.shape, key.dtype))"
+  )
+  _equal_to_linen(draft, ids, mask)
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["eager", "nnx.jit"])
+def test_hf_decode_cache_port_decodes_token_by_token_like_linen(jitted: bool):
+  """Linen: the cache from `init(..., init_cache=True)` on the full length (HF's `init_cache`),
+  then `apply(..., mutable=['cache'])` per token. The port: one call with `init_cache=True` on
+  the same input makes its caches, then the same tokens one by one (under `nnx.jit` too, which
+  keeps the attributes the first call made)."""
+  from flax import nnx
+
+  model, ids, mask = _decoder_inputs()
+  draft = lb.port.draft(model, ids, mask)
+  assert draft.ok, draft.report()
+  module, variables = draft.port_and_variables()
+  assert "cache" not in variables  # the sample call makes no cache, in Linen or in the port
+
+  def port(*args, **kwargs):
+    if not jitted:
+      return module(*args, **kwargs)
+    return nnx.jit(lambda m, *a: m(*a, **kwargs))(module, *args)
+
+  cache = model.init(jax.random.key(0), ids, mask, init_cache=True)["cache"]
+  port(ids, mask, init_cache=True)
+  linen_vars = {"params": variables["params"], "cache": cache}
+  for i in range(ids.shape[1]):
+    step = ids[:, i : i + 1]
+    want, updates = model.apply(linen_vars, step, mask, mutable=["cache"])
+    linen_vars = {**linen_vars, "cache": updates["cache"]}
+    got = port(step, mask)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"decode step {i}")
+  # The decode really used the cache: the last step attends to every earlier token.
+  full = model.apply({"params": variables["params"]}, ids, mask)
+  np.testing.assert_allclose(got[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_has_variable_of_a_variable_the_class_does_not_declare_stays_a_todo():
+  x = jax.numpy.ones((2, 4))
+  draft = lb.port.draft(models.UndeclaredVariableTest(), x)
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "self.has_variable of a variable this class does not declare" in todo.reason

@@ -16,7 +16,7 @@ import typing as tp
 
 from flax.core import meta
 
-from . import standard_layers
+from . import lazy_variables, standard_layers
 from .emit import construction
 from .factory_fields import signature_and_init
 from .hoist import Hoist
@@ -79,6 +79,13 @@ class Rewriter:
     self.method = ""
     self.original_fn: tp.Any = None  # the method being finished (its reads before the rewrite)
     self.local_vars: set[str] = set()  # locals holding a variable (`v = self.variable(...)`)
+    self.declared = lazy_variables.declared(planner.sites)
+    # Variables a method makes on first use (sized by the call), and the statements creating
+    # them, by id of the statement they go before.
+    self.late = lazy_variables.made_on_first_use(planner.sites, planner.init_namespace)
+    self.before: dict[int, list[tp.Any]] = {}
+    self.reads = lazy_variables.variable_reads(planner.sites, planner.parents, self.declared)
+    self.read_of = {id(outer): name for outer, name in self.reads.values()}
 
   # --- statements: a TODO replaces the innermost statement holding an untranslated site ---
 
@@ -90,11 +97,17 @@ class Rewriter:
     c = libcst()
     self.stack.pop()
     reasons = self.marks.pop(id(original), None)
+    before = self.before.pop(id(original), [])
     if reasons:
       return self._todo_block(original, reasons)
+    if before:
+      # The statement's comments stay above the lines that now open it.
+      before[0] = before[0].with_changes(leading_lines=updated.leading_lines)
+      updated = updated.with_changes(leading_lines=[])
     counter = self.p.increments.get(id(original))
-    if counter is not None:
-      return c.FlattenSentinel([updated, c.parse_statement(f"{counter} += 1\n")])
+    after = [c.parse_statement(f"{counter} += 1\n")] if counter is not None else []
+    if before or after:
+      return c.FlattenSentinel([*before, updated, *after])
     return updated
 
   def _todo_block(self, original, reasons: list[str]):
@@ -476,7 +489,8 @@ class Rewriter:
       return updated
     ns = self.p.init_namespace
     rest = [a.value for a in args[3:]]
-    if not all(available(a, ns, set()) for a in [args[2].value, *rest]):
+    late = name in self.late and self.method != "setup"
+    if not late and not all(available(a, ns, set()) for a in [args[2].value, *rest]):
       self._mark(f"self.variable({col!r}, {name!r}, ...) has arguments that depend on the call")
       return updated
     fn_node = args[2].value
@@ -487,6 +501,8 @@ class Rewriter:
       fn = f"({fn})" if isinstance(fn_node, c.Lambda) else fn
       value = f"{fn}({', '.join(self.p.rewrite_expr(self.p.code(a)) for a in rest)})"
     decl = f"nnx.{kind}({value})"
+    if late:
+      return self._made_on_first_use(site, original, name, decl, col, kind)
     self.p.declare(site, name, decl)
     self.p.change(
       site.lines,
@@ -496,6 +512,23 @@ class Rewriter:
     )
     if self.method == "setup":
       return c.parse_expression(decl)
+    assign: tp.Any = self.p.parents.get(original)
+    if isinstance(assign, c.Assign) and isinstance(assign.targets[0].target, c.Name):
+      self.local_vars.add(assign.targets[0].target.value)
+    return c.parse_expression(f"self.{name}")
+
+  def _made_on_first_use(self, site, original, name: str, decl: str, col: str, kind: str):
+    c = libcst()
+    unit = self.p.module.default_indent
+    self.before.setdefault(id(self.stack[-1]), []).append(lazy_variables.creation(name, decl, unit))
+    self.p.port.attributes[name] = self.p.src.line(site.lines[0])
+    self.p.change(
+      site.lines,
+      self.p.code(original),
+      f'if not hasattr(self, "{name}"): self.{name} = {decl}',
+      f"Linen makes this {col} variable in the call, sized by the call or beside one that "
+      f"is: an nnx.{kind} attribute the method makes on first use",
+    )
     assign: tp.Any = self.p.parents.get(original)
     if isinstance(assign, c.Assign) and isinstance(assign.targets[0].target, c.Name):
       self.local_vars.add(assign.targets[0].target.value)
@@ -544,6 +577,27 @@ class Rewriter:
       )
       return new
     if api == "has_variable":
+      args = original.args
+      pair = (
+        (_string(args[0].value), _string(args[1].value))
+        if len(args) == 2 and not any(a.keyword or a.star for a in args)
+        else (None, None)
+      )
+      if pair[1] in self.late and pair in self.declared:
+        name = tp.cast(str, pair[1])
+        self.p.change(
+          site.lines,
+          self.p.code(original),
+          lazy_variables.presence(name),
+          "the variable is an attribute made on first use: present once made",
+        )
+        return c.parse_expression(lazy_variables.presence(name))
+      if pair not in self.declared:
+        self._mark(
+          "self.has_variable of a variable this class does not declare with a literal "
+          "collection and name"
+        )
+        return updated
       self.p.change(
         site.lines,
         self.p.code(original),
@@ -586,6 +640,8 @@ class Rewriter:
   def leave_Attribute(self, original, updated):
     c = libcst()
     site = self.p.site_of.get(id(original))
+    if id(original) in self.reads:
+      return updated  # `self.variables[col][name]`: the subscript around it is rewritten
     if site is not None and site.kind == "self_api":  # `self.variables[...]`, `self.scope`
       self._mark(
         f"self.{site.target} (Linen's variable dict and scope; an NNX module holds its "
@@ -613,8 +669,20 @@ class Rewriter:
         return c.parse_expression(new)
     return updated
 
+  def leave_Subscript(self, original, updated):
+    name = self.read_of.get(id(original))
+    if name is None:
+      return updated
+    new = self.p.value_access(name)
+    self.p.change(
+      self.p.positions[original].start.line,
+      self.p.code(original),
+      new,
+      "Linen's variable dict read: the NNX module holds the variable as an attribute",
+    )
+    return libcst().parse_expression(new)
+
   def leave_Assign(self, original, updated):
-    c = libcst()
     c = libcst()
     value = original.value
     if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
