@@ -124,3 +124,19 @@ def test_field_named_train_does_not_hide_nnx_train():
   port.train()
   port.eval()
   np.testing.assert_allclose(port(x), model.apply(variables, x), rtol=RTOL, atol=ATOL)
+
+
+def test_a_length_read_by_the_call_alone_is_no_constructor_argument(tmp_path):
+  """lm1b's `length = inputs.shape[1]` stays in the call: the port takes no argument for it
+  (before: an unread `inputs_dim1` the parent passed the sample's length 8 for), and the port
+  runs what Linen runs at another length."""
+  draft = lb.port.draft(cw.Embedder(cw.Config()), *cw.token_args())
+  assert draft.ok, draft.report()
+  assert "_dim1" not in draft.source, draft.source
+  module = imported(draft, tmp_path, "class_widths_positions_nnx")
+  linen = cw.Embedder(cw.Config())
+  tokens = cw.token_args(length=5)[0]
+  variables = linen.init(jax.random.key(5), tokens)
+  port = module.Embedder(cw.Config(), rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(linen, variables, port, tokens)
+  np.testing.assert_allclose(port(tokens), linen.apply(variables, tokens), rtol=RTOL, atol=ATOL)

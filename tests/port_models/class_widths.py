@@ -92,3 +92,30 @@ class Trainable(nn.Module):
     x = nn.Dense(8)(x)
     x = nn.Dropout(0.5)(x, deterministic=not self.train)
     return nn.Dense(2)(x) * (2.0 if self.train else 1.0)
+
+
+class AddPositions(nn.Module):
+  """lm1b's `AddPositionEmbs`: a learned table sized from the input's width, and the sequence
+  length read by the call alone (`pe[:, :length]`)."""
+
+  max_len: int = 16
+
+  @nn.compact
+  def __call__(self, inputs):
+    length = inputs.shape[1]
+    pos_emb_shape = (1, self.max_len, inputs.shape[-1])
+    table = self.param("pos_embedding", nn.initializers.normal(0.02), pos_emb_shape)
+    return inputs + table[:, :length, :]
+
+
+class Embedder(nn.Module):
+  config: Config
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(50, self.config.features)(tokens)
+    return nn.Dense(3)(AddPositions()(x))
+
+
+def token_args(length: int = 8):
+  return (jax.random.randint(jax.random.key(4), (2, length), 0, 50),)

@@ -1019,27 +1019,40 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
     params.append(text)
   extras = tp.cast(tp.Any, port.resolver).extras
   hoisted = _hoisted_lines(planner, loops)
-  kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
-  signature = ", ".join(["self", *params, "*", *kw])
   init_lines = [field_inits.get(f, f"self.{f} = {f}") for f in fields if f not in port.dropped]
   if port.uses_rngs_attr:
     init_lines.append("self.rngs = rngs")
-  init_src = (
-    f"def __init__({signature}):\n"
-    + "".join(
-      f"{unit}{ln}\n" for block in init_lines + planner.declarations for ln in block.splitlines()
+
+  def build_init() -> tp.Any:
+    kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
+    signature = ", ".join(["self", *params, "*", *kw])
+    init_src = (
+      f"def __init__({signature}):\n"
+      + "".join(
+        f"{unit}{ln}\n" for block in init_lines + planner.declarations for ln in block.splitlines()
+      )
+      + "".join("".join(f"{unit}{ln}\n" for ln in block.splitlines()) for block in hoisted)
+      + f"{unit}pass\n"
     )
-    + "".join("".join(f"{unit}{ln}\n" for ln in block.splitlines()) for block in hoisted)
-    + f"{unit}pass\n"
-  )
-  config = c.PartialParserConfig(default_indent=unit)
-  init: tp.Any = c.parse_statement(init_src, config=config)
-  init_body = list(init.body.body)[:-1]
-  for s in setup:
-    init_body += list(s.body.body)
-  init = init.with_changes(
-    body=init.body.with_changes(body=init_body or [c.parse_statement("pass")])
-  )
+    config = c.PartialParserConfig(default_indent=unit)
+    init: tp.Any = c.parse_statement(init_src, config=config)
+    init_body = list(init.body.body)[:-1]
+    for s in setup:
+      init_body += list(s.body.body)
+    return init.with_changes(
+      body=init.body.with_changes(body=init_body or [c.parse_statement("pass")])
+    )
+
+  init = build_init()
+  # An added argument whose line stayed in the call method (lm1b's `length = inputs.shape[1]`
+  # is read by the call only) is read by nothing in the port: left in, the parent would pass
+  # the sample's number for it. Dropped before any parent builds this class.
+  read = set().union(*(names_in(n) for n in [*init.body.body, *rest]))
+  unread = [name for name in extras if name not in read]
+  if unread:
+    for name in unread:
+      del extras[name]
+    init = build_init()
   init = mark_unread_targets(init)
   orig_class: tp.Any = planner.module.body[0]
   orig_body: list[tp.Any] = list(orig_class.body.body)
