@@ -565,3 +565,34 @@ class FieldNamedLikeASubmodule(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.Dense(self.head, name="head")(x)
+
+
+class ProjectInput(nn.Module):
+  """A kernel shaped by the input's width (HF's FlaxConv1D): the port takes its shape."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
+    return x @ kernel
+
+
+class OptionalCrossProjection(nn.Module):
+  """HF's decoder layer: a cross-attention projection built only when the config asks for
+  it, which the sample's configuration does not."""
+
+  width: int = 6
+  cross: bool = False
+
+  def setup(self):
+    self.inp = nn.Dense(self.width)
+    self.proj = ProjectInput(3)
+    if self.cross:
+      self.cross_proj = ProjectInput(3)
+
+  def __call__(self, x, context=None):
+    y = self.proj(self.inp(x))
+    if self.cross:
+      y = y + self.cross_proj(context)
+    return y

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from flax import nnx
 
 import loopbridge as lb
 from loopbridge._port.values import literal
@@ -421,3 +422,19 @@ def test_vmap_forms_not_drafted_stay_todos_with_their_reason(written, reason):
 def test_vmap_built_in_setup_stays_a_todo():
   todo = _the_todo(models.VmapInSetup(), jnp.ones((3, 5)))
   assert re.search(r"nn\.vmap built in setup", todo.reason), todo.reason
+
+
+def test_a_construction_no_trace_built_gets_no_guessed_argument():
+  """The untraced cross projection's input-sized kernel shape is unknown: `None`, named in
+  the report (before: the first field matched vacuously, `kernel_shape=self.width`)."""
+  x = jax.random.normal(jax.random.key(12), (2, 5))
+  draft = lb.port.draft(models.OptionalCrossProjection(), x)
+  assert draft.ok, draft.report()
+  assert "self.cross_proj = ProjectInput(3, kernel_shape=None," in draft.source, draft.source
+  assert "cross_proj_kernel_shape: no trace built this construction" in draft.report()
+  _equal_to_linen(draft, x)
+  # Taking the branch fails where the port is built, not silently later.
+  namespace: dict = {}
+  exec(compile(draft.source, "<draft>", "exec"), namespace)
+  with pytest.raises(TypeError, match="NoneType"):  # the shape initializer reads None
+    namespace["OptionalCrossProjection"](cross=True, rngs=nnx.Rngs(0))

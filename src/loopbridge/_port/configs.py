@@ -125,4 +125,14 @@ def literal_notes(ctx: tp.Any, cls: type) -> list[Change]:
       "(the check at another configuration fails until then)",
     )
     for hint, value, why in resolver.unexplained
+  ] + [
+    Change(
+      port.source.file,
+      port.source.first_line,
+      f"{hint}: no trace built this construction",
+      "None",
+      "a branch no traced configuration takes: write its value by hand before taking it; "
+      "building the port there fails until then",
+    )
+    for hint in resolver.untraced
   ]

@@ -59,6 +59,8 @@ class Resolver:
     self.root = root
     # (hint, value, why) of each number kept a literal although it changed with the config.
     self.unexplained: list[tuple[str, object, str]] = []
+    # Hints of the values of constructions no trace made (written `None`).
+    self.untraced: list[str] = []
 
   def expr(
     self,
@@ -76,6 +78,12 @@ class Resolver:
     """
     distinct = list(values.values())
     elsewhere = [v for d in alt_values for v in d.values()]
+    if not distinct and not elsewhere:
+      # No trace made this construction (a branch no traced configuration takes, as HF's
+      # cross-attention): nothing says its value. `None`, named in the report, fails loudly
+      # where the branch runs; every field matched vacuously (the first, `self.config`, won).
+      self.untraced.append(hint)
+      return "None"
     same = bool(distinct) and all(
       v == distinct[0] and type(v) is type(distinct[0]) for v in distinct
     )
@@ -101,7 +109,7 @@ class Resolver:
         )
         self.unexplained.append((hint, distinct[0], why))
         return text
-    for name in self.fields:
+    for name in self.fields if distinct else ():
       if all(
         type(v) in (int, bool, tuple) and _field(inst, name) == v
         for inst in self.instances
