@@ -267,6 +267,10 @@ def _times(jobs: dict[str, tp.Callable[[], object]], rounds: int) -> dict[str, l
   return times
 
 
+def _spread(seconds: list[float]) -> str:
+  return f"{min(seconds):.4f}-{max(seconds):.4f}"
+
+
 def _profile(job: tp.Callable[[], object], top: int) -> list[tuple[str, float]]:
   """(function, cumulative seconds) of the loopbridge functions and jax's eval_shape."""
   profile = cProfile.Profile()
@@ -307,6 +311,7 @@ def main() -> None:
     child(args.child, s)
     return
 
+  load = os.getloadavg()
   linen, variables, port, tokens = _setup(s)
   params = _param_count(variables)
   print(f"model: {params / 1e6:.1f}M parameters {s._asdict()}", flush=True)
@@ -326,19 +331,22 @@ def main() -> None:
   gc.collect()
   memory = _memory(s, args.memory_runs)
 
-  print("\n| case | wall s (median) | / hand | peak RSS MB | extra MB | peak / hand |")
-  print("|---|---:|---:|---:|---:|---:|")
+  # Medians (and the range beside them): one slow round on a shared machine moves neither.
+  print(f"\n{args.rounds} rounds; load average at the start {load[0]:.1f}, at the end", end=" ")
+  print(f"{os.getloadavg()[0]:.1f}")
+  print("\n| case | wall s (median) | min-max s | / hand | peak RSS MB | extra MB | peak / hand |")
+  print("|---|---:|---:|---:|---:|---:|---:|")
   for hand, conv in ((CASES[0], CASES[1]), (CASES[2], CASES[3])):
     for c in (hand, conv):
       t = statistics.median(times[c])
       ratio = f"{ratios[conv]:.2f}" if c == conv else "1"
       peak = memory[c]["peak_mb"] / memory[hand]["peak_mb"]
       print(
-        f"| {c} | {t:.4f} | {ratio} | {memory[c]['peak_mb']:.0f} | {memory[c]['extra_mb']:.0f} "
-        f"| {peak:.2f} |"
+        f"| {c} | {t:.4f} | {_spread(times[c])} | {ratio} | {memory[c]['peak_mb']:.0f} "
+        f"| {memory[c]['extra_mb']:.0f} | {peak:.2f} |"
       )
   for name in CONTEXT:
-    print(f"| {name} | {statistics.median(times[name]):.4f} | | | | |")
+    print(f"| {name} | {statistics.median(times[name]):.4f} | {_spread(times[name])} | | | | |")
   for c, rows in profiles.items():
     print(f"\nwhere {c} spends its time (cProfile, cumulative s, one run):")
     for name, seconds in rows:
@@ -353,6 +361,7 @@ def main() -> None:
         "rounds": args.rounds,
         "memory_runs": args.memory_runs,
         "times_s": times,
+        "time_median_s": {c: statistics.median(t) for c, t in times.items()},
         "time_ratio_median": ratios,
         "memory": memory,
         "profiles": profiles,
@@ -361,6 +370,7 @@ def main() -> None:
           "jax": jax.__version__,
           "flax": flax.__version__,
         },
+        "loadavg_start": load,
         "loadavg": os.getloadavg(),
       },
       f,
