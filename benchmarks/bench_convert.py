@@ -15,7 +15,7 @@ linen -> nnx is `nnx.update(port, params)` and nnx -> linen is the port's pure s
   per-round ratios (converter / hand, paired within a round): medians, because one round
   slowed by another process moves neither. Also the warm-up's own time ("first call": what
   a process that converts once pays, compilation included; the nnx -> linen warm-up runs
-  after linen -> nnx's and reuses what that compiled for the same two models).
+  after linen -> nnx's, in the same process).
 - **Peak memory**: each case runs in a fresh child process. The child builds the Linen
   variables and the port, collects garbage, reads its resident set (VmRSS), resets the
   kernel's high-water mark (`/proc/self/clear_refs`, Linux), runs the case once and reads
