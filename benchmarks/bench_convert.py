@@ -11,8 +11,11 @@ linen -> nnx is `nnx.update(port, params)` and nnx -> linen is the port's pure s
 
 - **Time**: every case runs once as a warm-up, then in interleaved rounds (each round runs
   every case once, in rotating order, so load from other processes hits all of them alike).
-  Reported: the median wall time per case and the median of the per-round ratios
-  (converter / hand, paired within a round).
+  Reported: the median wall time per case (with its range) and the median of the
+  per-round ratios (converter / hand, paired within a round): medians, because one round
+  slowed by another process moves neither. Also the warm-up's own time ("first call": what
+  a process that converts once pays, compilation included; the nnx -> linen warm-up runs
+  after linen -> nnx's, in the same process).
 - **Peak memory**: each case runs in a fresh child process. The child builds the Linen
   variables and the port, collects garbage, reads its resident set (VmRSS), resets the
   kernel's high-water mark (`/proc/self/clear_refs`, Linux), runs the case once and reads
@@ -253,9 +256,16 @@ def _memory(s: Sizes, runs: int) -> dict[str, dict[str, float]]:
 # --- time and profile -----------------------------------------------------------------------
 
 
-def _times(jobs: dict[str, tp.Callable[[], object]], rounds: int) -> dict[str, list[float]]:
-  for job in jobs.values():
-    job()  # warm-up: jax's caches, first traces
+def _times(
+  jobs: dict[str, tp.Callable[[], object]], rounds: int
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+  """(the first call's seconds, the timed rounds' seconds) per case."""
+  first: dict[str, float] = {}
+  for name, job in jobs.items():
+    gc.collect()
+    start = time.perf_counter()
+    job()  # warm-up: jax's caches, first traces (what a process converting once pays)
+    first[name] = time.perf_counter() - start
   times: dict[str, list[float]] = {c: [] for c in jobs}
   names = list(jobs)
   for r in range(rounds):
@@ -264,7 +274,11 @@ def _times(jobs: dict[str, tp.Callable[[], object]], rounds: int) -> dict[str, l
       start = time.perf_counter()
       jobs[name]()
       times[name].append(time.perf_counter() - start)
-  return times
+  return first, times
+
+
+def _spread(seconds: list[float]) -> str:
+  return f"{min(seconds):.4f}-{max(seconds):.4f}"
 
 
 def _profile(job: tp.Callable[[], object], top: int) -> list[tuple[str, float]]:
@@ -307,6 +321,7 @@ def main() -> None:
     child(args.child, s)
     return
 
+  load = os.getloadavg()
   linen, variables, port, tokens = _setup(s)
   params = _param_count(variables)
   print(f"model: {params / 1e6:.1f}M parameters {s._asdict()}", flush=True)
@@ -314,7 +329,7 @@ def main() -> None:
   jobs |= _traces(linen, port, tokens)
   with tempfile.TemporaryDirectory() as directory:
     jobs[READ] = _orbax_read(variables, directory)
-    times = _times(jobs, args.rounds)
+    first, times = _times(jobs, args.rounds)
   for name in CONTEXT:
     del jobs[name]
   ratios = {
@@ -326,19 +341,27 @@ def main() -> None:
   gc.collect()
   memory = _memory(s, args.memory_runs)
 
-  print("\n| case | wall s (median) | / hand | peak RSS MB | extra MB | peak / hand |")
-  print("|---|---:|---:|---:|---:|---:|")
+  # Medians (and the range beside them): one slow round on a shared machine moves neither.
+  print(f"\n{args.rounds} rounds; load average at the start {load[0]:.1f}, at the end", end=" ")
+  print(f"{os.getloadavg()[0]:.1f}")
+  print(
+    "\n| case | wall s (median) | min-max s | first call s | / hand | peak RSS MB | extra MB "
+    "| peak / hand |"
+  )
+  print("|---|---:|---:|---:|---:|---:|---:|---:|")
   for hand, conv in ((CASES[0], CASES[1]), (CASES[2], CASES[3])):
     for c in (hand, conv):
       t = statistics.median(times[c])
       ratio = f"{ratios[conv]:.2f}" if c == conv else "1"
       peak = memory[c]["peak_mb"] / memory[hand]["peak_mb"]
       print(
-        f"| {c} | {t:.4f} | {ratio} | {memory[c]['peak_mb']:.0f} | {memory[c]['extra_mb']:.0f} "
-        f"| {peak:.2f} |"
+        f"| {c} | {t:.4f} | {_spread(times[c])} | {first[c]:.4f} | {ratio} "
+        f"| {memory[c]['peak_mb']:.0f} "
+        f"| {memory[c]['extra_mb']:.0f} | {peak:.2f} |"
       )
   for name in CONTEXT:
-    print(f"| {name} | {statistics.median(times[name]):.4f} | | | | |")
+    t = statistics.median(times[name])
+    print(f"| {name} | {t:.4f} | {_spread(times[name])} | {first[name]:.4f} | | | | |")
   for c, rows in profiles.items():
     print(f"\nwhere {c} spends its time (cProfile, cumulative s, one run):")
     for name, seconds in rows:
@@ -353,6 +376,8 @@ def main() -> None:
         "rounds": args.rounds,
         "memory_runs": args.memory_runs,
         "times_s": times,
+        "time_median_s": {c: statistics.median(t) for c, t in times.items()},
+        "time_first_call_s": first,
         "time_ratio_median": ratios,
         "memory": memory,
         "profiles": profiles,
@@ -361,6 +386,7 @@ def main() -> None:
           "jax": jax.__version__,
           "flax": flax.__version__,
         },
+        "loadavg_start": load,
         "loadavg": os.getloadavg(),
       },
       f,

@@ -60,10 +60,6 @@ class Record:
   out: object
 
 
-def _concrete(tree: object) -> bool:
-  return not any(is_traced(x) for x in jax.tree.leaves(tree))
-
-
 _RNG_HELP = (
   "If a model draws random numbers on these sample arguments (dropout in training mode), "
   "make the sample call deterministic (e.g. sample_kwargs={'train': False}) so both models "
@@ -79,14 +75,15 @@ def _rngs() -> dict[str, jax.Array]:
 # --- running each side ----------------------------------------------------------------------
 
 
-def linen_run(
+def _linen_apply(
   module: nn.Module,
-  variables: tp.Mapping[Key, Value],
-  sample_args: tuple[object, ...],
-  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
-  method: str | None = None,
-) -> tuple[object, dict[Path, Record]]:
-  """Linen `apply` on flat variables, recording each module's first concrete `__call__`."""
+  variables: tp.Mapping[str, tp.Any],
+  args: tuple[object, ...],
+  kwargs: tp.Mapping[str, tp.Any],
+  method: tp.Any,
+) -> Ran:
+  """Linen `apply`, recording each module's first `__call__` whose values are recordable
+  (concrete when eager, the jit body's own under `jax.jit`; never a loop's)."""
   records: dict[Path, Record] = {}
 
   def interceptor(next_fun, args, kwargs, context):
@@ -94,27 +91,52 @@ def linen_run(
     scope = context.module.scope
     if scope is not None and context.method_name == "__call__":
       path = tuple(str(p) for p in scope.path)
-      if path not in records and _concrete((args, kwargs, out)):
+      if path not in records and _recordable((args, kwargs, out)):
         records[path] = Record(tuple(args), dict(kwargs), out)
     return out
 
+  with nn.intercept_methods(interceptor):
+    out, _ = module.apply(
+      tp.cast(dict, variables), *args, method=method, mutable=True, rngs=_rngs(), **kwargs
+    )
+  return out, records
+
+
+@dataclasses.dataclass(frozen=True)
+class _LinenCall:
+  """The Linen side of a compiled run (a jit static argument: hashable where the module is)."""
+
+  module: nn.Module
+  method: tp.Any
+
+  def run(self, variables: tp.Any, args: tuple, kwargs: dict) -> Ran:
+    return _linen_apply(self.module, variables, args, kwargs, self.method)
+
+
+def linen_run(
+  module: nn.Module,
+  variables: tp.Mapping[Key, Value],
+  sample_args: tuple[object, ...],
+  sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
+  method: str | None = None,
+) -> tuple[object, dict[Path, Record]]:
+  """Linen `apply` on flat variables under `jax.jit`, recording each module's first call
+  outside loops (inputs and output); eager where the call cannot be compiled."""
+  tree = unflatten(variables)
+  args, kwargs = tuple(sample_args), dict(sample_kwargs or {})
   try:
-    with nn.intercept_methods(interceptor):
-      out, _ = module.apply(
-        tp.cast(dict, unflatten(variables)),
-        *sample_args,
-        method=method,
-        mutable=True,
-        rngs=_rngs(),
-        **(sample_kwargs or {}),
-      )
+    ran = None
+    if all(_is_array(x) for x in jax.tree.leaves(tree)):
+      ran = _compiled_run(_LinenCall(module, method), tree, args, kwargs)
+    if ran is None:
+      ran = _linen_apply(module, tree, args, kwargs, method)
   except Exception as e:
     with_cache = any(k[0] == CACHE for k in variables)
     raise CheckpointError(
       f"running the Linen module {type(module).__name__} with the converted variables failed "
       f"({type(e).__name__}: {e})." + (CACHE_RUN_HELP if with_cache else "")
     ) from e
-  return out, records
+  return ran
 
 
 CACHE_RUN_HELP = (
@@ -193,61 +215,88 @@ def _is_array(leaf: object) -> bool:
   return isinstance(leaf, (jax.Array, np.ndarray))
 
 
-# What a jitted run's records hold besides arrays (Python scalars, None, ...), by the jit's
+@dataclasses.dataclass(frozen=True)
+class _PortCall:
+  """The port side of a compiled run (a jit static argument: hashable where its graph is)."""
+
+  graphdef: tp.Any
+  method: str
+
+  def run(self, state: tp.Any, args: tuple, kwargs: dict) -> Ran:
+    model = nnx.merge(self.graphdef, state)
+    records: dict[Path, Record] = {}
+    token = _RECORDS.set(records)
+    try:
+      out = getattr(model, self.method)(*args, **kwargs)
+    finally:
+      _RECORDS.reset(token)
+    return out, records
+
+
+# What a compiled run's records hold besides arrays (Python scalars, None, ...), by the jit's
 # static arguments and the shapes it ran on: filled when jax traces, read on every call.
 _SKELETONS: dict[object, tuple[tp.Any, tuple[object, ...], tuple[bool, ...]]] = {}
 
 
-def _signature(graphdef, method, static, treedef, state, dynamic) -> object:
+# What runs eagerly but cannot be traced: a Python conversion or branch on a value (a call
+# given a tuple of arrays where Linen's `Dense` takes one, `float(x)`, boolean indexing).
+# Such a call runs eagerly, as it did before the evidence was compiled.
+_NOT_COMPILABLE = (
+  jax.errors.ConcretizationTypeError,
+  jax.errors.NonConcreteBooleanIndexError,
+  jax.errors.TracerArrayConversionError,
+  jax.errors.TracerIntegerConversionError,
+)
+
+
+def _signature(side, static, treedef, state, dynamic) -> object:
   shapes = tuple((np.shape(x), str(jnp.result_type(x))) for x in jax.tree.leaves((state, dynamic)))
-  return (graphdef, method, static, treedef, shapes)
+  return (side, static, treedef, shapes)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _jitted_call(graphdef, method, static, treedef, state, dynamic):
-  """The port's call under `jax.jit`: only its output and the recorded calls' arrays come
-  out (flax 0.10's eager `nnx.scan` over an `nnx.vmap` stack returns the stack's state as new
-  arrays, a second copy of the weights; compiled, nothing but the outputs is materialized)."""
-  model = nnx.merge(graphdef, state)
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _jitted_call(side, static, treedef, state, dynamic):
+  """One side's call under `jax.jit`: only its output and the recorded calls' arrays come
+  out. Eager on flax 0.10, both sides' stacks return their weights as new arrays (a second
+  copy): `nnx.scan` over an `nnx.vmap` stack returns the stack's state, and Linen's `nn.scan`
+  applied with `mutable=True` returns its `params`. Compiled, nothing but the outputs is
+  materialized (what the run returns and we drop is never computed)."""
   dyn = iter(dynamic)
   leaves = [next(dyn) if is_dyn else value for is_dyn, value in static]
   args, kwargs = jax.tree.unflatten(treedef, leaves)
-  records: dict[Path, Record] = {}
-  token = _RECORDS.set(records)
   outer = _OUTER_TRACE.set(_compat.trace_of(jax.tree.leaves(state)[0]))
   try:
-    out = getattr(model, method)(*args, **kwargs)
+    out, records = side.run(state, args, kwargs)
   finally:
-    _RECORDS.reset(token)
     _OUTER_TRACE.reset(outer)
   flat, record_def = jax.tree.flatten(
     {path: (r.args, r.kwargs, r.out) for path, r in records.items()}, is_leaf=lambda x: x is None
   )
   is_arr = tuple(is_traced(x) or _is_array(x) for x in flat)
-  key = _signature(graphdef, method, static, treedef, state, dynamic)
+  key = _signature(side, static, treedef, state, dynamic)
   _SKELETONS[key] = (record_def, tuple(None if a else x for a, x in zip(is_arr, flat)), is_arr)
   return out, [x for a, x in zip(is_arr, flat) if a]
 
 
-def _jitted_run(copy: nnx.Module, method: str, args: tuple, kwargs: dict) -> Ran | None:
-  """The recording copy's call under `jax.jit`; None where it cannot be (a Python value of
-  the call that cannot be a static argument): the caller runs it eagerly."""
-  leaves, treedef = jax.tree.flatten((tuple(args), dict(kwargs)))
-  static = tuple((True, None) if _is_array(x) else (False, x) for x in leaves)
-  dynamic = [x for x in leaves if _is_array(x)]
-  try:
-    hash(static)
-  except TypeError:
-    return None
-  graphdef, state = _compat.split_graph(copy)
+def _compiled_run(
+  side: _PortCall | _LinenCall, state: tp.Any, args: tuple, kwargs: dict
+) -> Ran | None:
+  """`side.run` under `jax.jit`; None where it cannot be (a static value that cannot be
+  hashed, no array to trace, a value read in Python): the caller runs it eagerly."""
   if not jax.tree.leaves(state):
     return None
-  try:  # a static argument: a module holding a list or a config object is not hashable
-    hash(graphdef)
+  leaves, treedef = jax.tree.flatten((args, kwargs))
+  static = tuple((True, None) if _is_array(x) else (False, x) for x in leaves)
+  dynamic = [x for x in leaves if _is_array(x)]
+  try:  # static arguments: a module holding a list, a dict or a config object cannot be hashed
+    hash((side, static))
   except TypeError:
     return None
-  out, arrays = _jitted_call(graphdef, method, static, treedef, state, dynamic)
-  skeleton = _SKELETONS.get(_signature(graphdef, method, static, treedef, state, dynamic))
+  try:
+    out, arrays = _jitted_call(side, static, treedef, state, dynamic)
+  except _NOT_COMPILABLE:
+    return None
+  skeleton = _SKELETONS.get(_signature(side, static, treedef, state, dynamic))
   if skeleton is None:  # jax reused a compilation our key had not seen: run eagerly
     return None
   record_def, fixed, is_arr = skeleton
@@ -268,7 +317,13 @@ def nnx_run(
   recording each module's first call outside loops (its inputs and output)."""
   copy = _recording_copy(port, values)
   try:
-    ran = _jitted_run(copy, method or "__call__", tuple(sample_args), dict(sample_kwargs or {}))
+    graphdef, state = _compat.split_graph(copy)
+    ran = _compiled_run(
+      _PortCall(graphdef, method or "__call__"),
+      state,
+      tuple(sample_args),
+      dict(sample_kwargs or {}),
+    )
     if ran is not None:
       return ran
     records: dict[Path, Record] = {}
