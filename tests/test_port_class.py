@@ -140,3 +140,20 @@ def test_a_length_read_by_the_call_alone_is_no_constructor_argument(tmp_path):
   port = module.Embedder(cw.Config(), rngs=nnx.Rngs(0))
   lb.checkpoint.linen_to_nnx(linen, variables, port, tokens)
   np.testing.assert_allclose(port(tokens), linen.apply(variables, tokens), rtol=RTOL, atol=ATOL)
+
+
+def test_a_param_the_sample_never_makes_is_built_from_the_users_own_expression(tmp_path):
+  """lm1b's learned position table under a config flag the sample leaves off: drafted from
+  `pos_emb_shape = (1, max_len, inputs.shape[-1])` with the input width the traces show
+  (before: a TODO, "arguments that depend on the call"). Built with the flag on, the port
+  computes what Linen computes there."""
+  draft = lb.port.draft(cw.OptionalEmbedder(cw.Config()), *cw.token_args())
+  assert draft.ok, draft.report()
+  module = imported(draft, tmp_path, "class_widths_optional_positions_nnx")
+  config = cw.Config(features=12)  # another width than the sample's too
+  linen = cw.OptionalEmbedder(config, learned=True)
+  tokens = cw.token_args(length=5)[0]
+  variables = linen.init(jax.random.key(6), tokens)
+  port = module.OptionalEmbedder(config, learned=True, rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(linen, variables, port, tokens)
+  np.testing.assert_allclose(port(tokens), linen.apply(variables, tokens), rtol=RTOL, atol=ATOL)

@@ -119,3 +119,31 @@ class Embedder(nn.Module):
 
 def token_args(length: int = 8):
   return (jax.random.randint(jax.random.key(4), (2, length), 0, 50),)
+
+
+class OptionalPositions(nn.Module):
+  """lm1b's `AddPositionEmbs` at its default config: the learned table is built only when
+  asked for, so the sample's trace never makes it (a fixed table stands in otherwise)."""
+
+  max_len: int = 16
+  learned: bool = False
+
+  @nn.compact
+  def __call__(self, inputs):
+    length = inputs.shape[1]
+    pos_emb_shape = (1, self.max_len, inputs.shape[-1])
+    if self.learned:
+      table = self.param("pos_embedding", nn.initializers.normal(0.02), pos_emb_shape)
+    else:
+      table = jnp.zeros(pos_emb_shape)
+    return inputs + table[:, :length, :]
+
+
+class OptionalEmbedder(nn.Module):
+  config: Config
+  learned: bool = False
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(50, self.config.features)(tokens)
+    return nn.Dense(3)(OptionalPositions(learned=self.learned)(x))

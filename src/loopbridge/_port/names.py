@@ -105,3 +105,37 @@ def assignment_counts(fn: tp.Any) -> dict[str, int]:
 
   fn.visit(Targets())
   return counts
+
+
+def inline_aliases(node: cst.BaseExpression, aliases: tp.Mapping[str, str]) -> cst.BaseExpression:
+  """`node` with each alias name (a method's local `__init__` can compute) replaced by its
+  code, parenthesized, until none is left: the expression stands alone in `__init__`, before
+  or without the alias lines."""
+  c = libcst()
+
+  class Inline(c.CSTTransformer):
+    def __init__(self) -> None:
+      super().__init__()
+      self.not_reads: set[int] = set()  # `a.b`'s `b` and `f(b=...)`'s `b` are no reads
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+      self.not_reads.add(id(node.attr))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+      if node.keyword is not None:
+        self.not_reads.add(id(node.keyword))
+
+    def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+      code = aliases.get(original.value)
+      if code is None or id(original) in self.not_reads:
+        return updated
+      return c.parse_expression(f"({code})")
+
+  for _ in range(len(aliases) + 1):  # an alias may read an earlier one
+    if isinstance(node, c.Name) and node.value in aliases:  # the whole expression: no parens
+      node = c.parse_expression(aliases[node.value])
+      continue
+    if not (names_in(node) & set(aliases)):
+      return node
+    node = tp.cast("cst.BaseExpression", node.visit(Inline()))
+  return node

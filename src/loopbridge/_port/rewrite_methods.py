@@ -21,7 +21,7 @@ from .emit import construction
 from .factory_fields import signature_and_init
 from .hoist import Hoist
 from .linen_api import VARIABLE_TYPES
-from .names import available, loop_targets, names_in
+from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
 from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
@@ -421,6 +421,18 @@ class Rewriter:
     )
     return c.parse_expression(ref)
 
+  def _through_aliases(self, node, method: str) -> str | None:
+    """`node`'s code for `__init__` with the method's aliases inlined (None: it reads the
+    call otherwise)."""
+    aliases = self.p.aliases.get(method, {})
+    if not available(node, self.p.init_namespace, set(aliases)):
+      return None
+    inlined = inline_aliases(node, aliases)
+    # The added arguments (an input width no field explains) are `__init__`'s too.
+    if not available(inlined, self.p.init_namespace, set(self.p.resolver.extras)):
+      return None
+    return self.p.rewrite_expr(self.p.code(inlined))
+
   def _param(self, site, original, updated):
     c = libcst()
     args = original.args
@@ -457,6 +469,11 @@ class Rewriter:
         # A shape read from the call is the input's: one no field explains is an argument.
         hint = f"{name}_{('shape', 'dtype')[i]}"
         init_args.append(self.p.resolver.expr(values, hint, alt, from_input=i == 0))
+      elif (inlined := self._through_aliases(a, site.method)) is not None:
+        # Not made in any trace (a branch the sample does not take, as lm1b's learned
+        # position table at its default config): the user's own expression, its locals
+        # inlined, each input size read from the call as the traces show it.
+        init_args.append(inlined)
       else:
         self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
         return updated
