@@ -2,6 +2,7 @@
 each on a small model written the way the real code writes it, checked against Linen's apply."""
 
 import inspect
+import typing as tp
 
 import jax
 import numpy as np
@@ -180,17 +181,32 @@ def test_a_setup_list_of_layers_of_several_classes_hf_regnet():
   _equal_to_linen(draft, x)
 
 
-def test_a_construction_through_a_local_choosing_a_class_is_a_todo_hf_resnet():
-  """Not a port that builds the Linen class (it did, with no TODO: 'unexpected name=')."""
-  x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
-  draft = lb.port.draft(models.ChosenClass(), x)
-  assert not draft.ok
-  reasons = {t.reason for t in draft.todos}
-  assert reasons == {
-    "a layer built through a local bound to a choice of classes (Squeeze if self.bottleneck "
-    "else ConvLayer): the draft does not choose between the ports; write the construction of "
-    "each port under the same condition"
-  }
+@pytest.mark.parametrize("layer_type", ["bottleneck", "basic"])
+def test_layers_built_through_a_local_choosing_their_class_hf_resnet(layer_type: str):
+  """`layer = Bottleneck if c else Basic`, then `layer(...)`: the port keeps the local, bound
+  to the port of the class the sample configuration builds."""
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.ChosenLayerStage(layer_type=layer_type), x, configs=())
+  assert draft.ok, draft.report()
+  _equal_to_linen(draft, x)
+
+
+def test_the_class_a_chosen_local_does_not_build_is_refused_by_name_not_built_wrong():
+  """The sample builds BottleneckLayer only: the port of a configuration choosing BasicLayer
+  raises, naming it, rather than building the bottleneck's port with the basic layer's
+  arguments (or the Linen class)."""
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.ChosenLayerStage(), x, configs=())
+  assert draft.ok, draft.report()
+  namespace: dict[str, object] = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  port_class = tp.cast(tp.Any, namespace["ChosenLayerStage"])
+  from flax import nnx
+
+  with pytest.raises(NotImplementedError, match="BasicLayer"):
+    port_class(layer_type="basic", rngs=nnx.Rngs(0))
+  chosen = [ch for ch in draft.changes if "BasicLayer" in ch.why]
+  assert len(chosen) == 1, draft.report()
 
 
 def _decoder_inputs():

@@ -17,6 +17,7 @@ import typing as tp
 from flax.core import meta
 
 from . import lazy_variables, standard_layers
+from .chosen_class import guard
 from .emit import construction
 from .factory_fields import signature_and_init
 from .hoist import Hoist
@@ -705,6 +706,14 @@ class Rewriter:
       ):
         # `self.layers = layers`, a list setup filled with layers: an nnx.List.
         updated = updated.with_changes(value=c.parse_expression(f"nnx.List({value.value})"))
+    choice = self.p.choices.get(id(value))
+    if choice is not None:
+      # `layer = A if c else B`: the port of the class the trace saw, behind a guard.
+      updated = updated.with_changes(value=c.Name(choice.drafted.__name__))
+      if choice.other is not choice.drafted:
+        test = self.p.code(tp.cast(tp.Any, original.value).test)
+        statement = c.parse_statement(guard(choice, test))
+        self.before.setdefault(id(self.stack[-1]), []).append(statement)
     name = self.p.renames.get(id(original))
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
