@@ -32,14 +32,33 @@ def test_partial_dense_layers_assigned_in_setup_hf_attention():
   _equal_to_linen(draft, x)
 
 
-def test_a_subclass_of_a_flax_layer_is_one_todo_naming_the_class_hf_opt():
+def test_a_subclass_of_nn_embed_with_its_own_setup_hf_opt():
+  """Its port subclasses nnx.Embed: `super().__call__` is nnx.Embed's, reading the inherited
+  fields the port's `__init__` takes (their defaults written out) and the variable its setup
+  makes."""
   positions = jax.numpy.arange(6).reshape(2, 3)
-  draft = lb.port.draft(models.UsesOffsetEmbed(), positions)  # no raw exception
+  draft = lb.port.draft(models.UsesOffsetEmbed(), positions)
+  assert draft.ok, draft.report()
+  assert "class OffsetEmbed(nnx.Embed):" in draft.source
+  assert "param_dtype=jnp.float32," in draft.source
+  _equal_to_linen(draft, positions)
+
+
+def test_other_subclasses_of_flax_layers_are_one_todo_naming_the_class():
+  ids = jax.numpy.arange(6).reshape(2, 3)
+  draft = lb.port.draft(models.UsesUndraftedSubclasses(), ids)  # no raw exception
   assert not draft.ok
-  (todo,) = draft.todos
-  assert "OffsetEmbed subclasses flax's own layer flax.linen.linear.Embed" in todo.reason
-  assert "nnx.Embed" in todo.reason and "def setup(self):" in todo.original
-  assert todo.line == inspect.getsourcelines(models.OffsetEmbed)[1]
+  reasons = {t.line: t.reason for t in draft.todos}
+  assert set(reasons) == {
+    inspect.getsourcelines(models.ShiftedEmbed)[1],
+    inspect.getsourcelines(models.ScaledDense)[1],
+  }
+  embed = reasons[inspect.getsourcelines(models.ShiftedEmbed)[1]]
+  assert "ShiftedEmbed subclasses flax's own layer flax.linen.linear.Embed" in embed
+  assert "without a setup of its own" in embed
+  dense = reasons[inspect.getsourcelines(models.ScaledDense)[1]]
+  assert "ScaledDense subclasses flax's own layer flax.linen.linear.Dense" in dense
+  assert "nnx.Linear" in dense
   compile(draft.source, "port.py", "exec")  # the drafted file parses
 
 

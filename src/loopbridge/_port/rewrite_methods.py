@@ -21,6 +21,7 @@ from .chosen_class import guard
 from .emit import construction
 from .factory_fields import signature_and_init
 from .hoist import Hoist
+from .layer_subclass import flax_layer_base, inherited_default, subclassable
 from .linen_api import VARIABLE_TYPES
 from .names import available, loop_targets, names_in
 from .records import Todo
@@ -1023,6 +1024,8 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         text, field_inits[f.name] = as_field
       elif node.value is not None:
         text += f" = {planner.rewrite_expr(planner.code(node.value))}"
+    elif (inherited := inherited_default(flax_layer_base(src.cls), f.name)) is not None:
+      text = f"{f.name}={inherited}"  # a field of the flax layer the class subclasses
     else:
       text = f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}"
     params.append(text)
@@ -1108,6 +1111,16 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         f"class ...({name})",
         "nnx.Module",
         "the base class",
+      )
+    elif subclassable(resolve(name, src.namespace)) is not None:
+      layer = tp.cast(tp.Any, subclassable(resolve(name, src.namespace))).nnx_name
+      bases.append(base.with_changes(value=c.parse_expression(f"nnx.{layer}")))
+      planner.change(
+        planner.positions[orig_class].start.line,
+        f"class ...({name})",
+        f"nnx.{layer}",
+        f"the base class: the methods the class inherits are nnx.{layer}'s, reading the "
+        "attributes its fields become; its own setup makes the variables",
       )
     else:
       bases.append(base)
