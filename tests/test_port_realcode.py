@@ -132,7 +132,6 @@ _POS = "a learned position embedding param sized from the input"
 _NOT_TRACED = "a config branch the sample does not take: its class is not traced"
 _MIXIN = "the port leaves out diffusers' ConfigMixin, whose self.config the model reads"
 _UNET = "a defect while drafting FlaxUNet2DConditionModel (one TODO for the class)"
-_CHOSEN = "a layer built through `layer = A if c else B` (a TODO)"
 
 CASES = {
   "Albert": (_hf("FlaxAlbertModel", "AlbertConfig", dict(embedding_size=16)), None),
@@ -170,7 +169,7 @@ CASES = {
       dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1]),
       _pixels,
     ),
-    _CHOSEN,
+    None,
   ),
   "RegNet": (
     _hf(
@@ -179,11 +178,11 @@ CASES = {
       dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8),
       _pixels,
     ),
-    _CHOSEN,
+    None,
   ),
   "OPT": (
     _hf("FlaxOPTModel", "OPTConfig", dict(ffn_dim=64, word_embed_proj_dim=32)),
-    "a subclass of flax's nn.Embed (one TODO for the class)",
+    None,
   ),
   "Gemma": (
     _hf("FlaxGemmaModel", "GemmaConfig", dict(num_key_value_heads=2, head_dim=8)),

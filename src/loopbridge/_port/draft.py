@@ -12,6 +12,7 @@ from flax import nnx
 from .. import _compat
 from .._diagnostics.compare_tolerance import HIGHEST
 from .._diagnostics.compare_tolerance import check_precision as check_precision_of
+from . import layer_subclass
 from .assemble import format_source, imports
 from .cache_idiom import add_method, size_caches
 from .check import convert, exec_source, run_check, unique_name
@@ -26,6 +27,7 @@ from .errors import (
   flax_layer,
   not_a_linen_module,
 )
+from .layer_subclass import flax_layer_base, subclassable, unsupported_reason
 from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
@@ -34,7 +36,6 @@ from .safety import (
   class_failed_reason,
   drafted_code_error,
   fallback_port,
-  flax_layer_base,
   subclassed_layer_reason,
   unparsable_reason,
 )
@@ -330,6 +331,7 @@ def draft(
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
   body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])
   homes = [(cls.__module__, sources[cls].namespace) for cls in classes]
+  homes.append(("jax", layer_subclass.NAMESPACE))  # what the ports of flax layers' subclasses read
   header = (
     f'"""NNX port of {type(linen_module).__module__}.{type(linen_module).__qualname__}, '
     'drafted from its Linen source."""\n\n'
@@ -375,7 +377,13 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
   """The port of one class; a failure or unparsable output is one TODO for that class."""
   base = flax_layer_base(src.cls)
   if base is not None:
-    return fallback_port(src, subclassed_layer_reason(src.cls, base))
+    why = (
+      unsupported_reason(src.cls, base)
+      if subclassable(base) is not None
+      else subclassed_layer_reason(src.cls, base)
+    )
+    if why is not None:
+      return fallback_port(src, why)
   helpers = set(ctx.helpers)
   try:
     port = port_class(src, ctx)

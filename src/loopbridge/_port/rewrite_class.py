@@ -16,6 +16,7 @@ from flax import linen as nn
 
 from . import standard_layers
 from .call_shapes import in_init
+from .chosen_class import Choice, plan_chosen_class
 from .find_sites import Site, counted_name, explicit_name, find_sites
 from .hoist import Hoist, handed_in, match_child
 from .names import assignment_counts, available, bound_in_methods, names_in
@@ -138,6 +139,7 @@ class Planner:
     self.lifted_locals: dict[tuple[str, str], Hoist] = {}
     # Layers made in nested loops (`rewrite_methods._plan_counter`), by id of their site:
     self.counter_plans: dict[int, Hoist] = {}
+    self.choices: dict[int, Choice] = {}  # id(`A if c else B` a local holds) -> its plan
     self.counter_nest: dict[int, tuple[str, list[str], int]] = {}  # list local, loop lines, depth
     self.scope_names: dict[int, set[str]] = {}  # names `__init__` has at the construction
     self.counter_inits: dict[int, list[str]] = {}  # id(outermost loop) -> its counters
@@ -312,8 +314,10 @@ class Planner:
 
   def _plan_construct(self, site: Site) -> None:
     if site.chosen_class is not None:
-      self.todo(site, CHOSEN_CLASS.format(choice=self.code(site.chosen_class)))
-      return
+      why = plan_chosen_class(self, site, CHOSEN_CLASS.format(choice=self.code(site.chosen_class)))
+      if why is not None:
+        self.todo(site, why)
+        return
     if site.factory_field is not None:
       made = {factory_class(getattr(i.module, site.factory_field, None)) for i in self.instances}
       if len(made) != 1 or None in made:

@@ -17,9 +17,11 @@ import typing as tp
 from flax.core import meta
 
 from . import lazy_variables, standard_layers
+from .chosen_class import guard
 from .emit import construction
 from .factory_fields import signature_and_init
 from .hoist import Hoist
+from .layer_subclass import flax_layer_base, inherited_default, subclassable
 from .linen_api import VARIABLE_TYPES
 from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
@@ -722,6 +724,14 @@ class Rewriter:
       ):
         # `self.layers = layers`, a list setup filled with layers: an nnx.List.
         updated = updated.with_changes(value=c.parse_expression(f"nnx.List({value.value})"))
+    choice = self.p.choices.get(id(value))
+    if choice is not None:
+      # `layer = A if c else B`: the port of the class the trace saw, behind a guard.
+      updated = updated.with_changes(value=c.Name(choice.drafted.__name__))
+      if choice.other is not choice.drafted:
+        test = self.p.code(tp.cast(tp.Any, original.value).test)
+        statement = c.parse_statement(guard(choice, test))
+        self.before.setdefault(id(self.stack[-1]), []).append(statement)
     name = self.p.renames.get(id(original))
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
@@ -1031,6 +1041,8 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         text, field_inits[f.name] = as_field
       elif node.value is not None:
         text += f" = {planner.rewrite_expr(planner.code(node.value))}"
+    elif (inherited := inherited_default(flax_layer_base(src.cls), f.name)) is not None:
+      text = f"{f.name}={inherited}"  # a field of the flax layer the class subclasses
     else:
       text = f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}"
     params.append(text)
@@ -1129,6 +1141,16 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         f"class ...({name})",
         "nnx.Module",
         "the base class",
+      )
+    elif subclassable(resolve(name, src.namespace)) is not None:
+      layer = tp.cast(tp.Any, subclassable(resolve(name, src.namespace))).nnx_name
+      bases.append(base.with_changes(value=c.parse_expression(f"nnx.{layer}")))
+      planner.change(
+        planner.positions[orig_class].start.line,
+        f"class ...({name})",
+        f"nnx.{layer}",
+        f"the base class: the methods the class inherits are nnx.{layer}'s, reading the "
+        "attributes its fields become; its own setup makes the variables",
       )
     else:
       bases.append(base)

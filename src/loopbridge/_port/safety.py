@@ -41,17 +41,6 @@ def unparsable_reason(cls: type, why: str) -> str:
   )
 
 
-def flax_layer_base(cls: type) -> type | None:
-  """The flax layer `cls` subclasses (HF OPT's `class ...Embedding(nn.Embed)`), if any: its
-  inherited fields, `super().__call__` and variables are that layer's, which the draft does not
-  translate member by member."""
-  from .standard_layers import is_linen_layer, lookup
-
-  # Only a layer of the table (nn.Embed, nn.Dense, ...): abstract bases such as
-  # nn.RNNCellBase hold no layer of their own.
-  return next((b for b in cls.__mro__[1:] if is_linen_layer(b) and lookup(b) is not None), None)
-
-
 def subclassed_layer_reason(cls: type, base: type) -> str:
   from .standard_layers import lookup
 
