@@ -4,6 +4,10 @@ transformers' and diffusers' Flax modules, flax's examples), for the drafting te
 Each class names the real code whose idiom it copies. A file, so their source is readable.
 """
 
+# The models keep the published code's lines as written: flax's `combine_masks` is typed
+# Optional (None only when every mask is None), which HF's attention does not narrow.
+# pyright: reportOptionalOperand=false, reportOptionalMemberAccess=false
+
 from functools import partial
 
 import flax.linen as nn

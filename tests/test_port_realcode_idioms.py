@@ -282,6 +282,7 @@ def test_hf_decode_cache_port_decodes_token_by_token_like_linen(jitted: bool):
   cache = model.init(jax.random.key(0), ids, mask, init_cache=True)["cache"]
   port(ids, mask, init_cache=True)
   linen_vars = {"params": variables["params"], "cache": cache}
+  got = None
   for i in range(ids.shape[1]):
     step = ids[:, i : i + 1]
     want, updates = model.apply(linen_vars, step, mask, mutable=["cache"])
@@ -290,6 +291,7 @@ def test_hf_decode_cache_port_decodes_token_by_token_like_linen(jitted: bool):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"decode step {i}")
   # The decode really used the cache: the last step attends to every earlier token.
   full = model.apply({"params": variables["params"]}, ids, mask)
+  assert got is not None  # the loop ran
   np.testing.assert_allclose(got[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
 
 

@@ -34,7 +34,9 @@ def plan_chosen_class(planner: Planner, site: Site, refused: str) -> str | None:
   generic reason, where the condition is not one `__init__` can evaluate on every instance)."""
   choice: tp.Any = site.chosen_class
   namespace = planner.init_namespace
-  branches = [resolve(dotted(v), planner.src.namespace) for v in (choice.body, choice.orelse)]
+  branches = [
+    tp.cast(type, resolve(dotted(v), planner.src.namespace)) for v in (choice.body, choice.orelse)
+  ]
   if not available(choice.test, namespace, set()):
     return refused
   test = planner.code(choice.test)

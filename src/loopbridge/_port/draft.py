@@ -330,7 +330,9 @@ def draft(
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
   body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])
-  homes = [(cls.__module__, sources[cls].namespace) for cls in classes]
+  homes: list[tuple[str, tp.Mapping[str, object]]] = [
+    (cls.__module__, sources[cls].namespace) for cls in classes
+  ]
   homes.append(("jax", layer_subclass.NAMESPACE))  # what the ports of flax layers' subclasses read
   header = (
     f'"""NNX port of {type(linen_module).__module__}.{type(linen_module).__qualname__}, '

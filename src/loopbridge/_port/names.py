@@ -132,8 +132,9 @@ def inline_aliases(node: cst.BaseExpression, aliases: tp.Mapping[str, str]) -> c
       return c.parse_expression(f"({code})")
 
   for _ in range(len(aliases) + 1):  # an alias may read an earlier one
-    if isinstance(node, c.Name) and node.value in aliases:  # the whole expression: no parens
-      node = c.parse_expression(aliases[node.value])
+    whole: str = tp.cast(tp.Any, node).value if isinstance(node, c.Name) else ""
+    if whole in aliases:  # the whole expression is one alias: no parentheses
+      node = c.parse_expression(aliases[whole])
       continue
     if not (names_in(node) & set(aliases)):
       return node

@@ -1142,8 +1142,8 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         "nnx.Module",
         "the base class",
       )
-    elif subclassable(resolve(name, src.namespace)) is not None:
-      layer = tp.cast(tp.Any, subclassable(resolve(name, src.namespace))).nnx_name
+    elif subclassable(tp.cast(tp.Any, resolve(name, src.namespace))) is not None:
+      layer = tp.cast(tp.Any, subclassable(tp.cast(tp.Any, resolve(name, src.namespace)))).nnx_name
       bases.append(base.with_changes(value=c.parse_expression(f"nnx.{layer}")))
       planner.change(
         planner.positions[orig_class].start.line,
