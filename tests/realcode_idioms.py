@@ -400,3 +400,54 @@ class UndeclaredVariableTest(nn.Module):
     if self.has_variable("cache", "elsewhere"):
       return x + 1
     return nn.Dense(4)(x)
+
+
+class SmallConfig:
+  """HF's `PretrainedConfig` in miniature: no dataclass, its settings in `to_dict()`, rebuilt
+  with `type(config)(**config.to_dict())`, and an alias name read as an attribute."""
+
+  def __init__(self, n_embd: int = 8, n_inner: int = 16, vocab_size: int = 20, **kwargs):
+    self.n_embd, self.n_inner, self.vocab_size = n_embd, n_inner, vocab_size
+
+  @property
+  def hidden_size(self) -> int:  # HF's attribute_map alias
+    return self.n_embd
+
+  def to_dict(self) -> dict:
+    return {"n_embd": self.n_embd, "n_inner": self.n_inner, "vocab_size": self.vocab_size}
+
+
+class ConfiguredConv1D(nn.Module):
+  """HF GPT-2's `FlaxConv1D`: the kernel takes its input width from the call."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, inputs):
+    kernel = self.param(
+      "kernel", jax.nn.initializers.normal(0.02), (self.features, inputs.shape[-1])
+    )
+    return jnp.dot(inputs, kernel.T)
+
+
+class ConfiguredMLP(nn.Module):
+  """HF GPT-2's MLP: widths from a config object, the hidden width read as an alias."""
+
+  config: SmallConfig
+
+  def setup(self):
+    self.embed = nn.Embed(self.config.vocab_size, self.config.hidden_size)
+    self.c_fc = ConfiguredConv1D(self.config.n_inner)
+    self.c_proj = ConfiguredConv1D(self.config.hidden_size)
+
+  def __call__(self, ids):
+    return self.c_proj(jax.nn.gelu(self.c_fc(self.embed(ids))))
+
+
+class StrictConfig(SmallConfig):
+  """A config whose constructor checks its values (HF's configs validate some settings)."""
+
+  def __init__(self, n_embd: int = 8, n_inner: int = 16, vocab_size: int = 20, **kwargs):
+    if n_inner != 2 * n_embd:
+      raise ValueError("n_inner must be 2 * n_embd")
+    super().__init__(n_embd, n_inner, vocab_size)

@@ -16,12 +16,13 @@ import typing as tp
 
 from flax import linen as nn
 
+from . import config_objects
 from .errors import PortError, bad_config
 from .records import Call, Change
 from .trace import Trace, trace
 
 # At most this many derived configurations are traced (each is one abstract init).
-MAX_DERIVED = 3
+MAX_DERIVED = 5
 
 
 def _scalable(value: object) -> bool:
@@ -30,10 +31,12 @@ def _scalable(value: object) -> bool:
 
 
 def _config_fields(value: object) -> list[str]:
-  """The scalable integer fields of a config dataclass (a field holding one)."""
-  if not dataclasses.is_dataclass(value) or isinstance(value, (type, nn.Module)):
-    return []
-  return [f.name for f in dataclasses.fields(value) if _scalable(getattr(value, f.name, None))]
+  """The scalable integer fields of a config dataclass (a field holding one), or the scalable
+  integer settings of a config object that rebuilds from its dict."""
+  if dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
+    return [f.name for f in dataclasses.fields(value) if _scalable(getattr(value, f.name, None))]
+  found = config_objects.settings(value)
+  return [] if found is None else [k for k, v in found.items() if _scalable(v)]
 
 
 def knobs(module: nn.Module) -> list[tuple[str, str | None]]:
@@ -57,7 +60,11 @@ def _changed(module: nn.Module, factors: dict[tuple[str, str | None], int]) -> n
       updates[field] = getattr(module, field) * factor
     else:
       inner = updates.get(field, getattr(module, field))
-      updates[field] = dataclasses.replace(inner, **{attr: getattr(inner, attr) * factor})  # pyright: ignore[reportArgumentType]
+      changed = {attr: getattr(inner, attr) * factor}
+      if dataclasses.is_dataclass(inner):
+        updates[field] = dataclasses.replace(inner, **changed)  # pyright: ignore[reportArgumentType]
+      else:  # a config object that rebuilds from its dict
+        updates[field] = config_objects.rebuilt(inner, changed)
   return module.clone(parent=None, **tp.cast(dict[str, tp.Any], updates))
 
 
@@ -71,10 +78,15 @@ def derived(module: nn.Module) -> list[nn.Module]:
   if not found:
     return []
   bits = max(1, len(found).bit_length())
-  out = [_changed(module, dict.fromkeys(found, 2))]
+  plans = [dict.fromkeys(found, 2)]
   for k in range(min(bits, MAX_DERIVED - 1)):
-    factors = {knob: 4 if (i + 1) >> k & 1 else 2 for i, knob in enumerate(found)}
-    out.append(_changed(module, factors))
+    plans.append({knob: 4 if (i + 1) >> k & 1 else 2 for i, knob in enumerate(found)})
+  out = []
+  for factors in plans:
+    try:
+      out.append(_changed(module, factors))
+    except Exception:  # a config that refuses these values (its own checks): evidence, not a must
+      continue
   return out
 
 

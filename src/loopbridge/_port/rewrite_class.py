@@ -546,23 +546,29 @@ class Planner:
     under the same parent; a derived configuration may make more of them)."""
     out: list[dict[tuple[str, ...], tuple[object, ...]]] = []
     first = next((kids[0].path[-1] for kids in hoist.children.values() if kids), "")
-    m = re.fullmatch(r"(.+)_(\d+)", first)
+    # `Dense_0, Dense_1, ...` as Linen numbers them, or `0, 1, ...` (HF's `name=str(i)`).
+    m = re.fullmatch(r"(?:(.+)_)?(\d+)", first)
+
+    def named(n: int) -> str:
+      assert m is not None
+      return str(n) if m.group(1) is None else f"{m.group(1)}_{n}"
+
     # Another construction numbered on after this one (a second loop of ResBlocks): the run
     # keeps the user's length, which then no field decides.
     cap = None
     for p, kids in hoist.children.items():
-      last = re.fullmatch(r".+_(\d+)", kids[-1].path[-1]) if kids else None
-      after = None if m is None or last is None else f"{m.group(1)}_{int(last.group(1)) + 1}"
+      last = re.fullmatch(r"(?:.+_)?(\d+)", kids[-1].path[-1]) if kids else None
+      after = None if m is None or last is None else named(int(last.group(1)) + 1)
       if after is not None and (*p, after) in self.ctx.trace.instances:
         cap = len(kids)
     for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
       found: dict[tuple[str, ...], tuple[object, ...]] = {}
       for p in parents if m is not None else ():
         assert m is not None
-        prefix, n = m.group(1), int(m.group(2))
+        n = int(m.group(2))
         layers = []
-        while (*p, f"{prefix}_{n}") in t.instances and (cap is None or len(layers) < cap):
-          layers.append(t.instances[(*p, f"{prefix}_{n}")])
+        while (*p, named(n)) in t.instances and (cap is None or len(layers) < cap):
+          layers.append(t.instances[(*p, named(n))])
           n += 1
         try:
           found[p] = tuple(get(k) for k in layers)

@@ -16,6 +16,7 @@ import typing as tp
 
 from flax import linen as nn
 
+from . import config_objects
 from .literals import literal
 
 Atom = tuple[str, tp.Callable[[object], object]]
@@ -45,15 +46,19 @@ def atoms(module: object) -> list[Atom]:
     if _int(value):
       out.append((f"self.{f.name}", lambda m, n=f.name: getattr(m, n, None)))
     elif dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
-      for g in dataclasses.fields(value):
-        if _int(getattr(value, g.name, None)):
-          out.append(
-            (
-              f"self.{f.name}.{g.name}",
-              lambda m, n=f.name, a=g.name: getattr(getattr(m, n, None), a, None),
-            )
-          )
+      names = [g.name for g in dataclasses.fields(value)]
+      out += _config_reads(f.name, value, names)
+    elif (found := config_objects.settings(value)) is not None:  # HF's PretrainedConfig
+      out += _config_reads(f.name, value, list(found))
   return out
+
+
+def _config_reads(field: str, config: object, names: tp.Sequence[str]) -> list[Atom]:
+  return [
+    (f"self.{field}.{a}", lambda m, n=field, a=a: getattr(getattr(m, n, None), a, None))
+    for a in names
+    if _int(getattr(config, a, None))
+  ]
 
 
 # `4 * self.emb_dim` (an MLP's hidden width): a read times a small constant.
