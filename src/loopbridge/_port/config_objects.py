@@ -19,10 +19,10 @@ def settings(value: object) -> dict[str, object] | None:
     return None
   try:
     found = to_dict()
-    type(value)(**found)
+    if not isinstance(found, dict):
+      return None
+    type(value)(**tp.cast(dict[str, tp.Any], found))
   except Exception:  # not a config of that kind: no evidence read from it
-    return None
-  if not isinstance(found, dict):
     return None
   # Only what reads back as set (a dict key that is no attribute is not `config.key`).
   return {k: v for k, v in found.items() if isinstance(k, str) and getattr(value, k, None) == v}
