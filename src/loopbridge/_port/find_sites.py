@@ -8,11 +8,11 @@ statement, so the rewrite can hoist or replace it.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import typing as tp
 
+from .literals import string_literal
 from .source import dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
@@ -55,11 +55,7 @@ class Site:
 def explicit_name(site: Site) -> str | None:
   for arg in site.node.args:
     if arg.keyword is not None and arg.keyword.value == "name":
-      try:
-        value = ast.literal_eval(libcst().Module([]).code_for_node(arg.value))
-      except (ValueError, SyntaxError):
-        return None
-      return value if isinstance(value, str) else None
+      return string_literal(arg.value)
   return None
 
 

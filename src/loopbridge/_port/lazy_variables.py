@@ -14,9 +14,9 @@ before the first call to be trained and converted, so a call-sized one stays a T
 
 from __future__ import annotations
 
-import ast
 import typing as tp
 
+from .literals import string_literal
 from .names import available
 from .source import dotted, libcst
 
@@ -24,19 +24,11 @@ if tp.TYPE_CHECKING:
   from .find_sites import Site
 
 
-def _literal(node: tp.Any) -> str | None:
-  try:
-    value = ast.literal_eval(libcst().Module([]).code_for_node(node))
-  except (ValueError, SyntaxError):
-    return None
-  return value if isinstance(value, str) else None
-
-
 def _collection_and_name(site: Site) -> tuple[str, str] | None:
   args = site.node.args
   if len(args) < 2 or any(a.keyword is not None or a.star for a in args[:2]):
     return None
-  col, name = _literal(args[0].value), _literal(args[1].value)
+  col, name = string_literal(args[0].value), string_literal(args[1].value)
   return None if col is None or name is None else (col, name)
 
 
@@ -46,7 +38,7 @@ def declared(sites: tp.Iterable[Site]) -> set[tuple[str, str]]:
   for s in sites:
     if s.kind == "variable" and (pair := _collection_and_name(s)) is not None:
       found.add(pair)
-    elif s.kind == "param" and s.node.args and (name := _literal(s.node.args[0].value)):
+    elif s.kind == "param" and s.node.args and (name := string_literal(s.node.args[0].value)):
       found.add(("params", name))
   return found
 
@@ -111,4 +103,4 @@ def _single_key(subscript: tp.Any) -> str | None:
   c = libcst()
   if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, c.Index):
     return None
-  return _literal(subscript.slice[0].slice.value)
+  return string_literal(subscript.slice[0].slice.value)

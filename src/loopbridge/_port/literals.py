@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import typing as tp
 
 import numpy as np
+
+from .source import libcst
 
 
 def literal(value: object) -> str | None:
@@ -30,3 +33,12 @@ def literal(value: object) -> str | None:
   else:
     return None
   return text
+
+
+def string_literal(node: tp.Any) -> str | None:
+  """The string a libcst expression spells literally (`"cache"`, `'0'`), else None."""
+  try:
+    value = ast.literal_eval(libcst().Module([]).code_for_node(node))
+  except (ValueError, SyntaxError):
+    return None
+  return value if isinstance(value, str) else None

@@ -8,7 +8,6 @@ that keeps the original lines and raises, so a port with a TODO can never pass i
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import textwrap
@@ -23,6 +22,7 @@ from .factory_fields import signature_and_init
 from .hoist import Hoist
 from .layer_subclass import flax_layer_base, inherited_default, subclassable
 from .linen_api import VARIABLE_TYPES
+from .literals import string_literal
 from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
 from .removed_lines import removed_line
@@ -31,14 +31,6 @@ from .source import ClassSource, dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
   import libcst as cst
-
-
-def _string(node: cst.BaseExpression) -> str | None:
-  try:
-    value = ast.literal_eval(libcst().Module([]).code_for_node(node))
-  except (ValueError, SyntaxError):
-    return None
-  return value if isinstance(value, str) else None
 
 
 def _loop_index(planner: Planner, loop: tp.Any) -> tuple[str, str | None]:
@@ -438,7 +430,7 @@ class Rewriter:
   def _param(self, site, original, updated):
     c = libcst()
     args = original.args
-    name = _string(args[0].value) if args else None
+    name = string_literal(args[0].value) if args else None
     if name is None or len(args) < 2:
       self._mark("self.param without a literal name and an initializer")
       return updated
@@ -497,8 +489,8 @@ class Rewriter:
   def _variable(self, site, original, updated):
     c = libcst()
     args = original.args
-    col = _string(args[0].value) if args else None
-    name = _string(args[1].value) if len(args) > 1 else None
+    col = string_literal(args[0].value) if args else None
+    name = string_literal(args[1].value) if len(args) > 1 else None
     if col is None or name is None or len(args) < 3:
       self._mark("self.variable without a literal collection, name and init function")
       return updated
@@ -565,7 +557,7 @@ class Rewriter:
       )
       return c.parse_expression("False")
     if api == "make_rng":
-      stream = _string(original.args[0].value) if original.args else "params"
+      stream = string_literal(original.args[0].value) if original.args else "params"
       if stream is None or not stream.isidentifier():
         self._mark("self.make_rng with a stream name that is not a literal identifier")
         return updated
@@ -578,7 +570,7 @@ class Rewriter:
       )
       return c.parse_expression(f"self.rngs.{stream}()")
     if api == "sow":
-      col = _string(original.args[0].value) if original.args else None
+      col = string_literal(original.args[0].value) if original.args else None
       if col != "intermediates":
         self._mark(f"self.sow into the collection {col!r} (NNX sows nnx.Intermediate here)")
         return updated
@@ -598,7 +590,7 @@ class Rewriter:
     if api == "has_variable":
       args = original.args
       pair = (
-        (_string(args[0].value), _string(args[1].value))
+        (string_literal(args[0].value), string_literal(args[1].value))
         if len(args) == 2 and not any(a.keyword or a.star for a in args)
         else (None, None)
       )
@@ -1142,8 +1134,8 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         "nnx.Module",
         "the base class",
       )
-    elif subclassable(tp.cast(tp.Any, resolve(name, src.namespace))) is not None:
-      layer = tp.cast(tp.Any, subclassable(tp.cast(tp.Any, resolve(name, src.namespace)))).nnx_name
+    elif (spec := subclassable(tp.cast(tp.Any, resolve(name, src.namespace)))) is not None:
+      layer = spec.nnx_name
       bases.append(base.with_changes(value=c.parse_expression(f"nnx.{layer}")))
       planner.change(
         planner.positions[orig_class].start.line,
