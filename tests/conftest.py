@@ -70,6 +70,11 @@ def child_env(*front_paths: str, drop: tp.Sequence[str] = ()) -> dict[str, str]:
   """
   env = {k: v for k, v in os.environ.items() if k not in drop}
   env["JAX_PLATFORMS"] = "cpu"
+  # JAX's start-up warning on a stock TPU VM is printed by any process importing JAX there,
+  # whatever its platform; tests that read a child's stderr would read it as the child's own.
+  # (The same filter as pyproject's filterwarnings; PYTHONWARNINGS matches a message's start.)
+  quiet = "ignore:Transparent hugepages are not enabled"
+  env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), quiet) if w)
   paths = [*front_paths, env.get("PYTHONPATH", "")]
   env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
   return env

@@ -19,7 +19,7 @@ from flax import nnx
 import loopbridge as lb
 from loopbridge import _compat
 
-from conftest import matmul_tolerance
+from conftest import full_precision_tolerance, matmul_tolerance
 
 D, H, G, K, F, V, LAYERS = 8, 4, 2, 4, 16, 11, 2
 
@@ -290,7 +290,15 @@ def _linen_decode(params, prompt):
 @pytest.mark.slow
 @pytest.mark.parametrize("rules", [None, RULES], ids=["evidence", "rules"])
 def test_decode_steps_are_equal_with_a_kv_cache_on_both_sides(rules):
-  rtol, atol = matmul_tolerance(1e-5, 1e-5)
+  # At full matmul precision, as loopbridge's own checks run: at a TPU's default (one bfloat16
+  # pass) stepping and the full-sequence call of this trained-like model already differ by
+  # 0.12 in plain Linen, before any conversion.
+  with jax.default_matmul_precision("highest"):
+    _decode_steps_are_equal(rules)
+
+
+def _decode_steps_are_equal(rules):
+  rtol, atol = full_precision_tolerance(1e-5, 1e-5)
   linen = LinenLM()
   variables = _trained_like(linen.init(jax.random.key(1), TOKENS))
   reference = _linen_decode(variables["params"], PROMPT)
