@@ -145,7 +145,7 @@ def _linen_calls(
   try:
     with nn.intercept_methods(interceptor):
       stored = jax.eval_shape(
-        lambda: module.init(rngs, *sample_args, method=method, **(sample_kwargs or {}))
+        lambda: nn.Module.init(module, rngs, *sample_args, method=method, **(sample_kwargs or {}))
       )
   except Exception as e:
     raise CheckpointError(

@@ -96,8 +96,8 @@ def _linen_apply(
     return out
 
   with nn.intercept_methods(interceptor):
-    out, _ = module.apply(
-      tp.cast(dict, variables), *args, method=method, mutable=True, rngs=_rngs(), **kwargs
+    out, _ = nn.Module.apply(
+      module, tp.cast(dict, variables), *args, method=method, mutable=True, rngs=_rngs(), **kwargs
     )
   return out, records
 
@@ -512,7 +512,9 @@ class Sides:
     def call(module: nn.Module) -> object:
       return module(*record.args, **record.kwargs)
 
-    out, _ = module.apply(tp.cast(dict, unflatten(below)), method=call, mutable=True, rngs=_rngs())
+    out, _ = nn.Module.apply(
+      module, tp.cast(dict, unflatten(below)), method=call, mutable=True, rngs=_rngs()
+    )
     return out
 
 

@@ -116,7 +116,7 @@ def run(ns: argparse.Namespace) -> int:
   args = inputs.sample_inputs(specs, ns.seed)
   try:
     with progress("initializing the Linen model"):
-      variables = module.init(jax.random.key(ns.seed), *args)
+      variables = linen.Module.init(module, jax.random.key(ns.seed), *args)
   except Exception as e:
     raise CliError(
       f"OLD_TARGET {type(module).__name__} cannot run on the given inputs "

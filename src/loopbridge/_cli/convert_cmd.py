@@ -148,11 +148,14 @@ def _abstract_variables(
   `described` is the sample call as given on the command line, for the error message.
   """
   import jax
+  from flax import linen as nn
 
   key = jax.random.key(0)  # a dropout stream too, for a sample call in training mode
   try:
     return jax.eval_shape(
-      lambda: module.init({"params": key, "dropout": key}, *samples, method=method, **kwargs)
+      lambda: nn.Module.init(
+        module, {"params": key, "dropout": key}, *samples, method=method, **kwargs
+      )
     )
   except Exception as e:
     call = f"{method or '__call__'}({described})"

@@ -457,7 +457,7 @@ def record(
     recorder = Recorder()
 
     def run():
-      return module.apply(variables, *args, mutable=mutable, **kwargs)
+      return nn.Module.apply(module, variables, *args, mutable=mutable, **kwargs)
   else:
     copy = _instrumented_copy(subject)
     recorder = Recorder()

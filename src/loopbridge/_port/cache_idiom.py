@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import typing as tp
 
+from flax import linen as nn
 from flax import nnx
 from flax.traverse_util import flatten_dict
 
@@ -68,7 +69,7 @@ def size_caches(
 
     module, call = sample
     made = jax.eval_shape(
-      lambda: module.init(rng_streams(()), *call.args, method=call.method, **call.kwargs)
+      lambda: nn.Module.init(module, rng_streams(()), *call.args, method=call.method, **call.kwargs)
     )
     cache = made.get("cache", {})
   keys = [v for k, v in flatten_dict(dict(cache)).items() if k[-1] == "cached_key"]  # pyright: ignore[reportArgumentType, reportCallIssue]

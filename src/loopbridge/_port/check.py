@@ -145,7 +145,7 @@ def convert(
     dict(tp.cast(tp.Mapping[str, tp.Any], variables.get("cache", {})))
   )
   sample = jax.eval_shape(
-    lambda: linen_module.init(rng_streams(()), *call.args, method=call.method, **kwargs)
+    lambda: nn.Module.init(linen_module, rng_streams(()), *call.args, method=call.method, **kwargs)
   )
   sized: dict[tp.Any, tp.Any] = flatten_dict(dict(sample.get("cache", {})))
   if not given or {k: v.shape for k, v in sized.items()} == {

@@ -74,7 +74,8 @@ def _runs_in_linen(module: nn.Module, variables: tp.Mapping[str, object], call: 
   mutable = [c for c in variables if c != "params"] or False
   try:
     jax.eval_shape(
-      lambda: module.apply(
+      lambda: nn.Module.apply(
+        module,
         tp.cast(tp.Any, variables),
         *call.args,
         method=call.method,
@@ -113,8 +114,8 @@ def at_config(
   precision: str,
 ) -> Check:
   """The port built at a derived configuration against Linen there, on the sample call."""
-  variables = linen_module.init(
-    rng_streams(()), *sample.args, method=sample.method, **sample.kwargs
+  variables = nn.Module.init(
+    linen_module, rng_streams(()), *sample.args, method=sample.method, **sample.kwargs
   )
   size_caches(port, variables, (linen_module, sample))
   convert(linen_module, variables, port, sample, precision)

@@ -159,8 +159,8 @@ class Draft:
     if variables is None:
       sample = self.calls[0]
       streams = rng_streams(())
-      variables = self.linen_module.init(
-        streams, *sample.args, method=sample.method, **sample.kwargs
+      variables = nn.Module.init(
+        self.linen_module, streams, *sample.args, method=sample.method, **sample.kwargs
       )
       object.__setattr__(self, "variables", variables)
     port = self.build()

@@ -137,7 +137,7 @@ def trace(
   for method, args, kwargs in calls:
     try:
       with nn.intercept_methods(interceptor):
-        jax.eval_shape(lambda: module.init(rngs, *args, method=method, **kwargs))  # noqa: B023
+        jax.eval_shape(lambda: nn.Module.init(module, rngs, *args, method=method, **kwargs))  # noqa: B023
     except PortError:
       raise
     except _Defect as e:
