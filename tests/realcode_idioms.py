@@ -451,3 +451,49 @@ class StrictConfig(SmallConfig):
     if n_inner != 2 * n_embd:
       raise ValueError("n_inner must be 2 * n_embd")
     super().__init__(n_embd, n_inner, vocab_size)
+
+
+class CrossBlock(nn.Module):
+  """A block with a setting the other kind of block lacks (diffusers' cross-attention blocks)."""
+
+  features: int
+  heads: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features * self.heads)(x)
+
+
+class PlainBlock(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return jnp.tanh(nn.Dense(self.features)(x))
+
+
+class BranchedBlockList(nn.Module):
+  """diffusers' UNet: each block's class chosen by a branch in a loop, settings read from a
+  setup local, the blocks appended to one list."""
+
+  kinds: tuple[str, ...] = ("cross", "plain")
+  widths: tuple[int, ...] = (8, 12)
+  heads: int = 2
+
+  def setup(self):
+    heads = self.heads
+    if isinstance(heads, int):
+      heads = (heads,) * len(self.kinds)
+    blocks = []
+    for i, kind in enumerate(self.kinds):
+      if kind == "cross":
+        block = CrossBlock(features=self.widths[i], heads=heads[i])
+      else:
+        block = PlainBlock(features=self.widths[i])
+      blocks.append(block)
+    self.blocks = blocks
+
+  def __call__(self, x):
+    for block in self.blocks:
+      x = block(x)
+    return x

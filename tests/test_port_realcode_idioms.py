@@ -335,3 +335,12 @@ def test_a_config_refusing_the_derived_values_is_no_evidence_not_an_error():
   assert draft.ok, draft.report()
   assert all(c[0].config.n_inner == 2 * c[0].config.n_embd for c in draft.configs)
   _equal_to_linen(draft, ids)
+
+
+def test_blocks_of_two_classes_chosen_in_a_loop_diffusers_unet():
+  """A setting only one of the classes has (`heads`, read from a setup local) is read from the
+  traced blocks of that class alone."""
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.BranchedBlockList(), x)
+  assert draft.ok, draft.report()
+  _equal_to_linen(draft, x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing as tp
+from functools import partial
 
 from . import standard_layers
 from .find_sites import Site
@@ -12,6 +13,7 @@ from .hoist import Hoist, match_child
 from .literals import literal
 from .names import available, loop_targets, names_in
 from .source import libcst
+from .trace import Instance
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -46,6 +48,16 @@ def bind(site: Site, cls: type) -> tuple[dict[str, cst.BaseExpression], str | No
       bound[arg.keyword.value] = arg.value
   del c
   return bound, None
+
+
+def _field_of(cls: type, field: str, kid: Instance) -> object:
+  """The traced value of `field` on one element of a list the construction fills.
+
+  A list can hold blocks of several classes, each built by its own branch (diffusers' UNet
+  chooses a cross-attention or a plain block per stage): an element of another class was not
+  built here, so this construction has no value for it (None; its index never reaches it).
+  """
+  return getattr(kid.module, field) if isinstance(kid.module, cls) else None
 
 
 def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str | None, str]:
@@ -88,7 +100,7 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
     elif layer is not None and field in layer.call_time and site.outer_call is not None:
       moved.append(f"{field}={code}")
     else:
-      values[field] = planner.traced(hoist, lambda k, f=field: getattr(k.module, f), field, index)
+      values[field] = planner.traced(hoist, partial(_field_of, cls, field), field, index)
   if site.factory_field is not None:
     # `self.conv(8)` with `conv = partial(nn.Conv, use_bias=False)`: what the partial binds is
     # read from the submodule the trace saw.
