@@ -8,6 +8,9 @@ Each class names the real code whose idiom it copies. A file, so their source is
 # Optional (None only when every mask is None), which HF's attention does not narrow.
 # pyright: reportOptionalOperand=false, reportOptionalMemberAccess=false
 
+import dataclasses
+import types
+import typing as tp
 from functools import partial
 
 import flax.linen as nn
@@ -497,3 +500,50 @@ class BranchedBlockList(nn.Module):
     for block in self.blocks:
       x = block(x)
     return x
+
+
+class ConfigLike:
+  """diffusers' ConfigMixin: the model's dataclass fields, read back through `self.config`."""
+
+  @property
+  def config(self) -> types.SimpleNamespace:
+    fields = dataclasses.fields(tp.cast(tp.Any, self))
+    return types.SimpleNamespace(
+      **{f.name: getattr(self, f.name) for f in fields if f.name not in ("parent", "name")}
+    )
+
+
+class ReadsItsConfig(nn.Module, ConfigLike):
+  """diffusers' VAE: widths read through the config mixin in setup and in the call; a dropout
+  made in setup is called with `deterministic` by position."""
+
+  features: int = 8
+  scale: float = 2.0
+  rate: float = 0.5
+
+  def setup(self):
+    self.dense = nn.Dense(self.config.features)
+    self.dropout_layer = nn.Dropout(self.rate)
+
+  def __call__(self, x, deterministic: bool = True):
+    h = self.dropout_layer(self.dense(x), deterministic)
+    return h * self.config.scale
+
+
+class ShortcutWhenWidened(nn.Module):
+  """diffusers' ResnetBlock2D: `self.conv_shortcut = None`, then a layer in its place when the
+  block changes the width."""
+
+  features: int = 8
+
+  def setup(self):
+    self.dense = nn.Dense(self.features)
+    self.conv_shortcut = None
+    if self.features != 4:
+      self.conv_shortcut = nn.Dense(self.features)
+
+  def __call__(self, x):
+    h = self.dense(x)
+    if self.conv_shortcut is not None:
+      x = self.conv_shortcut(x)
+    return x + h

@@ -129,8 +129,6 @@ def _diffusers(kind: str):
 
 # The reasons below are the TODOs (or the check's verdict) the draft gives today.
 _NOT_TRACED = "a config branch the sample does not take: its class is not traced"
-_MIXIN = "the port leaves out diffusers' ConfigMixin, whose self.config the model reads"
-_UNET = "a defect while drafting FlaxUNet2DConditionModel (one TODO for the class)"
 
 CASES = {
   "Albert": (_hf("FlaxAlbertModel", "AlbertConfig", dict(embedding_size=16)), None),
@@ -196,8 +194,8 @@ CASES = {
     ),
     None,
   ),
-  "UNet2DCondition": (_diffusers("unet"), _UNET),
-  "AutoencoderKL": (_diffusers("vae"), _MIXIN),
+  "UNet2DCondition": (_diffusers("unet"), None),
+  "AutoencoderKL": (_diffusers("vae"), None),
 }
 
 

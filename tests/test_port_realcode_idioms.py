@@ -344,3 +344,30 @@ def test_blocks_of_two_classes_chosen_in_a_loop_diffusers_unet():
   draft = lb.port.draft(models.BranchedBlockList(), x)
   assert draft.ok, draft.report()
   _equal_to_linen(draft, x)
+
+
+def test_fields_read_through_a_config_mixin_and_a_dropout_called_by_position_diffusers_vae():
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.ReadsItsConfig(), x)
+  assert draft.ok, draft.report()
+  assert "self.config" not in draft.source.split("class ReadsItsConfig")[1]
+  assert "self.dropout_layer(self.dense(x), deterministic=deterministic)" in draft.source
+  _equal_to_linen(draft, x)
+
+
+def test_an_attribute_set_to_none_then_to_a_layer_in_setup_diffusers_resnet():
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.ShortcutWhenWidened(features=8), x)
+  assert draft.ok, draft.report()
+  assert "self.conv_shortcut = nnx.data(None)" in draft.source or not hasattr(nnx, "data")
+  _equal_to_linen(draft, x)
+
+
+def test_a_layer_only_another_configuration_builds_is_not_called_equal():
+  """At features=4 the sample never builds the shortcut; the derived configuration does, and
+  the check there finds the layer the draft could not size, so the draft is not called
+  equal."""
+  x = jax.random.normal(jax.random.key(0), (2, 4))
+  draft = lb.port.draft(models.ShortcutWhenWidened(features=4), x)
+  assert not draft.ok
+  assert "another configuration (features=8)" in draft.report()

@@ -19,6 +19,8 @@ from .call_shapes import in_init
 from .chosen_class import Choice, plan_chosen_class
 from .find_sites import Site, counted_name, explicit_name, find_sites
 from .hoist import Hoist, handed_in, match_child
+from .mixin_config import WHY as CONFIG_WHY
+from .mixin_config import mirrored_fields
 from .names import assignment_counts, available, bound_in_methods, names_in
 from .records import Change, Todo
 from .scan_lift import plan_scan
@@ -123,6 +125,9 @@ class Planner:
     shadowed = bound_in_methods(tp.cast(tp.Any, self.module.body[0]))
     self.init_namespace = {k: v for k, v in self.src.namespace.items() if k not in shadowed}
     self.instances = ctx.trace.of_class(port.cls)
+    # `self.config.NAME` reads of a field a config mixin mirrors (`mixin_config`).
+    self.config_mirror = mirrored_fields(port.cls, [i.module for i in self.instances])
+    self.config_reads: set[str] = set()  # those rewritten, each reported once
     alts = [{p: i for p, i in t.instances.items() if i.cls is port.cls} for t in ctx.alt_traces]
     root = ctx.trace.instances.get(())
     self.resolver = port.resolver = Resolver(
@@ -605,7 +610,19 @@ class Planner:
     for alias in self.ctx.linen_names:
       # Only the alias itself: `jax.nn.initializers` is jax's, not flax.linen's.
       code = re.sub(rf"(?<![\w.])({re.escape(alias)})\.([A-Za-z_][\w.]*)", sub, code)
-    return code
+    return re.sub(r"(?<![\w.])self\.config\.([A-Za-z_]\w*)\b", self._config_read, code)
+
+  def _config_read(self, m: re.Match[str]) -> str:
+    """`self.config.NAME` -> `self.NAME` for a field the model's config mixin mirrors."""
+    name = m.group(1)
+    if name not in self.config_mirror:
+      return m.group(0)
+    if name not in self.config_reads:
+      self.config_reads.add(name)
+      self.port.changes.append(
+        Change(self.src.file, self.src.first_line, m.group(0), f"self.{name}", CONFIG_WHY)
+      )
+    return f"self.{name}"
 
   def value_access(self, attr: str) -> str:
     return f"self.{attr}[...]" if self.ctx.modern else f"self.{attr}.value"

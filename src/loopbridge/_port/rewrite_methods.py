@@ -13,6 +13,7 @@ import functools
 import textwrap
 import typing as tp
 
+from flax import nnx
 from flax.core import meta
 
 from . import lazy_variables, standard_layers
@@ -259,6 +260,36 @@ class Rewriter:
 
   # --- expressions ------------------------------------------------------------------------
 
+  def _none_before_a_layer(self, original) -> bool:
+    """`self.X = None` in setup where setup also assigns a construction to `self.X`, on a flax
+    whose NNX tells static attributes from data (`nnx.data`)."""
+    c = libcst()
+    if self.method != "setup" or not hasattr(nnx, "data") or len(original.targets) != 1:
+      return False
+    if not (isinstance(original.value, c.Name) and original.value.value == "None"):
+      return False
+    name = dotted(original.targets[0].target)
+    if name is None or not name.startswith("self.") or name.count(".") != 1:
+      return False
+    return any(s.kind == "construct" and s.setup_attr == name[5:] for s in self.p.sites)
+
+  def _setup_layer_call(self, original, updated):
+    """`self.dropout_layer(x, deterministic)`, a flax layer made in setup and called in a
+    method: the positional arguments NNX takes by keyword get their keyword (None: no such
+    call)."""
+    name = dotted(original.func)
+    if name is None or not name.startswith("self.") or name.count(".") != 1:
+      return None
+    made = {
+      s.target
+      for s in self.p.sites
+      if s.kind == "construct" and s.setup_attr == name[5:] and not s.setup_list
+    }
+    if len(made) != 1:
+      return None
+    args = _keyworded(list(updated.args), tp.cast(type, made.pop()))
+    return updated.with_changes(args=args) if args != list(updated.args) else None
+
   def leave_Call(self, original, updated):
     c = libcst()
     key = id(original)
@@ -321,21 +352,12 @@ class Rewriter:
           extra_args.append(c.parse_expression(f"f({n}={value})").args[0])
         return updated.with_changes(args=[*updated.args, *extra_args])
       if h.site.outer_call is original:
-        args = list(updated.args)
-        layer = standard_layers.lookup(tp.cast(type, h.site.target))
-        if layer is not None:
-          positional = [a for a in args if a.keyword is None and not a.star]
-          names = standard_layers.call_keywords(
-            tp.cast(type, h.site.target), layer, len(positional)
-          )
-          args = [
-            a.with_changes(keyword=c.Name(n), equal=c.AssignEqual())
-            if a.keyword is None and not a.star and i < len(names) and (n := names[i])
-            else a
-            for i, a in enumerate(args)
-          ]
+        args = _keyworded(list(updated.args), tp.cast(type, h.site.target))
         extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
         return updated.with_changes(args=[*args, *extra])
+    layer_call = self._setup_layer_call(original, updated)
+    if layer_call is not None:
+      return layer_call
     site = self.p.site_of.get(key)
     if site is None:
       return updated
@@ -665,6 +687,10 @@ class Rewriter:
     head, _, rest = name.partition(".")
     if head in self.local_vars and rest == "value" and self.p.ctx.modern:
       return c.parse_expression(f"{head}[...]")
+    if head == "self" and rest.startswith("config."):
+      new = self.p.rewrite_expr(name)  # a field the model's config mixin mirrors
+      if new != name:
+        return c.parse_expression(new)
     if head == "self" and self.method != "setup":
       if rest in self.p.param_attrs:
         return c.parse_expression(self.p.value_access(self.p.param_attrs[rest]))
@@ -696,6 +722,16 @@ class Rewriter:
   def leave_Assign(self, original, updated):
     c = libcst()
     value = original.value
+    if self._none_before_a_layer(original):
+      # `self.conv_shortcut = None`, then `if ...: self.conv_shortcut = nn.Conv(...)`: an NNX
+      # attribute first set to None is static, and a module assigned to it later is refused.
+      self.p.change(
+        self.p.positions[original].start.line,
+        self.p.code(original),
+        f"{self.p.code(original.targets[0].target)} = nnx.data(None)",
+        "a module may replace this None later (nnx.data keeps the attribute a data slot)",
+      )
+      return updated.with_changes(value=c.parse_expression("nnx.data(None)"))
     if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
       elements = [value.elt] if isinstance(value, c.ListComp) else [e.value for e in value.elements]
       local = isinstance(updated.targets[0].target, c.Name)
@@ -1149,3 +1185,20 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   classdef = classdef.with_changes(bases=bases, body=classdef.body.with_changes(body=new_body))
   port.code = module.with_changes(body=[classdef]).code
   return port
+
+
+def _keyworded(args: list[tp.Any], cls: type) -> list[tp.Any]:
+  """A flax layer's call arguments, those Linen passes by position and NNX takes by keyword
+  (`nn.Dropout(r)(x, True)` -> `deterministic=True`) given their keyword."""
+  layer = standard_layers.lookup(cls)
+  if layer is None:
+    return args
+  c = libcst()
+  positional = [a for a in args if a.keyword is None and not a.star]
+  names = standard_layers.call_keywords(cls, layer, len(positional))
+  return [
+    a.with_changes(keyword=c.Name(n), equal=c.AssignEqual())
+    if a.keyword is None and not a.star and i < len(names) and (n := names[i])
+    else a
+    for i, a in enumerate(args)
+  ]
