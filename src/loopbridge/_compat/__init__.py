@@ -795,6 +795,27 @@ def nnx_vmap_needs_split_rngs() -> bool:
   return _stack_call_fails(nnx.vmap(lambda layer, x: layer(x), in_axes=(0, None), out_axes=0))
 
 
+@functools.cache
+def nnx_keeps_array_attributes() -> bool:
+  """Whether an NNX module may keep a plain jax/numpy array as an attribute.
+
+  flax 0.10's graph refuses one when the module is split ("Arrays leaves are not supported");
+  flax 0.11 and 0.12 keep it (as a leaf of the module's state). Decided by splitting one tiny
+  module that holds a numpy array, once.
+  """
+  import numpy as np
+
+  class Holder(nnx.Module):
+    def __init__(self) -> None:
+      self.constant = np.zeros(())
+
+  try:
+    nnx.split(Holder())
+  except ValueError:
+    return False
+  return True
+
+
 def no_eager_sharding() -> tp.ContextManager[object]:
   """Create Variables from existing arrays as they are, keeping partitioning as metadata only.
 
