@@ -861,15 +861,27 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     it = planner.code(loop.iter)
     if header is not None:
       it = f"enumerate({it})"
-    lines += [f"{h.attr} = []" for h in members]
+    locals_ = {id(h): _list_local(planner, h) for h in members}
+    lines += [f"{locals_[id(h)]} = []" for h in members]
     body = "".join(
-      f"{unit}{h.attr}.append({planner.hoisted_code[id(h.site.node)]})\n" for h in members
+      f"{unit}{locals_[id(h)]}.append({planner.hoisted_code[id(h.site.node)]})\n"
+      for h in members
     )
     lines.append(f"for {target} in {it}:\n{body}")
     for h in members:
-      lines.append(f"self.{h.attr} = {planner.list_of(h.attr)}")
+      lines.append(f"self.{h.attr} = {planner.list_of(locals_[id(h)])}")
       planner.port.attributes[h.attr] = planner.src.line(h.site.lines[0])
   return lines
+
+
+def _list_local(planner: Planner, hoist: Hoist) -> str:
+  """The local `__init__` fills with a loop's layers: the list's attribute name, unless that
+  name means something there (the layers' own class, `Encoder1DBlock_0, ...` making the list
+  `Encoder1DBlock`; a global; a local of the method)."""
+  clash = hoist.attr in planner.init_namespace or hoist.attr in planner.aliases.get(
+    hoist.site.method, {}
+  )
+  return f"{hoist.attr}_layers" if clash else hoist.attr
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -895,8 +907,7 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
   known = set(aliases)
   lines: list[str] = []
   unit = planner.module.default_indent
-  clash = hoist.attr in ns or hoist.attr in aliases
-  local = f"{hoist.attr}_layers" if clash else hoist.attr
+  local = _list_local(planner, hoist)
   # The nodes from the outermost loop down to the site's statement.
   path: list[tp.Any] = []
   node: tp.Any = site.node
