@@ -39,6 +39,7 @@ from .safety import (
   subclassed_layer_reason,
   unparsable_reason,
 )
+from .scanned_method import per_step_paths
 from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
@@ -362,7 +363,7 @@ def draft(
     calls=all_calls,
     variables=variables,
     filename=filename,
-    unpaired=_opaque_insides(traced),
+    unpaired=(*_opaque_insides(traced), *per_step_paths(traced, ctx.ported)),
     check_precision=check_precision,
     configs=tuple(
       (m, _init_kwargs(m, (), ctx, k))

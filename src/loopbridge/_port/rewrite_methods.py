@@ -16,6 +16,7 @@ import typing as tp
 from flax.core import meta
 
 from . import lazy_variables, standard_layers
+from .cell_carry import carry_call
 from .chosen_class import guard
 from .emit import construction
 from .factory_fields import signature_and_init
@@ -27,6 +28,7 @@ from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
 from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
+from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
@@ -170,6 +172,16 @@ class Rewriter:
           "NNX builds submodules in __init__; methods are plain methods",
         )
         continue
+      lift = linen_lift(orig, self.p.src.namespace)
+      if lift is not None:
+        lifted = lifted_method(self.p, updated, orig, lift)
+        if isinstance(lifted, str):
+          # The method as Linen wrote it, kept in a TODO block: no Linen transform runs on
+          # an NNX module.
+          todo = self._todo_block(original, [lifted])
+          return updated.with_changes(decorators=[], body=libcst().IndentedBlock(body=[todo]))
+        updated = lifted
+        continue
       kept.append(d)
     updated = updated.with_changes(decorators=kept)
     added = self.p.port.threaded.get(original.name.value, {})
@@ -265,6 +277,9 @@ class Rewriter:
     if key in self.p.todo_nodes:
       self._mark(self.p.todo_nodes[key])
       return updated
+    carry = carry_call(self.p, original, updated)
+    if carry is not None:
+      return c.parse_expression(carry)
     hoist = self.p.hoists.get(key)
     if hoist is not None:
       site = hoist.site
@@ -864,8 +879,7 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     locals_ = {id(h): _list_local(planner, h) for h in members}
     lines += [f"{locals_[id(h)]} = []" for h in members]
     body = "".join(
-      f"{unit}{locals_[id(h)]}.append({planner.hoisted_code[id(h.site.node)]})\n"
-      for h in members
+      f"{unit}{locals_[id(h)]}.append({planner.hoisted_code[id(h.site.node)]})\n" for h in members
     )
     lines.append(f"for {target} in {it}:\n{body}")
     for h in members:
