@@ -2,6 +2,7 @@
 model written the way the example writes it, checked against Linen's own apply."""
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -161,3 +162,134 @@ def test_initialize_carry_of_a_held_cell_takes_nnx_s_signature():
   assert not draft.todos, draft.report()
   assert "self.cell.initialize_carry(x[:, 0].shape, nnx.Rngs(jax.random.key(0)))" in draft.source
   _equal_to_linen(draft, x)
+
+
+class RNNThroughALocal(nn.Module):
+  """seq2seq's encoder: `encoder = nn.RNN(nn.LSTMCell(h), return_carry=True, name=...)` built
+  on one line and called on another."""
+
+  hidden_size: int = 5
+
+  @nn.compact
+  def __call__(self, x):
+    encoder = nn.RNN(nn.LSTMCell(self.hidden_size), return_carry=True, name="encoder")
+    (c, h), ys = encoder(x)
+    return c, h, ys
+
+
+def test_a_cell_built_inside_an_rnn_held_by_a_local_carries_its_input_width_seq2seq():
+  x = jax.random.normal(jax.random.key(0), (2, 4, 3))
+  draft = lb.port.draft(RNNThroughALocal(), x, check=False)
+  assert not draft.todos, draft.report()
+  assert "nnx.LSTMCell(3, self.hidden_size" in draft.source
+  _equal_to_linen(draft, x)
+
+
+class WidthFromTheCarryCell(nn.RNNCellBase):
+  """seq2seq's DecoderLSTMCell: a cell of the user's own whose LSTMCell is given `features`
+  (the decoder's input width) but runs on the encoder's carry, which Linen's LSTMCell takes
+  its hidden width from."""
+
+  features: int
+  vocab_size: int
+
+  @nn.compact
+  def __call__(self, carry, x):
+    carry, y = nn.LSTMCell(self.features)(carry, x)
+    return carry, nn.Dense(self.vocab_size)(y)
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1
+
+
+class EncoderDecoderRNN(nn.Module):
+  hidden_size: int = 5
+  vocab_size: int = 7
+
+  @nn.compact
+  def __call__(self, encoder_inputs, decoder_inputs):
+    encoder = nn.RNN(nn.LSTMCell(self.hidden_size), return_carry=True, name="encoder")
+    decoder = nn.RNN(
+      WidthFromTheCarryCell(decoder_inputs.shape[-1], self.vocab_size),
+      split_rngs={"params": False, "lstm": True},
+      name="decoder",
+    )
+    state, _ = encoder(encoder_inputs)
+    return decoder(decoder_inputs, initial_carry=state)
+
+
+def _encoder_decoder_inputs():
+  keys = jax.random.split(jax.random.key(0))
+  return jax.random.normal(keys[0], (2, 4, 3)), jax.random.normal(keys[1], (2, 3, 6))
+
+
+def test_an_rnn_of_a_user_cell_over_another_s_carry_seq2seq():
+  """The cell's port subclasses nnx.RNNCellBase (no Linen base left); its LSTMCell's hidden
+  width is the carry's (the encoder's hidden_size, passed in by the parent), not `features`;
+  `split_rngs={'params': False, 'lstm': True}` is what nnx.RNN does (a new key each step)."""
+  args = _encoder_decoder_inputs()
+  draft = lb.port.draft(EncoderDecoderRNN(), *args, check=False)
+  assert not draft.todos, draft.report()
+  assert "class WidthFromTheCarryCell(nnx.RNNCellBase):" in draft.source
+  assert "nn.RNN" not in draft.source and "nn.RNNCellBase" not in draft.source
+  assert "split_rngs" not in draft.source
+  _equal_to_linen(draft, *args)
+
+
+class AlwaysSamples(nn.Module):
+  """seq2seq's decoder samples its prediction from a stream on every call (no flag turns it
+  off): Linen and the port cannot draw the same numbers."""
+
+  @nn.compact
+  def __call__(self, x):
+    logits = nn.Dense(4)(x)
+    return logits, jax.random.categorical(self.make_rng("sample"), logits)
+
+
+def test_a_sample_call_that_draws_random_numbers_is_reported_as_such_seq2seq():
+  x = jax.random.normal(jax.random.key(0), (3, 5))
+  draft = lb.port.draft(AlwaysSamples(), x)
+  assert not draft.ok and not draft.todos
+  assert "self.rngs.sample()" in draft.source
+  why = draft.check.error or ""
+  assert "draws random numbers" in why and "'sample'" in why, draft.report()
+  assert "a call that draws nothing" in why
+
+
+class NoisyCell(nn.RNNCellBase):
+  @nn.compact
+  def __call__(self, carry, x):
+    return carry, x + jax.random.normal(self.make_rng("noise"), x.shape)
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1
+
+
+class SameNoiseEachStep(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    rnn = nn.RNN(NoisyCell(), split_rngs={"params": False, "noise": False})
+    return rnn(x, initial_carry=jnp.zeros(x.shape[:1]))
+
+
+def test_an_rnn_stream_kept_the_same_at_every_step_is_broadcast_or_a_todo():
+  """`split_rngs={'noise': False}`: Linen draws the same noise at every step; the port does
+  too (nnx.RNN's broadcast_rngs=) where this flax has it, else the construction is a TODO
+  saying what to write."""
+  from flax import nnx
+
+  x = jnp.zeros((2, 3, 4))
+  linen = SameNoiseEachStep().apply({}, x, rngs={"noise": jax.random.key(1)})
+  np.testing.assert_array_equal(linen[:, 0], linen[:, 1])
+  draft = lb.port.draft(SameNoiseEachStep(), x, check=False)
+  if "broadcast_rngs" not in inspect.signature(nnx.RNN.__init__).parameters:
+    (todo,) = draft.todos
+    assert "broadcast_rngs" in todo.reason and "by hand" in todo.reason
+    return
+  assert not draft.todos, draft.report()
+  assert 'broadcast_rngs=("noise",)' in draft.source.replace("'", '"')
+  out = draft.build(rngs=nnx.Rngs(0, noise=1))(x)
+  np.testing.assert_array_equal(out[:, 0], out[:, 1])
+  assert not np.allclose(out[:, 0], 0)

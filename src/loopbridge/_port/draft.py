@@ -28,6 +28,7 @@ from .errors import (
   not_a_linen_module,
 )
 from .layer_subclass import flax_layer_base, subclassable, unsupported_reason
+from .random_draws import explained
 from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
@@ -406,8 +407,14 @@ def _check(result: Draft) -> Check:
   try:
     built = result.port_and_variables()
   except Exception as e:
-    return build_failed(e)
-  return check_class(result, compare_built(result, *built), *built)
+    verdict = build_failed(e)
+  else:
+    verdict = check_class(result, compare_built(result, *built), *built)
+  if verdict.equal:
+    return verdict
+  # Unequal because the sample call samples (seq2seq's decoder): said so, with what to check.
+  sample = result.calls[0]
+  return explained(verdict, result.linen_module, result.variables, sample, result.source)
 
 
 def build_failed(error: Exception) -> Check:

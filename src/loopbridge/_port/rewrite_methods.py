@@ -21,7 +21,12 @@ from .chosen_class import guard
 from .emit import construction
 from .factory_fields import signature_and_init
 from .hoist import Hoist
-from .layer_subclass import flax_layer_base, inherited_default, subclassable
+from .layer_subclass import (
+  abstract_counterpart,
+  flax_layer_base,
+  inherited_default,
+  subclassable,
+)
 from .linen_api import VARIABLE_TYPES
 from .literals import string_literal
 from .names import available, inline_aliases, loop_targets, names_in
@@ -1168,6 +1173,14 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         f"nnx.{layer}",
         f"the base class: the methods the class inherits are nnx.{layer}'s, reading the "
         "attributes its fields become; its own setup makes the variables",
+      )
+    elif (abstract := abstract_counterpart(resolve(name, src.namespace))) is not None:
+      bases.append(base.with_changes(value=c.parse_expression(abstract)))
+      planner.change(
+        planner.positions[orig_class].start.line,
+        f"class ...({name})",
+        abstract,
+        f"the base class: {abstract} is NNX's counterpart of Linen's",
       )
     else:
       bases.append(base)

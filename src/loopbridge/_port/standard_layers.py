@@ -12,9 +12,11 @@ import dataclasses
 import inspect
 import typing as tp
 
+import jax
 from flax import linen as nn
 from flax import nnx
 
+from .rnn_rngs import split_rngs
 from .trace import Instance
 
 Widths = tp.Callable[[Instance], dict[str, object]]
@@ -54,8 +56,13 @@ def _einsum_bias(inst: Instance) -> dict[str, object]:
 
 
 def _cell(inst: Instance) -> dict[str, object]:
-  # A cell is called as cell(carry, x): the input width is the last axis of x.
-  return {"in_features": inst.width(arg=1)}
+  # A cell is called as cell(carry, x): the input width is the last axis of x. Linen's cells
+  # take their hidden width from the carry they are given (`features` only sizes
+  # `initialize_carry`); NNX's from `hidden_features`.
+  call = inst.inputs.get("__call__")
+  leaves = jax.tree.leaves(call[0][0]) if call and call[0] else []
+  shape = getattr(leaves[-1], "shape", None) if leaves else None
+  return {"in_features": inst.width(arg=1), "hidden_features": int(shape[-1]) if shape else None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +79,11 @@ class LayerMap:
   consumed: frozenset[str] = frozenset()  # Linen fields `widths` already accounts for
 
   helper: bool = False  # a class the draft writes itself (`helpers.py`), not flax's
+  # A Linen field NNX spells otherwise: field -> f(its code, NNX's parameter names) giving
+  # the NNX arguments, or why it is not drafted (`rnn_rngs.split_rngs`).
+  translated: tp.Mapping[str, tp.Callable[[str, set[str]], tuple[dict[str, str], str | None]]] = (
+    dataclasses.field(default_factory=dict)
+  )
 
   @property
   def nnx_class(self) -> type:
@@ -120,7 +132,7 @@ TABLE: dict[type, LayerMap] = {
   # Its layers are built from the constructions in the list it is given (`layers_0`, ...).
   nn.Sequential: LayerMap("Sequential"),
   # The cell is built by the construction passed as `cell=` (it is the RNN's child `cell`).
-  nn.RNN: LayerMap("RNN"),
+  nn.RNN: LayerMap("RNN", translated={"split_rngs": split_rngs}),
 }
 """Linen layer class -> its NNX mapping (nn.Sequential is not here yet)."""
 
