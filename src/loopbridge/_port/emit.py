@@ -11,7 +11,6 @@ from .find_sites import Site
 from .hoist import Hoist, match_child
 from .literals import literal
 from .names import available, loop_targets, names_in
-from .rnn_rngs import WHY as WHY_RNGS
 from .source import libcst
 
 if tp.TYPE_CHECKING:
@@ -206,12 +205,13 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     if field in layer.consumed or field in overridden:
       continue
     if field in layer.translated:
-      more, why = layer.translated[field](code, known)
+      how = layer.translated[field]
+      more, why = how.translate(code, known)
       if why is not None:
         return None, why
       args.update(more)
       new = ", ".join(f"{k}={v}" for k, v in more.items()) or "(dropped)"
-      planner.change(hoist.site.lines, f"{field}={code}", new, WHY_RNGS)
+      planner.change(hoist.site.lines, f"{field}={code}", new, how.why)
       continue
     target = layer.renames.get(field, field)
     if target not in known:

@@ -16,6 +16,7 @@ import jax
 from flax import linen as nn
 from flax import nnx
 
+from .rnn_rngs import WHY as SPLIT_RNGS_WHY
 from .rnn_rngs import split_rngs
 from .trace import Instance
 
@@ -66,6 +67,15 @@ def _cell(inst: Instance) -> dict[str, object]:
 
 
 @dataclasses.dataclass(frozen=True)
+class FieldTranslation:
+  """A Linen field with no NNX parameter of its name, and what NNX takes for it."""
+
+  # (the field's code, NNX's parameter names) -> (NNX arguments, or why it is not drafted)
+  translate: tp.Callable[[str, set[str]], tuple[dict[str, str], str | None]]
+  why: str  # the report's reason for the change
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerMap:
   """How one Linen layer class becomes its NNX counterpart."""
 
@@ -79,11 +89,8 @@ class LayerMap:
   consumed: frozenset[str] = frozenset()  # Linen fields `widths` already accounts for
 
   helper: bool = False  # a class the draft writes itself (`helpers.py`), not flax's
-  # A Linen field NNX spells otherwise: field -> f(its code, NNX's parameter names) giving
-  # the NNX arguments, or why it is not drafted (`rnn_rngs.split_rngs`).
-  translated: tp.Mapping[str, tp.Callable[[str, set[str]], tuple[dict[str, str], str | None]]] = (
-    dataclasses.field(default_factory=dict)
-  )
+  # A Linen field NNX spells otherwise: field -> how (`rnn_rngs.SPLIT_RNGS`).
+  translated: tp.Mapping[str, FieldTranslation] = dataclasses.field(default_factory=dict)
 
   @property
   def nnx_class(self) -> type:
@@ -132,7 +139,7 @@ TABLE: dict[type, LayerMap] = {
   # Its layers are built from the constructions in the list it is given (`layers_0`, ...).
   nn.Sequential: LayerMap("Sequential"),
   # The cell is built by the construction passed as `cell=` (it is the RNN's child `cell`).
-  nn.RNN: LayerMap("RNN", translated={"split_rngs": split_rngs}),
+  nn.RNN: LayerMap("RNN", translated={"split_rngs": FieldTranslation(split_rngs, SPLIT_RNGS_WHY)}),
 }
 """Linen layer class -> its NNX mapping (nn.Sequential is not here yet)."""
 
