@@ -29,6 +29,7 @@ from .errors import (
   not_a_linen_module,
 )
 from .layer_subclass import flax_layer_base, subclassable, unsupported_reason
+from .random_draws import explained
 from .records import Call, Change, Check, PortOf, Todo
 from .report import render
 from .rewrite_class import ClassPort, Context
@@ -40,6 +41,7 @@ from .safety import (
   subclassed_layer_reason,
   unparsable_reason,
 )
+from .scanned_method import per_step_paths
 from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
@@ -363,7 +365,7 @@ def draft(
     calls=all_calls,
     variables=variables,
     filename=filename,
-    unpaired=_opaque_insides(traced),
+    unpaired=(*_opaque_insides(traced), *per_step_paths(traced, ctx.ported)),
     check_precision=check_precision,
     configs=tuple(
       (m, _init_kwargs(m, (), ctx, k))
@@ -406,8 +408,14 @@ def _check(result: Draft) -> Check:
   try:
     built = result.port_and_variables()
   except Exception as e:
-    return build_failed(e)
-  return check_class(result, compare_built(result, *built), *built)
+    verdict = build_failed(e)
+  else:
+    verdict = check_class(result, compare_built(result, *built), *built)
+  if verdict.equal:
+    return verdict
+  # Unequal because the sample call samples (seq2seq's decoder): said so, with what to check.
+  sample = result.calls[0]
+  return explained(verdict, result.linen_module, result.variables, sample, result.source)
 
 
 def build_failed(error: Exception) -> Check:

@@ -139,8 +139,12 @@ def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str 
   the line that called it, as any construction.
   """
   trace = planner.ctx.trace
+  # The outer module runs it: called where the outer one is (`encoder = nn.RNN(nn.LSTMCell(8))`
+  # then `encoder(x)` a line below).
+  through = dataclasses.replace(inner, local_lines=[*inner.local_lines, *hoist.site.local_lines])
   children = {
-    p: [k for k in trace.children(p) if match_child(inner, planner.src, k)] for p in hoist.children
+    p: [k for k in trace.children(p) if match_child(through, planner.src, k)]
+    for p in hoist.children
   }
   record = Hoist(f"{hoist.attr}_{field}", inner, children, hoist.is_list)
   return construction(planner, record, index)
@@ -190,15 +194,36 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   params = layer.parameters()
   known = {p.name for p in params}
   args: dict[str, str] = {}
-  widths_seen = None
-  for kids in hoist.children.values():
-    if kids:
-      widths_seen = layer.widths(kids[0])
-      break
-  for name in widths_seen or {}:
+  kids = [k for ks in hoist.children.values() for k in ks]
+  widths_seen = layer.widths(kids[0]) if kids else {}
+  given = {layer.renames.get(f, f): f for f in values if f not in layer.consumed}
+  overridden: set[str] = set()
+  for name in widths_seen:
+    field = given.get(name)
+    if field is not None and all(
+      layer.widths(k).get(name) in (None, getattr(k.module, field, None)) for k in kids
+    ):
+      continue  # the field the user wrote says the same as the trace: its expression stays
     args[name] = planner.traced(hoist, lambda k, n=name: layer.widths(k)[n], name, index)
+    if field is not None:
+      overridden.add(field)
+      planner.change(
+        hoist.site.lines,
+        f"{field}={values[field]}",
+        f"{name}={args[name]}",
+        f"nn.{layer_name(hoist)} runs at the width of what it is given, not at its {field}=",
+      )
   for field, code in values.items():
-    if field in layer.consumed:
+    if field in layer.consumed or field in overridden:
+      continue
+    if field in layer.translated:
+      how = layer.translated[field]
+      more, why = how.translate(code, known)
+      if why is not None:
+        return None, why
+      args.update(more)
+      new = ", ".join(f"{k}={v}" for k, v in more.items()) or "(dropped)"
+      planner.change(hoist.site.lines, f"{field}={code}", new, how.why)
       continue
     target = layer.renames.get(field, field)
     if target not in known:

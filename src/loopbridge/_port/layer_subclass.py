@@ -50,6 +50,25 @@ def flax_layer_base(cls: type) -> type | None:
   return next((b for b in cls.__mro__[1:] if is_linen_layer(b) and lookup(b) is not None), None)
 
 
+def abstract_counterpart(base: object) -> str | None:
+  """`nnx.RNNCellBase` for Linen's `nn.RNNCellBase`: a flax base class holding no layer or
+  field of its own whose NNX namesake is an NNX module (the methods a subclass inherits are
+  NNX's: `initialize_carry`'s NNX signature, `num_feature_axes`)."""
+  from flax import linen as nn
+  from flax import nnx
+
+  if not (isinstance(base, type) and issubclass(base, nn.Module) and base is not nn.Module):
+    return None
+  if not base.__module__.startswith("flax.linen") or any(
+    f.name not in ("parent", "name") for f in dataclasses.fields(base)
+  ):
+    return None
+  counterpart = getattr(nnx, base.__name__, None)
+  if isinstance(counterpart, type) and issubclass(counterpart, nnx.Module):
+    return f"nnx.{base.__name__}"
+  return None
+
+
 def subclassable(base: type | None) -> Subclassable | None:
   return _table().get(base) if base is not None else None
 

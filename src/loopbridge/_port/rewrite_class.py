@@ -16,6 +16,7 @@ from flax import linen as nn
 
 from . import standard_layers
 from .call_shapes import in_init
+from .cell_carry import is_detached, plan_detached
 from .chosen_class import Choice, plan_chosen_class
 from .find_sites import Site, counted_name, explicit_name, find_sites
 from .hoist import Hoist, handed_in, match_child
@@ -69,6 +70,9 @@ class ClassPort:
   dropped: set[str] = dataclasses.field(default_factory=set)  # module-factory fields
   # method -> {call argument added: the factory field whose partial bound it in Linen}
   threaded: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+  # A method scanned by a Linen decorator (`scanned_method.py`): Linen records one call of the
+  # module per step, the port one call for the whole scan.
+  scans_a_method: bool = False
 
   def field_names(self) -> list[str]:
     return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
@@ -156,6 +160,8 @@ class Planner:
     self.parents = wrapper.resolve(libcst().metadata.ParentNodeProvider)
     self.site_of = {id(s.node): s for s in self.sites}
     self.hoisted_code: dict[int, str] = {}
+    # id(`initialize_carry` call) -> the detached cell it is made on (`cell_carry.py`)
+    self.carry_calls: dict[int, Site] = {}
     self.param_attrs: dict[str, str] = {}  # setup attribute -> param name (read as a value)
     self.var_attrs: dict[str, str] = {}  # setup attribute -> variable name (a Variable)
     self.declarations: list[str] = []  # `self.x = nnx.Param(...)` of the call methods
@@ -318,6 +324,9 @@ class Planner:
     return getattr(resolve(dotted(site.lift.func), self.src.namespace), "__name__", "")
 
   def _plan_construct(self, site: Site) -> None:
+    if is_detached(site):
+      plan_detached(self, site)
+      return
     if site.chosen_class is not None:
       why = plan_chosen_class(self, site, CHOSEN_CLASS.format(choice=self.code(site.chosen_class)))
       if why is not None:

@@ -17,17 +17,24 @@ from flax import nnx
 from flax.core import meta
 
 from . import lazy_variables, standard_layers
+from .cell_carry import carry_call
 from .chosen_class import guard
 from .emit import construction
 from .factory_fields import signature_and_init
 from .hoist import Hoist
-from .layer_subclass import flax_layer_base, inherited_default, subclassable
+from .layer_subclass import (
+  abstract_counterpart,
+  flax_layer_base,
+  inherited_default,
+  subclassable,
+)
 from .linen_api import VARIABLE_TYPES
 from .literals import string_literal
 from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
 from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
+from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
@@ -171,6 +178,16 @@ class Rewriter:
           "NNX builds submodules in __init__; methods are plain methods",
         )
         continue
+      lift = linen_lift(orig, self.p.src.namespace)
+      if lift is not None:
+        lifted = lifted_method(self.p, updated, orig, lift)
+        if isinstance(lifted, str):
+          # The method as Linen wrote it, kept in a TODO block: no Linen transform runs on
+          # an NNX module.
+          todo = self._todo_block(original, [lifted])
+          return updated.with_changes(decorators=[], body=libcst().IndentedBlock(body=[todo]))
+        updated = lifted
+        continue
       kept.append(d)
     updated = updated.with_changes(decorators=kept)
     added = self.p.port.threaded.get(original.name.value, {})
@@ -296,6 +313,9 @@ class Rewriter:
     if key in self.p.todo_nodes:
       self._mark(self.p.todo_nodes[key])
       return updated
+    carry = carry_call(self.p, original, updated)
+    if carry is not None:
+      return c.parse_expression(carry)
     hoist = self.p.hoists.get(key)
     if hoist is not None:
       site = hoist.site
@@ -897,15 +917,26 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     it = planner.code(loop.iter)
     if header is not None:
       it = f"enumerate({it})"
-    lines += [f"{h.attr} = []" for h in members]
+    locals_ = {id(h): _list_local(planner, h) for h in members}
+    lines += [f"{locals_[id(h)]} = []" for h in members]
     body = "".join(
-      f"{unit}{h.attr}.append({planner.hoisted_code[id(h.site.node)]})\n" for h in members
+      f"{unit}{locals_[id(h)]}.append({planner.hoisted_code[id(h.site.node)]})\n" for h in members
     )
     lines.append(f"for {target} in {it}:\n{body}")
     for h in members:
-      lines.append(f"self.{h.attr} = {planner.list_of(h.attr)}")
+      lines.append(f"self.{h.attr} = {planner.list_of(locals_[id(h)])}")
       planner.port.attributes[h.attr] = planner.src.line(h.site.lines[0])
   return lines
+
+
+def _list_local(planner: Planner, hoist: Hoist) -> str:
+  """The local `__init__` fills with a loop's layers: the list's attribute name, unless that
+  name means something there (the layers' own class, `Encoder1DBlock_0, ...` making the list
+  `Encoder1DBlock`; a global; a local of the method)."""
+  clash = hoist.attr in planner.init_namespace or hoist.attr in planner.aliases.get(
+    hoist.site.method, {}
+  )
+  return f"{hoist.attr}_layers" if clash else hoist.attr
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -931,8 +962,7 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
   known = set(aliases)
   lines: list[str] = []
   unit = planner.module.default_indent
-  clash = hoist.attr in ns or hoist.attr in aliases
-  local = f"{hoist.attr}_layers" if clash else hoist.attr
+  local = _list_local(planner, hoist)
   # The nodes from the outermost loop down to the site's statement.
   path: list[tp.Any] = []
   node: tp.Any = site.node
@@ -1179,6 +1209,14 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         f"nnx.{layer}",
         f"the base class: the methods the class inherits are nnx.{layer}'s, reading the "
         "attributes its fields become; its own setup makes the variables",
+      )
+    elif (abstract := abstract_counterpart(resolve(name, src.namespace))) is not None:
+      bases.append(base.with_changes(value=c.parse_expression(abstract)))
+      planner.change(
+        planner.positions[orig_class].start.line,
+        f"class ...({name})",
+        abstract,
+        f"the base class: {abstract} is NNX's counterpart of Linen's",
       )
     else:
       bases.append(base)

@@ -12,9 +12,12 @@ import dataclasses
 import inspect
 import typing as tp
 
+import jax
 from flax import linen as nn
 from flax import nnx
 
+from .rnn_rngs import WHY as SPLIT_RNGS_WHY
+from .rnn_rngs import split_rngs
 from .trace import Instance
 
 Widths = tp.Callable[[Instance], dict[str, object]]
@@ -54,8 +57,22 @@ def _einsum_bias(inst: Instance) -> dict[str, object]:
 
 
 def _cell(inst: Instance) -> dict[str, object]:
-  # A cell is called as cell(carry, x): the input width is the last axis of x.
-  return {"in_features": inst.width(arg=1)}
+  # A cell is called as cell(carry, x): the input width is the last axis of x. Linen's cells
+  # take their hidden width from the carry they are given (`features` only sizes
+  # `initialize_carry`); NNX's from `hidden_features`.
+  call = inst.inputs.get("__call__")
+  leaves = jax.tree.leaves(call[0][0]) if call and call[0] else []
+  shape = getattr(leaves[-1], "shape", None) if leaves else None
+  return {"in_features": inst.width(arg=1), "hidden_features": int(shape[-1]) if shape else None}
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldTranslation:
+  """A Linen field with no NNX parameter of its name, and what NNX takes for it."""
+
+  # (the field's code, NNX's parameter names) -> (NNX arguments, or why it is not drafted)
+  translate: tp.Callable[[str, set[str]], tuple[dict[str, str], str | None]]
+  why: str  # the report's reason for the change
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +89,8 @@ class LayerMap:
   consumed: frozenset[str] = frozenset()  # Linen fields `widths` already accounts for
 
   helper: bool = False  # a class the draft writes itself (`helpers.py`), not flax's
+  # A Linen field NNX spells otherwise: field -> how (`rnn_rngs.SPLIT_RNGS`).
+  translated: tp.Mapping[str, FieldTranslation] = dataclasses.field(default_factory=dict)
 
   @property
   def nnx_class(self) -> type:
@@ -120,7 +139,7 @@ TABLE: dict[type, LayerMap] = {
   # Its layers are built from the constructions in the list it is given (`layers_0`, ...).
   nn.Sequential: LayerMap("Sequential"),
   # The cell is built by the construction passed as `cell=` (it is the RNN's child `cell`).
-  nn.RNN: LayerMap("RNN"),
+  nn.RNN: LayerMap("RNN", translated={"split_rngs": FieldTranslation(split_rngs, SPLIT_RNGS_WHY)}),
 }
 """Linen layer class -> its NNX mapping (nn.Sequential is not here yet)."""
 
