@@ -252,6 +252,7 @@ def test_a_sample_call_that_draws_random_numbers_is_reported_as_such_seq2seq():
   draft = lb.port.draft(AlwaysSamples(), x)
   assert not draft.ok and not draft.todos
   assert "self.rngs.sample()" in draft.source
+  assert draft.check is not None
   why = draft.check.error or ""
   assert "draws random numbers" in why and "'sample'" in why, draft.report()
   assert "a call that draws nothing" in why

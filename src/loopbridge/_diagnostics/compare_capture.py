@@ -456,14 +456,18 @@ def record(
     mutable = sorted((set(variables) - {"params"}) | {"intermediates"})
     recorder = Recorder()
 
-    def run():
+    def run_linen():
       return nn.Module.apply(module, variables, *args, mutable=mutable, **kwargs)
+
+    run = run_linen
   else:
     copy = _instrumented_copy(subject)
     recorder = Recorder()
 
-    def run():
+    def run_nnx():
       return copy(*args, **kwargs)
+
+    run = run_nnx
 
   token = _RECORDER.set(recorder)
   try:
