@@ -1235,8 +1235,17 @@ def _keyworded(args: list[tp.Any], cls: type) -> list[tp.Any]:
   positional = [a for a in args if a.keyword is None and not a.star]
   names = standard_layers.call_keywords(cls, layer, len(positional))
   return [
-    a.with_changes(keyword=c.Name(n), equal=c.AssignEqual())
+    a.with_changes(keyword=c.Name(n), equal=_tight_equal())
     if a.keyword is None and not a.star and i < len(names) and (n := names[i])
     else a
     for i, a in enumerate(args)
   ]
+
+
+def _tight_equal() -> tp.Any:
+  """`=` of a keyword argument as black and ruff write it (`f(x=1)`): the draft has the same
+  formatting whether or not ruff is installed to format it."""
+  c = libcst()
+  return c.AssignEqual(
+    whitespace_before=c.SimpleWhitespace(""), whitespace_after=c.SimpleWhitespace("")
+  )
