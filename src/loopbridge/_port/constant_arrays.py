@@ -14,7 +14,6 @@ bound in a branch or a loop) is a TODO naming the attribute and the fix.
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 import typing as tp
 
 import jax
@@ -26,6 +25,7 @@ from .. import _compat
 from .names import names_in
 from .records import Change, Todo
 from .rewrite_class import ClassPort, Context
+from .rewrite_methods import todo_block
 from .source import dotted, libcst
 
 # What a Linen method reads through `self` that no property can read again.
@@ -102,7 +102,7 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
     lines = [s for s in _all_statements(setup) if attr in _self_targets(s)] or [original]
     code = "".join(wrapper.module.code_for_node(s) for s in lines).strip("\n")
     port.todos.append(Todo(port.source.file, line, text, code))
-    todos[id(drafted)] = _todo_block(text, code, port.source.file, line)
+    todos[id(drafted)] = todo_block(text, code, port.source.file, line)
   new_init = init.visit(_editor(remove, todos))
   body = list(classdef.body.body)
   at = next(i for i, s in enumerate(body) if s is init)
@@ -495,17 +495,6 @@ def _reason(attr: str, why: str) -> str:
     f"attribute (`Arrays leaves are not supported`), and a read-only property cannot recompute "
     f"it: {why}. Fix: {fix}"
   )
-
-
-def _todo_block(reason: str, code: str, file: str, line: int) -> tp.Any:
-  """The statement's TODO block, as the rewriter writes one (comment, original, raise)."""
-  c = libcst()
-  wrapped = textwrap.wrap(f"TODO(port): {reason}", 80) or [""]
-  comments = [f"# {wrapped[0]}", *(f"#   {w}" for w in wrapped[1:])]
-  comments += [f"#   | {ln}" for ln in code.splitlines()]
-  message = f"TODO(port) at {file.rsplit('/', 1)[-1]}:{line}"
-  stmt = c.parse_statement(f"raise NotImplementedError({message!r})\n")
-  return stmt.with_changes(leading_lines=[c.EmptyLine(comment=c.Comment(t)) for t in comments])
 
 
 def _edit_class() -> type:

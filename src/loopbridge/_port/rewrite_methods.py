@@ -113,19 +113,12 @@ class Rewriter:
     return updated
 
   def _todo_block(self, original, reasons: list[str]):
-    c = libcst()
     pos = self.p.positions[original]
     code = self.p.code(original).strip("\n")
     line = self.p.src.line(pos.start.line)
     reason = "; ".join(dict.fromkeys(reasons))
     self.p.port.todos.append(Todo(self.p.src.file, line, reason, code))
-    wrapped = textwrap.wrap(f"TODO(port): {reason}", 80) or [""]
-    comments = [f"# {wrapped[0]}", *(f"#   {w}" for w in wrapped[1:])]
-    comments += [f"#   | {ln}" for ln in code.splitlines()]
-    # The reason is in the comment and the report; the message says where (short, lint-clean).
-    message = f"TODO(port) at {self.p.src.file.rsplit('/', 1)[-1]}:{line}"
-    stmt = c.parse_statement(f"raise NotImplementedError({message!r})\n")
-    return stmt.with_changes(leading_lines=[c.EmptyLine(comment=c.Comment(t)) for t in comments])
+    return todo_block(reason, code, self.p.src.file, line)
 
   def _mark(self, reason: str) -> None:
     self.marks.setdefault(id(self.stack[-1]), []).append(reason)
@@ -1249,3 +1242,16 @@ def _tight_equal() -> tp.Any:
   return c.AssignEqual(
     whitespace_before=c.SimpleWhitespace(""), whitespace_after=c.SimpleWhitespace("")
   )
+
+
+def todo_block(reason: str, code: str, file: str, line: int) -> tp.Any:
+  """A TODO as the draft writes one: the reason and the original code as comments, then a
+  `raise` (the port fails loudly there). The reason is in the comment and the report; the
+  message says where (short, lint-clean)."""
+  c = libcst()
+  wrapped = textwrap.wrap(f"TODO(port): {reason}", 80) or [""]
+  comments = [f"# {wrapped[0]}", *(f"#   {w}" for w in wrapped[1:])]
+  comments += [f"#   | {ln}" for ln in code.splitlines()]
+  message = f"TODO(port) at {file.rsplit('/', 1)[-1]}:{line}"
+  stmt = c.parse_statement(f"raise NotImplementedError({message!r})\n")
+  return stmt.with_changes(leading_lines=[c.EmptyLine(comment=c.Comment(t)) for t in comments])
