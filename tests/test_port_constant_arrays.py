@@ -223,10 +223,13 @@ def test_what_a_property_cannot_recompute(module, attr, what, fix):
   draft = lb.port.draft(module, _x())  # never a raw exception
   assert f"def {attr}(self)" not in draft.source, draft.source
   todos = _array_todos(draft, attr)
-  if PROPERTIES:
+  if PROPERTIES or what == "param":
+    # A Param inside an expression in setup is a TODO on every flax: written in place, the
+    # port's attribute would hold the array and no Param (Dinov2's layer scale).
     assert len(todos) == 1, draft.report()
     assert what in todos[0].reason and fix in todos[0].reason, todos[0].reason
-    assert not _assigned(draft.source, attr), draft.source
+    if PROPERTIES:  # every line binding it is in the TODO block
+      assert not _assigned(draft.source, attr), draft.source
     assert not draft.ok
     assert "NotImplementedError" in tp.cast(lb.port.Check, draft.check).error
   else:

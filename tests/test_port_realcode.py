@@ -128,7 +128,10 @@ def _diffusers(kind: str):
 
 
 # The reasons below are the TODOs (or the check's verdict) the draft gives today.
-_NOT_TRACED = "a config branch the sample does not take: its class is not traced"
+_LAYER_SCALE = (
+  "`c * self.param(...)` assigned in setup: the port's attribute is the scaled array, "
+  "not the Param Linen stores"
+)
 
 CASES = {
   "Albert": (_hf("FlaxAlbertModel", "AlbertConfig", dict(embedding_size=16)), None),
@@ -157,8 +160,8 @@ CASES = {
   ),
   "ViT": (_hf("FlaxViTModel", "ViTConfig", VISION, _pixels), None),
   "CLIPVision": (_hf("FlaxCLIPVisionModel", "CLIPVisionConfig", VISION, _pixels), None),
-  "Beit": (_hf("FlaxBeitModel", "BeitConfig", VISION, _pixels), _NOT_TRACED),
-  "Dinov2": (_hf("FlaxDinov2Model", "Dinov2Config", VISION, _pixels), _NOT_TRACED),
+  "Beit": (_hf("FlaxBeitModel", "BeitConfig", VISION, _pixels), None),
+  "Dinov2": (_hf("FlaxDinov2Model", "Dinov2Config", VISION, _pixels), _LAYER_SCALE),
   "ResNet": (
     _hf(
       "FlaxResNetModel",

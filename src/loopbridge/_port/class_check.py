@@ -153,13 +153,18 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
       result.check_precision,
     )
     verdict = merged(verdict, more, "random inputs shaped as the sample")
-  if verdict.equal and result.configs:
-    other, _ = result.configs[0]
-    where = f"another configuration ({_describe(result.linen_module, other)})"
+  labels = result.config_labels or ("",) * len(result.configs)
+  checked = [0, *_branch_checks(labels)] if result.configs else []
+  for k in checked:
+    if not verdict.equal:
+      break
+    other, _ = result.configs[k]
+    described = labels[k] or _describe(result.linen_module, other)
+    where = f"another configuration ({described})"
     try:
       more = at_config(
         other,
-        result.build(config=1),
+        result.build(config=k + 1),
         sample,
         result.source,
         result.unpaired,
@@ -169,6 +174,18 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
       more = Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
     verdict = merged(verdict, more, where)
   return verdict
+
+
+def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
+  """The configurations to check besides the first scaled one: per branch configuration
+  (`branch_configs.py`), its first scaled variant (which also tests the widths of the classes
+  only the branch builds), or the branch at the user's numbers where that did not build."""
+  out: list[int] = []
+  for k, label in enumerate(labels):
+    if label and not label.endswith("scaled") and "scaled (" not in label:
+      scaled = next((j for j, other in enumerate(labels) if other == f"{label}, scaled"), None)
+      out.append(k if scaled is None else scaled)
+  return out
 
 
 def _describe(module: nn.Module, other: nn.Module) -> str:

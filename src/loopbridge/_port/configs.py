@@ -53,28 +53,39 @@ def knobs(module: nn.Module) -> list[tuple[str, str | None]]:
   return found
 
 
-def _changed(module: nn.Module, factors: dict[tuple[str, str | None], int]) -> nn.Module:
+def changed(module: nn.Module, values: dict[tuple[str, str | None], object]) -> nn.Module:
+  """`module` with each (field, config attribute or None) set to its value."""
   updates: dict[str, object] = {}
-  for (field, attr), factor in factors.items():
+  for (field, attr), value in values.items():
     if attr is None:
-      updates[field] = getattr(module, field) * factor
+      updates[field] = value
     else:
       inner = updates.get(field, getattr(module, field))
-      changed = {attr: getattr(inner, attr) * factor}
       if dataclasses.is_dataclass(inner):
-        updates[field] = dataclasses.replace(inner, **changed)  # pyright: ignore[reportArgumentType]
+        updates[field] = dataclasses.replace(inner, **{attr: value})  # pyright: ignore[reportArgumentType]
       else:  # a config object that rebuilds from its dict
-        updates[field] = config_objects.rebuilt(inner, changed)
+        updates[field] = config_objects.rebuilt(inner, {attr: value})
   return module.clone(parent=None, **tp.cast(dict[str, tp.Any], updates))
 
 
-def derived(module: nn.Module) -> list[nn.Module]:
-  """Other configurations of `module`: its integer fields (and its config's) scaled.
+def _changed(module: nn.Module, factors: dict[tuple[str, str | None], int]) -> nn.Module:
+  def value(field: str, attr: str | None) -> tp.Any:
+    inner = getattr(module, field)
+    return inner if attr is None else getattr(inner, attr)
+
+  return changed(module, {knob: value(*knob) * factor for knob, factor in factors.items()})
+
+
+def derived(
+  module: nn.Module, fixed: tp.Collection[tuple[str, str | None]] = ()
+) -> list[nn.Module]:
+  """Other configurations of `module`: its integer fields (and its config's) scaled, but those
+  in `fixed`.
 
   The first multiplies each by 2 (which most models build with); each next one multiplies the
   fields whose position has bit k set by 4 instead, so two fields differ in at least one.
   """
-  found = knobs(module)
+  found = [k for k in knobs(module) if k not in fixed]
   if not found:
     return []
   bits = max(1, len(found).bit_length())
@@ -98,23 +109,64 @@ def user_configs(module: nn.Module, configs: tp.Sequence[object]) -> list[nn.Mod
   return [tp.cast(nn.Module, c).clone(parent=None) for c in configs]
 
 
+def _input_sizes(sample: Call) -> set[int]:
+  """Every axis size of the sample call's arrays."""
+  import jax
+
+  leaves = jax.tree.leaves((sample.args, dict(sample.kwargs)))
+  # Arrays only: a `Mesh` has a `shape` too (a dict of axis names).
+  shapes = [leaf.shape for leaf in leaves if hasattr(leaf, "shape") and hasattr(leaf, "dtype")]
+  return {int(n) for shape in shapes for n in shape}
+
+
 def other_configs(
   module: nn.Module,
   configs: tp.Sequence[object] | None,
   sample: Call,
   streams: tp.Iterable[str],
-) -> list[tuple[nn.Module, Trace]]:
+) -> tuple[list[tuple[nn.Module, Trace]], list[tuple[str, str | None]]]:
   """Each other configuration whose sample call runs in Linen, with its trace (a derived one
-  that does not build, as a width that must divide another, is left out)."""
-  candidates = derived(module) if configs is None else user_configs(module, configs)
+  that does not build, as a width that must divide another, is left out); and the settings
+  kept as they are in the derived ones (those the sample's input fixes)."""
+  if configs is not None:
+    return _traced(user_configs(module, configs), sample, streams, strict=True), []
+  out = _traced(derived(module), sample, streams)
+  if out:
+    return out, []
+  # None builds: a setting the sample's input fixes (`num_channels` of the image a model
+  # checks) changed with the rest. Keep each such suspect (a number equal to an axis of the
+  # input) as it is, one at a time, then all together.
+  sizes = _input_sizes(sample)
+  suspects = [k for k in knobs(module) if _value(module, k) in sizes]
+  for fixed in [*([s] for s in suspects), suspects if len(suspects) > 1 else []]:
+    candidates = derived(module, fixed) if fixed else []
+    first = _traced(candidates[:1], sample, streams)
+    if first:
+      return first + _traced(candidates[1:], sample, streams, start=len(first)), fixed
+  return [], []
+
+
+def _value(module: nn.Module, knob: tuple[str, str | None]) -> object:
+  field, attr = knob
+  inner = getattr(module, field, None)
+  return inner if attr is None else getattr(inner, attr, None)
+
+
+def _traced(
+  candidates: tp.Sequence[nn.Module],
+  sample: Call,
+  streams: tp.Iterable[str],
+  strict: bool = False,
+  start: int = 0,
+) -> list[tuple[nn.Module, Trace]]:
   out: list[tuple[nn.Module, Trace]] = []
   for other in candidates:
     try:
       traced = trace(
-        other, [(sample.method, sample.args, dict(sample.kwargs))], streams, len(out) + 1
+        other, [(sample.method, sample.args, dict(sample.kwargs))], streams, start + len(out) + 1
       )
     except PortError:
-      if configs is not None:
+      if strict:
         raise
       continue
     out.append((other, traced))

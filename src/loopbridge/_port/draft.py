@@ -14,10 +14,11 @@ from .._diagnostics.compare_tolerance import HIGHEST
 from .._diagnostics.compare_tolerance import check_precision as check_precision_of
 from . import layer_subclass
 from .assemble import format_source, imports
+from .branch_configs import branch_configs
 from .cache_idiom import add_method, size_caches
 from .check import convert, exec_source, run_check, unique_name
 from .class_check import check_class
-from .configs import literal_notes, other_configs
+from .configs import derived, literal_notes, other_configs
 from .constant_arrays import as_properties
 from .errors import (
   PortError,
@@ -103,6 +104,9 @@ class Draft:
   configs: tuple[tuple[nn.Module, dict[str, object]], ...] = dataclasses.field(
     repr=False, default=()
   )
+  # Per entry of `configs`: '' for a scaled one, else the setting a branch configuration
+  # changed (`branch_configs.py`), which the check also runs the port at.
+  config_labels: tuple[str, ...] = dataclasses.field(repr=False, default=())
 
   @property
   def ok(self) -> bool:
@@ -201,10 +205,41 @@ class Draft:
     return path
 
 
-def _user_classes(root: nn.Module, traced) -> list[type]:
-  """User-written Linen classes of the trace, children before the classes that build them."""
+def _port_all(
+  classes: list[type],
+  sources: dict[type, ClassSource],
+  traced,
+  alt_traces: list,
+  variables: tp.Mapping[str, object] | None,
+) -> Context:
+  """Port every class (children first) with the traces as evidence."""
+  linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
+  ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
+  ctx.alt_traces = list(alt_traces)
+  for cls in classes:
+    ctx.ported[cls] = _port_one(sources[cls], ctx)
+    if ctx.caches.get(cls):
+      ctx.ported[cls].code = add_method(ctx.ported[cls].code, ctx.caches[cls])
+    hidden = shadowing(ctx.ported[cls].field_names())
+    if hidden:
+      ctx.ported[cls].code = renamed(ctx.ported[cls].code, hidden)
+      source = sources[cls]
+      ctx.ported[cls].changes += shadowing_changes(source.file, source.first_line, hidden)
+  return ctx
+
+
+def _work_left(ctx: Context | None, classes: list[type] | None) -> bool:
+  """A TODO, or a construction no trace made, in any class ported."""
+  if ctx is None or classes is None:
+    return False
+  ports = [ctx.ported[cls] for cls in classes]
+  return any(p.todos or (p.resolver is not None and p.resolver.untraced) for p in ports)
+
+
+def _user_classes(root: nn.Module, traces) -> list[type]:
+  """User-written Linen classes of the traces, children before the classes that build them."""
   depth: dict[type, int] = {}
-  for inst in traced.instances.values():
+  for inst in (i for t in traces for i in t.instances.values()):
     if not is_linen_layer(inst.cls):
       depth[inst.cls] = max(depth.get(inst.cls, -1), len(inst.path))
   depth.setdefault(type(root), 0)
@@ -314,21 +349,43 @@ def draft(
   root_source = read_class(type(linen_module))
   streams = set()
   traced = trace(linen_module, [(c.method, c.args, dict(c.kwargs)) for c in all_calls], streams)
-  classes = _user_classes(linen_module, traced)
-  sources = {cls: read_class(cls) for cls in classes}
-  linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
-  ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
-  others = other_configs(linen_module, configs, all_calls[0], streams)
-  ctx.alt_traces = [t for _, t in others]
-  for cls in classes:
-    ctx.ported[cls] = _port_one(sources[cls], ctx)
-    if ctx.caches.get(cls):
-      ctx.ported[cls].code = add_method(ctx.ported[cls].code, ctx.caches[cls])
-    hidden = shadowing(ctx.ported[cls].field_names())
-    if hidden:
-      ctx.ported[cls].code = renamed(ctx.ported[cls].code, hidden)
-      source = sources[cls]
-      ctx.ported[cls].changes += shadowing_changes(source.file, source.first_line, hidden)
+  others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
+  labels: tuple[str, ...] = ("",) * len(others)
+  branch_traces: list = []  # the branch configurations' traces (classes are found there too)
+  ctx = classes = sources = None
+  # First the classes the traces saw. Where that leaves work undone, the settings the
+  # sources read are changed one at a time (`branch_configs.py`): first for classes no trace
+  # saw; then, if TODOs or untraced constructions remain, for any submodule or variable the
+  # user's configuration does not make; the classes are ported again with that evidence.
+  for mode in ("classes", "paths"):
+    if mode == "paths" and (configs is not None or not _work_left(ctx, classes)):
+      break
+    classes = _user_classes(linen_module, [traced, *branch_traces])
+    sources = {cls: read_class(cls) for cls in classes}
+    branches = (
+      []
+      if configs is not None
+      else branch_configs(
+        linen_module,
+        sources,
+        [traced, *(t for _, t in others)],
+        all_calls[0],
+        streams,
+        len(others) + 1,
+        lambda m: derived(m, fixed),
+        read_class,
+        mode,
+      )
+    )
+    if mode == "paths" and not branches:
+      break
+    labels += tuple(label for _, _, label in branches)
+    others += [(m, t) for m, t, _ in branches]
+    branch_traces += [t for _, t, _ in branches]
+    classes = _user_classes(linen_module, [traced, *branch_traces])
+    sources = {cls: sources.get(cls) or read_class(cls) for cls in classes}
+    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables)
+  assert ctx is not None and classes is not None and sources is not None
   from .helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
@@ -371,6 +428,9 @@ def draft(
       (m, _init_kwargs(m, (), ctx, k))
       for k, (m, _) in enumerate(others, 1)
       if () in ctx.alt_traces[k - 1].instances
+    ),
+    config_labels=tuple(
+      label for k, label in enumerate(labels, 1) if () in ctx.alt_traces[k - 1].instances
     ),
   )
   if check:

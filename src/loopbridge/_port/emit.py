@@ -22,8 +22,16 @@ if tp.TYPE_CHECKING:
 Planner = tp.Any
 
 
-def bind(site: Site, cls: type) -> tuple[dict[str, cst.BaseExpression], str | None]:
-  """Linen field -> argument expression of a construction, or an error text."""
+def bind(
+  site: Site,
+  cls: type,
+  dicts: tp.Mapping[str, list[tuple[str, cst.BaseExpression]]] | None = None,
+) -> tuple[dict[str, cst.BaseExpression], str | None]:
+  """Linen field -> argument expression of a construction, or an error text.
+
+  `dicts`: the method's locals assigned once from a dict written out (`inits =
+  dict(kernel_init=...)`), whose `**inits` binds each of its keys (big_vision's MLP block).
+  """
   c = libcst()
   fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
   bound: dict[str, cst.BaseExpression] = {}
@@ -38,6 +46,10 @@ def bind(site: Site, cls: type) -> tuple[dict[str, cst.BaseExpression], str | No
       + [a for a in given if a.keyword is not None]
     )
   for i, arg in enumerate(given):
+    if arg.star == "**" and isinstance(arg.value, c.Name) and arg.value.value in (dicts or {}):
+      for key, value in (dicts or {})[arg.value.value]:
+        bound[key] = value
+      continue
     if arg.star:
       return {}, "a construction with *args/**kwargs (the draft binds arguments one by one)"
     if arg.keyword is None:
@@ -64,12 +76,15 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   """(`nnx.Linear(24, 32, rngs=rngs)`, '') or (None, why it cannot be written)."""
   site = hoist.site
   cls = tp.cast(type, site.target)
-  bound, error = bind(site, cls)
+  bound, error = bind(site, cls, planner.dict_locals(site.method))
   if error:
     return None, error
   aliases = planner.aliases.get(site.method, {})
   extra = loop_targets(site.loop) | planner.comprehension_targets(site) | set(aliases)
   extra |= planner.scope_names.get(id(site.node), set())
+  if site.method == "setup" and site.loop is None and site.comp is None:
+    # Setup's body runs in `__init__` as written: its locals are there at the construction.
+    extra |= planner.setup_locals()
   ns = planner.init_namespace
   values: dict[str, str] = {}
   moved: list[str] = []
@@ -138,7 +153,7 @@ def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str 
   Linen adopts it where it was built (a sibling, `OptimizedLSTMCell_0`); the trace pairs it by
   the line that called it, as any construction.
   """
-  trace = planner.ctx.trace
+  trace = planner.trace
   # The outer module runs it: called where the outer one is (`encoder = nn.RNN(nn.LSTMCell(8))`
   # then `encoder(x)` a line below).
   through = dataclasses.replace(inner, local_lines=[*inner.local_lines, *hoist.site.local_lines])
@@ -153,7 +168,7 @@ def _nested(planner: Planner, hoist: Hoist, inner: Site, field: str, index: str 
 def _sequential(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str | None, str]:
   """`nn.Sequential([a, f, b])` -> `nnx.Sequential(a', f, b')`, each module built as Linen's
   `layers_i` (i its position in the list; a plain function such as `nn.relu` stays one)."""
-  trace = planner.ctx.trace
+  trace = planner.trace
   by_node = {id(s.node): s for s in planner.sites if s.nested_in is hoist.site.node}
   arg = hoist.site.node.args[0].value if hoist.site.node.args else None
   elements = getattr(arg, "elements", None)
@@ -195,6 +210,9 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   known = {p.name for p in params}
   args: dict[str, str] = {}
   kids = [k for ks in hoist.children.values() for k in ks]
+  # None of the user's instances made it (a branch): which widths it needs, from another
+  # configuration that did (their values come from there too, `Planner.traced`).
+  kids = kids or planner.alt_made(hoist)
   widths_seen = layer.widths(kids[0]) if kids else {}
   given = {layer.renames.get(f, f): f for f in values if f not in layer.consumed}
   overridden: set[str] = set()

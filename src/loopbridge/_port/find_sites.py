@@ -31,6 +31,8 @@ class Site:
   target: object = None  # the resolved class / function
   outer_call: tp.Any = None  # `nn.Dense(4)(x)`: the call of the construction
   guards: list[tuple[tp.Any, bool]] = dataclasses.field(default_factory=list)  # (if test, else)
+  # The `if`s around the outermost loop the site is in (its layers exist only where they hold).
+  loop_guards: list[tuple[tp.Any, bool]] = dataclasses.field(default_factory=list)
   inner_lift: tp.Any = None  # `nn.scan(block)` over `block = nn.remat(Block)`: the remat call
   local: str | None = None  # `dense = nn.Dense(4)`: the local the construction is assigned to
   local_lines: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # its calls
@@ -114,17 +116,21 @@ def find_sites(
   from flax import linen as nn
 
   conditions: dict[int, list[tuple[tp.Any, bool]]] = {}
+  outer_conditions: dict[int, list[tuple[tp.Any, bool]]] = {}
   loops_of: dict[int, list[tp.Any]] = {}
 
   def context(node) -> tuple[str, tp.Any, int, bool, tp.Any]:
     method, loop, depth, cond, stmt = "", None, 0, False, None
     n = node
     guards: list[tuple[tp.Any, bool]] = []
+    outer: list[tuple[tp.Any, bool]] = []
     found_loops: list[tp.Any] = []
     while n in parents:
       child, n = n, parents[n]
       if isinstance(n, c.If) and loop is None:
         guards.append((n.test, child is n.orelse))
+      elif isinstance(n, c.If):
+        outer.append((n.test, child is n.orelse))
       elif isinstance(n, c.IfExp) and child is not n.test:
         guards.append((None, False))  # a conditional expression: decided by presence
       if isinstance(n, (c.SimpleStatementLine, c.For, c.If, c.While, c.With)) and stmt is None:
@@ -139,6 +145,8 @@ def find_sites(
         method = n.name.value
         break
     conditions[id(node)] = guards
+    # Only the `if`s outside the outermost loop (one between two loops is a counter's own).
+    outer_conditions[id(node)] = outer if len(found_loops) <= 1 else []
     loops_of[id(node)] = found_loops
     return method, loop, depth, cond, stmt
 
@@ -355,6 +363,7 @@ def find_sites(
         site.nested_index = [e.value for e in seq.elements].index(site.node)
         site.setup_attr, site.setup_list = None, False
     site.guards = conditions.get(id(site.node), [])
+    site.loop_guards = outer_conditions.get(id(site.node), [])
     site.loops = loops_of.get(id(site.node), [])
     if site.local is not None:
       site.local_lines = local_calls.get((site.method, site.local), [])

@@ -88,6 +88,26 @@ def factory_class(value: object) -> type | None:
   return func if isinstance(func, type) and issubclass(func, nn.Module) else None
 
 
+def _dict_items(node: tp.Any) -> list[tuple[str, tp.Any]] | None:
+  """(key, value) of `dict(a=1, b=2)` or `{"a": 1, "b": 2}`, else None."""
+  c = libcst()
+  if isinstance(node, c.Call) and isinstance(node.func, c.Name) and node.func.value == "dict":
+    if all(a.keyword is not None and not a.star for a in node.args):
+      return [(a.keyword.value, a.value) for a in node.args]
+    return None
+  if isinstance(node, c.Dict):
+    items = []
+    for el in node.elements:
+      if not isinstance(el, c.DictElement) or not isinstance(el.key, c.SimpleString):
+        return None
+      text = el.key.evaluated_value
+      if not isinstance(text, str) or not text.isidentifier():
+        return None
+      items.append((text, el.value))
+    return items
+  return None
+
+
 def _list_run(names: list[str]) -> tuple[str, int, int] | None:
   """`('Dense', 0, 1)` for `['Dense_0', 'Dense_1']`, `('Conv', 1, 2)` for `['Conv_1',
   'Conv_2']` (the names a loop made, in order, numbered on), else None."""
@@ -129,10 +149,20 @@ class Planner:
     shadowed = bound_in_methods(tp.cast(tp.Any, self.module.body[0]))
     self.init_namespace = {k: v for k, v in self.src.namespace.items() if k not in shadowed}
     self.instances = ctx.trace.of_class(port.cls)
+    alts = [{p: i for p, i in t.instances.items() if i.cls is port.cls} for t in ctx.alt_traces]
+    # The trace the class's own instances come from: the user's, or for a class only a config
+    # branch builds (`branch_configs.py`), the first configuration that built it (whose
+    # instances are then not evidence twice).
+    self.trace = ctx.trace
+    if not self.instances:
+      home = next((k for k, found in enumerate(alts) if found), None)
+      if home is not None:
+        self.trace = ctx.alt_traces[home]
+        self.instances = list(alts[home].values())
+        alts[home] = {}
     # `self.config.NAME` reads of a field a config mixin mirrors (`mixin_config`).
     self.config_mirror = mirrored_fields(port.cls, [i.module for i in self.instances])
     self.config_reads: set[str] = set()  # those rewritten, each reported once
-    alts = [{p: i for p, i in t.instances.items() if i.cls is port.cls} for t in ctx.alt_traces]
     root = ctx.trace.instances.get(())
     self.resolver = port.resolver = Resolver(
       self.instances, port.field_names(), alts, root is not None and root.cls is port.cls
@@ -219,20 +249,28 @@ class Planner:
     """
     if not site.guards:
       return None
-    aliases = self.aliases.get(site.method, {})
-    if all(
-      t is not None and available(t, self.init_namespace, set(aliases)) for t, _ in site.guards
-    ):
-      parts = []
-      for test, negated in reversed(site.guards):
-        self.used_aliases.update(n for n in names_in(test) if n in aliases)
-        code = self.code(test)
-        parts.append(f"not ({code})" if negated else code)
-      return " and ".join(f"({p})" if len(parts) > 1 else p for p in parts)
+    written = self.written_guard(site.guards, site.method)
+    if written is not None:
+      return written
     values = list(present.values())
     if all(values):
       return None
     return self.resolver.expr(dict(present), f"has_{attr}")
+
+  def written_guard(self, guards: list[tuple[tp.Any, bool]], method: str) -> str | None:
+    """The `if` tests as one `__init__` condition, when it can evaluate them all (fields,
+    globals, aliases); else None."""
+    aliases = self.aliases.get(method, {})
+    if not guards or not all(
+      t is not None and available(t, self.init_namespace, set(aliases)) for t, _ in guards
+    ):
+      return None
+    parts = []
+    for test, negated in reversed(guards):
+      self.used_aliases.update(n for n in names_in(test) if n in aliases)
+      code = self.code(test)
+      parts.append(f"not ({code})" if negated else code)
+    return " and ".join(f"({p})" if len(parts) > 1 else p for p in parts)
 
   def declare(self, site: Site, name: str, decl: str) -> None:
     """Record a variable: built in `__init__` (setup: in place, under the Linen name)."""
@@ -371,22 +409,8 @@ class Planner:
         self.hoists[id(site.node)] = planned
       return
     counted = counted_name(site) if site.setup_list else None
-    counted_pattern = (
-      "" if counted is None else rf"{re.escape(counted[0])}\d+{re.escape(counted[1])}"
-    )
     for inst in self.instances:
-      kids = [k for k in self.ctx.trace.children(inst.path) if not handed_in(inst, k)]
-      if explicit is not None:
-        made = [k for k in kids if k.path[-1] == explicit]
-      elif site.setup_attr is not None and counted is not None:
-        made = [k for k in kids if re.fullmatch(counted_pattern, k.path[-1])]
-      elif site.setup_attr is not None:
-        attr = site.setup_attr
-        made = [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
-      else:
-        made = [k for k in kids if match_child(site, self.src, k)]
-        made = self._one_of_a_line(site, made)
-      children[inst.path] = made
+      children[inst.path] = self.made_by(site, inst, self.trace)
     names = {tuple(k.path[-1] for k in made) for made in children.values()}
     if site.setup_attr is not None and not site.setup_list:
       self.hoists[id(site.node)] = Hoist(site.setup_attr, site, children, False)
@@ -433,7 +457,7 @@ class Planner:
       hoist.counter = site.setup_attr is None and (site.loop_depth > 1 or site.conditional)
       self.hoists[id(site.node)] = hoist
       return
-    made_names = {n for n in names if n}
+    made_names = {n for n in names if n} or self._alt_names(site)
     if not made_names:
       self.todo(site, NO_MATCH)
       return
@@ -455,6 +479,79 @@ class Planner:
       if site.local is not None:
         self.lifted_locals[(site.method, site.local)] = hoist
     self.hoists[id(site.node)] = hoist
+
+  def setup_locals(self) -> set[str]:
+    """The names `setup` binds by plain assignment (its body runs in `__init__` as written)."""
+    c = libcst()
+    found: set[str] = set()
+    classdef: tp.Any = self.module.body[0]
+    for fn in classdef.body.body:
+      if isinstance(fn, c.FunctionDef) and fn.name.value == "setup":
+        for stmt in fn.body.body:
+          if isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign):
+            for t in stmt.body[0].targets:
+              if isinstance(t.target, c.Name):
+                found.add(t.target.value)
+    return found
+
+  def dict_locals(self, method: str) -> dict[str, list[tuple[str, cst.BaseExpression]]]:
+    """The locals of `method` assigned once, from a dict written out with string keys
+    (`dict(a=1)` or `{"a": 1}`): name -> (key, value) in order."""
+    c = libcst()
+    found: dict[str, list[tuple[str, cst.BaseExpression]]] = {}
+    classdef: tp.Any = self.module.body[0]
+    for fn in classdef.body.body:
+      if not (isinstance(fn, c.FunctionDef) and fn.name.value == method):
+        continue
+      counts = assignment_counts(fn)
+      for stmt in fn.body.body:
+        if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
+          continue
+        assign = stmt.body[0]
+        target = assign.targets[0].target
+        if len(assign.targets) != 1 or not isinstance(target, c.Name):
+          continue
+        if counts.get(target.value) != 1:
+          continue
+        items = _dict_items(assign.value)
+        if items is not None:
+          found[target.value] = items
+    return found
+
+  def alt_made(self, hoist: Hoist) -> list[Instance]:
+    """What this construction made in the other configurations, in trace order."""
+    found: list[Instance] = []
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
+      for inst in parents.values():
+        found += self.made_by(hoist.site, inst, t)
+    return found
+
+  def _alt_names(self, site: Site) -> set[tuple[str, ...]]:
+    """The names of what this construction made in the other configurations (none of the
+    user's instances made it: a branch only those take, `branch_configs.py`)."""
+    found: set[tuple[str, ...]] = set()
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
+      for inst in parents.values():
+        made = self.made_by(site, inst, t)
+        if made:
+          found.add(tuple(k.path[-1] for k in made))
+    return found
+
+  def made_by(self, site: Site, inst: Instance, trace: Trace) -> list[Instance]:
+    """The submodules of `inst` (in `trace`) that this construction made, in order."""
+    kids = [k for k in trace.children(inst.path) if not handed_in(inst, k)]
+    explicit = explicit_name(site)
+    counted = counted_name(site) if site.setup_list else None
+    if explicit is not None:
+      return [k for k in kids if k.path[-1] == explicit]
+    if site.setup_attr is not None and counted is not None:
+      pattern = rf"{re.escape(counted[0])}\d+{re.escape(counted[1])}"
+      return [k for k in kids if re.fullmatch(pattern, k.path[-1])]
+    if site.setup_attr is not None:
+      attr = site.setup_attr
+      return [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
+    made = [k for k in kids if match_child(site, self.src, k)]
+    return self._one_of_a_line(site, made)
 
   def _classes_in_fields(self) -> dict[str, type]:
     """The fields that hold the same Linen class in every traced instance."""
@@ -542,8 +639,12 @@ class Planner:
     rel = next((kids[0].path[len(p) :] for p, kids in hoist.children.items() if kids), None)
     for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
       found: dict[tuple[str, ...], object] = {}
-      for p in parents if rel is not None else ():
-        kid = t.instances.get((*p, *rel))  # pyright: ignore[reportOptionalIterable]
+      for p in parents:
+        if rel is not None:
+          kid = t.instances.get((*p, *rel))
+        else:  # no instance of the user's made it (a branch): paired there as here
+          made = self.made_by(hoist.site, parents[p], t)
+          kid = made[0] if made else None
         if kid is None:
           continue
         try:
@@ -573,7 +674,7 @@ class Planner:
     for p, kids in hoist.children.items():
       last = re.fullmatch(r"(?:.+_)?(\d+)", kids[-1].path[-1]) if kids else None
       after = None if m is None or last is None else named(int(last.group(1)) + 1)
-      if after is not None and (*p, after) in self.ctx.trace.instances:
+      if after is not None and (*p, after) in self.trace.instances:
         cap = len(kids)
     for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
       found: dict[tuple[str, ...], tuple[object, ...]] = {}

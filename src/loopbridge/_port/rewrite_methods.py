@@ -469,6 +469,17 @@ class Rewriter:
     if name is None or len(args) < 2:
       self._mark("self.param without a literal name and an initializer")
       return updated
+    if self.method == "setup" and not isinstance(
+      self.p.parents.get(original), (c.Assign, c.AnnAssign)
+    ):
+      # Dinov2's `self.lambda1 = c * self.param("lambda1", ...)`: Linen stores the Param and
+      # setup's attribute is an array computed from it; written in place, the port's
+      # attribute would hold the array and no Param (its checkpoint has nowhere to go).
+      self._mark(
+        f"self.param({name!r}, ...) inside an expression in setup: keep the Param as "
+        f"self.{name} = nnx.Param(...) and compute the expression where it is read"
+      )
+      return updated
     init = self.p.rewrite_expr(self.p.code(args[1].value))
     if not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
       # `lambda _, shape: jnp.ones(shape)` (HF's RMSNorm) is called, not made the Param.
@@ -482,6 +493,11 @@ class Rewriter:
       for i in self.p.instances
       if ("params", name) in i.variables
     }
+    # Made only in other configurations (a branch the user's does not take, as big_vision's
+    # `cls` token under `pool_type == "tok"`): their values are the evidence.
+    made_elsewhere = any(
+      ("params", name) in i.variables for a in self.p.resolver.alts for i in a.values()
+    )
     traced = [
       lambda v: tuple(v.shape),  # init(key, shape, ...)
       lambda v: v.dtype,  # init(key, shape, dtype)
@@ -490,7 +506,11 @@ class Rewriter:
     for i, a in enumerate(rest):
       if available(a, ns, set()):
         init_args.append(self.p.rewrite_expr(self.p.code(a)))
-      elif i < len(traced) and made:
+      elif (inlined := self._through_aliases(a, site.method)) is not None:
+        # The user's own expression, its locals inlined (ViT's `(1, num_patches + 1, hidden)`):
+        # right at every configuration, where a traced shape is one instance's.
+        init_args.append(inlined)
+      elif i < len(traced) and (made or made_elsewhere):
         values = {p: traced[i](v) for p, v in made.items()}
         alt = self.p.alt_own(
           lambda inst, f=traced[i]: f(meta.unbox(inst.variables[("params", name)]))
@@ -498,11 +518,6 @@ class Rewriter:
         # A shape read from the call is the input's: one no field explains is an argument.
         hint = f"{name}_{('shape', 'dtype')[i]}"
         init_args.append(self.p.resolver.expr(values, hint, alt, from_input=i == 0))
-      elif (inlined := self._through_aliases(a, site.method)) is not None:
-        # Not made in any trace (a branch the sample does not take, as lm1b's learned
-        # position table at its default config): the user's own expression, its locals
-        # inlined, each input size read from the call as the traces show it.
-        init_args.append(inlined)
       else:
         self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
         return updated
@@ -889,7 +904,9 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
       present = {p: bool(kids) for p, kids in hoist.children.items()}
       cond = planner.guard(site, present, hoist.attr)
       if cond is not None:
-        block = [f"if {cond}:\n" + "\n".join(f"{unit}{ln}" for ln in block)]
+        # Every line of every statement under the guard (a lifted stack's builder is several).
+        inner = [ln for statement in block for ln in statement.splitlines()]
+        block = [f"if {cond}:\n" + "\n".join(f"{unit}{ln}" for ln in inner)]
       lines += block
       planner.port.attributes[hoist.attr] = planner.src.line(site.lines[0])
       continue
@@ -911,14 +928,22 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     if header is not None:
       it = f"enumerate({it})"
     locals_ = {id(h): _list_local(planner, h) for h in members}
-    lines += [f"{locals_[id(h)]} = []" for h in members]
+    block = [f"{locals_[id(h)]} = []" for h in members]
     body = "".join(
       f"{unit}{locals_[id(h)]}.append({planner.hoisted_code[id(h.site.node)]})\n" for h in members
     )
-    lines.append(f"for {target} in {it}:\n{body}")
+    block.append(f"for {target} in {it}:\n{body}")
     for h in members:
-      lines.append(f"self.{h.attr} = {planner.list_of(locals_[id(h)])}")
+      block.append(f"self.{h.attr} = {planner.list_of(locals_[id(h)])}")
       planner.port.attributes[h.attr] = planner.src.line(h.site.lines[0])
+    # A loop under an `if` `__init__` can evaluate (big_vision's `else:` of `if self.scan:`):
+    # its layers exist where Linen makes them, not in a configuration taking the other branch.
+    conds = {planner.written_guard(h.site.loop_guards, h.site.method) for h in members}
+    cond = conds.pop() if len(conds) == 1 else None
+    if cond is not None:
+      inner = [ln for statement in block for ln in statement.rstrip("\n").splitlines()]
+      block = [f"if {cond}:\n" + "\n".join(f"{unit}{ln}" for ln in inner)]
+    lines += block
   return lines
 
 

@@ -36,7 +36,7 @@ def plan_setup_list(planner: Planner, site: Site, explicit: str | None) -> Hoist
     # Every element of the list, in list order: the index expression picks this one's.
     kids = [
       k
-      for k in planner.ctx.trace.children(inst.path)
+      for k in planner.trace.children(inst.path)
       if not handed_in(inst, k) and pattern.fullmatch(k.path[-1])
     ]
     kids.sort(key=lambda k: _number(pattern, k.path[-1]))

@@ -35,7 +35,7 @@ class Extra:
     return self.values.get(inst.path)
 
   def annotation(self) -> str:
-    sample = next(iter(self.values.values()))
+    sample = next(iter([*self.values.values(), *(v for d in self.alt for v in d.values())]))
     return type(sample).__name__ if isinstance(sample, (bool, int, float, tuple)) else "object"
 
 
@@ -99,6 +99,21 @@ class Resolver:
       found = explain(self._samples(values, alt_values))
       if found.expr is not None:
         return found.expr
+      if not distinct:
+        # Only a configuration the user's does not take made it (a branch, `branch_configs`):
+        # no instance of the user's can take a value, so the one seen there is written.
+        text = literal(elsewhere[0])
+        if text is not None and any(v != elsewhere[0] for v in elsewhere):
+          self.unexplained.append(
+            (
+              hint,
+              elsewhere[0],
+              "only other configurations built it, "
+              "and no field, config attribute, or product or sum of two matches it in all",
+            )
+          )
+        if text is not None:
+          return text
       text = literal(distinct[0]) if same and not from_input and self.root else None
       if text is not None:
         why = (

@@ -89,7 +89,7 @@ def _drawn_streams(planner: Planner, made: tp.Sequence[Instance]) -> set[str]:
   their classes' source show them: a Dropout's `rng_collection`, `make_rng('<name>')`."""
   roots = [k.path for k in made]
   found: set[str] = set()
-  for path, inst in planner.ctx.trace.instances.items():
+  for path, inst in planner.trace.instances.items():
     if not any(path[: len(r)] == r for r in roots):
       continue
     stream = getattr(inst.module, "rng_collection", None)

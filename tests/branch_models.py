@@ -1,0 +1,197 @@
+"""Small Linen models written the way HF's BEiT, Dinov2 and Wav2Vec2 write a class that only a
+config setting the sample leaves off builds (drafted by tests/test_port_branch_configs.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  hidden: int = 8
+  heads: int = 2
+  num_channels: int = 3
+  use_bias_table: bool = False  # BEiT's use_relative_position_bias
+  norm: str = "group"  # Wav2Vec2's feat_extract_norm
+  use_gated_mlp: bool = False  # Dinov2's use_swiglu_ffn
+
+
+class BiasTable(nn.Module):
+  """Built only when the config asks for it (BEiT's FlaxBeitRelativePositionBias)."""
+
+  config: Config
+
+  @nn.compact
+  def __call__(self, x):
+    table = self.param("table", nn.initializers.normal(0.5), (self.config.heads, x.shape[-1]))
+    proj = nn.Dense(self.config.hidden, name="proj")(x)
+    return proj + table.sum(0)
+
+
+class LayerNormConv(nn.Module):
+  """Built only when `config.norm == "layer"` (Wav2Vec2's FlaxWav2Vec2LayerNormConvLayer)."""
+
+  config: Config
+
+  def setup(self):
+    self.conv = nn.Dense(self.config.hidden)
+    self.norm = nn.LayerNorm()
+
+  def __call__(self, x):
+    return self.norm(self.conv(x))
+
+
+class GroupNormConv(nn.Module):
+  config: Config
+
+  def setup(self):
+    self.conv = nn.Dense(self.config.hidden)
+
+  def __call__(self, x):
+    return nn.gelu(self.conv(x))
+
+
+class GatedMlp(nn.Module):
+  """Dinov2's SwiGLU MLP: its width is a setup local assigned twice."""
+
+  config: Config
+
+  def setup(self):
+    hidden = self.config.hidden * 4
+    hidden = (hidden * 2 // 3 + 7) // 8 * 8
+    self.weights_in = nn.Dense(2 * hidden)
+    self.weights_out = nn.Dense(self.config.hidden)
+
+  def __call__(self, x):
+    a, b = jnp.split(self.weights_in(x), 2, axis=-1)
+    return self.weights_out(nn.silu(a) * b)
+
+
+class Mlp(nn.Module):
+  config: Config
+
+  def setup(self):
+    self.fc = nn.Dense(self.config.hidden)
+
+  def __call__(self, x):
+    return nn.relu(self.fc(x))
+
+
+class Block(nn.Module):
+  config: Config
+
+  def setup(self):
+    self.extract = (
+      LayerNormConv(self.config) if self.config.norm == "layer" else GroupNormConv(self.config)
+    )
+    self.bias_table = BiasTable(self.config) if self.config.use_bias_table else None
+    self.mlp = Mlp(self.config)
+
+  def __call__(self, x):
+    if x.shape[-1] != self.config.num_channels:  # as Dinov2 checks its pixels' channels
+      raise ValueError("the input's channels do not match config.num_channels")
+    h = self.extract(x)
+    if self.bias_table is not None:
+      h = h + self.bias_table(h)
+    return self.mlp(h)
+
+
+class GatedBlock(nn.Module):
+  """Dinov2's layer: one MLP class or the other."""
+
+  config: Config
+
+  def setup(self):
+    self.fc = nn.Dense(self.config.hidden)
+    if self.config.use_gated_mlp:
+      self.mlp = GatedMlp(self.config)
+    else:
+      self.mlp = Mlp(self.config)
+
+  def __call__(self, x):
+    return self.mlp(self.fc(x))
+
+
+class LayerScale(nn.Module):
+  """Dinov2's FlaxDinov2LayerScale: setup's attribute is an array computed from the Param."""
+
+  hidden: int = 4
+
+  def setup(self):
+    self.lambda1 = 0.5 * self.param("lambda1", nn.initializers.ones, (self.hidden,))
+
+  def __call__(self, x):
+    return self.lambda1 * x
+
+
+class MlpWithInits(nn.Module):
+  """big_vision's MlpBlock: initializers collected in a dict local, passed as `**inits`."""
+
+  mlp_dim: int = 16
+
+  @nn.compact
+  def __call__(self, x):
+    inits = dict(
+      kernel_init=nn.initializers.xavier_uniform(),
+      bias_init=nn.initializers.normal(stddev=1e-6),
+    )
+    d = x.shape[-1]
+    x = nn.Dense(self.mlp_dim, **inits)(x)
+    return nn.Dense(d, **inits)(nn.gelu(x))
+
+
+class PoolHead(nn.Module):
+  """big_vision's MAPHead: a class only `pool_type="map"` builds."""
+
+  @nn.compact
+  def __call__(self, x):
+    probe = self.param("probe", nn.initializers.normal(0.5), (1, 1, x.shape[-1]))
+    return (x * probe).mean(axis=1)
+
+
+class PooledEncoder(nn.Module):
+  """big_vision's ViT head: each pool type builds its own layers, in a compact method; the
+  `cls` token is a param only `pool_type="tok"` makes, sized from the input; the stack is
+  scanned only when `scan` is set."""
+
+  width: int = 8
+  depth: int = 2
+  pool_type: str = "gap"
+  rep_size: bool = False
+  scan: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, c = x.shape
+    if self.pool_type == "tok":
+      cls = self.param("cls", nn.initializers.normal(0.5), (1, 1, c))
+      x = jnp.concatenate([jnp.tile(cls, [n, 1, 1]), x], axis=1)
+    x = nn.Dense(self.width, name="embed")(x)
+    if self.scan:
+      x, _ = nn.scan(
+        ScanBlock,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        length=self.depth,
+      )(name="stack")(x, None)
+    else:
+      for i in range(self.depth):
+        x, _ = ScanBlock(name=f"layer_{i}")(x, None)
+    if self.pool_type == "map":
+      x = PoolHead()(x)
+    elif self.pool_type == "tok":
+      x = x[:, 0]
+    else:
+      x = x.mean(axis=1)
+    if self.rep_size:
+      x = nn.tanh(nn.Dense(self.width, name="pre_logits")(x))
+    return x
+
+
+class ScanBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    return x + nn.Dense(x.shape[-1])(nn.relu(x)), None

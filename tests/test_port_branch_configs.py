@@ -1,0 +1,157 @@
+"""Classes that only a config setting the sample leaves off builds (HF's BEiT relative position
+bias, Dinov2's SwiGLU MLP, Wav2Vec2's layer-norm feature extractor) are drafted from
+configurations that take the branch, and the port is checked there against Linen's apply."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import loopbridge as lb
+
+pytest.importorskip("libcst")
+
+import branch_models as models
+
+
+def _x():
+  return jax.random.normal(jax.random.key(0), (2, 5, 3))
+
+
+@pytest.fixture(scope="module")
+def draft():
+  """One draft at the user's configuration (every branch off), shared by the tests."""
+  return lb.port.draft(models.Block(models.Config()), _x())
+
+
+def _port_at(draft, config: models.Config):
+  """The drafted classes built at `config` (not the drafted one), holding a fresh Linen init's
+  variables, and that init: built from the source alone, as a user would."""
+  module = models.Block(config)
+  variables = module.init(jax.random.key(3), _x())
+  namespace = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  from flax import nnx
+
+  port = namespace["Block"](config, rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(module, variables, port, _x())  # fills the port in place
+  return module, variables, port
+
+
+@pytest.mark.parametrize(
+  "branch",
+  [dict(use_bias_table=True), dict(norm="layer")],
+  ids=["bool-flag", "string-setting"],
+)
+def test_a_class_only_a_setting_builds_is_drafted_and_computes_linen_there(draft, branch):
+  assert draft.ok, draft.report()
+  config = models.Config(**branch)
+  module, variables, port = _port_at(draft, config)
+  want = module.apply(variables, _x())
+  np.testing.assert_allclose(port(_x()), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_branch_classes_widths_are_expressions_not_the_traced_numbers(draft):
+  assert draft.ok, draft.report()
+  # The branch classes' Dense input widths are the config's width, read from the traces of the
+  # branch at the scaled configurations (never a literal 8).
+  for cls in ("class BiasTable", "class LayerNormConv"):
+    body = draft.source.split(cls, 1)[1].split("\nclass ", 1)[0]
+    assert "nnx.Linear(8" not in body, body
+    assert "self.config.hidden" in body, body
+  # And a wider build than any traced one computes Linen.
+  wide = models.Config(hidden=24, heads=3, use_bias_table=True, norm="layer")
+  module, variables, port = _port_at(draft, wide)
+  np.testing.assert_allclose(port(_x()), module.apply(variables, _x()), rtol=1e-5, atol=1e-5)
+
+
+def test_the_check_runs_the_port_at_each_branch_configuration(draft):
+  assert set(draft.config_labels) >= {
+    "config.use_bias_table=True",
+    "config.norm='layer'",
+  }
+  assert draft.check is not None and draft.check.equal
+  # A planted bug only a branch runs: the check at the branch's configuration finds it.
+  bad = dataclasses.replace(draft, source=draft.source.replace("proj + table.sum(0)", "proj"))
+  assert bad.source != draft.source
+  port, variables = bad.port_and_variables()
+  from loopbridge._port.class_check import check_class
+  from loopbridge._port.draft import compare_built
+
+  verdict = check_class(bad, compare_built(bad, port, variables), port, variables)
+  assert not verdict.equal
+  assert "config.use_bias_table=True" in str(verdict.first_divergence or verdict.error)
+
+
+def test_an_input_bound_setting_stays_while_the_others_scale(draft):
+  """`num_channels` must match the input (the model checks it): scaling every setting at once
+  builds nothing, so the derived configurations keep it and scale the rest."""
+  assert len(draft.configs) >= 2
+  assert all(m.config.num_channels == 3 for m, _ in draft.configs)
+  assert any(m.config.hidden != 8 for m, _ in draft.configs)
+
+
+def test_a_branch_width_nothing_explains_is_reported_and_fails_the_check_there():
+  """Dinov2's SwiGLU MLP: the second layer's input width is a setup local no field explains.
+  It is kept a literal, named in the report, and the check at the branch's scaled
+  configuration says the port is not the class (never `ok` on the sample alone)."""
+  x = jax.random.normal(jax.random.key(0), (2, 5, 3))
+  draft = lb.port.draft(models.GatedBlock(models.Config()), x)
+  assert "config.use_gated_mlp=True" in draft.config_labels
+  # A setup local assigned twice is read as written (it runs in __init__ in the same order).
+  assert "nnx.Linear(self.config.hidden, 2 * hidden" in draft.source
+  report = draft.report()
+  assert "mlp_weights_out_in_features = 24 at the traced configuration" in report
+  assert not draft.ok
+  assert draft.check is not None and not draft.check.equal
+  verdict = str(draft.check.error or draft.check.first_divergence)
+  assert "config.use_gated_mlp=True, scaled" in verdict
+
+
+def test_a_param_inside_an_expression_in_setup_is_one_todo_saying_what_to_write():
+  """Dinov2's `self.lambda1 = c * self.param(...)`: never a port whose attribute holds the
+  array and no Param (its checkpoint would have nowhere to go)."""
+  draft = lb.port.draft(models.LayerScale(), jax.numpy.ones((2, 4)))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "self.param('lambda1', ...) inside an expression in setup" in todo.reason
+  assert "self.lambda1 = nnx.Param(...)" in todo.reason
+
+
+def test_a_dict_local_passed_as_keywords_is_bound_key_by_key_big_vision():
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  draft = lb.port.draft(models.MlpWithInits(), x)
+  assert draft.ok, draft.report()
+  assert "kernel_init=nnx.initializers.xavier_uniform()" in draft.source
+  port, variables = draft.port_and_variables()
+  np.testing.assert_allclose(port(x), draft.linen_module.apply(variables, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def pooled():
+  x = jax.random.normal(jax.random.key(0), (2, 5, 3))
+  return lb.port.draft(models.PooledEncoder(), x), x
+
+
+@pytest.mark.parametrize(
+  "settings",
+  [dict(pool_type="map"), dict(pool_type="tok"), dict(rep_size=True), dict(scan=True)],
+  ids=["class-only-a-branch-builds", "param-only-a-branch-makes", "layer-in-a-branch", "scan"],
+)
+def test_what_only_a_setting_builds_in_a_compact_method_is_drafted(pooled, settings):
+  """big_vision's ViT: a head class, a `cls` token sized from the input, a named layer and a
+  scanned stack, each only under a setting the sample leaves off. The draft traces each
+  setting, so each is translated (not a TODO) and checked there, and the port built at that
+  setting computes Linen's apply."""
+  draft, x = pooled
+  assert draft.ok, draft.report()
+  module = models.PooledEncoder(**settings)
+  variables = module.init(jax.random.key(3), x)
+  namespace = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  from flax import nnx
+
+  port = namespace["PooledEncoder"](**settings, rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(module, variables, port, x)
+  np.testing.assert_allclose(port(x), module.apply(variables, x), rtol=1e-5, atol=1e-5)
