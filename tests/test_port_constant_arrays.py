@@ -228,7 +228,7 @@ def test_what_a_property_cannot_recompute(module, attr, what, fix):
     # port's attribute would hold the array and no Param (Dinov2's layer scale).
     assert len(todos) == 1, draft.report()
     assert what in todos[0].reason and fix in todos[0].reason, todos[0].reason
-    if PROPERTIES:  # every line binding it is in the TODO block
+    if PROPERTIES and what != "param":  # every line binding it is in the TODO block
       assert not _assigned(draft.source, attr), draft.source
     assert not draft.ok
     assert "NotImplementedError" in tp.cast(lb.port.Check, draft.check).error

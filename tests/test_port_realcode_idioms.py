@@ -363,11 +363,18 @@ def test_an_attribute_set_to_none_then_to_a_layer_in_setup_diffusers_resnet():
   _equal_to_linen(draft, x)
 
 
-def test_a_layer_only_another_configuration_builds_is_not_called_equal():
-  """At features=4 the sample never builds the shortcut; the derived configuration does, and
-  the check there finds the layer the draft could not size, so the draft is not called
-  equal."""
+def test_a_layer_only_another_configuration_builds_is_sized_and_checked_there():
+  """At features=4 the sample never builds the shortcut; the derived configuration does: its
+  input width comes from that trace, and the check runs the port there. Built at features=8
+  from the source alone, the port computes Linen's apply."""
   x = jax.random.normal(jax.random.key(0), (2, 4))
   draft = lb.port.draft(models.ShortcutWhenWidened(features=4), x)
-  assert not draft.ok
-  assert "another configuration (features=8)" in draft.report()
+  assert draft.ok, draft.report()
+  assert "self.conv_shortcut = nnx.Linear(4, self.features" in draft.source
+  linen = models.ShortcutWhenWidened(features=8)
+  variables = linen.init(jax.random.key(1), x)
+  namespace: dict[str, tp.Any] = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  port = namespace["ShortcutWhenWidened"](features=8, rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(linen, variables, port, x)
+  np.testing.assert_allclose(port(x), linen.apply(variables, x), rtol=1e-5, atol=1e-5)

@@ -85,6 +85,8 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
     if drafted is None:
       continue  # already a TODO block, or not drafted from setup's line
     line = port.source.line(positions[original].start.line)
+    if any(t.line == line for t in port.todos):
+      continue  # the line is a TODO already (a param inside an expression): one says it
     where = _levels(init, drafted)
     if reason is None and isinstance(where, str):
       reason = where
