@@ -195,3 +195,30 @@ class ScanBlock(nn.Module):
   @nn.compact
   def __call__(self, x, _):
     return x + nn.Dense(x.shape[-1])(nn.relu(x)), None
+
+
+class WeightNormConv(nn.Module):
+  """HF Wav2Vec2's FlaxConvWithWeightNorm: the conv is built and never called (its kernel is
+  read and applied by hand), so no trace gives its input width."""
+
+  def setup(self):
+    self.conv = nn.Conv(4, kernel_size=(3,), padding="VALID")
+    self.weight_g = self.param("weight_g", nn.initializers.ones, (1, 1, 4))
+
+  def __call__(self, x):
+    return x.sum(-1, keepdims=True) * self.weight_g
+
+
+class OptionalLayerScale(nn.Module):
+  """HF BEiT's layer: `self.lambda_1 = self.param(...)` when a setting asks for it, else None."""
+
+  scale_init: float = 0.1
+
+  def setup(self):
+    if self.scale_init > 0:
+      self.lambda_1 = self.param("lambda_1", nn.initializers.ones, (4,))
+    else:
+      self.lambda_1 = None
+
+  def __call__(self, x):
+    return x if self.lambda_1 is None else self.lambda_1 * x

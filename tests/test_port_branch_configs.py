@@ -155,3 +155,22 @@ def test_what_only_a_setting_builds_in_a_compact_method_is_drafted(pooled, setti
   port = namespace["PooledEncoder"](**settings, rngs=nnx.Rngs(0))
   lb.checkpoint.linen_to_nnx(module, variables, port, x)
   np.testing.assert_allclose(port(x), module.apply(variables, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_no_call_reached_is_a_todo_not_a_port_that_cannot_build():
+  draft = lb.port.draft(models.WeightNormConv(), jax.numpy.ones((2, 5, 3)))  # no raw exception
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "nnx.Conv needs in_features" in todo.reason
+  assert "no traced call reached this layer" in todo.reason
+  # The check ran the port to the TODO (it raises there), not a TypeError from nnx.Conv.
+  assert draft.check is not None and "NotImplementedError" in str(draft.check.error)
+
+
+def test_a_param_or_none_bound_in_two_branches_of_setup_is_a_param_hf_beit():
+  """Not an array attribute on flax 0.10 (where NNX refuses those): a Param or nothing."""
+  x = jax.numpy.ones((2, 4))
+  draft = lb.port.draft(models.OptionalLayerScale(), x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  np.testing.assert_allclose(port(x), draft.linen_module.apply(variables, x), rtol=1e-6)

@@ -143,6 +143,15 @@ class _Evidence:
     return cls(arrays, plain, submodules)
 
 
+def _param_or_none(stmt: tp.Any) -> bool:
+  """`self.x = self.param(...)` (or `self.variable(...)`) or `self.x = None`."""
+  c = libcst()
+  if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
+    return False
+  value = stmt.body[0].value
+  return (isinstance(value, c.Name) and value.value == "None") or _is_variable_call(value)
+
+
 def _holds(value: object, types: type | tuple[type, ...]) -> bool:
   return any(isinstance(leaf, types) for leaf in jax.tree.leaves(value))
 
@@ -171,6 +180,8 @@ def _plans(
     stmt = _single_assignment(setup, attr)
     if stmt is None:
       bindings = [s for s in _all_statements(setup) if attr in _self_targets(s)]
+      if bindings and all(_param_or_none(s) for s in bindings):
+        continue  # BEiT's `self.lambda_1 = self.param(...)` or `= None`: a Param, or nothing
       if bindings:
         reads = sorted(_self_reads(bindings) & _VARIABLE_READS)
         why = "setup binds it more than once or with other targets"

@@ -258,6 +258,20 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
       args[p.name] = text
   if "rngs" in known:
     args["rngs"] = "rngs"
+  missing = [
+    p.name
+    for p in params
+    if p.default is inspect.Parameter.empty
+    and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    and p.name not in args
+  ]
+  if missing:
+    # HF Wav2Vec2's weight-normed conv is never called (its kernel is read and applied by
+    # hand): no trace gives the width NNX needs at construction.
+    return None, (
+      f"nnx.{layer.nnx_name} needs {', '.join(missing)}, which Linen reads from the layer's "
+      "input, and no traced call reached this layer; pass it by hand"
+    )
   parts: list[str] = []
   positional = True
   for p in params:
