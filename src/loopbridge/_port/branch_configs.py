@@ -128,7 +128,7 @@ def branch_configs(
     try:
       other = changed(module, change)
       got = trace(other, [(sample.method, sample.args, dict(sample.kwargs))], streams, 0)
-    except (PortError, Exception):  # a setting the model refuses: evidence, not a must
+    except Exception:  # a setting the model refuses (a PortError from the trace): no evidence
       continue
     new = {i.cls for i in got.instances.values()} - seen
     if not (new & missing if mode == "classes" else _made(got) - made):
@@ -149,11 +149,12 @@ def branch_configs(
       for n, v in enumerate(scaled(other))
     ]
     for variant, label in variants:
+      index = first_index + len(out)
       try:
-        index = first_index + len(out)
-        traced = got if variant is other else None
-        traced = traced or trace(
-          variant, [(sample.method, sample.args, dict(sample.kwargs))], streams, index
+        traced = (
+          got
+          if variant is other
+          else trace(variant, [(sample.method, sample.args, dict(sample.kwargs))], streams, index)
         )
       except Exception:  # the scaled variant may not build: the unscaled one still counts
         continue

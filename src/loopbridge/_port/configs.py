@@ -69,11 +69,10 @@ def changed(module: nn.Module, values: dict[tuple[str, str | None], object]) -> 
 
 
 def _changed(module: nn.Module, factors: dict[tuple[str, str | None], int]) -> nn.Module:
-  def value(field: str, attr: str | None) -> tp.Any:
-    inner = getattr(module, field)
-    return inner if attr is None else getattr(inner, attr)
-
-  return changed(module, {knob: value(*knob) * factor for knob, factor in factors.items()})
+  scaled: dict[tuple[str, str | None], object] = {
+    knob: tp.cast(int, _value(module, knob)) * f for knob, f in factors.items()
+  }
+  return changed(module, scaled)
 
 
 def derived(

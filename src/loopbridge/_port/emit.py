@@ -84,7 +84,7 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   extra |= planner.scope_names.get(id(site.node), set())
   if site.method == "setup" and site.loop is None and site.comp is None:
     # Setup's body runs in `__init__` as written: its locals are there at the construction.
-    extra |= planner.setup_locals()
+    extra |= planner.setup_locals
   ns = planner.init_namespace
   values: dict[str, str] = {}
   moved: list[str] = []

@@ -9,6 +9,7 @@ submodule (so the converter pairs them by path), and writes their NNX constructi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import typing as tp
 
@@ -480,6 +481,7 @@ class Planner:
         self.lifted_locals[(site.method, site.local)] = hoist
     self.hoists[id(site.node)] = hoist
 
+  @functools.cached_property
   def setup_locals(self) -> set[str]:
     """The names `setup` binds by plain assignment (its body runs in `__init__` as written)."""
     c = libcst()
@@ -497,13 +499,19 @@ class Planner:
   def dict_locals(self, method: str) -> dict[str, list[tuple[str, cst.BaseExpression]]]:
     """The locals of `method` assigned once, from a dict written out with string keys
     (`dict(a=1)` or `{"a": 1}`): name -> (key, value) in order."""
+    return self._dict_locals.get(method, {})
+
+  @functools.cached_property
+  def _dict_locals(self) -> dict[str, dict[str, list[tuple[str, cst.BaseExpression]]]]:
+    """`dict_locals` of every method, found once per class (read at each construction)."""
     c = libcst()
-    found: dict[str, list[tuple[str, cst.BaseExpression]]] = {}
+    out: dict[str, dict[str, list[tuple[str, cst.BaseExpression]]]] = {}
     classdef: tp.Any = self.module.body[0]
     for fn in classdef.body.body:
-      if not (isinstance(fn, c.FunctionDef) and fn.name.value == method):
+      if not isinstance(fn, c.FunctionDef):
         continue
       counts = assignment_counts(fn)
+      found = out.setdefault(fn.name.value, {})
       for stmt in fn.body.body:
         if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
           continue
@@ -516,26 +524,24 @@ class Planner:
         items = _dict_items(assign.value)
         if items is not None:
           found[target.value] = items
-    return found
+    return out
+
+  def _made_elsewhere(self, site: Site) -> list[list[Instance]]:
+    """Per instance of the class in the other configurations, what this construction made
+    there (none of the user's instances made it: a branch only those take)."""
+    return [
+      self.made_by(site, inst, t)
+      for t, parents in zip(self.ctx.alt_traces, self.resolver.alts)
+      for inst in parents.values()
+    ]
 
   def alt_made(self, hoist: Hoist) -> list[Instance]:
     """What this construction made in the other configurations, in trace order."""
-    found: list[Instance] = []
-    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
-      for inst in parents.values():
-        found += self.made_by(hoist.site, inst, t)
-    return found
+    return [k for made in self._made_elsewhere(hoist.site) for k in made]
 
   def _alt_names(self, site: Site) -> set[tuple[str, ...]]:
-    """The names of what this construction made in the other configurations (none of the
-    user's instances made it: a branch only those take, `branch_configs.py`)."""
-    found: set[tuple[str, ...]] = set()
-    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
-      for inst in parents.values():
-        made = self.made_by(site, inst, t)
-        if made:
-          found.add(tuple(k.path[-1] for k in made))
-    return found
+    """The names of what this construction made in the other configurations."""
+    return {tuple(k.path[-1] for k in made) for made in self._made_elsewhere(site) if made}
 
   def made_by(self, site: Site, inst: Instance, trace: Trace) -> list[Instance]:
     """The submodules of `inst` (in `trace`) that this construction made, in order."""
