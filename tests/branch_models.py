@@ -222,3 +222,62 @@ class OptionalLayerScale(nn.Module):
 
   def __call__(self, x):
     return x if self.lambda_1 is None else self.lambda_1 * x
+
+
+class ShortcutOnTheInput(nn.Module):
+  """diffusers' VAE ResnetBlock2D: the shortcut is built only where the block changes its
+  width, and is given `residual = hidden_states`, the block's own input. A sample that keeps
+  the width never calls it."""
+
+  in_channels: int
+  out_channels: int | None = None
+
+  def setup(self):
+    out = self.in_channels if self.out_channels is None else self.out_channels
+    self.dense = nn.Dense(out)
+    self.shortcut = None
+    if self.in_channels != out:
+      self.shortcut = nn.Dense(out)
+
+  def __call__(self, hidden_states):
+    residual = hidden_states
+    hidden_states = self.dense(nn.relu(hidden_states))
+    if self.shortcut is not None:
+      residual = self.shortcut(residual)
+    return hidden_states + residual
+
+
+class NormOnlyAContextReaches(nn.Module):
+  """HF GPT-2's block: the cross-attention norm is built when the config asks for it and runs
+  only when the call passes a context, on the value the next norm is given otherwise."""
+
+  features: int
+  cross: bool = False
+
+  def setup(self):
+    self.norm1 = nn.LayerNorm()
+    self.dense = nn.Dense(self.features)
+    if self.cross:
+      self.norm_cross = nn.LayerNorm()
+    self.norm2 = nn.LayerNorm()
+    self.out = nn.Dense(3)
+
+  def __call__(self, x, context=None):
+    x = self.dense(self.norm1(x))
+    if context is not None:
+      x = self.norm_cross(x) + context
+    return self.out(self.norm2(x))
+
+
+class NormOnAnExpression(nn.Module):
+  """A norm only a context reaches, given an expression no trace saw: no width to read."""
+
+  def setup(self):
+    self.first = nn.Dense(4)
+    self.layer = nn.LayerNorm()
+
+  def __call__(self, x, c=None):
+    x = self.first(x)
+    if c is not None:
+      x = self.layer(jnp.concatenate([x, c], -1))
+    return x

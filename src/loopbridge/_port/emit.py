@@ -265,6 +265,12 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     and p.name not in args
   ]
+  if missing and not kids:
+    # A branch no traced call ran (GPT-2's cross-attention norm): the width of the value the
+    # source shows it would be given, where a trace saw that value.
+    passed = planner.passed_widths(hoist, layer.widths)
+    args.update({n: passed[n] for n in missing if n in passed})
+    missing = [n for n in missing if n not in passed]
   if missing:
     # HF Wav2Vec2's weight-normed conv is never called (its kernel is read and applied by
     # hand): no trace gives the width NNX needs at construction.

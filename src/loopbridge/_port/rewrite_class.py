@@ -15,7 +15,7 @@ import typing as tp
 
 from flax import linen as nn
 
-from . import standard_layers
+from . import passed_values, standard_layers
 from .call_shapes import in_init
 from .cell_carry import is_detached, plan_detached
 from .chosen_class import Choice, plan_chosen_class
@@ -633,6 +633,54 @@ class Planner:
       return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
     values = {p: get(k[0]) for p, k in hoist.children.items() if k}
     return self.resolver.expr(values, name, self.alt_children(hoist, get))
+
+  def passed_widths(
+    self, hoist: Hoist, widths: tp.Callable[[Instance], dict[str, object]]
+  ) -> dict[str, str]:
+    """The input widths of a setup layer no traced call reached, as expressions, from a value
+    a trace saw that the source proves it would be given (`passed_values`); {} unproven."""
+    attr = hoist.site.setup_attr
+    found = None if attr is None or hoist.is_list else passed_values.origin(self.src.text, attr)
+    if attr is None or found is None:
+      return {}
+
+    def at(parent: Instance, trace: Trace) -> dict[str, object]:
+      value = passed_values.value_given(found, parent, trace)
+      # Setup built it there (not called: no trace), or the branch that builds it did not run
+      # at this configuration: the value is still what it would be given, and a width that
+      # reads the layer's own settings then has none to read.
+      child = parent.module.__dict__.get(attr)
+      if value is None:
+        return {}
+      if not isinstance(child, nn.Module):
+        child = passed_values.NO_SETTINGS
+      stand_in = dataclasses.replace(
+        parent,
+        path=(*parent.path, attr),
+        cls=hoist.site.target,
+        module=child,
+        variables={},
+        inputs={"__call__": ((value,), {})},
+        called_at=None,
+        lifts=(),
+      )
+      try:
+        return {k: v for k, v in widths(stand_in).items() if v is not None}
+      except Exception:  # a shape the layer's widths cannot read: no evidence
+        return {}
+
+    here = {p: at(self.trace.instances[p], self.trace) for p in hoist.children}
+    there = [
+      {p: at(i, t) for p, i in parents.items()}
+      for t, parents in zip(self.ctx.alt_traces, self.resolver.alts)
+    ]
+    names = {n for d in (here, *there) for w in d.values() for n in w}
+    out: dict[str, str] = {}
+    for name in sorted(names):
+      values = {p: w[name] for p, w in here.items() if name in w}
+      alt_values = [{p: w[name] for p, w in d.items() if name in w} for d in there]
+      out[name] = self.resolver.expr(values, f"{attr}_{name}", alt_values)
+    return out
 
   def alt_children(
     self, hoist: Hoist, get: tp.Callable[[Instance], object]
