@@ -115,18 +115,6 @@ class GatedBlock(nn.Module):
     return self.mlp(self.fc(x))
 
 
-class LayerScale(nn.Module):
-  """Dinov2's FlaxDinov2LayerScale: setup's attribute is an array computed from the Param."""
-
-  hidden: int = 4
-
-  def setup(self):
-    self.lambda1 = 0.5 * self.param("lambda1", nn.initializers.ones, (self.hidden,))
-
-  def __call__(self, x):
-    return self.lambda1 * x
-
-
 class MlpWithInits(nn.Module):
   """big_vision's MlpBlock: initializers collected in a dict local, passed as `**inits`."""
 
@@ -281,3 +269,57 @@ class NormOnAnExpression(nn.Module):
     if c is not None:
       x = self.layer(jnp.concatenate([x, c], -1))
     return x
+
+
+class LayerScale(nn.Module):
+  """HF Dinov2's FlaxDinov2LayerScale, its own lines: setup's attribute is an array computed
+  from the Param, twice, under the Param's own name."""
+
+  hidden: int = 8
+  value: float = 0.5
+
+  def setup(self):
+    self.lambda1 = self.value * self.param("lambda1", nn.initializers.ones, (self.hidden,))
+    self.lambda1 = self.lambda1 * self.value
+
+  def __call__(self, x):
+    return self.lambda1 * x
+
+
+class ScaleUnderAnotherName(nn.Module):
+  """The same with the attribute named apart from the Param."""
+
+  def setup(self):
+    self.scale = 2.0 * self.param("gamma", nn.initializers.ones, (8,))
+
+  def __call__(self, x):
+    return x * self.scale
+
+
+class ScaleFromALocal(nn.Module):
+  """The arithmetic reads a setup local, which a property cannot read again."""
+
+  def setup(self):
+    c = 0.5
+    self.lambda1 = c * self.param("lambda1", nn.initializers.ones, (8,))
+
+  def __call__(self, x):
+    return self.lambda1 * x
+
+
+class SwiGLUHidden(nn.Module):
+  """HF Dinov2's SwiGLU MLP: the hidden width is a setup local computed in two lines, which no
+  field, product or sum of two explains."""
+
+  hidden: int = 10
+  ratio: float = 4.0
+
+  def setup(self):
+    hidden_features = int(self.hidden * self.ratio)
+    hidden_features = (int(hidden_features * 2 / 3) + 7) // 8 * 8
+    self.weights_in = nn.Dense(2 * hidden_features)
+    self.weights_out = nn.Dense(self.hidden)
+
+  def __call__(self, x):
+    a, b = jnp.split(self.weights_in(x), 2, axis=-1)
+    return self.weights_out(nn.silu(a) * b)

@@ -47,6 +47,7 @@ def test_a_norm_only_a_context_reaches_takes_the_width_of_the_next_norms_input_h
   draft = lb.port.draft(models.NormOnlyAContextReaches(features=6), x)
   assert draft.ok, draft.report()
   assert "self.norm_cross = nnx.LayerNorm(self.features" in draft.source, draft.source
+  assert "translated, not checked (no traced call reached the layer)" in draft.report()
   # Built with the norm and called with the context the sample left off: it runs as Linen's.
   context = jax.random.normal(jax.random.key(1), (2, 5, 6))
   linen = models.NormOnlyAContextReaches(features=6, cross=True)

@@ -127,12 +127,6 @@ def _diffusers(kind: str):
   return make
 
 
-# The reasons below are the TODOs (or the check's verdict) the draft gives today.
-_LAYER_SCALE = (
-  "`c * self.param(...)` assigned in setup: the port's attribute is the scaled array, "
-  "not the Param Linen stores"
-)
-
 CASES = {
   "Albert": (_hf("FlaxAlbertModel", "AlbertConfig", dict(embedding_size=16)), None),
   "DistilBert": (
@@ -161,7 +155,7 @@ CASES = {
   "ViT": (_hf("FlaxViTModel", "ViTConfig", VISION, _pixels), None),
   "CLIPVision": (_hf("FlaxCLIPVisionModel", "CLIPVisionConfig", VISION, _pixels), None),
   "Beit": (_hf("FlaxBeitModel", "BeitConfig", VISION, _pixels), None),
-  "Dinov2": (_hf("FlaxDinov2Model", "Dinov2Config", VISION, _pixels), _LAYER_SCALE),
+  "Dinov2": (_hf("FlaxDinov2Model", "Dinov2Config", VISION, _pixels), None),
   "ResNet": (
     _hf(
       "FlaxResNetModel",

@@ -177,6 +177,8 @@ def _plans(
   fields = set(port.field_names()) - port.dropped
   found: dict[str, tuple[tp.Any, str | None]] = {}
   for attr in sorted(evidence.arrays, key=lambda a: _first_line(setup, a)):
+    if attr in port.computed:
+      continue  # a property over a kept Param (`computed_params.py`), or its TODO
     stmt = _single_assignment(setup, attr)
     if stmt is None:
       bindings = [s for s in _all_statements(setup) if attr in _self_targets(s)]

@@ -18,6 +18,7 @@ from .branch_configs import branch_configs
 from .cache_idiom import add_method, size_caches
 from .check import convert, exec_source, run_check, unique_name
 from .class_check import check_class
+from .computed_params import keep_params
 from .configs import derived, literal_notes, other_configs
 from .constant_arrays import as_properties
 from .errors import (
@@ -451,7 +452,7 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
       return fallback_port(src, why)
   helpers = set(ctx.helpers)
   try:
-    port = as_properties(port_class(src, ctx), ctx)
+    port = as_properties(keep_params(port_class(src, ctx), ctx), ctx)
   except PortError:
     raise
   except Exception as e:  # a defect of the drafter: the rest of the model still drafts

@@ -222,7 +222,19 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
       layer.widths(k).get(name) in (None, getattr(k.module, field, None)) for k in kids
     ):
       continue  # the field the user wrote says the same as the trace: its expression stays
+    resolver = planner.resolver
+    before, unexplained = set(resolver.extras), len(resolver.unexplained)
     args[name] = planner.traced(hoist, lambda k, n=name: layer.widths(k)[n], name, index)
+    made_extra = args[name] in resolver.extras and args[name] not in before
+    if made_extra or len(resolver.unexplained) > unexplained:
+      # No field explains it (an argument the parent passes, or a literal at the root): a
+      # setup local that equals it everywhere (Dinov2's twice-computed `hidden_features`).
+      local = planner.setup_local_for(hoist, lambda k, n=name: layer.widths(k)[n])
+      if local is not None:
+        if made_extra:
+          del resolver.extras[args[name]]
+        del resolver.unexplained[unexplained:]
+        args[name] = local
     if field is not None:
       overridden.add(field)
       planner.change(
@@ -270,6 +282,15 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     # source shows it would be given, where a trace saw that value.
     passed = planner.passed_widths(hoist, layer.widths)
     args.update({n: passed[n] for n in missing if n in passed})
+    for n in missing:
+      if n in passed:
+        planner.change(
+          hoist.site.lines,
+          f"self.{hoist.site.setup_attr}: no traced call",
+          f"{n}={passed[n]}",
+          "the width of the value the source shows this layer is given, where a trace saw "
+          "that value; translated, not checked (no traced call reached the layer)",
+        )
     missing = [n for n in missing if n not in passed]
   if missing:
     # HF Wav2Vec2's weight-normed conv is never called (its kernel is read and applied by

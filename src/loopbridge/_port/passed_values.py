@@ -195,6 +195,9 @@ class _NoSettings:
   """The settings of a layer no configuration built: reading one is no evidence."""
 
   def __getattr__(self, name: str) -> tp.NoReturn:
+    if name.startswith("__"):  # Python's own lookups (doctest, copy, pickle) find nothing
+      raise AttributeError(name)
+    # Not an AttributeError: `getattr(layer, "axis", -1)` must not read a default as evidence.
     raise LookupError(f"no built layer to read {name!r} from")
 
 

@@ -15,7 +15,7 @@ import typing as tp
 
 from flax import linen as nn
 
-from . import passed_values, standard_layers
+from . import passed_values, setup_local_values, standard_layers
 from .call_shapes import in_init
 from .cell_carry import is_detached, plan_detached
 from .chosen_class import Choice, plan_chosen_class
@@ -74,6 +74,9 @@ class ClassPort:
   # A method scanned by a Linen decorator (`scanned_method.py`): Linen records one call of the
   # module per step, the port one call for the whole scan.
   scans_a_method: bool = False
+  # Setup attributes computed from a param (`self.A = c * self.param("p", ...)`): A -> p,
+  # made properties by `computed_params.py`.
+  computed: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def field_names(self) -> list[str]:
     return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
@@ -633,6 +636,23 @@ class Planner:
       return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
     values = {p: get(k[0]) for p, k in hoist.children.items() if k}
     return self.resolver.expr(values, name, self.alt_children(hoist, get))
+
+  def setup_local_for(self, hoist: Hoist, get: tp.Callable[[Instance], object]) -> str | None:
+    """The one setup local bound before this setup construction that equals `get` of what it
+    made in every traced instance of every configuration (`setup_local_values`), else None."""
+    if hoist.site.method != "setup" or hoist.is_list:
+      return None
+    statements = setup_local_values.setup_statements(self.src.text, hoist.site.lines[0])
+    samples: list[tuple[object, object]] = []
+    try:
+      for p, kids in hoist.children.items():
+        if kids:
+          samples.append((self.trace.instances[p].module, get(kids[0])))
+      for found, parents in zip(self.alt_children(hoist, get), self.resolver.alts):
+        samples += [(parents[p].module, v) for p, v in found.items() if p in parents]
+    except Exception:  # a width this layer's trace does not give: no evidence
+      return None
+    return setup_local_values.matching_local(statements, self.src.namespace, samples)
 
   def passed_widths(
     self, hoist: Hoist, widths: tp.Callable[[Instance], dict[str, object]]

@@ -35,7 +35,7 @@ from .records import Todo
 from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
 from .scanned_method import lifted_method, linen_lift
-from .source import ClassSource, dotted, libcst, resolve
+from .source import ClassSource, dotted, libcst, resolve, self_target
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -469,17 +469,22 @@ class Rewriter:
     if name is None or len(args) < 2:
       self._mark("self.param without a literal name and an initializer")
       return updated
+    computed = None
     if self.method == "setup" and not isinstance(
       self.p.parents.get(original), (c.Assign, c.AnnAssign)
     ):
       # Dinov2's `self.lambda1 = c * self.param("lambda1", ...)`: Linen stores the Param and
       # setup's attribute is an array computed from it; written in place, the port's
-      # attribute would hold the array and no Param (its checkpoint has nowhere to go).
-      self._mark(
-        f"self.param({name!r}, ...) inside an expression in setup: keep the Param as "
-        f"self.{name} = nnx.Param(...) and compute the expression where it is read"
-      )
-      return updated
+      # attribute would hold the array and no Param (its checkpoint has nowhere to go). At
+      # the top of setup, the Param is kept and the arithmetic becomes a property
+      # (`computed_params.py`); anywhere else, a TODO.
+      computed = self._computed_attribute(original)
+      if computed is None:
+        self._mark(
+          f"self.param({name!r}, ...) inside an expression in setup: keep the Param as "
+          f"self.{name} = nnx.Param(...) and compute the expression where it is read"
+        )
+        return updated
     init = self.p.rewrite_expr(self.p.code(args[1].value))
     if not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
       # `lambda _, shape: jnp.ones(shape)` (HF's RMSNorm) is called, not made the Param.
@@ -522,6 +527,17 @@ class Rewriter:
         self._mark(f"self.param({name!r}, ...) has arguments that depend on the call")
         return updated
     decl = f"nnx.Param({init}(rngs.params(), {', '.join(init_args)}))"
+    if computed is not None:
+      self.p.port.computed[computed] = name
+      self.p.port.attributes[name] = self.p.src.line(site.lines[0])
+      self.p.change(
+        site.lines,
+        self.p.code(original),
+        f"self.{name} = {decl}",
+        f"a Linen param setup computes self.{computed} from: the Param is kept, the "
+        "arithmetic is a property",
+      )
+      return c.parse_expression(decl)
     self.p.declare(site, name, decl)
     self.p.change(
       site.lines,
@@ -532,6 +548,21 @@ class Rewriter:
     if site.setup_attr is not None or self._setup_assign(original):
       return c.parse_expression(decl)
     return c.parse_expression(self.p.value_access(name))
+
+  def _computed_attribute(self, original) -> str | None:
+    """`A` when `original` is inside the value of `self.A = ...`, a line of setup's own body
+    (not under an `if` or a loop); else None."""
+    c = libcst()
+    node: tp.Any = original
+    while node is not None and not isinstance(node, c.SimpleStatementLine):
+      node = self.p.parents.get(node)
+    if node is None:
+      return None
+    block: tp.Any = self.p.parents.get(node)
+    fn: tp.Any = self.p.parents.get(block) if block is not None else None  # its owner
+    if not (isinstance(fn, c.FunctionDef) and fn.name.value == "setup"):
+      return None
+    return self_target(node)
 
   def _setup_assign(self, original) -> bool:
     return self.method == "setup"

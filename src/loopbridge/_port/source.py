@@ -78,3 +78,17 @@ def resolve(name: str | None, namespace: tp.Mapping[str, object]) -> object:
     if value is None:
       return None
   return value
+
+
+def self_target(stmt: tp.Any) -> str | None:
+  """`attr` of a statement line `self.attr = ...` (one target, one statement), else None."""
+  c = libcst()
+  if not isinstance(stmt, c.SimpleStatementLine) or len(stmt.body) != 1:
+    return None
+  assign = stmt.body[0]
+  if not isinstance(assign, c.Assign) or len(assign.targets) != 1:
+    return None
+  target = assign.targets[0].target
+  if isinstance(target, c.Attribute) and dotted(target.value) == "self":
+    return target.attr.value
+  return None
