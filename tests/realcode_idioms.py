@@ -547,3 +547,59 @@ class ShortcutWhenWidened(nn.Module):
     if self.conv_shortcut is not None:
       x = self.conv_shortcut(x)
     return x + h
+
+
+class T5SelfPart(nn.Module):
+  features: int = 8
+
+  @nn.compact
+  def __call__(self, x):
+    return x + nn.Dense(self.features)(x)
+
+
+class T5CrossPart(nn.Module):
+  features: int = 8
+
+  @nn.compact
+  def __call__(self, x):
+    return x * nn.Dense(self.features)(x)
+
+
+class T5FeedForward(nn.Module):
+  features: int = 8
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.relu(nn.Dense(self.features)(x))
+
+
+class TupleGrownInSetup(nn.Module):
+  """HF T5's FlaxT5Block: a tuple of layers grown by `+=` under a setting, each named
+  `str(k)` by a counter a branch advances (the feed-forward layer is "1" in the encoder, "2" in
+  the decoder)."""
+
+  features: int = 8
+  causal: bool = False
+
+  def setup(self):
+    self.layer = (T5SelfPart(self.features, name=str(0)),)
+    index = 1
+    if self.causal:
+      self.layer += (T5CrossPart(self.features, name=str(1)),)
+      index += 1
+    self.layer += (T5FeedForward(self.features, name=str(index)),)
+
+  def __call__(self, x):
+    x = self.layer[0](x)
+    if self.causal:
+      x = self.layer[1](x)
+    return self.layer[-1](x)
+
+
+class EncoderDecoderBlocks(nn.Module):
+  """T5's stacks: the same block class, causal in one and not in the other."""
+
+  @nn.compact
+  def __call__(self, x):
+    encoded = TupleGrownInSetup(8, causal=False)(x)
+    return TupleGrownInSetup(8, causal=True)(encoded)

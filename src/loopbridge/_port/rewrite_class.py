@@ -465,6 +465,15 @@ class Planner:
     if not made_names:
       self.todo(site, NO_MATCH)
       return
+    if (
+      site.method == "setup"
+      and all(len(n) == 1 and not n[0].isidentifier() for n in made_names)
+      and all(self._sole_of_its_class(site, [k]) for kids in children.values() for k in kids)
+    ):
+      # Setup's one construction of its class, in place in setup's line (HF T5's `+=
+      # (FlaxT5LayerFF(..., name=str(index)),)`): its name differs with the branch before it
+      # ("1" in the encoder, "2" in the decoder), and the port keeps the line, not the name.
+      made_names = {sorted(made_names)[0]}
     if len(made_names) != 1 or len(next(iter(made_names))) != 1:
       self.todo(
         site,
@@ -560,7 +569,19 @@ class Planner:
       attr = site.setup_attr
       return [k for k in kids if k.path[-1] == attr or re.fullmatch(rf"{attr}_\d+", k.path[-1])]
     made = [k for k in kids if match_child(site, self.src, k)]
+    if not made and site.method == "setup":
+      made = self._sole_of_its_class(site, kids)
     return self._one_of_a_line(site, made)
+
+  def _sole_of_its_class(self, site: Site, kids: list[Instance]) -> list[Instance]:
+    """Setup's one construction of a class, and the instance's one submodule of that class
+    (HF T5's `self.layer += (FlaxT5LayerFF(..., name=str(index)),)`: named by a local that
+    runs in a branch, which the trace cannot read); else nothing."""
+    if site.loop is not None or site.comp is not None:
+      return []
+    same = [s for s in self.sites if s.kind == "construct" and s.target is site.target]
+    of_class = [k for k in kids if k.cls is site.target]
+    return of_class if len(same) == 1 and len(of_class) == 1 else []
 
   def _classes_in_fields(self) -> dict[str, type]:
     """The fields that hold the same Linen class in every traced instance."""

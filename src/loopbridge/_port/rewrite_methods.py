@@ -397,7 +397,10 @@ class Rewriter:
   def _hoisted(self, hoist: Hoist, original, updated):
     c = libcst()
     site = hoist.site
-    if site.setup_attr is not None or site.list_attr is not None:
+    # A construction in setup's own line that no attribute names (HF T5's `self.layer +=
+    # (X(..., name=str(k)),)`) stays where it is, as setup's lines do.
+    in_place = site.method == "setup" and not hoist.attr.isidentifier()
+    if site.setup_attr is not None or site.list_attr is not None or in_place:
       index = site.list_index
       if site.comp is not None:
         target = site.comp.for_in.target
@@ -803,6 +806,18 @@ class Rewriter:
             args=[c.Arg(updated.value)]
           )
         )
+    if (
+      self.p.ctx.modern
+      and isinstance(value, c.Tuple)
+      and self.method == "setup"
+      and not isinstance(updated.targets[0].target, c.Name)
+      and any(id(e.value) in self.p.hoists for e in value.elements)
+    ):
+      # HF T5's `self.layer = (X(..., name=str(0)),)`, grown by `+=` after: a tuple of layers
+      # is static data to flax 0.12's NNX (refused); an nnx.List holds them, and `+=` a tuple
+      # extends it.
+      items = ", ".join(self.p.code(e.value) for e in tp.cast(tp.Any, updated.value).elements)
+      updated = updated.with_changes(value=c.parse_expression(f"nnx.List([{items}])"))
     if self.p.ctx.modern and isinstance(value, c.Name) and self.method == "setup":
       target: tp.Any = original.targets[0].target if len(original.targets) == 1 else None
       attr = target.attr.value if isinstance(target, c.Attribute) else None
