@@ -64,6 +64,7 @@ def test_arithmetic_a_property_cannot_read_again_stays_a_todo():
   (todo,) = draft.todos
   assert "inside an expression in setup" in todo.reason
   assert "reads c" in todo.reason and "self.lambda1 = nnx.Param(...)" in todo.reason
+  assert todo.original == 'self.lambda1 = c * self.param("lambda1", nn.initializers.ones, (8,))'
 
 
 def test_a_width_that_is_a_setup_local_computed_in_two_lines_is_that_local_hf_dinov2():

@@ -19,6 +19,7 @@ line a TODO naming what to write.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import typing as tp
 
@@ -58,8 +59,8 @@ def keep_params(port: ClassPort, ctx: Context) -> ClassPort:
         f"self.param({name!r}, ...) inside an expression in setup: {why}. Keep the Param as "
         f"self.{name} = nnx.Param(...) and compute the expression where it is read"
       )
-      code = module.code_for_node(first).strip("\n")
       line = port.attributes.get(name, 0)
+      code = _original_line(port, line) or module.code_for_node(first).strip("\n")
       port.todos.append(Todo(port.source.file, line, reason, code))
       port.changes = [ch for ch in port.changes if ch.line != line]
       replace[id(first)] = todo_block(reason, code, port.source.file, line)
@@ -80,6 +81,15 @@ def keep_params(port: ClassPort, ctx: Context) -> ClassPort:
   new_classdef = new_classdef.with_changes(body=new_classdef.body.with_changes(body=body))
   port.code = tp.cast(tp.Any, module.deep_replace(classdef, new_classdef)).code
   return port
+
+
+def _original_line(port: ClassPort, line: int) -> str | None:
+  """The Linen statement starting at file line `line`, as the user wrote it."""
+  relative = line - port.source.first_line + 1
+  for node in ast.walk(ast.parse(port.source.text)):
+    if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.lineno == relative:
+      return ast.get_source_segment(port.source.text, node)
+  return None
 
 
 def _binds(node: tp.Any, attr: str) -> bool:
