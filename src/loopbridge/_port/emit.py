@@ -222,19 +222,12 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
       layer.widths(k).get(name) in (None, getattr(k.module, field, None)) for k in kids
     ):
       continue  # the field the user wrote says the same as the trace: its expression stays
-    resolver = planner.resolver
-    before, unexplained = set(resolver.extras), len(resolver.unexplained)
-    args[name] = planner.traced(hoist, lambda k, n=name: layer.widths(k)[n], name, index)
-    made_extra = args[name] in resolver.extras and args[name] not in before
-    if made_extra or len(resolver.unexplained) > unexplained:
-      # No field explains it (an argument the parent passes, or a literal at the root): a
-      # setup local that equals it everywhere (Dinov2's twice-computed `hidden_features`).
-      local = planner.setup_local_for(hoist, lambda k, n=name: layer.widths(k)[n])
-      if local is not None:
-        if made_extra:
-          del resolver.extras[args[name]]
-        del resolver.unexplained[unexplained:]
-        args[name] = local
+    width = lambda k, n=name: layer.widths(k)[n]  # noqa: E731
+    # Where no field explains it, a setup local that equals it everywhere (Dinov2's
+    # twice-computed `hidden_features`), rather than an argument or a literal.
+    args[name] = planner.traced(
+      hoist, width, name, index, fallback=lambda w=width: planner.setup_local_for(hoist, w)
+    )
     if field is not None:
       overridden.add(field)
       planner.change(

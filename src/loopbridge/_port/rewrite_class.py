@@ -643,9 +643,15 @@ class Planner:
   # --- values -----------------------------------------------------------------------------
 
   def traced(
-    self, hoist: Hoist, get: tp.Callable[[Instance], object], hint: str, index: str | None
+    self,
+    hoist: Hoist,
+    get: tp.Callable[[Instance], object],
+    hint: str,
+    index: str | None,
+    fallback: tp.Callable[[], str | None] | None = None,
   ) -> str:
-    """The expression of a traced per-submodule value (per element of a list)."""
+    """The expression of a traced per-submodule value (per element of a list); `fallback`
+    as `Resolver.expr` takes it (one value for the whole construction, not per element)."""
     name = f"{hoist.attr}_{hint}"
     if hoist.is_list:
       per = {p: tuple(get(k) for k in kids) for p, kids in hoist.children.items()}
@@ -656,7 +662,7 @@ class Planner:
         return self.resolver.expr(firsts, name, alt_firsts)
       return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
     values = {p: get(k[0]) for p, k in hoist.children.items() if k}
-    return self.resolver.expr(values, name, self.alt_children(hoist, get))
+    return self.resolver.expr(values, name, self.alt_children(hoist, get), fallback=fallback)
 
   def setup_local_for(self, hoist: Hoist, get: tp.Callable[[Instance], object]) -> str | None:
     """The one setup local bound before this setup construction that equals `get` of what it

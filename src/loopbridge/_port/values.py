@@ -68,6 +68,7 @@ class Resolver:
     hint: str,
     alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]] = (),
     from_input: bool = False,
+    fallback: tp.Callable[[], str | None] | None = None,
   ) -> str:
     """The expression (valid in `__init__`) equal to `values[path]` in every instance.
 
@@ -75,7 +76,10 @@ class Resolver:
     that changes with the fields becomes the field expression that matches everywhere.
     `from_input`: a size of the call's input; one no field explains is a constructor argument
     (as NNX's `in_features`), never the sample's number.
+    `fallback`: another expression the caller can prove (a setup local equal everywhere),
+    asked where nothing here explains the value, before a literal or an added argument.
     """
+    proven = fallback if fallback is not None else lambda: None
     distinct = list(values.values())
     elsewhere = [v for d in alt_values for v in d.values()]
     if not distinct and not elsewhere:
@@ -104,6 +108,8 @@ class Resolver:
         # no instance of the user's can take a value, so the one seen there is written.
         text = literal(elsewhere[0])
         if text is not None and any(v != elsewhere[0] for v in elsewhere):
+          if (local := proven()) is not None:
+            return local
           self.unexplained.append(
             (
               hint,
@@ -116,6 +122,8 @@ class Resolver:
           return text
       text = literal(distinct[0]) if same and not from_input and self.root else None
       if text is not None:
+        if (local := proven()) is not None:
+          return local
         why = (
           f"both {' and '.join(found.matches)} match in every configuration traced"
           if found.matches
@@ -136,6 +144,8 @@ class Resolver:
         not elsewhere or extra.alt == list(map(dict, alt_values))
       ):
         return extra.name
+    if (local := proven()) is not None:
+      return local
     name = hint
     n = 1
     while name in self.extras or name in self.fields:
