@@ -131,6 +131,74 @@ class MlpWithInits(nn.Module):
     return nn.Dense(d, **inits)(nn.gelu(x))
 
 
+class HeadWithChosenInit(nn.Module):
+  """big_vision's ViT head: `kw = {"kernel_init": zeros} if self.head_zeroinit else {}`, then
+  `nn.Dense(..., **kw)`, both under the `if` that builds the head."""
+
+  num_classes: int = 4
+  head_zeroinit: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(8)(x)
+    if self.num_classes:
+      kw = {"kernel_init": nn.initializers.zeros} if self.head_zeroinit else {}
+      head = nn.Dense(self.num_classes, name="head", **kw)
+      x = head(x)
+    return x
+
+
+class HeadWithLinenOnlyKeyword(nn.Module):
+  """The same idiom with a key nnx.Linear has no parameter for."""
+
+  plain_dot: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    kw = {"dot_general_cls": None} if self.plain_dot else {}
+    return nn.Dense(4, **kw)(x)
+
+
+class WidthInAChosenDict(nn.Module):
+  """The idiom with the width in the dict: the draft writes widths itself."""
+
+  small: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    kw = {"features": 4} if self.small else {"features": 8}
+    return nn.Dense(**kw)(x)
+
+
+def learned_posemb(module, shape, name):
+  """big_vision's `get_posemb`: a function of the file handed the module, making its param."""
+  return module.param(name, nn.initializers.normal(0.02), shape)
+
+
+class PosembByHelper(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return x + learned_posemb(self, (1, *x.shape[1:]), "pos_embedding")
+
+
+class RarelyBuilt(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(x.shape[-1])(x)
+
+
+class BuildsByNumber(nn.Module):
+  """A class only an integer setting builds: no setting flipped one at a time reaches it."""
+
+  mode: int = 0
+
+  @nn.compact
+  def __call__(self, x):
+    if self.mode == 3:
+      x = RarelyBuilt()(x)
+    return nn.Dense(4)(x)
+
+
 class PoolHead(nn.Module):
   """big_vision's MAPHead: a class only `pool_type="map"` builds."""
 

@@ -116,6 +116,74 @@ def test_a_dict_local_passed_as_keywords_is_bound_key_by_key_big_vision():
   np.testing.assert_allclose(port(x), draft.linen_module.apply(variables, x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("zeroinit", [True, False])
+def test_a_dict_local_chosen_by_a_setting_is_passed_on_as_keywords_big_vision(zeroinit):
+  """`**kw` where `kw` is one dict or another by a setting: the port passes the same choice
+  (the key it leaves out takes NNX's default, as Linen's), so a fresh port's head is zeros
+  exactly where Linen's fresh init is."""
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  draft = lb.port.draft(models.HeadWithChosenInit(), x)
+  assert draft.ok, draft.report()
+  from flax import nnx
+
+  namespace = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  port = namespace["HeadWithChosenInit"](head_zeroinit=zeroinit, rngs=nnx.Rngs(0))
+  module = models.HeadWithChosenInit(head_zeroinit=zeroinit)
+  variables = module.init(jax.random.key(1), x)
+  linen_zero = not np.any(variables["params"]["head"]["kernel"])
+  assert linen_zero == zeroinit
+  assert (not np.any(port.head.kernel[...])) == linen_zero
+  lb.checkpoint.linen_to_nnx(module, variables, port, x)
+  np.testing.assert_allclose(port(x), module.apply(variables, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+  ("module", "key", "why"),
+  [
+    (models.HeadWithLinenOnlyKeyword(), "dot_general_cls", "no counterpart in nnx.Linear"),
+    (models.WidthInAChosenDict(), "features", "an argument the draft writes itself"),
+  ],
+  ids=["no-nnx-counterpart", "a-width"],
+)
+def test_a_chosen_dict_the_draft_cannot_pass_on_is_a_todo_naming_the_key(module, key, why):
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  draft = lb.port.draft(module, x)  # no raw exception
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert f"{key}=" in todo.reason and why in todo.reason, todo.reason
+
+
+def test_the_module_handed_to_a_function_making_its_param_is_a_todo_big_vision():
+  """Not a port that fails when it runs (`'PosembByHelper' object has no attribute 'param'`)."""
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  draft = lb.port.draft(models.PosembByHelper(), x)
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "learned_posemb(...) is handed the module" in todo.reason
+  assert "module.param" in todo.reason and "nnx.Param(" in todo.reason
+
+
+def test_a_class_no_configuration_reached_is_a_todo_whose_fix_works():
+  """The TODO says to pass a configuration that builds the class; doing so drafts it."""
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  draft = lb.port.draft(models.BuildsByNumber(), x)
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "RarelyBuilt was not traced" in todo.reason and "configs=" in todo.reason
+  draft = lb.port.draft(models.BuildsByNumber(), x, configs=[models.BuildsByNumber(mode=3)])
+  assert draft.ok, draft.report()
+  from flax import nnx
+
+  namespace = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  module = models.BuildsByNumber(mode=3)
+  variables = module.init(jax.random.key(1), x)
+  port = namespace["BuildsByNumber"](mode=3, rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(module, variables, port, x)
+  np.testing.assert_allclose(port(x), module.apply(variables, x), rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def pooled():
   x = jax.random.normal(jax.random.key(0), (2, 5, 3))

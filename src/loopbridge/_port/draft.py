@@ -247,6 +247,22 @@ def _user_classes(root: nn.Module, traces) -> list[type]:
   return sorted(depth, key=lambda c: -depth[c])
 
 
+def _read_sources(
+  classes: list[type], known: tp.Mapping[type, ClassSource], required: tp.Collection[type]
+) -> tuple[list[type], dict[type, ClassSource]]:
+  """The classes whose source reads, with their sources. A class of the sample call's trace
+  must read (its PortError says why and what to do); one only another configuration builds
+  is left out when it does not (its construction stays a TODO, as with no such trace)."""
+  sources: dict[type, ClassSource] = {}
+  for cls in classes:
+    try:
+      sources[cls] = known.get(cls) or read_class(cls)
+    except PortError:
+      if cls in required:
+        raise
+  return [cls for cls in classes if cls in sources], sources
+
+
 def _cache_shapes(
   variables: tp.Mapping[str, object] | None,
 ) -> dict[tuple[str, ...], dict[str, tuple[int, ...]]]:
@@ -352,8 +368,8 @@ def draft(
   traced = trace(linen_module, [(c.method, c.args, dict(c.kwargs)) for c in all_calls], streams)
   others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
   labels: tuple[str, ...] = ("",) * len(others)
-  branch_traces: list = []  # the branch configurations' traces (classes are found there too)
   ctx = classes = sources = None
+  required = set(_user_classes(linen_module, [traced]))  # the sample call's: each must read
   # First the classes the traces saw. Where that leaves work undone, the settings the
   # sources read are changed one at a time (`branch_configs.py`): first for classes no trace
   # saw; then, if TODOs or untraced constructions remain, for any submodule or variable the
@@ -361,8 +377,11 @@ def draft(
   for mode in ("classes", "paths"):
     if mode == "paths" and (configs is not None or not _work_left(ctx, classes)):
       break
-    classes = _user_classes(linen_module, [traced, *branch_traces])
-    sources = {cls: read_class(cls) for cls in classes}
+    # A class only another configuration builds (one the user passes as `configs=` to reach
+    # it, or a scaled one) is drafted from that configuration's trace.
+    classes, sources = _read_sources(
+      _user_classes(linen_module, [traced, *(t for _, t in others)]), {}, required
+    )
     branches = (
       []
       if configs is not None
@@ -382,9 +401,9 @@ def draft(
       break
     labels += tuple(label for _, _, label in branches)
     others += [(m, t) for m, t, _ in branches]
-    branch_traces += [t for _, t, _ in branches]
-    classes = _user_classes(linen_module, [traced, *branch_traces])
-    sources = {cls: sources.get(cls) or read_class(cls) for cls in classes}
+    classes, sources = _read_sources(
+      _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
+    )
     ctx = _port_all(classes, sources, traced, [t for _, t in others], variables)
   assert ctx is not None and classes is not None and sources is not None
   from .helpers import HELPERS

@@ -7,7 +7,7 @@ import inspect
 import typing as tp
 from functools import partial
 
-from . import standard_layers
+from . import keyword_dicts, standard_layers
 from .find_sites import Site
 from .hoist import Hoist, match_child
 from .literals import literal
@@ -22,15 +22,21 @@ if tp.TYPE_CHECKING:
 Planner = tp.Any
 
 
+# The key `bind` files a dict chosen by a test under (`**(a if t else b)`, passed on whole).
+CHOSEN = "**"
+
+
 def bind(
   site: Site,
   cls: type,
-  dicts: tp.Mapping[str, list[tuple[str, cst.BaseExpression]]] | None = None,
+  dicts: tp.Mapping[str, tp.Any] | None = None,
 ) -> tuple[dict[str, cst.BaseExpression], str | None]:
   """Linen field -> argument expression of a construction, or an error text.
 
   `dicts`: the method's locals assigned once from a dict written out (`inits =
-  dict(kernel_init=...)`), whose `**inits` binds each of its keys (big_vision's MLP block).
+  dict(kernel_init=...)`), whose `**inits` binds each of its keys (big_vision's MLP block), or
+  from one dict or another chosen by a test, bound whole under `CHOSEN` (big_vision's ViT head;
+  `keyword_dicts.py`).
   """
   c = libcst()
   fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
@@ -47,7 +53,13 @@ def bind(
     )
   for i, arg in enumerate(given):
     if arg.star == "**" and isinstance(arg.value, c.Name) and arg.value.value in (dicts or {}):
-      for key, value in (dicts or {})[arg.value.value]:
+      found = (dicts or {})[arg.value.value]
+      if not isinstance(found, list):
+        if CHOSEN in bound:
+          return {}, "a construction given two dicts chosen by a test (`**a, **b`)"
+        bound[CHOSEN] = found
+        continue
+      for key, value in found:
         bound[key] = value
       continue
     if arg.star:
@@ -93,6 +105,20 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   child = planner.ctx.ported.get(cls)
   for field, expr in bound.items():
     code = planner.code(expr)
+    if field == CHOSEN:
+      # Passed on whole: it may read settings and globals, as `__init__` can, not the call.
+      if site.factory_field is not None:
+        return None, (
+          f"`**` passes a dict chosen by a test ({code}) to a layer built through the field "
+          f"{site.factory_field}: write the construction out in each branch by hand"
+        )
+      if not available(expr, ns, extra):
+        return None, (
+          f"`**` passes a dict chosen by a test that reads the call ({code}): write the "
+          "construction out in each branch by hand"
+        )
+      values[CHOSEN] = planner.rewrite_expr(code)
+      continue
     if child is not None and field in child.dropped:
       continue  # a module factory: the child's port builds its layers itself
     if id(expr) in nested:
@@ -141,7 +167,13 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
         )
   hoist.call_kwargs = moved
   if layer is None:
-    return _user_class(planner, hoist, cls, values, index), ""
+    passed = None
+    if CHOSEN in values:
+      given = {f for f in values if f != CHOSEN}
+      passed, why = _chosen_for_class(child, cls, values[CHOSEN], given)
+      if passed is None:
+        return None, why
+    return _user_class(planner, hoist, cls, values, index, passed), ""
   if layer.nnx_name == "Sequential":
     return _sequential(planner, hoist, index)
   return _standard(planner, hoist, layer, values, index)
@@ -237,7 +269,7 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
         f"nn.{layer_name(hoist)} runs at the width of what it is given, not at its {field}=",
       )
   for field, code in values.items():
-    if field in layer.consumed or field in overridden:
+    if field in layer.consumed or field in overridden or field == CHOSEN:
       continue
     if field in layer.translated:
       how = layer.translated[field]
@@ -261,6 +293,11 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     if field.default is not None and text is not None and p.default is None:
       # NNX leaves it open (and then demands it); Linen's default is what the model ran with.
       args[p.name] = text
+  passed = None
+  if CHOSEN in values:
+    passed, why = _chosen_for_layer(layer, hoist, values[CHOSEN], params, args, widths_seen)
+    if passed is None:
+      return None, why
   if "rngs" in known:
     args["rngs"] = "rngs"
   missing = [
@@ -304,6 +341,8 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     else:
       positional = False
       parts.append(f"{p.name}={args[p.name]}")
+  if passed is not None:
+    parts.append(passed)
   hoist.post = []
   if layer.nnx_name == "MultiHeadAttention" and index is None:
     kids = [k[0] for k in hoist.children.values() if k]
@@ -317,15 +356,65 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   return f"{layer.code_name}({', '.join(parts)})", ""
 
 
+def _chosen_for_layer(layer, hoist, code, params, args, widths) -> tuple[str | None, str]:
+  """`**(...)` passing a dict chosen by a test to an NNX layer, each key spelled as NNX spells
+  it; or (None, why) for a key the draft cannot pass on that way."""
+  node = keyword_dicts.chosen(libcst().parse_expression(code))
+  if node is None:
+    return None, f"`**` passes a dict chosen by a test the draft cannot read ({code})"
+  required = {p.name for p in params if p.default is inspect.Parameter.empty}
+  known = {p.name for p in params}
+  spelling: dict[str, str] = {}
+  for key in keyword_dicts.keys(node):
+    target = layer.renames.get(key, key)
+    if target not in known:
+      return None, (
+        f"nn.{layer_name(hoist)}'s {key}=, passed in a dict chosen by a test, has no "
+        f"counterpart in nnx.{layer.nnx_name}: write the construction out by hand"
+      )
+    if (
+      key in layer.consumed
+      or key in layer.translated
+      or key in layer.call_time
+      or target in args
+      or target in widths
+      or target in required
+    ):
+      return None, (
+        f"{key}=, passed in a dict chosen by a test, is an argument the draft writes itself "
+        f"for nnx.{layer.nnx_name} (a width, a call-time flag, or one written out): write "
+        "the construction out in each branch by hand"
+      )
+    spelling[key] = target
+  return f"**({keyword_dicts.respelled(code, spelling)})", ""
+
+
+def _chosen_for_class(child_port, cls, code, given) -> tuple[str | None, str]:
+  """`**(...)` passing a dict chosen by a test to a drafted class, whose `__init__` takes its
+  Linen fields by name; or (None, why)."""
+  node = keyword_dicts.chosen(libcst().parse_expression(code))
+  if node is None:
+    return None, f"`**` passes a dict chosen by a test the draft cannot read ({code})"
+  fields = {f.name for f in dataclasses.fields(cls)} - {"parent", "name"}
+  for key in keyword_dicts.keys(node):
+    if key not in fields or key in child_port.dropped or key in given:
+      return None, (
+        f"{key}=, passed to {cls.__name__} in a dict chosen by a test, is no argument its "
+        "port takes by that name: write the construction out in each branch by hand"
+      )
+  return f"**({code})", ""
+
+
 def layer_name(hoist: Hoist) -> str:
   return tp.cast(type, hoist.site.target).__name__
 
 
-def _user_class(planner, hoist, cls, values, index) -> str:
+def _user_class(planner, hoist, cls, values, index, passed: str | None) -> str:
+  """`passed`: a `**(...)` dict chosen by a test (`_chosen_for_class`), or None."""
   site = hoist.site
   parts: list[str] = []
   fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
-  positional = [a for a in site.node.args if a.keyword is None]
+  positional = [a for a in site.node.args if a.keyword is None and not a.star]
   child_port = planner.ctx.ported[cls]
   by_keyword = False
   for i, _ in enumerate(positional):
@@ -342,6 +431,8 @@ def _user_class(planner, hoist, cls, values, index) -> str:
     # it does not build: the added bool that guards it is False there): None.
     code = planner.traced(hoist, lambda k, e=extra: e.value_of(k), extra.name, index)
     parts.append(f"{extra.name}={code}")
+  if passed is not None:
+    parts.append(passed)
   parts.append("rngs=rngs")
   if planner.ctx.caches.get(cls):  # its port has decode caches: this class sizes them too
     kind = "list" if hoist.is_list else "module"

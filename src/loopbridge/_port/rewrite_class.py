@@ -15,7 +15,7 @@ import typing as tp
 
 from flax import linen as nn
 
-from . import passed_values, setup_local_values, standard_layers
+from . import keyword_dicts, passed_values, setup_local_values, standard_layers
 from .call_shapes import in_init
 from .cell_carry import is_detached, plan_detached
 from .chosen_class import Choice, plan_chosen_class
@@ -92,24 +92,17 @@ def factory_class(value: object) -> type | None:
   return func if isinstance(func, type) and issubclass(func, nn.Module) else None
 
 
-def _dict_items(node: tp.Any) -> list[tuple[str, tp.Any]] | None:
-  """(key, value) of `dict(a=1, b=2)` or `{"a": 1, "b": 2}`, else None."""
+def _assignments(node: tp.Any) -> list[tp.Any]:
+  """Every `Assign` under `node`, at any depth, in order."""
   c = libcst()
-  if isinstance(node, c.Call) and isinstance(node.func, c.Name) and node.func.value == "dict":
-    if all(a.keyword is not None and not a.star for a in node.args):
-      return [(a.keyword.value, a.value) for a in node.args]
-    return None
-  if isinstance(node, c.Dict):
-    items = []
-    for el in node.elements:
-      if not isinstance(el, c.DictElement) or not isinstance(el.key, c.SimpleString):
-        return None
-      text = el.key.evaluated_value
-      if not isinstance(text, str) or not text.isidentifier():
-        return None
-      items.append((text, el.value))
-    return items
-  return None
+  found: list[tp.Any] = []
+
+  class Assigns(c.CSTVisitor):
+    def visit_Assign(self, assign: tp.Any) -> None:
+      found.append(assign)
+
+  node.visit(Assigns())
+  return found
 
 
 def _list_run(names: list[str]) -> tuple[str, int, int] | None:
@@ -390,7 +383,11 @@ class Planner:
       why = (
         f"{cls.__module__}.{cls.__qualname__} has no NNX counterpart in the draft's table"
         if standard_layers.is_linen_layer(cls)
-        else f"{cls.__qualname__} was not traced (never called on the sample call)"
+        else (
+          f"{cls.__qualname__} was not traced: neither the sample call nor a configuration "
+          "with one setting changed reached it; pass draft(configs=[...]) an instance of the "
+          "model whose call builds it, or port it by hand"
+        )
       )
       self.todo(site, why)
       return
@@ -508,34 +505,34 @@ class Planner:
                 found.add(t.target.value)
     return found
 
-  def dict_locals(self, method: str) -> dict[str, list[tuple[str, cst.BaseExpression]]]:
+  def dict_locals(self, method: str) -> dict[str, tp.Any]:
     """The locals of `method` assigned once, from a dict written out with string keys
-    (`dict(a=1)` or `{"a": 1}`): name -> (key, value) in order."""
+    (`dict(a=1)` or `{"a": 1}`: name -> (key, value) in order), or from one such dict or
+    another chosen by a test (name -> the `IfExp`), at any depth of its body
+    (`keyword_dicts.py`)."""
     return self._dict_locals.get(method, {})
 
   @functools.cached_property
-  def _dict_locals(self) -> dict[str, dict[str, list[tuple[str, cst.BaseExpression]]]]:
+  def _dict_locals(self) -> dict[str, dict[str, tp.Any]]:
     """`dict_locals` of every method, found once per class (read at each construction)."""
     c = libcst()
-    out: dict[str, dict[str, list[tuple[str, cst.BaseExpression]]]] = {}
+    out: dict[str, dict[str, tp.Any]] = {}
     classdef: tp.Any = self.module.body[0]
     for fn in classdef.body.body:
       if not isinstance(fn, c.FunctionDef):
         continue
       counts = assignment_counts(fn)
       found = out.setdefault(fn.name.value, {})
-      for stmt in fn.body.body:
-        if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
-          continue
-        assign = stmt.body[0]
+      for assign in _assignments(fn.body):
         target = assign.targets[0].target
         if len(assign.targets) != 1 or not isinstance(target, c.Name):
           continue
         if counts.get(target.value) != 1:
           continue
-        items = _dict_items(assign.value)
-        if items is not None:
-          found[target.value] = items
+        value = keyword_dicts.items(assign.value)
+        value = keyword_dicts.chosen(assign.value) if value is None else value
+        if value is not None:
+          found[target.value] = value
     return out
 
   def _made_elsewhere(self, site: Site) -> list[list[Instance]]:

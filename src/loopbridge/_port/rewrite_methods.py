@@ -30,6 +30,7 @@ from .layer_subclass import (
 )
 from .linen_api import VARIABLE_TYPES
 from .literals import string_literal
+from .module_handed_out import linen_api_used
 from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
 from .removed_lines import removed_line
@@ -371,6 +372,10 @@ class Rewriter:
     layer_call = self._setup_layer_call(original, updated)
     if layer_call is not None:
       return layer_call
+    handed_out = linen_api_used(self.p.src.namespace, original)
+    if handed_out is not None:
+      self._mark(handed_out)
+      return updated
     site = self.p.site_of.get(key)
     if site is None:
       return updated
