@@ -88,6 +88,46 @@ class ConfiguredMask(nn.Module):
     return scores @ x
 
 
+class WindowedMask(nn.Module):
+  """HF's GPT-Neo: the mask bound, then bound again from itself under a setting (a local
+  attention window)."""
+
+  max_length: int = 16
+  attention_type: str = "local"
+  window_size: int = 3
+
+  def setup(self):
+    self.causal_mask = nn.make_causal_mask(
+      jnp.ones((1, self.max_length), dtype="bool"), dtype="bool"
+    )
+    if self.attention_type == "local":
+      self.causal_mask = self.causal_mask ^ jnp.tril(self.causal_mask, -self.window_size)
+
+  def __call__(self, x):
+    length = x.shape[1]
+    scores = jnp.where(self.causal_mask[0, 0, :length, :length], x @ x.swapaxes(-1, -2), 0.0)
+    return scores @ x
+
+
+class ReboundWithLocals(nn.Module):
+  """Bound three times, in both branches of an `if`, from locals bound before and inside."""
+
+  features: int = 8
+  shifted: bool = True
+
+  def setup(self):
+    base = jnp.arange(self.features)
+    self.ids = base * 2
+    if self.shifted:
+      offset = 3
+      self.ids = self.ids + offset
+    else:
+      self.ids = self.ids - 1
+
+  def __call__(self, x):
+    return x + self.ids[: x.shape[-1]]
+
+
 class RandomConstant(nn.Module):
   """A setup array drawn from an rng stream: no property can draw the same numbers."""
 
@@ -168,8 +208,9 @@ def _imported(draft, tmp_path, name: str):
   [
     (ConstantArrays(), ("causal_mask", "positions", "position_ids")),
     (ConfiguredMask(), ("causal_mask",)),
+    (WindowedMask(), ("causal_mask",)),
   ],
-  ids=["field-and-locals", "config-local"],
+  ids=["field-and-locals", "config-local", "bound-again-under-an-if"],
 )
 def test_constant_array_attributes_draft_equal_to_linen(module, attrs):
   """Before: on flax 0.10 the port did not build (`Arrays leaves are not supported, at
@@ -200,6 +241,34 @@ def test_the_property_keeps_setups_branch(tmp_path):
   assert not hasattr(port, "causal_mask")
   causal = module.ConstantArrays(rngs=nnx.Rngs(0))
   assert causal.causal_mask.shape == (1, 1, 16, 16)
+
+
+def test_an_attribute_bound_again_under_an_if_follows_the_setting(tmp_path):
+  """GPT-Neo's windowed mask: at `attention_type="global"` (not traced) the port's mask is
+  the plain causal one, as Linen's; at "local" it has the window (the window changes the
+  output on the sample, so a property that dropped the second line would fail the check)."""
+  draft = lb.port.draft(WindowedMask(), _x())
+  assert draft.ok, draft.report()
+  module = _imported(draft, tmp_path, "windowed_mask_nnx")
+  x = jax.random.normal(jax.random.key(1), (3, 6, 8))
+  for setting in ("global", "local"):
+    linen = WindowedMask(attention_type=setting)
+    variables = linen.init(jax.random.key(2), x)
+    port = module.WindowedMask(attention_type=setting, rngs=nnx.Rngs(0))
+    lb.checkpoint.linen_to_nnx(linen, variables, port, x)
+    np.testing.assert_allclose(port(x), linen.apply(variables, x), rtol=1e-5, atol=1e-5)
+  plain = WindowedMask(attention_type="global").apply({}, x)
+  assert not np.allclose(plain, WindowedMask().apply({}, x))  # the window matters here
+
+
+@pytest.mark.parametrize("shifted", [True, False])
+def test_an_attribute_bound_in_both_branches_reads_the_locals_of_each(tmp_path, shifted):
+  draft = lb.port.draft(ReboundWithLocals(), _x())
+  assert draft.ok, draft.report()
+  module = _imported(draft, tmp_path, f"rebound_locals_nnx_{shifted}")
+  linen = ReboundWithLocals(shifted=shifted)
+  port = module.ReboundWithLocals(shifted=shifted, rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(port(_x()), linen.apply({}, _x()))
 
 
 def _array_todos(draft, attr: str) -> list[lb.port.Todo]:

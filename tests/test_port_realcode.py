@@ -141,6 +141,16 @@ CASES = {
   "Electra": (_hf("FlaxElectraModel", "ElectraConfig", dict(embedding_size=16)), None),
   "GPT2": (_hf("FlaxGPT2Model", "GPT2Config"), None),
   "GPTJ": (_hf("FlaxGPTJModel", "GPTJConfig", dict(rotary_dim=4)), None),
+  # A local attention window shorter than the sequence: its mask is rebound under an `if`
+  # in setup (a property recomputing both lines on flax 0.10).
+  "GPTNeo": (
+    _hf(
+      "FlaxGPTNeoModel",
+      "GPTNeoConfig",
+      dict(num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]], window_size=4),
+    ),
+    None,
+  ),
   "Bloom": (_hf("FlaxBloomModel", "BloomConfig", dict(n_layer=2, n_head=4)), None),
   "Llama": (_hf("FlaxLlamaModel", "LlamaConfig", dict(num_key_value_heads=2)), None),
   "Mistral": (_hf("FlaxMistralModel", "MistralConfig", dict(num_key_value_heads=2)), None),

@@ -76,6 +76,17 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
   remove: set[int] = set()
   todos: dict[int, tp.Any] = {}  # id(statement) -> its TODO block
   for attr, (original, reason) in plans.items():
+    chain = _rebinding(init, attr) if reason is None else None
+    if chain is not None:
+      prop = _chained_property(module, init, attr, chain)
+      if not isinstance(prop, str):
+        properties.append(prop)
+        remove.update(id(s) for s in chain)
+        line = port.source.line(positions[original].start.line)
+        code = " ".join(wrapper.module.code_for_node(original).split())
+        port.changes.append(Change(port.source.file, line, code[:90], f"@property {attr}", WHY))
+        continue
+      reason = prop
     drafted = _single_assignment(init, attr)
     # Bound several times: one TODO block in place of the first line, holding them all.
     others = [s for s in _all_statements(init) if attr in _self_targets(s)]
@@ -184,6 +195,9 @@ def _plans(
       bindings = [s for s in _all_statements(setup) if attr in _self_targets(s)]
       if bindings and all(_param_or_none(s) for s in bindings):
         continue  # BEiT's `self.lambda_1 = self.param(...)` or `= None`: a Param, or nothing
+      if _rebinding(setup, attr) is not None and not any(map(_param_or_none, bindings)):
+        found[attr] = (bindings[0], None)  # GPT-Neo's windowed mask: bound again from itself
+        continue
       if bindings:
         reads = sorted(_self_reads(bindings) & _VARIABLE_READS)
         why = "setup binds it more than once or with other targets"
@@ -203,11 +217,18 @@ def _plans(
     for attr, (stmt, why) in found.items():
       if why is not None:
         continue
-      where = _levels(setup, stmt)
-      why = where if isinstance(where, str) else _unreadable(setup, stmt, where, readable, evidence)
-      if why is not None:
-        found[attr] = (stmt, why)
-        changed = True
+      for binding in _rebinding(setup, attr) or [stmt]:
+        where = _levels(setup, binding)
+        # A later binding reads the attribute itself: the property's local by then.
+        why = (
+          where
+          if isinstance(where, str)
+          else _unreadable(setup, binding, where, readable | {attr}, evidence)
+        )
+        if why is not None:
+          found[attr] = (stmt, why)
+          changed = True
+          break
     if not changed:
       return found
 
@@ -304,6 +325,87 @@ def _levels(fn: tp.Any, stmt: tp.Any) -> list[_Level] | str:
 
   found = search(fn.body.body, _Level((), 0))
   return found if found is not None else "setup assigns it where the draft cannot follow"
+
+
+def _rebinding(fn: tp.Any, attr: str) -> list[tp.Any] | None:
+  """The statements binding `self.<attr>` when there are several, each `self.<attr> = value`
+  alone on its line, the first in `fn`'s own body (so a value exists whatever the settings)
+  and the others under `if`s only (GPT-Neo: `self.causal_mask = ...`, then under `if
+  self.attention_type == "local":` `self.causal_mask = self.causal_mask ^ ...`); else None."""
+  c = libcst()
+  stmts = [s for s in _all_statements(fn) if attr in _self_targets(s)]
+  if len(stmts) < 2 or not any(s is stmts[0] for s in fn.body.body):
+    return None
+  for s in stmts:
+    assign = s.body[0]
+    if len(s.body) != 1 or not isinstance(assign, c.Assign) or len(assign.targets) != 1:
+      return None
+    if not isinstance(assign.targets[0].target, c.Attribute) or isinstance(_levels(fn, s), str):
+      return None
+  return stmts
+
+
+def _chained_property(module: tp.Any, init: tp.Any, attr: str, chain: list[tp.Any]) -> tp.Any:
+  """The read-only property repeating each binding of a `_rebinding` chain in `__init__`'s
+  order, with the `if`s around them and the locals they read, into a local it returns; or
+  why the drafted `__init__` does not let a property repeat them."""
+  c = libcst()
+  keep: set[int] = {id(s) for s in chain}
+  for stmt in chain:
+    levels = _levels(init, stmt)
+    if isinstance(levels, str):
+      return levels
+    carried = _carried(init, stmt, levels)
+    if isinstance(carried, str):
+      return carried
+    keep.update(id(s) for level in carried[0] for s in level)
+  bound = set().union(*(_local_targets(s) for s in init.body.body))
+  local = attr if attr not in bound else f"{attr}_value"
+
+  class AsLocal(c.CSTTransformer):
+    """`self.<attr>` read in a later binding: the local bound so far."""
+
+    def leave_Attribute(self, original: tp.Any, updated: tp.Any) -> tp.Any:
+      if dotted(original) == f"self.{attr}":
+        return c.Name(local)
+      return updated
+
+  def sliced(stmts: tp.Sequence[tp.Any]) -> list[tp.Any]:
+    out: list[tp.Any] = []
+    for s in stmts:
+      if id(s) in {id(b) for b in chain}:
+        value = s.body[0].value.visit(AsLocal())
+        out.append(c.SimpleStatementLine([c.Assign([c.AssignTarget(c.Name(local))], value)]))
+      elif id(s) in keep:
+        out.append(s.with_changes(leading_lines=[]))
+      elif isinstance(s, c.If) and any(_contains(s, b) for b in chain):
+        out.append(_sliced_if(s, sliced))
+    return out
+
+  body = [*sliced(init.body.body), c.SimpleStatementLine([c.Return(c.Name(local))])]
+  comment = c.EmptyLine(comment=c.Comment(COMMENT))
+  body[0] = body[0].with_changes(leading_lines=[comment])
+  skeleton = c.parse_statement(f"@property\ndef {attr}(self):\n  pass\n")
+  del module
+  return skeleton.with_changes(
+    body=c.IndentedBlock(body=body), leading_lines=[c.EmptyLine(indent=False)]
+  )
+
+
+def _sliced_if(node: tp.Any, sliced: tp.Callable[[tp.Sequence[tp.Any]], list[tp.Any]]) -> tp.Any:
+  """An `if` (and its `elif`s and `else`) keeping only what `sliced` keeps of each block
+  (`pass` where that is nothing)."""
+  c = libcst()
+
+  def block(b: tp.Any) -> tp.Any:
+    return b.with_changes(body=sliced(b.body) or [c.SimpleStatementLine([c.Pass()])])
+
+  orelse = node.orelse
+  if isinstance(orelse, c.If):
+    orelse = _sliced_if(orelse, sliced)
+  elif orelse is not None:
+    orelse = orelse.with_changes(body=block(orelse.body))
+  return node.with_changes(body=block(node.body), orelse=orelse, leading_lines=[])
 
 
 def _contains(node: tp.Any, target: tp.Any) -> bool:
@@ -535,6 +637,11 @@ def _edit_class() -> type:
         block = updated.with_changes(body=[c.SimpleStatementLine([c.Pass()])])
         self.emptied.add(id(block))
         return block
+      return updated
+
+    def leave_Else(self, original: tp.Any, updated: tp.Any) -> tp.Any:
+      if id(updated.body) in self.emptied:
+        return c.RemoveFromParent()
       return updated
 
     def leave_If(self, original: tp.Any, updated: tp.Any) -> tp.Any:
