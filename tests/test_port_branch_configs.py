@@ -184,6 +184,32 @@ def test_a_class_no_configuration_reached_is_a_todo_whose_fix_works():
   np.testing.assert_allclose(port(x), module.apply(variables, x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_class_only_another_configuration_builds_whose_source_cannot_be_read_stays_a_todo():
+  """Not a PortError for the whole draft: the sample call's own classes all read."""
+  namespace = {"nn": models.nn}
+  exec(  # a class with no source file (as one made in a notebook's exec)
+    "class NoSource(nn.Module):\n"
+    "  @nn.compact\n"
+    "  def __call__(self, x):\n"
+    "    return nn.Dense(x.shape[-1])(x)\n",
+    namespace,
+  )
+  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+  module = models.BuildsByNumber()
+  try:
+    models.RarelyBuilt = namespace["NoSource"]  # what BuildsByNumber builds at mode=3
+    draft = lb.port.draft(module, x, configs=[models.BuildsByNumber(mode=3)])
+  finally:
+    models.RarelyBuilt = _RARELY_BUILT
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "NoSource was traced in another configuration" in todo.reason
+  assert "source cannot be read" in todo.reason
+
+
+_RARELY_BUILT = models.RarelyBuilt
+
+
 @pytest.fixture(scope="module")
 def pooled():
   x = jax.random.normal(jax.random.key(0), (2, 5, 3))

@@ -380,9 +380,16 @@ class Planner:
       self.port.dropped.add(site.factory_field)
     cls = tp.cast(type, site.target)
     if not (cls in standard_layers.TABLE or cls in self.ctx.ported):
+      traced = any(t.of_class(cls) for t in [self.ctx.trace, *self.ctx.alt_traces])
       why = (
         f"{cls.__module__}.{cls.__qualname__} has no NNX counterpart in the draft's table"
         if standard_layers.is_linen_layer(cls)
+        else (
+          # Only another configuration built it, and its source does not read (`draft.py`).
+          f"{cls.__qualname__} was traced in another configuration, but its source cannot be "
+          "read (no file defines it): define it in a module's file, or port it by hand"
+        )
+        if traced
         else (
           f"{cls.__qualname__} was not traced: neither the sample call nor a configuration "
           "with one setting changed reached it; pass draft(configs=[...]) an instance of the "
