@@ -167,13 +167,13 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
         )
   hoist.call_kwargs = moved
   if layer is None:
-    passed = None
+    chosen = None
     if CHOSEN in values:
       given = {f for f in values if f != CHOSEN}
-      passed, why = _chosen_for_class(child, cls, values[CHOSEN], given)
-      if passed is None:
+      chosen, why = _chosen_for_class(child, cls, values[CHOSEN], given)
+      if chosen is None:
         return None, why
-    return _user_class(planner, hoist, cls, values, index, passed), ""
+    return _user_class(planner, hoist, cls, values, index, chosen), ""
   if layer.nnx_name == "Sequential":
     return _sequential(planner, hoist, index)
   return _standard(planner, hoist, layer, values, index)
@@ -293,10 +293,10 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     if field.default is not None and text is not None and p.default is None:
       # NNX leaves it open (and then demands it); Linen's default is what the model ran with.
       args[p.name] = text
-  passed = None
+  chosen = None  # `**(a if t else b)`, passed on whole
   if CHOSEN in values:
-    passed, why = _chosen_for_layer(layer, hoist, values[CHOSEN], params, args, widths_seen)
-    if passed is None:
+    chosen, why = _chosen_for_layer(layer, hoist, values[CHOSEN], params, args, widths_seen)
+    if chosen is None:
       return None, why
   if "rngs" in known:
     args["rngs"] = "rngs"
@@ -341,8 +341,8 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     else:
       positional = False
       parts.append(f"{p.name}={args[p.name]}")
-  if passed is not None:
-    parts.append(passed)
+  if chosen is not None:
+    parts.append(chosen)
   hoist.post = []
   if layer.nnx_name == "MultiHeadAttention" and index is None:
     kids = [k[0] for k in hoist.children.values() if k]
@@ -409,8 +409,8 @@ def layer_name(hoist: Hoist) -> str:
   return tp.cast(type, hoist.site.target).__name__
 
 
-def _user_class(planner, hoist, cls, values, index, passed: str | None) -> str:
-  """`passed`: a `**(...)` dict chosen by a test (`_chosen_for_class`), or None."""
+def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
+  """`chosen`: a `**(...)` dict chosen by a test (`_chosen_for_class`), or None."""
   site = hoist.site
   parts: list[str] = []
   fields = [f.name for f in dataclasses.fields(cls) if f.name not in ("parent", "name")]
@@ -431,8 +431,8 @@ def _user_class(planner, hoist, cls, values, index, passed: str | None) -> str:
     # it does not build: the added bool that guards it is False there): None.
     code = planner.traced(hoist, lambda k, e=extra: e.value_of(k), extra.name, index)
     parts.append(f"{extra.name}={code}")
-  if passed is not None:
-    parts.append(passed)
+  if chosen is not None:
+    parts.append(chosen)
   parts.append("rngs=rngs")
   if planner.ctx.caches.get(cls):  # its port has decode caches: this class sizes them too
     kind = "list" if hoist.is_list else "module"
