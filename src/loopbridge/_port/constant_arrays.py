@@ -78,7 +78,7 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
   for attr, (original, reason) in plans.items():
     chain = _rebinding(init, attr) if reason is None else None
     if chain is not None:
-      prop = _chained_property(module, init, attr, chain)
+      prop = _chained_property(init, attr, chain)
       if not isinstance(prop, str):
         properties.append(prop)
         remove.update(id(s) for s in chain)
@@ -187,6 +187,7 @@ def _plans(
   counts = _self_bindings(setup)
   fields = set(port.field_names()) - port.dropped
   found: dict[str, tuple[tp.Any, str | None]] = {}
+  chains: dict[str, list[tp.Any]] = {}  # attribute -> its bindings (`_rebinding`)
   for attr in sorted(evidence.arrays, key=lambda a: _first_line(setup, a)):
     if attr in port.computed:
       continue  # a property over a kept Param (`computed_params.py`), or its TODO
@@ -195,8 +196,10 @@ def _plans(
       bindings = [s for s in _all_statements(setup) if attr in _self_targets(s)]
       if bindings and all(_param_or_none(s) for s in bindings):
         continue  # BEiT's `self.lambda_1 = self.param(...)` or `= None`: a Param, or nothing
-      if _rebinding(setup, attr) is not None and not any(map(_param_or_none, bindings)):
+      chain = _rebinding(setup, attr)
+      if chain is not None and not any(map(_param_or_none, bindings)):
         found[attr] = (bindings[0], None)  # GPT-Neo's windowed mask: bound again from itself
+        chains[attr] = chain
         continue
       if bindings:
         reads = sorted(_self_reads(bindings) & _VARIABLE_READS)
@@ -217,7 +220,7 @@ def _plans(
     for attr, (stmt, why) in found.items():
       if why is not None:
         continue
-      for binding in _rebinding(setup, attr) or [stmt]:
+      for binding in chains.get(attr, [stmt]):
         where = _levels(setup, binding)
         # A later binding reads the attribute itself: the property's local by then.
         why = (
@@ -345,12 +348,13 @@ def _rebinding(fn: tp.Any, attr: str) -> list[tp.Any] | None:
   return stmts
 
 
-def _chained_property(module: tp.Any, init: tp.Any, attr: str, chain: list[tp.Any]) -> tp.Any:
+def _chained_property(init: tp.Any, attr: str, chain: list[tp.Any]) -> tp.Any:
   """The read-only property repeating each binding of a `_rebinding` chain in `__init__`'s
   order, with the `if`s around them and the locals they read, into a local it returns; or
   why the drafted `__init__` does not let a property repeat them."""
   c = libcst()
-  keep: set[int] = {id(s) for s in chain}
+  bindings = {id(s) for s in chain}
+  keep = set(bindings)
   for stmt in chain:
     levels = _levels(init, stmt)
     if isinstance(levels, str):
@@ -373,7 +377,7 @@ def _chained_property(module: tp.Any, init: tp.Any, attr: str, chain: list[tp.An
   def sliced(stmts: tp.Sequence[tp.Any]) -> list[tp.Any]:
     out: list[tp.Any] = []
     for s in stmts:
-      if id(s) in {id(b) for b in chain}:
+      if id(s) in bindings:
         value = s.body[0].value.visit(AsLocal())
         out.append(c.SimpleStatementLine([c.Assign([c.AssignTarget(c.Name(local))], value)]))
       elif id(s) in keep:
@@ -382,11 +386,17 @@ def _chained_property(module: tp.Any, init: tp.Any, attr: str, chain: list[tp.An
         out.append(_sliced_if(s, sliced))
     return out
 
-  body = [*sliced(init.body.body), c.SimpleStatementLine([c.Return(c.Name(local))])]
+  return _as_property(
+    attr, [*sliced(init.body.body), c.SimpleStatementLine([c.Return(c.Name(local))])]
+  )
+
+
+def _as_property(attr: str, body: list[tp.Any]) -> tp.Any:
+  """`@property def <attr>(self):` over `body`, the first line under the comment saying why."""
+  c = libcst()
   comment = c.EmptyLine(comment=c.Comment(COMMENT))
-  body[0] = body[0].with_changes(leading_lines=[comment])
+  body = [body[0].with_changes(leading_lines=[comment]), *body[1:]]
   skeleton = c.parse_statement(f"@property\ndef {attr}(self):\n  pass\n")
-  del module
   return skeleton.with_changes(
     body=c.IndentedBlock(body=body), leading_lines=[c.EmptyLine(indent=False)]
   )
@@ -590,12 +600,7 @@ def _property(module: tp.Any, init: tp.Any, stmt: tp.Any, levels: list[_Level]) 
         f"raise AttributeError({attr!r})  # setup assigns it only under these `if`s\n"
       )
     )
-  comment = c.EmptyLine(comment=c.Comment(COMMENT))
-  body[0] = body[0].with_changes(leading_lines=[comment])
-  skeleton = c.parse_statement(f"@property\ndef {attr}(self):\n  pass\n")
-  return skeleton.with_changes(
-    body=c.IndentedBlock(body=body), leading_lines=[c.EmptyLine(indent=False)]
-  )
+  return _as_property(attr, body)
 
 
 def _reason(attr: str, why: str) -> str:

@@ -42,19 +42,23 @@ def linen_api_used(namespace: tp.Mapping[str, object], call: tp.Any) -> str | No
   fn = namespace.get(func.value)
   if not isinstance(fn, types.FunctionType):
     return None
+  handed = next(
+    (
+      (i, a)
+      for i, a in enumerate(call.args)
+      if isinstance(a.value, c.Name) and a.value.value == "self" and not a.star
+    ),
+    None,
+  )
+  if handed is None:
+    return None  # the common case: no source is read
   try:
     params = list(inspect.signature(fn).parameters)
     source = inspect.getsource(fn)
   except (OSError, TypeError, ValueError):
     return None
-  name = None
-  for i, arg in enumerate(call.args):
-    if isinstance(arg.value, c.Name) and arg.value.value == "self" and not arg.star:
-      if arg.keyword is not None:
-        name = arg.keyword.value
-      elif i < len(params):
-        name = params[i]
-      break
+  i, arg = handed
+  name = arg.keyword.value if arg.keyword is not None else params[i] if i < len(params) else None
   if name is None:
     return None
   used = sorted(set(re.findall(rf"\b{re.escape(name)}\.({'|'.join(LINEN_API)})\b", source)))

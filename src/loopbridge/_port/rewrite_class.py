@@ -92,19 +92,6 @@ def factory_class(value: object) -> type | None:
   return func if isinstance(func, type) and issubclass(func, nn.Module) else None
 
 
-def _assignments(node: tp.Any) -> list[tp.Any]:
-  """Every `Assign` under `node`, at any depth, in order."""
-  c = libcst()
-  found: list[tp.Any] = []
-
-  class Assigns(c.CSTVisitor):
-    def visit_Assign(self, assign: tp.Any) -> None:
-      found.append(assign)
-
-  node.visit(Assigns())
-  return found
-
-
 def _list_run(names: list[str]) -> tuple[str, int, int] | None:
   """`('Dense', 0, 1)` for `['Dense_0', 'Dense_1']`, `('Conv', 1, 2)` for `['Conv_1',
   'Conv_2']` (the names a loop made, in order, numbered on), else None."""
@@ -523,6 +510,8 @@ class Planner:
   def _dict_locals(self) -> dict[str, dict[str, tp.Any]]:
     """`dict_locals` of every method, found once per class (read at each construction)."""
     c = libcst()
+    import libcst.matchers as m  # every `Assign` at any depth (libcst is there: `c` above)
+
     out: dict[str, dict[str, tp.Any]] = {}
     classdef: tp.Any = self.module.body[0]
     for fn in classdef.body.body:
@@ -530,7 +519,7 @@ class Planner:
         continue
       counts = assignment_counts(fn)
       found = out.setdefault(fn.name.value, {})
-      for assign in _assignments(fn.body):
+      for assign in tp.cast(tp.Any, m.findall(fn.body, m.Assign())):
         target = assign.targets[0].target
         if len(assign.targets) != 1 or not isinstance(target, c.Name):
           continue
