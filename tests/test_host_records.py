@@ -147,7 +147,7 @@ def test_reset_and_redeclaration_keep_shape_and_records():
   _fori(model, 3)
   kept = lb.recorded(model)["intermediates"]["h"]
   lb.preallocate(model, X, capacity=10, memory="host")  # a larger capacity keeps the records
-  assert lb.buffers(model)["intermediates"]["h"].shape == (10, 2, 4)
+  assert lb.buffers(model)["intermediates"]["h"].shape == (11, 2, 4)  # the spare slot too
   np.testing.assert_array_equal(lb.recorded(model)["intermediates"]["h"], kept)
   lb.reset(model)
   assert lb.recorded(model)["intermediates"]["h"].shape == (0, 2, 4)
@@ -174,8 +174,9 @@ def test_read_back_is_a_copy_a_later_donated_call_cannot_change():
 
 
 @needs_host
-def test_a_ring_on_the_host_read_inside_a_trace_is_refused():
-  model = _fresh(memory="host", overflow="wrap")
+@pytest.mark.parametrize("overflow", ["error", "wrap"])
+def test_a_host_record_read_inside_a_trace_is_refused(overflow):
+  model = _fresh(memory="host", overflow=overflow)
 
   @nnx.jit
   def read(model):
@@ -183,6 +184,18 @@ def test_a_ring_on_the_host_read_inside_a_trace_is_refused():
 
   with pytest.raises(lb.BufferOverflowError, match="outside the compiled"):
     read(model)
+
+
+@needs_host
+def test_writes_past_the_end_never_touch_the_kept_slots():
+  # "drop" keeps the first values; the writes past the end go to a spare slot no read returns.
+  model = _fresh(capacity=2, memory="host", overflow="drop")
+  _fori(model, 2)
+  first = lb.recorded(model)["intermediates"]["h"].copy()
+  _fori(model, 3)  # three more, all past the end
+  np.testing.assert_array_equal(lb.recorded(model)["intermediates"]["h"], first)
+  assert lb.recorded(model)["intermediates"]["h"].shape == (2, 2, 4)
+  assert int(lb.counts(model)["intermediates"]["h"]) == 5
 
 
 def test_bad_memory_values_are_refused():

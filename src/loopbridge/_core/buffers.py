@@ -89,11 +89,15 @@ def new_buffer(
   """
   full = (*stack, capacity, *shape)
   if host is not None:
+    # "error"/"drop" keep the first `capacity` values: a host record has one spare slot after
+    # them that writes past the end go to (see `_write_host_slots`).
+    spare = int(overflow != "wrap")
     return placed_buffer(
-      _memory.host_zeros(full, np.dtype(dtype), host),
+      _memory.host_zeros((capacity + spare, *shape), np.dtype(dtype), host),
       overflow=overflow,
       memory="host",
       host_sharding=host,
+      spare_slots=spare,
     )
   value = jnp.zeros(full, dtype)
   if sharding is not None:
@@ -137,7 +141,12 @@ def overflow_of(buffer: Buffer) -> Overflow:
 
 
 def capacity_of(buffer: Buffer) -> int:
-  return _compat.variable_value(buffer).shape[0]
+  """The number of values a buffer keeps (a host record's spare slot not counted)."""
+  return _compat.variable_value(buffer).shape[0] - _spare_slots(buffer)
+
+
+def _spare_slots(buffer: Buffer) -> int:
+  return getattr(buffer, "spare_slots", 0) or 0
 
 
 def check_value(buffer: Buffer, value: jax.typing.ArrayLike, label: str) -> None:
@@ -257,28 +266,20 @@ def _write_host_slots(
 ) -> None:
   """`_write_slots` for a record in host memory: each value is moved there by the step itself.
 
-  Nothing is read back from host memory: past the end of an "error"/"drop" buffer the write is
-  skipped by a `lax.cond` (the device-side select of `_write_slots` would have to fetch the
-  kept slot from the host first).
+  Nothing is read back from host memory and nothing branches: past the end of an "error"/"drop"
+  buffer the write goes to its spare slot, which no read returns. (A `lax.cond` around the
+  write, measured on a TPU v5e, made XLA copy the whole host buffer every step; the device
+  path's select needs the kept slot, which would have to come back from the host first.)
   """
   host = buffer.host_sharding
   buf = _compat.variable_value(buffer)
-  capacity = buf.shape[0]
+  capacity = capacity_of(buffer)
   zeros = (0,) * (buf.ndim - 1)
   for offset, value in enumerate(values):
     index = jnp.asarray(start + offset)
+    slot = index % capacity if overflow_of(buffer) == "wrap" else jnp.minimum(index, capacity)
     fresh = jax.device_put(jnp.expand_dims(jnp.asarray(value, buf.dtype), 0), host)
-    if overflow_of(buffer) == "wrap":
-      buf = jax.lax.dynamic_update_slice(buf, fresh, (index % capacity, *zeros))
-    else:
-      buf = jax.lax.cond(
-        index < capacity,
-        lambda b, v, i: jax.lax.dynamic_update_slice(b, v, (i, *zeros)),
-        lambda b, v, i: b,
-        buf,
-        fresh,
-        index,
-      )
+    buf = jax.lax.dynamic_update_slice(buf, fresh, (slot, *zeros))
   _compat.set_variable_value(buffer, buf)
 
 
@@ -330,16 +331,17 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
   """
   buf = _compat.variable_value(buffer)
   n = count
-  capacity = buf.shape[0]
+  capacity = capacity_of(buffer)
   policy = overflow_of(buffer)
   host = _memory.is_host(buffer)
   if is_traced(buf) or is_traced(n):
-    if host and policy == "wrap":
+    if host:
       raise BufferOverflowError(
-        f"sow site {label} keeps its records in host memory as a ring (overflow='wrap'), and "
-        "was read inside a trace. Why: putting a ring in order takes a computation on the whole "
-        "buffer, which XLA does not run on host memory. Fix: read it outside the compiled "
-        "function (lb.recorded(model) after the call), or use overflow='drop'/'error'."
+        f"sow site {label} keeps its records in host memory (memory='host') and was read "
+        "inside a trace. Why: a read there computes on the whole buffer (a ring put in order, "
+        "the kept slots cut out), which XLA does not run on host memory, and a record larger "
+        "than the device could not be brought back to it. Fix: read it outside the compiled "
+        "function (lb.recorded(model) after the call); lb.counts works inside."
       )
     if policy == "wrap":
       shift = jnp.where(n > capacity, n % capacity, 0)
@@ -366,7 +368,7 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
   if host:
     # Host records are read through NumPy (see `memory`), as a copy: a later donating call
     # may reuse the buffer's memory.
-    return _read_host(np.array(buf), n, policy, label)
+    return _read_host(np.array(buf)[: capacity_of(buffer)], n, policy, label)
   if n < capacity:
     return buf[:n]  # a slice: a new array
   if n == capacity:
@@ -430,10 +432,10 @@ def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]
   """
   buf = _compat.variable_value(buffer)
   n = min(int(count), COUNT_LIMIT)
-  capacity = buf.shape[0]
+  capacity = capacity_of(buffer)
   xp = np if _memory.is_host(buffer) else jnp  # host records through NumPy (see `memory`)
   if xp is np:
-    buf = np.array(buf)
+    buf = np.array(buf)[:capacity]
   if n <= capacity:
     return buf[:n], 0
   if overflow_of(buffer) == "wrap":
@@ -446,12 +448,12 @@ def refill(buffer: Buffer, values: jax.Array) -> int:
   """Append `values` (oldest first) to an empty buffer under its own policy; returns the
   site's new count (the caller writes it into the recorder's Count vector)."""
   buf = _compat.variable_value(buffer)
-  capacity, k = buf.shape[0], values.shape[0]
+  capacity, k = capacity_of(buffer), values.shape[0]
   if _memory.is_host(buffer):  # assembled in NumPy, then placed in host memory (see `memory`)
     host = np.zeros(buf.shape, buf.dtype)
     values = np.asarray(values)
     if overflow_of(buffer) == "wrap" and k > capacity:
-      host = np.roll(values[k - capacity :], k % capacity, axis=0).astype(buf.dtype)
+      host[:] = np.roll(values[k - capacity :], k % capacity, axis=0)
     else:
       host[: min(k, capacity)] = values[:capacity]
     _compat.set_variable_value(buffer, jax.device_put(host, buffer.host_sharding))

@@ -259,7 +259,6 @@ def _keep_records(
   n = int(np.max(old_count))
   if n == 0:
     return 0
-  old_value = _compat.variable_value(old)
   why = why or _why_not_kept(site, old)
   if why:
     warnings.warn(
@@ -272,12 +271,17 @@ def _keep_records(
   if lost:
     warnings.warn(
       _RECORDS_LOST.format(
-        entry=entry, label=label, n=n, capacity=old_value.shape[0], lost=lost, kept=values.shape[0]
+        entry=entry,
+        label=label,
+        n=n,
+        capacity=_buffers.capacity_of(old),
+        lost=lost,
+        kept=values.shape[0],
       ),
       RecordsDiscardedWarning,
       stacklevel=6,
     )
-  capacity = _compat.variable_value(buffer).shape[0]
+  capacity = _buffers.capacity_of(buffer)
   if values.shape[0] > capacity:  # a smaller capacity than the records held
     warnings.warn(
       _records_cut(entry, label, values.shape[0], capacity, site.overflow),
