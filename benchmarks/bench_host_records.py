@@ -87,7 +87,7 @@ def _routes(step_bytes_array: jax.Array, rounds: int) -> dict[str, float]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
   parser.add_argument("--batch", type=int, default=64)
   parser.add_argument("--width", type=int, default=256)
   parser.add_argument("--steps", type=int, default=0, help="default: from --total-gb")

@@ -318,7 +318,7 @@ UNEVEN_LAYERS = (
 )
 
 
-def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
+def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array | np.ndarray:
   """The recorded values, oldest first.
 
   Outside a trace: trimmed to the number recorded (at most `capacity`); under
@@ -424,7 +424,7 @@ def flat_view(buffer: Buffer, count: jax.Array) -> tuple[Buffer, jax.Array]:
   return Buffer(moved, overflow=buffer.overflow), count
 
 
-def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]:
+def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array | np.ndarray, int]:
   """(the values a buffer holds, oldest first; how many sown values it no longer holds).
 
   Outside a trace only (a re-declaration copies records from the old buffer with it).
@@ -444,7 +444,7 @@ def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]
   return buf, n - capacity
 
 
-def refill(buffer: Buffer, values: jax.Array) -> int:
+def refill(buffer: Buffer, values: jax.Array | np.ndarray) -> int:
   """Append `values` (oldest first) to an empty buffer under its own policy; returns the
   site's new count (the caller writes it into the recorder's Count vector)."""
   buf = _compat.variable_value(buffer)

@@ -40,14 +40,14 @@ _HELP = (
 )
 
 
-def check_memory_spec(memory: object) -> Memory | FrozenDict[str, Memory] | None:
+def check_memory_spec(memory: object) -> str | FrozenDict[str, str] | None:
   """Validate the form of `memory=` before any model code runs."""
   if memory is None:
     return None
   if isinstance(memory, tp.Mapping):
     if not memory:
       raise CapacityError(f"memory={{}} places nothing. {_HELP}")
-    out: dict[str, Memory] = {}
+    out: dict[str, str] = {}
     for key, value in tp.cast(tp.Mapping[object, object], memory).items():
       if not isinstance(key, str) or not key:
         raise CapacityError(f"memory key {key!r} must be a non-empty string. {_HELP}")
@@ -63,14 +63,14 @@ def _check_one(value: object, where: str) -> Memory:
 
 
 def resolve_memory(
-  spec: Memory | tp.Mapping[str, Memory] | None, sites: tp.Sequence[SiteKey]
-) -> dict[SiteKey, Memory]:
+  spec: str | tp.Mapping[str, str] | None, sites: tp.Sequence[SiteKey]
+) -> dict[SiteKey, str]:
   """Every site's memory: the most specific key wins (exact path, glob, collection)."""
   if spec is None or spec == "device":
     return dict.fromkeys(sites, "device")
   if not isinstance(spec, tp.Mapping):
-    return dict.fromkeys(sites, tp.cast(Memory, spec))
-  out: dict[SiteKey, Memory] = {}
+    return dict.fromkeys(sites, spec)
+  out: dict[SiteKey, str] = {}
   used: set[str] = set()
   for site in sites:
     path = "/".join(site[1:])
@@ -106,24 +106,20 @@ def resolve_memory(
 
 def host_sharding(layout: NamedSharding | None, label: str) -> jax.sharding.Sharding:
   """The host-memory sharding of a record buffer (its device layout kept, if it has one)."""
-  device = jax.devices()[0] if layout is None else None
-  kinds = {
-    m.kind
-    for d in ([device] if device is not None else layout.mesh.devices.flat)  # type: ignore[union-attr]
-    for m in d.addressable_memories()
-  }
+  devices = [jax.devices()[0]] if layout is None else list(np.asarray(layout.mesh.devices).flat)
+  kinds = {m.kind for d in devices for m in d.addressable_memories()}
   if HOST_KIND not in kinds:
     raise CapacityError(
       f"sow site {label} was declared with memory='host', but the devices here have no "
       f"'{HOST_KIND}' memory (they have: {', '.join(sorted(kinds)) or 'none listed'}). Why: host "
       "records are written by the compiled step into pinned host memory, which this JAX and "
       "backend do not offer. Fix: keep the records on the device (memory='device', the "
-      "default), or use a JAX whose backend lists pinned_host memory (jax >= 0.6 on CPU; GPUs "
-      "and TPUs have it)."
+      "default), or use a JAX whose backend lists pinned_host memory (GPUs and TPUs do; "
+      "the CPU backend does in newer jax releases, e.g. jax 0.10)."
     )
   if layout is not None:
     return layout.with_memory_kind(HOST_KIND)
-  return SingleDeviceSharding(tp.cast(jax.Device, device), memory_kind=HOST_KIND)
+  return SingleDeviceSharding(devices[0], memory_kind=HOST_KIND)
 
 
 def is_host(buffer: object) -> bool:
