@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from .. import _compat
+from . import memory as _memory
 from . import placement
 from .capacity import Overflow
 from .errors import BufferOverflowError, NotDeclaredError, StackError
@@ -77,13 +78,28 @@ def new_buffer(
   overflow: Overflow,
   sharding: jax.sharding.Sharding | None = None,
   stack: tp.Sequence[int] = (),
+  host: jax.sharding.Sharding | None = None,
 ) -> Buffer:
   """A zero-filled Buffer for `capacity` values of `shape`/`dtype`.
 
   `stack`: leading axes of a module stacked with `nnx.vmap` (its buffer is
   `(*stack, capacity, *shape)`, so NNX transforms slice it like the module's parameters).
+  `host`: the host-memory sharding of a host record (`memory.host_sharding`); the buffer is
+  made there directly and remembers it, so every write moves its value there.
   """
-  value = jnp.zeros((*stack, capacity, *shape), dtype)
+  full = (*stack, capacity, *shape)
+  if host is not None:
+    # "error"/"drop" keep the first `capacity` values: a host record has one spare slot after
+    # them that writes past the end go to (see `_write_host_slots`).
+    spare = int(overflow != "wrap")
+    return placed_buffer(
+      _memory.host_zeros((capacity + spare, *shape), np.dtype(dtype), host),
+      overflow=overflow,
+      memory="host",
+      host_sharding=host,
+      spare_slots=spare,
+    )
+  value = jnp.zeros(full, dtype)
   if sharding is not None:
     value = jax.device_put(value, sharding)
   # A NamedSharding is also kept as NNX partitioning metadata: writes re-apply it (see
@@ -125,7 +141,12 @@ def overflow_of(buffer: Buffer) -> Overflow:
 
 
 def capacity_of(buffer: Buffer) -> int:
-  return _compat.variable_value(buffer).shape[0]
+  """The number of values a buffer keeps (a host record's spare slot not counted)."""
+  return _compat.variable_value(buffer).shape[0] - _spare_slots(buffer)
+
+
+def _spare_slots(buffer: Buffer) -> int:
+  return getattr(buffer, "spare_slots", 0) or 0
 
 
 def check_value(buffer: Buffer, value: jax.typing.ArrayLike, label: str) -> None:
@@ -215,6 +236,9 @@ def _write_slots(
   buffer: Buffer, start: jax.Array, values: tp.Sequence[jax.typing.ArrayLike]
 ) -> None:
   """Store `values` in the slots from `start` on, as the buffer's overflow policy says."""
+  if _memory.is_host(buffer):
+    _write_host_slots(buffer, start, values)
+    return
   buf = placement.constrain(buffer, _compat.variable_value(buffer))
   capacity = buf.shape[0]
   policy = overflow_of(buffer)
@@ -237,8 +261,38 @@ def _write_slots(
   _compat.set_variable_value(buffer, placement.constrain(buffer, buf))
 
 
+def _write_host_slots(
+  buffer: Buffer, start: jax.Array, values: tp.Sequence[jax.typing.ArrayLike]
+) -> None:
+  """`_write_slots` for a record in host memory: each value is moved there by the step itself.
+
+  Nothing is read back from host memory and nothing branches: past the end of an "error"/"drop"
+  buffer the write goes to its spare slot, which no read returns. (A `lax.cond` around the
+  write, measured on a TPU v5e, made XLA copy the whole host buffer every step; the device
+  path's select needs the kept slot, which would have to come back from the host first.)
+  """
+  host = buffer.host_sharding
+  buf = _compat.variable_value(buffer)
+  capacity = capacity_of(buffer)
+  zeros = (0,) * (buf.ndim - 1)
+  for offset, value in enumerate(values):
+    index = jnp.asarray(start + offset)
+    slot = index % capacity if overflow_of(buffer) == "wrap" else jnp.minimum(index, capacity)
+    fresh = jax.device_put(jnp.expand_dims(jnp.asarray(value, buf.dtype), 0), host)
+    buf = jax.lax.dynamic_update_slice(buf, fresh, (slot, *zeros))
+  _compat.set_variable_value(buffer, buf)
+
+
 def clear(buffer: Buffer) -> None:
-  """Slots cleared, without changing the shape (works inside loops)."""
+  """Slots cleared, without changing the shape (works inside loops).
+
+  A host record keeps its slots: its count alone goes back to zero (`reset_counts`), and reads
+  stop at the count. Zeroing it would need a second record-sized array at once (zeros made on
+  the device, which a record larger than the device cannot hold, or a host copy beside the
+  record, which host memory may not hold either).
+  """
+  if _memory.is_host(buffer):
+    return
   buf = _compat.variable_value(buffer)
   _compat.set_variable_value(buffer, placement.constrain(buffer, jnp.zeros_like(buf)))
 
@@ -264,7 +318,7 @@ UNEVEN_LAYERS = (
 )
 
 
-def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
+def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array | np.ndarray:
   """The recorded values, oldest first.
 
   Outside a trace: trimmed to the number recorded (at most `capacity`); under
@@ -277,9 +331,18 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
   """
   buf = _compat.variable_value(buffer)
   n = count
-  capacity = buf.shape[0]
+  capacity = capacity_of(buffer)
   policy = overflow_of(buffer)
+  host = _memory.is_host(buffer)
   if is_traced(buf) or is_traced(n):
+    if host:
+      raise BufferOverflowError(
+        f"sow site {label} keeps its records in host memory (memory='host') and was read "
+        "inside a trace. Why: a read there computes on the whole buffer (a ring put in order, "
+        "the kept slots cut out), which XLA does not run on host memory, and a record larger "
+        "than the device could not be brought back to it. Fix: read it outside the compiled "
+        "function (lb.recorded(model) after the call); lb.counts works inside."
+      )
     if policy == "wrap":
       shift = jnp.where(n > capacity, n % capacity, 0)
       if not jnp.ndim(shift):
@@ -302,6 +365,10 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
       "sit is no longer known. Why: counts are int32 on every device. Fix: call "
       "lb.reset(model) between runs (it is shape-stable and works inside loops)."
     )
+  if host:
+    # Host records are read through NumPy (see `memory`), as a copy: a later donating call
+    # may reuse the buffer's memory.
+    return _read_host(np.array(buf)[: capacity_of(buffer)], n, policy, label)
   if n < capacity:
     return buf[:n]  # a slice: a new array
   if n == capacity:
@@ -309,18 +376,35 @@ def read(buffer: Buffer, count: jax.Array, label: str) -> jax.Array:
     # donating call (lb.compile_step) deletes; a read must survive it like a partial one.
     return jnp.array(buf, copy=True)
   if policy == "error":
-    raise BufferOverflowError(
-      f"sow site {label} recorded {n} values but its buffer holds capacity={capacity}; the "
-      f"first {capacity} were kept and the last {n - capacity} were not stored. Why: "
-      "overflow='error' (the default) refuses to hand back an incomplete record silently. "
-      "Fix: declare a larger capacity (lb.preallocate(model, *args, capacity=...)), call "
-      "lb.reset(model) between runs, or choose overflow='drop' (keep the first values) or "
-      "overflow='wrap' (keep the last values)."
-    )
+    raise BufferOverflowError(_overflowed(label, n, capacity))
   if policy == "drop":
     return jnp.array(buf, copy=True)  # not `buf` itself (see above)
   start = n % capacity
   return jnp.concatenate([buf[start:], buf[:start]], axis=0)
+
+
+def _read_host(buf: np.ndarray, n: int, policy: Overflow, label: str) -> np.ndarray:
+  """`read` of a host record outside a trace, on its NumPy copy."""
+  capacity = buf.shape[0]
+  if n <= capacity:
+    return buf[:n]
+  if policy == "error":
+    raise BufferOverflowError(_overflowed(label, n, capacity))
+  if policy == "drop":
+    return buf
+  start = n % capacity
+  return np.concatenate([buf[start:], buf[:start]], axis=0)
+
+
+def _overflowed(label: str, n: int, capacity: int) -> str:
+  return (
+    f"sow site {label} recorded {n} values but its buffer holds capacity={capacity}; the "
+    f"first {capacity} were kept and the last {n - capacity} were not stored. Why: "
+    "overflow='error' (the default) refuses to hand back an incomplete record silently. "
+    "Fix: declare a larger capacity (lb.preallocate(model, *args, capacity=...)), call "
+    "lb.reset(model) between runs, or choose overflow='drop' (keep the first values) or "
+    "overflow='wrap' (keep the last values)."
+  )
 
 
 def flat_view(buffer: Buffer, count: jax.Array) -> tuple[Buffer, jax.Array]:
@@ -340,7 +424,7 @@ def flat_view(buffer: Buffer, count: jax.Array) -> tuple[Buffer, jax.Array]:
   return Buffer(moved, overflow=buffer.overflow), count
 
 
-def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]:
+def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array | np.ndarray, int]:
   """(the values a buffer holds, oldest first; how many sown values it no longer holds).
 
   Outside a trace only (a re-declaration copies records from the old buffer with it).
@@ -348,20 +432,32 @@ def kept_values(buffer: Buffer, count: int | jax.Array) -> tuple[jax.Array, int]
   """
   buf = _compat.variable_value(buffer)
   n = min(int(count), COUNT_LIMIT)
-  capacity = buf.shape[0]
+  capacity = capacity_of(buffer)
+  xp = np if _memory.is_host(buffer) else jnp  # host records through NumPy (see `memory`)
+  if xp is np:
+    buf = np.array(buf)[:capacity]
   if n <= capacity:
     return buf[:n], 0
   if overflow_of(buffer) == "wrap":
     start = n % capacity
-    return jnp.concatenate([buf[start:], buf[:start]], axis=0), n - capacity
+    return xp.concatenate([buf[start:], buf[:start]], axis=0), n - capacity
   return buf, n - capacity
 
 
-def refill(buffer: Buffer, values: jax.Array) -> int:
+def refill(buffer: Buffer, values: jax.Array | np.ndarray) -> int:
   """Append `values` (oldest first) to an empty buffer under its own policy; returns the
   site's new count (the caller writes it into the recorder's Count vector)."""
   buf = _compat.variable_value(buffer)
-  capacity, k = buf.shape[0], values.shape[0]
+  capacity, k = capacity_of(buffer), values.shape[0]
+  if _memory.is_host(buffer):  # assembled in NumPy, then placed in host memory (see `memory`)
+    host = np.zeros(buf.shape, buf.dtype)
+    values = np.asarray(values)
+    if overflow_of(buffer) == "wrap" and k > capacity:
+      host[:] = np.roll(values[k - capacity :], k % capacity, axis=0)
+    else:
+      host[: min(k, capacity)] = values[:capacity]
+    _compat.set_variable_value(buffer, jax.device_put(host, buffer.host_sharding))
+    return int(k)
   if overflow_of(buffer) == "wrap" and k > capacity:
     # The last `capacity` values, each in the slot a ring of this capacity would have used.
     buf = jnp.roll(values[k - capacity :], k % capacity, axis=0)

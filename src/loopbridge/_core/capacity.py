@@ -25,6 +25,7 @@ import jax.core
 from flax.core import FrozenDict
 
 from .errors import CapacityError
+from .memory import check_memory_spec
 
 # What a write past a full buffer does; the one default is DEFAULT_OVERFLOW.
 Overflow = tp.Literal["error", "drop", "wrap"]
@@ -177,16 +178,24 @@ class DeclarationSpec:
 
   capacity: int | FrozenDict[str, int] | None = None
   overflow: Overflow | None = None
+  # Where the records live ("device", "host", or a mapping as for capacity; see `memory`).
+  memory: str | FrozenDict[str, str] | None = None
 
   def __repr__(self) -> str:  # one line (FrozenDict's own repr spans several)
     capacity = dict(self.capacity) if isinstance(self.capacity, FrozenDict) else self.capacity
-    return f"DeclarationSpec(capacity={capacity!r}, overflow={self.overflow!r})"
+    memory = dict(self.memory) if isinstance(self.memory, FrozenDict) else self.memory
+    return f"DeclarationSpec(capacity={capacity!r}, overflow={self.overflow!r}, memory={memory!r})"
 
   @classmethod
-  def checked(cls, capacity: object = None, overflow: object = None) -> DeclarationSpec:
-    """Validate `capacity=` and `overflow=` as a user gave them (CapacityError if malformed)."""
+  def checked(
+    cls, capacity: object = None, overflow: object = None, memory: object = None
+  ) -> DeclarationSpec:
+    """Validate `capacity=`, `overflow=` and `memory=` as a user gave them (CapacityError if
+    malformed)."""
     return cls(
-      check_capacity_spec(capacity), None if overflow is None else check_overflow(overflow)
+      check_capacity_spec(capacity),
+      None if overflow is None else check_overflow(overflow),
+      check_memory_spec(memory),
     )
 
 

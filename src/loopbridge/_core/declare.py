@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding
 from .. import _compat
 from . import buffers as _buffers
 from . import capacity as _capacity
+from . import memory as _memory
 from . import native_hook, placement, recorder
 from .errors import CapacityError, DroppedSowWarning, RecordsDiscardedWarning
 from .site import DroppedSow, SowSite
@@ -109,6 +110,9 @@ def declare(
   """(Re)declare the buffers of every part. `spec` is the entry's, validated there;
   `scoped_capacity` is the entry's `lb.capacity` default (the lowest precedence)."""
   capacities = _capacities(parts, spec.capacity, model_name, scoped_capacity)
+  memories = _memory.resolve_memory(
+    spec.memory, [global_key(part, s) for part in parts for s in part.sites]
+  )
   for i, part in enumerate(parts):
     for dropped in part.dropped:
       warnings.warn(dropped.warning_text(), DroppedSowWarning, stacklevel=5)
@@ -131,8 +135,29 @@ def declare(
     layouts = placement.infer_buffer_shardings(
       *shardings_from, {s.key: (s.shape, s.sown_shape) for s in sites if not s.stack_axes}
     )
-    _declare_part(part, sites, layouts, entry)
+    hosts = _host_shardings(part, sites, layouts, memories)
+    _declare_part(part, sites, layouts, entry, hosts)
   recorder.bump_generation()
+
+
+def _host_shardings(
+  part: Part, sites: list[SowSite], layouts: dict, where: dict[tuple[str, ...], str]
+) -> dict[tuple[str, ...], jax.sharding.Sharding]:
+  """The host-memory sharding of every site of `part` declared with memory='host'."""
+  out = {}
+  for site in sites:
+    if where.get(global_key(part, site)) != "host":
+      continue
+    label = "/".join(global_key(part, site))
+    if site.stack_axes:
+      raise CapacityError(
+        f"sow site {label} belongs to a stack of layers and was declared with memory='host'. "
+        "Why: the layers of a stack write their records in one vectorized step, which XLA "
+        "does not offload to host memory slot by slot. Fix: keep this site on the device "
+        "(memory={'...': 'device'} for its path), or record the layers unstacked."
+      )
+    out[site.key] = _memory.host_sharding(layouts.get(site.key), label)
+  return out
 
 
 def _in_slots(node: nnx.Module, sites: list[SowSite]) -> list[SowSite]:
@@ -234,7 +259,6 @@ def _keep_records(
   n = int(np.max(old_count))
   if n == 0:
     return 0
-  old_value = _compat.variable_value(old)
   why = why or _why_not_kept(site, old)
   if why:
     warnings.warn(
@@ -247,12 +271,17 @@ def _keep_records(
   if lost:
     warnings.warn(
       _RECORDS_LOST.format(
-        entry=entry, label=label, n=n, capacity=old_value.shape[0], lost=lost, kept=values.shape[0]
+        entry=entry,
+        label=label,
+        n=n,
+        capacity=_buffers.capacity_of(old),
+        lost=lost,
+        kept=values.shape[0],
       ),
       RecordsDiscardedWarning,
       stacklevel=6,
     )
-  capacity = _compat.variable_value(buffer).shape[0]
+  capacity = _buffers.capacity_of(buffer)
   if values.shape[0] > capacity:  # a smaller capacity than the records held
     warnings.warn(
       _records_cut(entry, label, values.shape[0], capacity, site.overflow),
@@ -329,7 +358,7 @@ def _with_entries(counts: jax.Array, entries: dict[int, int]) -> jax.Array:
   return jnp.where(mask, values, counts)
 
 
-def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -> None:
+def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str, hosts: dict) -> None:
   node = part.node
   recorder.make_recorder(node)
   buffers = getattr(node, recorder.BUFFERS_ATTR)
@@ -351,9 +380,10 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
       and isinstance(existing, _buffers.Buffer)
       and (old.buffer_shape, old.dtype, old.overflow)
       == (site.buffer_shape, site.dtype, site.overflow)
+      and _memory.is_host(existing) == (site.key in hosts)
     )
     layout = layouts.get(site.key)
-    if same_storage and layout is not None:
+    if same_storage and layout is not None and site.key not in hosts:
       # Same storage, a new layout inferred from these sample arguments: move what it holds.
       names, _ = _compat.variable_sharding(existing)
       if names != tuple(layout.spec):
@@ -375,7 +405,7 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
   for site in sites:  # the other leaves of such a pytree start empty too
     if (site.slot, site.sow_key) in discards and id(site) not in renewed:
       new.append(("/".join(filter(None, (prefix, *site.key))), site, layouts.get(site.key)))
-  _check_fits(new)
+  _check_fits([(label, site, layout) for label, site, layout in new if site.key not in hosts])
   old_size = _count_size(recorder.counts_of(node))
   counts = _grown_counts(recorder.counts_of(node), next_index, sites)
   entries: dict[int, int] = {}  # count index -> the count its new buffer starts from
@@ -383,7 +413,13 @@ def _declare_part(part: Part, sites: list[SowSite], layouts: dict, entry: str) -
     existing = recorder.get_nested(buffers, site.key)
     stack = site.shape[: site.stack_axes]
     buffer = _buffers.new_buffer(
-      site.capacity, site.value_shape, np.dtype(site.dtype), site.overflow, layout, stack=stack
+      site.capacity,
+      site.value_shape,
+      np.dtype(site.dtype),
+      site.overflow,
+      layout,
+      stack=stack,
+      host=hosts.get(site.key),
     )
     n = 0
     if isinstance(existing, _buffers.Buffer):  # re-declared: keep what it recorded if it can

@@ -235,10 +235,16 @@ class _Entry:
 
   @classmethod
   def open(
-    cls, name: str, model: object, method: object, capacity: object, overflow: object
+    cls,
+    name: str,
+    model: object,
+    method: object,
+    capacity: object,
+    overflow: object,
+    memory: object = None,
   ) -> _Entry:
     """Validate what the entry was given, in the order a user reads the arguments."""
-    spec = _capacity.DeclarationSpec.checked(capacity, overflow)
+    spec = _capacity.DeclarationSpec.checked(capacity, overflow, memory)
     scoped = _capacity.scoped_capacity()
     root, call = target(model, method, f"lb.{name}")
     return cls(name, root, call, spec, scoped)
@@ -262,6 +268,7 @@ def lazy_init(
   *args: tp.Any,
   capacity: int | tp.Mapping[str, int] | None = None,
   overflow: _capacity.Overflow | None = None,
+  memory: str | tp.Mapping[str, str] | None = None,
   **kwargs: tp.Any,
 ) -> Model:
   """Initialize bridged parts from sample inputs and preallocate a buffer per sow site.
@@ -281,6 +288,10 @@ def lazy_init(
       an enclosing `with lb.capacity(N):` block.
     overflow: `"error"`, `"drop"` or `"wrap"`. Default: a site declared before keeps its
       policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
+    memory: where the records live: `"device"` (the default) or `"host"` (pinned host
+      memory, written from inside the compiled step, so a loop's records may exceed the
+      device's memory; read back as NumPy arrays), or a mapping with the keys of `capacity`
+      to either; sites no key covers stay on the device.
     **kwargs: keyword arguments of the call (`method=` included for an `lb.ToNNX`).
 
   Returns:
@@ -302,7 +313,7 @@ def lazy_init(
     >>> lb.recorded(model)["intermediates"]["x"].shape
     (0, 1, 3)
   """
-  entry = _Entry.open("lazy_init", model, None, capacity, overflow)
+  entry = _Entry.open("lazy_init", model, None, capacity, overflow, memory)
   root = entry.root
   native = observe_native.observable_modules(root)
   before = _flat_state(root) if native else {}
@@ -479,6 +490,7 @@ def preallocate(
   capacity: int | tp.Mapping[str, int] | None = None,
   overflow: _capacity.Overflow | None = None,
   method: object = None,
+  memory: str | tp.Mapping[str, str] | None = None,
   **kwargs: tp.Any,
 ) -> Model:
   """Declare buffers for every sow a call makes, anywhere in an NNX module graph.
@@ -500,6 +512,7 @@ def preallocate(
       policy; a new site takes the `lb.ToNNX`'s, else `"error"`.
     method: the method the loop calls: a name, a function taking the module first, or (for
       an `lb.ToNNX`) a Linen method. Default `__call__`.
+    memory: as for `lb.lazy_init` (`"device"`, `"host"` or a mapping; default the device).
     **kwargs: keyword arguments of the call.
 
   Returns:
@@ -526,7 +539,7 @@ def preallocate(
     >>> lb.recorded(model)["intermediates"]["h"].shape
     (1, 1, 3)
   """
-  entry = _Entry.open("preallocate", model, method, capacity, overflow)
+  entry = _Entry.open("preallocate", model, method, capacity, overflow, memory)
   root, call = entry.root, entry.call
   for path, node in _compat.iter_graph(root):
     if is_bridge(node) and recorder.sites_of(node) is None:

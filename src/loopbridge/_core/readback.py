@@ -260,6 +260,9 @@ def buffers(model: tp.Any, *, signature: str | None = None) -> dict:
   """The raw buffers, `(capacity, *value_shape)` each, shaped like `recorded(model)`.
 
   Buffers of native modules stacked with `nnx.vmap` are `(*stack, capacity, *value_shape)`.
+  A record kept in host memory (`memory="host"`) is that array in host memory; under
+  `overflow="error"`/`"drop"` it has one more slot at the end, which the writes past its
+  capacity go to (`lb.recorded` never returns it).
 
   Args:
     model: as for `recorded`.

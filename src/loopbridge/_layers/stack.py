@@ -18,6 +18,7 @@ from flax import nnx
 from flax.nnx import graph as nnx_graph
 
 from .. import _compat
+from .._core import memory as _memory
 from .._core import recorder
 from .._core.errors import StackError
 
@@ -165,10 +166,25 @@ def stack(modules: tp.Sequence[M]) -> M:
         f"layer {index} has {other_desc}.\n{_ALTERNATIVES}"
       )
     states.append(state)
+  _refuse_host_records(states[0])
   stacked_state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
   stacked = nnx.merge(graphdef, stacked_state)
   recorder.shift_stack_axes(stacked, len(modules))
   return stacked
+
+
+def _refuse_host_records(state: tp.Any) -> None:
+  """Records kept in host memory (memory='host') cannot be stacked: `jnp.stack` would move them
+  to the device, the memory they were declared to stay out of."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+    if getattr(getattr(leaf, "sharding", None), "memory_kind", None) == _memory.HOST_KIND:
+      where = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+      raise StackError(
+        f"lb.layers.stack: `{where}` is a record kept in host memory (memory='host'). Why: "
+        "stacking moves every array to the device, and a stack's layers write their records in "
+        "one vectorized step, which XLA does not offload slot by slot. Fix: declare the layers' "
+        "records on the device (the default memory) before stacking them."
+      )
 
 
 def _num_layers(stacked: nnx.Module, what: str) -> int:

@@ -13,6 +13,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from .. import _compat
 from .._core import buffers as _buffers
+from .._core import memory as _memory
 from .._core import placement
 from .._core import recorder as _recorder
 from .._core import site as _site
@@ -98,6 +99,15 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
       label = "/".join(map(str, (*root_path, *public)))
       value = _compat.variable_value(buffer)
       value_shape = tuple(value.shape[1:])
+      if _memory.is_host(buffer):
+        raise ShardingError(
+          f"buffer {label} keeps its records in host memory (memory='host'); "
+          "lb.sharding.shard_buffers places buffers in device memory. Why: moving a host "
+          "record to the devices could exceed their memory, which is what host records avoid. "
+          "Fix: leave this site out of the spec (a mapping names only the sites to shard), or "
+          "declare it on the device (memory='device') before sharding it; host records of "
+          "batch-sharded sample inputs keep the inferred layout in host memory."
+        )
       if isinstance(sharding, tp.Mapping):
         names = _names(tuple(root_path), public, sow_of.get(site, public))
         keys = [k for k in sharding if _key_matches(k, names, public[0])]
