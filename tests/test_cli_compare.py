@@ -282,32 +282,37 @@ def assert_error(capsys, argv, code, pattern):
 
 
 @pytest.mark.parametrize(
-  "new, pattern",
+  "new, code, pattern",
   [
     (
       "Renamed",
+      1,
       r"cannot load the Linen params into NEW_TARGET: the port has a Param at "
       r"'fc1/\w+' that the Linen model lacks.*Name the port's attributes like the "
       r"Linen submodules.*--weights random",
     ),
     (
       "Wider",
+      1,
       r"Dense_0/\w+' is \[\d+\] in the Linen model but 'Dense_0/\w+' is \[16\] in the "
       r"port",
     ),
     (
       "NoBias",
+      1,
       r"the Linen param 'Dense_1/bias' has no Param in the port.*Why: the port's layer "
       r"'Dense_1' has no 'bias' \(built with use_bias=False\?\).*the names match\. "
       r"Fix: build the port's layer 'Dense_1' with use_bias=True",
     ),
-    ("MLP", r"NEW_TARGET '.*:MLP' is a Linen module; loopbridge compare takes the NNX port"),
-    ("needs_width", r"needs arguments \(width\)"),
+    ("MLP", 2, r"NEW_TARGET '.*:MLP' is a Linen module; loopbridge compare takes the NNX port"),
+    ("needs_width", 2, r"needs arguments \(width\)"),
   ],
 )
-def test_bad_new_target(capsys, target, new, pattern):
+def test_bad_new_target(capsys, target, new, code, pattern):
+  """A port that does not fit the Linen weights failed the check (1); a NEW_TARGET that is
+  no port at all is a usage error (2)."""
   assert_error(
-    capsys, ["compare", f"{target}:MLP", f"{target}:{new}", "--arg", "float32[2,4]"], 1, pattern
+    capsys, ["compare", f"{target}:MLP", f"{target}:{new}", "--arg", "float32[2,4]"], code, pattern
   )
 
 
@@ -315,7 +320,7 @@ def test_bad_old_target_and_usage(capsys, target):
   assert_error(
     capsys,
     ["compare", f"{target}:Port", f"{target}:Port", "--arg", "float32[2,4]"],
-    1,
+    2,
     r"is an NNX module; loopbridge compare takes a Linen module as OLD_TARGET",
   )
   assert_error(
@@ -327,7 +332,7 @@ def test_bad_old_target_and_usage(capsys, target):
   assert_error(
     capsys,
     ["compare", f"{target}:MLP", f"{target}:Port"],
-    1,
+    2,
     r"cannot run on the given inputs \(no inputs\).*--arg",
   )
   with pytest.raises(SystemExit) as exit_info:
@@ -407,7 +412,7 @@ def test_plot_draws_the_errors(capsys, target, tmp_path):
   code, out, err = run(
     capsys, "compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]", "--plot", "e.txt"
   )
-  assert code == 1 and "lb.compare: OK" in out and "Traceback" not in err
+  assert code == 2 and "lb.compare: OK" in out and "Traceback" not in err
   assert re.search(
     r"^loopbridge compare: error: --plot: plot_report cannot write 'e.txt': the suffix "
     r"'\.txt' names no image format",

@@ -283,11 +283,12 @@ def test_the_sample_call_takes_a_method_and_keyword_inputs(tmp_path, target, cap
 @pytest.mark.parametrize(
   "extra, code, match",
   [
-    (["--method", "decode"], 1, "LINEN_TARGET Encoder has no method 'decode' (--method)"),
+    (["--method", "decode"], 2, "LINEN_TARGET Encoder has no method 'decode' (--method)"),
     (
       ["--method", "encode"],
-      1,
-      "the sample call encode(float32[5,3]) failed (TypeError: Encoder.encode() missing",
+      2,
+      "the sample call (--arg float32[5,3] --method encode) failed (TypeError: "
+      "Encoder.encode() missing",
     ),
     (["--kwarg", "train"], 2, "--kwarg 'train': expected NAME=VALUE"),
     (["--kwarg", "train=maybe"], 2, "is not a Python literal"),
