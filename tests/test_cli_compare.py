@@ -61,6 +61,12 @@ class Renamed(nnx.Module):
     return self.fc2(self.norm(nnx.relu(self.fc1(x))))
 
 
+class RenamedBuggy(Renamed):
+  def __init__(self, rngs):
+    super().__init__(rngs)
+    self.norm = nnx.LayerNorm(8, epsilon=0.5, rngs=rngs)
+
+
 class Wider(nnx.Module):
   def __init__(self, rngs):
     self.Dense_0 = nnx.Linear(4, 16, rngs=rngs)
@@ -285,17 +291,10 @@ def assert_error(capsys, argv, code, pattern):
   "new, code, pattern",
   [
     (
-      "Renamed",
-      1,
-      r"cannot load the Linen params into NEW_TARGET: the port has a Param at "
-      r"'fc1/\w+' that the Linen model lacks.*Name the port's attributes like the "
-      r"Linen submodules.*--weights random",
-    ),
-    (
       "Wider",
       1,
       r"Dense_0/\w+' is \[\d+\] in the Linen model but 'Dense_0/\w+' is \[16\] in the "
-      r"port",
+      r"port.*Pairing by the models' calls failed too: ",
     ),
     (
       "NoBias",
@@ -314,6 +313,34 @@ def test_bad_new_target(capsys, target, new, code, pattern):
   assert_error(
     capsys, ["compare", f"{target}:MLP", f"{target}:{new}", "--arg", "float32[2,4]"], code, pattern
   )
+
+
+def test_other_names_pair_by_the_models_calls_and_say_so(capsys, target):
+  """A port named otherwise (fc1, norm, fc2) gets the Linen weights paired by the two models'
+  calls; the report says so, and what it could not prove."""
+  argv = ["compare", f"{target}:MLP", f"{target}:Renamed", "--arg", "float32[2,4]"]
+  code, out, err = run(capsys, *argv)
+  assert code == 0, out + err
+  assert out.startswith(
+    "weights: the port's attribute names differ from the Linen submodules', so the Linen "
+    "weights were paired by the two models' calls:\nlinen_to_nnx: 3 modules, loaded without "
+    "proof (check=False)"
+  )
+  assert re.search(r"Dense_0 +-> +fc1", out) and "lb.compare: OK" in out
+  code, out, err = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:RenamedBuggy", "--arg", "float32[2,4]", "--json"
+  )
+  assert code == 1, err
+  doc = json.loads(out)
+  assert doc["first_divergence"]["candidate_path"] == "norm"
+  assert doc["weights"]["paired_by"] == "calls"
+  assert doc["weights"]["pairing"]["unproven"].endswith(
+    "the port's output differs from the Linen model's, first at Linen `LayerNorm_0` and NNX `norm`"
+  )
+  code, out, _ = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]", "--json"
+  )
+  assert code == 0 and json.loads(out)["weights"]["paired_by"] == "name"
 
 
 def test_bad_old_target_and_usage(capsys, target):

@@ -207,7 +207,7 @@ def test_convert_a_linen_train_state_to_nnx_and_back(tmp_path, target, capsys):
 
   # DEST is never overwritten; a malformed --map is a usage error.
   code = main(["convert", *common, str(tmp_path / "linen"), str(tmp_path / "nnx")])
-  assert code == 1 and "exists" in capsys.readouterr().err
+  assert code == 2 and "exists" in capsys.readouterr().err
   code = main(["convert", *common, str(tmp_path / "linen"), str(tmp_path / "x"), "--map", "a"])
   assert code == 2 and "expected LINEN_PATH=NNX_PATH" in capsys.readouterr().err
 

@@ -487,3 +487,27 @@ def test_a_new_users_flow_from_the_shell_alone(capsys, target, tmp_path):
   assert first["reference_path"] == "encoderblock_0/LayerNorm_1"
   sys.modules.pop(f"{target}_nnx", None)
   sys.modules.pop(f"{target}_edited", None)
+
+
+def test_linen_to_nnx_check_false_loads_a_wrong_port_for_checking(target):
+  """The route the refusal gives: the port is filled (its params equal Linen's, compared with
+  the variables themselves), the report says what is unproven and where outputs differ."""
+  module, x, variables = _sample(target)
+  port = module.wrong_epsilon(nnx.Rngs(3))
+  report = lb.checkpoint.linen_to_nnx(
+    module.ViT(), variables, port, x, sample_kwargs={"train": False}, check=False
+  )
+  assert report.unproven is not None and report.unproven.endswith(
+    "first at Linen `encoderblock_0/LayerNorm_1` and NNX `encoderblock/0/LayerNorm_1`"
+  )
+  assert str(report).startswith("linen_to_nnx: 14 modules, loaded without proof (check=False)")
+  kernel = variables["params"]["encoderblock_1"]["MlpBlock_0"]["Dense_0"]["kernel"]
+  assert np.array_equal(port.encoderblock[1].MlpBlock_0.Dense_0.kernel[...], kernel)
+  first = lb.compare((module.ViT(), variables), port, x, train=False).first_divergence
+  assert first is not None and first.reference_path == "encoderblock_0/LayerNorm_1"
+  # a right port loaded the same way: nothing differs, and the report says it is unproven
+  good = module.Port(nnx.Rngs(3))
+  report = lb.checkpoint.linen_to_nnx(
+    module.ViT(), variables, good, x, sample_kwargs={"train": False}, check=False
+  )
+  assert report.unproven is not None and report.unproven.endswith("the outputs agree")

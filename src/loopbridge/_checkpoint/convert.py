@@ -56,6 +56,8 @@ class Plan(list[Pair]):
     self.checks: list[Check] = verdict.checks
     self.output_error = verdict.output_error
     self.values = verdict.values
+    self.proven = sides.prove
+    self.differing = verdict.differing
     # Whether a given Linen decode cache was converted (the sample call was a decode step).
     self.cache = any(k[0] == CACHE for k in verdict.values) if sides.forward else False
 
@@ -98,6 +100,7 @@ def _plan(
   method: str | None,
   cache: tp.Mapping[str, object] | None = None,
   precision: str = HIGHEST,
+  prove: bool = True,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   """Pair both models' leaves and decide every open candidate by running them (the caller runs
   this under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
@@ -125,7 +128,16 @@ def _plan(
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
   sides = Sides(
-    linen_module, modules, port, sample_args, values, forward, sample_kwargs, method, precision
+    linen_module,
+    modules,
+    port,
+    sample_args,
+    values,
+    forward,
+    sample_kwargs,
+    method,
+    precision,
+    prove,
   )
   verdict = decide(pairs, sides, axis_options)
   # A class of modules of equal shapes was decided as one pair (every assignment); from
@@ -327,6 +339,7 @@ def linen_to_nnx(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  check: bool = True,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -370,6 +383,11 @@ def linen_to_nnx(
       under `jax.default_matmul_precision('highest')`, so a TPU's float32 matmuls (one
       bfloat16 pass by default) cannot blur two candidates; 'model' at their own precision,
       with the looser tolerance that goes with it. The report names it (`tolerance`).
+    check: False loads the weights into a port that is not right yet, to find where it
+      differs (then `lb.compare`): a pairing the evidence cannot decide takes its first
+      candidate (the report says "unproven"), and a port whose output differs is filled
+      anyway, the report naming the first module pair whose outputs differ
+      (`report.unproven`). Nothing is proven then: never save such a port as converted.
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -449,6 +467,7 @@ def linen_to_nnx(
       method,
       tp.cast(tp.Mapping[str, object], variables.get(CACHE)),
       precision,
+      check,
     )
   targets = nnx_variables(port, cache=pairs.cache)
   writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
@@ -480,6 +499,25 @@ def linen_to_nnx(
       k for k in variables if k in SKIPPED_COLLECTIONS and not (k == CACHE and pairs.cache)
     ),
     tolerance=pairs.tolerance,
+    unproven=None if pairs.proven else _unproven(pairs),
+  )
+
+
+def _unproven(pairs: Plan) -> str:
+  """What `check=False` leaves unproven: the pairs it chose without evidence, the outputs."""
+  guessed = sum(1 for c in pairs.checks if c.decided == "unproven")
+  chosen = (
+    f"{guessed} pairing(s) the evidence could not decide took their first candidate"
+    if guessed
+    else "every pairing had one candidate or was chosen by evidence"
+  )
+  if pairs.differing is None:
+    return f"loaded without proof (check=False): {chosen}; the outputs agree"
+  linen_at, nnx_at = pairs.differing
+  return (
+    f"loaded without proof (check=False): {chosen}; the port's output differs from the "
+    f"Linen model's, first at Linen `{'/'.join(linen_at) or '<root>'}` and NNX "
+    f"`{'/'.join(nnx_at) or '<root>'}`"
   )
 
 

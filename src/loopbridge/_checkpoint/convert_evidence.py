@@ -394,10 +394,11 @@ class OutputMismatch(CheckpointError):
 # How to load weights into a port that is not yet right, to find where it differs.
 LOAD_ANYWAY = (
   "To load the weights anyway for checking (nothing is proven then): "
-  "lb.layers.load_params([variables['params']], [port]) pairs them by name (a list "
-  "`blocks[0]` takes Linen's `blocks_0`), then lb.compare((linen_module, variables), port, "
-  "*sample_args) names the first module that differs; from the shell, `loopbridge compare "
-  "LINEN_TARGET NNX_TARGET --arg ... --kwarg ...` does both. "
+  "lb.checkpoint.linen_to_nnx(..., check=False) fills the port with this pairing, or "
+  "lb.layers.load_params([variables['params']], [port]) by name (a list `blocks[0]` takes "
+  "Linen's `blocks_0`); then lb.compare((linen_module, variables), port, *sample_args) names "
+  "the first module that differs. From the shell, `loopbridge compare LINEN_TARGET "
+  "NNX_TARGET --arg ... --kwarg ...` does both. "
 )
 
 
@@ -422,6 +423,9 @@ class Verdict:
   axes: dict[tuple[Path, str], int]
   output_error: float
   values: dict[Key, Value]
+  # Unproven (`prove=False`, loading for checking) only: the first module pair whose outputs
+  # differ, as (source path, target path); None when the outputs agree.
+  differing: tuple[Path, Path] | None = None
 
 
 # One run of a model on one input: its output and the calls it recorded.
@@ -443,8 +447,13 @@ class Sides:
     sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
     method: str | None = None,
     precision: str = HIGHEST,
+    prove: bool = True,
   ):
     self.linen_module = linen_module
+    # False: load for checking a port that is not right yet; what the evidence cannot decide
+    # takes its first candidate, said so as "unproven", and a differing output is reported,
+    # not refused.
+    self.prove = prove
     self.linen_modules = linen_modules
     self.port = port
     self.sample_args = sample_args
@@ -663,6 +672,16 @@ def _by_model(
     elif not any(_same_values(values, v) for _, v, _ in agreeing):
       agreeing.append((combo, values, (runs, axes, values)))
   names = ", ".join(i.name for i in sides.inputs)
+  if (not agreeing or len(agreeing) > 1) and not sides.prove:
+    # Loading for checking: the first agreeing combination, else the first of each choice.
+    combo = agreeing[0][0] if agreeing else tuple(c[0] for c in choices)
+    for key, option in zip(open_keys, combo):
+      for i in groups[key]:
+        pairs[i].chosen = option
+      decided_by[key] = ("unproven", ())
+    axes = {k: axis_options[k][o] for k, o in zip(axis_keys, combo[len(open_keys) :])}
+    values = sides.convert(pairs, axes)
+    return _run_all(sides, values, refs)[0], axes, values
   if not agreeing:
     raise CheckpointError(
       f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
@@ -713,7 +732,14 @@ def _final_check(
     runs, failed = _run_all(sides, values, refs)
   else:
     runs, axes, values = final
-    failed = ""
+    failed = next(
+      (
+        given.name
+        for given, ref, ran in zip(sides.inputs, refs, runs)
+        if agreement(ref[0], ran[0], sides.tol) is None
+      ),
+      "",
+    )
   errors = [agreement(ref[0], ran[0], sides.tol) for ref, ran in zip(refs, runs)]
   output_error = None if failed else max(tp.cast(list[float], errors))
   checks: list[Check] = []
@@ -741,6 +767,11 @@ def _final_check(
       )
     )
   first_bad = _first_differing(pairs, differs, sides)
+  if output_error is None and not sides.prove:
+    where = (
+      None if first_bad is None else (sides.source_path(first_bad), sides.target_path(first_bad))
+    )
+    return Verdict(checks, dict(axes), math.inf, values, where)
   if output_error is None:
     where = (
       f" The first module pair whose outputs differ: Linen `{_name(first_bad.linen_at)}` "

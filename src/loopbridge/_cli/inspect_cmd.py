@@ -215,7 +215,7 @@ def inspect_model(
     message = " ".join(str(e).split())
     raise CliError(NO_MESH.format(model=type(module).__name__, message=message)) from e
   except Exception as e:
-    hint = call_specs.missing_argument_hint(e) or ("" if specs else inputs.NO_INPUTS_HINT)
+    hint = ("" if specs else inputs.NO_INPUTS_HINT) or call_specs.missing_argument_hint(e)
     given = inputs.describe(specs) + "".join(f", --kwarg {k}=..." for k in kwargs)
     raise CliError(
       f"{type(module).__name__} cannot run on the given inputs ({given}"

@@ -134,8 +134,10 @@ def run(ns: argparse.Namespace) -> int:
         module, *args, method=sample.method, calls=tuple(calls), check=False, **kwargs
       )
   except lb.port.PortError as e:  # e.g. the model fails on the inputs, a class without source
-    hint = call_specs.missing_argument_hint(e) or ("" if sample.specs else inputs.NO_INPUTS_HINT)
-    raise CliError(str(e) + hint) from e
+    # The draft could not be made (a class without source, a model failing on the inputs):
+    # the check cannot run, status 1 as for a draft not checked equal.
+    hint = ("" if sample.specs else inputs.NO_INPUTS_HINT) or call_specs.missing_argument_hint(e)
+    raise CliError(str(e) + hint, FAILURE) from e
   # The check in its phases, as `lb.port.draft(check=True)` runs it, each with its own note.
   built = None
   with progress("building the port and converting the Linen variables into it"):
