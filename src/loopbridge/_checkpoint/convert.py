@@ -36,9 +36,8 @@ from .convert_align import (
 )
 from .convert_evidence import Check, Sides, Verdict, decide
 from .convert_match import Pair, pair_units, split_classes
-from .convert_moves import Axes, to_linen, to_nnx
-from .convert_report import ConversionReport
-from .layer_values import is_placeholder
+from .convert_moves import Axes, checked_writes, describe_value, to_linen, to_nnx
+from .convert_report import ConversionReport, unproven_text
 from .leaf_rules import LeafRule
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
@@ -158,48 +157,6 @@ def _to_linen(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> d
   return to_linen(pairs, source, col, pairs.axes)
 
 
-def _desc(value: Value | jax.ShapeDtypeStruct) -> str:
-  if is_placeholder(value):
-    return f"the optax placeholder {value!r}"
-  return f"{jnp.result_type(value)}{list(np.shape(value))}"
-
-
-_PLACEHOLDER_MISMATCH = (
-  "{what}: `{key}` is {new} in the source but {old} in the target. Why: the two optimizers "
-  "leave different params out (optax.masked / optax.multi_transform labels, "
-  "optax.set_to_zero), so this slot means something else on each side. Fix: build the "
-  "target's optimizer with the source's transformation and the same labels for these params."
-)
-
-
-def _checked_writes(
-  targets: tp.Mapping[Key, nnx.Variable], values: tp.Mapping[Key, Value], what: str
-) -> list[tuple[nnx.Variable, jax.Array]]:
-  """(Variable, new value) for every target, each checked; the new value on the old placement."""
-  writes = []
-  for key, variable in targets.items():
-    if key not in values:
-      raise CheckpointError(f"{what}: nothing converts into `{'/'.join(key)}`.")
-    old, new = _compat.variable_value(variable), values[key]
-    if is_placeholder(old) or is_placeholder(new):
-      # Placeholders hold no numbers: the target keeps its own, if it is the same kind.
-      if jax.tree_util.tree_structure(old) != jax.tree_util.tree_structure(new):
-        raise CheckpointError(
-          _PLACEHOLDER_MISMATCH.format(what=what, key="/".join(key), new=_desc(new), old=_desc(old))
-        )
-      continue
-    if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
-      raise CheckpointError(
-        f"{what}: `{'/'.join(key)}` is {_desc(new)} in the source but {_desc(old)} in the "
-        "target. Build the target with the source's widths, depth and dtypes (values are "
-        "never cast, so a round trip stays bit-exact)."
-      )
-    sharding = getattr(old, "sharding", None)
-    placed = jax.device_put(new, sharding) if sharding is not None else jnp.asarray(new)
-    writes.append((variable, placed))
-  return writes
-
-
 # --- optax state ----------------------------------------------------------------------------
 
 
@@ -275,11 +232,11 @@ def _opt_to_nnx(
         )
       values = _to_nnx(pairs, flatten(tp.cast(Variables, lnode), ("params",)), "params")
       targets = {("params", *p): v for p, v in _flat_variables(nnode).items()}
-      writes += _checked_writes(targets, values, f"optax state `{where}`")
+      writes += checked_writes(targets, values, f"optax state `{where}`")
     else:
       if is_linen(lnode) or jax.tree_util.keystr(npath) != jax.tree_util.keystr(lpath):
         raise CheckpointError(_OPT_MISMATCH.format(detail=f"at `{where}`"))
-      writes += _checked_writes(
+      writes += checked_writes(
         {("opt_state", where): nnode}, {("opt_state", where): lnode}, "optax state"
       )
       if count is None and lpath and key_str(lpath[-1]) == "count":
@@ -470,7 +427,7 @@ def linen_to_nnx(
       check,
     )
   targets = nnx_variables(port, cache=pairs.cache)
-  writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
+  writes = checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
   optimizer_arrays = 0
   if optimizer is not None:
@@ -499,25 +456,7 @@ def linen_to_nnx(
       k for k in variables if k in SKIPPED_COLLECTIONS and not (k == CACHE and pairs.cache)
     ),
     tolerance=pairs.tolerance,
-    unproven=None if pairs.proven else _unproven(pairs),
-  )
-
-
-def _unproven(pairs: Plan) -> str:
-  """What `check=False` leaves unproven: the pairs it chose without evidence, the outputs."""
-  guessed = sum(1 for c in pairs.checks if c.decided == "unproven")
-  chosen = (
-    f"{guessed} pairing(s) the evidence could not decide took their first candidate"
-    if guessed
-    else "every pairing had one candidate or was chosen by evidence"
-  )
-  if pairs.differing is None:
-    return f"loaded without proof (check=False): {chosen}; the outputs agree"
-  linen_at, nnx_at = pairs.differing
-  return (
-    f"loaded without proof (check=False): {chosen}; the port's output differs from the "
-    f"Linen model's, first at Linen `{'/'.join(linen_at) or '<root>'}` and NNX "
-    f"`{'/'.join(nnx_at) or '<root>'}`"
+    unproven=None if pairs.proven else unproven_text(pairs.checks, pairs.differing),
   )
 
 
@@ -618,9 +557,9 @@ def nnx_to_linen(
       raise CheckpointError(f"nnx_to_linen: nothing converts into `{'/'.join(key)}`.")
     if np.shape(values[key]) != abstract.shape:
       raise CheckpointError(
-        f"nnx_to_linen: `{'/'.join(key)}` would be {_desc(values[key])} but the Linen module "
-        f"creates {abstract.dtype}{list(abstract.shape)}. Build the Linen module with the "
-        "port's widths and depth."
+        f"nnx_to_linen: `{'/'.join(key)}` would be {describe_value(values[key])} but the "
+        f"Linen module creates {abstract.dtype}{list(abstract.shape)}. Build the Linen "
+        "module with the port's widths and depth."
       )
   variables = unflatten(values)
   if optimizer is None:

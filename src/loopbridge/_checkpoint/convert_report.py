@@ -221,3 +221,24 @@ class ConversionReport:
     if self.tolerance is not None:
       lines.append(f"  checked with {self.tolerance.reason}")
     return "\n".join(lines)
+
+
+def unproven_text(
+  checks: tp.Sequence[Check], differing: tuple[tuple[str, ...], tuple[str, ...]] | None
+) -> str:
+  """What `linen_to_nnx(..., check=False)` leaves unproven: the pairings chosen without
+  evidence, and where the outputs first differ (`differing`: Linen path, NNX path)."""
+  guessed = sum(1 for c in checks if c.decided == "unproven")
+  chosen = (
+    f"{guessed} pairing(s) the evidence could not decide took their first candidate"
+    if guessed
+    else "every pairing had one candidate or was chosen by evidence"
+  )
+  if differing is None:
+    return f"loaded without proof (check=False): {chosen}; the outputs agree"
+  linen_at, nnx_at = differing
+  return (
+    f"loaded without proof (check=False): {chosen}; the port's output differs from the "
+    f"Linen model's, first at Linen `{'/'.join(linen_at) or '<root>'}` and NNX "
+    f"`{'/'.join(nnx_at) or '<root>'}`"
+  )
