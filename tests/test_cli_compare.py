@@ -61,6 +61,12 @@ class Renamed(nnx.Module):
     return self.fc2(self.norm(nnx.relu(self.fc1(x))))
 
 
+class RenamedBuggy(Renamed):
+  def __init__(self, rngs):
+    super().__init__(rngs)
+    self.norm = nnx.LayerNorm(8, epsilon=0.5, rngs=rngs)
+
+
 class Wider(nnx.Module):
   def __init__(self, rngs):
     self.Dense_0 = nnx.Linear(4, 16, rngs=rngs)
@@ -282,40 +288,66 @@ def assert_error(capsys, argv, code, pattern):
 
 
 @pytest.mark.parametrize(
-  "new, pattern",
+  "new, code, pattern",
   [
     (
-      "Renamed",
-      r"cannot load the Linen params into NEW_TARGET: the port has a Param at "
-      r"'fc1/\w+' that the Linen model lacks.*Name the port's attributes like the "
-      r"Linen submodules.*--weights random",
-    ),
-    (
       "Wider",
+      1,
       r"Dense_0/\w+' is \[\d+\] in the Linen model but 'Dense_0/\w+' is \[16\] in the "
-      r"port",
+      r"port.*Pairing by the models' calls failed too: ",
     ),
     (
       "NoBias",
+      1,
       r"the Linen param 'Dense_1/bias' has no Param in the port.*Why: the port's layer "
       r"'Dense_1' has no 'bias' \(built with use_bias=False\?\).*the names match\. "
       r"Fix: build the port's layer 'Dense_1' with use_bias=True",
     ),
-    ("MLP", r"NEW_TARGET '.*:MLP' is a Linen module; loopbridge compare takes the NNX port"),
-    ("needs_width", r"needs arguments \(width\)"),
+    ("MLP", 2, r"NEW_TARGET '.*:MLP' is a Linen module; loopbridge compare takes the NNX port"),
+    ("needs_width", 2, r"needs arguments \(width\)"),
   ],
 )
-def test_bad_new_target(capsys, target, new, pattern):
+def test_bad_new_target(capsys, target, new, code, pattern):
+  """A port that does not fit the Linen weights failed the check (1); a NEW_TARGET that is
+  no port at all is a usage error (2)."""
   assert_error(
-    capsys, ["compare", f"{target}:MLP", f"{target}:{new}", "--arg", "float32[2,4]"], 1, pattern
+    capsys, ["compare", f"{target}:MLP", f"{target}:{new}", "--arg", "float32[2,4]"], code, pattern
   )
+
+
+def test_other_names_pair_by_the_models_calls_and_say_so(capsys, target):
+  """A port named otherwise (fc1, norm, fc2) gets the Linen weights paired by the two models'
+  calls; the report says so, and what it could not prove."""
+  argv = ["compare", f"{target}:MLP", f"{target}:Renamed", "--arg", "float32[2,4]"]
+  code, out, err = run(capsys, *argv)
+  assert code == 0, out + err
+  assert out.startswith(
+    "weights: the port's attribute names differ from the Linen submodules', so the Linen "
+    "weights were paired by the two models' calls:\nlinen_to_nnx: 3 modules, loaded without "
+    "proof (check=False)"
+  )
+  assert re.search(r"Dense_0 +-> +fc1", out) and "lb.compare: OK" in out
+  code, out, err = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:RenamedBuggy", "--arg", "float32[2,4]", "--json"
+  )
+  assert code == 1, err
+  doc = json.loads(out)
+  assert doc["first_divergence"]["candidate_path"] == "norm"
+  assert doc["weights"]["paired_by"] == "calls"
+  assert doc["weights"]["pairing"]["unproven"].endswith(
+    "the port's output differs from the Linen model's, first at Linen `LayerNorm_0` and NNX `norm`"
+  )
+  code, out, _ = run(
+    capsys, "compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]", "--json"
+  )
+  assert code == 0 and json.loads(out)["weights"]["paired_by"] == "name"
 
 
 def test_bad_old_target_and_usage(capsys, target):
   assert_error(
     capsys,
     ["compare", f"{target}:Port", f"{target}:Port", "--arg", "float32[2,4]"],
-    1,
+    2,
     r"is an NNX module; loopbridge compare takes a Linen module as OLD_TARGET",
   )
   assert_error(
@@ -327,7 +359,7 @@ def test_bad_old_target_and_usage(capsys, target):
   assert_error(
     capsys,
     ["compare", f"{target}:MLP", f"{target}:Port"],
-    1,
+    2,
     r"cannot run on the given inputs \(no inputs\).*--arg",
   )
   with pytest.raises(SystemExit) as exit_info:
@@ -407,7 +439,7 @@ def test_plot_draws_the_errors(capsys, target, tmp_path):
   code, out, err = run(
     capsys, "compare", f"{target}:MLP", f"{target}:Port", "--arg", "float32[2,4]", "--plot", "e.txt"
   )
-  assert code == 1 and "lb.compare: OK" in out and "Traceback" not in err
+  assert code == 2 and "lb.compare: OK" in out and "Traceback" not in err
   assert re.search(
     r"^loopbridge compare: error: --plot: plot_report cannot write 'e.txt': the suffix "
     r"'\.txt' names no image format",

@@ -207,7 +207,7 @@ def test_convert_a_linen_train_state_to_nnx_and_back(tmp_path, target, capsys):
 
   # DEST is never overwritten; a malformed --map is a usage error.
   code = main(["convert", *common, str(tmp_path / "linen"), str(tmp_path / "nnx")])
-  assert code == 1 and "exists" in capsys.readouterr().err
+  assert code == 2 and "exists" in capsys.readouterr().err
   code = main(["convert", *common, str(tmp_path / "linen"), str(tmp_path / "x"), "--map", "a"])
   assert code == 2 and "expected LINEN_PATH=NNX_PATH" in capsys.readouterr().err
 
@@ -283,11 +283,12 @@ def test_the_sample_call_takes_a_method_and_keyword_inputs(tmp_path, target, cap
 @pytest.mark.parametrize(
   "extra, code, match",
   [
-    (["--method", "decode"], 1, "LINEN_TARGET Encoder has no method 'decode' (--method)"),
+    (["--method", "decode"], 2, "LINEN_TARGET Encoder has no method 'decode' (--method)"),
     (
       ["--method", "encode"],
-      1,
-      "the sample call encode(float32[5,3]) failed (TypeError: Encoder.encode() missing",
+      2,
+      "the sample call (--arg float32[5,3] --method encode) failed (TypeError: "
+      "Encoder.encode() missing",
     ),
     (["--kwarg", "train"], 2, "--kwarg 'train': expected NAME=VALUE"),
     (["--kwarg", "train=maybe"], 2, "is not a Python literal"),

@@ -145,7 +145,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_with_the_fix_for_its_cause(
     ]
   )
   err = capsys.readouterr().err
-  assert code == 1
+  assert code == 2  # usage or environment: the checkpoint is not what the models describe
   assert "does not hold the Linen checkpoint" in err
   assert re.search(match, err), err
   assert not (tmp_path / "out").exists()
@@ -187,7 +187,7 @@ def test_a_directory_orbax_cannot_read_is_named_as_such(tmp_path, target, capsys
       str(tmp_path / "out"),
     ]
   )
-  assert code == 1
+  assert code == 2
   assert "is not a readable orbax checkpoint" in capsys.readouterr().err
 
 
@@ -216,7 +216,7 @@ def test_stderr_holds_only_the_one_line_error(tmp_path, target):
     timeout=300,
     check=False,
   )
-  assert run.returncode == 1
+  assert run.returncode == 2
   lines = run.stderr.splitlines()
   errors = [line for line in lines if line.startswith("loopbridge convert: error: ")]
   # Besides the error, only progress notes ("loopbridge: importing the models...").

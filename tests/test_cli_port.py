@@ -119,7 +119,7 @@ def test_usage_errors_exit_2(argv, message, capsys, tmp_path):
 def test_existing_file_is_not_overwritten(capsys, tmp_path):
   out = tmp_path / "out.py"
   out.write_text("# my edits\n")
-  assert main(["port", *MLP, "-o", str(out)]) == 1
+  assert main(["port", *MLP, "-o", str(out)]) == 2
   err = capsys.readouterr().err
   assert "out.py' exists" in err and "--force" in err, err
   assert out.read_text() == "# my edits\n"
@@ -129,7 +129,7 @@ def test_a_misspelled_target_is_reported_before_an_existing_output(capsys, tmp_p
   monkeypatch.chdir(tmp_path)
   (tmp_path / "mlp_dropout_nnx.py").write_text("# an earlier draft\n")  # the default output
   argv = ["port", "port_models.mlp_dropout:Model", "--arg", "float32[4,24]"]
-  assert main(argv) == 1
+  assert main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()[-1]
   assert err == (
     "loopbridge port: error: module 'port_models.mlp_dropout' has no attribute 'Model'; "
@@ -144,7 +144,7 @@ def test_directory_output_is_a_usage_error(capsys, tmp_path):
 
 def test_unknown_method(capsys, tmp_path):
   argv = ["port", *MLP, "--call", "method=decode float32[1]", "-o", str(tmp_path / "o.py")]
-  assert main(argv) == 1
+  assert main(argv) == 2
   assert "MLP has no method 'decode' (--call method=decode float32[1])" in capsys.readouterr().err
 
 
@@ -245,7 +245,7 @@ def test_subprocess_end_to_end(tmp_path):
   assert f"wrote {out}" in done.stdout
   ruff_clean(out)
   again = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env)
-  assert again.returncode == 1 and "setup_style_nnx.py' exists" in again.stderr, again.stderr
+  assert again.returncode == 2 and "setup_style_nnx.py' exists" in again.stderr, again.stderr
 
 
 def test_class_without_source_exits_1(capsys, tmp_path, monkeypatch):

@@ -36,9 +36,8 @@ from .convert_align import (
 )
 from .convert_evidence import Check, Sides, Verdict, decide
 from .convert_match import Pair, pair_units, split_classes
-from .convert_moves import Axes, to_linen, to_nnx
-from .convert_report import ConversionReport
-from .layer_values import is_placeholder
+from .convert_moves import Axes, checked_writes, describe_value, to_linen, to_nnx
+from .convert_report import ConversionReport, unproven_text
 from .leaf_rules import LeafRule
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
@@ -56,6 +55,8 @@ class Plan(list[Pair]):
     self.checks: list[Check] = verdict.checks
     self.output_error = verdict.output_error
     self.values = verdict.values
+    self.proven = sides.prove
+    self.differing = verdict.differing
     # Whether a given Linen decode cache was converted (the sample call was a decode step).
     self.cache = any(k[0] == CACHE for k in verdict.values) if sides.forward else False
 
@@ -98,6 +99,7 @@ def _plan(
   method: str | None,
   cache: tp.Mapping[str, object] | None = None,
   precision: str = HIGHEST,
+  prove: bool = True,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   """Pair both models' leaves and decide every open candidate by running them (the caller runs
   this under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
@@ -125,7 +127,16 @@ def _plan(
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
   sides = Sides(
-    linen_module, modules, port, sample_args, values, forward, sample_kwargs, method, precision
+    linen_module,
+    modules,
+    port,
+    sample_args,
+    values,
+    forward,
+    sample_kwargs,
+    method,
+    precision,
+    prove,
   )
   verdict = decide(pairs, sides, axis_options)
   # A class of modules of equal shapes was decided as one pair (every assignment); from
@@ -144,48 +155,6 @@ def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dic
 def _to_linen(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen leaf's layer axis)."""
   return to_linen(pairs, source, col, pairs.axes)
-
-
-def _desc(value: Value | jax.ShapeDtypeStruct) -> str:
-  if is_placeholder(value):
-    return f"the optax placeholder {value!r}"
-  return f"{jnp.result_type(value)}{list(np.shape(value))}"
-
-
-_PLACEHOLDER_MISMATCH = (
-  "{what}: `{key}` is {new} in the source but {old} in the target. Why: the two optimizers "
-  "leave different params out (optax.masked / optax.multi_transform labels, "
-  "optax.set_to_zero), so this slot means something else on each side. Fix: build the "
-  "target's optimizer with the source's transformation and the same labels for these params."
-)
-
-
-def _checked_writes(
-  targets: tp.Mapping[Key, nnx.Variable], values: tp.Mapping[Key, Value], what: str
-) -> list[tuple[nnx.Variable, jax.Array]]:
-  """(Variable, new value) for every target, each checked; the new value on the old placement."""
-  writes = []
-  for key, variable in targets.items():
-    if key not in values:
-      raise CheckpointError(f"{what}: nothing converts into `{'/'.join(key)}`.")
-    old, new = _compat.variable_value(variable), values[key]
-    if is_placeholder(old) or is_placeholder(new):
-      # Placeholders hold no numbers: the target keeps its own, if it is the same kind.
-      if jax.tree_util.tree_structure(old) != jax.tree_util.tree_structure(new):
-        raise CheckpointError(
-          _PLACEHOLDER_MISMATCH.format(what=what, key="/".join(key), new=_desc(new), old=_desc(old))
-        )
-      continue
-    if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
-      raise CheckpointError(
-        f"{what}: `{'/'.join(key)}` is {_desc(new)} in the source but {_desc(old)} in the "
-        "target. Build the target with the source's widths, depth and dtypes (values are "
-        "never cast, so a round trip stays bit-exact)."
-      )
-    sharding = getattr(old, "sharding", None)
-    placed = jax.device_put(new, sharding) if sharding is not None else jnp.asarray(new)
-    writes.append((variable, placed))
-  return writes
 
 
 # --- optax state ----------------------------------------------------------------------------
@@ -263,11 +232,11 @@ def _opt_to_nnx(
         )
       values = _to_nnx(pairs, flatten(tp.cast(Variables, lnode), ("params",)), "params")
       targets = {("params", *p): v for p, v in _flat_variables(nnode).items()}
-      writes += _checked_writes(targets, values, f"optax state `{where}`")
+      writes += checked_writes(targets, values, f"optax state `{where}`")
     else:
       if is_linen(lnode) or jax.tree_util.keystr(npath) != jax.tree_util.keystr(lpath):
         raise CheckpointError(_OPT_MISMATCH.format(detail=f"at `{where}`"))
-      writes += _checked_writes(
+      writes += checked_writes(
         {("opt_state", where): nnode}, {("opt_state", where): lnode}, "optax state"
       )
       if count is None and lpath and key_str(lpath[-1]) == "count":
@@ -327,6 +296,7 @@ def linen_to_nnx(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  check: bool = True,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -370,6 +340,11 @@ def linen_to_nnx(
       under `jax.default_matmul_precision('highest')`, so a TPU's float32 matmuls (one
       bfloat16 pass by default) cannot blur two candidates; 'model' at their own precision,
       with the looser tolerance that goes with it. The report names it (`tolerance`).
+    check: False loads the weights into a port that is not right yet, to find where it
+      differs (then `lb.compare`): a pairing the evidence cannot decide takes its first
+      candidate (the report says "unproven"), and a port whose output differs is filled
+      anyway, the report naming the first module pair whose outputs differ
+      (`report.unproven`). Nothing is proven then: never save such a port as converted.
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -449,9 +424,10 @@ def linen_to_nnx(
       method,
       tp.cast(tp.Mapping[str, object], variables.get(CACHE)),
       precision,
+      check,
     )
   targets = nnx_variables(port, cache=pairs.cache)
-  writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
+  writes = checked_writes(targets, pairs.values, "linen_to_nnx")
   count: object = None
   optimizer_arrays = 0
   if optimizer is not None:
@@ -480,6 +456,7 @@ def linen_to_nnx(
       k for k in variables if k in SKIPPED_COLLECTIONS and not (k == CACHE and pairs.cache)
     ),
     tolerance=pairs.tolerance,
+    unproven=None if pairs.proven else unproven_text(pairs.checks, pairs.differing),
   )
 
 
@@ -580,9 +557,9 @@ def nnx_to_linen(
       raise CheckpointError(f"nnx_to_linen: nothing converts into `{'/'.join(key)}`.")
     if np.shape(values[key]) != abstract.shape:
       raise CheckpointError(
-        f"nnx_to_linen: `{'/'.join(key)}` would be {_desc(values[key])} but the Linen module "
-        f"creates {abstract.dtype}{list(abstract.shape)}. Build the Linen module with the "
-        "port's widths and depth."
+        f"nnx_to_linen: `{'/'.join(key)}` would be {describe_value(values[key])} but the "
+        f"Linen module creates {abstract.dtype}{list(abstract.shape)}. Build the Linen "
+        "module with the port's widths and depth."
       )
   variables = unflatten(values)
   if optimizer is None:

@@ -136,7 +136,11 @@ def _linen_calls(
     # Read after the call: the call creates the variables. Inside nn.scan, one layer's view.
     for col, tree in linen_meta.unbox(context.module.variables).items():
       for name, value in tree.items():
-        if not isinstance(value, tp.Mapping) and col not in SKIPPED_COLLECTIONS:
+        if (
+          not isinstance(value, tp.Mapping)
+          and col not in SKIPPED_COLLECTIONS
+          and hasattr(value, "shape")  # not the axis names `param_with_axes` stores
+        ):
           call.inside.setdefault((col, name), (tuple(value.shape), jnp.dtype(value.dtype)))
     return out
 
@@ -163,6 +167,12 @@ def flatten(
   flat: dict[Key, Value] = {}
   for key, value in linen_meta.unbox(tree).items():
     if not prefix and key in SKIPPED_COLLECTIONS and key not in keep:
+      continue
+    if not prefix and not jax.tree_util.tree_leaves(value):
+      # A collection without a single array holds no variable to convert:
+      # `flax.linen.partitioning.param_with_axes` (flaxformer, t5x) stores axis names in
+      # `params_axes` as `AxisMetadata` leaves. (Deeper, an array-less leaf is an optax
+      # placeholder, `MaskedNode()`, and is kept.)
       continue
     if isinstance(value, tp.Mapping):
       flat.update(flatten(value, (*prefix, str(key))))

@@ -391,6 +391,17 @@ class OutputMismatch(CheckpointError):
   """The kept conversion's output differs from the source model's."""
 
 
+# How to load weights into a port that is not yet right, to find where it differs.
+LOAD_ANYWAY = (
+  "To load the weights anyway for checking (nothing is proven then): "
+  "lb.checkpoint.linen_to_nnx(..., check=False) fills the port with this pairing, or "
+  "lb.layers.load_params([variables['params']], [port]) by name (a list `blocks[0]` takes "
+  "Linen's `blocks_0`); then lb.compare((linen_module, variables), port, *sample_args) names "
+  "the first module that differs. From the shell, `loopbridge compare LINEN_TARGET "
+  "NNX_TARGET --arg ... --kwarg ...` does both. "
+)
+
+
 @dataclasses.dataclass
 class Check:
   """How one pair was decided and checked."""
@@ -412,6 +423,9 @@ class Verdict:
   axes: dict[tuple[Path, str], int]
   output_error: float
   values: dict[Key, Value]
+  # Unproven (`prove=False`, loading for checking) only: the first module pair whose outputs
+  # differ, as (source path, target path); None when the outputs agree.
+  differing: tuple[Path, Path] | None = None
 
 
 # One run of a model on one input: its output and the calls it recorded.
@@ -433,8 +447,13 @@ class Sides:
     sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
     method: str | None = None,
     precision: str = HIGHEST,
+    prove: bool = True,
   ):
     self.linen_module = linen_module
+    # False: load for checking a port that is not right yet; what the evidence cannot decide
+    # takes its first candidate, said so as "unproven", and a differing output is reported,
+    # not refused.
+    self.prove = prove
     self.linen_modules = linen_modules
     self.port = port
     self.sample_args = sample_args
@@ -653,6 +672,16 @@ def _by_model(
     elif not any(_same_values(values, v) for _, v, _ in agreeing):
       agreeing.append((combo, values, (runs, axes, values)))
   names = ", ".join(i.name for i in sides.inputs)
+  if (not agreeing or len(agreeing) > 1) and not sides.prove:
+    # Loading for checking: the first agreeing combination, else the first of each choice.
+    combo = agreeing[0][0] if agreeing else tuple(c[0] for c in choices)
+    for key, option in zip(open_keys, combo):
+      for i in groups[key]:
+        pairs[i].chosen = option
+      decided_by[key] = ("unproven", ())
+    axes = {k: axis_options[k][o] for k, o in zip(axis_keys, combo[len(open_keys) :])}
+    values = sides.convert(pairs, axes)
+    return _run_all(sides, values, refs)[0], axes, values
   if not agreeing:
     raise CheckpointError(
       f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
@@ -703,19 +732,26 @@ def _final_check(
     runs, failed = _run_all(sides, values, refs)
   else:
     runs, axes, values = final
-    failed = ""
+    failed = next(
+      (
+        given.name
+        for given, ref, ran in zip(sides.inputs, refs, runs)
+        if agreement(ref[0], ran[0], sides.tol) is None
+      ),
+      "",
+    )
   errors = [agreement(ref[0], ran[0], sides.tol) for ref, ran in zip(refs, runs)]
   output_error = None if failed else max(tp.cast(list[float], errors))
   checks: list[Check] = []
-  first_bad: Pair | None = None
-  for pair in pairs:
+  differs: list[int] = []  # the pairs whose own calls differ on some input
+  for index, pair in enumerate(pairs):
     err: float | None = 0.0
     for ref_run, ran in zip(refs, runs):
       ref = ref_run[1].get(sides.source_path(pair))
       got = ran[1].get(sides.target_path(pair))
       one = None if ref is None or got is None else agreement(ref.out, got.out, sides.tol)
-      if ref is not None and got is not None and one is None and first_bad is None:
-        first_bad = pair
+      if ref is not None and got is not None and one is None and index not in differs:
+        differs.append(index)
       err = None if one is None or err is None else max(err, one)
     if len(runs) < len(refs):
       err = None
@@ -730,11 +766,16 @@ def _final_check(
         probes if n > 1 else (),
       )
     )
+  first_bad = _first_differing(pairs, differs, sides)
+  if output_error is None and not sides.prove:
+    where = (
+      None if first_bad is None else (sides.source_path(first_bad), sides.target_path(first_bad))
+    )
+    return Verdict(checks, dict(axes), math.inf, values, where)
   if output_error is None:
     where = (
       f" The first module pair whose outputs differ: Linen `{_name(first_bad.linen_at)}` "
-      f"and NNX `{_name(first_bad.nnx_at)}` "
-      f"({', '.join(str(m.rule) for m in first_bad.moves)})."
+      f"and NNX `{_name(first_bad.nnx_at)}` (paired by {first_bad.how})."
       if first_bad is not None
       else ""
     )
@@ -747,9 +788,25 @@ def _final_check(
       f"the converted {'port' if sides.forward else 'Linen model'} does not reproduce the "
       f"{_source_name(sides)} model's output on {on}.{where} Fix: check the "
       "port with lb.compare; if it stores arrays otherwise (split, fused, reshaped, "
-      "transposed, renamed), pass rules=[...]; if modules pair wrongly, pass mapping=. " + _RNG_HELP
+      "transposed, renamed), pass rules=[...]; if modules pair wrongly, pass mapping=. "
+      + (LOAD_ANYWAY if sides.forward else "")
+      + _RNG_HELP
     )
   return Verdict(checks, dict(axes), output_error, values)
+
+
+def _first_differing(pairs: list[Pair], differs: list[int], sides: Sides) -> Pair | None:
+  """The pair whose module computes otherwise first: among the differing pairs (in the order
+  modules are entered), the first with no differing module inside it. An enclosing module
+  (the root, most of all) differs whenever anything inside it does, so it is named only when
+  nothing inside it differs; this is the first differing call in the order calls return, as
+  lb.compare reports them."""
+  paths = {i: sides.source_path(pairs[i]) for i in differs}
+  for i in differs:
+    path = paths[i]
+    if not any(len(p) > len(path) and p[: len(path)] == path for p in paths.values()):
+      return pairs[i]
+  return None
 
 
 def _name(path: Path) -> str:

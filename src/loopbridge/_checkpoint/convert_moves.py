@@ -16,9 +16,16 @@ from __future__ import annotations
 
 import typing as tp
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from .. import _compat
+from .._core.errors import CheckpointError
 from .convert_align import Key, LeafName, Unit, Value
 from .convert_match import Pair
-from .layer_values import Take, gather, through_rule, value_of
+from .layer_values import Take, gather, is_placeholder, through_rule, value_of
 from .leaf_rules import Rename
 
 # (Linen stack path, collection) -> the layer axis the evidence kept, where several fit.
@@ -95,3 +102,51 @@ def to_linen(
 ) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen layer axis)."""
   return _move(pairs, source, col, axes, False)
+
+
+# --- writing the moved values ----------------------------------------------------------
+
+
+def describe_value(value: Value | jax.ShapeDtypeStruct) -> str:
+  if is_placeholder(value):
+    return f"the optax placeholder {value!r}"
+  return f"{jnp.result_type(value)}{list(np.shape(value))}"
+
+
+_PLACEHOLDER_MISMATCH = (
+  "{what}: `{key}` is {new} in the source but {old} in the target. Why: the two optimizers "
+  "leave different params out (optax.masked / optax.multi_transform labels, "
+  "optax.set_to_zero), so this slot means something else on each side. Fix: build the "
+  "target's optimizer with the source's transformation and the same labels for these params."
+)
+
+
+def checked_writes(
+  targets: tp.Mapping[Key, nnx.Variable], values: tp.Mapping[Key, Value], what: str
+) -> list[tuple[nnx.Variable, jax.Array]]:
+  """(Variable, new value) for every target, each checked before anything is written; the
+  new value on the old placement."""
+  writes = []
+  for key, variable in targets.items():
+    if key not in values:
+      raise CheckpointError(f"{what}: nothing converts into `{'/'.join(key)}`.")
+    old, new = _compat.variable_value(variable), values[key]
+    if is_placeholder(old) or is_placeholder(new):
+      # Placeholders hold no numbers: the target keeps its own, if it is the same kind.
+      if jax.tree_util.tree_structure(old) != jax.tree_util.tree_structure(new):
+        raise CheckpointError(
+          _PLACEHOLDER_MISMATCH.format(
+            what=what, key="/".join(key), new=describe_value(new), old=describe_value(old)
+          )
+        )
+      continue
+    if np.shape(old) != np.shape(new) or jnp.result_type(old) != jnp.result_type(new):
+      raise CheckpointError(
+        f"{what}: `{'/'.join(key)}` is {describe_value(new)} in the source but "
+        f"{describe_value(old)} in the target. Build the target with the source's widths, "
+        "depth and dtypes (values are never cast, so a round trip stays bit-exact)."
+      )
+    sharding = getattr(old, "sharding", None)
+    placed = jax.device_put(new, sharding) if sharding is not None else jnp.asarray(new)
+    writes.append((variable, placed))
+  return writes

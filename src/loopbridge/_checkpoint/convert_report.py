@@ -132,6 +132,9 @@ class ConversionReport:
       (per-sequence state; the port keeps its own `nnx.Cache` values) and `intermediates`.
     tolerance: the precision both models ran at and the tolerance their outputs were
       compared with, and why (a `ToleranceChoice`); None in reports built by hand.
+    unproven: for `linen_to_nnx(..., check=False)` (loading for checking), what is not
+      proven: the pairings chosen without evidence and where the outputs first differ;
+      None for a checked conversion.
   """
 
   direction: str
@@ -142,6 +145,7 @@ class ConversionReport:
   layer_axes: tuple[tuple[str, int], ...] = ()
   skipped: tuple[str, ...] = ()
   tolerance: ToleranceChoice | None = None
+  unproven: str | None = None
 
   @classmethod
   def from_pairs(
@@ -156,6 +160,7 @@ class ConversionReport:
     layer_axes: tp.Mapping[tuple[tuple[str, ...], str], int] | None = None,
     skipped: tp.Sequence[str] = (),
     tolerance: ToleranceChoice | None = None,
+    unproven: str | None = None,
   ) -> ConversionReport:
     groups: dict[tuple[object, ...], list[tuple[Pair, Check]]] = {}
     for pair, check in zip(pairs, checks):
@@ -170,6 +175,7 @@ class ConversionReport:
       axes,
       tuple(skipped),
       tolerance,
+      unproven,
     )
 
   def to_dict(self) -> dict[str, object]:
@@ -183,6 +189,7 @@ class ConversionReport:
       "layer_axes": [list(a) for a in self.layer_axes],
       "skipped": list(self.skipped),
       "tolerance": None if self.tolerance is None else dataclasses.asdict(self.tolerance),
+      "unproven": self.unproven,
     }
 
   def __str__(self) -> str:
@@ -190,6 +197,8 @@ class ConversionReport:
     lines = [
       f"{self.direction}: {len(self.placements)} modules, each pair checked by running both "
       f"models (output max abs error {self.output_error:.3g})"
+      if self.unproven is None
+      else f"{self.direction}: {len(self.placements)} modules, {self.unproven}"
     ]
     for p in self.placements:
       names = ", ".join(a.split("/", 1)[1] if a == b else f"{a} -> {b}" for a, b in p.variables)
@@ -212,3 +221,24 @@ class ConversionReport:
     if self.tolerance is not None:
       lines.append(f"  checked with {self.tolerance.reason}")
     return "\n".join(lines)
+
+
+def unproven_text(
+  checks: tp.Sequence[Check], differing: tuple[tuple[str, ...], tuple[str, ...]] | None
+) -> str:
+  """What `linen_to_nnx(..., check=False)` leaves unproven: the pairings chosen without
+  evidence, and where the outputs first differ (`differing`: Linen path, NNX path)."""
+  guessed = sum(1 for c in checks if c.decided == "unproven")
+  chosen = (
+    f"{guessed} pairing(s) the evidence could not decide took their first candidate"
+    if guessed
+    else "every pairing had one candidate or was chosen by evidence"
+  )
+  if differing is None:
+    return f"loaded without proof (check=False): {chosen}; the outputs agree"
+  linen_at, nnx_at = differing
+  return (
+    f"loaded without proof (check=False): {chosen}; the port's output differs from the "
+    f"Linen model's, first at Linen `{'/'.join(linen_at) or '<root>'}` and NNX "
+    f"`{'/'.join(nnx_at) or '<root>'}`"
+  )

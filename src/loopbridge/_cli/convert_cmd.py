@@ -18,9 +18,9 @@ import typing as tp
 from .. import _compat
 from .._checkpoint.leaf_rules import LeafRule
 from .._checkpoint.leaf_rules import parse as parse_rule
-from .._core.errors import CheckpointError
-from . import call_specs, checkpoint_io, inputs, loading, options
-from .errors import SUCCESS, USAGE_ERROR, CliError
+from .._core.errors import CheckpointError, first_line
+from . import call_specs, checkpoint_io, loading, options
+from .errors import EXIT_STATUS_HELP, FAILURE, SUCCESS, USAGE_ERROR, CliError
 from .output import progress
 
 if tp.TYPE_CHECKING:
@@ -46,8 +46,7 @@ EPILOG = (
   "array specs. "
   "The Linen checkpoint is one dict: the collections ('params', 'batch_stats', ...) and, "
   "with --tx, 'opt_state' and 'step' (what a flax TrainState saves). The NNX checkpoint is "
-  "{'model': nnx.state(model), 'optimizer': nnx.state(optimizer, OptState)}. Exit status: "
-  "0 converted; 1 a target, a checkpoint or the conversion failed; 2 malformed command line."
+  "{'model': nnx.state(model), 'optimizer': nnx.state(optimizer, OptState)}. " + EXIT_STATUS_HELP
 )
 
 
@@ -69,8 +68,7 @@ def add_parser(commands: Subcommands) -> None:
     default="nnx",
     help="nnx: SOURCE is a Linen checkpoint (default); linen: SOURCE is an NNX checkpoint",
   )
-  options.add_arg_option(p, "'float32[1,100]'")
-  options.add_call_options(p)
+  options.add_call_options(p, "'float32[1,100]'")
   p.add_argument(
     "--tx",
     default=None,
@@ -158,12 +156,11 @@ def _abstract_variables(
       )
     )
   except Exception as e:
-    call = f"{method or '__call__'}({described})"
     raise CliError(
-      f"LINEN_TARGET {type(module).__name__}: the sample call {call} failed "
-      f"({type(e).__name__}: {e}). Give the inputs of one forward call: --arg for each "
-      "positional array, --kwarg NAME=VALUE for keyword inputs (e.g. train=False), --method "
-      "for another method than __call__"
+      f"LINEN_TARGET {type(module).__name__}: the sample call ({described}) failed "
+      f"({type(e).__name__}: {first_line(e)}).{call_specs.missing_argument_hint(e)} Give the "
+      "inputs of one forward call: --arg for each positional array, --kwarg NAME=VALUE for "
+      "keyword inputs (e.g. train=False), --method for another method than __call__"
     ) from e
 
 
@@ -181,28 +178,25 @@ def run(args: argparse.Namespace) -> int:
 
   import loopbridge as lb
 
-  specs = [inputs.parse_arg_spec(t) for t in (args.args or [])]
-  kwarg_items = [call_specs.parse_kwarg(t) for t in (args.kwargs or [])]
+  sample = call_specs.read_call(args)
   # linen_to_nnx takes the call's keywords as one dict, so no keyword name is reserved.
-  sample_kwargs = call_specs.keyword_values(kwarg_items, args.seed, reserved=())
+  sample_kwargs = sample.kwargs(args.seed)
   mapping = _mapping(args.mapping)
   rules = _rules(args.rules)
   with progress("importing the models"):
     module = loading.load_linen_target(args.linen, command="convert", what="LINEN_TARGET")
     port = loading.load_nnx_target(args.nnx, args.seed)
     tx = None if args.tx is None else _load_tx(args.tx)
-  method = args.method
-  for model, what in ((module, "LINEN_TARGET"), (port, "NNX_TARGET")):
-    if method is not None and not callable(getattr(model, method, None)):
-      raise CliError(f"{what} {type(model).__name__} has no method {method!r} (--method)")
-  call = dict(method=method, sample_kwargs=sample_kwargs)
-  samples = inputs.sample_inputs(specs, args.seed)
+  method = sample.method
+  sample.check_method(module, "LINEN_TARGET ")
+  sample.check_method(port, "NNX_TARGET ")
+  call: dict[str, tp.Any] = dict(method=method, sample_kwargs=sample_kwargs)
+  samples = sample.args(args.seed)
   optimizer: nnx.Optimizer | None = None if tx is None else nnx.Optimizer(port, tx, wrt=nnx.Param)
   opt_filter = _optimizer_state_filter()
   try:
     if args.to == "nnx":
-      described = ", ".join([*(args.args or []), *(args.kwargs or [])])
-      abstract = _abstract_variables(module, samples, method, sample_kwargs, described)
+      abstract = _abstract_variables(module, samples, method, sample_kwargs, sample.described())
       target: dict[str, object] = {k: v for k, v in abstract.items() if k != "intermediates"}
       if tx is not None:
         target["opt_state"] = jax.eval_shape(tx.init, target["params"])
@@ -278,8 +272,8 @@ def run(args: argparse.Namespace) -> int:
       text = f"nnx_to_linen: wrote {', '.join(collections)}" + (
         " with the optax state and step" if tx is not None else ""
       )
-  except lb.checkpoint.CheckpointError as e:
-    raise CliError(str(e)) from e
+  except lb.checkpoint.CheckpointError as e:  # the conversion refused: the check failed
+    raise CliError(str(e), FAILURE) from e
   doc["dest"] = os.path.abspath(args.dest)
   print(json.dumps(doc, indent=2) if args.json else f"{text}\nwrote {doc['dest']}")
   return SUCCESS

@@ -30,8 +30,8 @@ import loopbridge as lb
 from .. import _compat
 from .._core import buffers
 from .._core.errors import first_line
-from . import default_model, inputs, live_check, options
-from .errors import FAILURE, SUCCESS, USAGE_ERROR, CliError
+from . import call_specs, default_model, inputs, live_check, options
+from .errors import EXIT_STATUS_HELP, FAILURE, SUCCESS, USAGE_ERROR, CliError
 from .inspect_report import InspectReport, ParameterSize, SiteCounts, render_text, sites_headline
 from .loading import load_linen_target
 from .output import progress, stdout_to_stderr
@@ -65,8 +65,7 @@ def add_parser(commands: Subcommands) -> None:
       "Linen module class with no required fields, or a function taking no arguments "
       "that returns one. Without TARGET: a built-in MLP (a sow at the top level and "
       "inside nn.scan; width 100, depth 3; input float32[1,100]). Inputs: floats are "
-      "standard normal (seeded), integers zeros, bools True. Exit status: 0 ok, 1 the "
-      "target or model failed, 2 malformed command line."
+      "standard normal (seeded), integers zeros, bools True. " + EXIT_STATUS_HELP
     ),
   )
   p.add_argument(
@@ -75,8 +74,7 @@ def add_parser(commands: Subcommands) -> None:
     metavar="TARGET",
     help="package.module:attribute (default: a built-in MLP that sows)",
   )
-  options.add_arg_option(p, "'float32[1,100]', 'int32[1,16]', 'bool[]'")
-  p.add_argument("--method", default=None, help="the Linen method to call (default: __call__)")
+  options.add_call_options(p, "'float32[1,100]', 'int32[1,16]', 'bool[]'")
   p.add_argument(
     "--capture",
     default=None,
@@ -187,8 +185,11 @@ def inspect_model(
   target: str | None,
   description: str | None,
   capture: str | None = None,
+  kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> InspectReport:
   """Everything `loopbridge inspect` reports, as one JSON-ready dict.
+
+  `kwargs` are the sample call's keyword inputs (`--kwarg`), made into values already.
 
   Raises:
     CliError: no such `method`, a bad `capture` filter, or a model that cannot run on the
@@ -196,7 +197,9 @@ def inspect_model(
   """
   if method is not None and not callable(getattr(module, method, None)):
     raise CliError(f"{type(module).__name__} has no method {method!r} (--method)")
+  kwargs = dict(kwargs or {})
   call_kwargs: dict[str, tp.Any] = {"method": method} if method is not None else {}
+  call_kwargs.update(kwargs)
   args = inputs.sample_inputs(specs, seed)
   capture_filter = CaptureFilter(capture) if capture is not None else None
   model = lb.ToNNX(
@@ -212,10 +215,11 @@ def inspect_model(
     message = " ".join(str(e).split())
     raise CliError(NO_MESH.format(model=type(module).__name__, message=message)) from e
   except Exception as e:
+    hint = ("" if specs else inputs.NO_INPUTS_HINT) or call_specs.missing_argument_hint(e)
+    given = inputs.describe(specs) + "".join(f", --kwarg {k}=..." for k in kwargs)
     raise CliError(
-      f"{type(module).__name__} cannot run on the given inputs ({inputs.describe(specs)}"
-      f"{f', --method {method}' if method else ''}): {type(e).__name__}: {first_line(e)}"
-      + ("" if specs else inputs.NO_INPUTS_HINT)
+      f"{type(module).__name__} cannot run on the given inputs ({given}"
+      f"{f', --method {method}' if method else ''}): {type(e).__name__}: {first_line(e)}" + hint
     ) from e
   sites = lb.sow_sites(model)
   captured: set[tuple[str, ...]] = set()
@@ -245,6 +249,7 @@ def inspect_model(
     "model": type(module).__name__,
     "inputs": [str(s) for s in specs],
     "method": method,
+    "keyword_inputs": sorted(kwargs),
     "capture": capture,
     "capacity": capacity,
     "steps": steps,
@@ -258,8 +263,8 @@ def inspect_model(
     },
     "parameters": _parameter_sizes(model),
     "live_check": {
-      "stock": live_check.stock_check(module, args, method, steps, seed, model_sows),
-      "loopbridge": live_check.loopbridge_check(model, args, method, steps),
+      "stock": live_check.stock_check(module, args, method, steps, seed, model_sows, kwargs),
+      "loopbridge": live_check.loopbridge_check(model, args, method, steps, kwargs),
     },
     "sow_sites_table": "\n".join(table),
   }
@@ -269,11 +274,10 @@ def run(ns: argparse.Namespace) -> int:
   """`loopbridge inspect`: the report on stdout; 0 when `lb.ToNNX` ran the loop, else 1."""
   if ns.target is None:
     target, description = None, default_model.DESCRIPTION
-    arg_texts = ns.args if ns.args else list(default_model.DEFAULT_ARGS)
+    call = call_specs.read_call(ns, default_model.DEFAULT_ARGS)
   else:
     target, description = ns.target, None
-    arg_texts = ns.args or []
-  specs = [inputs.parse_arg_spec(t) for t in arg_texts]
+    call = call_specs.read_call(ns)
   with stdout_to_stderr() if ns.json else contextlib.nullcontext():
     with progress("importing the model"):
       module = default_model.default_model() if target is None else load_linen_target(target)
@@ -281,14 +285,15 @@ def run(ns: argparse.Namespace) -> int:
     with eager:
       doc = inspect_model(
         module,
-        specs,
-        method=ns.method,
+        call.specs,
+        method=call.method,
         capacity=ns.capacity if ns.capacity is not None else ns.steps,
         steps=ns.steps,
         seed=ns.seed,
         target=target,
         description=description,
         capture=ns.capture,
+        kwargs=call.kwargs(ns.seed, reserved=()),
       )
   if ns.json:
     doc.pop("sow_sites_table", None)

@@ -92,13 +92,16 @@ def stock_check(
   steps: int,
   seed: int,
   sows: bool,
+  kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> StockCheck:
   """Stock `flax.nnx.bridge.ToNNX` in the loop, called the way a user calls it for this model.
 
   A user passes `mutable=True` when the model sows (stock drops sows otherwise) or keeps
   other collections it updates (`batch_stats`, a cache); a model with only
-  params is called plainly, and then the stock wrapper runs in the loop as well.
+  params is called plainly, and then the stock wrapper runs in the loop as well. `kwargs`
+  are the sample call's keyword inputs (`--kwarg`), closed over by the loop body.
   """
+  kw = dict(kwargs or {})
   result: StockCheck = {
     "wrapper": "flax.nnx.bridge.ToNNX",
     "ok": False,
@@ -110,7 +113,7 @@ def stock_check(
   }
   try:
     stock = bridge.ToNNX(module, rngs=nnx.Rngs(seed))
-    bridge.lazy_init(stock, *inputs, method=method)
+    bridge.lazy_init(stock, *inputs, method=method, **kw)
   except Exception as e:
     result["error"] = f"lazy_init failed: {_error_text(e)}"
     return result
@@ -120,8 +123,8 @@ def stock_check(
 
   def call(model: bridge.ToNNX, args: tp.Sequence[jax.Array]) -> object:
     if mutable:
-      return model(*args, method=method, mutable=True)
-    return model(*args, method=method)
+      return model(*args, method=method, mutable=True, **kw)
+    return model(*args, method=method, **kw)
 
   make_body, run = _loop_runner(steps, call)
   # Explain first, on the untouched model (explain copies the carry; it runs no FLOPs).
@@ -143,13 +146,18 @@ def stock_check(
 
 
 def loopbridge_check(
-  model: lb.ToNNX, inputs: list[jax.Array], method: str | None, steps: int
+  model: lb.ToNNX,
+  inputs: list[jax.Array],
+  method: str | None,
+  steps: int,
+  kwargs: tp.Mapping[str, tp.Any] | None = None,
 ) -> LoopbridgeCheck:
   """`lb.ToNNX` in the same loop: timings and what each site recorded."""
+  kw = dict(kwargs or {})
 
   def call(m: lb.ToNNX, args: tp.Sequence[jax.Array]) -> object:
     # mutable=True as for the stock wrapper: other collections (batch_stats, a cache) update.
-    return m(*args, method=method, mutable=True)
+    return m(*args, method=method, mutable=True, **kw)
 
   _, run = _loop_runner(steps, call)
   result: LoopbridgeCheck = {"wrapper": "lb.ToNNX", "ok": False, "error": None}

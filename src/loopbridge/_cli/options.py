@@ -48,9 +48,18 @@ def non_negative_float(text: str) -> float:
   return value
 
 
-def add_arg_option(parser: argparse.ArgumentParser, examples: str) -> None:
-  """`--arg SPEC`, repeatable: the sample positional inputs (`inputs.parse_arg_spec`)."""
-  parser.add_argument(
+def add_call_options(parser: argparse.ArgumentParser, examples: str, calls: bool = False) -> None:
+  """The sample call, the same options for every subcommand (`call_specs.read_call` reads
+  them): `--arg SPEC` (repeatable, the positional inputs), `--kwarg NAME=VALUE` (repeatable,
+  the keyword inputs), `--method NAME`, and with `calls` `--call SPEC` (repeatable, more calls
+  to check)."""
+  group = parser.add_argument_group(
+    "the sample call",
+    "the inputs both models take, as one forward call: --arg for each positional array, "
+    "--kwarg for each keyword input (e.g. --kwarg train=False for a model with dropout), "
+    "--method for another method than __call__",
+  )
+  group.add_argument(
     "--arg",
     action="append",
     default=None,
@@ -58,19 +67,28 @@ def add_arg_option(parser: argparse.ArgumentParser, examples: str) -> None:
     dest="args",
     help=f"a sample positional input as DTYPE[DIMS], e.g. {examples}; repeat for each input",
   )
-
-
-def add_call_options(parser: argparse.ArgumentParser) -> None:
-  """`--kwarg NAME=VALUE` (repeatable) and `--method NAME`: the rest of the sample call."""
-  parser.add_argument(
+  group.add_argument(
     "--kwarg",
     action="append",
     default=None,
     metavar="NAME=VALUE",
     dest="kwargs",
-    help="a keyword input of the sample call, e.g. 'train=False' or 'mask=bool[2,8]'; repeatable",
+    help="a keyword input of the sample call, a Python literal or an array spec, e.g. "
+    "'train=False' or 'mask=bool[2,8]'; repeatable",
   )
-  parser.add_argument("--method", default=None, help="the Linen method of the sample call")
+  group.add_argument(
+    "--method", default=None, metavar="NAME", help="the Linen method to call (default: __call__)"
+  )
+  if calls:
+    group.add_argument(
+      "--call",
+      action="append",
+      default=None,
+      metavar="SPEC",
+      dest="calls",
+      help="another call to check, e.g. 'float32[4,24] train=True' or "
+      "'method=generate float32[3,8]'; repeatable",
+    )
 
 
 def add_precision_option(parser: argparse.ArgumentParser) -> None:

@@ -5,8 +5,8 @@ against the Linen model on the sample call and every `--call`. The command write
 (`-o FILE`, by default `<module>_nnx.py` in the current directory, never over an existing file
 unless `--force`), prints the report (each change, each TODO, the measured verdict) and exits
 0 only when the port is checked equal with no TODO left; 1 when the check fails, cannot run, or
-a TODO remains (the file is still written, for finishing by hand); 2 on a malformed command
-line.
+a TODO remains (the file is still written, for finishing by hand); 2 for usage or environment
+(the command line, a target or inputs that do not fit); 3 an internal error (`errors`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import typing as tp
 
 from . import call_specs, inputs, options
-from .errors import FAILURE, SUCCESS, USAGE_ERROR, CliError
+from .errors import EXIT_STATUS_HELP, FAILURE, SUCCESS, USAGE_ERROR, CliError
 from .loading import load_linen_target
 from .output import progress
 
@@ -46,24 +46,14 @@ def add_parser(commands: Subcommands) -> None:
       "Inputs: floats are standard normal (seeded), integers zeros, bools True. "
       "--kwarg and --call values are Python literals (True, 3, 0.5, 'text', None) or array "
       "specs; a --call is one quoted string: array specs first, then NAME=VALUE, and "
-      f"method=NAME for another method ({call_specs.CALL_EXAMPLE}). Exit status: 0 the "
-      "draft is checked equal on every call and nothing is left as TODO; 1 the check "
-      "failed or could not run, a TODO remains (its file:line is printed), or the target "
-      "failed; 2 malformed command line."
+      f"method=NAME for another method ({call_specs.CALL_EXAMPLE}). The draft is "
+      "ok (status 0) when it is checked equal on every call and nothing is left as TODO; "
+      "a check that fails or cannot run, or a TODO left (its file:line is printed), is "
+      "status 1. " + EXIT_STATUS_HELP
     ),
   )
   p.add_argument("target", metavar="TARGET", help="the Linen model: package.module:attribute")
-  options.add_arg_option(p, "'float32[4,24]', 'int32[2,8]'")
-  options.add_call_options(p)
-  p.add_argument(
-    "--call",
-    action="append",
-    default=None,
-    metavar="SPEC",
-    dest="calls",
-    help="another call to check the draft on, e.g. 'float32[4,24] train=True' or "
-    "'method=generate float32[3,8]'; repeatable",
-  )
+  options.add_call_options(p, "'float32[4,24]', 'int32[2,8]'", calls=True)
   p.add_argument(
     "-o",
     "--output",
@@ -124,21 +114,16 @@ def run(ns: argparse.Namespace) -> int:
   import loopbridge as lb
   from loopbridge._port.draft import build_failed, compare_built
 
-  specs = [inputs.parse_arg_spec(t) for t in (ns.args or [])]
-  kwarg_items = [call_specs.parse_kwarg(t) for t in (ns.kwargs or [])]
-  call_items = [call_specs.parse_call_spec(t) for t in (ns.calls or [])]
-  kwargs = call_specs.keyword_values(kwarg_items, ns.seed)
+  sample = call_specs.read_call(ns)
+  kwargs = sample.kwargs(ns.seed, reserved=call_specs.DRAFT_PARAMETERS)
   with progress("importing the model"):
     module = load_linen_target(ns.target, command="port")
   # After the target: a misspelled TARGET is reported as such, not as an existing output file.
   path = _output_path(ns.target, ns.output, ns.force)
-  if ns.method is not None and not callable(getattr(module, ns.method, None)):
-    raise CliError(f"{type(module).__name__} has no method {ns.method!r} (--method)")
-  args = inputs.sample_inputs(specs, ns.seed)
+  sample.check_method(module, "")
+  args = sample.args(ns.seed)
   calls = []
-  for i, spec in enumerate(call_items):
-    if spec.method is not None and not callable(getattr(module, spec.method, None)):
-      raise CliError(f"{type(module).__name__} has no method {spec.method!r} (--call {spec})")
+  for i, spec in enumerate(sample.calls):
     call_seed = ns.seed + i + 1  # each call gets inputs of its own
     call_args = inputs.sample_inputs(spec.args, call_seed)
     call_kwargs = call_specs.keyword_values(spec.kwargs, call_seed, reserved=())
@@ -146,10 +131,13 @@ def run(ns: argparse.Namespace) -> int:
   try:
     with progress("tracing the Linen model and rewriting its classes"):
       draft = lb.port.draft(
-        module, *args, method=ns.method, calls=tuple(calls), check=False, **kwargs
+        module, *args, method=sample.method, calls=tuple(calls), check=False, **kwargs
       )
   except lb.port.PortError as e:  # e.g. the model fails on the inputs, a class without source
-    raise CliError(str(e) + ("" if specs else inputs.NO_INPUTS_HINT)) from e
+    # The draft could not be made (a class without source, a model failing on the inputs):
+    # the check cannot run, status 1 as for a draft not checked equal.
+    hint = ("" if sample.specs else inputs.NO_INPUTS_HINT) or call_specs.missing_argument_hint(e)
+    raise CliError(str(e) + hint, FAILURE) from e
   # The check in its phases, as `lb.port.draft(check=True)` runs it, each with its own note.
   built = None
   with progress("building the port and converting the Linen variables into it"):

@@ -27,6 +27,7 @@ def compare(
   atol: float | None = None,
   mapping: tp.Mapping[str, str | None] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  method: str | None = None,
   **kwargs: tp.Any,
 ) -> ParityReport:
   """Run two implementations of a model on the same inputs and find where they first diverge.
@@ -70,6 +71,8 @@ def compare(
       `jax.default_matmul_precision('highest')`; 'model' runs them at their own precision (the
       current `jax_default_matmul_precision`), with the looser default tolerance that goes
       with it (what a TPU computes by default, say).
+    method: the method both models run (Linen's `apply(..., method=)`, the port's method of
+      the same name); None for `__call__`.
     **kwargs: keyword inputs, passed to both models (e.g. `deterministic=True`).
 
   Returns:
@@ -126,9 +129,20 @@ def compare(
     )
   ref_kind, ref_subject = subject(reference, "reference")
   cand_kind, cand_subject = subject(candidate, "candidate")
+  if method is not None:
+    for role, kind, side in (
+      ("reference", ref_kind, ref_subject),
+      ("candidate", cand_kind, cand_subject),
+    ):
+      model = side[0] if kind == "linen" else side
+      if not isinstance(method, str) or not callable(getattr(model, method, None)):
+        raise CompareError(
+          f"lb.compare: method={method!r}: the {role} {type(model).__name__} has no such "
+          "method. Fix: name a method both models define (the port keeps the Linen name)."
+        )
   with check_context(precision):
-    ref, not_recorded_r = record("reference", ref_kind, ref_subject, args, kwargs)
-    cand, not_recorded_c = record("candidate", cand_kind, cand_subject, args, kwargs)
+    ref, not_recorded_r = record("reference", ref_kind, ref_subject, args, kwargs, method)
+    cand, not_recorded_c = record("candidate", cand_kind, cand_subject, args, kwargs, method)
     # after the runs: the backend they started is the one used; inside: the precision they ran
     default = default_tolerance(precision=precision)
   prepare(ref)

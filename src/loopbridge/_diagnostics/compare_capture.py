@@ -443,9 +443,10 @@ def subject(obj: tp.Any, role: str) -> tuple[str, tp.Any]:
 
 
 def record(
-  role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict
+  role: str, kind: str, subject: tp.Any, args: tuple, kwargs: dict, method: str | None = None
 ) -> tuple[list[Call], list[str]]:
-  """Run one side on the inputs: its calls in order, and the paths it could not record."""
+  """Run one side on the inputs (its `method`, None for `__call__`): its calls in order, and
+  the paths it could not record."""
   if kind == LINEN:
     module, variables = subject
     # Sows and captured values from earlier calls (a stock bridge keeps them) would be
@@ -457,7 +458,7 @@ def record(
     recorder = Recorder()
 
     def run_linen():
-      return nn.Module.apply(module, variables, *args, mutable=mutable, **kwargs)
+      return nn.Module.apply(module, variables, *args, mutable=mutable, method=method, **kwargs)
 
     run = run_linen
   else:
@@ -465,7 +466,7 @@ def record(
     recorder = Recorder()
 
     def run_nnx():
-      return copy(*args, **kwargs)
+      return (copy if method is None else getattr(copy, method))(*args, **kwargs)
 
     run = run_nnx
 

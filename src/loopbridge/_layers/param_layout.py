@@ -190,9 +190,13 @@ def stack_params(
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *found)
 
 
-def _params_of(module: nnx.Module) -> dict[tuple[str, ...], nnx.Variable]:
+def _params_of(
+  module: nnx.Module, linen_names: bool = False
+) -> dict[tuple[str, ...], nnx.Variable]:
+  """The module's Params by path; with `linen_names` a list index joins the name before it
+  (`encoderblock/0` -> Linen's `encoderblock_0`, `linen_key`)."""
   return {
-    tuple(str(p) for p in path): v
+    linen_key(path) if linen_names else tuple(str(p) for p in path): v
     for path, v in variables_by_path(module).items()
     if isinstance(v, nnx.Param)
   }
@@ -222,8 +226,8 @@ def _unflatten(flat: tp.Mapping[tuple[str, ...], object]) -> dict:
   return tree
 
 
-def _load_into(module: nnx.Module, tree: Tree, what: str) -> None:
-  targets, values = _params_of(module), _flatten_params(tree)
+def _load_into(module: nnx.Module, tree: Tree, what: str, linen_names: bool = False) -> None:
+  targets, values = _params_of(module, linen_names), _flatten_params(tree)
   for path in list(targets) + [p for p in values if p not in targets]:
     if path not in values:
       raise StackError(
@@ -312,7 +316,9 @@ def load_params(
       f"of NNX layers {len(layers)}. Build as many layers as the checkpoint has."
     )
   for index, (module, tree) in enumerate(zip(layers, per_layer)):
-    _load_into(module, tree, f"lb.layers.load_params (layer {index})")
+    # A list holds whole layers (or a whole port): its Linen checkpoint names the layers'
+    # own lists `blocks_0`, `blocks_1` where the NNX module holds `blocks[0]`, `blocks[1]`.
+    _load_into(module, tree, f"lb.layers.load_params (layer {index})", linen_names=True)
   return layers
 
 
@@ -457,6 +463,21 @@ def _layer_lacks(key: Key, lacking: str, having: str, add: bool = False) -> str:
   )
 
 
+def state_collection(variable: nnx.Variable) -> str | None:
+  """The Linen collection a port's Variable loads from; None for state Linen has none of.
+
+  An `nnx.Dropout(..., rngs=rngs)` holds rng streams (`RngKey`, `RngCount`): the port's own,
+  never in a Linen checkpoint (and flax 0.12 names no collection for them). A Variable type
+  of the user's that flax cannot name has no Linen counterpart either.
+  """
+  if isinstance(variable, nnx.RngState):
+    return None
+  try:
+    return _compat.collection_name(type(variable))
+  except (ValueError, KeyError):  # "Type ... is not registered in the registry"
+    return None
+
+
 def load_into_port(
   port: nnx.Module, variables: tp.Mapping[str, Tree], *, hint: str = PORT_NAMES_HINT
 ) -> int:
@@ -465,7 +486,9 @@ def load_into_port(
   Paths correspond when the port's attributes are named like the Linen submodules, a list
   index `layers/0` standing for Linen's `layers_0` (or for layer 0 of an `nn.scan` named
   `layers`, see `unstack_listed`). Every `nnx.Param` must find its value; other collections
-  (batch statistics, ...) are loaded where present. Values take the port's dtypes.
+  (batch statistics, ...) are loaded where present; the port's rng streams (an
+  `nnx.Dropout(..., rngs=rngs)`) and other state Linen has no collection for stay its own.
+  Values take the port's dtypes.
 
   Args:
     port: the NNX module, built with the Linen model's widths and depths.
@@ -496,7 +519,7 @@ def load_into_port(
     if not isinstance(node, nnx.Variable) or id(node) in seen:
       continue
     seen.add(id(node))
-    collection = _compat.collection_name(type(node))
+    collection = state_collection(node)
     if collection not in collections or _compat.variable_value(node) is None:
       continue  # flax 0.10 keeps a disabled bias as a Param holding None
     targets[(collection, linen_key(path))] = ("/".join(map(str, path)), node)
