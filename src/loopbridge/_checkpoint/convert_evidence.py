@@ -42,6 +42,7 @@ from flax import nnx
 from .. import _compat
 from .._core.buffers import is_traced
 from .._core.errors import CheckpointError
+from .._diagnostics.compare_elementwise import compare_arrays
 from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
 from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
 from .convert_match import MAX_OPTIONS, Pair, unit_mapping
@@ -372,15 +373,12 @@ def agreement(reference: object, candidate: object, tol: ToleranceChoice) -> flo
       if not np.array_equal(x, y):
         return None
       continue
-    rtol, atol = tol.for_values(x)  # atol relative to the source output's scale
-    x64, y64 = x.astype(np.float64), y.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-      same = (x64 == y64) | (np.isnan(x64) & np.isnan(y64))
-      diff = np.where(same, 0.0, np.abs(y64 - x64))
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    if not bool(np.all(diff <= atol + rtol * np.abs(np.nan_to_num(x64)))):
+    # The rule of lb.compare: atol a fraction of the source output's robust scale, mask
+    # values (finfo.min, -1e9, infinities equal on both sides) matched exactly.
+    result = compare_arrays(x, y, tol)
+    if not result.within:
       return None
-    worst = max(worst, float(diff.max()) if diff.size else 0.0)
+    worst = max(worst, result.max_abs)
   return worst
 
 
