@@ -45,7 +45,7 @@ from .._core.errors import CheckpointError
 from .._diagnostics.compare_elementwise import compare_arrays
 from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
 from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
-from .convert_match import MAX_OPTIONS, Pair, unit_mapping
+from .convert_match import MAX_ASSIGNMENTS, Pair, unit_mapping
 from .convert_moves import Axes, to_linen, to_nnx
 from .convert_probes import Input, make_inputs, same_array
 
@@ -382,6 +382,11 @@ def agreement(reference: object, candidate: object, tol: ToleranceChoice) -> flo
   return worst
 
 
+# The most combinations of open candidates the model is run on (each: the model on every
+# input): as many as the assignments among six modules of equal shapes, which the docs
+# promise are tried.
+MAX_MODEL_RUNS = MAX_ASSIGNMENTS
+
 # --- deciding -------------------------------------------------------------------------------
 
 
@@ -626,11 +631,12 @@ def _by_model(
   choices += [list(range(len(axis_options[k]))) for k in axis_keys]
   total = math.prod(len(c) for c in choices)
   lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys, choices)
-  if total > MAX_OPTIONS:
+  if total > MAX_MODEL_RUNS:
     raise CheckpointError(
-      f"{total} combinations of candidates stay open after checking each module alone, too "
-      f"many to run the model on each:\n{lines}\nFix: pass rules=[...] or mapping= entries "
-      "for these (each line lists its candidates)."
+      f"{total} combinations of candidates stay open after checking each module alone, more "
+      f"than the {MAX_MODEL_RUNS} the converter runs the model on:\n{lines}\nFix: pass "
+      "rules=[...] or mapping= entries for these (each line lists its first candidates, "
+      "ready to paste; check them against your port)."
     )
   if total == 1:
     for key, (option,) in zip(open_keys, choices):
@@ -762,6 +768,11 @@ def _source_name(sides: Sides) -> str:
   return "Linen" if sides.forward else "NNX"
 
 
+# The most candidates an error lists for one open choice, each a mapping= to paste: the 120
+# assignments among 5 modules would bury the fix.
+LISTED_CANDIDATES = 3
+
+
 def _open_lines(
   pairs: tp.Sequence[Pair],
   groups: tp.Mapping[tuple[object, ...], list[int]],
@@ -775,8 +786,10 @@ def _open_lines(
   for n, key in enumerate(open_keys):
     pair = pairs[groups[key][0]]
     lines.append(f"  Linen `{_name(pair.linen_at)}` -> NNX `{_name(pair.nnx_at)}`:")
-    options = range(len(pair.options)) if choices is None else choices[n]
-    for option in options:
+    options = list(range(len(pair.options)) if choices is None else choices[n])
+    if len(options) > LISTED_CANDIDATES:  # an assignment among 5 modules has 120
+      lines.append(f"    ({len(options)} candidates; the first {LISTED_CANDIDATES}:)")
+    for option in options[:LISTED_CANDIDATES]:
       mapping = unit_mapping(pair, option)
       if mapping is not None:
         lines.append(f"    candidate {option + 1}: mapping={mapping!r}")
