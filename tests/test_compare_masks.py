@@ -197,3 +197,15 @@ def test_conversion_refuses_a_port_that_forgets_the_temperature(inputs, backend)
   port = HeadPort(FINFO_MIN)
   lb.checkpoint.linen_to_nnx(model, variables, port, h, valid)
   np.testing.assert_allclose(port(h, valid), model.apply(variables, h, valid), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, np.float16, np.float32], ids=str)
+def test_a_mask_of_each_float_dtype_is_left_out(dtype):
+  cpu = default_tolerance("cpu", precision="highest")
+  reference = np.linspace(-1.0, 1.0, 8).astype(dtype)
+  reference[3] = jnp.finfo(dtype).min
+  doubled, valid = reference.copy(), np.arange(8) != 3
+  doubled[valid] = reference[valid] * np.asarray(2, dtype)
+  result = compare_arrays(reference, doubled, cpu)
+  assert result.masked == 1 and result.scale < 2 and not result.within
+  assert compare_arrays(reference, reference.copy(), cpu).within

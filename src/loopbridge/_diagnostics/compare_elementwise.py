@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from .compare_tolerance import ToleranceChoice, is_float
@@ -75,7 +76,8 @@ def mask_entries(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
   if not typical_pool.size:
     typical_pool = magnitude[finite & (magnitude > 0)]
   typical = float(np.median(typical_pool))
-  largest = float(np.finfo(reference.dtype).max) if reference.dtype.kind == "f" else math.inf
+  # jnp.finfo knows bfloat16 and the float8 types too (numpy's does not).
+  largest = float(jnp.finfo(reference.dtype).max) if reference.dtype.kind != "c" else math.inf
   sentinel = (magnitude >= MASK_RATIO * typical) | (magnitude >= largest / 2)
   return masks | (finite & equal & sentinel)
 
