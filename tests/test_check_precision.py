@@ -276,5 +276,6 @@ def test_a_drafts_report_names_its_check_precision_and_tolerance(monkeypatch, ba
   lines = draft.report().splitlines()
   verdict = next(i for i, line in enumerate(lines) if line.startswith("Verdict"))
   assert f"check_precision={precision!r}" in lines[verdict]
-  assert lines[verdict + 1] == f"Tolerance: {chosen.reason}."
-  assert f"rtol {chosen.rtol:g}, atol {chosen.atol:g}" in lines[verdict + 1]
+  assert lines[verdict - 1] == f"Tolerance: {chosen.reason}."
+  assert f"rtol {chosen.rtol:g}, atol {chosen.atol:g}" in lines[verdict - 1]
+  assert lines[-1] == lines[verdict]  # the report ends with the verdict

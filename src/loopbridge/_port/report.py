@@ -48,6 +48,8 @@ def render(
   if check is None:
     lines.append("Verdict: not checked (check=False).")
   else:
+    # The tolerance first: the report ends with the measured verdict.
+    lines.append(_tolerance_line(check, precision))
     at = f"check_precision={precision!r}"
     if check.error is not None:
       lines.append(f"Verdict ({at}): the check did not run to the end: {check.error}")
@@ -56,7 +58,6 @@ def render(
       lines.append(f"Verdict ({at}): equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
     else:
       lines.append(f"Verdict ({at}): NOT equal; first divergence at {check.first_divergence}.")
-    lines.append(_tolerance_line(check, precision))
   if todos and check is not None and check.equal:
     lines.append("(Not ok: TODOs remain.)")
   return "\n".join(lines)
