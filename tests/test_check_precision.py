@@ -256,3 +256,26 @@ def test_conversion_refuses_a_bad_precision():
       x,
       precision=tp.cast(tp.Any, "low"),
     )
+
+
+# ------------------------------------------------ a draft's report says what its check ran at
+class Mlp(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(nn.relu(nn.Dense(4)(x)))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])
+@pytest.mark.parametrize("precision", [HIGHEST, MODEL])
+def test_a_drafts_report_names_its_check_precision_and_tolerance(monkeypatch, backend, precision):
+  monkeypatch.setattr(compare_tolerance, "running_backend", lambda: backend)
+  x = jax.random.normal(jax.random.key(0), (3, 5))
+  draft = lb.port.draft(Mlp(), x, check_precision=precision)
+  assert draft.ok, draft.report()
+  chosen = default_tolerance(backend, precision=precision)
+  lines = draft.report().splitlines()
+  verdict = next(i for i, line in enumerate(lines) if line.startswith("Verdict"))
+  assert f"check_precision={precision!r}" in lines[verdict]
+  assert lines[verdict - 1] == f"Tolerance: {chosen.reason}."
+  assert f"rtol {chosen.rtol:g}, atol {chosen.atol:g}" in lines[verdict - 1]
+  assert lines[-1] == lines[verdict]  # the report ends with the verdict

@@ -280,3 +280,23 @@ def test_each_phase_of_the_draft_has_its_progress_note(capsys, tmp_path, monkeyp
   ]
   at = [err.find(f"loopbridge: {phase}...") for phase in phases]
   assert all(i >= 0 for i in at) and at == sorted(at), err
+
+
+@pytest.mark.parametrize("precision", ["highest", "model"])
+def test_precision_is_passed_to_the_check_and_reported(precision, capsys, tmp_path):
+  out = tmp_path / "out.py"
+  assert main(["port", *MLP, "--precision", precision, "--json", "-o", str(out)]) == 0
+  document = json.loads(capsys.readouterr().out)
+  assert document["check"]["precision"] == precision
+  assert all(
+    call["default_tolerance"]["precision"] == precision for call in document["check"]["calls"]
+  )
+  assert main(["port", *MLP, "--precision", precision, "--force", "-o", str(out)]) == 0
+  assert f"Verdict (check_precision={precision!r})" in capsys.readouterr().out
+
+
+def test_a_bad_precision_is_a_usage_error(capsys, tmp_path):
+  with pytest.raises(SystemExit) as exit_:  # argparse's own refusal of a choice
+    main(["port", *MLP, "--precision", "fast", "-o", str(tmp_path / "out.py")])
+  assert exit_.value.code == 2
+  assert "argument --precision: invalid choice: 'fast'" in capsys.readouterr().err

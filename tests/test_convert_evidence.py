@@ -425,3 +425,55 @@ def test_a_split_inside_a_scanned_stack(with_rule):
     assert (split.decided, split.checked) == ("model", "model")
   back = lb.checkpoint.nnx_to_linen(port, ScannedLinen(), X, rules=rules)
   assert _same(back, variables)
+
+
+# --- equal-shape modules fed the same input: each assignment through the model, up to 720 ----
+
+
+def _summed(n: int, weights: tuple[float, ...]):
+  class Summed(nn.Module):
+    """n Dense(4) fed the same input: their own outputs cannot tell an assignment."""
+
+    @nn.compact
+    def __call__(self, x):
+      return sum(w * jnp.tanh(nn.Dense(4, name=f"b{i}")(x)) for i, w in enumerate(weights))
+
+  class Port(nnx.Module):
+    """Calls its layers in the reverse order, each with Linen's weight of its own layer."""
+
+    def __init__(self, rngs):
+      layers = [nnx.Linear(4, 4, rngs=rngs) for _ in range(n)]
+      self.layers = nnx.List(layers) if hasattr(nnx, "List") else layers
+
+    def __call__(self, x):
+      out = 0.0
+      for j in reversed(range(n)):
+        out = out + weights[n - 1 - j] * jnp.tanh(self.layers[j](x))
+      return out
+
+  return Summed(), Port(nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("n", [5, pytest.param(6, marks=pytest.mark.slow)])
+def test_equal_modules_fed_the_same_input_are_paired_through_the_model(n):
+  model, port = _summed(n, tuple(float(i + 1) for i in range(n)))
+  variables = _trained_like(model.init(jax.random.key(0), X))
+  lb.checkpoint.linen_to_nnx(model, variables, port, X)
+  other = jax.random.normal(jax.random.key(5), (3, 4))
+  np.testing.assert_allclose(port(other), model.apply(variables, other), rtol=1e-5, atol=1e-5)
+  for j in range(n):  # Linen's b{i} went where the port calls it (layers[n - 1 - i])
+    np.testing.assert_array_equal(
+      port.layers[n - 1 - j].kernel[...], variables["params"][f"b{j}"]["kernel"]
+    )
+
+
+def test_an_assignment_the_model_cannot_tell_is_refused_in_a_few_lines():
+  # Equal weights: all 120 assignments agree on every input; the error lists a few to paste.
+  model, port = _summed(5, (1.0,) * 5)
+  variables = _trained_like(model.init(jax.random.key(0), X))
+  with pytest.raises(lb.checkpoint.CheckpointError, match="120 different conversions") as error:
+    lb.checkpoint.linen_to_nnx(model, variables, port, X)
+  message = str(error.value)
+  assert message.count("\n") < 12, message
+  assert "(120 candidates; the first 3:)" in message
+  assert message.count("candidate ") == 3 and "mapping={" in message

@@ -11,6 +11,7 @@ a failed conversion leaves the port as it was.
 
 from __future__ import annotations
 
+import operator
 import typing as tp
 
 import jax
@@ -213,6 +214,7 @@ def _opt_to_nnx(
   optimizer: nnx.Optimizer,
   port_params: dict[Key, nnx.Variable],
   linen_param_keys: set[Key],
+  copy: bool,
 ) -> tuple[list[tuple[nnx.Variable, jax.Array]], object]:
   nflat, is_params = _optimizer_parts(optimizer, port_params)
   is_linen = _linen_params_like(linen_param_keys)
@@ -232,12 +234,12 @@ def _opt_to_nnx(
         )
       values = _to_nnx(pairs, flatten(tp.cast(Variables, lnode), ("params",)), "params")
       targets = {("params", *p): v for p, v in _flat_variables(nnode).items()}
-      writes += checked_writes(targets, values, f"optax state `{where}`")
+      writes += checked_writes(targets, values, f"optax state `{where}`", copy)
     else:
       if is_linen(lnode) or jax.tree_util.keystr(npath) != jax.tree_util.keystr(lpath):
         raise CheckpointError(_OPT_MISMATCH.format(detail=f"at `{where}`"))
       writes += checked_writes(
-        {("opt_state", where): nnode}, {("opt_state", where): lnode}, "optax state"
+        {("opt_state", where): nnode}, {("opt_state", where): lnode}, "optax state", copy
       )
       if count is None and lpath and key_str(lpath[-1]) == "count":
         count = lnode
@@ -283,6 +285,20 @@ def _opt_to_linen(
 # --- the two directions ---------------------------------------------------------------------
 
 
+def _check_step(step: object) -> None:
+  """`step=` is a count of optimizer updates: a non-negative integer."""
+  try:
+    value = None if isinstance(step, bool) else operator.index(tp.cast(tp.Any, step))
+  except TypeError:
+    value = None
+  if value is None or value < 0:
+    raise CheckpointError(
+      f"lb.checkpoint.linen_to_nnx: step={step!r} is not an optimizer step. Why: step= is the "
+      "count of updates the optimizer has made, written into optimizer.step. Fix: a "
+      "non-negative int (e.g. step=1000), or leave it out to take the optax state's count."
+    )
+
+
 def linen_to_nnx(
   linen_module: nn.Module,
   variables: Variables,
@@ -297,6 +313,7 @@ def linen_to_nnx(
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
   check: bool = True,
+  copy: bool = True,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -318,6 +335,9 @@ def linen_to_nnx(
   converted (and run, as the call's decode state) only when the sample call creates one (a
   decode step of flax's `has_variable('cache', ...)` idiom), else left out with the port
   keeping its `nnx.Cache` values; values are never cast; each keeps the port's sharding.
+  The port gets its own copy of each array by default, so a donating step on the port
+  (`nnx.jit(..., donate_argnums=0)`) never deletes the caller's `variables` or `opt_state`,
+  which stay usable with plain Linen (as `lb.checkpoint.load_linen_variables` does).
 
   Args:
     linen_module: the Linen model (unbound).
@@ -345,12 +365,17 @@ def linen_to_nnx(
       candidate (the report says "unproven"), and a port whose output differs is filled
       anyway, the report naming the first module pair whose outputs differ
       (`report.unproven`). Nothing is proven then: never save such a port as converted.
+    copy: `False` moves the arrays instead, when memory is tight: where no transform changes
+      a leaf, the port holds the very arrays given (no second copy on the device), so a
+      donating step on the port deletes them; use `variables` and `opt_state` no more after
+      that.
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
     check (`print` it, or `to_dict()`).
 
   Raises:
+    TypeError: `copy` is not a bool.
     CheckpointError: a module without counterpart (named, with the `mapping=` fix); a
       mapping entry or rule that cannot be honoured (named); no candidate, or several, that
       reproduce the Linen output (listed as rules ready to paste); a converted port whose
@@ -381,6 +406,13 @@ def linen_to_nnx(
     raise CheckpointError(
       "opt_state= and optimizer= go together: the Linen optax state is converted into the "
       "nnx.Optimizer's state. Pass both, or neither to convert the model only."
+    )
+  if step is not None:
+    _check_step(step)
+  if not isinstance(copy, bool):
+    raise TypeError(
+      f"lb.checkpoint.linen_to_nnx: copy= must be True or False, got {copy!r}. Fix: copy=True "
+      "(the default: the port gets its own arrays) or copy=False (move them)."
     )
 
   def checked_source(stored: dict[Key, jax.ShapeDtypeStruct]) -> dict[Key, Value]:
@@ -427,13 +459,13 @@ def linen_to_nnx(
       check,
     )
   targets = nnx_variables(port, cache=pairs.cache)
-  writes = checked_writes(targets, pairs.values, "linen_to_nnx")
+  writes = checked_writes(targets, pairs.values, "linen_to_nnx", copy)
   count: object = None
   optimizer_arrays = 0
   if optimizer is not None:
     port_params = {k: v for k, v in targets.items() if k[0] == "params"}
     opt_writes, count = _opt_to_nnx(
-      pairs, opt_state, optimizer, port_params, {k for k in stored if k[0] == "params"}
+      pairs, opt_state, optimizer, port_params, {k for k in stored if k[0] == "params"}, copy
     )
     writes += opt_writes
     optimizer_arrays = len(opt_writes)
@@ -441,7 +473,8 @@ def linen_to_nnx(
     if step_value is not None:
       step_var = optimizer.step
       old = _compat.variable_value(step_var)
-      writes.append((step_var, jnp.asarray(step_value, dtype=jnp.result_type(old))))
+      value = jnp.asarray(step_value, dtype=jnp.result_type(old))
+      writes.append((step_var, jnp.array(value, copy=True) if copy else value))
   for variable, value in writes:
     _compat.set_variable_value(variable, value)
   return ConversionReport.from_pairs(

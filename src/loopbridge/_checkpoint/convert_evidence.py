@@ -42,9 +42,10 @@ from flax import nnx
 from .. import _compat
 from .._core.buffers import is_traced
 from .._core.errors import CheckpointError
+from .._diagnostics.compare_elementwise import compare_arrays
 from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
 from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
-from .convert_match import MAX_OPTIONS, Pair, unit_mapping
+from .convert_match import MAX_ASSIGNMENTS, Pair, unit_mapping
 from .convert_moves import Axes, to_linen, to_nnx
 from .convert_probes import Input, make_inputs, same_array
 
@@ -372,17 +373,19 @@ def agreement(reference: object, candidate: object, tol: ToleranceChoice) -> flo
       if not np.array_equal(x, y):
         return None
       continue
-    rtol, atol = tol.for_values(x)  # atol relative to the source output's scale
-    x64, y64 = x.astype(np.float64), y.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-      same = (x64 == y64) | (np.isnan(x64) & np.isnan(y64))
-      diff = np.where(same, 0.0, np.abs(y64 - x64))
-    diff = np.where(np.isnan(diff), np.inf, diff)
-    if not bool(np.all(diff <= atol + rtol * np.abs(np.nan_to_num(x64)))):
+    # The rule of lb.compare: atol a fraction of the source output's robust scale, mask
+    # values (finfo.min, -1e9, infinities equal on both sides) matched exactly.
+    result = compare_arrays(x, y, tol)
+    if not result.within:
       return None
-    worst = max(worst, float(diff.max()) if diff.size else 0.0)
+    worst = max(worst, result.max_abs)
   return worst
 
+
+# The most combinations of open candidates the model is run on (each: the model on every
+# input): as many as the assignments among six modules of equal shapes, which the docs
+# promise are tried.
+MAX_MODEL_RUNS = MAX_ASSIGNMENTS
 
 # --- deciding -------------------------------------------------------------------------------
 
@@ -647,11 +650,12 @@ def _by_model(
   choices += [list(range(len(axis_options[k]))) for k in axis_keys]
   total = math.prod(len(c) for c in choices)
   lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys, choices)
-  if total > MAX_OPTIONS:
+  if total > MAX_MODEL_RUNS:
     raise CheckpointError(
-      f"{total} combinations of candidates stay open after checking each module alone, too "
-      f"many to run the model on each:\n{lines}\nFix: pass rules=[...] or mapping= entries "
-      "for these (each line lists its candidates)."
+      f"{total} combinations of candidates stay open after checking each module alone, more "
+      f"than the {MAX_MODEL_RUNS} the converter runs the model on:\n{lines}\nFix: pass "
+      "rules=[...] or mapping= entries for these (each line lists its first candidates, "
+      "ready to paste; check them against your port)."
     )
   if total == 1:
     for key, (option,) in zip(open_keys, choices):
@@ -821,6 +825,11 @@ def _source_name(sides: Sides) -> str:
   return "Linen" if sides.forward else "NNX"
 
 
+# The most candidates an error lists for one open choice, each a mapping= to paste: the 120
+# assignments among 5 modules would bury the fix.
+LISTED_CANDIDATES = 3
+
+
 def _open_lines(
   pairs: tp.Sequence[Pair],
   groups: tp.Mapping[tuple[object, ...], list[int]],
@@ -834,8 +843,10 @@ def _open_lines(
   for n, key in enumerate(open_keys):
     pair = pairs[groups[key][0]]
     lines.append(f"  Linen `{_name(pair.linen_at)}` -> NNX `{_name(pair.nnx_at)}`:")
-    options = range(len(pair.options)) if choices is None else choices[n]
-    for option in options:
+    options = list(range(len(pair.options)) if choices is None else choices[n])
+    if len(options) > LISTED_CANDIDATES:  # an assignment among 5 modules has 120
+      lines.append(f"    ({len(options)} candidates; the first {LISTED_CANDIDATES}:)")
+    for option in options[:LISTED_CANDIDATES]:
       mapping = unit_mapping(pair, option)
       if mapping is not None:
         lines.append(f"    candidate {option + 1}: mapping={mapping!r}")

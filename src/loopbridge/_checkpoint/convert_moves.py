@@ -122,10 +122,14 @@ _PLACEHOLDER_MISMATCH = (
 
 
 def checked_writes(
-  targets: tp.Mapping[Key, nnx.Variable], values: tp.Mapping[Key, Value], what: str
+  targets: tp.Mapping[Key, nnx.Variable],
+  values: tp.Mapping[Key, Value],
+  what: str,
+  copy: bool = False,
 ) -> list[tuple[nnx.Variable, jax.Array]]:
   """(Variable, new value) for every target, each checked before anything is written; the
-  new value on the old placement."""
+  new value on the old placement, a copy of its own when `copy` (else it may be the very
+  array given)."""
   writes = []
   for key, variable in targets.items():
     if key not in values:
@@ -148,5 +152,7 @@ def checked_writes(
       )
     sharding = getattr(old, "sharding", None)
     placed = jax.device_put(new, sharding) if sharding is not None else jnp.asarray(new)
-    writes.append((variable, placed))
+    # device_put onto the placement an array already has returns that array's buffer, and
+    # jnp.asarray keeps a jax.Array as it is; jnp.array(copy=True) keeps the sharding.
+    writes.append((variable, jnp.array(placed, copy=True) if copy else placed))
   return writes

@@ -85,7 +85,7 @@ def add_parser(commands: Subcommands) -> None:
     type=options.non_negative_float,
     default=None,
     help="absolute tolerance (default: per dtype and backend, as --rtol, times each output's "
-    "largest magnitude)",
+    "scale: the 99th percentile of its finite magnitudes, mask values left out)",
   )
   options.add_precision_option(c)
   c.add_argument(

@@ -62,6 +62,7 @@ def add_parser(commands: Subcommands) -> None:
     help="where to write the drafted source (default: <module>_nnx.py in the current directory)",
   )
   p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+  options.add_precision_option(p)
   options.add_common_options(p, "print the report as one JSON document")
   p.set_defaults(run=run)
 
@@ -101,6 +102,7 @@ def _document(draft: tp.Any, path: str) -> dict[str, object]:
     "check": None
     if check is None
     else {
+      "precision": draft.check_precision,
       "equal": check.equal,
       "first_divergence": check.first_divergence,
       "error": check.error,
@@ -131,7 +133,13 @@ def run(ns: argparse.Namespace) -> int:
   try:
     with progress("tracing the Linen model and rewriting its classes"):
       draft = lb.port.draft(
-        module, *args, method=sample.method, calls=tuple(calls), check=False, **kwargs
+        module,
+        *args,
+        method=sample.method,
+        calls=tuple(calls),
+        check=False,
+        check_precision=ns.precision,
+        **kwargs,
       )
   except lb.port.PortError as e:  # e.g. the model fails on the inputs, a class without source
     # The draft could not be made (a class without source, a model failing on the inputs):

@@ -111,13 +111,22 @@ def constrain(variable: nnx.Variable, value: jax.Array) -> jax.Array:
   names, mesh = _compat.variable_sharding(variable)
   if names is None or mesh is None:
     return value
+  if len(names) > value.ndim:
+    # One layer of a stacked buffer (`lb.layers.layer`, a scan over the stack) lacks the
+    # leading layer axes, which `value_sharding` never shards.
+    names = names[len(names) - value.ndim :]
   return jax.lax.with_sharding_constraint(value, NamedSharding(mesh, PartitionSpec(*names)))
 
 
 def value_sharding(
-  label: str, value_shape: tuple[int, ...], spec: SpecLike, mesh: AnyMesh | None
+  label: str,
+  value_shape: tuple[int, ...],
+  spec: SpecLike,
+  mesh: AnyMesh | None,
+  stack_axes: int = 0,
 ) -> NamedSharding:
-  """The buffer sharding for a value-level spec: capacity axis prepended, unsharded."""
+  """The buffer sharding for a value-level spec: capacity axis prepended, unsharded, and
+  before it the `stack_axes` layer axes of a stacked module's buffer, unsharded too."""
   if isinstance(spec, NamedSharding):
     mesh, spec = spec.mesh, spec.spec
   elif spec is None:
@@ -160,4 +169,4 @@ def value_sharding(
         f"the buffer. Fix: make that axis (e.g. the batch) a multiple of {size}, use a mesh "
         "whose axes divide it, or leave the axis unsharded (None in the spec)."
       )
-  return NamedSharding(mesh, PartitionSpec(None, *spec))
+  return NamedSharding(mesh, PartitionSpec(*(None,) * stack_axes, None, *spec))

@@ -60,7 +60,9 @@ def compare(
       default); bfloat16 1e-2, float64 1e-9, integers and bools exact.
       `report.default_tolerance` says which was used and why.
     atol: absolute tolerance; None picks one per dtype and backend (the same values as
-      `rtol`), as a fraction of each output's largest magnitude; a number given is absolute;
+      `rtol`), as a fraction of each output's scale (the 99th percentile of the reference's
+      finite magnitudes, mask values such as `finfo.min`, -1e9 or infinities equal on both
+      sides left out and matched exactly: a mask cannot widen it); a number given is absolute;
       `math.inf` compares structure, shapes and dtypes only (e.g. models with their own
       random weights).
     mapping: `{reference_path: candidate_path}` pairs to align explicitly ('/'-joined module

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .compare_elementwise import SCALE_WORDS
 from .compare_tolerance import ToleranceChoice
 
 # Per-pair and per-leaf statuses, mildest first (a pair takes the worst of its leaves).
@@ -25,6 +26,13 @@ class LeafDiff:
   status: str  # ok | dtype | values | shape
   max_abs_err: float | None = None
   max_rel_err: float | None = None
+  # The reference's robust scale a default atol is a fraction of (the 99th percentile of its
+  # finite magnitudes, mask values left out), how many entries were matched as mask values
+  # (infinities, sentinels such as finfo.min or -1e9 equal on both sides), and the absolute
+  # atol the leaf was held to.
+  scale: float | None = None
+  masked: int = 0
+  atol_used: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +87,11 @@ class Divergence:
   reference_layer: int | None = None
   candidate_stack: str = ""
   candidate_layer: int | None = None
+  # The differing leaf's tolerance: the absolute atol it was held to, the reference's robust
+  # scale a default atol is a fraction of, and the entries matched as mask values.
+  atol: float | None = None
+  scale: float | None = None
+  masked: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +173,9 @@ class ParityReport:
         reference_layer=pair.reference_layer,
         candidate_stack=pair.candidate_stack,
         candidate_layer=pair.candidate_layer,
+        atol=leaf.atol_used if leaf else None,
+        scale=leaf.scale if leaf else None,
+        masked=leaf.masked if leaf else 0,
       )
     return None
 
@@ -211,6 +227,16 @@ def _default_text(choice: ToleranceChoice | None) -> str:
   return f"{choice.reason}"
 
 
+def _scale_text(divergence: Divergence) -> str:
+  """How the differing leaf's atol came about: the scale it is a fraction of, the masks."""
+  masks = (
+    f", {divergence.masked} mask value(s) matched exactly and left out" if divergence.masked else ""
+  )
+  if divergence.scale is None:
+    return masks
+  return f" (the leaf's scale {_err(divergence.scale)}{masks})"
+
+
 def _err(value: float | None) -> str:
   if value is None:
     return "-"
@@ -248,6 +274,8 @@ def _render(report: ParityReport) -> str:
       detail = (
         f", max abs err {_err(divergence.max_abs_err)}, max rel err {_err(divergence.max_rel_err)}"
       )
+      if divergence.kind == VALUES and divergence.atol is not None:
+        detail += f"; atol {_err(divergence.atol)}" + _scale_text(divergence)
     if divergence.kind in (SHAPE, DTYPE):
       detail += f" ({divergence.reference} vs {divergence.candidate})"
     if divergence.kind == STRUCTURE:
@@ -272,14 +300,14 @@ def _render(report: ParityReport) -> str:
     )
   elif report.rtol is None and report.atol is None:
     out.append(
-      "tolerance: |candidate - reference| <= atol * max|reference| + rtol * |reference|, "
-      "per dtype "
+      "tolerance: |candidate - reference| <= atol * scale + rtol * |reference| at every "
+      f"entry, scale being {SCALE_WORDS}; per dtype "
       f"({_default_text(report.default_tolerance)}; bfloat16: 1e-02; integers exact)"
     )
   else:
     out.append(
       f"tolerance: |candidate - reference| <= atol"
-      f"{' * max|reference|' if report.atol is None else ''} + rtol * |reference|, rtol "
+      f"{' * scale' if report.atol is None else ''} + rtol * |reference|, rtol "
       f"{report.rtol if report.rtol is not None else 'per dtype'}, atol "
       f"{report.atol if report.atol is not None else 'per dtype'}"
       + (

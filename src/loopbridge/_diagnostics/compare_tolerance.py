@@ -21,9 +21,10 @@ where every backend computes float32 matmuls in float32, and compares with float
 precision (the user's `jax_default_matmul_precision`, `jax.default_matmul_precision(...)`
 blocks included) with the tolerance that goes with it (3e-2 for one bfloat16 pass).
 
-Absolute tolerances are relative to each output's scale: `atol` is a fraction of the largest
-magnitude of the reference leaf (`ToleranceChoice.for_values`), never an absolute 3e-2 that a
-small-init head's whole output fits inside. The decision lives in one place,
+Absolute tolerances are relative to each output's scale: `atol` is a fraction of a robust
+scale of the reference leaf (a high percentile of its finite magnitudes, mask values left out:
+`compare_elementwise`), never an absolute 3e-2 that a small-init head's whole output fits
+inside, nor one that a `finfo.min` mask widens to 3e33. The decision lives in one place,
 `check_tolerance` / `default_tolerance`, and the reports say what was chosen and why.
 
 Per-call `precision=` arguments inside the models (e.g. `nn.Dense(precision=...)`) are not
@@ -119,8 +120,9 @@ class ToleranceChoice:
       'float32', 'tensorfloat32', 'bfloat16_3x', 'bfloat16' or 'float8'.
     rtol: the relative tolerance for float32 (and complex64) leaves.
     atol: the absolute tolerance for float32 (and complex64) leaves, as a fraction of each
-      leaf's scale (the largest magnitude of its reference values): a leaf agrees where
-      `|candidate - reference| <= atol * max|reference| + rtol * |reference|`.
+      leaf's scale (the 99th percentile of its reference's finite magnitudes, mask values such
+      as `finfo.min`, -1e9 or infinities equal on both sides left out): a leaf agrees where
+      `|candidate - reference| <= atol * scale(reference) + rtol * |reference|` at every entry.
     reason: one sentence saying why.
     precision: what the check ran both models at: 'highest' (under
       `jax.default_matmul_precision('highest')`, the default) or 'model' (their own).
@@ -144,25 +146,12 @@ class ToleranceChoice:
       return storage  # exact types; float64 matmuls are never run in a narrower format
     return (max(storage[0], self.rtol), max(storage[1], self.atol))
 
-  def for_values(
-    self, reference: np.ndarray, candidate_dtype: np.dtype | None = None
-  ) -> tuple[float, float]:
-    """(rtol, absolute atol) for comparing a candidate leaf with `reference`'s values: the
-    dtypes' tolerances (the wider of the two), `atol` scaled by `output_scale(reference)`."""
-    rtol, atol = self.for_dtype(reference.dtype)
-    if candidate_dtype is not None:
-      other = self.for_dtype(np.dtype(candidate_dtype))
-      rtol, atol = max(rtol, other[0]), max(atol, other[1])
-    return rtol, atol * output_scale(reference)
-
-
-def output_scale(values: np.ndarray) -> float:
-  """The scale absolute tolerances are relative to: the largest finite magnitude (0 if none)."""
-  if not values.size or not is_float(values.dtype):
-    return 1.0 if values.size else 0.0
-  magnitudes = np.abs(values.astype(np.complex128 if values.dtype.kind == "c" else np.float64))
-  finite = magnitudes[np.isfinite(magnitudes)]
-  return float(finite.max()) if finite.size else 0.0
+  def for_pair(self, reference: np.dtype, candidate: np.dtype) -> tuple[float, float]:
+    """(rtol, atol as a fraction of the reference's scale) for comparing a leaf of
+    `candidate` dtype with one of `reference` dtype: the wider of the two dtypes' tolerances."""
+    rtol, atol = self.for_dtype(np.dtype(reference))
+    other = self.for_dtype(np.dtype(candidate))
+    return max(rtol, other[0]), max(atol, other[1])
 
 
 def check_precision(value: object, where: str, error: type[Exception]) -> str:
@@ -300,6 +289,6 @@ def default_tolerance(
     float32_matmuls=matmuls,
     rtol=rtol,
     atol=atol,
-    reason=f"float32 rtol {rtol:g}, atol {atol:g} of each output's largest magnitude: {ran}; {why}",
+    reason=f"float32 rtol {rtol:g}, atol {atol:g} of each output's scale: {ran}; {why}",
     precision=precision,
   )

@@ -2,18 +2,19 @@
 
 A leaf agrees when `|candidate - reference| <= atol + rtol * |reference|` everywhere (NaN in
 the same places counts as equal); the tolerances default per dtype, backend and check precision
-(`compare_tolerance.default_tolerance`), the default atol relative to the reference's scale.
+(`compare_tolerance.default_tolerance`), the default atol relative to the reference's robust
+scale with mask values left out (`compare_elementwise`).
 """
 
 from __future__ import annotations
 
-import math
 import typing as tp
 
 import jax
 import numpy as np
 
 from .compare_capture import Call
+from .compare_elementwise import compare_arrays
 from .compare_report import DTYPE, OK, SEVERITY, SHAPE, STRUCTURE, VALUES, CallPair, LeafDiff
 from .compare_tolerance import ToleranceChoice, is_float
 
@@ -54,30 +55,22 @@ def _leaf_diff(
     return LeafDiff(
       leaf, da, db, OK if same and a.dtype == b.dtype else (DTYPE if same else VALUES)
     )
-  # The default atol is a fraction of the reference's scale; a given one is absolute.
-  rt_default, at_default = default.for_values(a, b.dtype)
-  rt = rtol if rtol is not None else rt_default
-  at = atol if atol is not None else at_default
-  wide = np.complex128 if "c" in (a.dtype.kind, b.dtype.kind) else np.float64
-  x, y = a.astype(wide), b.astype(wide)
-  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-    same = (x == y) | (np.isnan(x) & np.isnan(y))  # equal infinities and NaN where NaN
-    diff = np.where(same, 0.0, np.abs(y - x))
-    diff = np.where(np.isnan(diff), np.inf, diff)  # NaN on one side only
-    scale = np.abs(x)
-    rel = np.where(
-      scale > 0, diff / np.where(scale > 0, scale, 1.0), np.where(diff > 0, np.inf, 0.0)
-    )
-    # `same` first: NaN in the same places is equal, though NaN fails every `<=`. An infinite
-    # atol compares no values at all (structure, shapes and dtypes only).
-    within = at == math.inf or bool(np.all(same | (diff <= at + rt * scale)))
-  max_abs = float(diff.max()) if diff.size else 0.0
-  max_rel = float(rel.max()) if rel.size else 0.0
-  if not within:
+  result = compare_arrays(a, b, default, rtol, atol)
+  if not result.within:
     status = VALUES
   else:
     status = OK if a.dtype == b.dtype else DTYPE
-  return LeafDiff(leaf, da, db, status, max_abs, max_rel)
+  return LeafDiff(
+    leaf,
+    da,
+    db,
+    status,
+    result.max_abs,
+    result.max_rel,
+    scale=result.scale,
+    masked=result.masked,
+    atol_used=result.atol,
+  )
 
 
 def compare_pair(

@@ -297,6 +297,12 @@ def layer(stacked: M, i: int | jax.Array) -> M:
       )
     i = int(i) % n
   else:
+    if not isinstance(i, (jax.Array, np.ndarray, np.generic)):  # a tracer is a jax.Array
+      raise StackError(
+        f"lb.layers.layer: the layer index must be an int or an integer scalar array (a "
+        f"traced loop index), got {type(i).__name__} {i!r}. Fix: lb.layers.layer(stack, 1), "
+        "or the index of nnx.fori_loop / lb.fori_loop."
+      )
     i = jnp.asarray(i)
     if i.ndim != 0 or not jnp.issubdtype(i.dtype, jnp.integer):
       raise StackError(

@@ -183,5 +183,5 @@ def convert(
     sample_kwargs=kwargs,
     precision=tp.cast(tp.Any, precision),
   )
-  for key, value in given.items():
-    _compat.set_variable_value(caches[key], jnp.asarray(value))
+  for key, value in given.items():  # the port's own copy, as linen_to_nnx gives it
+    _compat.set_variable_value(caches[key], jnp.array(value, copy=True))

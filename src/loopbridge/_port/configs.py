@@ -17,7 +17,7 @@ import typing as tp
 from flax import linen as nn
 
 from . import config_objects
-from .errors import PortError, bad_config
+from .errors import PortError, bad_config, config_failed
 from .records import Call, Change
 from .trace import Trace, trace
 
@@ -128,7 +128,15 @@ def other_configs(
   that does not build, as a width that must divide another, is left out); and the settings
   kept as they are in the derived ones (those the sample's input fixes)."""
   if configs is not None:
-    return _traced(user_configs(module, configs), sample, streams, strict=True), []
+    out = []
+    for index, other in enumerate(user_configs(module, configs)):
+      try:
+        out += _traced([other], sample, streams, strict=True, start=index)
+      except PortError as e:
+        # The sample call ran at the module's own fields: blame the instance, not the call.
+        cause = e.__cause__ if e.__cause__ is not None else e
+        raise PortError(config_failed(index, _shown(module, other), cause)) from cause
+    return out, []
   out = _traced(derived(module), sample, streams)
   if out:
     return out, []
@@ -143,6 +151,29 @@ def other_configs(
     if first:
       return first + _traced(candidates[1:], sample, streams, start=len(first)), fixed
   return [], []
+
+
+def _shown(module: nn.Module, other: nn.Module) -> str:
+  """`other` written by the fields in which it differs from `module`: `Model(n=2)`."""
+  fields = [
+    f.name
+    for f in dataclasses.fields(tp.cast(tp.Any, other))
+    if f.init and f.name not in ("parent", "name")
+  ]
+  changed = [
+    f"{name}={getattr(other, name)!r}"
+    for name in fields
+    if getattr(other, name, None) is not getattr(module, name, None)
+    and not _equal(getattr(other, name, None), getattr(module, name, None))
+  ]
+  return f"{type(other).__qualname__}({', '.join(changed)})"
+
+
+def _equal(a: object, b: object) -> bool:
+  try:
+    return bool(a == b)
+  except Exception:  # arrays and other values without one truth value
+    return False
 
 
 def _value(module: nn.Module, knob: tuple[str, str | None]) -> object:

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import typing as tp
 
+import numpy as np
 from flax import linen as nn
 from flax import nnx
 
@@ -25,6 +26,7 @@ from .errors import (
   PortError,
   bad_call,
   bad_calls,
+  bad_configs,
   bad_method,
   bad_variables,
   flax_layer,
@@ -126,6 +128,8 @@ class Draft:
       The port (freshly initialized, not holding the Linen variables).
 
     Raises:
+      PortError: `rngs` is not an `nnx.Rngs`, or `config` is not an index of the draft's
+        configurations (0 to `len(draft.configs)`).
       Exception: whatever the drafted code raises (a TODO raises NotImplementedError).
 
     Examples:
@@ -133,6 +137,7 @@ class Draft:
       >>> d = lb.port.draft(nn.Dense(3), jnp.ones((1, 2)), check=False)  # doctest: +SKIP
       >>> d.build().Dense_0  # doctest: +SKIP
     """
+    _check_build_arguments(rngs, config, len(self.configs))
     module = exec_source(self.source, self.filename, unique_name(self.root))
     cls = getattr(module, self.root)
     # flax 0.12 shards an annotated Variable when it is created, which needs a mesh; the draft
@@ -155,7 +160,9 @@ class Draft:
 
     Returns:
       `(port, linen_variables)`: the variables are the user's, or the fresh `init` of the
-      sample call that the check used.
+      sample call that the check used. The port holds its own copy of each array (as
+      `lb.checkpoint.linen_to_nnx` gives it), so a donating step on the port leaves the
+      variables usable.
 
     Raises:
       CheckpointError: the variables could not be converted into the port.
@@ -185,7 +192,7 @@ class Draft:
     Examples:
       >>> print(draft.report())  # doctest: +SKIP
     """
-    return render(self.root, self.changes, self.todos, self.check)
+    return render(self.root, self.changes, self.todos, self.check, self.check_precision)
 
   def write(self, path: str | os.PathLike[str]) -> str:
     """Write the source to `path`, formatted (when ruff is installed) for where it lands.
@@ -204,6 +211,28 @@ class Draft:
     with open(path, "w") as f:
       f.write(text)
     return path
+
+
+def _check_build_arguments(rngs: object, config: object, configs: int) -> None:
+  """`Draft.build`'s arguments, refused with what to pass instead."""
+  if rngs is not None and not isinstance(rngs, nnx.Rngs):
+    raise PortError(
+      f"Draft.build: rngs= must be an nnx.Rngs (the port's random streams), got "
+      f"{type(rngs).__name__} {rngs!r}. Fix: draft.build(rngs=nnx.Rngs({rngs!r})), or leave "
+      "it out for nnx.Rngs(0)."
+    )
+  if isinstance(config, bool) or not isinstance(config, (int, np.integer)):
+    raise PortError(
+      f"Draft.build: config= must be an int, got {type(config).__name__} {config!r}. Fix: 0 "
+      f"for the drafted module, or k in 1..{configs} for draft.configs[k - 1]."
+    )
+  if not 0 <= config <= configs:
+    which = (
+      f"0 (the drafted module) or 1..{configs} (draft.configs[k - 1])"
+      if configs
+      else "0 (the drafted module; this draft traced no other configuration)"
+    )
+    raise PortError(f"Draft.build: config={config} is not one of the draft's: pass {which}.")
 
 
 def _port_all(
@@ -349,6 +378,10 @@ def draft(
     raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
   if not isinstance(calls, tp.Iterable) or isinstance(calls, (str, bytes, Call)):
     raise PortError(bad_calls(calls))
+  if configs is not None and (
+    not isinstance(configs, tp.Iterable) or isinstance(configs, (str, bytes, nn.Module))
+  ):
+    raise PortError(bad_configs(type(linen_module), configs))
   calls = tuple(calls)
   if variables is not None and not isinstance(variables, tp.Mapping):
     raise PortError(bad_variables(variables))

@@ -75,6 +75,24 @@ def bad_config(cls: type, what: object) -> str:
   )
 
 
+def bad_configs(cls: type, what: object) -> str:
+  return (
+    f"lb.port.draft: configs= must be a sequence of other instances of {cls.__qualname__}, "
+    f"got one {type(what).__qualname__}. Fix: configs=[{cls.__qualname__}(...)] (a list, "
+    "even of one), or leave it out for the configurations the draft derives."
+  )
+
+
+def config_failed(index: int, shown: str, error: BaseException) -> str:
+  return (
+    f"lb.port.draft: configs[{index}] ({shown}) cannot run the sample call "
+    f"({type(error).__name__}: {error}); the drafted module itself runs it. Why: each "
+    "configs= instance is traced on the sample call, to tell a width of the class from a "
+    "number of one instance. Fix: give that instance fields at which the sample call runs "
+    "(e.g. a length at least the sample's), or leave it out of configs=."
+  )
+
+
 def bad_calls(what: object) -> str:
   return (
     f"lb.port.draft: calls= must be a sequence of lb.port.Call records, got "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import typing as tp
 
+from .._diagnostics.compare_tolerance import HIGHEST, default_tolerance
 from .records import Change, Check, Todo
 
 
@@ -12,10 +13,24 @@ def _short(path: str) -> str:
   return os.path.basename(path)
 
 
+def _tolerance_line(check: Check, precision: str) -> str:
+  """What the check ran both models at and the tolerance it held them to, and why."""
+  chosen = next(
+    (r.default_tolerance for r in check.reports if r.default_tolerance is not None), None
+  )
+  if chosen is None:  # the check stopped before a comparison: what it would have used
+    chosen = default_tolerance(precision=precision)
+  return f"Tolerance: {chosen.reason}."
+
+
 def render(
-  root: str, changes: tp.Sequence[Change], todos: tp.Sequence[Todo], check: Check | None
+  root: str,
+  changes: tp.Sequence[Change],
+  todos: tp.Sequence[Todo],
+  check: Check | None,
+  precision: str = HIGHEST,
 ) -> str:
-  """The report text of a draft of `root`."""
+  """The report text of a draft of `root`, its check run at `precision`."""
   lines = [f"Drafted NNX port of {root}: {len(changes)} changes, {len(todos)} TODOs."]
   if changes:
     lines.append("")
@@ -32,13 +47,17 @@ def render(
   lines.append("")
   if check is None:
     lines.append("Verdict: not checked (check=False).")
-  elif check.error is not None:
-    lines.append(f"Verdict: the check did not run to the end: {check.error}")
-  elif check.equal:
-    n = len(check.reports)
-    lines.append(f"Verdict: equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
   else:
-    lines.append(f"Verdict: NOT equal; first divergence at {check.first_divergence}.")
+    # The tolerance first: the report ends with the measured verdict.
+    lines.append(_tolerance_line(check, precision))
+    at = f"check_precision={precision!r}"
+    if check.error is not None:
+      lines.append(f"Verdict ({at}): the check did not run to the end: {check.error}")
+    elif check.equal:
+      n = len(check.reports)
+      lines.append(f"Verdict ({at}): equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
+    else:
+      lines.append(f"Verdict ({at}): NOT equal; first divergence at {check.first_divergence}.")
   if todos and check is not None and check.equal:
     lines.append("(Not ok: TODOs remain.)")
   return "\n".join(lines)

@@ -47,7 +47,9 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
   """Place a model's record buffers on a device mesh, overriding the inferred layout.
 
   Each spec describes the *recorded value's* axes (what one `sow` stores, including axes
-  added by `nn.scan`); loopbridge prepends the unsharded capacity axis. The layout is kept
+  added by `nn.scan`); loopbridge prepends the unsharded capacity axis, and for a stacked
+  module (`lb.layers.stack`, `nnx.vmap`), whose buffers are `(layers, capacity, *value)`,
+  the unsharded layer axes before it. The layout is kept
   as the buffer's NNX partitioning metadata (so `nnx.get_partition_spec(nnx.state(model))`
   agrees) and re-applied on every write, so it survives jitted loops.
 
@@ -98,7 +100,10 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
       _, public = _site.split_slot(site)
       label = "/".join(map(str, (*root_path, *public)))
       value = _compat.variable_value(buffer)
-      value_shape = tuple(value.shape[1:])
+      # A stacked module's buffer (`lb.layers.stack`, `nnx.vmap`) is (*layers, capacity,
+      # *value_shape): the spec describes the value, after the layer and capacity axes.
+      stack_axes = getattr(buffer, "stack_axes", 0) or 0
+      value_shape = tuple(value.shape[stack_axes + 1 :])
       if _memory.is_host(buffer):
         raise ShardingError(
           f"buffer {label} keeps its records in host memory (memory='host'); "
@@ -122,9 +127,12 @@ def shard_buffers(model: Model, sharding: ShardingSpec, *, mesh: tp.Any = None) 
         spec = sharding("/".join(public), value_shape)
       else:
         spec = sharding
-      target = placement.value_sharding(label, value_shape, spec, mesh)
+      target = placement.value_sharding(label, value_shape, spec, mesh, stack_axes)
+      metadata = placement.buffer_metadata(target)
+      if stack_axes:
+        metadata["stack_axes"] = stack_axes
       new = _buffers.placed_buffer(
-        jax.device_put(value, target), overflow=buffer.overflow, **placement.buffer_metadata(target)
+        jax.device_put(value, target), overflow=buffer.overflow, **metadata
       )
       node = buffers
       for key_ in site[:-1]:
