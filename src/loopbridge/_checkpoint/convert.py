@@ -37,6 +37,7 @@ from .convert_align import (
 from .convert_evidence import Check, Sides, Verdict, decide
 from .convert_match import Pair, pair_units, split_classes
 from .convert_moves import Axes, to_linen, to_nnx
+from .convert_probes import ProbeSpec, checked_probes
 from .convert_report import ConversionReport
 from .layer_values import is_placeholder
 from .leaf_rules import LeafRule
@@ -98,6 +99,7 @@ def _plan(
   method: str | None,
   cache: tp.Mapping[str, object] | None = None,
   precision: str = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   """Pair both models' leaves and decide every open candidate by running them (the caller runs
   this under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
@@ -118,6 +120,7 @@ def _plan(
       f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
     )
   _check_call(linen_module, port, sample_kwargs, method)
+  inputs = checked_probes(probes)
   lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method, cache)
   with_cache = any(k[0] == CACHE for k in stored)
   nunits = nnx_units(port, sample_args, sample_kwargs, method, with_cache)
@@ -125,7 +128,16 @@ def _plan(
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
   sides = Sides(
-    linen_module, modules, port, sample_args, values, forward, sample_kwargs, method, precision
+    linen_module,
+    modules,
+    port,
+    sample_args,
+    values,
+    forward,
+    sample_kwargs,
+    method,
+    precision,
+    inputs,
   )
   verdict = decide(pairs, sides, axis_options)
   # A class of modules of equal shapes was decided as one pair (every assignment); from
@@ -327,6 +339,7 @@ def linen_to_nnx(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -339,8 +352,8 @@ def linen_to_nnx(
   several candidates fit (leaves of equal shapes under other names, a square kernel that may
   be stored transposed, a split's order, a layer axis that cannot be read when the depth
   equals a width, every assignment among modules of equal shapes), both models run on
-  `sample_args` and on probes made from their shapes and dtypes (random values, so that a
-  degenerate sample cannot make a wrong candidate agree), and each candidate is checked
+  `sample_args` and on probes made from them (`probes=`: new values for the sample's data, so
+  that a degenerate sample cannot make a wrong candidate agree), and each candidate is checked
   against Linen on every input, module by module where the modules ran outside transforms,
   else through the model's output; exactly one must agree. The kept conversion is checked the
   same way before anything is written. Every collection is converted (`params` into
@@ -370,6 +383,11 @@ def linen_to_nnx(
       under `jax.default_matmul_precision('highest')`, so a TPU's float32 matmuls (one
       bfloat16 pass by default) cannot blur two candidates; 'model' at their own precision,
       with the looser tolerance that goes with it. The report names it (`tolerance`).
+    probes: the inputs besides the sample that candidates are checked on. None (the default)
+      draws two from the sample: new floats and token ids (integers that index an
+      embedding), the rest kept as given (integer positions, masks, keys), since two correct
+      models need agree only on consistent inputs; `0` or `()` checks on the sample alone; a
+      list `[(args, kwargs), ...]` gives your own (each a call both models take).
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -449,6 +467,7 @@ def linen_to_nnx(
       method,
       tp.cast(tp.Mapping[str, object], variables.get(CACHE)),
       precision,
+      probes,
     )
   targets = nnx_variables(port, cache=pairs.cache)
   writes = _checked_writes(targets, pairs.values, "linen_to_nnx")
@@ -494,6 +513,7 @@ def nnx_to_linen(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -506,6 +526,7 @@ def nnx_to_linen(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -517,6 +538,7 @@ def nnx_to_linen(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
@@ -539,6 +561,8 @@ def nnx_to_linen(
     precision: what both models run at when candidates are checked: 'highest' (the default)
       or 'model' (their own, with the looser tolerance that goes with it), as for
       `linen_to_nnx`.
+    probes: the inputs besides the sample that candidates are checked on, as for
+      `linen_to_nnx` (None: two drawn; `0` or `()`: none; `[(args, kwargs), ...]`: yours).
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
@@ -573,6 +597,7 @@ def nnx_to_linen(
       sample_kwargs,
       method,
       precision=precision,
+      probes=probes,
     )
   values = pairs.values
   for key, abstract in stored.items():

@@ -46,7 +46,7 @@ from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_t
 from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
 from .convert_match import MAX_OPTIONS, Pair, unit_mapping
 from .convert_moves import Axes, to_linen, to_nnx
-from .convert_probes import Input, make_inputs, same_array
+from .convert_probes import PROBES, SAMPLE, Input, make_inputs, probes_only_message, same_array
 
 Path = tuple[str, ...]
 
@@ -433,6 +433,7 @@ class Sides:
     sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
     method: str | None = None,
     precision: str = HIGHEST,
+    probes: int | list[tuple[tuple[object, ...], dict[str, object]]] = PROBES,
   ):
     self.linen_module = linen_module
     self.linen_modules = linen_modules
@@ -444,6 +445,7 @@ class Sides:
     self.source = source
     self.forward = to_nnx_direction
     self.tol = default_tolerance(precision=precision)  # the runs are under check_context
+    self.probes = probes  # a count to draw, or the user's inputs (`convert_probes`)
     self._inputs: list[Input] | None = None
     self._source_runs: list[Ran] | None = None
 
@@ -468,7 +470,9 @@ class Sides:
     if self._source_runs is None:
       sample = Input("sample", tuple(self.sample_args), dict(self.sample_kwargs))
       first = self._run(self.forward, self.source if self.forward else None, sample)
-      self._inputs = make_inputs(self.sample_args, self.sample_kwargs, self._vocabulary(first))
+      self._inputs = make_inputs(
+        self.sample_args, self.sample_kwargs, self._vocabulary(first), self.probes
+      )
       self._source_runs = [first] + [
         self._run(self.forward, self.source if self.forward else None, given)
         for given in self._inputs[1:]
@@ -477,11 +481,11 @@ class Sides:
 
   def _vocabulary(self, sample_run: Ran) -> tp.Callable[[object], int | None]:
     """An integer sample leaf -> the vocabulary of the embedding whose recorded call took
-    it (`num_embeddings` of flax's `nn.Embed` / `nnx.Embed` and look-alikes)."""
+    it (`num_embeddings` of flax's `nn.Embed` / `nnx.Embed`, or a look-alike's `vocab_size`)."""
     found: list[tuple[object, int]] = []
     for path, record in sample_run[1].items():
       module = self.linen_modules.get(path) if self.forward else _node_at(self.port, path)
-      size = getattr(module, "num_embeddings", None)
+      size = getattr(module, "num_embeddings", getattr(module, "vocab_size", None))
       if isinstance(size, int) and size > 1 and record.args:
         found.append((record.args[0], size))
     return lambda leaf: min((n for a, n in found if same_array(a, leaf)), default=None)
@@ -653,6 +657,11 @@ def _by_model(
     elif not any(_same_values(values, v) for _, v, _ in agreeing):
       agreeing.append((combo, values, (runs, axes, values)))
   names = ", ".join(i.name for i in sides.inputs)
+  on_probes = [i for name in rejected for i in sides.inputs if i.name == name != SAMPLE]
+  if not agreeing and on_probes:
+    source = _source_name(sides)
+    detail = f"The open choices:\n{lines}\n"
+    raise CheckpointError(probes_only_message(source, len(on_probes), total, on_probes, detail))
   if not agreeing:
     raise CheckpointError(
       f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
@@ -738,14 +747,12 @@ def _final_check(
       if first_bad is not None
       else ""
     )
-    on = (
-      "the sample arguments"
-      if failed == "sample"
-      else f"{failed} (an input made from the sample's shapes)"
-    )
+    given = next(i for i in sides.inputs if i.name == (failed or SAMPLE))
+    if given.name != SAMPLE:
+      raise OutputMismatch(probes_only_message(_source_name(sides), 1, 1, [given], where))
     raise OutputMismatch(
       f"the converted {'port' if sides.forward else 'Linen model'} does not reproduce the "
-      f"{_source_name(sides)} model's output on {on}.{where} Fix: check the "
+      f"{_source_name(sides)} model's output on the sample arguments.{where} Fix: check the "
       "port with lb.compare; if it stores arrays otherwise (split, fused, reshaped, "
       "transposed, renamed), pass rules=[...]; if modules pair wrongly, pass mapping=. " + _RNG_HELP
     )
