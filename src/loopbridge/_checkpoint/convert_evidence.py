@@ -83,16 +83,25 @@ def _linen_apply(
   method: tp.Any,
 ) -> Ran:
   """Linen `apply`, recording each module's first `__call__` whose values are recordable
-  (concrete when eager, the jit body's own under `jax.jit`; never a loop's)."""
+  (concrete when eager, the jit body's own under `jax.jit`; never a loop's). Where modules
+  share a scope (`nn.share_scope`: a feed-forward's einsums under its own path), the path's
+  call is the outermost one, the module that owns the path, not a submodule called inside."""
   records: dict[Path, Record] = {}
+  active: list[Path] = []
 
   def interceptor(next_fun, args, kwargs, context):
-    out = next_fun(*args, **kwargs)
     scope = context.module.scope
-    if scope is not None and context.method_name == "__call__":
-      path = tuple(str(p) for p in scope.path)
-      if path not in records and _recordable((args, kwargs, out)):
-        records[path] = Record(tuple(args), dict(kwargs), out)
+    if scope is None or context.method_name != "__call__":
+      return next_fun(*args, **kwargs)
+    path = tuple(str(p) for p in scope.path)
+    active.append(path)
+    try:
+      out = next_fun(*args, **kwargs)
+    finally:
+      active.pop()
+    inner = path in active  # a call inside another module's call at the same path
+    if not inner and path not in records and _recordable((args, kwargs, out)):
+      records[path] = Record(tuple(args), dict(kwargs), out)
     return out
 
   with nn.intercept_methods(interceptor):
