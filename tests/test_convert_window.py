@@ -2,11 +2,14 @@
 
 The pair is written as a real hand port is: the Linen model draws its sliding window from
 the integer `positions`, the port from the attention mask's band; the Linen feed-forward
-keeps gate and up fused as one `[2, D, F]` array, the port as two Linears; the Linen
+keeps gate and up fused as one `[2, D, F]` array (under its own scope, `nn.share_scope`),
+the port as two Linears; the Linen
 blocks are `layer_0, ...`, the port's a list `layers`; grouped-query attention and a soft
 cap on the logits. Both compute the same on consistent inputs (positions that count the
 tokens), so conversion must not check them on random positions, and must decide the fused
-arrays layer by layer. The reference is plain Linen `apply`.
+arrays layer by layer (the port's einsums, called without an equation, cannot run alone on
+the Linen einsums' calls: their attention blocks decide them). The reference is plain Linen
+`apply`.
 """
 
 from __future__ import annotations
@@ -29,32 +32,58 @@ CAP = 5.0
 init = nn.initializers.normal(0.5)
 
 
-def _attend(x, positions, mask, q_w, kv_w, o_w):
+def _attend(x, positions, mask, query, key_value, out):
   x = x + jnp.sin(positions[..., None] * 0.3)  # positions also move the values
-  q = jnp.einsum("btd,hdk->bthk", x, q_w)
-  k, v = jnp.einsum("btd,ckdv->cbtkv", x, kv_w)
+  q, (k, v) = query(x), key_value(x)
   k, v = jnp.repeat(k, H // K, axis=2), jnp.repeat(v, H // K, axis=2)  # grouped queries
-  scores = jnp.einsum("bthk,bshk->bhts", q, k) / HD**0.5
-  scores = jnp.where(mask[:, None], scores, -1e9)
-  return jnp.einsum("bhts,bshk,hkd->btd", jax.nn.softmax(scores), v, o_w)
+  scores = jnp.where(mask[:, None], jnp.einsum("bthk,bshk->bhts", q, k) / HD**0.5, -1e9)
+  return out(jnp.einsum("bhts,bshk->bthk", jax.nn.softmax(scores), v))
 
 
-class LinenBlock(nn.Module):
+class Einsum(nn.Module):
+  """One weight; the equation is a call argument (so it cannot run alone on the port's)."""
+
+  shape: tuple[int, ...]
+  weight_name: str = "w"
+
+  @nn.compact
+  def __call__(self, equation, x):
+    return jnp.einsum(equation, x, self.param(self.weight_name, init, self.shape))
+
+
+class LinenAttention(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask):
     gap = positions[:, :, None] - positions[:, None, :]
     window = (gap >= 0) & (gap < WINDOW)  # the window from positions
-    h = nn.RMSNorm(name="pre_attn_norm")(x)
-    q, kv = self.param("q", init, (H, D, HD)), self.param("kv", init, (2, K, D, HD))
-    x = x + _attend(h, positions, mask & window, q, kv, self.param("o", init, (H, HD, D)))
-    return x + LinenMlp(name="mlp")(nn.RMSNorm(name="pre_mlp_norm")(x))
+    q, kv = Einsum((H, D, HD), name="q_einsum"), Einsum((2, K, D, HD), name="kv_einsum")
+    out = Einsum((H, HD, D), name="attn_vec_einsum")
+    return _attend(
+      x,
+      positions,
+      mask & window,
+      lambda x: q("btd,hdk->bthk", x),
+      lambda x: kv("btd,ckdv->cbtkv", x),
+      lambda y: out("bthk,hkd->btd", y),
+    )
 
 
 class LinenMlp(nn.Module):
   @nn.compact
   def __call__(self, x):
-    gate, up = jnp.einsum("btd,cdf->cbtf", x, self.param("gating_einsum", init, (2, D, F)))
-    return (nn.gelu(gate) * up) @ self.param("linear", init, (F, D))
+    gating = Einsum((2, D, F), "gating_einsum")
+    nn.share_scope(self, gating)  # its weight directly under `mlp`, as in a checkpoint
+    linear = Einsum((F, D), "linear")
+    nn.share_scope(self, linear)
+    gate, up = gating("btd,cdf->cbtf", x)
+    return linear("btf,fd->btd", nn.gelu(gate) * up)
+
+
+class LinenBlock(nn.Module):
+  @nn.compact
+  def __call__(self, x, positions, mask):
+    x = x + LinenAttention(name="attn")(nn.RMSNorm(name="pre_attn_norm")(x), positions, mask)
+    return x + LinenMlp(name="mlp")(nn.RMSNorm(name="pre_mlp_norm")(x))
 
 
 class LinenDecoder(nn.Module):
@@ -66,6 +95,19 @@ class LinenDecoder(nn.Module):
       x = LinenBlock(name=f"layer_{i}")(x, positions, mask)
     logits = embed.attend(nn.RMSNorm(name="final_norm")(x))
     return jnp.tanh(logits / CAP) * CAP
+
+
+class Attention(nnx.Module):
+  def __init__(self, rngs):
+    self.q_einsum = nnx.Einsum("btd,hdk->bthk", (H, D, HD), rngs=rngs)
+    self.kv_einsum = nnx.Einsum("btd,ckdv->cbtkv", (2, K, D, HD), rngs=rngs)
+    self.attn_vec_einsum = nnx.Einsum("bthk,hkd->btd", (H, HD, D), rngs=rngs)
+
+  def __call__(self, x, positions, mask):
+    t = mask.shape[-1]  # the window from the mask's band: token index, not position
+    band = jnp.triu(jnp.ones((t, t), bool), 1 - WINDOW) & jnp.tril(jnp.ones((t, t), bool))
+    kv, out = self.kv_einsum, self.attn_vec_einsum
+    return _attend(x, positions, mask & band, self.q_einsum, kv, out)
 
 
 class Mlp(nnx.Module):
@@ -81,16 +123,10 @@ class Mlp(nnx.Module):
 class Block(nnx.Module):
   def __init__(self, rngs):
     self.pre_attn_norm, self.pre_mlp_norm = nnx.RMSNorm(D, rngs=rngs), nnx.RMSNorm(D, rngs=rngs)
-    self.q = nnx.Param(jnp.zeros((H, D, HD)))
-    self.kv = nnx.Param(jnp.zeros((2, K, D, HD)))
-    self.o = nnx.Param(jnp.zeros((H, HD, D)))
-    self.mlp = Mlp(rngs)
+    self.attn, self.mlp = Attention(rngs), Mlp(rngs)
 
   def __call__(self, x, positions, mask):
-    t = mask.shape[-1]
-    band = jnp.triu(jnp.ones((t, t), bool), 1 - WINDOW) & jnp.tril(jnp.ones((t, t), bool))
-    h = self.pre_attn_norm(x)  # the window from the mask's band: token index, not position
-    x = x + _attend(h, positions, mask & band, self.q[...], self.kv[...], self.o[...])
+    x = x + self.attn(self.pre_attn_norm(x), positions, mask)
     return x + self.mlp(self.pre_mlp_norm(x))
 
 
@@ -146,9 +182,11 @@ def test_a_window_from_positions_and_one_from_the_mask_convert(mapping):
   port = Decoder(nnx.Rngs(0))
   report = lb.checkpoint.linen_to_nnx(LinenDecoder(), variables, port, *_inputs(0), mapping=mapping)
   _assert_converted(port, variables)
-  # Each layer's fused gate/up was decided by that layer's own module call.
-  mlps = [p for p in report.placements if p.linen.endswith("/mlp")]
-  assert len(mlps) == LAYERS and all(p.decided == "module" for p in mlps), report
+  # Each layer's fused gate/up was decided by that layer's own feed-forward call, and each
+  # square kv kernel (which may be stored transposed) by that layer's attention call.
+  for name in ("/mlp", "/kv_einsum"):
+    found = [p for p in report.placements if p.linen.endswith(name)]
+    assert len(found) == LAYERS and all(p.decided == "module" for p in found), report
 
 
 def test_the_probes_keep_positions_and_masks_and_draw_token_ids():
@@ -207,6 +245,26 @@ def test_probes_that_only_disagree_off_the_sample_are_named():
     LinenDecoder(), variables, port, *_inputs(0), mapping=MAPPING, probes=0
   )
   _assert_converted(port, variables)
+
+
+def test_a_model_whose_candidates_all_fail_only_on_a_probe_is_named():
+  x = jax.random.normal(jax.random.key(3), (2, T, D))
+  _, positions, mask = _inputs(0)
+  variables = LinenAttention().init(jax.random.key(1), x, positions, mask)
+  reversed_positions = positions[:, ::-1]  # not what the mask says: the models need not agree
+  with pytest.raises(lb.checkpoint.CheckpointError) as error:
+    lb.checkpoint.linen_to_nnx(
+      LinenAttention(),
+      variables,
+      Attention(nnx.Rngs(0)),
+      x,
+      positions,
+      mask,
+      probes=[((x, reversed_positions, mask), {})],
+    )
+  message = str(error.value)
+  assert "candidate conversions reproduce the Linen model's output on the sample" in message
+  assert "probe 1 (given by probes=)" in message and "probes=0" in message
 
 
 # --- probes= given by the user ----------------------------------------------------------------

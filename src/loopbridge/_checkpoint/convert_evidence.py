@@ -44,6 +44,7 @@ from .._core.buffers import is_traced
 from .._core.errors import CheckpointError
 from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
 from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
+from .convert_enclosing import by_enclosing
 from .convert_match import MAX_OPTIONS, Pair, unit_mapping
 from .convert_moves import Axes, to_linen, to_nnx
 from .convert_probes import PROBES, SAMPLE, Input, make_inputs, probes_only_message, same_array
@@ -456,6 +457,8 @@ class Sides:
     self.tol = default_tolerance(precision=precision)  # the runs are under check_context
     self.probes = probes  # a count to draw, or the user's inputs (`convert_probes`)
     self._inputs: list[Input] | None = None
+    # Modules (source paths) whose candidates reproduced the sample but none a probe.
+    self.off_sample: list[tuple[Path, Input]] = []
     self._source_runs: list[Ran] | None = None
 
   def convert(self, pairs: tp.Sequence[Pair], axes: Axes) -> dict[Key, Value]:
@@ -498,6 +501,12 @@ class Sides:
       if isinstance(size, int) and size > 1 and record.args:
         found.append((record.args[0], size))
     return lambda leaf: min((n for a, n in found if same_array(a, leaf)), default=None)
+
+  def note_off_sample(self, path: Path, rejected: tp.Iterable[str]) -> None:
+    """Note a module none of whose candidates agreed, where one failed only on a probe."""
+    probe = next((i for i in self.inputs if i.name != SAMPLE and i.name in set(rejected)), None)
+    if probe is not None:
+      self.off_sample.append((path, probe))
 
   def run_target(self, values: tp.Mapping[Key, Value], given: Input) -> Ran:
     return self._run(not self.forward, values, given)
@@ -560,6 +569,9 @@ def decide(pairs: list[Pair], sides: Sides, axis_options: AxisOptions) -> Verdic
     groups.setdefault(pair.key, []).append(i)
   open_keys = [k for k, idx in groups.items() if len(pairs[idx[0]].options) > 1]
   decided_by, narrowed = _by_module(pairs, groups, open_keys, sides, refs)
+  # What its own module could not decide, the module around it may, layer by layer.
+  agrees = lambda ref, got: agreement(ref, got, sides.tol) is not None  # noqa: E731
+  by_enclosing(pairs, groups, open_keys, sides, refs, decided_by, narrowed, agrees)
   open_keys = [k for k in open_keys if k not in decided_by]
   final = _by_model(pairs, groups, open_keys, sides, axis_options, refs, decided_by, narrowed)
   return _final_check(pairs, sides, refs, final, decided_by)
@@ -603,7 +615,9 @@ def _by_module(
           if not any(_same_values(values, v) for _, v in agreeing):
             agreeing.append((option, values))
     except Exception:  # the module does not run alone on these inputs: the model decides
-      agreeing = []
+      agreeing, rejected = [], []
+    if not agreeing:
+      sides.note_off_sample(sides.source_path(pair), rejected)
     pair.chosen = agreeing[0][0] if len(agreeing) == 1 else 0
     if len(agreeing) == 1:
       decided_by[key] = ("module", _ruled_out(rejected, sides.inputs))
@@ -641,6 +655,10 @@ def _by_model(
   choices += [list(range(len(axis_options[k]))) for k in axis_keys]
   total = math.prod(len(c) for c in choices)
   lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys, choices)
+  if total > MAX_OPTIONS and sides.off_sample:  # the probes, not the candidates, disagree
+    path, probe = sides.off_sample[0]
+    message = probes_only_message(_source_name(sides), 0, 0, [probe], module=_name(path))
+    raise CheckpointError(message)
   if total > MAX_OPTIONS:
     raise CheckpointError(
       f"{total} combinations of candidates stay open after checking each module alone, too "

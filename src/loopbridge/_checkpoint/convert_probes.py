@@ -193,21 +193,36 @@ def _leaf_name(path: tuple[object, ...]) -> str:
 
 
 def probes_only_message(
-  source: str, agreeing: int, total: int, failed: tp.Sequence[Input], detail: str = ""
+  source: str,
+  agreeing: int,
+  total: int,
+  failed: tp.Sequence[Input],
+  detail: str = "",
+  module: str = "",
 ) -> str:
   """The refusal when candidates reproduce the sample and only probes rule every one out
-  (`detail`: what else to say before the fix, e.g. the open choices)."""
+  (`detail`: what else to say before the fix, e.g. the open choices; `module`: the source
+  module whose own call the candidates were checked on, where it was not the model's)."""
   counts = {i.name: sum(f.name == i.name for f in failed) for i in failed}
   where = "; ".join(
     f"{n} on {next(i for i in failed if i.name == name).describe()}" for name, n in counts.items()
   )
-  head = (
-    f"the conversion reproduces the {source} model's output on the sample arguments but not "
-    f"on {failed[0].describe()}"
-    if total == 1
-    else f"{agreeing} of {total} candidate conversions reproduce the {source} model's output "
-    f"on the sample arguments, but each disagrees on a probe ({where})"
-  )
+  if module:
+    head = (
+      f"candidates for the {source} module `{module}` reproduce its call on the sample "
+      f"arguments, but none agrees on {failed[0].describe()}, so too many stay open for the "
+      f"model's runs"
+    )
+  elif total == 1:
+    head = (
+      f"the conversion reproduces the {source} model's output on the sample arguments but not "
+      f"on {failed[0].describe()}"
+    )
+  else:
+    head = (
+      f"{agreeing} of {total} candidate conversions reproduce the {source} model's output "
+      f"on the sample arguments, but each disagrees on a probe ({where})"
+    )
   return (
     f"{head}. Probes keep what the sample shows to be structure (integer positions, masks) "
     "and vary its data (floats, token ids), so that a degenerate sample cannot decide; yet two "
