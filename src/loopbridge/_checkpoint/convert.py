@@ -34,10 +34,11 @@ from .convert_align import (
   nnx_variables,
   unflatten,
 )
+from .convert_call import check_call
 from .convert_evidence import Check, Sides, Verdict, decide
 from .convert_match import Pair, pair_units, split_classes
 from .convert_moves import Axes, to_linen, to_nnx
-from .convert_probes import ProbeSpec, checked_probes
+from .convert_probes import ProbeSpec
 from .convert_report import ConversionReport
 from .layer_values import is_placeholder
 from .leaf_rules import LeafRule
@@ -59,32 +60,6 @@ class Plan(list[Pair]):
     self.values = verdict.values
     # Whether a given Linen decode cache was converted (the sample call was a decode step).
     self.cache = any(k[0] == CACHE for k in verdict.values) if sides.forward else False
-
-
-def _check_call(
-  linen_module: nn.Module,
-  port: nnx.Module,
-  sample_kwargs: tp.Mapping[str, tp.Any] | None,
-  method: str | None,
-) -> None:
-  """The sample call's `method=` and `sample_kwargs=` name something both models can run."""
-  if sample_kwargs is not None and not isinstance(sample_kwargs, tp.Mapping):
-    raise CheckpointError(
-      f"sample_kwargs= takes the keyword arguments of the sample call as a dict "
-      f"(e.g. {{'train': False}}), got {sample_kwargs!r}."
-    )
-  if method is None:
-    return
-  if not isinstance(method, str):
-    raise CheckpointError(
-      f"method= takes the name of the method both models run (e.g. 'encode'), got {method!r}."
-    )
-  for side, model in (("Linen model", linen_module), ("port", port)):
-    if not callable(getattr(type(model), method, None)):
-      raise CheckpointError(
-        f"method={method!r}: the {side} {type(model).__name__} has no method {method!r}. "
-        "Fix: name a method both models define (the port keeps the Linen method's name)."
-      )
 
 
 def _plan(
@@ -119,8 +94,7 @@ def _plan(
     raise CheckpointError(
       f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
     )
-  _check_call(linen_module, port, sample_kwargs, method)
-  inputs = checked_probes(probes)
+  inputs = check_call(linen_module, port, sample_kwargs, method, probes)
   lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method, cache)
   with_cache = any(k[0] == CACHE for k in stored)
   nunits = nnx_units(port, sample_args, sample_kwargs, method, with_cache)
@@ -128,17 +102,9 @@ def _plan(
   values = source(stored)
   axis_options = {(tp.cast(tuple, u.stack), col): o for u in lunits for col, o in u.axis_options}
   sides = Sides(
-    linen_module,
-    modules,
-    port,
-    sample_args,
-    values,
-    forward,
-    sample_kwargs,
-    method,
-    precision,
-    inputs,
+    linen_module, modules, port, sample_args, values, forward, sample_kwargs, method, precision
   )
+  sides.probes = inputs
   verdict = decide(pairs, sides, axis_options)
   # A class of modules of equal shapes was decided as one pair (every assignment); from
   # here on (the report, an optax state's moves) it is one pair per module again.
@@ -383,11 +349,10 @@ def linen_to_nnx(
       under `jax.default_matmul_precision('highest')`, so a TPU's float32 matmuls (one
       bfloat16 pass by default) cannot blur two candidates; 'model' at their own precision,
       with the looser tolerance that goes with it. The report names it (`tolerance`).
-    probes: the inputs besides the sample that candidates are checked on. None (the default)
-      draws two from the sample: new floats and token ids (integers that index an
-      embedding), the rest kept as given (integer positions, masks, keys), since two correct
-      models need agree only on consistent inputs; `0` or `()` checks on the sample alone; a
-      list `[(args, kwargs), ...]` gives your own (each a call both models take).
+    probes: the inputs besides the sample that candidates are checked on: None draws two
+      (new floats and token ids; integer positions, masks and keys kept as given, since two
+      correct models need agree only on consistent inputs), `0` or `()` none, and
+      `[(args, kwargs), ...]` your own (each a call both models take).
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -561,8 +526,7 @@ def nnx_to_linen(
     precision: what both models run at when candidates are checked: 'highest' (the default)
       or 'model' (their own, with the looser tolerance that goes with it), as for
       `linen_to_nnx`.
-    probes: the inputs besides the sample that candidates are checked on, as for
-      `linen_to_nnx` (None: two drawn; `0` or `()`: none; `[(args, kwargs), ...]`: yours).
+    probes: the inputs besides the sample that candidates are checked on, as for `linen_to_nnx`.
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`

@@ -443,7 +443,6 @@ class Sides:
     sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
     method: str | None = None,
     precision: str = HIGHEST,
-    probes: int | list[tuple[tuple[object, ...], dict[str, object]]] = PROBES,
   ):
     self.linen_module = linen_module
     self.linen_modules = linen_modules
@@ -455,7 +454,8 @@ class Sides:
     self.source = source
     self.forward = to_nnx_direction
     self.tol = default_tolerance(precision=precision)  # the runs are under check_context
-    self.probes = probes  # a count to draw, or the user's inputs (`convert_probes`)
+    # `probes=` checked: a count to draw, or the user's inputs (`convert_probes`).
+    self.probes: int | list[tuple[tuple[object, ...], dict[str, object]]] = PROBES
     self._inputs: list[Input] | None = None
     # Modules (source paths) whose candidates reproduced the sample but none a probe.
     self.off_sample: list[tuple[Path, Input]] = []

@@ -100,6 +100,11 @@ def _is_key(leaf: object) -> bool:
   return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
 
 
+def _is_integer(leaf: object) -> bool:
+  dtype = getattr(leaf, "dtype", None)
+  return _is_array(leaf) and not _is_key(leaf) and jnp.issubdtype(dtype, jnp.integer)
+
+
 def _kind(leaf: object, vocabulary: int | None) -> str | None:
   """'float' (data), 'ids' (token ids) or None (structure: kept as given) for a sample leaf."""
   if not _is_array(leaf) or _is_key(leaf):
@@ -166,7 +171,7 @@ def make_inputs(
   )
   leaves = [leaf for _, leaf in with_paths]
   names = [_leaf_name(path) for path, _ in with_paths]
-  vocab = [vocabulary(leaf) if _is_array(leaf) and not _is_key(leaf) else None for leaf in leaves]
+  vocab = [vocabulary(leaf) if _is_integer(leaf) else None for leaf in leaves]
   kinds = [_kind(leaf, v) for leaf, v in zip(leaves, vocab)]
   for p in range(probes):
     key = jax.random.fold_in(jax.random.key(_SEED), p)
