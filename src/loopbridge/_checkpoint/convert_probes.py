@@ -101,8 +101,9 @@ def _is_key(leaf: object) -> bool:
 
 
 def _is_integer(leaf: object) -> bool:
-  dtype = getattr(leaf, "dtype", None)
-  return _is_array(leaf) and not _is_key(leaf) and jnp.issubdtype(dtype, jnp.integer)
+  if not _is_array(leaf) or _is_key(leaf):
+    return False
+  return bool(jnp.issubdtype(tp.cast(tp.Any, leaf).dtype, jnp.integer))
 
 
 def _kind(leaf: object, vocabulary: int | None) -> str | None:
