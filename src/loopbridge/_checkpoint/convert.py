@@ -35,9 +35,11 @@ from .convert_align import (
   nnx_variables,
   unflatten,
 )
+from .convert_call import check_call
 from .convert_evidence import Check, Sides, Verdict, decide
 from .convert_match import Pair, pair_units, split_classes
 from .convert_moves import Axes, checked_writes, describe_value, to_linen, to_nnx
+from .convert_probes import ProbeSpec
 from .convert_report import ConversionReport, unproven_text
 from .leaf_rules import LeafRule
 
@@ -62,32 +64,6 @@ class Plan(list[Pair]):
     self.cache = any(k[0] == CACHE for k in verdict.values) if sides.forward else False
 
 
-def _check_call(
-  linen_module: nn.Module,
-  port: nnx.Module,
-  sample_kwargs: tp.Mapping[str, tp.Any] | None,
-  method: str | None,
-) -> None:
-  """The sample call's `method=` and `sample_kwargs=` name something both models can run."""
-  if sample_kwargs is not None and not isinstance(sample_kwargs, tp.Mapping):
-    raise CheckpointError(
-      f"sample_kwargs= takes the keyword arguments of the sample call as a dict "
-      f"(e.g. {{'train': False}}), got {sample_kwargs!r}."
-    )
-  if method is None:
-    return
-  if not isinstance(method, str):
-    raise CheckpointError(
-      f"method= takes the name of the method both models run (e.g. 'encode'), got {method!r}."
-    )
-  for side, model in (("Linen model", linen_module), ("port", port)):
-    if not callable(getattr(type(model), method, None)):
-      raise CheckpointError(
-        f"method={method!r}: the {side} {type(model).__name__} has no method {method!r}. "
-        "Fix: name a method both models define (the port keeps the Linen method's name)."
-      )
-
-
 def _plan(
   linen_module: nn.Module,
   port: nnx.Module,
@@ -101,6 +77,7 @@ def _plan(
   cache: tp.Mapping[str, object] | None = None,
   precision: str = HIGHEST,
   prove: bool = True,
+  probes: ProbeSpec = None,
 ) -> tuple[Plan, dict[Key, jax.ShapeDtypeStruct]]:
   """Pair both models' leaves and decide every open candidate by running them (the caller runs
   this under `check_context(precision)`: full float32 matmuls by default, on every backend)."""
@@ -120,7 +97,7 @@ def _plan(
     raise CheckpointError(
       f"rules= takes a list of rules ([lb.checkpoint.split(...), ...]), got {rules!r}."
     )
-  _check_call(linen_module, port, sample_kwargs, method)
+  inputs = check_call(linen_module, port, sample_kwargs, method, probes)
   lunits, stored, modules = linen_units(linen_module, sample_args, sample_kwargs, method, cache)
   with_cache = any(k[0] == CACHE for k in stored)
   nunits = nnx_units(port, sample_args, sample_kwargs, method, with_cache)
@@ -139,6 +116,7 @@ def _plan(
     precision,
     prove,
   )
+  sides.probes = inputs
   verdict = decide(pairs, sides, axis_options)
   # A class of modules of equal shapes was decided as one pair (every assignment); from
   # here on (the report, an optax state's moves) it is one pair per module again.
@@ -314,6 +292,7 @@ def linen_to_nnx(
   precision: tp.Literal["highest", "model"] = HIGHEST,
   check: bool = True,
   copy: bool = True,
+  probes: ProbeSpec = None,
 ) -> ConversionReport:
   """Fill a hand-ported NNX model (and its `nnx.Optimizer`) from Linen variables, in place.
 
@@ -326,8 +305,8 @@ def linen_to_nnx(
   several candidates fit (leaves of equal shapes under other names, a square kernel that may
   be stored transposed, a split's order, a layer axis that cannot be read when the depth
   equals a width, every assignment among modules of equal shapes), both models run on
-  `sample_args` and on probes made from their shapes and dtypes (random values, so that a
-  degenerate sample cannot make a wrong candidate agree), and each candidate is checked
+  `sample_args` and on probes made from them (`probes=`: new values for the sample's data, so
+  that a degenerate sample cannot make a wrong candidate agree), and each candidate is checked
   against Linen on every input, module by module where the modules ran outside transforms,
   else through the model's output; exactly one must agree. The kept conversion is checked the
   same way before anything is written. Every collection is converted (`params` into
@@ -369,6 +348,10 @@ def linen_to_nnx(
       a leaf, the port holds the very arrays given (no second copy on the device), so a
       donating step on the port deletes them; use `variables` and `opt_state` no more after
       that.
+    probes: the inputs besides the sample that candidates are checked on: None draws two
+      (new floats and token ids; integer positions, masks and keys kept as given, since two
+      correct models need agree only on consistent inputs), `0` or `()` none, and
+      `[(args, kwargs), ...]` your own (each a call both models take).
 
   Returns:
     A `ConversionReport` of what went where, how each pair was decided and the error of its
@@ -457,6 +440,7 @@ def linen_to_nnx(
       tp.cast(tp.Mapping[str, object], variables.get(CACHE)),
       precision,
       check,
+      probes,
     )
   targets = nnx_variables(port, cache=pairs.cache)
   writes = checked_writes(targets, pairs.values, "linen_to_nnx", copy)
@@ -504,6 +488,7 @@ def nnx_to_linen(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -516,6 +501,7 @@ def nnx_to_linen(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -527,6 +513,7 @@ def nnx_to_linen(
   method: str | None = None,
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
+  probes: ProbeSpec = None,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
@@ -549,6 +536,7 @@ def nnx_to_linen(
     precision: what both models run at when candidates are checked: 'highest' (the default)
       or 'model' (their own, with the looser tolerance that goes with it), as for
       `linen_to_nnx`.
+    probes: the inputs besides the sample that candidates are checked on, as for `linen_to_nnx`.
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
@@ -583,6 +571,7 @@ def nnx_to_linen(
       sample_kwargs,
       method,
       precision=precision,
+      probes=probes,
     )
   values = pairs.values
   for key, abstract in stored.items():

@@ -45,9 +45,10 @@ from .._core.errors import CheckpointError
 from .._diagnostics.compare_elementwise import compare_arrays
 from .._diagnostics.compare_tolerance import HIGHEST, ToleranceChoice, default_tolerance, is_float
 from .convert_align import CACHE, Key, Value, nnx_variables, unflatten
+from .convert_enclosing import by_enclosing
 from .convert_match import MAX_ASSIGNMENTS, Pair, unit_mapping
 from .convert_moves import Axes, to_linen, to_nnx
-from .convert_probes import Input, make_inputs, same_array
+from .convert_probes import PROBES, SAMPLE, Input, make_inputs, probes_only_message, same_array
 
 Path = tuple[str, ...]
 
@@ -84,16 +85,25 @@ def _linen_apply(
   method: tp.Any,
 ) -> Ran:
   """Linen `apply`, recording each module's first `__call__` whose values are recordable
-  (concrete when eager, the jit body's own under `jax.jit`; never a loop's)."""
+  (concrete when eager, the jit body's own under `jax.jit`; never a loop's). Where modules
+  share a scope (`nn.share_scope`: a feed-forward's einsums under its own path), the path's
+  call is the outermost one, the module that owns the path, not a submodule called inside."""
   records: dict[Path, Record] = {}
+  active: list[Path] = []
 
   def interceptor(next_fun, args, kwargs, context):
-    out = next_fun(*args, **kwargs)
     scope = context.module.scope
-    if scope is not None and context.method_name == "__call__":
-      path = tuple(str(p) for p in scope.path)
-      if path not in records and _recordable((args, kwargs, out)):
-        records[path] = Record(tuple(args), dict(kwargs), out)
+    if scope is None or context.method_name != "__call__":
+      return next_fun(*args, **kwargs)
+    path = tuple(str(p) for p in scope.path)
+    active.append(path)
+    try:
+      out = next_fun(*args, **kwargs)
+    finally:
+      active.pop()
+    inner = path in active  # a call inside another module's call at the same path
+    if not inner and path not in records and _recordable((args, kwargs, out)):
+      records[path] = Record(tuple(args), dict(kwargs), out)
     return out
 
   with nn.intercept_methods(interceptor):
@@ -466,7 +476,11 @@ class Sides:
     self.source = source
     self.forward = to_nnx_direction
     self.tol = default_tolerance(precision=precision)  # the runs are under check_context
+    # `probes=` checked: a count to draw, or the user's inputs (`convert_probes`).
+    self.probes: int | list[tuple[tuple[object, ...], dict[str, object]]] = PROBES
     self._inputs: list[Input] | None = None
+    # Modules (source paths) whose candidates reproduced the sample but none a probe.
+    self.off_sample: list[tuple[Path, Input]] = []
     self._source_runs: list[Ran] | None = None
 
   def convert(self, pairs: tp.Sequence[Pair], axes: Axes) -> dict[Key, Value]:
@@ -490,7 +504,9 @@ class Sides:
     if self._source_runs is None:
       sample = Input("sample", tuple(self.sample_args), dict(self.sample_kwargs))
       first = self._run(self.forward, self.source if self.forward else None, sample)
-      self._inputs = make_inputs(self.sample_args, self.sample_kwargs, self._vocabulary(first))
+      self._inputs = make_inputs(
+        self.sample_args, self.sample_kwargs, self._vocabulary(first), self.probes
+      )
       self._source_runs = [first] + [
         self._run(self.forward, self.source if self.forward else None, given)
         for given in self._inputs[1:]
@@ -499,14 +515,20 @@ class Sides:
 
   def _vocabulary(self, sample_run: Ran) -> tp.Callable[[object], int | None]:
     """An integer sample leaf -> the vocabulary of the embedding whose recorded call took
-    it (`num_embeddings` of flax's `nn.Embed` / `nnx.Embed` and look-alikes)."""
+    it (`num_embeddings` of flax's `nn.Embed` / `nnx.Embed`, or a look-alike's `vocab_size`)."""
     found: list[tuple[object, int]] = []
     for path, record in sample_run[1].items():
       module = self.linen_modules.get(path) if self.forward else _node_at(self.port, path)
-      size = getattr(module, "num_embeddings", None)
+      size = getattr(module, "num_embeddings", getattr(module, "vocab_size", None))
       if isinstance(size, int) and size > 1 and record.args:
         found.append((record.args[0], size))
     return lambda leaf: min((n for a, n in found if same_array(a, leaf)), default=None)
+
+  def note_off_sample(self, path: Path, rejected: tp.Iterable[str]) -> None:
+    """Note a module none of whose candidates agreed, where one failed only on a probe."""
+    probe = next((i for i in self.inputs if i.name != SAMPLE and i.name in set(rejected)), None)
+    if probe is not None:
+      self.off_sample.append((path, probe))
 
   def run_target(self, values: tp.Mapping[Key, Value], given: Input) -> Ran:
     return self._run(not self.forward, values, given)
@@ -569,6 +591,9 @@ def decide(pairs: list[Pair], sides: Sides, axis_options: AxisOptions) -> Verdic
     groups.setdefault(pair.key, []).append(i)
   open_keys = [k for k, idx in groups.items() if len(pairs[idx[0]].options) > 1]
   decided_by, narrowed = _by_module(pairs, groups, open_keys, sides, refs)
+  # What its own module could not decide, the module around it may, layer by layer.
+  agrees = lambda ref, got: agreement(ref, got, sides.tol) is not None  # noqa: E731
+  by_enclosing(pairs, groups, open_keys, sides, refs, decided_by, narrowed, agrees)
   open_keys = [k for k in open_keys if k not in decided_by]
   final = _by_model(pairs, groups, open_keys, sides, axis_options, refs, decided_by, narrowed)
   return _final_check(pairs, sides, refs, final, decided_by)
@@ -612,7 +637,9 @@ def _by_module(
           if not any(_same_values(values, v) for _, v in agreeing):
             agreeing.append((option, values))
     except Exception:  # the module does not run alone on these inputs: the model decides
-      agreeing = []
+      agreeing, rejected = [], []
+    if not agreeing:
+      sides.note_off_sample(sides.source_path(pair), rejected)
     pair.chosen = agreeing[0][0] if len(agreeing) == 1 else 0
     if len(agreeing) == 1:
       decided_by[key] = ("module", _ruled_out(rejected, sides.inputs))
@@ -650,6 +677,10 @@ def _by_model(
   choices += [list(range(len(axis_options[k]))) for k in axis_keys]
   total = math.prod(len(c) for c in choices)
   lines = _open_lines(pairs, groups, open_keys, axis_options, axis_keys, choices)
+  if total > MAX_MODEL_RUNS and sides.off_sample:  # the probes, not the candidates, disagree
+    path, probe = sides.off_sample[0]
+    message = probes_only_message(_source_name(sides), 0, 0, [probe], module=_name(path))
+    raise CheckpointError(message)
   if total > MAX_MODEL_RUNS:
     raise CheckpointError(
       f"{total} combinations of candidates stay open after checking each module alone, more "
@@ -686,6 +717,11 @@ def _by_model(
     axes = {k: axis_options[k][o] for k, o in zip(axis_keys, combo[len(open_keys) :])}
     values = sides.convert(pairs, axes)
     return _run_all(sides, values, refs)[0], axes, values
+  on_probes = [i for name in rejected for i in sides.inputs if i.name == name != SAMPLE]
+  if not agreeing and on_probes:
+    source = _source_name(sides)
+    detail = f"The open choices:\n{lines}\n"
+    raise CheckpointError(probes_only_message(source, len(on_probes), total, on_probes, detail))
   if not agreeing:
     raise CheckpointError(
       f"no candidate conversion reproduces the {_source_name(sides)} model's output on the "
@@ -783,14 +819,12 @@ def _final_check(
       if first_bad is not None
       else ""
     )
-    on = (
-      "the sample arguments"
-      if failed == "sample"
-      else f"{failed} (an input made from the sample's shapes)"
-    )
+    given = next(i for i in sides.inputs if i.name == (failed or SAMPLE))
+    if given.name != SAMPLE:
+      raise OutputMismatch(probes_only_message(_source_name(sides), 1, 1, [given], where))
     raise OutputMismatch(
       f"the converted {'port' if sides.forward else 'Linen model'} does not reproduce the "
-      f"{_source_name(sides)} model's output on {on}.{where} Fix: check the "
+      f"{_source_name(sides)} model's output on the sample arguments.{where} Fix: check the "
       "port with lb.compare; if it stores arrays otherwise (split, fused, reshaped, "
       "transposed, renamed), pass rules=[...]; if modules pair wrongly, pass mapping=. "
       + (LOAD_ANYWAY if sides.forward else "")

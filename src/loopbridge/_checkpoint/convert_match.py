@@ -5,8 +5,10 @@ The units of both models (`convert_align`) are paired in this order:
 2. module-level `mapping=` entries pair the units below them (an entry whose units stay
    unpaired is an error naming it);
 3. units with the same path pair; then units with the same shapes, in call order;
-4. what is left is grouped under the deepest module path both sides share, and each group's
-   leaves are matched by leaf transforms (`leaf_rules`: split, fuse, reshape, transpose).
+4. what is left is grouped under the deepest module path both sides share (numbered layers
+   named otherwise, `layer_0` and a list's `layers/0`, pair by number: `numbered_layers`), and
+   each group's leaves are matched by leaf transforms (`leaf_rules`: split, fuse, reshape,
+   transpose).
 
 Within a pair, leaves with the same name pair. Where leaves of equal shapes have other names,
 or a group admits several transforms, every candidate is kept (`Pair.options`) for
@@ -25,6 +27,7 @@ from .._core.errors import CheckpointError
 from .._core.site import linen_key
 from .convert_align import Leaf, LeafName, Unit
 from .leaf_rules import Fuse, LeafRule, Rename, Reshape, Split, Transpose, match
+from .numbered_layers import aliased, numbered_aliases
 
 # More candidates than this for one pair: the error asks for a rule instead of trying them.
 MAX_OPTIONS = 64
@@ -404,16 +407,24 @@ def _group_pairs(
   share, matched by leaf transforms; and the units left over."""
   pairs: list[Pair] = []
   free_l, free_n = list(lunits), list(nunits)
+  # Numbered layers of both sides (`layer_0` and the list entry `layers/0`) pair by number,
+  # so each layer's leftovers are matched within it (`numbered_layers`).
+  aliases = numbered_aliases(
+    free_l,
+    [_rel_name(u.path[len(lp) :]) for u in free_l],
+    free_n,
+    [_rel_name(u.path[len(np_) :]) for u in free_n],
+  )
   # Each Linen unit's deepest prefix that names an NNX module holding free units (per layer).
   prefixes: dict[tuple[tuple[str, ...], int | None], list[Unit]] = {}
   for lu in free_l:
     for n in range(len(lu.path), len(lp) - 1, -1):
-      name = _rel_name(lu.path[len(lp) : n])
+      name = aliased(_rel_name(lu.path[len(lp) : n]), aliases)
       if any(nu.layer == lu.layer and _named_under(nu.path[len(np_) :], name) for nu in free_n):
         prefixes.setdefault((lu.path[:n], lu.layer), []).append(lu)
         break
   for (prefix, layer), group_l in sorted(prefixes.items(), key=lambda kv: -len(kv[0][0])):
-    name = _rel_name(prefix[len(lp) :])
+    name = aliased(_rel_name(prefix[len(lp) :]), aliases)
     group_n = [nu for nu in free_n if nu.layer == layer and _named_under(nu.path[len(np_) :], name)]
     group_l = [u for u in group_l if any(u is f for f in free_l)]
     if not group_l or not group_n:

@@ -39,14 +39,15 @@ class Placement:
       modules (several leaves joined with ', ' for a split or a fuse).
     transforms: the leaf rules that are not a plain copy, as `lb.checkpoint` calls.
     decided: "unique" (one candidate fitted), or what chose among several: "module" (the
-      module alone run on its recorded inputs) or "model" (the whole model run).
+      module alone run on its recorded inputs, or the one enclosing it in its layer where
+      it cannot run alone) or "model" (the whole model run).
     candidates: how many candidates there were.
     checked: "module" (the pair's own outputs compared) or "model" (checked through the
       model's output, e.g. inside a scanned stack).
     max_abs_error: the largest absolute difference of that check.
     probes: the inputs that ruled the other candidates out ("sample", "probe 1", ...: the
-      evidence runs on the sample arguments and on probes made from their shapes and dtypes);
-      empty for a unique candidate.
+      evidence runs on the sample arguments and on probes made from them or given by
+      `probes=`); empty for a unique candidate.
   """
 
   linen: str
