@@ -62,10 +62,12 @@ def test_the_porting_guide_states_compare_s_default_tolerance():
   variables = linen.init(jax.random.key(0), x)
   port = nnx.Linear(4, 3, rngs=nnx.Rngs(1))
   port.kernel.value = variables["params"]["kernel"]
+  assert port.bias is not None
   port.bias.value = variables["params"]["bias"]
   report = lb.compare((linen, variables), port, x)
   assert report.ok, report
   used = report.default_tolerance
+  assert used is not None  # no rtol=/atol= given: the default was used
 
   page = "migration_guides/porting_and_checking.md"
   text = _paragraph(page, "The `tolerance:` line says which default was used")
