@@ -21,6 +21,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   ).strip()
 
 from sybil import Sybil
+from sybil.integration.pytest import SybilItem
 from sybil.parsers.markdown import PythonCodeBlockParser
 
 pytest_collect_file = Sybil(
@@ -40,8 +41,28 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "slow: left out of a plain run (see tests/conftest.py)")
 
 
+def whole_traceback_on_index_error(sybil_filter):
+  """sybil's traceback filter, showing the traceback whole where it cannot re-root it.
+
+  sybil's pytest item re-roots a failure's traceback at the frame below its own example frame
+  and assumes there is one: where the example frame is the deepest, building the report raises
+  IndexError, and under pytest-xdist that stops the worker with an INTERNALERROR that hides the
+  block's own error (sybil 10.1, simplistix/sybil#118).
+  """
+
+  def traceback_filter(excinfo):
+    try:
+      return sybil_filter(excinfo)
+    except IndexError:
+      return excinfo.traceback
+
+  return traceback_filter
+
+
 @pytest.hookimpl(tryfirst=True)  # before the slow tests are deselected and `-m` filters
 def pytest_collection_modifyitems(items):
   for item in items:
     if item.path.name in SLOW_GUIDES:
       item.add_marker(pytest.mark.slow)
+    if isinstance(item, SybilItem):
+      item._traceback_filter = whole_traceback_on_index_error(item._traceback_filter)

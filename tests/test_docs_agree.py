@@ -38,3 +38,57 @@ def test_pages_listing_the_command_line_list_every_subcommand():
     entry = next(p for p in text.split("\n- ") if "The command line" in p)
     missing = [n for n in names if f"`loopbridge {n}`" not in entry]
     assert not missing, f"{page} leaves out {missing}: {entry!r}"
+
+
+def _paragraph(page: str, start: str) -> str:
+  """The paragraph of `page` that begins with `start`, whitespace collapsed."""
+  text = (ROOT / page).read_text()
+  paragraph = text[text.index(start) :].split("\n\n", 1)[0]
+  return " ".join(paragraph.split())
+
+
+def test_the_porting_guide_states_compare_s_default_tolerance():
+  """The porting guide's tolerance paragraph against what `lb.compare` reports it used on a
+  port equal to its Linen original: the precision both models ran at, and float32's default."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  import loopbridge as lb
+
+  x = jnp.ones((2, 4))
+  linen = nn.Dense(3)
+  variables = linen.init(jax.random.key(0), x)
+  port = nnx.Linear(4, 3, rngs=nnx.Rngs(1))
+  port.kernel.value = variables["params"]["kernel"]
+  assert port.bias is not None
+  port.bias.value = variables["params"]["bias"]
+  report = lb.compare((linen, variables), port, x)
+  assert report.ok, report
+  used = report.default_tolerance
+  assert used is not None  # no rtol=/atol= given: the default was used
+
+  page = "migration_guides/porting_and_checking.md"
+  text = _paragraph(page, "The `tolerance:` line says which default was used")
+  assert used.precision == "highest"
+  default = (
+    'By default `lb.compare` runs both models under `jax.default_matmul_precision("highest")`'
+  )
+  assert default in text, text
+  # The advice to wrap the call is what the default makes unnecessary.
+  assert "inside `with jax.default_matmul_precision" not in (ROOT / page).read_text()
+  stated = re.search(r"float32's own default tolerance: ([0-9.e+-]+) on a CPU", text)
+  assert stated, text
+  if used.backend == "cpu":
+    assert float(stated.group(1)) == used.rtol == used.atol, (stated.group(1), used)
+  else:
+    assert used.rtol >= float(stated.group(1)), used  # "wider" elsewhere
+
+
+def test_user_docs_name_no_private_module():
+  pages = [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+  pages += [*(ROOT / "migration_guides").glob("*.md"), *(ROOT / "docs").glob("**/*.md")]
+  private = re.compile(r"\b(?:loopbridge|lb)\._\w+")
+  found = {str(p.relative_to(ROOT)): private.findall(p.read_text()) for p in pages}
+  assert not {page: names for page, names in found.items() if names}

@@ -4,7 +4,7 @@ modules, unchanged, at small configurations, each checked against Linen's own `a
 Needs `transformers==4.57.1` (the last release with Flax) and `diffusers==0.36.0`, installed by
 `.ci/run`'s slow job (skipped where they are absent). A class that does not draft equal yet is a
 strict xfail whose reason is what stops it: when the drafter learns the construct, the test
-fails until the mark is removed, so the table in the README stays true.
+fails until the mark is removed, so the table in benchmarks/README.md stays true.
 
 Run: `python -m pytest -q -m slow tests/test_port_realcode.py`.
 """

@@ -38,10 +38,10 @@ def test_every_tested_pair_passes_the_check(path):
   assert _compat.broken_pair_message(pins["flax"], pins["jax"]) is None
 
 
-def test_the_four_tested_pairs_are_there():
+def test_the_five_tested_pairs_are_there():
   pairs = {(p["flax"], p["jax"]) for p in map(_pinned, TESTED)}
   assert pairs == {("0.10.2", "0.5.3"), ("0.11.2", "0.7.1"), ("0.12.0", "0.8.0"),
-                   ("0.12.8", "0.10.2")}  # fmt: skip
+                   ("0.12.8", "0.10.2"), ("0.12.12", "0.12.1")}  # fmt: skip
 
 
 def test_readme_lists_every_constraints_file():
@@ -59,7 +59,10 @@ def test_readme_lists_every_constraints_file():
     ("0.11.0", "0.8.0", "constraints/flax-0.11.txt"),  # 0.11.0 needs jax._src.core.mutable_array
     ("0.12.0", "0.9.2", "constraints/flax-0.12.0.txt"),
     ("0.12.0", "0.10.2", "constraints/flax-0.12.0.txt"),
-    ("0.12.8", "0.11.2", "install flax 0.12.10"),  # a GPU image's jax under pip's flax
+    ("0.12.8", "0.11.2", "constraints/py313-newest.txt"),  # a GPU image's jax under pip's flax
+    ("0.12.8", "0.12.1", "constraints/py313-newest.txt"),  # the newest jax under an older flax
+    ("0.12.4", "0.12.1", "constraints/py313-newest.txt"),
+    ("0.12.9", "0.12.1", "constraints/py313-newest.txt"),
   ],
 )
 def test_broken_pair_names_the_pair_and_the_fix(flax, jax, fix):
@@ -79,6 +82,8 @@ def test_broken_pair_names_the_pair_and_the_fix(flax, jax, fix):
     ("0.12.0", "0.8.3"),
     ("0.12.1", "0.10.2"),
     ("0.12.10", "0.11.2"),  # the GPU image's pair
+    ("0.12.10", "0.12.1"),
+    ("0.12.12", "0.12.1"),  # the newest pair (constraints/py313-newest.txt)
   ],
 )
 def test_pairs_that_import_pass(flax, jax):

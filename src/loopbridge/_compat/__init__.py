@@ -1,7 +1,7 @@
 """Every difference between the supported flax versions, in one place.
 
-Supported: every flax minor from 0.10.2 + jax 0.5.3 (what openpi pins) through flax 0.12.8 +
-jax 0.10.2; the tested pairs are the files in `constraints/` (README, "Supported versions").
+Supported: every flax minor from 0.10.2 + jax 0.5.3 (what openpi pins) through flax 0.12.12 +
+jax 0.12.1; the tested pairs are the files in `constraints/` (README, "Supported versions").
 Each function below hides exactly one difference and tests for the capability itself (a
 signature, an attribute), not the version number; the comment says which versions differ and
 how. Code elsewhere in the package never checks a version itself (`tests/test_layering.py`).

@@ -23,11 +23,17 @@ def version_tuple(version: str) -> tuple[int, ...]:
 # removed what `from flax import nnx` imports (jax internals); the import then fails deep inside
 # flax. Each row: (flax from, flax up to, first jax known to break it, the fix).
 #   flax 0.11.0 imports `jax._src.core.mutable_array`, gone in jax 0.8.0;
-#   flax 0.11.1 to 0.12.0 fall back to it when `jax.array_ref` is missing, both gone in jax 0.9.0.
-#   flax 0.12.8 does not import with jax 0.11.2 (seen on a GPU image; 0.11.0 and 0.11.1 untried);
-#   flax 0.12.10 does, and loopbridge's suite passes on that pair (README, "Supported versions").
+#   flax 0.11.1 to 0.12.0 fall back to it when `jax.array_ref` is missing, both gone in jax 0.9.0;
+#   flax 0.12.1 to 0.12.7 read `jax.core.Effect`, gone in jax 0.12.1 (0.12.0 untried);
+#   flax 0.12.8 does not import with jax 0.11.2 (0.11.0 and 0.11.1 untried), nor flax 0.12.9
+#   with jax 0.12.1 (`jax.experimental.hijax.HiPrimitive` gone; 0.11 untried);
+#   flax 0.12.10 imports with jax 0.11.2 and 0.12.1, flax 0.12.12 with jax 0.12.1, and
+#   loopbridge's suite passes on flax 0.12.12 + jax 0.12.1 (constraints/py313-newest.txt).
 # flax 0.10.2 (jax 0.5.3) and 0.12.1 on (flax asks for jax >= 0.8.1) import with jax 0.10.2.
 _BELOW = "install jax and jaxlib below {} as in the tested pair (constraints/{})"
+_NEWEST = (
+  "install flax 0.12.12 with jax 0.12.1 as in the tested pair (constraints/py313-newest.txt)"
+)
 _BROKEN_PAIRS: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], str], ...] = (
   (
     (0, 11, 0),
@@ -48,10 +54,22 @@ _BROKEN_PAIRS: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], st
     _BELOW.format("0.9.0", "flax-0.12.0.txt: flax 0.12.0, jax 0.8.0"),
   ),
   (
+    (0, 12, 1),
+    (0, 12, 7),
+    (0, 12, 1),
+    _NEWEST,
+  ),
+  (
     (0, 12, 8),
     (0, 12, 8),
     (0, 11, 2),
-    "install flax 0.12.10 (tested with jax 0.11.2 by hand, on a GPU)",
+    _NEWEST,
+  ),
+  (
+    (0, 12, 9),
+    (0, 12, 9),
+    (0, 12, 1),
+    _NEWEST,
   ),
 )
 
