@@ -48,6 +48,7 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
+from .transforms.module_globals import read_through_modules
 
 
 def _init_kwargs(
@@ -418,7 +419,8 @@ def draft(
     f'"""NNX port of {type(linen_module).__module__}.{type(linen_module).__qualname__}, '
     'drafted from its Linen source."""\n\n'
   )
-  text = header + "\n".join(imports(body, homes)) + "\n\n\n" + body + "\n"
+  body, by_module = read_through_modules(body, homes)
+  text = header + "\n".join(sorted({*imports(body, homes), *by_module})) + "\n\n\n" + body + "\n"
   filename = os.path.join(os.path.dirname(root_source.file), "_nnx_port_draft.py")
   text = format_source(text, filename)
   init_kwargs = _init_kwargs(linen_module, (), ctx)
