@@ -35,6 +35,7 @@ from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
 from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
+from .transforms import call_time_args
 from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
 
@@ -449,6 +450,9 @@ class Rewriter:
       self._mark(why)
       return updated
     ref = f"self.{hoist.attr}[{index}]" if hoist.is_list else f"self.{hoist.attr}"
+    if hoist.call_settings:
+      lines = call_time_args.statements(ref, hoist.call_settings)
+      self.before.setdefault(id(self.stack[-1]), []).extend(map(c.parse_statement, lines))
     self.p.hoisted_code[id(original)] = code
     self.p.change(
       site.lines,

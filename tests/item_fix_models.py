@@ -1,0 +1,67 @@
+"""Small Linen models, written the way real code writes them, for the drafting fixes of
+`test_port_item_fixes.py` (the draft reads their source from this file)."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+SCALE = 3.0  # a module setting a program may rebind at startup
+
+
+class ScaledByGlobal(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(x) * SCALE
+
+
+class ScanBlock(nn.Module):
+  @nn.compact
+  def __call__(self, c, _):
+    return jnp.tanh(nn.Dense(8)(c)), None
+
+
+class ScanSameInit(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(ScanBlock, variable_axes={"params": 0}, split_rngs={"params": False}, length=3)
+    return stack(name="s")(x, None)[0]
+
+
+class ScanSplitInit(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    stack = nn.scan(ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)
+    return stack(name="s")(x, None)[0]
+
+
+class EpsFromCall(nn.Module):
+  @nn.compact
+  def __call__(self, x, eps: float = 1e-6):
+    return nn.LayerNorm(epsilon=eps)(x)
+
+
+class DtypeFromInput(nn.Module):
+  width: int = 3
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.width, dtype=x.dtype)(x)
+
+
+class ReductionFromRank(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.LayerNorm(reduction_axes=tuple(range(1, x.ndim)))(x)
+
+
+class PaddingFromFlag(nn.Module):
+  width: int = 4
+
+  @nn.compact
+  def __call__(self, x, same: bool = True):
+    return nn.Conv(self.width, (3,), padding="SAME" if same else "VALID")(x)
+
+
+class MomentumFromCall(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool = False, momentum: float = 0.9):
+    return nn.BatchNorm(use_running_average=not train, momentum=momentum)(x)

@@ -1,0 +1,107 @@
+"""Drafting defects, each on a small Linen model written as real code writes it
+(`item_fix_models.py`), checked against Linen's own apply on both flax ends."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+
+pytest.importorskip("libcst")
+
+import item_fix_models as models
+
+
+def _normal(seed, *shape):
+  return jax.random.normal(jax.random.key(seed), shape)
+
+
+def _close(got, want, tol=1e-5):
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol), got, want)
+
+
+# --- silently wrong before: the port must follow what Linen follows -------------------------
+
+
+def test_a_module_setting_rebound_after_import_is_followed_by_the_port(monkeypatch):
+  x = _normal(0, 2, 4)
+  draft = lb.port.draft(models.ScaledByGlobal(), x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  monkeypatch.setattr(models, "SCALE", 5.0)  # a config applied at startup
+  _close(port(x), models.ScaledByGlobal().apply(variables, x))
+  assert "item_fix_models.SCALE" in draft.source
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_scanned_stack_starts_from_the_draws_linen_gives_its_layers(split):
+  """split_rngs={'params': False}: Linen's fresh layers are identical; so are the port's.
+  Split: both give each layer its own."""
+  x = jnp.ones((2, 8))
+  model = models.ScanSplitInit() if split else models.ScanSameInit()
+  kernel = model.init(jax.random.key(0), x)["params"]["s"]["Dense_0"]["kernel"]
+  draft = lb.port.draft(model, x)
+  assert draft.ok, draft.report()
+  fresh = np.asarray(draft.build(rngs=nnx.Rngs(0)).s.Dense_0.kernel[...])
+  linen_same = bool(np.all(kernel[0] == kernel[1]))
+  assert linen_same is (not split)
+  assert bool(np.all(fresh[0] == fresh[1])) is linen_same
+  assert bool(np.all(fresh[1] == fresh[2])) is linen_same
+
+
+def test_a_layer_setting_read_from_a_call_argument_follows_every_call():
+  x = _normal(0, 2, 4) * 0.01
+  draft = lb.port.draft(models.EpsFromCall(), x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  x2 = _normal(1, 3, 4) * 0.01
+  for eps in (1e-2, 1e-6, 0.5):
+    _close(port(x2, eps=eps), models.EpsFromCall().apply(variables, x2, eps=eps))
+
+
+@pytest.mark.parametrize("width", [3, 6])
+def test_a_dtype_read_from_the_input_follows_the_input(width):
+  model = models.DtypeFromInput(width=width)
+  draft = lb.port.draft(model, _normal(0, 2, 4))
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  x16 = _normal(1, 2, 4).astype(jnp.bfloat16)
+  got, want = port(x16), model.apply(variables, x16)
+  assert got.dtype == want.dtype == jnp.bfloat16
+  _close(got.astype(jnp.float32), want.astype(jnp.float32), tol=1e-2)
+
+
+def test_reduction_axes_read_from_the_input_rank_follow_the_rank():
+  draft = lb.port.draft(models.ReductionFromRank(), _normal(0, 2, 3, 4))
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  x4 = _normal(1, 2, 5, 3, 4)
+  _close(port(x4), models.ReductionFromRank().apply(variables, x4))
+
+
+@pytest.mark.parametrize("width", [4, 8])
+def test_padding_chosen_by_a_call_flag_follows_the_flag(width):
+  model = models.PaddingFromFlag(width=width)
+  x = _normal(0, 2, 7, 3)
+  draft = lb.port.draft(model, x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  for same in (False, True):
+    got, want = port(x, same=same), model.apply(variables, x, same=same)
+    assert got.shape == want.shape
+    _close(got, want)
+
+
+def test_batch_norm_momentum_read_from_the_call_updates_the_statistics_as_linen():
+  x = _normal(0, 4, 3)
+  draft = lb.port.draft(models.MomentumFromCall(), x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  x2 = _normal(1, 4, 3) + 2.0
+  out, updates = models.MomentumFromCall().apply(
+    variables, x2, train=True, momentum=0.5, mutable=["batch_stats"]
+  )
+  _close(port(x2, train=True, momentum=0.5), out)
+  _close(port.BatchNorm_0.mean[...], updates["batch_stats"]["BatchNorm_0"]["mean"])
