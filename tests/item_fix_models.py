@@ -1,6 +1,8 @@
 """Small Linen models, written the way real code writes them, for the drafting fixes of
 `test_port_item_fixes.py` (the draft reads their source from this file)."""
 
+import typing as tp
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -65,3 +67,45 @@ class MomentumFromCall(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool = False, momentum: float = 0.9):
     return nn.BatchNorm(use_running_average=not train, momentum=momentum)(x)
+
+
+class NamedInner(nn.Module):
+  width: int = 3
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(self.width)(x)
+    if self.name.startswith("enc"):  # behaviour chosen by the module's name
+      h = h * 2
+    return h
+
+
+class ChoosesByName(nn.Module):
+  width: int = 3
+
+  @nn.compact
+  def __call__(self, x):
+    return NamedInner(self.width, name="encoder")(x) + NamedInner(self.width, name="decoder")(x)
+
+
+class PartitionedDense(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    init = nn.with_partitioning(nn.initializers.lecun_normal(), (None, "model"))
+    return nn.Dense(8, kernel_init=init)(x)
+
+
+class DenseBase(nn.Module):
+  features: int = 4
+  dtype: tp.Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features, dtype=self.dtype)(x)
+
+
+class ScaledChild(DenseBase):
+  scale: float = 2.0
+
+  def __call__(self, x):
+    return super().__call__(x) * self.scale

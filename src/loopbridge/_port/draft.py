@@ -48,7 +48,9 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
+from .transforms import user_base_class
 from .transforms.module_globals import read_through_modules
+from .transforms.module_name import keep_name
 
 
 def _init_kwargs(
@@ -471,9 +473,12 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
     )
     if why is not None:
       return fallback_port(src, why)
+  inherited = user_base_class.reason(src.cls)
+  if inherited is not None:
+    return fallback_port(src, inherited)
   helpers = set(ctx.helpers)
   try:
-    port = as_properties(keep_params(port_class(src, ctx), ctx), ctx)
+    port = keep_name(as_properties(keep_params(port_class(src, ctx), ctx), ctx))
   except PortError:
     raise
   except Exception as e:  # a defect of the drafter: the rest of the model still drafts
