@@ -4,6 +4,7 @@
 import typing as tp
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 SCALE = 3.0  # a module setting a program may rebind at startup
@@ -109,3 +110,35 @@ class ScaledChild(DenseBase):
 
   def __call__(self, x):
     return super().__call__(x) * self.scale
+
+
+class GruStep(nn.Module):
+  width: int = 5
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.Dense(self.width)(x)
+    h, y = nn.GRUCell(self.width)(h, x)
+    return y
+
+
+class GruSequence(nn.Module):
+  width: int = 5
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.RNN(nn.GRUCell(self.width))(x)
+
+
+class LstmByHand(nn.Module):
+  width: int = 6
+
+  @nn.compact
+  def __call__(self, x):
+    cell = nn.LSTMCell(self.width)
+    carry = cell.initialize_carry(jax.random.key(0), x[:, 0].shape)
+    outs = []
+    for t in range(x.shape[1]):
+      carry, y = cell(carry, x[:, t])
+      outs.append(y)
+    return jnp.stack(outs, 1)

@@ -141,3 +141,23 @@ def test_a_subclass_of_a_user_linen_class_is_one_todo_naming_the_base():
   assert "subclasses the Linen class DenseBase" in todo.reason
   assert "Write the port by hand" in todo.reason
   compile(draft.source, "port.py", "exec")
+
+
+@pytest.mark.parametrize("width", [5, 7])
+def test_a_gru_cell_steps_and_runs_under_nnx_rnn(width):
+  x = _normal(0, 2, 3, 4)
+  for model, args in ((models.GruStep(width=width), (x[:, 0],)), (models.GruSequence(width), (x,))):
+    draft = lb.port.draft(model, *args)
+    assert draft.ok, draft.report()
+    port, variables = draft.port_and_variables()
+    _close(port(*args), model.apply(variables, *args))
+
+
+@pytest.mark.parametrize("width", [6, 3])
+def test_a_cells_initialize_carry_through_a_local_takes_nnx_argument_order(width):
+  model = models.LstmByHand(width=width)
+  x = _normal(0, 2, 3, 4)
+  draft = lb.port.draft(model, x)
+  assert draft.ok, draft.report()
+  port, variables = draft.port_and_variables()
+  _close(port(x), model.apply(variables, x))
