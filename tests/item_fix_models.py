@@ -142,3 +142,21 @@ class LstmByHand(nn.Module):
       carry, y = cell(carry, x[:, t])
       outs.append(y)
     return jnp.stack(outs, 1)
+
+
+class NormOverTwoAxes(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.LayerNorm(reduction_axes=(-2, -1), feature_axes=(-2, -1))(x)
+
+
+class BatchNormOverTwoAxes(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    return nn.BatchNorm(use_running_average=not train, axis=(-2, -1))(x)
+
+
+class FrozenBatchNormOverTwoAxes(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    return nn.BatchNorm(use_running_average=True, axis=(-2, -1))(x)

@@ -161,3 +161,21 @@ def test_a_cells_initialize_carry_through_a_local_takes_nnx_argument_order(width
   assert draft.ok, draft.report()
   port, variables = draft.port_and_variables()
   _close(port(x), model.apply(variables, x))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (4, 5, 2)])
+def test_normalization_over_two_feature_axes_holds_the_whole_feature_shape(shape):
+  x = _normal(0, *shape)
+  for model in (models.NormOverTwoAxes(), models.FrozenBatchNormOverTwoAxes()):
+    draft = lb.port.draft(model, x)
+    assert draft.ok, draft.report()
+    port, variables = draft.port_and_variables()
+    _close(port(x), model.apply(variables, x))
+
+
+def test_batch_norm_over_two_axes_that_may_train_is_a_todo():
+  """NNX's BatchNorm cannot update flat statistics with (3, 4)-shaped batch ones."""
+  draft = lb.port.draft(models.BatchNormOverTwoAxes(), _normal(0, 4, 3, 2))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "nn.BatchNorm over several axes" in todo.reason

@@ -15,6 +15,7 @@ from .names import available, loop_targets, names_in
 from .source import libcst
 from .trace import Instance
 from .transforms.call_time_args import call_time_setting
+from .transforms.norm_feature_axes import batch_norm_refused
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -255,6 +256,10 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   # configuration that did (their values come from there too, `Planner.traced`).
   kids = kids or planner.alt_made(hoist)
   widths_seen = layer.widths(kids[0]) if kids else {}
+  if layer.nnx_name == "BatchNorm":
+    why = batch_norm_refused(kids, values, hoist.call_kwargs)
+    if why is not None:
+      return None, why
   given = {layer.renames.get(f, f): f for f in values if f not in layer.consumed}
   overridden: set[str] = set()
   for name in widths_seen:
