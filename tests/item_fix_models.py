@@ -160,3 +160,17 @@ class FrozenBatchNormOverTwoAxes(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.BatchNorm(use_running_average=True, axis=(-2, -1))(x)
+
+
+class UNetish(nn.Module):
+  width: int = 4
+
+  @nn.compact
+  def __call__(self, x):
+    skips = []
+    for _ in range(2):
+      x = nn.relu(nn.Dense(self.width)(x))
+      skips.append(x)
+    for s in reversed(skips):
+      x = nn.relu(nn.Dense(self.width)(jnp.concatenate([x, s], -1)))
+    return x

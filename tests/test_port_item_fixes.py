@@ -179,3 +179,18 @@ def test_batch_norm_over_two_axes_that_may_train_is_a_todo():
   assert not draft.ok
   (todo,) = draft.todos
   assert "nn.BatchNorm over several axes" in todo.reason
+
+
+def test_a_layer_loop_over_a_list_the_call_fills_is_a_todo_naming_the_loop():
+  """A UNet's up path loops over the skips its down path appended: no layer is built from
+  the empty list `__init__` would see."""
+  import inspect
+
+  draft = lb.port.draft(models.UNetish(), _normal(0, 2, 3))
+  assert not draft.ok
+  (todo,) = draft.todos
+  lines, first = inspect.getsourcelines(models.UNetish)
+  loop = first + next(i for i, ln in enumerate(lines) if "for s in reversed(skips)" in ln)
+  assert todo.line == loop + 1  # the construction inside the loop
+  assert "a list the call fills" in todo.reason
+  assert "skips = []" not in draft.source.split("def __init__")[1].split("def __call__")[0]

@@ -1049,7 +1049,7 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
     after = path[i + 1] if i + 1 < len(path) else None
     if isinstance(step, c.For):
       if not available(step.iter, ns, known):
-        planner.todo(site, "a loop whose range depends on the call builds layers")
+        planner.todo(site, call_time_args.LOOP_OVER_CALL)
         return
       planner.used_aliases.update(n for n in names_in(step.iter) if n in aliases)
       known |= loop_targets(step)
@@ -1121,7 +1121,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
     if hoist.is_list and loop is not None and hoist.site.setup_attr is None:
       aliases = planner.aliases.get(hoist.site.method, {})
       if not available(loop.iter, planner.init_namespace, set(aliases)):
-        planner.todo(hoist.site, "a loop whose range depends on the call builds layers")
+        planner.todo(hoist.site, call_time_args.LOOP_OVER_CALL)
         continue
       planner.used_aliases.update(n for n in names_in(loop.iter) if n in aliases)
       loops.setdefault(id(loop), _loop_index(planner, loop))

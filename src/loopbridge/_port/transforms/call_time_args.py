@@ -15,6 +15,12 @@ import functools
 import inspect
 import typing as tp
 
+LOOP_OVER_CALL = (
+  "a loop whose range depends on the call (an input's size, a list the call fills) builds "
+  "layers, which the port builds once in __init__: build them in a loop over range(n) with n "
+  "a setting, and index them in the call's loop"
+)
+
 # Settings that size no parameter: a layer built without them and given them before each
 # call computes what Linen's fresh layer computes.
 _NO_SHAPE = frozenset(
