@@ -174,3 +174,17 @@ class UNetish(nn.Module):
     for s in reversed(skips):
       x = nn.relu(nn.Dense(self.width)(jnp.concatenate([x, s], -1)))
     return x
+
+
+class SelfAttentionMasked(nn.Module):
+  heads: int = 2
+
+  @nn.compact
+  def __call__(self, x, mask):
+    return nn.SelfAttention(num_heads=self.heads)(x, mask, deterministic=True)
+
+
+class CrossAttention(nn.Module):
+  @nn.compact
+  def __call__(self, q, kv):
+    return nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(q, kv, deterministic=True)

@@ -194,3 +194,31 @@ def test_a_layer_loop_over_a_list_the_call_fills_is_a_todo_naming_the_loop():
   assert todo.line == loop + 1  # the construction inside the loop
   assert "a list the call fills" in todo.reason
   assert "skips = []" not in draft.source.split("def __init__")[1].split("def __call__")[0]
+
+
+@pytest.mark.parametrize(("heads", "width"), [(2, 4), (4, 8)])
+def test_self_attention_with_a_positional_mask_is_built_at_the_inputs_width(heads, width):
+  model = models.SelfAttentionMasked(heads=heads)
+  x = _normal(0, 2, 3, width)
+  mask = jnp.tril(jnp.ones((2, 1, 3, 3), bool))
+  draft = lb.port.draft(model, x, mask)
+  assert draft.ok, draft.report()
+  assert "in_kv_features" not in draft.source
+  port, variables = draft.port_and_variables()
+  _close(port(x, mask), model.apply(variables, x, mask))
+
+
+def test_cross_attention_from_a_wider_key_value_input():
+  """Built with in_kv_features where NNX has it; a TODO naming the width where it has not."""
+  q, kv = _normal(1, 2, 3, 4), _normal(2, 2, 5, 6)
+  draft = lb.port.draft(models.CrossAttention(), q, kv)
+  import inspect
+
+  if "in_kv_features" in inspect.signature(nnx.MultiHeadAttention.__init__).parameters:
+    assert draft.ok, draft.report()
+    port, variables = draft.port_and_variables()
+    _close(port(q, kv), models.CrossAttention().apply(variables, q, kv))
+  else:
+    assert not draft.ok
+    (todo,) = draft.todos
+    assert "in_kv_features=6" in todo.reason

@@ -14,6 +14,7 @@ from .literals import literal
 from .names import available, loop_targets, names_in
 from .source import libcst
 from .trace import Instance
+from .transforms.attention_widths import untaken_width
 from .transforms.call_time_args import call_time_setting
 from .transforms.norm_feature_axes import batch_norm_refused
 
@@ -256,6 +257,8 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   # configuration that did (their values come from there too, `Planner.traced`).
   kids = kids or planner.alt_made(hoist)
   widths_seen = layer.widths(kids[0]) if kids else {}
+  if (why := untaken_width(layer.nnx_name, widths_seen, known)) is not None:
+    return None, why
   if layer.nnx_name == "BatchNorm":
     why = batch_norm_refused(kids, values, hoist.call_kwargs)
     if why is not None:

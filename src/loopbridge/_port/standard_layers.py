@@ -19,6 +19,7 @@ from flax import nnx
 from .rnn_rngs import WHY as SPLIT_RNGS_WHY
 from .rnn_rngs import split_rngs
 from .trace import Instance
+from .transforms.attention_widths import cross_attention_widths, self_attention_widths
 from .transforms.norm_feature_axes import batch_norm_widths, layer_norm_widths
 
 Widths = tp.Callable[[Instance], dict[str, object]]
@@ -35,15 +36,6 @@ def _dense_general(inst: Instance) -> dict[str, object]:
   if isinstance(axis, int):
     return {"in_features": int(shape[axis])}
   return {"in_features": tuple(int(shape[a]) for a in axis)}
-
-
-def _attention(inst: Instance) -> dict[str, object]:
-  widths: dict[str, object] = {"in_features": inst.width()}
-  kv = inst.width(arg=1)
-  if kv is not None and kv != widths["in_features"]:
-    # Cross-attention from inputs of another width (NNX needs it at construction).
-    widths["in_kv_features"] = kv
-  return widths
 
 
 def _einsum_bias(inst: Instance) -> dict[str, object]:
@@ -118,10 +110,10 @@ TABLE: dict[type, LayerMap] = {
   nn.BatchNorm: LayerMap("BatchNorm", batch_norm_widths, call_time=frozenset({"use_running_average"})),
   nn.Dropout: LayerMap("Dropout", call_time=frozenset({"deterministic"})),
   nn.MultiHeadDotProductAttention: LayerMap(
-    "MultiHeadAttention", _attention, call_time=frozenset({"deterministic"})
+    "MultiHeadAttention", cross_attention_widths, call_time=frozenset({"deterministic"})
   ),
   nn.SelfAttention: LayerMap(
-    "MultiHeadAttention", _attention, call_time=frozenset({"deterministic"})
+    "MultiHeadAttention", self_attention_widths, call_time=frozenset({"deterministic"})
   ),
   nn.LSTMCell: LayerMap("LSTMCell", _cell, _CELL_RENAMES),
   # Linen's OptimizedLSTMCell keeps LSTMCell's parameters (ii, if, ..., hi, ...) and computes
