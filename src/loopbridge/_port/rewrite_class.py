@@ -28,8 +28,8 @@ from .records import Change, Todo
 from .scan_lift import plan_scan
 from .setup_list_plan import plan_setup_list
 from .source import ClassSource, dotted, libcst, resolve
-from .transforms.call_filled_locals import filled_during_call
 from .trace import Instance, Trace
+from .transforms.call_filled_locals import filled_during_call
 from .values import Resolver
 from .vmap_lift import plan_vmap
 

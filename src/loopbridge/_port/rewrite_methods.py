@@ -35,9 +35,9 @@ from .names import available, inline_aliases, loop_targets, names_in
 from .records import Todo
 from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
-from .transforms import call_time_args
 from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
+from .transforms import call_time_args
 
 if tp.TYPE_CHECKING:
   import libcst as cst

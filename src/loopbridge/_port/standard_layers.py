@@ -107,7 +107,9 @@ TABLE: dict[type, LayerMap] = {
   nn.LayerNorm: LayerMap("LayerNorm", layer_norm_widths),
   nn.RMSNorm: LayerMap("RMSNorm", layer_norm_widths),
   nn.GroupNorm: LayerMap("GroupNorm", _last("num_features")),
-  nn.BatchNorm: LayerMap("BatchNorm", batch_norm_widths, call_time=frozenset({"use_running_average"})),
+  nn.BatchNorm: LayerMap(
+    "BatchNorm", batch_norm_widths, call_time=frozenset({"use_running_average"})
+  ),
   nn.Dropout: LayerMap("Dropout", call_time=frozenset({"deterministic"})),
   nn.MultiHeadDotProductAttention: LayerMap(
     "MultiHeadAttention", cross_attention_widths, call_time=frozenset({"deterministic"})

@@ -43,9 +43,7 @@ def read_through_modules(
       bound.add(node.name)
     elif isinstance(node, ast.arg):
       bound.add(node.arg)
-  reads = [
-    n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-  ]
+  reads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
   free = {n.id for n in reads} - bound
   spelled: dict[str, str] = {}
   for name in free:
