@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import textwrap
 import typing as tp
 
 from flax import nnx
@@ -37,6 +36,7 @@ from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
 from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
+from .todo_blocks import todo_block
 from .transforms import call_time_args
 
 if tp.TYPE_CHECKING:
@@ -1322,16 +1322,3 @@ def _tight_equal() -> tp.Any:
   return c.AssignEqual(
     whitespace_before=c.SimpleWhitespace(""), whitespace_after=c.SimpleWhitespace("")
   )
-
-
-def todo_block(reason: str, code: str, file: str, line: int) -> tp.Any:
-  """A TODO as the draft writes one: the reason and the original code as comments, then a
-  `raise` (the port fails loudly there). The reason is in the comment and the report; the
-  message says where (short, lint-clean)."""
-  c = libcst()
-  wrapped = textwrap.wrap(f"TODO(port): {reason}", 80) or [""]
-  comments = [f"# {wrapped[0]}", *(f"#   {w}" for w in wrapped[1:])]
-  comments += [f"#   | {ln}" for ln in code.splitlines()]
-  message = f"TODO(port) at {file.rsplit('/', 1)[-1]}:{line}"
-  stmt = c.parse_statement(f"raise NotImplementedError({message!r})\n")
-  return stmt.with_changes(leading_lines=[c.EmptyLine(comment=c.Comment(t)) for t in comments])
