@@ -15,7 +15,7 @@ from .names import available, loop_targets, names_in
 from .source import libcst
 from .trace import Instance
 from .transforms.attention_widths import untaken_width
-from .transforms.call_time_args import call_time_setting
+from .transforms.call_time_args import call_time_setting, sizes_nothing
 from .transforms.norm_feature_axes import batch_norm_refused
 
 if tp.TYPE_CHECKING:
@@ -144,8 +144,8 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
       planner.used_aliases.update(n for n in names_in(expr) if n in aliases)
     elif layer is not None and field in layer.call_time and site.outer_call is not None:
       moved.append(f"{field}={code}")
-    elif layer is not None:
-      # It reads the call: set on the layer before each call, never the sample's value.
+    elif layer is not None and sizes_nothing(field):
+      # A setting read from the call: set on the layer before each call, never the sample's.
       attr, why = call_time_setting(layer, field, site)
       if attr is None:
         return None, why

@@ -6,7 +6,9 @@ call's value. The port builds the layer once in `__init__`, so writing the sampl
 there would ignore every other call. A setting the NNX layer only reads in its own call (an
 attribute of the same name, no parameter shape depends on it) is set on the layer just before
 the statement that calls it: `self.LayerNorm_0.epsilon = eps`. Any other setting read from the
-call is not drafted (the construction becomes a TODO), never a literal of the sample.
+call and is not read by the NNX layer's own call is not drafted (a TODO). A width read from
+the input's shape (`nn.Dense(x.shape[-1])`) sizes parameters: NNX needs it at construction,
+and it stays the traced value's expression (a field, an added argument), as before.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ _NO_SHAPE = frozenset(
 )
 
 
+def sizes_nothing(field: str) -> bool:
+  """A Linen layer field no parameter shape depends on (a setting of the computation)."""
+  return field in _NO_SHAPE
+
+
 @functools.cache
 def _read_in_call(nnx_class: type, attr: str) -> bool:
   """Whether the NNX layer's own call reads `self.<attr>` (so setting it takes effect)."""
@@ -66,11 +73,11 @@ def call_time_setting(layer: tp.Any, field: str, site: tp.Any) -> tuple[str | No
     if site.lift is not None
     else None
   )
-  if field not in _NO_SHAPE or not _read_in_call(layer.nnx_class, target):
+  if not _read_in_call(layer.nnx_class, target):
     return None, (
       f"{field}= reads the call, and the port builds nnx.{layer.nnx_name} once in __init__ "
-      f"(writing the sample call's value would ignore every other call): build the layer "
-      "where its value is known, or pass it as a constructor setting"
+      f"(writing the sample call's value would ignore every other call), whose own call "
+      f"does not read .{target}: make it a constructor setting of the class"
     )
   if where is not None:
     return None, (
