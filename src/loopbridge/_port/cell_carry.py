@@ -135,22 +135,22 @@ def _detached(planner: Planner, site: Site, original: cst.Call, updated: cst.Cal
 
 
 def _held(planner: Planner, original: cst.Call, updated: cst.Call) -> str | None:
-  """`self.<cell>.initialize_carry(rng, shape)` of a standard cell the port builds."""
+  """`self.<cell>.initialize_carry(rng, shape)` of a standard cell the port builds, or
+  `cell.initialize_carry(rng, shape)` of a local holding one (`cell = nn.LSTMCell(6)`)."""
   c = libcst()
   func: tp.Any = original.func
-  if not (
-    isinstance(func, c.Attribute)
-    and func.attr.value == "initialize_carry"
-    and isinstance(func.value, c.Attribute)
-    and dotted(func.value.value) == "self"
-  ):
+  if not (isinstance(func, c.Attribute) and func.attr.value == "initialize_carry"):
     return None
-  attr = func.value.attr.value
-  held = [
-    h
-    for h in planner.hoists.values()
-    if h.attr == attr and not h.is_list and _nnx_cell(tp.cast(type, h.site.target)) is not None
-  ]
+  if isinstance(func.value, c.Attribute) and dotted(func.value.value) == "self":
+    attr = func.value.attr.value
+    held = [h for h in planner.hoists.values() if h.attr == attr]
+  elif isinstance(func.value, c.Name):
+    held = [h for h in planner.hoists.values() if h.site.local == func.value.value]
+    if len(held) > 1:  # two cells held by locals of one name: which one is not read here
+      return None
+  else:
+    return None
+  held = [h for h in held if not h.is_list and _nnx_cell(tp.cast(type, h.site.target)) is not None]
   args = _carry_args(updated)
   if not held or args is None:
     return None

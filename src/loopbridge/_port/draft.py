@@ -50,6 +50,9 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
+from .transforms import user_base_class
+from .transforms.module_globals import read_through_modules
+from .transforms.module_name import keep_name
 
 
 def _init_kwargs(
@@ -451,7 +454,8 @@ def draft(
     f'"""NNX port of {type(linen_module).__module__}.{type(linen_module).__qualname__}, '
     'drafted from its Linen source."""\n\n'
   )
-  text = header + "\n".join(imports(body, homes)) + "\n\n\n" + body + "\n"
+  body, by_module = read_through_modules(body, homes)
+  text = header + "\n".join(sorted({*imports(body, homes), *by_module})) + "\n\n\n" + body + "\n"
   filename = os.path.join(os.path.dirname(root_source.file), "_nnx_port_draft.py")
   text = format_source(text, filename)
   init_kwargs = _init_kwargs(linen_module, (), ctx)
@@ -502,9 +506,12 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
     )
     if why is not None:
       return fallback_port(src, why)
+  inherited = user_base_class.reason(src.cls)
+  if inherited is not None:
+    return fallback_port(src, inherited)
   helpers = set(ctx.helpers)
   try:
-    port = as_properties(keep_params(port_class(src, ctx), ctx), ctx)
+    port = keep_name(as_properties(keep_params(port_class(src, ctx), ctx), ctx))
   except PortError:
     raise
   except Exception as e:  # a defect of the drafter: the rest of the model still drafts

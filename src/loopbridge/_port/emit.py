@@ -14,6 +14,9 @@ from .literals import literal
 from .names import available, loop_targets, names_in
 from .source import libcst
 from .trace import Instance
+from .transforms.attention_widths import untaken_width
+from .transforms.call_time_args import call_time_setting, sizes_nothing
+from .transforms.norm_feature_axes import batch_norm_refused
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -100,6 +103,7 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   ns = planner.init_namespace
   values: dict[str, str] = {}
   moved: list[str] = []
+  settings: list[tuple[str, str]] = []  # (NNX attribute, call-time expression)
   layer = standard_layers.lookup(cls)
   nested = {id(s.node): s for s in planner.sites if s.nested_in is site.node}
   child = planner.ctx.ported.get(cls)
@@ -140,6 +144,12 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
       planner.used_aliases.update(n for n in names_in(expr) if n in aliases)
     elif layer is not None and field in layer.call_time and site.outer_call is not None:
       moved.append(f"{field}={code}")
+    elif layer is not None and sizes_nothing(field):
+      # A setting read from the call: set on the layer before each call, never the sample's.
+      attr, why = call_time_setting(layer, field, site)
+      if attr is None:
+        return None, why
+      settings.append((attr, planner.rewrite_expr(code)))
     else:
       values[field] = planner.traced(hoist, partial(_field_of, cls, field), field, index)
   if site.factory_field is not None:
@@ -166,6 +176,7 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
           hoist, lambda k, n=f.name: getattr(k.module, n), f.name, index
         )
   hoist.call_kwargs = moved
+  hoist.call_settings = settings
   if layer is None:
     chosen = None
     if CHOSEN in values:
@@ -246,6 +257,12 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
   # configuration that did (their values come from there too, `Planner.traced`).
   kids = kids or planner.alt_made(hoist)
   widths_seen = layer.widths(kids[0]) if kids else {}
+  if (why := untaken_width(layer.nnx_name, widths_seen, known)) is not None:
+    return None, why
+  if layer.nnx_name == "BatchNorm":
+    why = batch_norm_refused(kids, values, hoist.call_kwargs)
+    if why is not None:
+      return None, why
   given = {layer.renames.get(f, f): f for f in values if f not in layer.consumed}
   overridden: set[str] = set()
   for name in widths_seen:

@@ -30,6 +30,8 @@ class LinenGRUCell(nnx.Module):
   ):
     self.gate_fn = gate_fn
     self.activation_fn = activation_fn
+    self.hidden_features = hidden_features
+    self.param_dtype = param_dtype
     # Linen's defaults: lecun_normal input kernels, orthogonal recurrent kernels, zero biases.
     kernel_init = kernel_init or nnx.initializers.lecun_normal()
     recurrent_kernel_init = recurrent_kernel_init or nnx.initializers.orthogonal()
@@ -56,6 +58,14 @@ class LinenGRUCell(nnx.Module):
     n = self.activation_fn(getattr(self, "in")(inputs) + r * self.hn(h))
     new_h = (1.0 - z) * n + z * h
     return new_h, new_h
+
+  def initialize_carry(self, input_shape, rngs=None):
+    """Zeros, as Linen's GRUCell's default carry_init (the signature nnx.RNN calls)."""
+    return jnp.zeros((*input_shape[:-1], self.hidden_features), self.param_dtype)
+
+  @property
+  def num_feature_axes(self) -> int:
+    return 1
 '''
 
 HELPERS = {"LinenGRUCell": GRU_CELL}

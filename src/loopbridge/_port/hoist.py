@@ -21,6 +21,8 @@ class Hoist:
   children: dict[tuple[str, ...], list[Instance]]  # parent instance path -> made in order
   is_list: bool
   call_kwargs: list[str] = dataclasses.field(default_factory=list)  # moved to the call
+  # (NNX attribute, expression): settings read from the call, set before each call
+  call_settings: list[tuple[str, str]] = dataclasses.field(default_factory=list)
   index: str | None = None  # the loop variable indexing the list at the call
   post: list[str] = dataclasses.field(default_factory=list)  # `__init__` lines after it
   counter: bool = False  # built in nested loops: indexed by a running count

@@ -41,7 +41,12 @@ VARIABLE_TYPES = {
 
 
 # Linen helpers whose NNX counterpart has another name (same meaning: metadata on the Variable).
-RENAMED = {"with_logical_partitioning": "with_partitioning"}
+# `nn.with_partitioning` boxes Linen's params in `nn.Partitioned`, which NNX's layers cannot
+# read: NNX's own function of the same name puts the same sharding on the Variable.
+RENAMED = {
+  "with_logical_partitioning": "with_partitioning",
+  "with_partitioning": "with_partitioning",
+}
 
 
 def nnx_equivalent(dotted_rest: str) -> str | None:

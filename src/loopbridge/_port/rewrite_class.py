@@ -29,6 +29,7 @@ from .scan_lift import plan_scan
 from .setup_list_plan import plan_setup_list
 from .source import ClassSource, dotted, libcst, resolve
 from .trace import Instance, Trace
+from .transforms.call_filled_locals import filled_during_call
 from .values import Resolver
 from .vmap_lift import plan_vmap
 
@@ -201,12 +202,15 @@ class Planner:
       if not isinstance(fn, c.FunctionDef):
         continue
       counts = assignment_counts(fn)
+      filled = filled_during_call(fn)  # not the value `__init__` would copy
       mine: dict[str, str] = {}
       for stmt in fn.body.body:
         if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
           continue
         assign = stmt.body[0]
         target = assign.targets[0].target
+        if isinstance(target, c.Name) and target.value in filled:
+          continue
         if (
           len(assign.targets) == 1
           and isinstance(target, c.Name)

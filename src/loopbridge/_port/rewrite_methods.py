@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import textwrap
 import typing as tp
 
 from flax import nnx
@@ -37,6 +36,8 @@ from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
 from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
+from .todo_blocks import todo_block
+from .transforms import call_time_args
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -449,6 +450,9 @@ class Rewriter:
       self._mark(why)
       return updated
     ref = f"self.{hoist.attr}[{index}]" if hoist.is_list else f"self.{hoist.attr}"
+    if hoist.call_settings:
+      lines = call_time_args.statements(ref, hoist.call_settings)
+      self.before.setdefault(id(self.stack[-1]), []).extend(map(c.parse_statement, lines))
     self.p.hoisted_code[id(original)] = code
     self.p.change(
       site.lines,
@@ -1045,7 +1049,7 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
     after = path[i + 1] if i + 1 < len(path) else None
     if isinstance(step, c.For):
       if not available(step.iter, ns, known):
-        planner.todo(site, "a loop whose range depends on the call builds layers")
+        planner.todo(site, call_time_args.LOOP_OVER_CALL)
         return
       planner.used_aliases.update(n for n in names_in(step.iter) if n in aliases)
       known |= loop_targets(step)
@@ -1117,7 +1121,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
     if hoist.is_list and loop is not None and hoist.site.setup_attr is None:
       aliases = planner.aliases.get(hoist.site.method, {})
       if not available(loop.iter, planner.init_namespace, set(aliases)):
-        planner.todo(hoist.site, "a loop whose range depends on the call builds layers")
+        planner.todo(hoist.site, call_time_args.LOOP_OVER_CALL)
         continue
       planner.used_aliases.update(n for n in names_in(loop.iter) if n in aliases)
       loops.setdefault(id(loop), _loop_index(planner, loop))
@@ -1318,16 +1322,3 @@ def _tight_equal() -> tp.Any:
   return c.AssignEqual(
     whitespace_before=c.SimpleWhitespace(""), whitespace_after=c.SimpleWhitespace("")
   )
-
-
-def todo_block(reason: str, code: str, file: str, line: int) -> tp.Any:
-  """A TODO as the draft writes one: the reason and the original code as comments, then a
-  `raise` (the port fails loudly there). The reason is in the comment and the report; the
-  message says where (short, lint-clean)."""
-  c = libcst()
-  wrapped = textwrap.wrap(f"TODO(port): {reason}", 80) or [""]
-  comments = [f"# {wrapped[0]}", *(f"#   {w}" for w in wrapped[1:])]
-  comments += [f"#   | {ln}" for ln in code.splitlines()]
-  message = f"TODO(port) at {file.rsplit('/', 1)[-1]}:{line}"
-  stmt = c.parse_statement(f"raise NotImplementedError({message!r})\n")
-  return stmt.with_changes(leading_lines=[c.EmptyLine(comment=c.Comment(t)) for t in comments])

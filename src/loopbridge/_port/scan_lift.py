@@ -18,6 +18,7 @@ from flax import linen as nn
 from .. import _compat
 from . import lift_args
 from .source import dotted
+from .transforms import scan_param_streams
 
 if tp.TYPE_CHECKING:
   from .find_sites import Site
@@ -40,12 +41,16 @@ class ScanPlan:
   # `metadata_params={nn.PARTITION_NAME: "layers"}` (MaxText's): the stack's logical axis
   # name, given to nnx.vmap and nnx.scan as `transform_metadata`; None: none given.
   partition: str | None = None
+  # Linen's split_rngs splits the params stream: each layer starts from its own draw.
+  split_params: bool = True
   lift: tp.ClassVar[str] = "scan"
   why: tp.ClassVar[str] = "nn.scan runs as nnx.scan over the vmap-built stack"
 
   def init_lines(self, attr: str, construction: str, unit: str) -> list[str]:
     """`__init__` lines building the stack of `length` layers."""
-    return lift_args.stack(self.length, attr, construction, unit, self._metadata())
+    return scan_param_streams.stack(
+      self.length, attr, construction, unit, self._metadata(), self.split_params
+    )
 
   def _metadata(self) -> str:
     if self.partition is None:
@@ -111,6 +116,9 @@ def plan_scan(planner: Planner, site: Site, made: tp.Sequence[object] = ()) -> S
   partition = metadata.get(nn.PARTITION_NAME)
   if partition is not None and not isinstance(partition, str):
     return f"nn.scan with metadata_params={metadata!r} (the partition name must be a string)"
+  split = scan_param_streams.params_split(read.get("split_rngs", {}))
+  if isinstance(split, str):
+    return split
   first = site.lift.args[0].value
   body = dotted(first) if site.inner_lift is not None else None
-  return ScanPlan(planner.code(kwargs["length"]), scanned, repr(out_axes), body, partition)
+  return ScanPlan(planner.code(kwargs["length"]), scanned, repr(out_axes), body, partition, split)

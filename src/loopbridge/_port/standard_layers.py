@@ -19,17 +19,14 @@ from flax import nnx
 from .rnn_rngs import WHY as SPLIT_RNGS_WHY
 from .rnn_rngs import split_rngs
 from .trace import Instance
+from .transforms.attention_widths import cross_attention_widths, self_attention_widths
+from .transforms.norm_feature_axes import batch_norm_widths, layer_norm_widths
 
 Widths = tp.Callable[[Instance], dict[str, object]]
 
 
 def _last(param: str) -> Widths:
   return lambda inst: {param: inst.width()}
-
-
-def _batch_norm(inst: Instance) -> dict[str, object]:
-  axis = getattr(inst.module, "axis", -1)
-  return {"num_features": inst.width(axis=axis if isinstance(axis, int) else -1)}
 
 
 def _dense_general(inst: Instance) -> dict[str, object]:
@@ -39,15 +36,6 @@ def _dense_general(inst: Instance) -> dict[str, object]:
   if isinstance(axis, int):
     return {"in_features": int(shape[axis])}
   return {"in_features": tuple(int(shape[a]) for a in axis)}
-
-
-def _attention(inst: Instance) -> dict[str, object]:
-  widths: dict[str, object] = {"in_features": inst.width()}
-  kv = inst.width(arg=1)
-  if kv is not None and kv != widths["in_features"]:
-    # Cross-attention from inputs of another width (NNX needs it at construction).
-    widths["in_kv_features"] = kv
-  return widths
 
 
 def _einsum_bias(inst: Instance) -> dict[str, object]:
@@ -116,16 +104,18 @@ TABLE: dict[type, LayerMap] = {
   nn.Conv: LayerMap("Conv", _last("in_features"), {"features": "out_features"}),
   nn.ConvTranspose: LayerMap("ConvTranspose", _last("in_features"), {"features": "out_features"}),
   nn.Embed: LayerMap("Embed"),
-  nn.LayerNorm: LayerMap("LayerNorm", _last("num_features")),
-  nn.RMSNorm: LayerMap("RMSNorm", _last("num_features")),
+  nn.LayerNorm: LayerMap("LayerNorm", layer_norm_widths),
+  nn.RMSNorm: LayerMap("RMSNorm", layer_norm_widths),
   nn.GroupNorm: LayerMap("GroupNorm", _last("num_features")),
-  nn.BatchNorm: LayerMap("BatchNorm", _batch_norm, call_time=frozenset({"use_running_average"})),
+  nn.BatchNorm: LayerMap(
+    "BatchNorm", batch_norm_widths, call_time=frozenset({"use_running_average"})
+  ),
   nn.Dropout: LayerMap("Dropout", call_time=frozenset({"deterministic"})),
   nn.MultiHeadDotProductAttention: LayerMap(
-    "MultiHeadAttention", _attention, call_time=frozenset({"deterministic"})
+    "MultiHeadAttention", cross_attention_widths, call_time=frozenset({"deterministic"})
   ),
   nn.SelfAttention: LayerMap(
-    "MultiHeadAttention", _attention, call_time=frozenset({"deterministic"})
+    "MultiHeadAttention", self_attention_widths, call_time=frozenset({"deterministic"})
   ),
   nn.LSTMCell: LayerMap("LSTMCell", _cell, _CELL_RENAMES),
   # Linen's OptimizedLSTMCell keeps LSTMCell's parameters (ii, if, ..., hi, ...) and computes
