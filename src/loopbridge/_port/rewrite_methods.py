@@ -37,6 +37,7 @@ from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
 from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
+from .transforms.tied_embeddings import apply_with_params, built_where_called, variables_read
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -369,7 +370,9 @@ class Rewriter:
         args = _keyworded(list(updated.args), tp.cast(type, h.site.target))
         extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
         return updated.with_changes(args=[*args, *extra])
-    layer_call = self._setup_layer_call(original, updated)
+    layer_call = self._setup_layer_call(original, updated) or apply_with_params(
+      self, original, updated
+    )
     if layer_call is not None:
       return layer_call
     handed_out = linen_api_used(self.p.src.namespace, original)
@@ -776,7 +779,7 @@ class Rewriter:
   def leave_Subscript(self, original, updated):
     name = self.read_of.get(id(original))
     if name is None:
-      return updated
+      return variables_read(self, original) or updated
     new = self.p.value_access(name)
     self.p.change(
       self.p.positions[original].start.line,
@@ -843,7 +846,7 @@ class Rewriter:
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
       updated = updated.with_changes(targets=[target])
-    return updated
+    return built_where_called(self, original, updated)
 
 
 def _reads(node) -> dict[str, int]:

@@ -1,0 +1,65 @@
+"""Drafting idioms of published Linen code that `_port/transforms/` translates, each on a small
+model written the way the real code writes it (`realcode_idioms_more.py`), checked against
+Linen's own `apply` at the sample's configuration and at another one."""
+
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+
+pytest.importorskip("libcst")
+
+import realcode_idioms_more as models
+
+
+def _close(got, want):
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, want)
+
+
+def _equal_to_linen(draft, *args, **kwargs):
+  """The drafted port, holding the Linen variables, computes Linen's own apply."""
+  port, variables = draft.port_and_variables()
+  _close(port(*args, **kwargs), draft.linen_module.apply(variables, *args, **kwargs))
+
+
+def _equal_at(draft, linen: object, fields: dict[str, object], *args):
+  """The drafted root class built at other field values, holding the variables of Linen's own
+  `init` at those values (moved by `lb.checkpoint.linen_to_nnx`), computes Linen's `apply`."""
+  home = types.ModuleType("drafted_port_under_test")
+  sys.modules[home.__name__] = home
+  try:
+    exec(compile(draft.source, "<draft>", "exec"), home.__dict__)
+    port = getattr(home, draft.root)(**fields, rngs=nnx.Rngs(0))
+  finally:
+    del sys.modules[home.__name__]
+  variables = linen.init(jax.random.key(1), *args)  # pyright: ignore[reportAttributeAccessIssue]
+  lb.checkpoint.linen_to_nnx(linen, variables, port, *args)  # pyright: ignore[reportArgumentType]
+  _close(port(*args), linen.apply(variables, *args))  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _ids(vocab: int) -> jax.Array:
+  return jnp.asarray(np.random.RandomState(0).randint(0, vocab, size=(2, 5)), jnp.int32)
+
+
+def test_a_head_tied_to_the_embedding_reads_it_as_an_attribute_hf_bart():
+  """HF's tied heads: `self.model.variables["params"]["shared"]["embedding"]` is the NNX
+  attribute's value, and `self.lm_head.apply({"params": {"kernel": E.T}}, h)` the product;
+  the output layer is built only where the class calls it itself (Linen makes no kernel)."""
+  draft = lb.port.draft(models.TiedLMHead(), _ids(11))
+  assert draft.ok, draft.report()
+  value = "[...]" if hasattr(nnx, "List") else ".value"
+  assert f"shared_embedding = self.model.shared.embedding{value}" in draft.source
+  assert "lm_logits = jnp.dot(hidden_states, shared_embedding.T)" in draft.source
+  assert "if not (self.tie_word_embeddings)" in draft.source
+  assert not draft.todos
+  _equal_to_linen(draft, _ids(11))
+  wide = dict(vocab=17, width=10)
+  _equal_at(draft, models.TiedLMHead(**wide), wide, _ids(17))
+  untied = dict(vocab=13, width=4, tie_word_embeddings=False)
+  _equal_at(draft, models.TiedLMHead(**untied), untied, _ids(13))
