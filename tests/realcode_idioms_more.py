@@ -42,3 +42,38 @@ class TiedLMHead(nn.Module):
     else:
       lm_logits = self.lm_head(hidden_states)
     return lm_logits
+
+
+class GroupedBlock(nn.Module):
+  """A field default naming another field (ResNeXt-style blocks: `cardinality: int = groups`):
+  the class body reads the other field's default when the class is made."""
+
+  features: int = 4
+  groups: int = 2
+  cardinality: int = groups
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.features * self.cardinality)(x)
+
+
+class WideGroupedBlock(GroupedBlock):
+  """A subclass that only changes fields (timm-style variants of one block)."""
+
+  features: int = 6
+
+
+class UsesFieldOnlySubclass(nn.Module):
+  depth: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(12)(x)
+    for _ in range(self.depth):
+      x = WideGroupedBlock()(x)
+    return GroupedBlock(features=3)(x)
+
+
+class NarrowGroupedBlock(GroupedBlock):
+  features: int = 2
+  groups: int = 3

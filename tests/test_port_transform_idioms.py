@@ -63,3 +63,38 @@ def test_a_head_tied_to_the_embedding_reads_it_as_an_attribute_hf_bart():
   _equal_at(draft, models.TiedLMHead(**wide), wide, _ids(17))
   untied = dict(vocab=13, width=4, tie_word_embeddings=False)
   _equal_at(draft, models.TiedLMHead(**untied), untied, _ids(13))
+
+
+def test_a_field_default_naming_another_field_is_the_value_it_had_resnext():
+  """`cardinality: int = groups` is 2 in Linen (the class body read `groups`'s default): the
+  port's default is that value, not the name (a NameError in `__init__`)."""
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  draft = lb.port.draft(models.GroupedBlock(), x)
+  assert draft.ok, draft.report()
+  assert "cardinality: int = 2," in draft.source
+  _equal_to_linen(draft, x)
+  _equal_at(draft, models.GroupedBlock(features=3, groups=5), dict(features=3, groups=5), x)
+
+
+@pytest.mark.parametrize("cls", [models.WideGroupedBlock, models.NarrowGroupedBlock])
+def test_a_subclass_that_only_changes_fields_is_the_base_with_its_defaults(cls):
+  """The port of a field-only subclass is a whole NNX class (no Linen base left in it) with
+  the subclass's defaults; with or without a docstring of its own."""
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  draft = lb.port.draft(cls(), x)
+  assert draft.ok, draft.report()
+  assert f"class {cls.__name__}(nnx.Module):" in draft.source
+  assert "GroupedBlock" not in draft.source.replace(cls.__name__, "")
+  _equal_to_linen(draft, x)
+  _equal_at(draft, cls(cardinality=3), dict(cardinality=3), x)
+
+
+def test_field_only_subclasses_inside_a_model_each_take_their_own_widths():
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  draft = lb.port.draft(models.UsesFieldOnlySubclass(), x)
+  assert draft.ok, draft.report()
+  assert draft.source.index("class WideGroupedBlock(nnx.Module)") < draft.source.index(
+    "class UsesFieldOnlySubclass"
+  )
+  _equal_to_linen(draft, x)
+  _equal_at(draft, models.UsesFieldOnlySubclass(depth=3), dict(depth=3), x)

@@ -37,6 +37,7 @@ from .removed_lines import removed_line
 from .rewrite_class import ClassPort, Context, Planner
 from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
+from .transforms.field_defaults import default_text
 from .transforms.tied_embeddings import apply_with_params, built_where_called, variables_read
 
 if tp.TYPE_CHECKING:
@@ -1170,7 +1171,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       if as_field is not None:
         text, field_inits[f.name] = as_field
       elif node.value is not None:
-        text += f" = {planner.rewrite_expr(planner.code(node.value))}"
+        text += f" = {default_text(planner, f, node.value)}"
     elif (inherited := inherited_default(flax_layer_base(src.cls), f.name)) is not None:
       text = f"{f.name}={inherited}"  # a field of the flax layer the class subclasses
     else:

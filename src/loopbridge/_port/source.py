@@ -44,6 +44,11 @@ class ClassSource:
 
 def read_class(cls: type) -> ClassSource:
   """The source of `cls`, or a `PortError` saying why it cannot be read and what to do."""
+  from .transforms.field_only_subclass import merged_source
+
+  merged = merged_source(cls, read_class)
+  if merged is not None:
+    return merged
   try:
     lines, first = inspect.getsourcelines(cls)
     file = inspect.getsourcefile(cls) or "<unknown>"
