@@ -5,6 +5,7 @@ Each class names the real code whose idiom it copies. A file, so their source is
 """
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 
@@ -77,3 +78,15 @@ class UsesFieldOnlySubclass(nn.Module):
 class NarrowGroupedBlock(GroupedBlock):
   features: int = 2
   groups: int = 3
+
+
+class ReadsAllItsLayersVariables(nn.Module):
+  """Linen machinery the draft has no NNX form for: a submodule's whole variable dict."""
+
+  def setup(self):
+    self.dense = nn.Dense(3)
+
+  def __call__(self, x):
+    y = self.dense(x)
+    sizes = jax.tree.map(jnp.size, self.dense.variables)
+    return y * sum(jax.tree.leaves(sizes))

@@ -98,3 +98,20 @@ def test_field_only_subclasses_inside_a_model_each_take_their_own_widths():
   )
   _equal_to_linen(draft, x)
   _equal_at(draft, models.UsesFieldOnlySubclass(depth=3), dict(depth=3), x)
+
+
+def test_a_port_that_raises_when_run_ends_in_a_todo_naming_the_line():
+  """No TODO was written for the line (the draft did not see the Linen machinery), but the
+  port raises there: the draft ends in a TODO naming that Linen line, not only a failed check."""
+  import inspect
+
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  draft = lb.port.draft(models.ReadsAllItsLayersVariables(), x)
+  assert not draft.ok
+  lines, first = inspect.getsourcelines(models.ReadsAllItsLayersVariables)
+  at = first + next(k for k, ln in enumerate(lines) if "self.dense.variables" in ln)
+  assert [(t.line, t.original) for t in draft.todos] == [
+    (at, "sizes = jax.tree.map(jnp.size, self.dense.variables)")
+  ]
+  assert "AttributeError" in draft.todos[0].reason
+  assert "TODO" in draft.report()
