@@ -115,3 +115,15 @@ def test_a_port_that_raises_when_run_ends_in_a_todo_naming_the_line():
   ]
   assert "AttributeError" in draft.todos[0].reason
   assert "TODO" in draft.report()
+
+
+def test_a_relative_import_in_a_method_is_written_absolute_hf_encoder_decoder():
+  from port_models.relative_import import ImportsRelativeInSetup
+
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  draft = lb.port.draft(ImportsRelativeInSetup(), x)
+  assert draft.ok, draft.report()
+  assert "from port_models.relative_helpers import squash" in draft.source
+  assert "from ." not in draft.source
+  _equal_to_linen(draft, x)
+  _equal_at(draft, ImportsRelativeInSetup(features=7), dict(features=7), x)
