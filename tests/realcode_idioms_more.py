@@ -90,3 +90,16 @@ class ReadsAllItsLayersVariables(nn.Module):
     y = self.dense(x)
     sizes = jax.tree.map(jnp.size, self.dense.variables)
     return y * sum(jax.tree.leaves(sizes))
+
+
+class DottedNames(nn.Module):
+  """Layers named with a dot (`name=f"down.block_{i}"`, as ported PyTorch code names them)."""
+
+  depth: int = 2
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(4, name="stem.proj")(x)
+    for i in range(self.depth):
+      x = nn.Dense(4, name=f"down.block_{i}")(x)
+    return nn.Dense(2, name="head.proj")(x)

@@ -127,3 +127,14 @@ def test_a_relative_import_in_a_method_is_written_absolute_hf_encoder_decoder():
   assert "from ." not in draft.source
   _equal_to_linen(draft, x)
   _equal_at(draft, ImportsRelativeInSetup(features=7), dict(features=7), x)
+
+
+def test_dotted_layer_names_become_attribute_names():
+  """`name=f"down.block_{i}"`: the port's attribute is `down_block` (a list), `head.proj` is
+  `head_proj` (a dotted attribute assignment would be a NameError in `__init__`)."""
+  x = jax.random.normal(jax.random.key(0), (2, 3))
+  draft = lb.port.draft(models.DottedNames(), x)
+  assert draft.ok, draft.report()
+  assert "self.down_block[i](x)" in draft.source and "self.head_proj(x)" in draft.source
+  _equal_to_linen(draft, x)
+  _equal_at(draft, models.DottedNames(depth=3), dict(depth=3), x)
