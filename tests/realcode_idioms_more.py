@@ -103,3 +103,43 @@ class DottedNames(nn.Module):
     for i in range(self.depth):
       x = nn.Dense(4, name=f"down.block_{i}")(x)
     return nn.Dense(2, name="head.proj")(x)
+
+
+class MLMHead(nn.Module):
+  """HF ALBERT's/BERT's prediction head: the decoder applied with the embedding it is handed."""
+
+  vocab: int = 11
+  width: int = 6
+
+  def setup(self):
+    self.dense = nn.Dense(self.width)
+    self.decoder = nn.Dense(self.vocab, use_bias=False)
+    self.bias = self.param("bias", nn.initializers.zeros, (self.vocab,))
+
+  def __call__(self, hidden_states, shared_embedding=None):
+    hidden_states = self.dense(hidden_states)
+    if shared_embedding is not None:
+      hidden_states = self.decoder.apply({"params": {"kernel": shared_embedding.T}}, hidden_states)
+    else:
+      hidden_states = self.decoder(hidden_states)
+    return hidden_states + self.bias
+
+
+class TiedThroughAnArgument(nn.Module):
+  """HF ALBERT for pretraining: the base model's embedding handed to the head when tied."""
+
+  vocab: int = 11
+  width: int = 6
+  tie_word_embeddings: bool = True
+
+  def setup(self):
+    self.model = SharedEmbedModel(self.vocab, self.width)
+    self.predictions = MLMHead(self.vocab, self.width)
+
+  def __call__(self, ids):
+    hidden_states = self.model(ids)
+    if self.tie_word_embeddings:
+      shared_embedding = self.model.variables["params"]["shared"]["embedding"]
+    else:
+      shared_embedding = None
+    return self.predictions(hidden_states, shared_embedding=shared_embedding)

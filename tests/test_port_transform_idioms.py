@@ -138,3 +138,17 @@ def test_dotted_layer_names_become_attribute_names():
   assert "self.down_block[i](x)" in draft.source and "self.head_proj(x)" in draft.source
   _equal_to_linen(draft, x)
   _equal_at(draft, models.DottedNames(depth=3), dict(depth=3), x)
+
+
+def test_a_head_handed_the_tied_embedding_builds_its_decoder_by_the_setting_hf_albert():
+  """The head's `if` tests its argument, which `__init__` cannot read: whether the decoder is
+  built is the setting that says so in every traced configuration (here the parent's field,
+  a field of the head's own in HF, `config.tie_word_embeddings`)."""
+  draft = lb.port.draft(models.TiedThroughAnArgument(), _ids(11))
+  assert draft.ok, draft.report()
+  assert not draft.todos
+  _equal_to_linen(draft, _ids(11))
+  untied = dict(vocab=13, width=4, tie_word_embeddings=False)
+  _equal_at(draft, models.TiedThroughAnArgument(**untied), untied, _ids(13))
+  wide = dict(vocab=17, width=10)
+  _equal_at(draft, models.TiedThroughAnArgument(**wide), wide, _ids(17))

@@ -25,6 +25,7 @@ from flax import linen as nn
 
 from ..literals import string_literal
 from ..source import dotted, libcst
+from .bool_settings import explain_bool
 
 VARIABLES_WHY = (
   "a submodule's Linen variable dict read: the NNX submodule holds the variable as an attribute"
@@ -198,6 +199,8 @@ def built_where_called(rewriter: tp.Any, original: tp.Any, updated: tp.Any) -> t
     method = _method_of(p, applies[0])
     cond = p.written_guard([(test, in_body)], method) if method else None
   if cond is None:
+    cond = _setting_of_presence(p, attr)
+  if cond is None:
     alts = [
       {
         i.path: _made_variables(t, (*i.path, attr))
@@ -246,3 +249,15 @@ def _method_of(p: tp.Any, node: tp.Any) -> str | None:
   while parent is not None and not isinstance(parent, c.FunctionDef):
     parent = p.parents.get(parent)
   return None if parent is None else parent.name.value
+
+
+def _setting_of_presence(p: tp.Any, attr: str) -> str | None:
+  """The bool setting that says, in every traced configuration, whether the layer made
+  variables (`bool_settings.explain_bool`); None where none does, or nothing varied."""
+  samples: list[tuple[object, object]] = []
+  for t in [p.trace, *p.ctx.alt_traces]:
+    for inst in t.instances.values():
+      if inst.cls is p.src.cls:
+        samples.append((inst.module, _made_variables(t, (*inst.path, attr))))
+  found = explain_bool(samples)
+  return None if found is None else p.rewrite_expr(found)
