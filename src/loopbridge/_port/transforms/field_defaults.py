@@ -53,7 +53,7 @@ def _field_line(planner: tp.Any, name: str) -> int:
   """The source line of the field's statement in the class as read."""
   c = libcst()
   for stmt in planner.module.body[0].body.body:
-    small = stmt.body[0] if isinstance(stmt, c.SimpleStatementLine) else None
+    small: tp.Any = stmt.body[0] if isinstance(stmt, c.SimpleStatementLine) else None
     if isinstance(small, c.AnnAssign) and getattr(small.target, "value", None) == name:
       return planner.src.line(planner.positions[stmt].start.line)
   return planner.src.first_line

@@ -47,10 +47,10 @@ def merged_source(cls: type, read: tp.Callable[[type], ClassSource]) -> ClassSou
     return None
   base_source = read(base)
   tree = base_source.tree()
-  classdef = tree.body[0]
+  classdef: tp.Any = tree.body[0]
   if not isinstance(classdef, c.ClassDef):
     return None
-  body = list(classdef.body.body)
+  body: list[tp.Any] = list(classdef.body.body)
   by_name = {_field_name(s): k for k, s in enumerate(body) if _field_name(s) is not None}
   for name, stmt in fields.items():
     at = by_name.get(name)
@@ -81,7 +81,7 @@ def _field_name(stmt: tp.Any) -> str | None:
 def _docstring_end(body: list[tp.Any]) -> int:
   """1 where the body opens with a docstring, else 0."""
   c = libcst()
-  first = body[0] if body else None
+  first: tp.Any = body[0] if body else None
   if isinstance(first, c.SimpleStatementLine) and isinstance(first.body[0], c.Expr):
     return int(isinstance(first.body[0].value, (c.SimpleString, c.ConcatenatedString)))
   return 0

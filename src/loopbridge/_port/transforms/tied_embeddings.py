@@ -194,8 +194,9 @@ def built_where_called(rewriter: tp.Any, original: tp.Any, updated: tp.Any) -> t
     return updated
   tests = {_branch(p, node) for node in applies}
   cond = None
-  if len(tests) == 1 and None not in tests:
-    test, in_body = next(iter(tests))
+  branch = next(iter(tests)) if len(tests) == 1 else None
+  if branch is not None:
+    test, in_body = branch
     method = _method_of(p, applies[0])
     cond = p.written_guard([(test, in_body)], method) if method else None
   if cond is None:
