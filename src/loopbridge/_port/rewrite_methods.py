@@ -13,7 +13,6 @@ import functools
 import textwrap
 import typing as tp
 
-from flax import nnx
 from flax.core import meta
 
 from . import lazy_variables, standard_layers
@@ -38,6 +37,7 @@ from .rewrite_class import ClassPort, Context, Planner
 from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
 from .transforms.field_defaults import default_text
+from .transforms.none_before_a_layer import data_placeholder
 from .transforms.tied_embeddings import apply_with_params, built_where_called, variables_read
 
 if tp.TYPE_CHECKING:
@@ -272,19 +272,6 @@ class Rewriter:
     return mark_unread_targets(fn)
 
   # --- expressions ------------------------------------------------------------------------
-
-  def _none_before_a_layer(self, original) -> bool:
-    """`self.X = None` in setup where setup also assigns a construction to `self.X`, on a flax
-    whose NNX tells static attributes from data (`nnx.data`)."""
-    c = libcst()
-    if self.method != "setup" or not hasattr(nnx, "data") or len(original.targets) != 1:
-      return False
-    if not (isinstance(original.value, c.Name) and original.value.value == "None"):
-      return False
-    name = dotted(original.targets[0].target)
-    if name is None or not name.startswith("self.") or name.count(".") != 1:
-      return False
-    return any(s.kind == "construct" and s.setup_attr == name[5:] for s in self.p.sites)
 
   def _setup_layer_call(self, original, updated):
     """`self.dropout_layer(x, deterministic)`, a flax layer made in setup and called in a
@@ -793,16 +780,9 @@ class Rewriter:
   def leave_Assign(self, original, updated):
     c = libcst()
     value = original.value
-    if self._none_before_a_layer(original):
-      # `self.conv_shortcut = None`, then `if ...: self.conv_shortcut = nn.Conv(...)`: an NNX
-      # attribute first set to None is static, and a module assigned to it later is refused.
-      self.p.change(
-        self.p.positions[original].start.line,
-        self.p.code(original),
-        f"{self.p.code(original.targets[0].target)} = nnx.data(None)",
-        "a module may replace this None later (nnx.data keeps the attribute a data slot)",
-      )
-      return updated.with_changes(value=c.parse_expression("nnx.data(None)"))
+    placeholder = data_placeholder(self, original, updated)
+    if placeholder is not None:
+      return placeholder
     if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
       elements = [value.elt] if isinstance(value, c.ListComp) else [e.value for e in value.elements]
       local = isinstance(updated.targets[0].target, c.Name)
