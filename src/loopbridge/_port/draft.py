@@ -32,6 +32,7 @@ from .errors import (
   flax_layer,
   not_a_linen_module,
 )
+from .failed_line import failure_todo
 from .layer_subclass import flax_layer_base, subclassable, unsupported_reason
 from .random_draws import explained
 from .records import Call, Change, Check, PortOf, Todo
@@ -529,6 +530,10 @@ def _check(result: Draft) -> Check:
     built = result.port_and_variables()
   except Exception as e:
     verdict = build_failed(e)
+    files = [ch.file for ch in result.changes]
+    todo = failure_todo(e, result.filename, result.source, files)
+    if todo is not None:
+      object.__setattr__(result, "todos", (*result.todos, todo))
   else:
     verdict = check_class(result, compare_built(result, *built), *built)
   if verdict.equal:

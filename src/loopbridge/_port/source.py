@@ -44,6 +44,12 @@ class ClassSource:
 
 def read_class(cls: type) -> ClassSource:
   """The source of `cls`, or a `PortError` saying why it cannot be read and what to do."""
+  from .transforms.field_only_subclass import merged_source
+  from .transforms.relative_imports import absolute_imports
+
+  merged = merged_source(cls, read_class)
+  if merged is not None:
+    return absolute_imports(merged)
   try:
     lines, first = inspect.getsourcelines(cls)
     file = inspect.getsourcefile(cls) or "<unknown>"
@@ -51,7 +57,7 @@ def read_class(cls: type) -> ClassSource:
     raise PortError(no_source(cls, str(e))) from e
   module = sys.modules.get(cls.__module__)
   namespace = dict(vars(module)) if module is not None else {}
-  return ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace)
+  return absolute_imports(ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace))
 
 
 def dotted(node: tp.Any) -> str | None:
