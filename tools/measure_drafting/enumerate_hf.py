@@ -115,6 +115,15 @@ FIXED = {
 }
 SUBCONFIGS = ("text_config", "vision_config", "encoder", "decoder")
 BATCH_TOKENS = ((2, 7), (3, 9))
+MAIN_INPUTS = (
+  "input_ids",
+  "pixel_values",
+  "input_features",
+  "input_values",
+  "attention_mask",
+  "decoder_input_ids",
+  "decoder_attention_mask",
+)
 
 
 def _flax_modules() -> list[str]:
@@ -199,6 +208,7 @@ def _inputs(fn: tp.Any, config_kwargs: dict[str, tp.Any], which: int) -> tuple[t
   width = next(
     (config_kwargs[k] for k in ("hidden_size", "d_model", "n_embd") if k in config_kwargs), 32
   )
+  max_source = config_kwargs.get("max_source_positions", SIZES["max_source_positions"][which])
   made: dict[str, tp.Any] = {
     "input_ids": Ints((batch, tokens), vocab, low=3),
     "decoder_input_ids": Ints((batch, tokens - 2), vocab, low=3),
@@ -210,6 +220,8 @@ def _inputs(fn: tp.Any, config_kwargs: dict[str, tp.Any], which: int) -> tuple[t
     "pixel_values": Arr((batch, image, image, 3)),
     "inputs_embeds": Arr((batch, tokens, width)),
     "hidden_states": Arr((batch, tokens, width)),
+    "input_features": Arr((batch, config_kwargs.get("num_mel_bins", 10), 2 * max_source)),
+    "input_values": Arr((batch, 800 + 160 * which)),
     "head_mask": None,
     "decoder_head_mask": None,
     "cross_attn_head_mask": None,
@@ -226,7 +238,8 @@ def _inputs(fn: tp.Any, config_kwargs: dict[str, tp.Any], which: int) -> tuple[t
       kwargs[name] = True
       continue
     if param.default is not param.empty:
-      if name in ("attention_mask", "decoder_attention_mask") and param.default is None:
+      # HF modules default even their main inputs to None: those are passed all the same.
+      if name in MAIN_INPUTS and param.default is None:
         kwargs[name] = made[name]
       continue
     if name not in made:

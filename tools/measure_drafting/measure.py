@@ -20,6 +20,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -216,7 +217,23 @@ def _build_port(source_module: tp.Any, root: str, kwargs: dict) -> tp.Any:
       )
     return value
 
-  return getattr(source_module, root)(**{k: built(v) for k, v in kwargs.items()}, rngs=rngs)
+  with _no_eager_sharding():
+    return getattr(source_module, root)(**{k: built(v) for k, v in kwargs.items()}, rngs=rngs)
+
+
+def _no_eager_sharding() -> tp.ContextManager[object]:
+  """Variables with partitioning metadata are created unsharded (flax 0.12 shards them
+  eagerly, which needs a mesh); as the drafter's own `Draft.build` does."""
+  import contextlib
+
+  import flax
+  from flax import nnx
+
+  if hasattr(nnx, "use_eager_sharding"):
+    return nnx.use_eager_sharding(False)
+  if getattr(flax.config, "flax_always_shard_variable", False):
+    return flax.config.temp_flip_flag("always_shard_variable", False)
+  return contextlib.nullcontext()
 
 
 def _import_source(source: str, name: str) -> tp.Any:
@@ -535,7 +552,12 @@ def main(argv: list[str] | None = None, default_cases: str = "holdout") -> int:
     for future in concurrent.futures.as_completed(futures):
       r = future.result()
       results[r["name"]] = r
-      print(f"{r['name']}: {'EQUAL' if r.get('equal') else 'no'} {r.get('cause', '')}"[:240])
+      if ns.out:  # each result as it comes, so a long run that is stopped keeps what it did
+        with open(ns.out + ".partial.jsonl", "a") as f:
+          f.write(json.dumps(r, default=str) + "\n")
+      print(
+        f"{r['name']}: {'EQUAL' if r.get('equal') else 'NOT EQUAL:'} {r.get('cause', '')}"[:240]
+      )
       sys.stdout.flush()
   ordered = [results[n] for n in names]
   md = table(ordered, ns.validate)
