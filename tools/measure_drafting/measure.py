@@ -489,9 +489,10 @@ def table(results: list[dict[str, tp.Any]], validate: bool = False) -> str:
         return "-"
       return "yes" if part.get("equal") else "no"
 
+    # The control runs only where a port was built and matched; '-' where it was not reached.
     control = "-"
-    if s or t:
-      control = "yes" if s.get("control_differs") and t.get("control_differs") else "no"
+    if "control_differs" in s and "control_differs" in t:
+      control = "yes" if s["control_differs"] and t["control_differs"] else "no"
     cause = str(r.get("cause", "")).replace("|", "\\|").replace("\n", " ")[:160]
     lines.append(
       f"| {r['name']} | `{r.get('cls', '')}` | {r.get('repo', '')} | "
