@@ -123,6 +123,9 @@ MAIN_INPUTS = (
   "attention_mask",
   "decoder_input_ids",
   "decoder_attention_mask",
+  "token_type_ids",
+  "position_ids",
+  "decoder_position_ids",
 )
 
 

@@ -357,6 +357,14 @@ def run_case(case: cases_lib.Case, validate: bool) -> dict[str, tp.Any]:
       result["cause"] = _cause(result)
       result["seconds"] = round(time.time() - t0, 1)
       return result
+    # Linen itself must run both settings, else the case has no sample (a guessed input).
+    for where, module, setting in (("first", first, case.first), ("second", second, case.second)):
+      try:
+        _linen_init(module, setting)
+      except Exception as e:
+        result["cause"] = f"no sample: Linen at the {where} setting: {_first_line(e)}"
+        result["seconds"] = round(time.time() - t0, 1)
+        return result
     try:
       args, kwargs = cases_lib.build_call(case.first, 0)
       draft = lb.port.draft(first, *args, method=case.first.method, **kwargs)
