@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import sys
 import textwrap
-import types
 import typing as tp
 
-from .errors import NO_LIBCST, PortError, no_source
-
-if tp.TYPE_CHECKING:
-  import libcst as cst
-
-
-def libcst() -> types.ModuleType:
-  """libcst, imported only when drafting (the `port` extra)."""
-  try:
-    import libcst as module
-  except ImportError as e:
-    raise PortError(NO_LIBCST) from e
-  return module
-
-
-@dataclasses.dataclass
-class ClassSource:
-  """The text of one class (dedented), its file and first line, and its module's globals."""
-
-  cls: type
-  text: str
-  file: str
-  first_line: int  # line of the file where `text` starts
-  namespace: dict[str, object]
-
-  def line(self, relative: int) -> int:
-    """The file's line number of line `relative` (1-based) of `text`."""
-    return self.first_line + relative - 1
-
-  def tree(self) -> cst.Module:
-    return libcst().parse_module(self.text)
+# The class's text and the lazy libcst import live in `class_source`, which the transforms that
+# `read_class` calls import too (from here they would be an import cycle).
+from .class_source import ClassSource as ClassSource
+from .class_source import libcst as libcst
+from .errors import PortError, no_source
 
 
 def read_class(cls: type) -> ClassSource:
