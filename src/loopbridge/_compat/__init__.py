@@ -748,9 +748,7 @@ def mesh_context(mesh: jax.sharding.Mesh) -> tp.ContextManager[object]:
   return mesh
 
 
-def single_device_sharding(
-  device: jax.Device, memory_kind: str | None = None
-) -> jax.sharding.Sharding:
+def single_device_sharding(device: tp.Any, memory_kind: str | None = None) -> jax.sharding.Sharding:
   """The sharding that places an array on one device (in `memory_kind`, if given).
 
   jax 0.12 deprecates the class `jax.sharding.SingleDeviceSharding` (reading the name warns)
