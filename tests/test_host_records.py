@@ -2,6 +2,8 @@
 read-back, re-declaration and the refusals. On a backend without pinned host memory (jax 0.5.3's
 CPU), the declaration is refused instead, and that refusal is what runs here."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -249,3 +251,21 @@ def test_checkpoint_round_trip_keeps_host_records_on_the_host(tmp_path):
   np.testing.assert_array_equal(
     lb.recorded(restored)["intermediates"]["h"], lb.recorded(model)["intermediates"]["h"]
   )
+
+
+@pytest.mark.parametrize("kind", [None, "pinned_host"])
+def test_single_device_placement_reads_no_deprecated_jax_name(kind):
+  """jax 0.12 deprecates the class `jax.sharding.SingleDeviceSharding` (reading it warns);
+  the placement host records and `loopbridge convert` use must neither warn nor misplace."""
+  from loopbridge import _compat
+
+  if kind is not None and not _has_pinned_host():
+    pytest.skip("no pinned_host memory here")
+  device = jax.devices()[0]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    sharding = _compat.single_device_sharding(device, memory_kind=kind)
+  placed = jax.device_put(np.arange(3.0), sharding)
+  assert placed.sharding.device_set == {device}
+  assert placed.sharding.memory_kind == (kind or device.default_memory().kind)
+  np.testing.assert_array_equal(np.asarray(placed), np.arange(3.0))

@@ -23,8 +23,9 @@ import typing as tp
 import jax
 import numpy as np
 from flax.core import FrozenDict
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding
 
+from .._compat import single_device_sharding
 from .errors import CapacityError
 
 Memory = tp.Literal["device", "host"]
@@ -119,7 +120,7 @@ def host_sharding(layout: NamedSharding | None, label: str) -> jax.sharding.Shar
     )
   if layout is not None:
     return layout.with_memory_kind(HOST_KIND)
-  return SingleDeviceSharding(devices[0], memory_kind=HOST_KIND)
+  return single_device_sharding(devices[0], memory_kind=HOST_KIND)
 
 
 def is_host(buffer: object) -> bool:
