@@ -52,6 +52,7 @@ from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
 from .transforms import user_base_class
+from .transforms.field_only_subclass import merged_source
 from .transforms.module_globals import read_through_modules
 from .transforms.module_name import keep_name
 
@@ -508,7 +509,9 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
     if why is not None:
       return fallback_port(src, why)
   inherited = user_base_class.reason(src.cls)
-  if inherited is not None:
+  # A subclass that only changes fields was read as its base's source with its own fields
+  # (`transforms/field_only_subclass`): nothing is inherited from a Linen base then.
+  if inherited is not None and merged_source(src.cls, read_class) is None:
     return fallback_port(src, inherited)
   helpers = set(ctx.helpers)
   try:
