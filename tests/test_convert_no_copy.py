@@ -7,6 +7,8 @@ variables (and optax state) usable. Values are checked against the Linen arrays 
 
 from __future__ import annotations
 
+import typing as tp
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,7 +73,7 @@ def test_a_stack_in_the_ports_layout_is_handed_over_not_copied(axis):
   # Axis 0 on both sides: the very buffer; another axis needs one transposed copy.
   assert (_buffer(converted) == _buffer(kernel)) == (axis == 0)
 
-  back = lb.checkpoint.nnx_to_linen(port, Scanned(axis), x)
+  back = lb.checkpoint.nnx_to_linen(port, Scanned(axis), x, copy=False)
   back_kernel = back["params"]["stack"]["Dense_0"]["kernel"]  # type: ignore[index]
   np.testing.assert_array_equal(back_kernel, kernel)
   assert (_buffer(back_kernel) == _buffer(converted)) == (axis == 0)
@@ -154,3 +156,25 @@ def _halved(variables):
   for name in ("Dense_0", "Dense_1"):
     params[name] = {**params[name], "kernel": params[name]["kernel"] * 0.5}
   return {"params": params}
+
+
+def test_linen_variables_from_a_port_stay_usable_after_a_donated_step_on_the_port():
+  """`nnx_to_linen` hands back arrays of its own by default: a later donated step on the port
+  (as the README's loop runs it) must not delete the Linen variables it returned."""
+  x = jax.random.normal(jax.random.key(0), (2, 3))
+  port = MlpPort(nnx.Rngs(0))
+  want = np.asarray(port(x))
+  variables = lb.checkpoint.nnx_to_linen(port, Mlp(), x)
+  _halve(port)
+  _readable(variables)  # not deleted by the donation
+  np.testing.assert_array_equal(Mlp().apply(variables, x), want)
+
+
+def test_nnx_to_linen_copy_false_hands_back_the_ports_arrays():
+  x = jax.random.normal(jax.random.key(0), (2, 3))
+  port = MlpPort(nnx.Rngs(0))
+  variables = lb.checkpoint.nnx_to_linen(port, Mlp(), x, copy=False)
+  kernel = tp.cast(jax.Array, variables["params"]["Dense_0"]["kernel"])  # pyright: ignore
+  assert _buffer(port.Dense_0.kernel[...]) == _buffer(kernel)
+  with pytest.raises(TypeError, match="copy= must be True or False"):
+    lb.checkpoint.nnx_to_linen(port, Mlp(), x, copy="yes")  # pyright: ignore

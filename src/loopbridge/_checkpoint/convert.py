@@ -22,7 +22,6 @@ from flax import nnx
 
 from .. import _compat
 from .._core.errors import CheckpointError
-from .._core.site import key_str
 from .._diagnostics.compare_tolerance import HIGHEST, check_context, check_precision
 from .convert_align import (
   CACHE,
@@ -39,12 +38,12 @@ from .convert_call import check_call
 from .convert_evidence import Check, Sides, Verdict, decide
 from .convert_match import Pair, pair_units, split_classes
 from .convert_moves import Axes, checked_writes, describe_value, to_linen, to_nnx
+from .convert_optax import OptState, opt_to_linen, opt_to_nnx
 from .convert_probes import ProbeSpec
 from .convert_report import ConversionReport, unproven_text
 from .leaf_rules import LeafRule
 
-# An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
-OptState = object
+# Linen variables.
 Variables = tp.Mapping[str, object]
 
 
@@ -134,130 +133,6 @@ def _to_nnx(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dic
 def _to_linen(pairs: Plan, source: tp.Mapping[Key, Value], col: str | None) -> dict[Key, Value]:
   """NNX arrays by key -> Linen arrays by key (stacked along each Linen leaf's layer axis)."""
   return to_linen(pairs, source, col, pairs.axes)
-
-
-# --- optax state ----------------------------------------------------------------------------
-
-
-def _is_variable(x: object) -> bool:
-  return isinstance(x, nnx.Variable)
-
-
-def _nnx_param_paths(port_params: tp.Mapping[Key, nnx.Variable]) -> set[tuple[str, ...]]:
-  return {k[1:] for k in port_params}
-
-
-def _holds_value(leaf: object) -> bool:
-  # flax 0.10 keeps a value-less Param (`nnx.Linear(use_bias=False).bias`) and optax states
-  # of it: they hold nothing and are skipped, as in `nnx_variables`.
-  return not (isinstance(leaf, nnx.Variable) and _compat.variable_value(leaf) is None)
-
-
-def _state_paths(node: object) -> set[tuple[str, ...]]:
-  flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(key_str(k) for k in path) for path, leaf in flat if _holds_value(leaf)}
-
-
-def _nnx_params_like(paths: set[tuple[str, ...]]) -> tp.Callable[[object], bool]:
-  return lambda x: isinstance(x, nnx.State) and _state_paths(x) == paths
-
-
-def _linen_params_like(keys: set[Key]) -> tp.Callable[[object], bool]:
-  return lambda x: isinstance(x, tp.Mapping) and set(flatten(x, ("params",))) == keys
-
-
-_OPT_MISMATCH = (
-  "the optax state does not have the structure the optimizer's own state has ({detail}). "
-  "Fix: pass the state of the same optax transformation (e.g. optax.adam for both), created "
-  "on the Linen params of this model (`tx.init(variables['params'])`), and an nnx.Optimizer "
-  "built on this port with `wrt=nnx.Param`."
-)
-
-
-def _optimizer_parts(optimizer: nnx.Optimizer, port_params: tp.Mapping[Key, nnx.Variable]):
-  if not isinstance(optimizer, nnx.Optimizer):
-    raise CheckpointError(
-      f"optimizer= takes an nnx.Optimizer built on the port, got {type(optimizer).__name__}."
-    )
-  is_params = _nnx_params_like(_nnx_param_paths(port_params))
-  flat, _ = jax.tree_util.tree_flatten_with_path(
-    optimizer.opt_state, is_leaf=lambda x: _is_variable(x) or is_params(x)
-  )
-  return flat, is_params
-
-
-def _opt_to_nnx(
-  pairs: Plan,
-  opt_state: OptState,
-  optimizer: nnx.Optimizer,
-  port_params: dict[Key, nnx.Variable],
-  linen_param_keys: set[Key],
-  copy: bool,
-) -> tuple[list[tuple[nnx.Variable, jax.Array]], object]:
-  nflat, is_params = _optimizer_parts(optimizer, port_params)
-  is_linen = _linen_params_like(linen_param_keys)
-  lflat, _ = jax.tree_util.tree_flatten_with_path(opt_state, is_leaf=is_linen)
-  if len(lflat) != len(nflat):
-    raise CheckpointError(
-      _OPT_MISMATCH.format(detail=f"{len(lflat)} parts against the optimizer's {len(nflat)}")
-    )
-  writes: list[tuple[nnx.Variable, jax.Array]] = []
-  count: object = None
-  for (npath, nnode), (lpath, lnode) in zip(nflat, lflat):
-    where = jax.tree_util.keystr(lpath) or "<root>"
-    if is_params(nnode):
-      if not is_linen(lnode):
-        raise CheckpointError(
-          _OPT_MISMATCH.format(detail=f"`{where}` is not shaped like the Linen params")
-        )
-      values = _to_nnx(pairs, flatten(tp.cast(Variables, lnode), ("params",)), "params")
-      targets = {("params", *p): v for p, v in _flat_variables(nnode).items()}
-      writes += checked_writes(targets, values, f"optax state `{where}`", copy)
-    else:
-      if is_linen(lnode) or jax.tree_util.keystr(npath) != jax.tree_util.keystr(lpath):
-        raise CheckpointError(_OPT_MISMATCH.format(detail=f"at `{where}`"))
-      writes += checked_writes(
-        {("opt_state", where): nnode}, {("opt_state", where): lnode}, "optax state", copy
-      )
-      if count is None and lpath and key_str(lpath[-1]) == "count":
-        count = lnode
-  return writes, count
-
-
-def _flat_variables(node: object) -> dict[tuple[str, ...], nnx.Variable]:
-  flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=_is_variable)
-  return {tuple(key_str(k) for k in path): v for path, v in flat if _holds_value(v)}
-
-
-def _opt_to_linen(
-  pairs: Plan,
-  optimizer: nnx.Optimizer,
-  port_params: dict[Key, nnx.Variable],
-  stored: dict[Key, jax.ShapeDtypeStruct],
-) -> OptState:
-  nflat, is_params = _optimizer_parts(optimizer, port_params)
-  linen_keys = {k for k in stored if k[0] == "params"}
-  abstract_params = unflatten({k[1:]: stored[k] for k in linen_keys})
-  structure = jax.eval_shape(optimizer.tx.init, abstract_params)
-  is_linen = _linen_params_like(linen_keys)
-  lflat, treedef = jax.tree_util.tree_flatten(structure, is_leaf=is_linen)
-  if len(lflat) != len(nflat):
-    raise CheckpointError(
-      _OPT_MISMATCH.format(detail=f"{len(lflat)} parts against the optimizer's {len(nflat)}")
-    )
-  leaves = []
-  for (npath, nnode), lnode in zip(nflat, lflat):
-    if is_params(nnode) != is_linen(lnode):
-      where = jax.tree_util.keystr(npath) or "<root>"
-      raise CheckpointError(_OPT_MISMATCH.format(detail=f"at `{where}`"))
-    if is_params(nnode):
-      source = {
-        ("params", *p): _compat.variable_value(v) for p, v in _flat_variables(nnode).items()
-      }
-      leaves.append(unflatten(_to_linen(pairs, source, "params"))["params"])
-    else:
-      leaves.append(_compat.variable_value(tp.cast(nnx.Variable, nnode)))
-  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 # --- the two directions ---------------------------------------------------------------------
@@ -448,7 +323,7 @@ def linen_to_nnx(
   optimizer_arrays = 0
   if optimizer is not None:
     port_params = {k: v for k, v in targets.items() if k[0] == "params"}
-    opt_writes, count = _opt_to_nnx(
+    opt_writes, count = opt_to_nnx(
       pairs, opt_state, optimizer, port_params, {k for k in stored if k[0] == "params"}, copy
     )
     writes += opt_writes
@@ -489,6 +364,7 @@ def nnx_to_linen(
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
   probes: ProbeSpec = None,
+  copy: bool = True,
 ) -> dict[str, object]: ...
 @tp.overload
 def nnx_to_linen(
@@ -502,6 +378,7 @@ def nnx_to_linen(
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
   probes: ProbeSpec = None,
+  copy: bool = True,
 ) -> tuple[dict[str, object], OptState]: ...
 def nnx_to_linen(
   port: nnx.Module,
@@ -514,6 +391,7 @@ def nnx_to_linen(
   sample_kwargs: tp.Mapping[str, tp.Any] | None = None,
   precision: tp.Literal["highest", "model"] = HIGHEST,
   probes: ProbeSpec = None,
+  copy: bool = True,
 ) -> dict[str, object] | tuple[dict[str, object], OptState]:
   """The Linen variables (and optax state) that hold what a hand-ported NNX model holds.
 
@@ -537,6 +415,9 @@ def nnx_to_linen(
       or 'model' (their own, with the looser tolerance that goes with it), as for
       `linen_to_nnx`.
     probes: the inputs besides the sample that candidates are checked on, as for `linen_to_nnx`.
+    copy: True (the default) hands back arrays of their own, so a donated step on the port
+      (`nnx.jit(..., donate_argnums=0)`) cannot delete them; False hands back the port's own
+      arrays where a value needs no transform (no second copy in memory).
 
   Returns:
     The Linen variables (`{'params': ..., 'batch_stats': ...}`), or `(variables, opt_state)`
@@ -557,6 +438,12 @@ def nnx_to_linen(
     >>> bool((nn.Dense(2).apply(variables, x) == port(x)).all())
     True
   """
+  if not isinstance(copy, bool):
+    raise TypeError(
+      f"lb.checkpoint.nnx_to_linen: copy= must be True or False, got {copy!r}. Fix: copy=True "
+      "(the default: the Linen variables get arrays of their own) or copy=False (share the "
+      "port's arrays)."
+    )
   targets = nnx_variables(port)
   check_precision(precision, "lb.checkpoint", CheckpointError)
   with check_context(precision):
@@ -583,8 +470,14 @@ def nnx_to_linen(
         f"Linen module creates {abstract.dtype}{list(abstract.shape)}. Build the Linen "
         "module with the port's widths and depth."
       )
-  variables = unflatten(values)
+  variables = unflatten({k: _own_array(v) if copy else v for k, v in values.items()})
   if optimizer is None:
     return variables
   port_params = {k: v for k, v in targets.items() if k[0] == "params"}
-  return variables, _opt_to_linen(pairs, optimizer, port_params, stored)
+  opt_state = opt_to_linen(pairs, optimizer, port_params, stored)
+  return variables, jax.tree.map(_own_array, opt_state) if copy else opt_state
+
+
+def _own_array(value: tp.Any) -> tp.Any:
+  """A copy of a JAX array (same sharding), so no later donation of the port can delete it."""
+  return jnp.array(value, copy=True) if isinstance(value, jax.Array) else value
