@@ -323,8 +323,9 @@ def linen_to_nnx(
   optimizer_arrays = 0
   if optimizer is not None:
     port_params = {k: v for k, v in targets.items() if k[0] == "params"}
+    linen_params = {k for k in stored if k[0] == "params"}
     opt_writes, count = opt_to_nnx(
-      pairs, opt_state, optimizer, port_params, {k for k in stored if k[0] == "params"}, copy
+      pairs, pairs.axes, opt_state, optimizer, port_params, linen_params, copy
     )
     writes += opt_writes
     optimizer_arrays = len(opt_writes)
@@ -474,7 +475,7 @@ def nnx_to_linen(
   if optimizer is None:
     return variables
   port_params = {k: v for k, v in targets.items() if k[0] == "params"}
-  opt_state = opt_to_linen(pairs, optimizer, port_params, stored)
+  opt_state = opt_to_linen(pairs, pairs.axes, optimizer, port_params, stored)
   return variables, jax.tree.map(_own_array, opt_state) if copy else opt_state
 
 

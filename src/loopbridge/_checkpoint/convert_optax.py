@@ -12,10 +12,8 @@ from .. import _compat
 from .._core.errors import CheckpointError
 from .._core.site import key_str
 from .convert_align import Key, flatten, unflatten
-from .convert_moves import checked_writes, to_linen, to_nnx
-
-if tp.TYPE_CHECKING:
-  from .convert import Plan
+from .convert_match import Pair
+from .convert_moves import Axes, checked_writes, to_linen, to_nnx
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
 OptState = object
@@ -70,7 +68,8 @@ def _optimizer_parts(optimizer: nnx.Optimizer, port_params: tp.Mapping[Key, nnx.
 
 
 def opt_to_nnx(
-  pairs: Plan,
+  pairs: tp.Sequence[Pair],
+  axes: Axes,
   opt_state: OptState,
   optimizer: nnx.Optimizer,
   port_params: dict[Key, nnx.Variable],
@@ -93,7 +92,7 @@ def opt_to_nnx(
         raise CheckpointError(
           _OPT_MISMATCH.format(detail=f"`{where}` is not shaped like the Linen params")
         )
-      values = to_nnx(pairs, flatten(tp.cast(Variables, lnode), ("params",)), "params", pairs.axes)
+      values = to_nnx(pairs, flatten(tp.cast(Variables, lnode), ("params",)), "params", axes)
       targets = {("params", *p): v for p, v in _flat_variables(nnode).items()}
       writes += checked_writes(targets, values, f"optax state `{where}`", copy)
     else:
@@ -113,7 +112,8 @@ def _flat_variables(node: object) -> dict[tuple[str, ...], nnx.Variable]:
 
 
 def opt_to_linen(
-  pairs: Plan,
+  pairs: tp.Sequence[Pair],
+  axes: Axes,
   optimizer: nnx.Optimizer,
   port_params: dict[Key, nnx.Variable],
   stored: dict[Key, jax.ShapeDtypeStruct],
@@ -137,7 +137,7 @@ def opt_to_linen(
       source = {
         ("params", *p): _compat.variable_value(v) for p, v in _flat_variables(nnode).items()
       }
-      leaves.append(unflatten(to_linen(pairs, source, "params", pairs.axes))["params"])
+      leaves.append(unflatten(to_linen(pairs, source, "params", axes))["params"])
     else:
       leaves.append(_compat.variable_value(tp.cast(nnx.Variable, nnode)))
   return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -26,7 +26,7 @@ import numpy as np
 from flax.core import FrozenDict
 from jax.sharding import NamedSharding
 
-from .._compat import single_device_sharding
+from .._compat import installed_versions, single_device_sharding
 from .errors import CapacityError
 
 Memory = tp.Literal["device", "host"]
@@ -121,8 +121,9 @@ def host_sharding(layout: NamedSharding | None, label: str) -> jax.sharding.Shar
     )
   failure = _compiled_host_write_failure(devices[0])
   if failure is not None:
+    version = installed_versions()["jax"]
     raise CapacityError(
-      f"sow site {label} was declared with memory='host', but this JAX ({jax.__version__}) on "
+      f"sow site {label} was declared with memory='host', but this JAX ({version}) on "
       f"the {devices[0].platform} backend cannot write into '{HOST_KIND}' memory from a "
       f"compiled program: {failure}. Why: host records are written by the compiled step "
       "itself; a JAX that cannot compile that write would fail at the first step. Fix: keep "
