@@ -19,7 +19,7 @@ import ast
 import branch_models as models
 from flax import nnx
 
-from loopbridge._port import setup_local_values
+from loopbridge._port.plan import setup_local_values
 
 
 def _x(width: int = 8) -> jax.Array:

@@ -19,8 +19,8 @@ pytest.importorskip("libcst")
 import branch_models as models
 from flax import nnx
 
-from loopbridge._port import passed_values
-from loopbridge._port.passed_values import FromParameter, FromSibling
+from loopbridge._port.plan import passed_values
+from loopbridge._port.plan.passed_values import FromParameter, FromSibling
 
 
 def _build(draft, name: str, **settings) -> tp.Any:

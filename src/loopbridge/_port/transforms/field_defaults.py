@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import typing as tp
 
-from ..literals import literal
-from ..names import names_in
+from ..emit.literals import literal
+from ..plan.names import names_in
+from ..plan.source import libcst
 from ..records import Change
-from ..source import libcst
 
 WHY = "a default naming another name of the class body is the value it had when the class was made"
 
