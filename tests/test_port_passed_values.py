@@ -1,5 +1,5 @@
 """A setup layer no traced call reached is sized from a value a trace did see, when the source
-proves it is the value the layer would be given (`_port/passed_values.py`): the block's own
+proves it is the value the layer would be given (`_port/plan/passed_values.py`): the block's own
 input (diffusers' VAE shortcut), or what a later layer was given with nothing rebinding it
 but the unreached branch (HF GPT-2's cross-attention norm). Each port is then built at a
 configuration (or called with an argument) that does reach the layer, from the source alone,
