@@ -8,46 +8,34 @@ attribute the trace saw holding an array, assigned once in setup from what a pro
 again (fields, setup's plain values, globals, setup's locals before it), becomes a read-only
 property of the port recomputing the same expression (under jit, a constant); reads of it stay
 as they are. What a property cannot recompute (a param, an rng draw, a submodule, a local
-bound in a branch or a loop) is a TODO naming the attribute and the fix.
+bound in a branch or a loop) is a TODO naming the attribute and the fix. This module plans and
+edits the class; `constant_array_properties` reads setup and writes each property.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import typing as tp
-
-import jax
-import numpy as np
-from flax import linen as nn
-from flax.core import scope as linen_scope
 
 from ... import _compat
 from ..emit.rewrite_methods import todo_block
-from ..plan.names import names_in
 from ..plan.rewrite_class import ClassPort, Context
 from ..plan.source import dotted, libcst
 from ..records import Change, Todo
-
-# What a Linen method reads through `self` that no property can read again.
-_VARIABLE_READS = frozenset(
-  {"param", "variable", "variables", "get_variable", "has_variable", "put_variable"}
+from .constant_array_properties import (
+  VARIABLE_READS,
+  Evidence,
+  Level,
+  all_statements,
+  block_levels,
+  chained_property,
+  constant_property,
+  rebinding,
+  self_reads,
+  self_targets,
+  unreadable,
 )
-_RNG_READS = frozenset({"make_rng", "has_rng"})
 
 WHY = "flax 0.10's NNX keeps no array attributes: recomputed where read, a constant under jit"
-COMMENT = "# flax 0.10's NNX keeps no array attributes: recomputed where read (constant under jit)"
-
-
-@dataclasses.dataclass
-class _Level:
-  """One block on the way from a function's body to a statement: the block's statements, the
-  index of the one holding the statement, and the `if` test that enters the block (negated
-  for an `else`), None for the function's body."""
-
-  stmts: tp.Sequence[tp.Any]
-  index: int
-  test: tp.Any = None
-  negated: bool = False
 
 
 def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
@@ -55,7 +43,7 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
   installed flax refuses array attributes; unchanged elsewhere."""
   if _compat.nnx_keeps_array_attributes():
     return port
-  evidence = _Evidence.of(port, ctx)
+  evidence = Evidence.of(port, ctx)
   if not evidence.arrays:
     return port
   c = libcst()
@@ -76,9 +64,9 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
   remove: set[int] = set()
   todos: dict[int, tp.Any] = {}  # id(statement) -> its TODO block
   for attr, (original, reason) in plans.items():
-    chain = _rebinding(init, attr) if reason is None else None
+    chain = rebinding(init, attr) if reason is None else None
     if chain is not None:
-      prop = _chained_property(init, attr, chain)
+      prop = chained_property(init, attr, chain)
       if not isinstance(prop, str):
         properties.append(prop)
         remove.update(id(s) for s in chain)
@@ -89,7 +77,7 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
       reason = prop
     drafted = _single_assignment(init, attr)
     # Bound several times: one TODO block in place of the first line, holding them all.
-    others = [s for s in _all_statements(init) if attr in _self_targets(s)]
+    others = [s for s in all_statements(init) if attr in self_targets(s)]
     if drafted is None and reason is not None and others:
       drafted = others[0]
       remove.update(id(s) for s in others[1:])
@@ -98,11 +86,11 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
     line = port.source.line(positions[original].start.line)
     if any(t.line == line for t in port.todos):
       continue  # the line is a TODO already (a param inside an expression): one says it
-    where = _levels(init, drafted)
+    where = block_levels(init, drafted)
     if reason is None and isinstance(where, str):
       reason = where
     if reason is None and not isinstance(where, str):
-      prop = _property(module, init, drafted, tp.cast(list[_Level], where))
+      prop = constant_property(module, init, drafted, tp.cast(list[Level], where))
       if isinstance(prop, str):
         reason = prop
       else:
@@ -112,7 +100,7 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
         port.changes.append(Change(port.source.file, line, code[:90], f"@property {attr}", WHY))
         continue
     text = _reason(attr, tp.cast(str, reason))
-    lines = [s for s in _all_statements(setup) if attr in _self_targets(s)] or [original]
+    lines = [s for s in all_statements(setup) if attr in self_targets(s)] or [original]
     code = "".join(wrapper.module.code_for_node(s) for s in lines).strip("\n")
     port.todos.append(Todo(port.source.file, line, text, code))
     todos[id(drafted)] = todo_block(text, code, port.source.file, line)
@@ -125,35 +113,6 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
   return port
 
 
-@dataclasses.dataclass
-class _Evidence:
-  """What the traced instances of a class held in each attribute setup assigned."""
-
-  arrays: set[str]  # an array in some instance (never a module)
-  plain: set[str]  # no array, module or Linen variable in any instance: a property reads it
-  submodules: set[str]
-
-  @classmethod
-  def of(cls, port: ClassPort, ctx: Context) -> _Evidence:
-    fields = {"parent", "name", "scope", *port.field_names()}
-    instances = [*ctx.trace.of_class(port.cls)]
-    for alt in ctx.alt_traces:
-      instances += alt.of_class(port.cls)
-    arrays: set[str] = set()
-    held: dict[str, list[object]] = {}
-    for inst in instances:
-      for name, value in vars(inst.module).items():
-        if not name.startswith("_") and name not in fields:
-          held.setdefault(name, []).append(value)
-    submodules = {n for n, vs in held.items() if any(_holds(v, nn.Module) for v in vs)}
-    for name, values in held.items():
-      if name not in submodules and any(isinstance(v, (jax.Array, np.ndarray)) for v in values):
-        arrays.add(name)
-    unplain = (jax.Array, np.ndarray, nn.Module, linen_scope.Variable)
-    plain = {n for n, vs in held.items() if not any(_holds(v, unplain) for v in vs)}
-    return cls(arrays, plain, submodules)
-
-
 def _param_or_none(stmt: tp.Any) -> bool:
   """`self.x = self.param(...)` (or `self.variable(...)`) or `self.x = None`."""
   c = libcst()
@@ -161,10 +120,6 @@ def _param_or_none(stmt: tp.Any) -> bool:
     return False
   value = stmt.body[0].value
   return (isinstance(value, c.Name) and value.value == "None") or _is_variable_call(value)
-
-
-def _holds(value: object, types: type | tuple[type, ...]) -> bool:
-  return any(isinstance(leaf, types) for leaf in jax.tree.leaves(value))
 
 
 def _method(module: tp.Any, name: str) -> tp.Any:
@@ -179,7 +134,7 @@ def _method(module: tp.Any, name: str) -> tp.Any:
 
 
 def _plans(
-  setup: tp.Any, evidence: _Evidence, port: ClassPort
+  setup: tp.Any, evidence: Evidence, port: ClassPort
 ) -> dict[str, tuple[tp.Any, str | None]]:
   """Attribute -> (setup's statement assigning it, why no property can recompute it or None),
   for each attribute the trace saw holding an array, in setup's order; a direct `self.param`
@@ -187,22 +142,22 @@ def _plans(
   counts = _self_bindings(setup)
   fields = set(port.field_names()) - port.dropped
   found: dict[str, tuple[tp.Any, str | None]] = {}
-  chains: dict[str, list[tp.Any]] = {}  # attribute -> its bindings (`_rebinding`)
+  chains: dict[str, list[tp.Any]] = {}  # attribute -> its bindings (`rebinding`)
   for attr in sorted(evidence.arrays, key=lambda a: _first_line(setup, a)):
     if attr in port.computed:
       continue  # a property over a kept Param (`computed_params.py`), or its TODO
     stmt = _single_assignment(setup, attr)
     if stmt is None:
-      bindings = [s for s in _all_statements(setup) if attr in _self_targets(s)]
+      bindings = [s for s in all_statements(setup) if attr in self_targets(s)]
       if bindings and all(_param_or_none(s) for s in bindings):
         continue  # BEiT's `self.lambda_1 = self.param(...)` or `= None`: a Param, or nothing
-      chain = _rebinding(setup, attr)
+      chain = rebinding(setup, attr)
       if chain is not None and not any(map(_param_or_none, bindings)):
         found[attr] = (bindings[0], None)  # GPT-Neo's windowed mask: bound again from itself
         chains[attr] = chain
         continue
       if bindings:
-        reads = sorted(_self_reads(bindings) & _VARIABLE_READS)
+        reads = sorted(self_reads(bindings) & VARIABLE_READS)
         why = "setup binds it more than once or with other targets"
         if reads:
           why = f"it reads a param or variable (self.{reads[0]}) and {why}"
@@ -221,12 +176,12 @@ def _plans(
       if why is not None:
         continue
       for binding in chains.get(attr, [stmt]):
-        where = _levels(setup, binding)
+        where = block_levels(setup, binding)
         # A later binding reads the attribute itself: the property's local by then.
         why = (
           where
           if isinstance(where, str)
-          else _unreadable(setup, binding, where, readable | {attr}, evidence)
+          else unreadable(setup, binding, where, readable | {attr}, evidence)
         )
         if why is not None:
           found[attr] = (stmt, why)
@@ -237,46 +192,14 @@ def _plans(
 
 
 def _first_line(fn: tp.Any, attr: str) -> int:
-  stmts = _all_statements(fn)
-  return next((i for i, s in enumerate(stmts) if attr in _self_targets(s)), len(stmts))
-
-
-def _all_statements(fn: tp.Any) -> list[tp.Any]:
-  c = libcst()
-  found: list[tp.Any] = []
-
-  class V(c.CSTVisitor):
-    def visit_SimpleStatementLine(self, node: tp.Any) -> None:
-      found.append(node)
-
-  fn.visit(V())
-  return found
-
-
-def _self_targets(stmt: tp.Any) -> set[str]:
-  """The `self.x` attributes a simple statement binds."""
-  c = libcst()
-  found: set[str] = set()
-  for small in stmt.body:
-    targets: list[tp.Any] = []
-    if isinstance(small, c.Assign):
-      targets = [t.target for t in small.targets]
-    elif isinstance(small, (c.AugAssign, c.AnnAssign)):
-      targets = [small.target]
-    for target in targets:
-      elements = (
-        [e.value for e in target.elements] if isinstance(target, (c.Tuple, c.List)) else [target]
-      )
-      for e in elements:
-        if isinstance(e, c.Attribute) and isinstance(e.value, c.Name) and e.value.value == "self":
-          found.add(e.attr.value)
-  return found
+  stmts = all_statements(fn)
+  return next((i for i, s in enumerate(stmts) if attr in self_targets(s)), len(stmts))
 
 
 def _self_bindings(fn: tp.Any) -> dict[str, int]:
   counts: dict[str, int] = {}
-  for stmt in _all_statements(fn):
-    for attr in _self_targets(stmt):
+  for stmt in all_statements(fn):
+    for attr in self_targets(stmt):
       counts[attr] = counts.get(attr, 0) + 1
   return counts
 
@@ -285,7 +208,7 @@ def _single_assignment(fn: tp.Any, attr: str) -> tp.Any:
   """The one statement `self.<attr> = value` of `fn`, or None (none, several, or bound with
   other targets or by `+=`)."""
   c = libcst()
-  stmts = [s for s in _all_statements(fn) if attr in _self_targets(s)]
+  stmts = [s for s in all_statements(fn) if attr in self_targets(s)]
   if len(stmts) != 1 or len(stmts[0].body) != 1:
     return None
   assign = stmts[0].body[0]
@@ -298,309 +221,7 @@ def _single_assignment(fn: tp.Any, attr: str) -> tp.Any:
 def _is_variable_call(value: tp.Any) -> bool:
   """`self.param(...)` / `self.variable(...)`: the draft makes it an NNX Variable."""
   called = dotted(value.func) if isinstance(value, libcst().Call) else None
-  return called is not None and called.startswith("self.") and called[5:] in _VARIABLE_READS
-
-
-def _levels(fn: tp.Any, stmt: tp.Any) -> list[_Level] | str:
-  """The blocks from `fn`'s body down to `stmt` (through `if`s only), or why not."""
-  c = libcst()
-
-  def search(stmts: tp.Sequence[tp.Any], level: _Level) -> list[_Level] | str | None:
-    for i, s in enumerate(stmts):
-      here = dataclasses.replace(level, stmts=stmts, index=i)
-      if s is stmt:
-        return [here]
-      if isinstance(s, c.If):
-        found = search_if(s, here)
-        if found is not None:
-          return found
-      elif isinstance(s, c.BaseCompoundStatement) and _contains(s, stmt):
-        return "setup assigns it inside a loop, a `with` or a `try`"
-    return None
-
-  def search_if(node: tp.Any, here: _Level) -> list[_Level] | str | None:
-    inner = search(node.body.body, _Level((), 0, node.test))
-    if inner is None and isinstance(node.orelse, c.If):
-      inner = search([node.orelse], _Level((), 0, node.test, negated=True))
-    elif inner is None and node.orelse is not None:
-      inner = search(node.orelse.body.body, _Level((), 0, node.test, negated=True))
-    return inner if inner is None or isinstance(inner, str) else [here, *inner]
-
-  found = search(fn.body.body, _Level((), 0))
-  return found if found is not None else "setup assigns it where the draft cannot follow"
-
-
-def _rebinding(fn: tp.Any, attr: str) -> list[tp.Any] | None:
-  """The statements binding `self.<attr>` when there are several, each `self.<attr> = value`
-  alone on its line, the first in `fn`'s own body (so a value exists whatever the settings)
-  and the others under `if`s only (GPT-Neo: `self.causal_mask = ...`, then under `if
-  self.attention_type == "local":` `self.causal_mask = self.causal_mask ^ ...`); else None."""
-  c = libcst()
-  stmts = [s for s in _all_statements(fn) if attr in _self_targets(s)]
-  if len(stmts) < 2 or not any(s is stmts[0] for s in fn.body.body):
-    return None
-  for s in stmts:
-    assign = s.body[0]
-    if len(s.body) != 1 or not isinstance(assign, c.Assign) or len(assign.targets) != 1:
-      return None
-    if not isinstance(assign.targets[0].target, c.Attribute) or isinstance(_levels(fn, s), str):
-      return None
-  return stmts
-
-
-def _chained_property(init: tp.Any, attr: str, chain: list[tp.Any]) -> tp.Any:
-  """The read-only property repeating each binding of a `_rebinding` chain in `__init__`'s
-  order, with the `if`s around them and the locals they read, into a local it returns; or
-  why the drafted `__init__` does not let a property repeat them."""
-  c = libcst()
-  bindings = {id(s) for s in chain}
-  keep = set(bindings)
-  for stmt in chain:
-    levels = _levels(init, stmt)
-    if isinstance(levels, str):
-      return levels
-    carried = _carried(init, stmt, levels)
-    if isinstance(carried, str):
-      return carried
-    keep.update(id(s) for level in carried[0] for s in level)
-  bound = set().union(*(_local_targets(s) for s in init.body.body))
-  local = attr if attr not in bound else f"{attr}_value"
-
-  class AsLocal(c.CSTTransformer):
-    """`self.<attr>` read in a later binding: the local bound so far."""
-
-    def leave_Attribute(self, original: tp.Any, updated: tp.Any) -> tp.Any:
-      if dotted(original) == f"self.{attr}":
-        return c.Name(local)
-      return updated
-
-  def sliced(stmts: tp.Sequence[tp.Any]) -> list[tp.Any]:
-    out: list[tp.Any] = []
-    for s in stmts:
-      if id(s) in bindings:
-        value = s.body[0].value.visit(AsLocal())
-        out.append(c.SimpleStatementLine([c.Assign([c.AssignTarget(c.Name(local))], value)]))
-      elif id(s) in keep:
-        out.append(s.with_changes(leading_lines=[]))
-      elif isinstance(s, c.If) and any(_contains(s, b) for b in chain):
-        out.append(_sliced_if(s, sliced))
-    return out
-
-  return _as_property(
-    attr, [*sliced(init.body.body), c.SimpleStatementLine([c.Return(c.Name(local))])]
-  )
-
-
-def _as_property(attr: str, body: list[tp.Any]) -> tp.Any:
-  """`@property def <attr>(self):` over `body`, the first line under the comment saying why."""
-  c = libcst()
-  comment = c.EmptyLine(comment=c.Comment(COMMENT))
-  body = [body[0].with_changes(leading_lines=[comment]), *body[1:]]
-  skeleton = c.parse_statement(f"@property\ndef {attr}(self):\n  pass\n")
-  return skeleton.with_changes(
-    body=c.IndentedBlock(body=body), leading_lines=[c.EmptyLine(indent=False)]
-  )
-
-
-def _sliced_if(node: tp.Any, sliced: tp.Callable[[tp.Sequence[tp.Any]], list[tp.Any]]) -> tp.Any:
-  """An `if` (and its `elif`s and `else`) keeping only what `sliced` keeps of each block
-  (`pass` where that is nothing)."""
-  c = libcst()
-
-  def block(b: tp.Any) -> tp.Any:
-    return b.with_changes(body=sliced(b.body) or [c.SimpleStatementLine([c.Pass()])])
-
-  orelse = node.orelse
-  if isinstance(orelse, c.If):
-    orelse = _sliced_if(orelse, sliced)
-  elif orelse is not None:
-    orelse = orelse.with_changes(body=block(orelse.body))
-  return node.with_changes(body=block(node.body), orelse=orelse, leading_lines=[])
-
-
-def _contains(node: tp.Any, target: tp.Any) -> bool:
-  c = libcst()
-  seen = False
-
-  class V(c.CSTVisitor):
-    def on_visit(self, n: tp.Any) -> bool:
-      nonlocal seen
-      seen = seen or n is target
-      return not seen
-
-  node.visit(V())
-  return seen
-
-
-def _carried(
-  fn: tp.Any, stmt: tp.Any, levels: list[_Level]
-) -> tuple[list[list[tp.Any]], set[str]] | str:
-  """Per level, the statements before `stmt` that bind the locals it reads (in order), and
-  every name those and it read; or why a property cannot repeat them (a local bound in a
-  branch, a loop, or an argument of the function)."""
-  c = libcst()
-  tests = [lv.test for lv in levels if lv.test is not None]
-  needed = set().union(*(names_in(n) for n in [stmt.body[0].value, *tests]))
-  params = {p.name.value for p in [*fn.params.params, *fn.params.kwonly_params]} - {"self"}
-  while True:
-    carried: list[list[tp.Any]] = []
-    for level in levels:
-      mine = []
-      for s in level.stmts[: level.index]:
-        bound = _local_targets(s)
-        if not (bound & needed):
-          continue
-        if not isinstance(s, c.SimpleStatementLine):
-          local = sorted(bound & needed)[0]
-          return f"it reads the local `{local}`, which setup binds in a branch, a loop or a `with`"
-        mine.append(s)
-      carried.append(mine)
-    reads = set().union(set(), *(_reads_of(s) for level in carried for s in level))
-    if reads <= needed:
-      break
-    needed |= reads
-  # The arguments read before a carried line binds the name (`config = self.config` binds
-  # the `config` that the field `config` is too).
-  free: set[str] = set()
-  bound: set[str] = set()
-  for level, stmts in zip(levels, carried):
-    free |= names_in(level.test) - bound if level.test is not None else set()
-    for s in stmts:
-      free |= _reads_of(s) - bound
-      bound |= _local_targets(s)
-  free |= names_in(stmt.body[0].value) - bound
-  if free & params:
-    return f"it reads `{sorted(free & params)[0]}`, an argument of the port's __init__"
-  return carried, needed
-
-
-def _local_targets(stmt: tp.Any) -> set[str]:
-  """Every plain name a statement (simple or compound) binds."""
-  c = libcst()
-  found: set[str] = set()
-
-  class V(c.CSTVisitor):
-    def visit_AssignTarget(self, node: tp.Any) -> None:
-      found.update(_plain_names(node.target))
-
-    def visit_AnnAssign(self, node: tp.Any) -> None:
-      found.update(_plain_names(node.target))
-
-    def visit_AugAssign(self, node: tp.Any) -> None:
-      found.update(_plain_names(node.target))
-
-    def visit_For(self, node: tp.Any) -> None:
-      found.update(_plain_names(node.target))
-
-    def visit_AsName(self, node: tp.Any) -> None:
-      found.update(_plain_names(node.name))
-
-    def visit_NamedExpr(self, node: tp.Any) -> None:
-      found.update(_plain_names(node.target))
-
-    def visit_FunctionDef(self, node: tp.Any) -> bool:
-      found.add(node.name.value)
-      return False
-
-    def visit_Lambda(self, node: tp.Any) -> bool:
-      return False
-
-  stmt.visit(V())
-  return found
-
-
-def _plain_names(target: tp.Any) -> set[str]:
-  c = libcst()
-  if isinstance(target, c.Name):
-    return {target.value}
-  if isinstance(target, (c.Tuple, c.List)):
-    return set().union(set(), *(_plain_names(e.value) for e in target.elements))
-  if isinstance(target, c.StarredElement):
-    return _plain_names(target.value)
-  return set()
-
-
-def _reads_of(stmt: tp.Any) -> set[str]:
-  """The names a carried simple statement reads (its values; an `x += ...` reads `x`)."""
-  c = libcst()
-  found: set[str] = set()
-  for small in stmt.body:
-    if isinstance(small, c.Assign):
-      found |= names_in(small.value)
-      for t in small.targets:  # `a[i] = ...`, `a.b = ...` read `a`
-        if not isinstance(t.target, (c.Name, c.Tuple, c.List)):
-          found |= names_in(t.target)
-    elif isinstance(small, (c.AugAssign, c.AnnAssign)) and small.value is not None:
-      found |= names_in(small.value) | names_in(small.target)
-    else:
-      found |= names_in(small)
-  return found
-
-
-def _self_reads(nodes: tp.Iterable[tp.Any]) -> set[str]:
-  c = libcst()
-  found: set[str] = set()
-
-  class V(c.CSTVisitor):
-    def visit_Attribute(self, node: tp.Any) -> None:
-      if isinstance(node.value, c.Name) and node.value.value == "self":
-        found.add(node.attr.value)
-
-  for n in nodes:
-    n.visit(V())
-  return found
-
-
-def _unreadable(
-  setup: tp.Any, stmt: tp.Any, levels: list[_Level], readable: set[str], evidence: _Evidence
-) -> str | None:
-  """What setup's statement (with the locals it reads and the `if`s around it) reads that a
-  property cannot read again, or None."""
-  carried = _carried(setup, stmt, levels)
-  if isinstance(carried, str):
-    return carried
-  by_level, _ = carried
-  for s in (s for level in by_level for s in level):
-    if _self_targets(s):
-      return "a line it reads also assigns an attribute"
-  tests = [lv.test for lv in levels if lv.test is not None]
-  reads = _self_reads([stmt.body[0].value, *tests, *(s for level in by_level for s in level)])
-  for name in sorted(reads - readable):
-    if name in _VARIABLE_READS:
-      return f"it reads a param or variable (self.{name})"
-    if name in _RNG_READS:
-      return f"it reads an rng draw (self.{name})"
-    if name in evidence.submodules:
-      return f"it reads the submodule self.{name}"
-    return f"it reads self.{name}, neither a field nor a plain value setup assigns once"
-  return None
-
-
-def _property(module: tp.Any, init: tp.Any, stmt: tp.Any, levels: list[_Level]) -> tp.Any:
-  """The read-only property returning what `stmt` assigns, with the locals it reads and the
-  `if`s around it (nodes of the drafted `__init__`, so that libcst indents every line of
-  them); or why the drafted `__init__` does not let a property repeat them."""
-  c = libcst()
-  carried = _carried(init, stmt, levels)
-  if isinstance(carried, str):
-    return carried
-  by_level, _ = carried
-  attr = stmt.body[0].targets[0].target.attr.value
-  body: list[tp.Any] = [c.SimpleStatementLine([c.Return(stmt.body[0].value)])]
-  for i in reversed(range(len(levels))):
-    body = [s.with_changes(leading_lines=[]) for s in by_level[i]] + body
-    test = levels[i].test
-    if test is not None:
-      if levels[i].negated:
-        test = c.parse_expression(f"not ({module.code_for_node(test)})")
-      body = [c.If(test=test, body=c.IndentedBlock(body=body))]
-  if len(levels) > 1:
-    body.append(
-      c.parse_statement(
-        f"raise AttributeError({attr!r})  # setup assigns it only under these `if`s\n"
-      )
-    )
-  return _as_property(attr, body)
+  return called is not None and called.startswith("self.") and called[5:] in VARIABLE_READS
 
 
 def _reason(attr: str, why: str) -> str:
