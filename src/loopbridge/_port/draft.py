@@ -37,7 +37,7 @@ from .errors import (
   flax_layer,
   not_a_linen_module,
 )
-from .plan.rewrite_class import ClassPort, Context
+from .plan.class_port import ClassPort, Context
 from .plan.source import ClassSource, libcst, read_class
 from .plan.standard_layers import is_linen_layer, lookup
 from .records import Call, Change, Check, PortOf, Todo

@@ -15,10 +15,11 @@ import typing as tp
 from flax.core import meta
 
 from ..plan import standard_layers
+from ..plan.class_port import ClassPort, Context
 from ..plan.hoist import Hoist
 from ..plan.linen_api import VARIABLE_TYPES
 from ..plan.names import available, inline_aliases, loop_targets, names_in
-from ..plan.rewrite_class import ClassPort, Context, Planner
+from ..plan.rewrite_class import Planner
 from ..plan.source import ClassSource, dotted, libcst, resolve, self_target
 from ..records import Todo
 from ..transforms import call_time_args, lazy_variables

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
-from ..plan.rewrite_class import ClassPort
+from ..plan.class_port import ClassPort
 from ..plan.source import ClassSource
 from ..plan.values import Resolver
 from ..records import Todo

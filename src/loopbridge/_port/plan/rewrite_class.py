@@ -8,14 +8,13 @@ submodule (so the converter pairs them by path), and writes their NNX constructi
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import re
 import typing as tp
 
 from flax import linen as nn
 
-from ..records import Change, Todo
+from ..records import Change
 from ..trace.trace import Instance, Trace
 from ..transforms import keyword_dicts
 from ..transforms.call_filled_locals import filled_during_call
@@ -25,63 +24,18 @@ from ..transforms.mixin_config import WHY as CONFIG_WHY
 from ..transforms.mixin_config import mirrored_fields
 from ..transforms.scan_lift import plan_scan
 from ..transforms.vmap_lift import plan_vmap
-from . import passed_values, setup_local_values, standard_layers
+from . import config_evidence, inline_constructions, standard_layers
 from .call_shapes import in_init
+from .class_port import ClassPort, Context
 from .find_sites import Site, counted_name, explicit_name, find_sites
 from .hoist import Hoist, handed_in, match_child
 from .names import assignment_counts, available, bound_in_methods, names_in
 from .setup_list_plan import plan_setup_list
-from .source import ClassSource, dotted, libcst, resolve
+from .source import dotted, libcst, resolve
 from .values import Resolver
 
 if tp.TYPE_CHECKING:
   import libcst as cst
-
-
-@dataclasses.dataclass
-class Context:
-  """What every class of one draft shares."""
-
-  trace: Trace
-  modern: bool  # flax 0.12 idioms: nnx.List, `variable[...]`, nnx.scan splitting rng streams
-  ported: dict[type, ClassPort]
-  linen_names: set[str]  # names the user's modules bind to flax.linen
-  # Module path -> {cache variable: shape} of the user's Linen variables (a decode cache sized
-  # by an init on the full length, not by the sample call).
-  cache_shapes: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = dataclasses.field(
-    default_factory=dict
-  )
-  helpers: set[str] = dataclasses.field(default_factory=set)  # `helpers.py` classes used
-  # The traces of the derived configurations (`configs.py`): evidence for width expressions.
-  alt_traces: list[Trace] = dataclasses.field(default_factory=list)
-  # Class -> (attribute, "attention" | "module" | "list") whose decode caches its
-  # `init_cache` method sizes (`cache_idiom.py`).
-  caches: dict[type, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass
-class ClassPort:
-  cls: type
-  source: ClassSource
-  code: str = ""
-  resolver: Resolver | None = None
-  todos: list[Todo] = dataclasses.field(default_factory=list)
-  changes: list[Change] = dataclasses.field(default_factory=list)
-  uses_rngs_attr: bool = False
-  attributes: dict[str, int] = dataclasses.field(default_factory=dict)  # attr -> class line
-
-  dropped: set[str] = dataclasses.field(default_factory=set)  # module-factory fields
-  # method -> {call argument added: the factory field whose partial bound it in Linen}
-  threaded: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
-  # A method scanned by a Linen decorator (`scanned_method.py`): Linen records one call of the
-  # module per step, the port one call for the whole scan.
-  scans_a_method: bool = False
-  # Setup attributes computed from a param (`self.A = c * self.param("p", ...)`): A -> p,
-  # made properties by `computed_params.py`.
-  computed: dict[str, str] = dataclasses.field(default_factory=dict)
-
-  def field_names(self) -> list[str]:
-    return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]
 
 
 def factory_class(value: object) -> type | None:
@@ -536,22 +490,16 @@ class Planner:
           found[target.value] = value
     return out
 
-  def _made_elsewhere(self, site: Site) -> list[list[Instance]]:
-    """Per instance of the class in the other configurations, what this construction made
-    there (none of the user's instances made it: a branch only those take)."""
-    return [
-      self.made_by(site, inst, t)
-      for t, parents in zip(self.ctx.alt_traces, self.resolver.alts)
-      for inst in parents.values()
-    ]
-
-  def alt_made(self, hoist: Hoist) -> list[Instance]:
-    """What this construction made in the other configurations, in trace order."""
-    return [k for made in self._made_elsewhere(hoist.site) for k in made]
-
-  def _alt_names(self, site: Site) -> set[tuple[str, ...]]:
-    """The names of what this construction made in the other configurations."""
-    return {tuple(k.path[-1] for k in made) for made in self._made_elsewhere(site) if made}
+  # What a construction made and the other configurations' evidence (`config_evidence.py`).
+  _made_elsewhere = config_evidence._made_elsewhere
+  alt_made = config_evidence.alt_made
+  _alt_names = config_evidence._alt_names
+  traced = config_evidence.traced
+  setup_local_for = config_evidence.setup_local_for
+  passed_widths = config_evidence.passed_widths
+  alt_children = config_evidence.alt_children
+  alt_lists = config_evidence.alt_lists
+  alt_own = config_evidence.alt_own
 
   def made_by(self, site: Site, inst: Instance, trace: Trace) -> list[Instance]:
     """The submodules of `inst` (in `trace`) that this construction made, in order."""
@@ -593,220 +541,12 @@ class Planner:
         found[name] = value
     return found
 
-  def _inline_comp_todo(self, site: Site) -> str | None:
-    """Why a list comprehension that builds and calls a layer (`[nn.Dense(w)(x) for w in
-    self.widths]`) is not drafted, or None: `__init__` builds the same list."""
-    c = libcst()
-    comp: tp.Any = site.comp
-    for_in = comp.for_in
-    if site.loop is not None or site.conditional:
-      return "a list comprehension of layers inside a loop or under an `if`"
-    if for_in.inner_for_in is not None or for_in.ifs or for_in.asynchronous:
-      return "a list comprehension of layers with several `for`s or an `if`"
-    if any(
-      s is not site and s.kind == "construct" and s.target is site.target and s.lines == site.lines
-      for s in self.sites
-    ):
-      return "a list comprehension of layers with another layer of its class on its lines"
-    aliases = self.aliases.get(site.method, {})
-    if not available(for_in.iter, self.init_namespace, set(aliases)):
-      return "a list comprehension of layers over something the call gives"
-    if not isinstance(for_in.target, (c.Name, c.Tuple)):
-      return "a list comprehension of layers with an unusual target"
-    self.used_aliases.update(n for n in names_in(for_in.iter) if n in aliases)
-    return None
-
-  def _one_of_a_line(self, site: Site, made: list[Instance]) -> list[Instance]:
-    """`nn.Dense(4)(nn.silu(nn.Dense(4)(x)))`: both constructions match the submodules the
-    line called; each is the one called at its place in the order the calls finish (the
-    inner first, then left to right), which is the trace's order."""
-    peers = [
-      s
-      for s in self.sites
-      if s.kind == "construct"
-      and s.lines == site.lines
-      and s.target is site.target
-      and s.loop is None
-      and s.outer_call is not None
-      and s.local is None
-      and s.lift is None
-    ]
-    if len(peers) < 2 or site not in peers or len(made) != len(peers):
-      return made
-    peers.sort(
-      key=lambda s: (self.positions[s.outer_call].end.line, self.positions[s.outer_call].end.column)
-    )
-    return [made[peers.index(site)]]
+  # Constructions built inside the line that calls them (`inline_constructions.py`).
+  _inline_comp_todo = inline_constructions._inline_comp_todo
+  _one_of_a_line = inline_constructions._one_of_a_line
+  comprehension_targets = inline_constructions.comprehension_targets
 
   # --- values -----------------------------------------------------------------------------
-
-  def traced(
-    self,
-    hoist: Hoist,
-    get: tp.Callable[[Instance], object],
-    hint: str,
-    index: str | None,
-    fallback: tp.Callable[[], str | None] | None = None,
-  ) -> str:
-    """The expression of a traced per-submodule value (per element of a list); `fallback`
-    as `Resolver.expr` takes it (one value for the whole construction, not per element)."""
-    name = f"{hoist.attr}_{hint}"
-    if hoist.is_list:
-      per = {p: tuple(get(k) for k in kids) for p, kids in hoist.children.items()}
-      firsts = {p: t[0] for p, t in per.items() if t}
-      alt_per = self.alt_lists(hoist, get)
-      if all(all(v == t[0] for v in t) for d in (per, *alt_per) for t in d.values()):
-        alt_firsts = [{p: t[0] for p, t in d.items() if t} for d in alt_per]
-        return self.resolver.expr(firsts, name, alt_firsts)
-      return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
-    values = {p: get(k[0]) for p, k in hoist.children.items() if k}
-    return self.resolver.expr(values, name, self.alt_children(hoist, get), fallback=fallback)
-
-  def setup_local_for(self, hoist: Hoist, get: tp.Callable[[Instance], object]) -> str | None:
-    """The one setup local bound before this setup construction that equals `get` of what it
-    made in every traced instance of every configuration (`setup_local_values`), else None."""
-    if hoist.site.method != "setup" or hoist.is_list:
-      return None
-    statements = setup_local_values.setup_statements(self.src.text, hoist.site.lines[0])
-    samples: list[tuple[object, object]] = []
-    try:
-      for p, kids in hoist.children.items():
-        if kids:
-          samples.append((self.trace.instances[p].module, get(kids[0])))
-      for found, parents in zip(self.alt_children(hoist, get), self.resolver.alts):
-        samples += [(parents[p].module, v) for p, v in found.items() if p in parents]
-    except Exception:  # a width this layer's trace does not give: no evidence
-      return None
-    return setup_local_values.matching_local(statements, self.src.namespace, samples)
-
-  def passed_widths(
-    self, hoist: Hoist, widths: tp.Callable[[Instance], dict[str, object]]
-  ) -> dict[str, str]:
-    """The input widths of a setup layer no traced call reached, as expressions, from a value
-    a trace saw that the source proves it would be given (`passed_values`); {} unproven."""
-    attr = hoist.site.setup_attr
-    found = None if attr is None or hoist.is_list else passed_values.origin(self.src.text, attr)
-    if attr is None or found is None:
-      return {}
-
-    def at(parent: Instance, trace: Trace) -> dict[str, object]:
-      value = passed_values.value_given(found, parent, trace)
-      # Setup built it there (not called: no trace), or the branch that builds it did not run
-      # at this configuration: the value is still what it would be given, and a width that
-      # reads the layer's own settings then has none to read.
-      child = parent.module.__dict__.get(attr)
-      if value is None:
-        return {}
-      if not isinstance(child, nn.Module):
-        child = passed_values.NO_SETTINGS
-      stand_in = dataclasses.replace(
-        parent,
-        path=(*parent.path, attr),
-        cls=hoist.site.target,
-        module=child,
-        variables={},
-        inputs={"__call__": ((value,), {})},
-        called_at=None,
-        lifts=(),
-      )
-      try:
-        return {k: v for k, v in widths(stand_in).items() if v is not None}
-      except Exception:  # a shape the layer's widths cannot read: no evidence
-        return {}
-
-    here = {p: at(self.trace.instances[p], self.trace) for p in hoist.children}
-    there = [
-      {p: at(i, t) for p, i in parents.items()}
-      for t, parents in zip(self.ctx.alt_traces, self.resolver.alts)
-    ]
-    names = {n for d in (here, *there) for w in d.values() for n in w}
-    out: dict[str, str] = {}
-    for name in sorted(names):
-      values = {p: w[name] for p, w in here.items() if name in w}
-      alt_values = [{p: w[name] for p, w in d.items() if name in w} for d in there]
-      out[name] = self.resolver.expr(values, f"{attr}_{name}", alt_values)
-    return out
-
-  def alt_children(
-    self, hoist: Hoist, get: tp.Callable[[Instance], object]
-  ) -> list[dict[tuple[str, ...], object]]:
-    """`get` of the (first) submodule at the same path in each derived configuration."""
-    out: list[dict[tuple[str, ...], object]] = []
-    # Every instance of the class there (a derived configuration may have more of them),
-    # with the submodule of the same name.
-    # (Its path under the parent: a layer of an nn.Sequential sits one level further down.)
-    rel = next((kids[0].path[len(p) :] for p, kids in hoist.children.items() if kids), None)
-    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
-      found: dict[tuple[str, ...], object] = {}
-      for p in parents:
-        if rel is not None:
-          kid = t.instances.get((*p, *rel))
-        else:  # no instance of the user's made it (a branch): paired there as here
-          made = self.made_by(hoist.site, parents[p], t)
-          kid = made[0] if made else None
-        if kid is None:
-          continue
-        try:
-          found[p] = get(kid)
-        except Exception:  # a derived configuration is evidence, not a must
-          continue
-      out.append(found)
-    return out
-
-  def alt_lists(
-    self, hoist: Hoist, get: tp.Callable[[Instance], object]
-  ) -> list[dict[tuple[str, ...], tuple[object, ...]]]:
-    """`get` of each layer of the list in each derived configuration (`Dense_0, Dense_1, ...`
-    under the same parent; a derived configuration may make more of them)."""
-    out: list[dict[tuple[str, ...], tuple[object, ...]]] = []
-    first = next((kids[0].path[-1] for kids in hoist.children.values() if kids), "")
-    # `Dense_0, Dense_1, ...` as Linen numbers them, or `0, 1, ...` (HF's `name=str(i)`).
-    m = re.fullmatch(r"(?:(.+)_)?(\d+)", first)
-
-    def named(n: int) -> str:
-      assert m is not None
-      return str(n) if m.group(1) is None else f"{m.group(1)}_{n}"
-
-    # Another construction numbered on after this one (a second loop of ResBlocks): the run
-    # keeps the user's length, which then no field decides.
-    cap = None
-    for p, kids in hoist.children.items():
-      last = re.fullmatch(r"(?:.+_)?(\d+)", kids[-1].path[-1]) if kids else None
-      after = None if m is None or last is None else named(int(last.group(1)) + 1)
-      if after is not None and (*p, after) in self.trace.instances:
-        cap = len(kids)
-    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
-      found: dict[tuple[str, ...], tuple[object, ...]] = {}
-      for p in parents if m is not None else ():
-        assert m is not None
-        n = int(m.group(2))
-        layers = []
-        while (*p, named(n)) in t.instances and (cap is None or len(layers) < cap):
-          layers.append(t.instances[(*p, named(n))])
-          n += 1
-        try:
-          found[p] = tuple(get(k) for k in layers)
-        except Exception:  # a derived configuration is evidence, not a must
-          continue
-      out.append(found)
-    return out
-
-  def alt_own(self, get: tp.Callable[[Instance], object]) -> list[dict[tuple[str, ...], object]]:
-    """`get` of the class's own instances in each derived configuration, by path."""
-    out: list[dict[tuple[str, ...], object]] = []
-    for alts in self.resolver.alts:
-      found: dict[tuple[str, ...], object] = {}
-      for p, inst in alts.items():
-        try:
-          found[p] = get(inst)
-        except Exception:  # a derived configuration is evidence, not a must
-          continue
-      out.append(found)
-    return out
-
-  def comprehension_targets(self, site: Site) -> set[str]:
-    node = site.comp
-    return set() if node is None else names_in(node.for_in.target)
 
   def rewrite_expr(self, code: str) -> str:
     """`nn.initializers.zeros_init()` -> `nnx.initializers.zeros_init()` (same objects)."""

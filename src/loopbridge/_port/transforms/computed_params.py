@@ -25,7 +25,7 @@ import typing as tp
 
 from ..emit.port_tree import class_and_init
 from ..emit.rewrite_methods import todo_block
-from ..plan.rewrite_class import ClassPort, Context
+from ..plan.class_port import ClassPort, Context
 from ..plan.source import dotted, libcst, self_target
 from ..records import Todo
 

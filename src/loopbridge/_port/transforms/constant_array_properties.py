@@ -12,8 +12,8 @@ import numpy as np
 from flax import linen as nn
 from flax.core import scope as linen_scope
 
+from ..plan.class_port import ClassPort, Context
 from ..plan.names import names_in
-from ..plan.rewrite_class import ClassPort, Context
 from ..plan.source import dotted, libcst
 
 # What a Linen method reads through `self` that no property can read again.

@@ -18,7 +18,7 @@ import typing as tp
 
 from ... import _compat
 from ..emit.rewrite_methods import todo_block
-from ..plan.rewrite_class import ClassPort, Context
+from ..plan.class_port import ClassPort, Context
 from ..plan.source import dotted, libcst
 from ..records import Change, Todo
 from .constant_array_properties import (

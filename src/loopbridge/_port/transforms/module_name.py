@@ -16,7 +16,7 @@ from ..plan.source import libcst
 from ..plan.values import Extra
 
 if tp.TYPE_CHECKING:
-  from ..plan.rewrite_class import ClassPort
+  from ..plan.class_port import ClassPort
 
 
 def _reads_own_name(code: str) -> bool:
