@@ -19,7 +19,6 @@ from .check.random_draws import explained
 from .check.report import render
 from .check.run_check import convert, exec_source, run_check, unique_name
 from .emit.assemble import format_source, imports
-from .emit.rewrite_methods import port_class
 from .emit.safety import (
   class_failed_reason,
   drafted_code_error,
@@ -27,6 +26,7 @@ from .emit.safety import (
   subclassed_layer_reason,
   unparsable_reason,
 )
+from .emit.write_class import port_class
 from .errors import (
   PortError,
   bad_call,

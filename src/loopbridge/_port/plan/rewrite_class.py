@@ -116,7 +116,7 @@ class Planner:
     self.lift_rewrites: dict[int, str] = {}  # id(lift call) -> its NNX form
     # (method, local) -> the hoist of the nn.scan / nn.vmap module the local holds
     self.lifted_locals: dict[tuple[str, str], Hoist] = {}
-    # Layers made in nested loops (`rewrite_methods._plan_counter`), by id of their site:
+    # Layers made in nested loops (`write_class._plan_counter`), by id of their site:
     self.counter_plans: dict[int, Hoist] = {}
     self.choices: dict[int, Choice] = {}  # id(`A if c else B` a local holds) -> its plan
     self.counter_nest: dict[int, tuple[str, list[str], int]] = {}  # list local, loop lines, depth

@@ -24,7 +24,7 @@ import builtins
 import typing as tp
 
 from ..emit.port_tree import class_and_init
-from ..emit.rewrite_methods import todo_block
+from ..emit.todo_blocks import todo_block
 from ..plan.class_port import ClassPort, Context
 from ..plan.source import dotted, libcst, self_target
 from ..records import Todo

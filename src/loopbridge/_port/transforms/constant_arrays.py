@@ -17,7 +17,7 @@ from __future__ import annotations
 import typing as tp
 
 from ... import _compat
-from ..emit.rewrite_methods import todo_block
+from ..emit.todo_blocks import todo_block
 from ..plan.class_port import ClassPort, Context
 from ..plan.source import dotted, libcst
 from ..records import Change, Todo

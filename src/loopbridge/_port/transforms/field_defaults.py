@@ -5,7 +5,7 @@ blocks); as an `__init__` default the name is unbound (`NameError`). The port wr
 the dataclass holds, `cardinality: int = 2`, which is what Linen's default is (a later
 `groups=` does not change it there either).
 
-Hook: the `__init__` signature (`rewrite_methods.port_class`).
+Hook: the `__init__` signature (`write_class.port_class`).
 """
 
 from __future__ import annotations
