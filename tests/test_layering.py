@@ -5,6 +5,7 @@ between modules named by their dotted path below the package (`_core.recorder`,
 `_loops.compile_step`, `_compat`). The graph must have a topological order, the recording core
 (`_core`) must import no wing, and within the core the stages point downward, in the order of
 the data path described in src/loopbridge/README.md (discover -> declare -> append -> read).
+The drafting wing (`_port`) keeps its modules in its stage folders.
 """
 
 from __future__ import annotations
@@ -110,6 +111,19 @@ def test_every_module_is_in_the_core_a_wing_or_the_public_front():
   front = {"", "__main__", "_compat", "checkpoint", "layers", "port", "sharding"}
   for name in _graph():
     assert name in front or name.split(".")[0] in ("_core", "_compat", *WINGS), name
+
+
+# The drafting wing shows its flow as folders, one per stage (src/loopbridge/README.md,
+# "Drafting a port"); only the entry, its errors and the public records sit at its top.
+PORT_STAGES = ("trace", "plan", "transforms", "emit", "check")
+PORT_TOP = {"_port", "_port.draft", "_port.errors", "_port.records"}
+
+
+def test_every_port_module_is_in_its_stage_folder():
+  port = [name for name in _graph() if name.split(".")[0] == "_port" and name not in PORT_TOP]
+  outside = sorted(name for name in port if name.split(".")[1] not in PORT_STAGES)
+  assert not outside, f"port modules outside the stage folders {PORT_STAGES}: {outside}"
+  assert {name.split(".")[1] for name in port} == set(PORT_STAGES)
 
 
 def _version_reads(source: str) -> list[str]:

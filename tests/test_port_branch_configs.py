@@ -76,7 +76,7 @@ def test_the_check_runs_the_port_at_each_branch_configuration(draft):
   bad = dataclasses.replace(draft, source=draft.source.replace("proj + table.sum(0)", "proj"))
   assert bad.source != draft.source
   port, variables = bad.port_and_variables()
-  from loopbridge._port.class_check import check_class
+  from loopbridge._port.check.class_check import check_class
   from loopbridge._port.draft import compare_built
 
   verdict = check_class(bad, compare_built(bad, port, variables), port, variables)

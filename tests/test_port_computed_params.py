@@ -1,7 +1,7 @@
 """HF Dinov2's two constructs the draft translates from the source: a setup attribute computed
 from a param (the Param kept under its Linen name, the arithmetic a property:
-`_port/computed_params.py`), and a width that is a setup local computed in two lines
-(`_port/setup_local_values.py`). Each port is compared with Linen's own apply, at the drafted
+`_port/transforms/computed_params.py`), and a width that is a setup local computed in two lines
+(`_port/plan/setup_local_values.py`). Each port is compared with Linen's own apply, at the drafted
 configuration and, built from the source alone, at another."""
 
 import typing as tp
@@ -19,7 +19,7 @@ import ast
 import branch_models as models
 from flax import nnx
 
-from loopbridge._port import setup_local_values
+from loopbridge._port.plan import setup_local_values
 
 
 def _x(width: int = 8) -> jax.Array:

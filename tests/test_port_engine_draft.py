@@ -11,7 +11,7 @@ from flax import linen as nn
 from flax import nnx
 
 import loopbridge as lb
-from loopbridge._port.values import literal
+from loopbridge._port.plan.values import literal
 
 pytest.importorskip("libcst")
 

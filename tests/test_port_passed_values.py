@@ -1,5 +1,5 @@
 """A setup layer no traced call reached is sized from a value a trace did see, when the source
-proves it is the value the layer would be given (`_port/passed_values.py`): the block's own
+proves it is the value the layer would be given (`_port/plan/passed_values.py`): the block's own
 input (diffusers' VAE shortcut), or what a later layer was given with nothing rebinding it
 but the unreached branch (HF GPT-2's cross-attention norm). Each port is then built at a
 configuration (or called with an argument) that does reach the layer, from the source alone,
@@ -19,8 +19,8 @@ pytest.importorskip("libcst")
 import branch_models as models
 from flax import nnx
 
-from loopbridge._port import passed_values
-from loopbridge._port.passed_values import FromParameter, FromSibling
+from loopbridge._port.plan import passed_values
+from loopbridge._port.plan.passed_values import FromParameter, FromSibling
 
 
 def _build(draft, name: str, **settings) -> tp.Any:

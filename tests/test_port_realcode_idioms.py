@@ -173,7 +173,7 @@ def test_a_mesh_argument_does_not_break_the_trace_maxtext():
 
 def test_a_failure_of_the_trace_bookkeeping_is_reported_as_the_drafter_s(monkeypatch):
   """Not as the user's arguments (the model ran): the error says so and how to work around."""
-  from loopbridge._port import trace as trace_module
+  from loopbridge._port.trace import trace as trace_module
 
   def broken(tree):
     raise AttributeError("no dtype")

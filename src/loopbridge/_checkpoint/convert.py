@@ -35,10 +35,12 @@ from .convert_align import (
   unflatten,
 )
 from .convert_call import check_call
+from .convert_classes import split_classes
 from .convert_evidence import Check, Sides, Verdict, decide
-from .convert_match import Pair, pair_units, split_classes
+from .convert_match import pair_units
 from .convert_moves import Axes, checked_writes, describe_value, to_linen, to_nnx
 from .convert_optax import OptState, opt_to_linen, opt_to_nnx
+from .convert_pairs import Pair
 from .convert_probes import ProbeSpec
 from .convert_report import ConversionReport, unproven_text
 from .leaf_rules import LeafRule

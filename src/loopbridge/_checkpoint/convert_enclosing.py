@@ -21,7 +21,7 @@ import typing as tp
 
 import numpy as np
 
-from .convert_match import MAX_OPTIONS, Pair
+from .convert_pairs import MAX_OPTIONS, Pair
 
 Path = tuple[str, ...]
 # The evidence's own types (`convert_evidence`, which calls this module), named here by what

@@ -12,84 +12,24 @@ The units of both models (`convert_align`) are paired in this order:
 
 Within a pair, leaves with the same name pair. Where leaves of equal shapes have other names,
 or a group admits several transforms, every candidate is kept (`Pair.options`) for
-`convert_evidence` to decide by running the models. Nothing here picks one by order.
+`convert_evidence` to decide by running the models. Nothing here picks one by order. The
+records are `convert_pairs`', the ways two units' leaves pair `convert_leaf_options`', and
+the pairs made by call order among units of equal shapes `convert_classes`'.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import typing as tp
-
-import numpy as np
 
 from .._core.errors import CheckpointError
 from .._core.site import linen_key
-from .convert_align import Leaf, LeafName, Unit
-from .leaf_rules import Fuse, LeafRule, Rename, Reshape, Split, Transpose, match
+from .convert_align import LeafName, Unit
+from .convert_classes import class_pairs, unit_pair, unit_signature
+from .convert_leaf_options import leaf_covers, leaf_options
+from .convert_pairs import MAX_OPTIONS, Move, Pair, Ref, common_path, leaf_path
+from .leaf_rules import LeafRule, Rename, match
 from .numbered_layers import aliased, numbered_aliases
-
-# More candidates than this for one pair: the error asks for a rule instead of trying them.
-MAX_OPTIONS = 64
-
-# (index into Pair.linen or Pair.nnx, leaf name)
-Ref = tuple[int, LeafName]
-
-
-@dataclasses.dataclass(frozen=True)
-class Move:
-  """Some Linen leaves of one pair become some NNX leaves of it, by `rule`."""
-
-  rule: LeafRule
-  linen: tuple[Ref, ...]
-  nnx: tuple[Ref, ...]
-
-
-@dataclasses.dataclass
-class Pair:
-  """Linen units of one layer and the NNX units holding the same numbers.
-
-  `options` are the candidate ways the leaves move (one when names or shapes leave no
-  choice); `chosen` is the one the evidence kept. Pairs of one stack share `key`, so every
-  layer is decided alike. `linen_at` / `nnx_at` are the modules whose calls check the pair.
-  """
-
-  linen: tuple[Unit, ...]
-  nnx: tuple[Unit, ...]
-  linen_at: tuple[str, ...]
-  nnx_at: tuple[str, ...]
-  how: str  # "name", "order", "mapping", "rule" or "shapes"
-  options: list[tuple[Move, ...]]
-  key: tuple[object, ...]
-  chosen: int = 0
-  # Pairs made by call order among units of equal shapes share a class: every assignment
-  # within the class becomes an option of one class pair (`_class_pairs`).
-  order_class: tuple[object, ...] | None = None
-  # A class pair: per option, the NNX unit each Linen unit goes to (indices into `nnx`).
-  assignments: list[tuple[int, ...]] | None = None
-
-  @property
-  def moves(self) -> tuple[Move, ...]:
-    return self.options[self.chosen]
-
-  @property
-  def layer(self) -> int | None:
-    return self.linen[0].layer
-
-
-def leaf_path(unit: Unit, name: LeafName) -> str:
-  """The path a rule or a mapping names a leaf by: module path and variable name."""
-  return "/".join((*unit.path, name[1]))
-
-
-def _common(paths: tp.Iterable[tuple[str, ...]]) -> tuple[str, ...]:
-  paths = list(paths)
-  out: list[str] = []
-  for parts in zip(*paths):
-    if len(set(parts)) != 1:
-      break
-    out.append(parts[0])
-  return tuple(out)
 
 
 def _distinct(units: tp.Iterable[Unit]) -> list[Unit]:
@@ -116,8 +56,8 @@ def _pair(
   return Pair(
     tuple(lu),
     tuple(nu),
-    _common(u.path for u in lu),
-    _common(u.path for u in nu),
+    common_path(u.path for u in lu),
+    common_path(u.path for u in nu),
     how,
     options,
     key,
@@ -236,149 +176,7 @@ def _reduced(units: tp.Sequence[Unit], used: set[tuple[int, LeafName]]) -> list[
   return out
 
 
-# --- leaves of two paired units -------------------------------------------------------------
-
-
-def _kind(leaf: Leaf, name: LeafName) -> tuple[str, tuple[int, ...], str]:
-  return (name[0], leaf.shape, str(leaf.dtype))
-
-
-def _leaf_options(lu: Unit, nu: Unit) -> list[tuple[Move, ...]] | None:
-  """The ways the leaves of two units pair one to one: equal names first, then every
-  assignment among leaves of equal collection, shape and dtype. None if none fits."""
-  fixed = []
-  rest_l = [n for n in lu.leaves if n not in nu.leaves]
-  rest_n = [n for n in nu.leaves if n not in lu.leaves]
-  for name in lu.leaves:
-    if name in nu.leaves:
-      if _kind(lu.leaves[name], name) != _kind(nu.leaves[name], name):
-        return None
-      fixed.append((name, name))
-  kinds_l = sorted(_kind(lu.leaves[n], n) for n in rest_l)
-  kinds_n = sorted(_kind(nu.leaves[n], n) for n in rest_n)
-  if kinds_l != kinds_n:
-    return None
-  classes: dict[tuple[str, tuple[int, ...], str], tuple[list[LeafName], list[LeafName]]] = {}
-  for n in rest_l:
-    classes.setdefault(_kind(lu.leaves[n], n), ([], []))[0].append(n)
-  for n in rest_n:
-    classes[_kind(nu.leaves[n], n)][1].append(n)
-  per_class = [
-    [list(zip(ls, perm)) for perm in itertools.permutations(ns)] for ls, ns in classes.values()
-  ]
-  options = []
-  for combo in itertools.product(*per_class):
-    renamed = [p for part in combo for p in part]
-    # A leaf under another name may also be stored transposed: a square kernel `x @ W.T`
-    # (PyTorch's layout) has the shape of `x @ W`, so each shape-keeping permutation is a
-    # candidate too, for the evidence to decide.
-    ways = [[None]] * len(fixed) + [
-      [None, *_square_permutations(lu.leaves[a].shape)] for a, _ in renamed
-    ]
-    for how in itertools.product(*ways):
-      options.append(
-        tuple(
-          Move(_same_shape_rule(leaf_path(lu, a), leaf_path(nu, b), perm), ((0, a),), ((0, b),))
-          for (a, b), perm in zip(fixed + renamed, how)
-        )
-      )
-      if len(options) > MAX_OPTIONS:
-        return options
-  return options
-
-
-def _square_permutations(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-  """The non-identity axis permutations that keep `shape` (a square kernel's transpose)."""
-  return [
-    perm
-    for perm in itertools.permutations(range(len(shape)))
-    if perm != tuple(range(len(shape))) and tuple(shape[i] for i in perm) == shape
-  ]
-
-
-def _same_shape_rule(a: str, b: str, perm: tuple[int, ...] | None) -> LeafRule:
-  return Rename((a,), (b,)) if perm is None else Transpose((a,), (b,), perm)
-
-
 # --- leftovers: leaf transforms within a group ----------------------------------------------
-
-_Ref = tuple[Unit, LeafName]
-
-
-def _one_to_one(a: Leaf, b: Leaf) -> list[type[LeafRule] | tuple[int, ...]]:
-  """Rename, Reshape, or a transpose permutation: the ways one array becomes the other."""
-  found: list[type[LeafRule] | tuple[int, ...]] = []
-  if a.shape == b.shape:
-    found.append(Rename)
-  if len(a.shape) == len(b.shape) and len(a.shape) >= 2:
-    for perm in itertools.permutations(range(len(a.shape))):
-      if perm != tuple(range(len(a.shape))) and tuple(a.shape[i] for i in perm) == b.shape:
-        found.append(perm)
-  if a.shape != b.shape and int(np.prod(a.shape)) == int(np.prod(b.shape)):
-    found.append(Reshape)
-  return found
-
-
-def _covers(
-  lrefs: list[_Ref], nrefs: list[_Ref], limit: int
-) -> list[list[tuple[LeafRule, list[_Ref], list[_Ref]]]]:
-  """Every way to move all of `lrefs` into all of `nrefs` by leaf transforms (up to `limit`)."""
-  results: list[list[tuple[LeafRule, list[_Ref], list[_Ref]]]] = []
-
-  def leaf(ref: _Ref) -> Leaf:
-    return ref[0].leaves[ref[1]]
-
-  def same_kind(a: _Ref, b: _Ref) -> bool:
-    return a[1][0] == b[1][0] and leaf(a).dtype == leaf(b).dtype
-
-  def path(ref: _Ref) -> str:
-    return leaf_path(*ref)
-
-  def rec(rest: list[_Ref], free: list[_Ref], moves: list) -> None:
-    if len(results) > limit:
-      return
-    if not rest:
-      if not free:
-        results.append(list(moves))
-      return
-    first, others = rest[0], rest[1:]
-    fits = [n for n in free if same_kind(first, n)]
-    for n in fits:
-      left = [m for m in free if m is not n]
-      for how in _one_to_one(leaf(first), leaf(n)):
-        if isinstance(how, tuple):
-          rule: LeafRule = Transpose((path(first),), (path(n),), how)
-        else:
-          rule = how((path(first),), (path(n),))
-        rec(others, left, [*moves, (rule, [first], [n])])
-    shape = leaf(first).shape
-    for axis in range(len(shape)):
-      # Split `first` into several NNX leaves along `axis` (ordered: order is a candidate).
-      parts = [n for n in fits if len(leaf(n).shape) in (len(shape), len(shape) - 1)]
-      for k in range(2, min(len(parts), 8) + 1):
-        for combo in itertools.permutations(parts, k):
-          rule = Split((path(first),), tuple(path(n) for n in combo), axis)
-          if rule.fits([shape], [leaf(n).shape for n in combo]):
-            left = [m for m in free if not any(m is c for c in combo)]
-            rec(others, left, [*moves, (rule, [first], list(combo))])
-      # Fuse `first` and other Linen leaves into one NNX leaf along `axis` of the NNX leaf.
-      for n in fits:
-        target = leaf(n).shape
-        if axis >= len(target):
-          continue
-        peers = [first] + [o for o in others if same_kind(first, o)]
-        for k in range(2, min(len(peers), 8) + 1):
-          for combo in itertools.permutations(peers, k):
-            if not any(c is first for c in combo):
-              continue
-            rule = Fuse(tuple(path(c) for c in combo), (path(n),), axis)
-            if rule.fits([leaf(c).shape for c in combo], [target]):
-              left = [m for m in free if m is not n]
-              rest2 = [o for o in others if not any(o is c for c in combo)]
-              rec(rest2, left, [*moves, (rule, list(combo), [n])])
-
-  rec(list(lrefs), list(nrefs), [])
-  return results
 
 
 def _rel_name(path: tuple[str, ...]) -> str:
@@ -431,7 +229,7 @@ def _group_pairs(
       continue
     lrefs = [(u, n) for u in group_l for n in u.leaves]
     nrefs = [(u, n) for u in group_n for n in u.leaves]
-    covers = _covers(lrefs, nrefs, MAX_OPTIONS)
+    covers = leaf_covers(lrefs, nrefs, MAX_OPTIONS)
     if not covers:
       continue
     if len(covers) > MAX_OPTIONS:
@@ -569,18 +367,18 @@ def pair_units(
       nu = by_name.get((_rel_name(lu.path[len(lp) :]), lu.layer))
       if nu is None or not any(nu is m for m in mine_n):
         continue
-      options = _leaf_options(lu, nu)
+      options = leaf_options(lu, nu)
       if options is not None:
-        pairs.append(_unit_pair(lu, nu, "mapping" if entry else "name", options))
+        pairs.append(unit_pair(lu, nu, "mapping" if entry else "name", options))
         mine_l.remove(lu)
         mine_n.remove(nu)
     for lu in list(mine_l):
       for nu in mine_n:
-        options = _leaf_options(lu, nu)
+        options = leaf_options(lu, nu)
         if options is not None:
-          pair = _unit_pair(lu, nu, "mapping" if entry else "order", options)
+          pair = unit_pair(lu, nu, "mapping" if entry else "order", options)
           if not entry:
-            pair.order_class = (lp, np_, _signature(lu))
+            pair.order_class = (lp, np_, unit_signature(lu))
           pairs.append(pair)
           mine_l.remove(lu)
           mine_n.remove(nu)
@@ -604,156 +402,4 @@ def pair_units(
       "these modules found no counterpart (matched by path, by call order and shapes, and by "
       "leaf transforms under a shared module path)",
     )
-  return _class_pairs(pairs)
-
-
-def _signature(unit: Unit) -> tuple[object, ...]:
-  return (unit.layer is None, tuple(sorted(_kind(leaf, n) for n, leaf in unit.leaves.items())))
-
-
-# More assignments than this for one class of modules of equal shapes: an error asks for a
-# mapping instead of trying them (6 modules: 720 assignments, each one module call per input).
-MAX_ASSIGNMENTS = 720
-
-ASSIGNMENTS_HELP = (
-  "Linen {linen} and NNX {nnx} hold variables of equal shapes under {where}, and can be "
-  "paired in {count} ways, more than the {cap} the converter tries. Fix: name the pairing, "
-  "e.g. (call order, check it) mapping={mapping!r}."
-)
-
-
-def _class_pairs(pairs: list[Pair]) -> list[Pair]:
-  """Pairs made by call order among units of equal shapes, replaced by one pair per class
-  whose options are every assignment within it (units under the same parent module on each
-  side, one layer of a stack standing for all): call order alone decides nothing."""
-  classes: dict[tuple[object, ...], list[int]] = {}
-  for i, pair in enumerate(pairs):
-    if pair.order_class is not None:
-      lu, nu = pair.linen[0], pair.nnx[0]
-      where = (pair.order_class, lu.path[:-1], nu.path[:-1], lu.layer, nu.layer)
-      classes.setdefault(where, []).append(i)
-  out = list(pairs)
-  for idx in classes.values():
-    if len(idx) < 2:
-      continue
-    lus = tuple(pairs[i].linen[0] for i in idx)
-    nus = tuple(pairs[i].nnx[0] for i in idx)
-    by_name = _pairing_by_name(lus, nus)
-    count = 1
-    for n in range(2, len(idx) + 1):
-      count *= n
-    if by_name is None and count > MAX_ASSIGNMENTS:
-      raise CheckpointError(
-        ASSIGNMENTS_HELP.format(
-          linen=", ".join(f"`{u.name}`" for u in lus),
-          nnx=", ".join(f"`{u.name}`" for u in nus),
-          where=f"`{'/'.join(_common(u.path for u in lus)) or '<root>'}`",
-          count=count,
-          cap=MAX_ASSIGNMENTS,
-          mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
-        )
-      )
-    options: list[tuple[Move, ...]] = []
-    assignments: list[tuple[int, ...]] = []
-    # Names the port's author kept (Linen's `ii`, `if`, ... as `ii`, `if_`, ...) state the
-    # pairing: only it is tried (the evidence still has to agree). Otherwise call order says
-    # nothing, and every assignment is tried.
-    perms = [by_name] if by_name is not None else itertools.permutations(range(len(idx)))
-    for perm in perms:
-      per_unit = []
-      for i, j in enumerate(perm):
-        found = _leaf_options(lus[i], nus[j])
-        if found is None:
-          break
-        per_unit.append(
-          [
-            tuple(
-              Move(m.rule, tuple((i, n) for _, n in m.linen), tuple((j, n) for _, n in m.nnx))
-              for m in option
-            )
-            for option in found
-          ]
-        )
-      else:
-        for combo in itertools.product(*per_unit):
-          options.append(tuple(m for moves in combo for m in moves))
-          assignments.append(perm)
-          if len(options) > MAX_ASSIGNMENTS:
-            raise CheckpointError(
-              ASSIGNMENTS_HELP.format(
-                linen=", ".join(f"`{u.name}`" for u in lus),
-                nnx=", ".join(f"`{u.name}`" for u in nus),
-                where=f"`{'/'.join(_common(u.path for u in lus)) or '<root>'}`",
-                count=f"more than {MAX_ASSIGNMENTS}",
-                cap=MAX_ASSIGNMENTS,
-                mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
-              )
-            )
-    key = ("class", tuple(u.path for u in lus), tuple(u.path for u in nus), lus[0].layer is None)
-    group = Pair(
-      lus, nus, _common(u.path for u in lus), _common(u.path for u in nus), "order", options, key
-    )
-    group.assignments = assignments
-    out[idx[0]] = group
-    for i in idx[1:]:
-      out[i] = None  # pyright: ignore[reportCallIssue, reportArgumentType]
-  return [p for p in out if p is not None]
-
-
-def _pairing_by_name(lus: tuple[tp.Any, ...], nus: tuple[tp.Any, ...]) -> tuple[int, ...] | None:
-  """The assignment that pairs every unit with the one of its own name, if names decide it.
-
-  A name matches itself, or itself with a trailing `_` (a Python keyword such as `if` as an
-  attribute). None unless each Linen unit finds exactly one NNX unit and all are distinct.
-  """
-  perm = []
-  for lu in lus:
-    found = [j for j, nu in enumerate(nus) if _last(nu).rstrip("_") == _last(lu).rstrip("_")]
-    if len(found) != 1:
-      return None
-    perm.append(found[0])
-  return tuple(perm) if len(set(perm)) == len(perm) else None
-
-
-def _last(unit: tp.Any) -> str:
-  """A unit's own name under its parent (the units of one class share their parents)."""
-  return unit.path[-1] if unit.path else ""
-
-
-def unit_mapping(pair: Pair, option: int) -> dict[str, str] | None:
-  """A class pair's candidate `option` as the `mapping=` that declares it (None: not a class)."""
-  if pair.assignments is None:
-    return None
-  perm = pair.assignments[option]
-  return {"/".join(pair.linen[i].path): "/".join(pair.nnx[j].path) for i, j in enumerate(perm)}
-
-
-def split_classes(pairs: tp.Sequence[Pair]) -> list[tuple[Pair, int]]:
-  """Each class pair as the unit pairs of its chosen assignment (so the report and the moves
-  of an optax state read one pair per module), with the index of the pair it came from."""
-  out: list[tuple[Pair, int]] = []
-  for n, pair in enumerate(pairs):
-    if pair.assignments is None:
-      out.append((pair, n))
-      continue
-    perm = pair.assignments[pair.chosen]
-    for i, j in enumerate(perm):
-      moves = tuple(
-        Move(m.rule, tuple((0, x) for _, x in m.linen), tuple((0, x) for _, x in m.nnx))
-        for m in pair.moves
-        if m.linen[0][0] == i
-      )
-      lu, nu = pair.linen[i], pair.nnx[j]
-      out.append((_unit_pair(lu, nu, "order", [moves]), n))
-  return out
-
-
-def _unit_pair(lu: Unit, nu: Unit, how: str, options: list[tuple[Move, ...]]) -> Pair:
-  if len(options) > MAX_OPTIONS:
-    raise CheckpointError(
-      f"Linen {lu.describe()} and NNX {nu.describe()} have more than {MAX_OPTIONS} ways to "
-      "pair their leaves of equal shapes. Fix: name the leaves, e.g. mapping={'a/scale': "
-      "'b/alpha'}."
-    )
-  key = ("unit", lu.path, nu.path, lu.layer is None)
-  return Pair((lu,), (nu,), lu.path, nu.path, how, options, key)
+  return class_pairs(pairs)

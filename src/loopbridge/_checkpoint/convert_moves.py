@@ -24,7 +24,7 @@ from flax import nnx
 from .. import _compat
 from .._core.errors import CheckpointError
 from .convert_align import Key, LeafName, Unit, Value
-from .convert_match import Pair
+from .convert_pairs import Pair
 from .layer_values import Take, gather, is_placeholder, through_rule, value_of
 from .leaf_rules import Rename
 

@@ -12,8 +12,8 @@ from .. import _compat
 from .._core.errors import CheckpointError
 from .._core.site import key_str
 from .convert_align import Key, flatten, unflatten
-from .convert_match import Pair
 from .convert_moves import Axes, checked_writes, to_linen, to_nnx
+from .convert_pairs import Pair
 
 # An optax state (nested tuples / NamedTuples / dicts of arrays); Linen variables.
 OptState = object

@@ -8,7 +8,7 @@ import typing as tp
 
 from .._diagnostics.compare_tolerance import ToleranceChoice
 from .convert_evidence import Check
-from .convert_match import Pair, leaf_path
+from .convert_pairs import Pair, leaf_path
 from .leaf_rules import Rename
 
 

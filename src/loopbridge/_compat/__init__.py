@@ -8,18 +8,18 @@ how. Code elsewhere in the package never checks a version itself (`tests/test_la
 Three jobs live in modules of their own: `installed_pair.py`, the one check that reads version
 numbers (from package metadata, before flax is imported), `orbax_metadata.py`, reading
 back what orbax saved, and `jaxpr_reading.py`, reading jaxpr equations (whose param names JAX
-renames between minors) with a conservative fallback for every read.
+renames between minors) with a conservative fallback for every read. The differences of one
+kind of object have a module each, re-exported here: `variables.py` (a Variable's value,
+metadata, raw slot and typed keys), `layer_views.py` (one layer's view of a stacked Variable),
+`graphs.py` (walking, splitting, cloning graphs), `placement.py` (shardings and meshes),
+`nnx_transforms.py` (what `nnx.scan`/`nnx.vmap` need) and `to_linen.py` (flax's `ToLinen`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import inspect
-import operator
 import sys
 import typing as tp
-import warnings
 
 # Re-exported: `_compat` is the one import for every difference.
 from .installed_pair import broken_pair_message as broken_pair_message
@@ -35,16 +35,48 @@ import jax  # noqa: E402
 from flax import linen, nnx  # noqa: E402
 from flax.nnx.bridge import wrappers as _bridge_wrappers  # noqa: E402
 
+from .graphs import NNX_INTERNAL_PREFIXES as NNX_INTERNAL_PREFIXES  # noqa: E402
+from .graphs import Node as Node  # noqa: E402
+from .graphs import clone_graph as clone_graph  # noqa: E402
+from .graphs import graph_children as graph_children  # noqa: E402
+from .graphs import iter_graph as iter_graph  # noqa: E402
+from .graphs import split_graph as split_graph  # noqa: E402
 from .jaxpr_reading import eval_jaxpr as eval_jaxpr  # noqa: E402
 from .jaxpr_reading import forwarded_inputs as forwarded_inputs  # noqa: E402
 from .jaxpr_reading import used_inputs as used_inputs  # noqa: E402
+from .layer_views import is_layer_view as is_layer_view  # noqa: E402
+from .layer_views import layer_view_variable as layer_view_variable  # noqa: E402
+from .layer_views import plain_variable as plain_variable  # noqa: E402
+from .nnx_transforms import nnx_keeps_array_attributes as nnx_keeps_array_attributes  # noqa: E402
+from .nnx_transforms import nnx_scan_needs_split_rngs as nnx_scan_needs_split_rngs  # noqa: E402
+from .nnx_transforms import nnx_vmap_needs_split_rngs as nnx_vmap_needs_split_rngs  # noqa: E402
+from .placement import is_missing_mesh_error as is_missing_mesh_error  # noqa: E402
+from .placement import mesh_context as mesh_context  # noqa: E402
+from .placement import no_eager_sharding as no_eager_sharding  # noqa: E402
+from .placement import sharding_metadata as sharding_metadata  # noqa: E402
+from .placement import single_device_sharding as single_device_sharding  # noqa: E402
+from .placement import variable_sharding as variable_sharding  # noqa: E402
+from .to_linen import nnx_sow_input as nnx_sow_input  # noqa: E402
+from .to_linen import quiet_nnx_accumulators as quiet_nnx_accumulators  # noqa: E402
+from .to_linen import tolinen_graphdef_with as tolinen_graphdef_with  # noqa: E402
+from .to_linen import tolinen_stores_graphdef as tolinen_stores_graphdef  # noqa: E402
+from .variables import collection_name as collection_name  # noqa: E402
+from .variables import drop_variable_metadata as drop_variable_metadata  # noqa: E402
+from .variables import get_raw_value as get_raw_value  # noqa: E402
+from .variables import is_concrete_typed_key as is_concrete_typed_key  # noqa: E402
+from .variables import key_data_accessors as key_data_accessors  # noqa: E402
+from .variables import raw_value_accessors as raw_value_accessors  # noqa: E402
+from .variables import set_raw_value as set_raw_value  # noqa: E402
+from .variables import set_variable_metadata as set_variable_metadata  # noqa: E402
+from .variables import set_variable_value as set_variable_value  # noqa: E402
+from .variables import state_leaf_type as state_leaf_type  # noqa: E402
+from .variables import variable_value as variable_value  # noqa: E402
 
 FLAX_VERSION: tuple[int, ...] = version_tuple(flax.__version__)
 JAX_VERSION: tuple[int, ...] = version_tuple(jax.__version__)
 
 # A bridge's `rngs`: streams, one key, or none (as stock `ToNNX` takes them).
 RngsArg = nnx.Rngs | jax.Array | None
-Node = tp.TypeVar("Node")
 
 # flax 0.11.1 renamed nnx.Object to nnx.Pytree and its per-instance state attribute from
 # `_object__state` to `_pytree__state`.
@@ -57,9 +89,6 @@ HAS_GRAPH_SWITCH: bool = "graph" in inspect.signature(nnx.while_loop).parameters
 # Prefixes of attributes on a bridge.ToNNX that are not Linen variables. flax 0.12 namespaces
 # its own (`to_nnx__module`, `to_nnx__rngs`); 0.10 uses plain `module`, `rngs`,
 # `linen_attributes` and records the Linen attribute names itself.
-# flax's own per-instance bookkeeping attributes on every NNX module (not graph data):
-# `_object__...` up to flax 0.11.0, `_pytree__...` from 0.11.1 on.
-NNX_INTERNAL_PREFIXES = ("_pytree__", "_object__")
 _OWN_ATTR_PREFIXES = ("to_nnx__", *NNX_INTERNAL_PREFIXES, "loopbridge__")
 
 
@@ -158,71 +187,6 @@ def bridge_call_rngs(rngs: RngsArg, *, initializing: bool) -> dict[str, jax.Arra
       out["params"] = out.pop("default")
     return out
   return {name: stream() for name, stream in rngs.items()}  # 0.10 apply
-
-
-def collection_name(variable_type: type) -> str:
-  """Linen collection name of an NNX Variable type (the function moved between versions)."""
-  from flax.nnx import variablelib
-
-  if hasattr(variablelib, "variable_name_from_type"):  # 0.12
-    return variablelib.variable_name_from_type(variable_type)
-  from flax.nnx.bridge import variables as bridge_variables  # 0.10
-
-  # 0.10 only: the newest flax (the one type-checked against) has no such function.
-  name_of = bridge_variables.variable_type_name  # pyright: ignore[reportAttributeAccessIssue]
-  return name_of(variable_type)
-
-
-def variable_value(variable: nnx.Variable) -> tp.Any:
-  """The value inside a Variable.
-
-  flax 0.12 deprecates `.value` for `get_value()`; 0.10 has only `.value`.
-  """
-  if hasattr(variable, "get_value"):
-    return variable.get_value()
-  return variable.value
-
-
-def set_variable_value(variable: nnx.Variable, value: object) -> None:
-  """Write a Variable's value in place, keeping the Variable object (loops need identity).
-
-  0.12 deprecates assigning `.value` for `set_value()`; 0.10 has only `.value`.
-  """
-  if hasattr(variable, "set_value"):
-    variable.set_value(value)
-  else:
-    variable.value = value
-
-
-def set_variable_metadata(variable: nnx.Variable, name: str, value: object) -> None:
-  """Change one metadata entry of a Variable in place.
-
-  0.12 refuses attribute assignment for metadata (`set_metadata` only; 0.12.0 takes keyword
-  arguments only, later releases also `(name, value)`); 0.10 has no `set_metadata` (a missing
-  attribute is looked up on the value) and takes assignment.
-  """
-  if hasattr(type(variable), "set_metadata"):
-    variable.set_metadata(**{name: value})
-  else:
-    setattr(variable, name, value)
-
-
-def drop_variable_metadata(variable: nnx.Variable, name: str) -> None:
-  """Remove one metadata entry of a Variable in place (a no-op when it has none).
-
-  0.12 replaces the whole metadata with `set_metadata(dict)`; 0.11 has `get_metadata` but no
-  `set_metadata` (attribute deletion removes an entry); 0.10 keeps metadata as instance
-  attributes.
-  """
-  if hasattr(type(variable), "set_metadata"):
-    metadata = dict(variable.get_metadata())
-    if name in metadata:
-      del metadata[name]
-      variable.set_metadata(metadata)
-    return
-  held = variable.get_metadata() if hasattr(variable, "get_metadata") else vars(variable)
-  if name in held:
-    delattr(variable, name)
 
 
 def current_bridge_mutable() -> tp.Any:
@@ -355,513 +319,6 @@ def _find_batch_tracer() -> type | None:
 _BATCH_TRACER: type | None = _find_batch_tracer()
 
 
-def iter_graph(node: tp.Any) -> tp.Iterator[tuple[tuple[tp.Any, ...], tp.Any]]:
-  """(path, node) for every node of an NNX graph, following shared references once.
-
-  flax 0.12's `nnx.iter_graph` takes `graph=` (tree mode would refuse shared references);
-  0.10's has graph semantics only.
-  """
-  if _ITER_GRAPH_TAKES_GRAPH:
-    return nnx.iter_graph(node, graph=True)
-  return nnx.iter_graph(node)
-
-
-_ITER_GRAPH_TAKES_GRAPH = "graph" in inspect.signature(nnx.iter_graph).parameters
-
-
-# --- layer views (lb.layers.layer) ----------------------------------------------------------
-# A layer view is a Variable of the stacked Variable's own type whose value reads and writes
-# `parent[index]` (leading layer axis). flax 0.12 routes every read/write through
-# `get_value(index=)` / `set_value(index=)` (and deprecates Variable hooks in favor of
-# overriding those two); flax 0.10 routes them through the `.value` property. Both keep the
-# link in two slots, so the link is not Variable metadata and never reaches a graphdef.
-_VIEW_TYPES: dict[type, type] = {}
-_NO_INDEX = object()
-
-
-def _view_link(variable: tp.Any) -> tuple[tp.Any, tp.Any] | None:
-  try:
-    return (
-      object.__getattribute__(variable, "_loopbridge_parent"),
-      object.__getattribute__(variable, "_loopbridge_index"),
-    )
-  except AttributeError:  # crossed a transform boundary (re-created from its pytree): a copy
-    return None
-
-
-def _take(leaf: tp.Any, index: tp.Any) -> tp.Any:
-  return jax.lax.dynamic_index_in_dim(leaf, index, 0, keepdims=False)
-
-
-def _put(leaf: tp.Any, index: tp.Any, value: tp.Any) -> tp.Any:
-  return jax.lax.dynamic_update_index_in_dim(leaf, jax.numpy.asarray(value, leaf.dtype), index, 0)
-
-
-def _view_type(var_type: type) -> type:
-  if var_type in _VIEW_TYPES:
-    return _VIEW_TYPES[var_type]
-  if hasattr(nnx.Variable, "get_value"):  # flax 0.12
-
-    def get_value(self, *, index=_NO_INDEX):
-      link = _view_link(self)
-      if link is None:
-        if index is _NO_INDEX:
-          return var_type.get_value(self)
-        return var_type.get_value(self, index=index)
-      parent, i = link
-      value = jax.tree.map(lambda leaf: _take(leaf, i), parent.get_value())
-      return value if index is _NO_INDEX or index is Ellipsis else value[index]
-
-    def set_value(self, value, *, index=_NO_INDEX):
-      link = _view_link(self)
-      if link is not None and index is not _NO_INDEX and index is not Ellipsis:
-        value = self.get_value().at[index].set(value)
-      if link is not None:
-        parent, i = link
-        parent.set_value(
-          jax.tree.map(lambda full, new: _put(full, i, new), parent.get_value(), value)
-        )
-      self.set_raw_value(value)  # keep the snapshot (shape, dtype, pytree leaves) current
-
-    namespace = {
-      "__slots__": ("_loopbridge_parent", "_loopbridge_index"),
-      "get_value": get_value,
-      "set_value": set_value,
-    }
-  else:  # flax 0.10
-
-    def _get(self):
-      link = _view_link(self)
-      if link is None:
-        return var_type.value.fget(self)
-      parent, i = link
-      return jax.tree.map(lambda leaf: _take(leaf, i), parent.value)
-
-    def _set(self, value):
-      link = _view_link(self)
-      if link is not None:
-        parent, i = link
-        parent.value = jax.tree.map(lambda full, new: _put(full, i, new), parent.value, value)
-      var_type.value.fset(self, value)
-
-    namespace = {
-      "__slots__": ("_loopbridge_parent", "_loopbridge_index"),
-      "value": property(_get, _set),
-    }
-  namespace["__module__"] = __name__
-  namespace["__doc__"] = (
-    f"A view of one layer of a stacked `{var_type.__name__}` (lb.layers.layer)."
-  )
-  view_type = type(var_type.__name__, (var_type,), namespace)
-  _VIEW_TYPES[var_type] = view_type
-  return view_type
-
-
-def layer_view_variable(
-  parent: nnx.Variable, index: tp.Any, snapshot: nnx.Variable
-) -> nnx.Variable:
-  """A Variable of `type(parent)` reading and writing `parent`'s value at `index` on axis 0.
-
-  `snapshot` is an ordinary Variable already holding that slice (e.g. from `nnx.merge`); its
-  value and metadata seed the view. Versions differ only inside `_view_type` (see above).
-  """
-  view_type = _view_type(type(parent))
-  metadata = dict(snapshot.get_metadata())
-  if hasattr(nnx.Variable, "get_value"):  # flax 0.12: constructor options live in metadata
-    view = view_type(variable_value(snapshot), **metadata)
-  else:
-    view = view_type(snapshot.raw_value, **metadata)
-  object.__setattr__(view, "_loopbridge_parent", parent)
-  object.__setattr__(view, "_loopbridge_index", index)
-  return view
-
-
-@functools.cache
-def tolinen_stores_graphdef() -> bool:
-  """Whether `nnx.bridge.ToLinen` keeps its module's graphdef in an 'nnx' collection (flax 0.10).
-
-  Such a wrapper rebuilds its module with `nnx.merge(stored graphdef, state)` and makes the
-  Variables itself; flax 0.11 and later keep no graphdef and `nnx.update` a fresh module with
-  the Linen variables. Read from one tiny init, once (flax 0.12.0 and 0.11 lack
-  `Variable.get_value` yet behave like 0.12.8 here, so no other feature tells them apart).
-  """
-  wrapper = _bridge_wrappers.ToLinen(nnx.Linear, args=(1, 1))
-  variables = wrapper.init(jax.random.key(0), jax.numpy.ones((1, 1)))
-  return "nnx" in variables
-
-
-def nnx_sow_input(value: object, variable_type: object) -> object:
-  """An NNX module's accumulator as `nnx.bridge.ToLinen` must be given it to reduce into.
-
-  flax 0.11+'s wrapper `nnx.update`s a fresh module with the Linen variables: a raw array
-  becomes a plain attribute, which `Module.sow` refuses ("Expected 'tot' to be a Variable"), so
-  it gets a Variable of the sow's type. flax 0.10's makes the Variables itself (by collection).
-  """
-  if tolinen_stores_graphdef():  # flax 0.10
-    return value
-  if isinstance(variable_type, str):
-    from flax.nnx import variablelib
-
-    variable_type = variablelib.variable_type_from_name(variable_type, allow_register=True)
-  return tp.cast(tp.Callable[[object], nnx.Variable], variable_type)(value)
-
-
-def tolinen_graphdef_with(
-  graphdef: object,
-  variables: tp.Mapping[str, object],
-  added: tp.Mapping[tuple[str, ...], tuple[str, object]],
-) -> object:
-  """flax 0.10 `nnx.bridge.ToLinen`'s stored graphdef, grown by NNX Variables its module
-  creates in apply (the accumulators of custom-reduce sows), so they can be given back.
-
-  0.10's wrapper rebuilds its NNX module with `nnx.merge(stored graphdef, state)`, which refuses
-  a key the graphdef lacks ("Unknown keys"). The module is rebuilt here as the wrapper does it
-  (public NNX API), given the new Variables, and split again: records stay out of it.
-  `variables`: the wrapper's Linen variables (collection -> its subtree, 'nnx' left out);
-  `added`: path inside the NNX module -> (collection, value). flax 0.12's wrapper keeps no
-  graphdef: `graphdef` is returned as it is there.
-  """
-  if not tolinen_stores_graphdef() or not added:  # flax 0.11 and later
-    return graphdef
-  from flax.core import meta
-  from flax.nnx.bridge import variables as bridge_variables
-  from flax.nnx.statelib import State
-
-  states = jax.tree_util.tree_map_with_path(
-    lambda kp, x: bridge_variables.to_nnx_var(bridge_variables.get_col_name(kp), x).to_state(),
-    dict(variables),
-    is_leaf=lambda x: isinstance(x, meta.AxisMetadata),
-  )
-  state = State.merge(*(State(v) for v in states.values())) if states else State({})
-  module = nnx.merge(tp.cast(tp.Any, graphdef), state)
-  for path, (collection, value) in added.items():
-    owner = module
-    for key in path[:-1]:
-      owner = getattr(owner, key)
-    setattr(owner, path[-1], bridge_variables.to_nnx_var(collection, value))
-  return nnx.split(module)[0]
-
-
-@contextlib.contextmanager
-def quiet_nnx_accumulators(active: bool) -> tp.Iterator[None]:
-  """Silence flax 0.12 ToLinen's "Found unknown module paths in incoming state" warning, for one
-  call that gives an NNX module its accumulators back (`nnx_sow_input`): they are unknown to
-  the freshly built module until its `sow` reduces into them, which is the point."""
-  if not active:
-    yield
-    return
-  with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "Found unknown module paths in incoming state")
-    yield
-
-
-def is_layer_view(value: object) -> bool:
-  """Whether `value` is a Variable of a layer view (`layer_view_variable`)."""
-  return type(value) in _VIEW_TYPES.values()
-
-
-def plain_variable(variable: nnx.Variable) -> nnx.Variable:
-  """`variable` itself, or for a layer view (`layer_view_variable`) a Variable of the stacked
-  type holding the layer's current value and metadata.
-
-  flax's bridge finds a Variable's Linen collection by its exact type in a registry; a view's
-  type is a subclass that is not (and must not be) registered: flax 0.12 refuses it, 0.10
-  registers it under its class name and looks for the collection 'Param'.
-  """
-  view_type = type(variable)
-  base = next((t for t, v in _VIEW_TYPES.items() if v is view_type), None)
-  if base is None:
-    return variable
-  metadata = dict(variable.get_metadata())
-  return base(variable_value(variable), **metadata)
-
-
-# flax 0.12 keeps the value in the slot `_raw_value` and checks the trace level in
-# `__setattr__` (even under `set_raw_value(..., _unsafe_bypass_check=True)`); 0.10 keeps it in
-# the instance attribute `raw_value` and checks in `_setattr`.
-_RAW_SLOT = "_raw_value" if "_raw_value" in getattr(nnx.Variable, "__slots__", ()) else None
-
-
-def get_raw_value(variable: nnx.Variable) -> tp.Any:
-  """A Variable's stored value without hooks or copies (what `nnx.split` puts in the state).
-
-  flax 0.12 has `get_raw_value()` (the `.raw_value` property warns); 0.10 has the attribute only.
-  """
-  if _RAW_SLOT is not None:
-    return object.__getattribute__(variable, _RAW_SLOT)
-  return variable.raw_value
-
-
-def set_raw_value(variable: nnx.Variable, value: object, *, check: bool = True) -> None:
-  """Store a value in a Variable without hooks or copies (what `nnx.update` does with a state).
-
-  flax 0.12 has `set_raw_value()` (the `.raw_value` setter warns); 0.10 has the attribute only.
-  Both check the trace level on every write (~10 µs on 0.12); `check=False` skips that, for
-  callers that know they run outside any trace (concrete values).
-  """
-  if _RAW_SLOT is not None:
-    if check:
-      variable.set_raw_value(value)
-    else:
-      object.__setattr__(variable, _RAW_SLOT, value)
-  elif check:
-    variable.raw_value = value
-  else:
-    object.__setattr__(variable, "raw_value", value)
-
-
-def raw_value_accessors() -> tuple[
-  tp.Callable[[nnx.Variable], tp.Any], tp.Callable[[nnx.Variable, tp.Any], None]
-]:
-  """(get, set) of a Variable's stored value as C-level callables, for per-call hot paths.
-
-  Same as `get_raw_value` / `set_raw_value(..., check=False)` without a Python frame per
-  Variable: `lb.compile_step` moves every leaf of a model on each call, and on a tiny model
-  those frames cost as much as jax's own dispatch. `set` skips the trace-level check, so it is
-  only for concrete values. flax 0.12: the `_raw_value` slot's descriptor (the class's
-  `__setattr__` checks traces); 0.10: the instance attribute `raw_value`.
-  """
-  if _RAW_SLOT is not None:
-    slot = nnx.Variable.__dict__[_RAW_SLOT]  # a member descriptor: __get__/__set__ in C
-    return operator.attrgetter(_RAW_SLOT), slot.__set__
-
-  def set_value(variable: nnx.Variable, value: tp.Any) -> None:
-    object.__setattr__(variable, "raw_value", value)
-
-  return operator.attrgetter("raw_value"), set_value
-
-
-@functools.cache
-def key_data_accessors() -> (
-  tuple[tp.Callable[[nnx.Variable], tp.Any], tp.Callable[[nnx.Variable], tp.Any]] | None
-):
-  """(key data, key impl) getters of a Variable holding a typed PRNG key array, C-level.
-
-  jax flattens a typed key array argument through a Python callback on every call of a jitted
-  function; its uint32 data goes through the C++ path. The attributes are jax internals that
-  every supported jax has (0.5.3 to 0.10.2); None if they are gone (keys then go as they are).
-  Probed on first use, not at import: making a key starts the JAX backend, after which
-  `jax.config.update('jax_num_cpu_devices', ...)` is refused.
-  """
-  key = jax.random.key(0)
-  if not (hasattr(key, "_base_array") and hasattr(key, "_impl")):
-    return None
-  name = _RAW_SLOT or "raw_value"
-  return operator.attrgetter(f"{name}._base_array"), operator.attrgetter(f"{name}._impl")
-
-
-def is_concrete_typed_key(value: object) -> bool:
-  """A typed PRNG key array holding its data (not a tracer), as `key_data_accessors` reads."""
-  dtype = getattr(value, "dtype", None)
-  return (
-    dtype is not None
-    and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)
-    and hasattr(value, "_base_array")
-  )
-
-
-# --- loop carries (lb.while_loop, lb.fori_loop, lb.explain) -----------------------------------
-_SPLIT_TAKES_GRAPH = "graph" in __import__("inspect").signature(nnx.split).parameters
-
-
-def split_graph(node: tp.Any) -> tuple[tp.Any, tp.Any]:
-  """`nnx.split` with graph semantics: a shared Variable or module is split once and merged back
-  shared.
-
-  flax 0.12's `split` takes `graph=` and otherwise follows the configured mode (tree mode
-  refuses shared references, and a tree-mode transform may set it); 0.10 has graph mode only.
-  """
-  if _SPLIT_TAKES_GRAPH:
-    return nnx.split(node, graph=True)
-  return nnx.split(node)
-
-
-def graph_children(node: tp.Any) -> dict[tp.Any, tp.Any]:
-  """A graph node's children (attributes, or dict/list/tuple entries) without NNX bookkeeping.
-
-  flax 0.12 Pytrees also list `_pytree__state` and `_pytree__nodes`; 0.10 Objects list
-  `_object__state`.
-  """
-  from flax.nnx import graph as graph_lib  # same module and API name in 0.10 and 0.12
-
-  impl = graph_lib.get_node_impl(node)
-  if impl is None:
-    raise TypeError(f"{type(node).__name__} is not an NNX graph node")
-  children = impl.node_dict(node)
-  return {
-    k: v
-    for k, v in children.items()
-    if not (isinstance(k, str) and k.startswith(NNX_INTERNAL_PREFIXES))
-  }
-
-
-def state_leaf_type(leaf: object) -> type:
-  """The Variable type of one leaf of an `nnx.State`.
-
-  flax 0.10 State leaves are `VariableState` objects naming their type in `.type`; flax 0.12
-  removed `VariableState` and State leaves are the Variables themselves.
-  """
-  if type(leaf).__name__ == "VariableState":
-    return leaf.type  # pyright: ignore[reportAttributeAccessIssue]  # flax 0.10 only
-  return type(leaf)
-
-
-def _partitioning_key() -> str:
-  """The Variable metadata key under which `nnx.with_partitioning` records partition names.
-
-  flax 0.10.2 uses `sharding`, 0.11 to 0.12.3 `sharding_names`, 0.12.4 on `out_sharding` (and
-  warns that the older names are deprecated); each reads its own back in
-  `nnx.get_partition_spec`, so buffers carrying it are sharded by the standard NNX recipe.
-  Asked of flax itself: the initializer it returns boxes the value with that metadata.
-  """
-  boxed = nnx.with_partitioning(lambda *args: None, ("axis",))(None)
-  names = [k for k, v in getattr(boxed, "metadata", {}).items() if v == ("axis",)]
-  return names[0] if names else "sharding"
-
-
-_SHARDING_KEY = _partitioning_key()
-
-
-def sharding_metadata(names: tp.Sequence[str | None], mesh: object) -> dict[str, object]:
-  """Variable metadata that records a partitioning (mesh axis names per axis) and its mesh."""
-  return {_SHARDING_KEY: tuple(names), "mesh": mesh}
-
-
-def variable_sharding(variable: nnx.Variable) -> tuple[tuple[tp.Any, ...] | None, tp.Any]:
-  """(mesh axis names per axis, mesh) recorded in a Variable's metadata, or (None, None)."""
-  if hasattr(variable, "get_metadata"):  # 0.12
-    metadata = variable.get_metadata()
-  else:  # 0.10 keeps metadata as plain instance attributes
-    metadata = vars(variable)
-  names = metadata.get(_SHARDING_KEY)
-  return (tuple(names) if names is not None else None), metadata.get("mesh")
-
-
-def mesh_context(mesh: jax.sharding.Mesh) -> tp.ContextManager[object]:
-  """Make `mesh` the current mesh (what Linen's `nn.Partitioned` and flax's eager sharding read).
-
-  jax >= 0.7 has `jax.set_mesh`; jax 0.5 uses the mesh itself as the (legacy) context that
-  `flax.core.meta` 0.10 checks before constraining partitioned params.
-  """
-  if hasattr(jax, "set_mesh"):
-    return jax.set_mesh(mesh)
-  return mesh
-
-
-def single_device_sharding(device: tp.Any, memory_kind: str | None = None) -> jax.sharding.Sharding:
-  """The sharding that places an array on one device (in `memory_kind`, if given).
-
-  jax 0.12 deprecates the class `jax.sharding.SingleDeviceSharding` (reading the name warns)
-  for the factory `jax.sharding.make_single_device_sharding`; jax 0.5.3 and 0.10.2 have only
-  the class. The factory is looked for first, so the deprecated name is never read where it
-  exists.
-  """
-  make = getattr(jax.sharding, "make_single_device_sharding", None)
-  if make is None:
-    make = jax.sharding.SingleDeviceSharding
-  return make(device, memory_kind=memory_kind)
-
-
-def _stack_call_fails(run: tp.Callable[[tp.Any, jax.Array], object]) -> bool:
-  """Whether `run(stack, x)` fails over a two-layer `nnx.vmap`-built stack holding a stream."""
-
-  class _Layer(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs):
-      self.drop = nnx.Dropout(0.5, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-      return self.drop(x, deterministic=True)
-
-  @nnx.split_rngs(splits=2)
-  @nnx.vmap(in_axes=(0,), out_axes=0)
-  def make(rngs: nnx.Rngs) -> _Layer:
-    return _Layer(rngs)
-
-  try:
-    run(make(nnx.Rngs(0)), jax.numpy.ones(2))
-  except Exception:  # flax 0.10: the stream counts are not mapped along the stack
-    return True
-  return False
-
-
-@functools.cache
-def nnx_scan_needs_split_rngs() -> bool:
-  """Whether `nnx.scan` over an `nnx.vmap`-built stack needs `nnx.split_rngs` around it.
-
-  flax 0.10 scans a stack's rng stream counts as scalars ("axis 0 is out of bounds"), so a
-  scan over a stack of layers holding a stream (a Dropout) needs the streams split around the
-  call; flax 0.11 and 0.12 scan them as they are, and there the wrapper splits an already
-  split key ("fold_in accepts a single key"). Decided by running one tiny scan, once.
-  """
-
-  def step(layer: tp.Any, x: jax.Array) -> tuple[jax.Array, None]:
-    return layer(x), None
-
-  scan = nnx.scan(step, in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
-  return _stack_call_fails(scan)
-
-
-@functools.cache
-def nnx_vmap_needs_split_rngs() -> bool:
-  """Whether `nnx.vmap` over an `nnx.vmap`-built stack (its axis 0) needs `nnx.split_rngs`
-  around it: as for `nnx.scan`, flax 0.10 maps the stack's stream counts, which are scalars
-  ("rank should be at least 1"); flax 0.12 maps them as they are. Decided by running once."""
-  return _stack_call_fails(nnx.vmap(lambda layer, x: layer(x), in_axes=(0, None), out_axes=0))
-
-
-@functools.cache
-def nnx_keeps_array_attributes() -> bool:
-  """Whether an NNX module may keep a plain jax/numpy array as an attribute.
-
-  flax 0.10's graph refuses one when the module is split ("Arrays leaves are not supported");
-  flax 0.11 and 0.12 keep it (as a leaf of the module's state). Decided by splitting one tiny
-  module that holds a numpy array, once.
-  """
-  import numpy as np
-
-  class Holder(nnx.Module):
-    def __init__(self) -> None:
-      self.constant = np.zeros(())
-
-  try:
-    nnx.split(Holder())
-  except ValueError:
-    return False
-  return True
-
-
-def no_eager_sharding() -> tp.ContextManager[object]:
-  """Create Variables from existing arrays as they are, keeping partitioning as metadata only.
-
-  flax 0.12 shards a Variable with partitioning metadata eagerly at creation (which needs a
-  mesh); `nnx.use_eager_sharding(False)` (flax >= 0.12.1) turns that off for the block, and on
-  flax 0.12.0, which has only the process-wide flag `flax_always_shard_variable`, the flag is
-  flipped for the block. flax 0.10 and 0.11 never shard eagerly.
-  """
-  import contextlib
-
-  if hasattr(nnx, "use_eager_sharding"):
-    return nnx.use_eager_sharding(False)
-  if getattr(flax.config, "flax_always_shard_variable", False):
-    return flax.config.temp_flip_flag("always_shard_variable", False)
-  return contextlib.nullcontext()
-
-
-_CLONE_TAKES_GRAPH = "graph" in __import__("inspect").signature(nnx.clone).parameters
-
-
-def clone_graph(node: Node) -> Node:
-  """A copy of an NNX graph with new Variables (shared references kept shared), arrays shared.
-
-  flax 0.12's `nnx.clone` takes `graph=` (tree mode would refuse shared references); its
-  `split`/`merge` round trip keeps the *same* Variables, so it is no copy. flax 0.10's
-  `nnx.clone` has graph semantics only and creates new Variables.
-  """
-  if _CLONE_TAKES_GRAPH:
-    return nnx.clone(node, graph=True)
-  return nnx.clone(node)
-
-
 # --- one difference each, used outside the core's Variable handling ----------------------------
 def installed_versions() -> dict[str, str]:
   """The installed flax and jax versions, for reports (never to branch on)."""
@@ -886,17 +343,6 @@ def subclass_options(cls: type) -> dict[str, bool]:
   if hasattr(cls, "_pytree__is_pytree"):
     return {"pytree": bool(cls._pytree__is_pytree)}
   return {}
-
-
-# flax >= 0.12 shards a Variable with partitioning metadata when it is created
-# (`flax_always_shard_variable`, on by default), which needs a mesh; it says so in a
-# ValueError with this text (flax 0.10 and 0.11 never shard at creation).
-_NO_MESH_MARK = "An auto mesh context or metadata is required"
-
-
-def is_missing_mesh_error(error: BaseException) -> bool:
-  """Whether `error` is flax 0.12's refusal to create a partitioned Variable without a mesh."""
-  return isinstance(error, ValueError) and _NO_MESH_MARK in str(error)
 
 
 def stock_sow_tuple_length(node: object, children: tp.Mapping[object, object]) -> int | None:

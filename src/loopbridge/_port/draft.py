@@ -13,15 +13,20 @@ from flax import nnx
 from .. import _compat
 from .._diagnostics.compare_tolerance import HIGHEST
 from .._diagnostics.compare_tolerance import check_precision as check_precision_of
-from . import layer_subclass
-from .assemble import format_source, imports
-from .branch_configs import branch_configs
-from .cache_idiom import add_method, size_caches
-from .check import convert, exec_source, run_check, unique_name
-from .class_check import check_class
-from .computed_params import keep_params
-from .configs import derived, literal_notes, other_configs
-from .constant_arrays import as_properties
+from .check.class_check import check_class
+from .check.failed_line import failure_todo
+from .check.random_draws import explained
+from .check.report import render
+from .check.run_check import convert, exec_source, run_check, unique_name
+from .emit.assemble import format_source, imports
+from .emit.safety import (
+  class_failed_reason,
+  drafted_code_error,
+  fallback_port,
+  subclassed_layer_reason,
+  unparsable_reason,
+)
+from .emit.write_class import port_class
 from .errors import (
   PortError,
   bad_call,
@@ -32,29 +37,23 @@ from .errors import (
   flax_layer,
   not_a_linen_module,
 )
-from .failed_line import failure_todo
-from .layer_subclass import flax_layer_base, subclassable, unsupported_reason
-from .random_draws import explained
+from .plan.class_port import ClassPort, Context
+from .plan.source import ClassSource, libcst, read_class
+from .plan.standard_layers import is_linen_layer, lookup
 from .records import Call, Change, Check, PortOf, Todo
-from .report import render
-from .rewrite_class import ClassPort, Context
-from .rewrite_methods import port_class
-from .safety import (
-  class_failed_reason,
-  drafted_code_error,
-  fallback_port,
-  subclassed_layer_reason,
-  unparsable_reason,
-)
-from .scanned_method import per_step_paths
-from .shadowing import renamed, shadowing, shadowing_changes
-from .source import ClassSource, libcst, read_class
-from .standard_layers import is_linen_layer, lookup
-from .trace import rng_streams, trace
-from .transforms import user_base_class
+from .trace.branch_configs import branch_configs
+from .trace.configs import derived, literal_notes, other_configs
+from .trace.trace import rng_streams, trace
+from .transforms import layer_subclass, user_base_class
+from .transforms.cache_idiom import add_method, size_caches
+from .transforms.computed_params import keep_params
+from .transforms.constant_arrays import as_properties
 from .transforms.field_only_subclass import merged_source
+from .transforms.layer_subclass import flax_layer_base, subclassable, unsupported_reason
 from .transforms.module_globals import read_through_modules
 from .transforms.module_name import keep_name
+from .transforms.scanned_method import per_step_paths
+from .transforms.shadowing import renamed, shadowing, shadowing_changes
 
 
 def _init_kwargs(
@@ -313,7 +312,7 @@ def _cache_shapes(
 
 def _opaque_insides(traced) -> tuple[str, ...]:
   """Module paths inside layers whose NNX counterpart is built otherwise (compared as a whole)."""
-  from .standard_layers import lookup
+  from .plan.standard_layers import lookup
 
   opaque = [p for p, i in traced.instances.items() if (m := lookup(i.cls)) and m.opaque]
   return tuple(
@@ -444,7 +443,7 @@ def draft(
     )
     ctx = _port_all(classes, sources, traced, [t for _, t in others], variables)
   assert ctx is not None and classes is not None and sources is not None
-  from .helpers import HELPERS
+  from .emit.helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
   body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])

@@ -1,2 +1,3 @@
-"""One module per Linen idiom the drafter translates, each a small rewrite the method rewriter
-calls at one hook (the idiom's module says which)."""
+"""Drafting's third stage: one module per Linen idiom the drafter translates, each a small libcst
+rewrite that the planner or the method rewriter calls at one hook (the idiom's module says
+which)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import typing as tp
 
 if tp.TYPE_CHECKING:
-  from ..trace import Instance
+  from ..trace.trace import Instance
 
 
 def self_attention_widths(inst: Instance) -> dict[str, object]:

@@ -5,17 +5,17 @@ blocks); as an `__init__` default the name is unbound (`NameError`). The port wr
 the dataclass holds, `cardinality: int = 2`, which is what Linen's default is (a later
 `groups=` does not change it there either).
 
-Hook: the `__init__` signature (`rewrite_methods.port_class`).
+Hook: the `__init__` signature (`write_class.port_class`).
 """
 
 from __future__ import annotations
 
 import typing as tp
 
-from ..literals import literal
-from ..names import names_in
+from ..emit.literals import literal
+from ..plan.names import names_in
+from ..plan.source import libcst
 from ..records import Change
-from ..source import libcst
 
 WHY = "a default naming another name of the class body is the value it had when the class was made"
 

@@ -19,7 +19,7 @@ import typing as tp
 
 from flax import linen as nn
 
-from ..class_source import ClassSource, libcst
+from ..plan.class_source import ClassSource, libcst
 
 
 def merged_source(cls: type, read: tp.Callable[[type], ClassSource]) -> ClassSource | None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import ast
 import typing as tp
 
-from ..port_tree import class_and_init
-from ..source import libcst
-from ..values import Extra
+from ..emit.port_tree import class_and_init
+from ..plan.source import libcst
+from ..plan.values import Extra
 
 if tp.TYPE_CHECKING:
-  from ..rewrite_class import ClassPort
+  from ..plan.class_port import ClassPort
 
 
 def _reads_own_name(code: str) -> bool:

@@ -12,7 +12,7 @@ import typing as tp
 
 from flax import nnx
 
-from ..source import dotted, libcst
+from ..plan.source import dotted, libcst
 
 WHY = "a module may replace this None later (nnx.data keeps the attribute a data slot)"
 

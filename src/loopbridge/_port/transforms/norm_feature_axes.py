@@ -12,7 +12,7 @@ import math
 import typing as tp
 
 if tp.TYPE_CHECKING:
-  from ..trace import Instance
+  from ..trace.trace import Instance
 
 
 def _feature_size(inst: Instance, axes: object) -> int | None:

@@ -13,7 +13,7 @@ import importlib.util
 import sys
 import typing as tp
 
-from ..class_source import ClassSource, libcst
+from ..plan.class_source import ClassSource, libcst
 
 
 def absolute_imports(src: ClassSource) -> ClassSource:

@@ -27,7 +27,7 @@ def stack(size: str, attr: str, construction: str, unit: str, metadata: str, spl
   """`__init__` lines building `size` layers: each with its own rng streams (`split`), or
   every layer from the same keys, as Linen's unsplit params stream initializes them."""
   if split:
-    from ..lift_args import stack as split_stack
+    from .lift_args import stack as split_stack
 
     return split_stack(size, attr, construction, unit, metadata)
   return [

@@ -23,8 +23,8 @@ import typing as tp
 
 from flax import linen as nn
 
-from ..literals import string_literal
-from ..source import dotted, libcst
+from ..emit.literals import string_literal
+from ..plan.source import dotted, libcst
 from .bool_settings import explain_bool
 
 VARIABLES_WHY = (

@@ -1,0 +1,202 @@
+"""The check that tells a port of the class from a port of one instance.
+
+The sample call alone passes a port that bakes the sample's numbers. After it, the port is
+compared with Linen's own `apply` on calls the library makes: the sample's inputs with random
+values of the same dtypes (integers within the sample's range, so token ids stay in the
+vocabulary), the same at another batch size where the Linen model runs with it, and the sample
+call at a derived configuration (`configs.py`), where a fresh Linen `init` is converted into a
+port built with that configuration's arguments.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import nnx
+
+from ..records import Call, Check
+from ..trace.trace import rng_streams
+from ..transforms.cache_idiom import size_caches
+from .run_check import convert, run_check
+
+
+def _random_like(value: object, key: jax.Array, batch: int | None) -> object:
+  """An array of the sample's dtype (and shape, with axis 0 set to `batch`), random values."""
+  if not isinstance(value, (jax.Array, np.ndarray)) or value.ndim == 0:
+    return value
+  shape = tuple(value.shape)
+  if batch is not None:
+    shape = (batch, *shape[1:])
+  dtype = value.dtype
+  if jnp.issubdtype(dtype, jnp.floating):
+    return jax.random.normal(key, shape, dtype)
+  if jnp.issubdtype(dtype, jnp.integer):
+    low, high = int(np.min(value)), int(np.max(value))
+    return jax.random.randint(key, shape, low, high + 1, dtype)
+  if dtype == jnp.bool_:
+    return jax.random.bernoulli(key, 0.5, shape)
+  return value
+
+
+def _batch(call: Call) -> int | None:
+  sizes = {
+    int(a.shape[0])
+    for a in (*call.args, *call.kwargs.values())
+    if isinstance(a, (jax.Array, np.ndarray)) and a.ndim
+  }
+  return sizes.pop() if len(sizes) == 1 else None
+
+
+def _resized(call: Call, batch: int | None, seed: int) -> Call | None:
+  """The call with random inputs (at batch size `batch`, None: the sample's), or None when
+  the sample's arrays do not share one batch size to change."""
+  old = _batch(call)
+  if batch is not None and old is None:
+    return None
+  keys = iter(jax.random.split(jax.random.key(seed), len(call.args) + len(call.kwargs)))
+
+  def one(a: object) -> object:
+    size = (
+      batch if isinstance(a, (jax.Array, np.ndarray)) and a.ndim and a.shape[0] == old else None
+    )
+    return _random_like(a, next(keys), size)
+
+  args = [one(a) for a in call.args]
+  kwargs = {k: one(v) for k, v in call.kwargs.items()}
+  return Call(*args, method=call.method, **kwargs)
+
+
+def _runs_in_linen(module: nn.Module, variables: tp.Mapping[str, object], call: Call) -> bool:
+  mutable = [c for c in variables if c != "params"] or False
+  try:
+    jax.eval_shape(
+      lambda: nn.Module.apply(
+        module,
+        tp.cast(tp.Any, variables),
+        *call.args,
+        method=call.method,
+        mutable=mutable,
+        rngs=rng_streams(()),
+        **call.kwargs,
+      )
+    )
+  except Exception:  # a shape the model does not take is not checked
+    return False
+  return True
+
+
+def random_calls(
+  module: nn.Module, variables: tp.Mapping[str, object], sample: Call
+) -> tuple[Call, ...]:
+  """Random-valued inputs shaped as the sample, and at the sample's batch size + 1 (each kept
+  where Linen runs with it)."""
+  out = []
+  batch = _batch(sample)
+  for size, seed in ((None, 11), (None if batch is None else batch + 1, 12)):
+    if seed == 12 and size is None:
+      continue
+    call = _resized(sample, size, seed)
+    if call is not None and _runs_in_linen(module, variables, call):
+      out.append(call)
+  return tuple(out)
+
+
+def at_config(
+  linen_module: nn.Module,
+  port: nnx.Module,
+  sample: Call,
+  source: str,
+  unpaired: tp.Sequence[str],
+  precision: str,
+) -> Check:
+  """The port built at a derived configuration against Linen there, on the sample call."""
+  variables = nn.Module.init(
+    linen_module, rng_streams(()), *sample.args, method=sample.method, **sample.kwargs
+  )
+  size_caches(port, variables, (linen_module, sample))
+  convert(linen_module, variables, port, sample, precision)
+  return run_check(linen_module, variables, port, (sample,), source, unpaired, precision)
+
+
+def merged(first: Check, more: Check, where: str) -> Check:
+  """The verdict of both checks (`where` says which inputs or configuration the second ran)."""
+  reports = (*first.reports, *more.reports)
+  if not first.equal:
+    return first
+  if more.error is not None:
+    return Check(False, reports, None, f"{where}: {more.error}")
+  if not more.equal:
+    return Check(False, reports, f"{where}: {more.first_divergence}", None)
+  return Check(True, reports, None, None)
+
+
+def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.Any) -> Check:
+  """After the sample call's check (`first`): random inputs, another batch size, and the
+  first other configuration the draft traced."""
+  if not first.equal:
+    return first
+  sample = result.calls[0]
+  verdict = first
+  extra = random_calls(result.linen_module, variables, sample)
+  if extra:
+    more = run_check(
+      result.linen_module,
+      variables,
+      port,
+      extra,
+      result.source,
+      result.unpaired,
+      result.check_precision,
+    )
+    verdict = merged(verdict, more, "random inputs shaped as the sample")
+  labels = result.config_labels or ("",) * len(result.configs)
+  checked = [0, *_branch_checks(labels)] if result.configs else []
+  for k in checked:
+    if not verdict.equal:
+      break
+    other, _ = result.configs[k]
+    described = labels[k] or _describe(result.linen_module, other)
+    where = f"another configuration ({described})"
+    try:
+      more = at_config(
+        other,
+        result.build(config=k + 1),
+        sample,
+        result.source,
+        result.unpaired,
+        result.check_precision,
+      )
+    except Exception as e:  # reported as the check's verdict
+      more = Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
+    verdict = merged(verdict, more, where)
+  return verdict
+
+
+def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
+  """The configurations to check besides the first scaled one: per branch configuration
+  (`branch_configs.py`), its first scaled variant (which also tests the widths of the classes
+  only the branch builds), or the branch at the user's numbers where that did not build."""
+  out: list[int] = []
+  for k, label in enumerate(labels):
+    if label and not label.endswith("scaled") and "scaled (" not in label:
+      scaled = next((j for j, other in enumerate(labels) if other == f"{label}, scaled"), None)
+      out.append(k if scaled is None else scaled)
+  return out
+
+
+def _describe(module: nn.Module, other: nn.Module) -> str:
+  """`config.emb_dim=32, ...`: the integer fields where `other` differs from `module`."""
+  from ..trace.configs import knobs
+
+  parts = []
+  for field, attr in knobs(module):
+    a, b = getattr(module, field), getattr(other, field)
+    if attr is not None:
+      a, b = getattr(a, attr), getattr(b, attr)
+    if a != b:
+      parts.append(f"{field}.{attr}={b}" if attr else f"{field}={b}")
+  return ", ".join(parts[:6]) + (", ..." if len(parts) > 6 else "")

@@ -1,0 +1,214 @@
+"""The evidence of the other configurations and of what a construction made, read by the
+planner (each function a `Planner` method, bound in its class body): the submodules a
+construction made in each traced configuration, a traced per-submodule value as an expression,
+and the input widths of a setup layer no traced call reached."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing as tp
+
+from flax import linen as nn
+
+from ..trace.trace import Instance, Trace
+from . import passed_values, setup_local_values
+from .find_sites import Site
+from .hoist import Hoist
+
+# `rewrite_class.Planner`, whose methods these are; typed loosely so this module stays below it.
+Planner = tp.Any
+
+
+def _made_elsewhere(self: Planner, site: Site) -> list[list[Instance]]:
+  """Per instance of the class in the other configurations, what this construction made
+  there (none of the user's instances made it: a branch only those take)."""
+  return [
+    self.made_by(site, inst, t)
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts)
+    for inst in parents.values()
+  ]
+
+
+def alt_made(self: Planner, hoist: Hoist) -> list[Instance]:
+  """What this construction made in the other configurations, in trace order."""
+  return [k for made in self._made_elsewhere(hoist.site) for k in made]
+
+
+def _alt_names(self: Planner, site: Site) -> set[tuple[str, ...]]:
+  """The names of what this construction made in the other configurations."""
+  return {tuple(k.path[-1] for k in made) for made in self._made_elsewhere(site) if made}
+
+
+def traced(
+  self: Planner,
+  hoist: Hoist,
+  get: tp.Callable[[Instance], object],
+  hint: str,
+  index: str | None,
+  fallback: tp.Callable[[], str | None] | None = None,
+) -> str:
+  """The expression of a traced per-submodule value (per element of a list); `fallback`
+  as `Resolver.expr` takes it (one value for the whole construction, not per element)."""
+  name = f"{hoist.attr}_{hint}"
+  if hoist.is_list:
+    per = {p: tuple(get(k) for k in kids) for p, kids in hoist.children.items()}
+    firsts = {p: t[0] for p, t in per.items() if t}
+    alt_per = self.alt_lists(hoist, get)
+    if all(all(v == t[0] for v in t) for d in (per, *alt_per) for t in d.values()):
+      alt_firsts = [{p: t[0] for p, t in d.items() if t} for d in alt_per]
+      return self.resolver.expr(firsts, name, alt_firsts)
+    return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
+  values = {p: get(k[0]) for p, k in hoist.children.items() if k}
+  return self.resolver.expr(values, name, self.alt_children(hoist, get), fallback=fallback)
+
+
+def setup_local_for(
+  self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
+) -> str | None:
+  """The one setup local bound before this setup construction that equals `get` of what it
+  made in every traced instance of every configuration (`setup_local_values`), else None."""
+  if hoist.site.method != "setup" or hoist.is_list:
+    return None
+  statements = setup_local_values.setup_statements(self.src.text, hoist.site.lines[0])
+  samples: list[tuple[object, object]] = []
+  try:
+    for p, kids in hoist.children.items():
+      if kids:
+        samples.append((self.trace.instances[p].module, get(kids[0])))
+    for found, parents in zip(self.alt_children(hoist, get), self.resolver.alts):
+      samples += [(parents[p].module, v) for p, v in found.items() if p in parents]
+  except Exception:  # a width this layer's trace does not give: no evidence
+    return None
+  return setup_local_values.matching_local(statements, self.src.namespace, samples)
+
+
+def passed_widths(
+  self: Planner, hoist: Hoist, widths: tp.Callable[[Instance], dict[str, object]]
+) -> dict[str, str]:
+  """The input widths of a setup layer no traced call reached, as expressions, from a value
+  a trace saw that the source proves it would be given (`passed_values`); {} unproven."""
+  attr = hoist.site.setup_attr
+  found = None if attr is None or hoist.is_list else passed_values.origin(self.src.text, attr)
+  if attr is None or found is None:
+    return {}
+
+  def at(parent: Instance, trace: Trace) -> dict[str, object]:
+    value = passed_values.value_given(found, parent, trace)
+    # Setup built it there (not called: no trace), or the branch that builds it did not run
+    # at this configuration: the value is still what it would be given, and a width that
+    # reads the layer's own settings then has none to read.
+    child = parent.module.__dict__.get(attr)
+    if value is None:
+      return {}
+    if not isinstance(child, nn.Module):
+      child = passed_values.NO_SETTINGS
+    stand_in = dataclasses.replace(
+      parent,
+      path=(*parent.path, attr),
+      cls=hoist.site.target,
+      module=child,
+      variables={},
+      inputs={"__call__": ((value,), {})},
+      called_at=None,
+      lifts=(),
+    )
+    try:
+      return {k: v for k, v in widths(stand_in).items() if v is not None}
+    except Exception:  # a shape the layer's widths cannot read: no evidence
+      return {}
+
+  here = {p: at(self.trace.instances[p], self.trace) for p in hoist.children}
+  there = [
+    {p: at(i, t) for p, i in parents.items()}
+    for t, parents in zip(self.ctx.alt_traces, self.resolver.alts)
+  ]
+  names = {n for d in (here, *there) for w in d.values() for n in w}
+  out: dict[str, str] = {}
+  for name in sorted(names):
+    values = {p: w[name] for p, w in here.items() if name in w}
+    alt_values = [{p: w[name] for p, w in d.items() if name in w} for d in there]
+    out[name] = self.resolver.expr(values, f"{attr}_{name}", alt_values)
+  return out
+
+
+def alt_children(
+  self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
+) -> list[dict[tuple[str, ...], object]]:
+  """`get` of the (first) submodule at the same path in each derived configuration."""
+  out: list[dict[tuple[str, ...], object]] = []
+  # Every instance of the class there (a derived configuration may have more of them),
+  # with the submodule of the same name.
+  # (Its path under the parent: a layer of an nn.Sequential sits one level further down.)
+  rel = next((kids[0].path[len(p) :] for p, kids in hoist.children.items() if kids), None)
+  for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
+    found: dict[tuple[str, ...], object] = {}
+    for p in parents:
+      if rel is not None:
+        kid = t.instances.get((*p, *rel))
+      else:  # no instance of the user's made it (a branch): paired there as here
+        made = self.made_by(hoist.site, parents[p], t)
+        kid = made[0] if made else None
+      if kid is None:
+        continue
+      try:
+        found[p] = get(kid)
+      except Exception:  # a derived configuration is evidence, not a must
+        continue
+    out.append(found)
+  return out
+
+
+def alt_lists(
+  self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
+) -> list[dict[tuple[str, ...], tuple[object, ...]]]:
+  """`get` of each layer of the list in each derived configuration (`Dense_0, Dense_1, ...`
+  under the same parent; a derived configuration may make more of them)."""
+  out: list[dict[tuple[str, ...], tuple[object, ...]]] = []
+  first = next((kids[0].path[-1] for kids in hoist.children.values() if kids), "")
+  # `Dense_0, Dense_1, ...` as Linen numbers them, or `0, 1, ...` (HF's `name=str(i)`).
+  m = re.fullmatch(r"(?:(.+)_)?(\d+)", first)
+
+  def named(n: int) -> str:
+    assert m is not None
+    return str(n) if m.group(1) is None else f"{m.group(1)}_{n}"
+
+  # Another construction numbered on after this one (a second loop of ResBlocks): the run
+  # keeps the user's length, which then no field decides.
+  cap = None
+  for p, kids in hoist.children.items():
+    last = re.fullmatch(r"(?:.+_)?(\d+)", kids[-1].path[-1]) if kids else None
+    after = None if m is None or last is None else named(int(last.group(1)) + 1)
+    if after is not None and (*p, after) in self.trace.instances:
+      cap = len(kids)
+  for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
+    found: dict[tuple[str, ...], tuple[object, ...]] = {}
+    for p in parents if m is not None else ():
+      assert m is not None
+      n = int(m.group(2))
+      layers = []
+      while (*p, named(n)) in t.instances and (cap is None or len(layers) < cap):
+        layers.append(t.instances[(*p, named(n))])
+        n += 1
+      try:
+        found[p] = tuple(get(k) for k in layers)
+      except Exception:  # a derived configuration is evidence, not a must
+        continue
+    out.append(found)
+  return out
+
+
+def alt_own(
+  self: Planner, get: tp.Callable[[Instance], object]
+) -> list[dict[tuple[str, ...], object]]:
+  """`get` of the class's own instances in each derived configuration, by path."""
+  out: list[dict[tuple[str, ...], object]] = []
+  for alts in self.resolver.alts:
+    found: dict[tuple[str, ...], object] = {}
+    for p, inst in alts.items():
+      try:
+        found[p] = get(inst)
+      except Exception:  # a derived configuration is evidence, not a must
+        continue
+    out.append(found)
+  return out

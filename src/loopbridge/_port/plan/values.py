@@ -1,0 +1,172 @@
+"""Per-instance values -> one expression: a literal, a field, or a new constructor argument.
+
+A class is written once for all its instances. A number the trace gives (an input width, a
+shape, whether a conditional layer exists) becomes a literal when every instance agrees, a
+field when it equals that field in every instance, and otherwise a constructor argument of
+its own whose value each instance's parent passes (so no value is ever guessed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+from ..emit.literals import literal
+from ..trace.trace import Instance
+from .width_exprs import explain
+
+_MISSING = object()
+
+
+@dataclasses.dataclass
+class Extra:
+  """A constructor argument the draft adds: its name and each instance's value."""
+
+  name: str
+  values: dict[tuple[str, ...], object]  # instance path -> value
+  # Per derived configuration, instance path -> value there (what builds the port at it).
+  alt: list[dict[tuple[str, ...], object]] = dataclasses.field(default_factory=list)
+
+  def value_of(self, inst: Instance) -> object:
+    """The value for an instance of the user's configuration or of a derived one (where the
+    derived trace gave none, the user's at the same path)."""
+    if inst.config and inst.config <= len(self.alt) and inst.path in self.alt[inst.config - 1]:
+      return self.alt[inst.config - 1][inst.path]
+    return self.values.get(inst.path)
+
+  def annotation(self) -> str:
+    sample = next(iter([*self.values.values(), *(v for d in self.alt for v in d.values())]))
+    return type(sample).__name__ if isinstance(sample, (bool, int, float, tuple)) else "object"
+
+
+class Resolver:
+  """Turns per-instance values into expressions for one class (owns its added arguments)."""
+
+  def __init__(
+    self,
+    instances: tp.Sequence[Instance],
+    fields: tp.Sequence[str],
+    alts: tp.Sequence[tp.Mapping[tuple[str, ...], Instance]] = (),
+    root: bool = False,
+  ):
+    self.instances = list(instances)
+    self.fields = list(fields)
+    self.extras: dict[str, Extra] = {}
+    # The class's instances in each derived configuration's trace, by path.
+    self.alts = list(alts)
+    # The drafted root: no parent can explain its numbers, so one nothing explains is kept a
+    # literal (and reported) rather than becoming an argument the user must find a value for.
+    self.root = root
+    # (hint, value, why) of each number kept a literal although it changed with the config.
+    self.unexplained: list[tuple[str, object, str]] = []
+    # Hints of the values of constructions no trace made (written `None`).
+    self.untraced: list[str] = []
+
+  def expr(
+    self,
+    values: tp.Mapping[tuple[str, ...], object],
+    hint: str,
+    alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]] = (),
+    from_input: bool = False,
+    fallback: tp.Callable[[], str | None] | None = None,
+  ) -> str:
+    """The expression (valid in `__init__`) equal to `values[path]` in every instance.
+
+    `alt_values` holds the same number in each derived configuration (`configs.py`): a value
+    that changes with the fields becomes the field expression that matches everywhere.
+    `from_input`: a size of the call's input; one no field explains is a constructor argument
+    (as NNX's `in_features`), never the sample's number.
+    `fallback`: another expression the caller can prove (a setup local equal everywhere),
+    asked where nothing here explains the value, before a literal or an added argument.
+    """
+    proven = fallback if fallback is not None else lambda: None
+    distinct = list(values.values())
+    elsewhere = [v for d in alt_values for v in d.values()]
+    if not distinct and not elsewhere:
+      # No trace made this construction (a branch no traced configuration takes, as HF's
+      # cross-attention): nothing says its value. `None`, named in the report, fails loudly
+      # where the branch runs; every field matched vacuously (the first, `self.config`, won).
+      self.untraced.append(hint)
+      return "None"
+    same = bool(distinct) and all(
+      v == distinct[0] and type(v) is type(distinct[0]) for v in distinct
+    )
+    if (
+      same
+      and not from_input
+      and all(v == distinct[0] and type(v) is type(distinct[0]) for v in elsewhere)
+    ):
+      text = literal(distinct[0])
+      if text is not None:
+        return text
+    if elsewhere:
+      found = explain(self._samples(values, alt_values))
+      if found.expr is not None:
+        return found.expr
+      if not distinct:
+        # Only a configuration the user's does not take made it (a branch, `branch_configs`):
+        # no instance of the user's can take a value, so the one seen there is written.
+        text = literal(elsewhere[0])
+        if text is not None and any(v != elsewhere[0] for v in elsewhere):
+          if (local := proven()) is not None:
+            return local
+          self.unexplained.append(
+            (
+              hint,
+              elsewhere[0],
+              "only other configurations built it, "
+              "and no field, config attribute, or product or sum of two matches it in all",
+            )
+          )
+        if text is not None:
+          return text
+      text = literal(distinct[0]) if same and not from_input and self.root else None
+      if text is not None:
+        if (local := proven()) is not None:
+          return local
+        why = (
+          f"both {' and '.join(found.matches)} match in every configuration traced"
+          if found.matches
+          else "no field, config attribute, or product or sum of two matches it in every "
+          "configuration traced"
+        )
+        self.unexplained.append((hint, distinct[0], why))
+        return text
+    for name in self.fields if distinct else ():
+      if all(
+        type(v) in (int, bool, tuple) and _field(inst, name) == v
+        for inst in self.instances
+        if (v := values.get(inst.path, _MISSING)) is not _MISSING
+      ):
+        return f"self.{name}"
+    for extra in self.extras.values():
+      if extra.values == dict(values) and (
+        not elsewhere or extra.alt == list(map(dict, alt_values))
+      ):
+        return extra.name
+    if (local := proven()) is not None:
+      return local
+    name = hint
+    n = 1
+    while name in self.extras or name in self.fields:
+      n += 1
+      name = f"{hint}_{n}"
+    self.extras[name] = Extra(name, dict(values), [dict(d) for d in alt_values])
+    return name
+
+  def _samples(
+    self,
+    values: tp.Mapping[tuple[str, ...], object],
+    alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]],
+  ) -> list[tuple[object, object]]:
+    """(instance's module, value) in every configuration that has both."""
+    out: list[tuple[object, object]] = [
+      (i.module, values[i.path]) for i in self.instances if i.path in values
+    ]
+    for alts, found in zip(self.alts, alt_values):
+      out += [(alts[p].module, v) for p, v in found.items() if p in alts]
+    return out
+
+
+def _field(inst: Instance, name: str) -> object:
+  return getattr(inst.module, name, _MISSING)

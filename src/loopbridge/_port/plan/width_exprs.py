@@ -1,0 +1,136 @@
+"""A width as an expression of the module's fields, chosen by evidence from several configurations.
+
+Each sample is one instance of the class (at the user's configuration or a derived one) and the
+number the trace saw there. The candidates are what a person writes in `__init__`: a field
+(`self.features`), a config attribute (`self.config.emb_dim`), or the product or sum of two of
+them. One that equals the number in every sample is the expression; simpler forms win over
+compound ones. Two that both match are not chosen between: the caller keeps the literal and says
+so in the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import typing as tp
+
+from flax import linen as nn
+
+from ..emit.literals import literal
+from ..trace import config_objects
+
+Atom = tuple[str, tp.Callable[[object], object]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+  """The expression (None when none or several match) and every one that matched."""
+
+  expr: str | None
+  matches: tuple[str, ...]
+
+
+def _int(v: object) -> bool:
+  return type(v) is int
+
+
+def atoms(module: object) -> list[Atom]:
+  """Field and config-attribute reads of one instance that hold an integer."""
+  out: list[Atom] = []
+  if not dataclasses.is_dataclass(module):
+    return out
+  for f in dataclasses.fields(module):
+    if f.name in ("parent", "name"):
+      continue
+    value = getattr(module, f.name, None)
+    if _int(value):
+      out.append((f"self.{f.name}", lambda m, n=f.name: getattr(m, n, None)))
+    elif dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
+      names = [g.name for g in dataclasses.fields(value)]
+      out += _config_reads(f.name, value, names)
+    elif (found := config_objects.settings(value)) is not None:  # HF's PretrainedConfig
+      out += _config_reads(f.name, value, list(found))
+  return out
+
+
+def _config_reads(field: str, config: object, names: tp.Sequence[str]) -> list[Atom]:
+  return [
+    (f"self.{field}.{a}", lambda m, n=field, a=a: getattr(getattr(m, n, None), a, None))
+    for a in names
+    if _int(getattr(config, a, None))
+  ]
+
+
+# `4 * self.emb_dim` (an MLP's hidden width): a read times a small constant.
+_MULTIPLES = range(2, 9)
+
+
+def _candidates(module: object) -> list[list[Atom]]:
+  """Tiers of candidates, simplest first: reads, a read times a small constant, then products
+  and sums of two reads."""
+  reads = atoms(module)
+  scaled: list[Atom] = [
+    (f"{k} * {e}", lambda m, f=f, k=k: _op(k, f(m), "*")) for e, f in reads for k in _MULTIPLES
+  ]
+  pairs: list[Atom] = []
+  for (ea, fa), (eb, fb) in itertools.combinations(reads, 2):
+    pairs.append((f"{ea} * {eb}", lambda m, fa=fa, fb=fb: _op(fa(m), fb(m), "*")))
+    pairs.append((f"{ea} + {eb}", lambda m, fa=fa, fb=fb: _op(fa(m), fb(m), "+")))
+  return [reads, scaled, pairs]
+
+
+def _op(a: object, b: object, op: str) -> object:
+  if not (_int(a) and _int(b)):
+    return None
+  return a * b if op == "*" else a + b  # pyright: ignore[reportOperatorIssue]
+
+
+def _scalar(samples: tp.Sequence[tuple[object, int]]) -> Found:
+  first = samples[0][0]
+  for tier in _candidates(first):
+    matched = [e for e, get in tier if all(get(m) == v for m, v in samples)]
+    if len(matched) == 1:
+      return Found(matched[0], tuple(matched))
+    if matched:
+      return Found(None, tuple(matched))
+  return Found(None, ())
+
+
+def explain(samples: tp.Sequence[tuple[object, object]]) -> Found:
+  """The expression equal to each sample's value on its instance (an int or a tuple of ints).
+
+  A tuple is explained element by element; an element equal in every sample stays a literal.
+  """
+  values = [v for _, v in samples]
+  if not samples:
+    return Found(None, ())
+  if all(isinstance(v, bool) for v in values):
+    from ..transforms.bool_settings import explain_bool
+
+    found = explain_bool(samples)
+    return Found(found, (found,) if found else ())
+  if all(_int(v) for v in values):
+    return _scalar(tp.cast(tp.Sequence[tuple[object, int]], samples))
+  if not all(isinstance(v, tuple) for v in values):
+    return Found(None, ())
+  length = len(tp.cast(tuple, values[0]))
+  if any(len(tp.cast(tuple, v)) != length for v in values):
+    return Found(None, ())
+  parts: list[str] = []
+  matched: list[str] = []
+  for i in range(length):
+    column = [tp.cast(tuple, v)[i] for v in values]
+    if all(x == column[0] and type(x) is type(column[0]) for x in column):
+      text = literal(column[0])
+      if text is None:
+        return Found(None, tuple(matched))
+      parts.append(text)
+      continue
+    if not all(_int(x) for x in column):
+      return Found(None, tuple(matched))
+    found = _scalar([(m, tp.cast(tuple, v)[i]) for m, v in samples])
+    matched += found.matches
+    if found.expr is None:
+      return Found(None, tuple(matched))
+    parts.append(found.expr)
+  return Found(f"({parts[0]},)" if length == 1 else f"({', '.join(parts)})", tuple(matched))

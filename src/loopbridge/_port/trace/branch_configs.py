@@ -1,0 +1,178 @@
+"""Configurations that take the branches the user's does not: the evidence for classes that only
+a setting the sample leaves off builds.
+
+HF's BEiT builds `FlaxBeitRelativePositionBias` only `if config.use_relative_position_bias`,
+Dinov2 its SwiGLU MLP only `if config.use_swiglu_ffn`, Wav2Vec2 its layer-norm feature
+extractor only `if config.feat_extract_norm == "layer"`. At the user's configuration no trace
+sees those classes, so nothing gives their input widths, and the class that builds them would
+keep a TODO. Here, a class the traced classes' sources name but no trace saw is *missing*; the
+settings those sources read are changed one at a time (a boolean flipped, a string set to a
+literal the source compares it with) and each configuration whose trace sees a missing class
+is kept. A draft that still leaves work (a TODO, a construction no trace made) looks again,
+keeping each change whose trace makes a submodule or a variable no trace made (big_vision's
+`pool_type="map"` head, a `cls` token only `pool_type="tok"` makes). Each kept change is traced
+again at every scaled configuration (`configs.py`), so the new classes' widths have the same
+evidence as every other class's; the check runs the port at the change's first scaled
+configuration (`class_check.py`): a branch is translated *and* checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing as tp
+
+from flax import linen as nn
+
+from ..errors import PortError
+from ..plan.source import ClassSource
+from ..plan.standard_layers import is_linen_layer
+from ..records import Call
+from . import config_objects
+from .configs import changed
+from .trace import Trace, trace
+
+# At most this many changed settings are traced (each is one abstract init of the model), and
+# at most this many kept (each is traced at every scaled configuration and checked once).
+MAX_TRIES = 8
+MAX_KEPT = 4
+
+Knob = tuple[str, str | None]  # (field, config attribute or None)
+
+
+def missing_classes(sources: tp.Iterable[ClassSource], traced: tp.Collection[type]) -> set[type]:
+  """User-written Linen classes the sources name (a global of their module) but no trace saw
+  (a base class of a traced one is no construction: its subclass was traced)."""
+  found: set[type] = set()
+  bases = {b for cls in traced for b in cls.__mro__[1:]}
+  for src in sources:
+    for word in set(re.findall(r"\b[A-Za-z_]\w*\b", src.text)):
+      value = src.namespace.get(word)
+      if (
+        isinstance(value, type)
+        and issubclass(value, nn.Module)
+        and not is_linen_layer(value)
+        and value not in traced
+        and value not in bases
+      ):
+        found.add(value)
+  return found
+
+
+def _settings(value: object) -> dict[str, object]:
+  if dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
+    return {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+  return config_objects.settings(value) or {}
+
+
+def _compared(text: str, name: str) -> list[str]:
+  """The string literals `text` compares setting `name` with (`.name == "layer"`)."""
+  pattern = rf"\.{re.escape(name)}\s*(?:==|!=)\s*([\"'])([^\"'\n]*)\1"
+  found = [m.group(2) for m in re.finditer(pattern, text)]
+  pattern = rf"\.{re.escape(name)}\s+(?:not\s+)?in\s*[(\[{{]([^)\]}}\n]*)"
+  for m in re.finditer(pattern, text):
+    found += [s for _, s in re.findall(r"([\"'])([^\"'\n]*)\1", m.group(1))]
+  return list(dict.fromkeys(found))
+
+
+def changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
+  """One change of one setting per entry: each boolean the sources read (`text`) flipped, each
+  string set to each other literal they compare it with."""
+  out: list[dict[Knob, object]] = []
+  for f in dataclasses.fields(module):
+    if f.name in ("parent", "name"):
+      continue
+    value = getattr(module, f.name, None)
+    inner = [(f.name, None, value)] + [(f.name, a, v) for a, v in _settings(value).items()]
+    for field, attr, v in inner:
+      name = attr or field
+      if not re.search(rf"\b{re.escape(name)}\b", text):
+        continue
+      if type(v) is bool:
+        out.append({(field, attr): not v})
+      elif isinstance(v, str):
+        for s in _compared(text, name):
+          if s != v:
+            out.append({(field, attr): s})
+  return out
+
+
+def branch_configs(
+  module: nn.Module,
+  sources: tp.Mapping[type, ClassSource],
+  traces: tp.Sequence[Trace],
+  sample: Call,
+  streams: tp.Iterable[str],
+  first_index: int,
+  scaled: tp.Callable[[nn.Module], list[nn.Module]],
+  read: tp.Callable[[type], ClassSource],
+  mode: tp.Literal["classes", "paths"] = "classes",
+) -> list[tuple[nn.Module, Trace, str]]:
+  """Each configuration that traces a class missing from `traces`: (module, trace, what changed),
+  at the user's numbers, then at each scaled one (`scaled`: the derived configurations of a
+  module, so that the new classes' widths have the evidence the others have).
+
+  `sources` grows with the classes found (`read` gives their source), so that a class one
+  branch finds can name the next missing one.
+  """
+  seen = {i.cls for t in traces for i in t.instances.values()}
+  missing = missing_classes(sources.values(), seen)
+  made = set().union(*(_made(t) for t in traces))
+  text = "\n".join(s.text for s in sources.values())
+  out: list[tuple[nn.Module, Trace, str]] = []
+  tried = kept = 0
+  for change in changes(module, text):
+    if tried >= MAX_TRIES or kept >= MAX_KEPT or (mode == "classes" and not missing):
+      break
+    tried += 1
+    try:
+      other = changed(module, change)
+      got = trace(other, [(sample.method, sample.args, dict(sample.kwargs))], streams, 0)
+    except Exception:  # a setting the model refuses (a PortError from the trace): no evidence
+      continue
+    new = {i.cls for i in got.instances.values()} - seen
+    if not (new & missing if mode == "classes" else _made(got) - made):
+      continue
+    kept += 1
+    made |= _made(got)
+    what = ", ".join(_describe(k, v) for k, v in change.items())
+    for cls in new:
+      if not is_linen_layer(cls) and cls not in sources:
+        try:
+          sources = {**sources, cls: read(cls)}
+        except PortError:
+          continue
+    seen |= new
+    missing = missing_classes(sources.values(), seen)
+    variants = [(other, what)] + [
+      (v, f"{what}, scaled" if n == 0 else f"{what}, scaled ({n + 1})")
+      for n, v in enumerate(scaled(other))
+    ]
+    for variant, label in variants:
+      index = first_index + len(out)
+      try:
+        traced = (
+          got
+          if variant is other
+          else trace(variant, [(sample.method, sample.args, dict(sample.kwargs))], streams, index)
+        )
+      except Exception:  # the scaled variant may not build: the unscaled one still counts
+        continue
+      for inst in traced.instances.values():
+        inst.config = index
+      out.append((variant, traced, label))
+  return out
+
+
+def _made(traced: Trace) -> set[tuple[object, ...]]:
+  """Every submodule (path) and variable (path, collection, name) a trace saw."""
+  out: set[tuple[object, ...]] = set()
+  for path, inst in traced.instances.items():
+    out.add(path)
+    out.update((path, col, name) for col, name in inst.variables)
+  return out
+
+
+def _describe(knob: Knob, value: object) -> str:
+  field, attr = knob
+  return f"{field}.{attr}={value!r}" if attr else f"{field}={value!r}"

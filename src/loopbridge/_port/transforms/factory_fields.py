@@ -1,0 +1,43 @@
+"""A dataclass field written `dataclasses.field(default_factory=list)` (or `default=...`).
+
+As an `__init__` default, the `Field` object itself would be the value: the port would not
+build with its defaults. A factory stays a factory (a fresh value per instance, as the
+dataclass made it): the argument defaults to None and `__init__` calls the factory then.
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+from ..plan.source import dotted, libcst, resolve
+
+
+def field_call(value: tp.Any, namespace: tp.Mapping[str, object]) -> dict[str, tp.Any] | None:
+  """The keyword arguments of a `dataclasses.field(...)` call, or None for any other value."""
+  import dataclasses
+
+  c = libcst()
+  if not isinstance(value, c.Call):
+    return None
+  if resolve(dotted(value.func), namespace) is not dataclasses.field:
+    return None
+  return {a.keyword.value: a.value for a in value.args if a.keyword is not None}
+
+
+def signature_and_init(
+  name: str, annotation: str, value: tp.Any, namespace: tp.Mapping[str, object], code: tp.Callable
+) -> tuple[str, str] | None:
+  """(`name: T | None = None`, `self.name = name if name is not None else factory()`) for a
+  factory field, (`name: T = default`, `self.name = name`) for `field(default=...)`, else None."""
+  kwargs = field_call(value, namespace)
+  if kwargs is None:
+    return None
+  if "default_factory" in kwargs:
+    factory = code(kwargs["default_factory"])
+    return (
+      f"{name}: {annotation} | None = None",
+      f"self.{name} = {name} if {name} is not None else ({factory})()",
+    )
+  if "default" in kwargs:
+    return f"{name}: {annotation} = {code(kwargs['default'])}", f"self.{name} = {name}"
+  return f"{name}: {annotation}", f"self.{name} = {name}"
