@@ -2,6 +2,7 @@
 read-back, re-declaration and the refusals. On a backend without pinned host memory (jax 0.5.3's
 CPU), the declaration is refused instead, and that refusal is what runs here."""
 
+import re
 import warnings
 
 import jax
@@ -19,8 +20,10 @@ def _has_pinned_host() -> bool:
 
 
 def _host_writes_compile() -> bool:
-  """Whether this JAX compiles a write into pinned host memory (jax 0.7's CPU lists the memory
-  but cannot): the plain-JAX form of what a host record does each step."""
+  """Whether this JAX compiles a write into pinned host memory of the values these tests sow
+  (float32[2, 4]), one slot at a traced index outside a loop: the plain-JAX form of what a host
+  record does in one step. jax 0.7's CPU lists the memory but cannot; a TPU v5e cannot for
+  this shape (it can inside a loop of several steps, and for other shapes)."""
   if not _has_pinned_host():
     return False
   host = jax.sharding.NamedSharding(
@@ -28,14 +31,18 @@ def _host_writes_compile() -> bool:
     jax.sharding.PartitionSpec(),
     memory_kind="pinned_host",
   )
-  buffer = jax.device_put(np.zeros(3, np.float32), host)
+  # Seven slots, as the tests' records (capacity 6 and a spare): a TPU lays the buffer out by
+  # its shape, and writes into float32[4, 2, 4] but not float32[7, 2, 4].
+  buffer = jax.device_put(np.zeros((7, 2, 4), np.float32), host)
   try:
-    out = jax.jit(lambda b, v: jax.lax.dynamic_update_slice(b, jax.device_put(v, host), (2,)))(
-      buffer, jnp.ones(1)
-    )
+    out = jax.jit(
+      lambda b, v, i: jax.lax.dynamic_update_slice(b, jax.device_put(v, host), (i, 0, 0))
+    )(buffer, jnp.ones((1, 2, 4)), jnp.int32(2))
+    written = np.asarray(out)
   except Exception:  # any failure: not here
     return False
-  return out.sharding.memory_kind == "pinned_host" and np.asarray(out).tolist() == [0.0, 0.0, 1.0]
+  sums = written.sum(axis=(1, 2)).tolist()
+  return out.sharding.memory_kind == "pinned_host" and sums == [0.0, 0.0, 8.0] + [0.0] * 4
 
 
 HOST_WRITES = _host_writes_compile()
@@ -251,7 +258,42 @@ def test_host_records_are_declared_exactly_where_this_jax_compiles_their_writes(
   else:
     with pytest.raises(lb.CapacityError, match="pinned_host") as caught:
       _fresh(memory="host")
-    assert "Fix: keep the records on the device" in str(caught.value)
+    assert re.search("Fix: keep (the|this site's) records on the device", str(caught.value))
+
+
+class Mixed(nn.Module):
+  """A value of one axis and a value of two: a TPU compiles the host write of the second only."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = jnp.tanh(nn.Dense(4)(x))
+    self.sow("intermediates", "norm", jnp.sum(h * h, axis=-1))
+    self.sow("intermediates", "h", h)
+    return h
+
+
+@pytest.mark.skipif(not _has_pinned_host(), reason="no pinned_host memory listed here")
+def test_host_writes_are_probed_per_value_shape_and_refused_by_site(monkeypatch):
+  """The write is probed for each sown value's own shape and dtype, and a refusal names the
+  site, its shape and a per-site fix. The backend's answer is stood in for (the CPU compiles
+  both writes; a TPU v5e refused the one-axis write: "Lane slice updating is not supported")."""
+  from loopbridge._core import memory
+
+  asked = []
+
+  def lanes_only(device, slots, shape, dtype):
+    asked.append((shape, np.dtype(dtype).name))
+    return "UNIMPLEMENTED: Lane slice updating" if len(shape) < 2 else None
+
+  monkeypatch.setattr(memory, "_compiled_host_write_failure", lanes_only)
+  with pytest.raises(lb.CapacityError, match=r"intermediates/norm .*float32\[2\]") as caught:
+    lb.lazy_init(lb.ToNNX(Mixed(), rngs=nnx.Rngs(0)), X, capacity=3, memory="host")
+  assert "memory={'norm': 'device'}" in str(caught.value)
+  assert ((2,), "float32") in asked
+  model = lb.lazy_init(lb.ToNNX(Mixed(), rngs=nnx.Rngs(0)), X, capacity=3, memory={"h": "host"})
+  assert ((2, 4), "float32") in asked
+  assert lb.buffers(model)["intermediates"]["h"].sharding.memory_kind == "pinned_host"
+  assert lb.buffers(model)["intermediates"]["norm"].sharding.memory_kind != "pinned_host"
 
 
 @needs_host

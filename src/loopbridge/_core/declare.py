@@ -156,7 +156,11 @@ def _host_shardings(
         "does not offload to host memory slot by slot. Fix: keep this site on the device "
         "(memory={'...': 'device'} for its path), or record the layers unstacked."
       )
-    out[site.key] = _memory.host_sharding(layouts.get(site.key), label)
+    # "error"/"drop" records hold a spare slot past their capacity (buffers.empty_buffer).
+    slots = tp.cast(int, site.capacity) + int(site.overflow != "wrap")
+    out[site.key] = _memory.host_sharding(
+      layouts.get(site.key), label, slots, tuple(site.shape), np.dtype(site.dtype)
+    )
   return out
 
 

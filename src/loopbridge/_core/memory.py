@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import math
 import typing as tp
 
 import jax
@@ -106,8 +107,13 @@ def resolve_memory(
   return out
 
 
-def host_sharding(layout: NamedSharding | None, label: str) -> jax.sharding.Sharding:
-  """The host-memory sharding of a record buffer (its device layout kept, if it has one)."""
+def host_sharding(
+  layout: NamedSharding | None, label: str, slots: int, shape: tuple[int, ...], dtype: np.dtype
+) -> jax.sharding.Sharding:
+  """The host-memory sharding of a record buffer (its device layout kept, if it has one).
+
+  Refused where this JAX and backend cannot compile the very write the record makes for one
+  `shape`/`dtype` value into its `slots` (see `_compiled_host_write_failure`)."""
   devices = [jax.devices()[0]] if layout is None else list(np.asarray(layout.mesh.devices).flat)
   kinds = {m.kind for d in devices for m in d.addressable_memories()}
   if HOST_KIND not in kinds:
@@ -119,44 +125,69 @@ def host_sharding(layout: NamedSharding | None, label: str) -> jax.sharding.Shar
       "default), or use a JAX whose backend lists pinned_host memory (GPUs and TPUs do; "
       "the CPU backend does in newer jax releases, e.g. jax 0.10)."
     )
-  failure = _compiled_host_write_failure(devices[0])
+  value_bytes = max(1, math.prod(shape) * np.dtype(dtype).itemsize)
+  probe_slots = max(3, min(slots, _PROBE_BYTES // value_bytes))
+  failure = _compiled_host_write_failure(devices[0], probe_slots, tuple(shape), np.dtype(dtype))
   if failure is not None:
     version = installed_versions()["jax"]
+    path = label.split("/", 1)[-1]
     raise CapacityError(
       f"sow site {label} was declared with memory='host', but this JAX ({version}) on "
-      f"the {devices[0].platform} backend cannot write into '{HOST_KIND}' memory from a "
-      f"compiled program: {failure}. Why: host records are written by the compiled step "
-      "itself; a JAX that cannot compile that write would fail at the first step. Fix: keep "
-      "the records on the device (memory='device', the default), or use a newer JAX (jax 0.10 "
-      "compiles them on the CPU backend; GPUs and TPUs do)."
+      f"the {devices[0].platform} backend cannot compile the write of one "
+      f"{np.dtype(dtype).name}{list(shape)} value into '{HOST_KIND}' memory: {failure}. "
+      "Why: host records are written by the compiled step itself; a write this JAX cannot "
+      "compile would fail at the first step. Fix: keep this site's records on the device "
+      f"(memory={{{path!r}: 'device'}}, or memory='device' for all), or use a JAX that "
+      "compiles it (jax 0.10 on the CPU backend does). Where it names lane slices (a TPU), "
+      "the value's shape is what the write cannot take (a scalar, float32[2, 4]); a TPU "
+      "writes others (float32[8], [8, 128], [2, 4, 8]): sowing the value flattened to one "
+      "axis of 8 or more entries is written."
     )
   if layout is not None:
     return layout.with_memory_kind(HOST_KIND)
   return single_device_sharding(devices[0], memory_kind=HOST_KIND)
 
 
+# A probe's buffer holds the record's own number of slots up to this size: a TPU lays a host
+# buffer out by its shape (float32[7, 2, 4] with the slot axis innermost, which the write then
+# cannot take; float32[4, 2, 4] not), so a probe of another slot count proves nothing.
+_PROBE_BYTES = 1 << 28
+
+
 @functools.cache
-def _compiled_host_write_failure(device: tp.Any) -> str | None:  # a jax.Device
-  """Why a compiled one-slot write into `pinned_host` memory fails on `device`, or None.
+def _compiled_host_write_failure(
+  device: tp.Any, slots: int, shape: tuple[int, ...], dtype: np.dtype
+) -> str | None:  # device: a jax.Device
+  """Why a compiled one-slot write of a `shape`/`dtype` value into `pinned_host` memory fails
+  on `device`, or None.
 
   Listing the memory is not enough: jax 0.7's CPU backend lists `pinned_host` but its traced
   arguments carry no memory space, so the write a host record makes (`_write_host_slots` in
   buffers.py: a value put to the host, then a slot update) fails to trace; jax 0.8's traces it
-  but hands the result back in device memory. The probe runs that very write once per device
-  on a two-slot buffer and checks where and what it wrote."""
+  but hands the result back in device memory. A TPU v5e (jax 0.10.2) compiles it for some value
+  shapes and not others, and not the same inside a loop of several steps as in one step
+  outside a loop ("Lane slice updating is not supported in async dynamic update slice": a
+  scalar, and float32[2, 4] outside a loop; float32[8], [128], [8, 128], [2, 4, 8], [4096, 4096]
+  were written both ways). The probe runs the stricter form, one write at a traced slot outside
+  any loop (what `lb.compile_step` and a jitted single step do), once per device, shape and
+  dtype, on a buffer of the record's slots (as many as fit `_PROBE_BYTES` for a larger
+  record), and checks where and what it wrote."""
   host = single_device_sharding(device, memory_kind=HOST_KIND)
 
-  def write(buffer: jax.Array, value: jax.Array) -> jax.Array:
-    fresh = jax.device_put(value[None], host)
-    return jax.lax.dynamic_update_slice(buffer, fresh, (1,))
+  def write(buffer: jax.Array, value: jax.Array, slot: jax.Array) -> jax.Array:
+    fresh = jax.device_put(jax.numpy.expand_dims(value, 0), host)
+    return jax.lax.dynamic_update_slice(buffer, fresh, (slot,) + (0,) * len(shape))
 
   try:
-    buffer = jax.device_put(np.zeros(2, np.float32), host)
-    out = jax.jit(write)(buffer, jax.device_put(np.ones(1, np.float32)[0], device))
+    buffer = host_zeros((slots, *shape), dtype, host)
+    value = jax.device_put(np.ones(shape, dtype), device)
+    out = jax.jit(write)(buffer, value, np.int32(2))
     written = np.asarray(out)
   except Exception as error:  # any failure means: not on this JAX and backend
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-  if out.sharding.memory_kind != HOST_KIND or written.tolist() != [0.0, 1.0]:
+  if out.sharding.memory_kind != HOST_KIND or not (
+    (np.delete(written, 2, axis=0) == 0).all() and (written[2] == 1).all()
+  ):
     return f"the probe's write landed in '{out.sharding.memory_kind}' memory as {written}"
   return None
 
@@ -167,6 +198,12 @@ def is_host(buffer: object) -> bool:
 
 
 def host_zeros(shape: tuple[int, ...], dtype: np.dtype, sharding: jax.sharding.Sharding):
-  """A zero array placed straight in host memory (never first on the device, which a record
-  larger than the device could not fit)."""
-  return jax.device_put(np.zeros(shape, dtype), sharding)
+  """A zero array placed straight in host memory, never first on the device (which a record
+  larger than the device could not fit).
+
+  Moved from a broadcast NumPy zero, which holds one element: on a TPU v5e host (jax 0.10.2) a
+  4 GB record made that way took 4 GB of host memory, made from `np.zeros` (or `np.empty`) it
+  took 8 GB, the array's pages as well as the record's. A compiled program with its output in
+  host memory is no way round it: it fills the output on the device first (refused beyond the
+  device's memory) and its result does not carry the host memory space a write needs."""
+  return jax.device_put(np.broadcast_to(np.zeros((), dtype), shape), sharding)
