@@ -10,7 +10,9 @@ stays in the denominator and is listed.
 
     python tools/measure_drafting/enumerate_hf.py --list            # the classes
     nice -n 19 python tools/measure_drafting/enumerate_hf.py --jobs 1 --timeout 900 \\
-        --out /tmp/hf [--only bert.FlaxBertForMaskedLMModule] [--limit 20]
+        --out /tmp/hf [--only bert.FlaxBertForMaskedLMModule] [--limit 20] [--sample 26]
+
+`--sample N` measures every (130 // N)-th class in sorted order, a spread no result chose.
 """
 
 from __future__ import annotations
@@ -291,6 +293,12 @@ def main() -> int:
     del argv[i : i + 2]
   if limit is not None and "--only" not in argv:
     argv += ["--only", ",".join(names()[:limit])]
+  if "--sample" in argv:
+    # Every k-th class in sorted order: spread over the model families, chosen by no result.
+    i = argv.index("--sample")
+    every = max(1, len(names()) // int(argv[i + 1]))
+    del argv[i : i + 2]
+    argv += ["--only", ",".join(names()[::every])]
   return measure.main(argv, default_cases="enumerate_hf")
 
 
