@@ -139,9 +139,9 @@ def host_sharding(
       "compile would fail at the first step. Fix: keep this site's records on the device "
       f"(memory={{{path!r}: 'device'}}, or memory='device' for all), or use a JAX that "
       "compiles it (jax 0.10 on the CPU backend does). Where it names lane slices (a TPU), "
-      "the value's shape is what the write cannot take (a scalar, float32[2, 4]); a TPU "
-      "writes others (float32[8], [8, 128], [2, 4, 8]): sowing the value flattened to one "
-      "axis of 8 or more entries is written."
+      "the value's shape and the slot count are what the write cannot take (a scalar, "
+      "float32[2, 4] in 7 slots); a TPU v5e wrote others (float32[8], [8, 128], [2, 4, 8] "
+      "in 6 slots), so a sow of another shape may be taken: the same probe decides."
     )
   if layout is not None:
     return layout.with_memory_kind(HOST_KIND)
