@@ -2,7 +2,7 @@
 
     python tools/measure_drafting/export_checkouts.py --mirror MIRROR --dest DEST [--cases SET]
 
-SET is `holdout` (the default), `holdout_b` or `tuning`.
+SET is `holdout` (the default), `holdout_b`, `holdout_c` or `tuning`.
 
 MIRROR holds one bare git directory per repository, `MIRROR/owner+name/repo` (or
 `MIRROR/owner+name` itself); each case's commit is exported with `git archive`.
@@ -55,7 +55,9 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--mirror", required=True)
   parser.add_argument("--dest", required=True)
-  parser.add_argument("--cases", default="holdout", choices=("holdout", "holdout_b", "tuning"))
+  parser.add_argument(
+    "--cases", default="holdout", choices=("holdout", "holdout_b", "holdout_c", "tuning")
+  )
   ns = parser.parse_args()
   case_set = importlib.import_module(ns.cases)
   pins: dict[str, str] = {}
