@@ -1,0 +1,60 @@
+"""Drafting idioms of published Linen code (state-space layers, VQ autoencoders, T5, ViT), each
+on a small model of its own, compared with Linen's apply at two configurations."""
+
+import inspect
+
+import jax
+import numpy as np
+import pytest
+
+import loopbridge as lb
+
+pytest.importorskip("libcst")
+
+import lifted_idioms as models
+
+
+def _equal_to_linen(draft, config, linen_module, *args, **kwargs):
+  """The port built at `config` (0: the drafted module), holding the Linen variables of
+  `linen_module` (that configuration's Linen module), computes Linen's own apply."""
+  variables = linen_module.init(jax.random.key(1), *args, **kwargs)
+  variables = jax.tree.map(
+    lambda v: v + 0.05 * jax.random.normal(jax.random.key(2), v.shape, v.dtype), variables
+  )
+  port = draft.build(config=config)
+  lb.checkpoint.linen_to_nnx(linen_module, variables, port, *args, sample_kwargs=kwargs or None)
+  want = linen_module.apply(variables, *args, **kwargs)
+  got = port(*args, **kwargs)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, want)
+
+
+def _x(*shape):
+  return jax.random.normal(jax.random.key(0), shape)
+
+
+def test_a_class_rematerialized_at_module_level_is_ported_as_the_class_inside():
+  """`Block = nn.remat(Block)` is taken for flax's own layer no more: the port is the class's."""
+  second = models.RematBlock(6)
+  draft = lb.port.draft(models.RematBlock(4), _x(2, 4), configs=[second])
+  assert draft.ok, draft.report()
+  assert "class RematBlock(nnx.Module):" in draft.source
+  _equal_to_linen(draft, 0, models.RematBlock(4), _x(2, 4))
+  _equal_to_linen(draft, 1, second, _x(3, 4))
+
+
+def test_a_class_vmapped_at_module_level_is_a_todo_naming_the_line_never_a_raise():
+  """`Layer = per_channel(Layer)` (an `nn.vmap` in a helper) changes the variables' shapes:
+  the draft ports the class inside and names the wrapping line and the NNX fix."""
+  draft = lb.port.draft(models.Channel(3), _x(5, 4))
+  assert not draft.ok
+  line = next(
+    i
+    for i, text in enumerate(inspect.getsource(models).splitlines(), 1)
+    if text == "Channel = per_channel(Channel)"
+  )
+  (todo,) = [t for t in draft.todos if t.line == line]
+  assert "nn.vmap" in todo.reason and "nnx.vmap" in todo.reason
+  assert "class Channel(nnx.Module):" in draft.source
+  # The class inside is ported: one member holds one channel's params.
+  member = draft.build()
+  assert member.scale.shape == (3,)
