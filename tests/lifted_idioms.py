@@ -2,6 +2,8 @@
 by a lifted transform at module level, layers built outside the method that calls them, a param
 read by a second method, subclasses of flax layers and collections of the user's own."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -36,3 +38,22 @@ class RematBlock(nn.Module):
 
 
 RematBlock = nn.remat(RematBlock)
+
+
+class Embed(nn.Module):
+  """A param declared as a field with `init=False`, made in setup, read by a second method."""
+
+  num_embeddings: int
+  features: int
+  embedding: jnp.ndarray = dataclasses.field(init=False)
+
+  def setup(self):
+    self.embedding = self.param(
+      "embedding", nn.initializers.normal(), (self.num_embeddings, self.features)
+    )
+
+  def __call__(self, ids):
+    return jnp.asarray(self.embedding)[ids]
+
+  def attend(self, query):
+    return jnp.dot(query, self.embedding.T)

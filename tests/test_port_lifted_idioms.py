@@ -14,17 +14,19 @@ pytest.importorskip("libcst")
 import lifted_idioms as models
 
 
-def _equal_to_linen(draft, config, linen_module, *args, **kwargs):
+def _equal_to_linen(draft, config, linen_module, *args, method=None, **kwargs):
   """The port built at `config` (0: the drafted module), holding the Linen variables of
   `linen_module` (that configuration's Linen module), computes Linen's own apply."""
-  variables = linen_module.init(jax.random.key(1), *args, **kwargs)
+  variables = linen_module.init(jax.random.key(1), *args, method=method, **kwargs)
   variables = jax.tree.map(
     lambda v: v + 0.05 * jax.random.normal(jax.random.key(2), v.shape, v.dtype), variables
   )
   port = draft.build(config=config)
-  lb.checkpoint.linen_to_nnx(linen_module, variables, port, *args, sample_kwargs=kwargs or None)
-  want = linen_module.apply(variables, *args, **kwargs)
-  got = port(*args, **kwargs)
+  lb.checkpoint.linen_to_nnx(
+    linen_module, variables, port, *args, method=method, sample_kwargs=kwargs or None
+  )
+  want = linen_module.apply(variables, *args, method=method, **kwargs)
+  got = getattr(port, method or "__call__")(*args, **kwargs)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), got, want)
 
 
@@ -58,3 +60,19 @@ def test_a_class_vmapped_at_module_level_is_a_todo_naming_the_line_never_a_raise
   # The class inside is ported: one member holds one channel's params.
   member = draft.build()
   assert member.scale.shape == (3,)
+
+
+def test_a_param_field_with_init_false_made_in_setup_and_read_by_a_second_method_t5():
+  """`embedding: Array = dataclasses.field(init=False)` is no constructor argument (reading it
+  from the unbound module raised AttributeError): setup's param, read by `attend` too."""
+  ids = jax.numpy.arange(6).reshape(2, 3) % 7
+  second = models.Embed(9, 6)
+  draft = lb.port.draft(
+    models.Embed(7, 4), ids, calls=[lb.port.Call(_x(2, 4), method="attend")], configs=[second]
+  )
+  assert draft.ok, draft.report()
+  assert "embedding" not in draft.init_kwargs
+  _equal_to_linen(draft, 0, models.Embed(7, 4), ids)
+  _equal_to_linen(draft, 0, models.Embed(7, 4), _x(2, 4), method="attend")
+  _equal_to_linen(draft, 1, second, ids % 9 + 2)
+  _equal_to_linen(draft, 1, second, _x(3, 6), method="attend")
