@@ -57,3 +57,18 @@ class Embed(nn.Module):
 
   def attend(self, query):
     return jnp.dot(query, self.embedding.T)
+
+
+class OwnCollection(nn.Module):
+  """A variable in a collection of the user's own (not params, cache, batch_stats)."""
+
+  features: int
+
+  def setup(self):
+    self.dense = nn.Dense(self.features)
+    self.table = self.variable(
+      "prime", "table", lambda: jnp.linspace(0.0, 1.0, self.features, dtype=jnp.float32)
+    )
+
+  def __call__(self, x):
+    return self.dense(x) * self.table.value

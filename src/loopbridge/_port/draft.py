@@ -48,6 +48,7 @@ from .transforms import layer_subclass, user_base_class
 from .transforms.cache_idiom import add_method, size_caches
 from .transforms.computed_params import keep_params
 from .transforms.constant_arrays import as_properties
+from .transforms.custom_collections import declaration
 from .transforms.field_only_subclass import merged_source
 from .transforms.layer_subclass import flax_layer_base, subclassable, unsupported_reason
 from .transforms.module_globals import read_through_modules
@@ -453,6 +454,7 @@ def draft(
   from .emit.helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
+  written += [declaration(col).strip("\n") for col in sorted(ctx.collections)]
   body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])
   homes: list[tuple[str, tp.Mapping[str, object]]] = [
     (cls.__module__, sources[cls].namespace) for cls in classes

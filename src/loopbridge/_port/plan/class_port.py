@@ -25,6 +25,9 @@ class Context:
     default_factory=dict
   )
   helpers: set[str] = dataclasses.field(default_factory=set)  # `helpers.py` classes used
+  # Linen collections of the user's own whose Variable type the port declares
+  # (`custom_collections.py`).
+  collections: set[str] = dataclasses.field(default_factory=set)
   # The traces of the derived configurations (`configs.py`): evidence for width expressions.
   alt_traces: list[Trace] = dataclasses.field(default_factory=list)
   # Class -> (attribute, "attention" | "module" | "list") whose decode caches its
