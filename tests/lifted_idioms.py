@@ -72,3 +72,28 @@ class OwnCollection(nn.Module):
 
   def __call__(self, x):
     return self.dense(x) * self.table.value
+
+
+class ClassAlias(nn.Module):
+  """A layer class bound to a local, then built through it (`conv_fn = nn.Conv`)."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    dense_fn = nn.Dense
+    x = dense_fn(self.features)(x)
+    return dense_fn(3, use_bias=False)(jnp.tanh(x))
+
+
+class SetupThenCompact(nn.Module):
+  """Setup assigns a setting that the compact call's layers read (both in one class)."""
+
+  features: int
+
+  def setup(self):
+    self.width = self.features * 2
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(3)(jnp.tanh(nn.Dense(self.width)(x)))

@@ -89,3 +89,24 @@ def test_a_variable_of_a_collection_of_the_user_s_own_gets_a_variable_type_of_it
   assert type(port.table).__name__ == "PrimeVariable"
   _equal_to_linen(draft, 0, models.OwnCollection(4), _x(2, 3))
   _equal_to_linen(draft, 1, second, _x(5, 3))
+
+
+def test_a_layer_built_through_a_local_naming_its_class_maskgit_vqgan():
+  """`dense_fn = nn.Dense`, then `dense_fn(w)(x)`: the local names the class, so the layer is
+  built in `__init__` as any construction (it was left as Linen code the port could not run)."""
+  second = models.ClassAlias(6)
+  draft = lb.port.draft(models.ClassAlias(4), _x(2, 3), configs=[second])
+  assert draft.ok, draft.report()
+  assert "dense_fn" not in draft.source
+  _equal_to_linen(draft, 0, models.ClassAlias(4), _x(2, 3))
+  _equal_to_linen(draft, 1, second, _x(5, 3))
+
+
+def test_layers_a_compact_call_builds_from_what_setup_assigned_maskgit_vqgan():
+  """Linen runs setup before the call builds its layers: `__init__` runs setup's body first
+  (the layers read `self.width`, which setup assigns)."""
+  second = models.SetupThenCompact(3)
+  draft = lb.port.draft(models.SetupThenCompact(2), _x(2, 5), configs=[second])
+  assert draft.ok, draft.report()
+  _equal_to_linen(draft, 0, models.SetupThenCompact(2), _x(2, 5))
+  _equal_to_linen(draft, 1, second, _x(4, 5))
