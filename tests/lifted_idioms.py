@@ -97,3 +97,17 @@ class SetupThenCompact(nn.Module):
   @nn.compact
   def __call__(self, x):
     return nn.Dense(3)(jnp.tanh(nn.Dense(self.width)(x)))
+
+
+class OptionalProjection(nn.Module):
+  """A layer built only when an optional width is set (None by default)."""
+
+  features: int
+  hidden: int | None = None
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(self.features)(x)
+    if self.hidden:
+      x = nn.Dense(self.hidden, name="projection")(x)
+    return jnp.tanh(x)

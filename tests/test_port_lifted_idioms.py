@@ -110,3 +110,17 @@ def test_layers_a_compact_call_builds_from_what_setup_assigned_maskgit_vqgan():
   assert draft.ok, draft.report()
   _equal_to_linen(draft, 0, models.SetupThenCompact(2), _x(2, 5))
   _equal_to_linen(draft, 1, second, _x(4, 5))
+
+
+def test_a_layer_under_a_branch_no_trace_took_is_a_todo_naming_the_branch_maskgit():
+  """`if self.hidden:` with hidden None: the TODO names the branch and configs=, not a
+  construction "built outside the method"; given such a configuration, the branch is ported."""
+  draft = lb.port.draft(models.OptionalProjection(4), _x(2, 3))
+  assert not draft.ok
+  (todo,) = draft.todos
+  assert "`if self.hidden`" in todo.reason and "configs=" in todo.reason
+  second = models.OptionalProjection(5, hidden=6)
+  draft = lb.port.draft(models.OptionalProjection(4), _x(2, 3), configs=[second])
+  assert draft.ok, draft.report()
+  _equal_to_linen(draft, 0, models.OptionalProjection(4), _x(2, 3))
+  _equal_to_linen(draft, 1, second, _x(4, 3))
