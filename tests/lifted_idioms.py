@@ -111,3 +111,18 @@ class OptionalProjection(nn.Module):
     if self.hidden:
       x = nn.Dense(self.hidden, name="projection")(x)
     return jnp.tanh(x)
+
+
+class BuiltAtOneMode(nn.Module):
+  """A layer built only at one value of an int setting (no change of a bool or string
+  reaches it)."""
+
+  features: int
+  mode: int = 0
+
+  @nn.compact
+  def __call__(self, x):
+    x = nn.Dense(self.features)(x)
+    if self.mode == 3:
+      x = nn.Dense(2, name="head")(x)
+    return x

@@ -112,15 +112,27 @@ def test_layers_a_compact_call_builds_from_what_setup_assigned_maskgit_vqgan():
   _equal_to_linen(draft, 1, second, _x(4, 5))
 
 
-def test_a_layer_under_a_branch_no_trace_took_is_a_todo_naming_the_branch_maskgit():
-  """`if self.hidden:` with hidden None: the TODO names the branch and configs=, not a
+def test_a_layer_under_a_branch_no_trace_took_is_a_todo_naming_the_branch():
+  """`if self.mode == 3:` at mode 0: the TODO names the branch's test and configs=, not a
   construction "built outside the method"; given such a configuration, the branch is ported."""
-  draft = lb.port.draft(models.OptionalProjection(4), _x(2, 3))
+  draft = lb.port.draft(models.BuiltAtOneMode(4), _x(2, 3))
   assert not draft.ok
   (todo,) = draft.todos
-  assert "`if self.hidden`" in todo.reason and "configs=" in todo.reason
-  second = models.OptionalProjection(5, hidden=6)
-  draft = lb.port.draft(models.OptionalProjection(4), _x(2, 3), configs=[second])
+  assert "`if self.mode == 3`" in todo.reason and "configs=" in todo.reason
+  second = models.BuiltAtOneMode(5, mode=3)
+  draft = lb.port.draft(models.BuiltAtOneMode(4), _x(2, 3), configs=[second])
   assert draft.ok, draft.report()
-  _equal_to_linen(draft, 0, models.OptionalProjection(4), _x(2, 3))
+  _equal_to_linen(draft, 0, models.BuiltAtOneMode(4), _x(2, 3))
   _equal_to_linen(draft, 1, second, _x(4, 3))
+
+
+def test_a_layer_built_only_when_an_optional_width_is_set_is_traced_there_maskgit():
+  """`if self.hidden:` with `hidden: int | None = None`: a configuration with the width set
+  traces the branch, so the draft ports it and checks it there, with no configs= given."""
+  draft = lb.port.draft(models.OptionalProjection(4), _x(2, 3))
+  assert draft.ok, draft.report()
+  assert any("hidden=" in label for label in draft.config_labels), draft.config_labels
+  _equal_to_linen(draft, 0, models.OptionalProjection(4), _x(2, 3))
+  _equal_to_linen(draft, 0, models.OptionalProjection(4), _x(5, 3))
+  k = draft.configs.index(next(c for c in draft.configs if c[0].hidden)) + 1
+  _equal_to_linen(draft, k, draft.configs[k - 1][0], _x(4, 3))
