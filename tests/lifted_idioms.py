@@ -6,6 +6,7 @@ import dataclasses
 
 import flax.linen as nn
 import jax.numpy as jnp
+from flax.linen.partitioning import param_with_axes
 
 
 class Channel(nn.Module):
@@ -126,3 +127,26 @@ class BuiltAtOneMode(nn.Module):
     if self.mode == 3:
       x = nn.Dense(2, name="head")(x)
     return x
+
+
+class AxesEmbed(nn.Module):
+  """A param made through `param_with_axes` (logical axes for sharding) in setup, read by
+  `__call__` and `attend`."""
+
+  num_embeddings: int
+  features: int
+
+  def setup(self):
+    self.embedding = param_with_axes(
+      "embedding",
+      nn.initializers.normal(),
+      (self.num_embeddings, self.features),
+      jnp.float32,
+      axes=("vocab", "embed"),
+    )
+
+  def __call__(self, ids):
+    return jnp.asarray(self.embedding)[ids]
+
+  def attend(self, query):
+    return jnp.dot(query, self.embedding.T)

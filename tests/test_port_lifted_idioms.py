@@ -136,3 +136,18 @@ def test_a_layer_built_only_when_an_optional_width_is_set_is_traced_there_maskgi
   _equal_to_linen(draft, 0, models.OptionalProjection(4), _x(5, 3))
   k = draft.configs.index(next(c for c in draft.configs if c[0].hidden)) + 1
   _equal_to_linen(draft, k, draft.configs[k - 1][0], _x(4, 3))
+
+
+def test_a_param_made_through_param_with_axes_is_an_nnx_param_t5x():
+  """flax.linen.partitioning's `param_with_axes(name, init, shape, dtype, axes=...)` makes the
+  param `self.param` would (its axes are sharding names): drafted as an nnx.Param (it was left
+  as the Linen call, which raised in the port)."""
+  ids = jax.numpy.arange(6).reshape(2, 3) % 7
+  second = models.AxesEmbed(9, 6)
+  draft = lb.port.draft(
+    models.AxesEmbed(7, 4), ids, calls=[lb.port.Call(_x(2, 4), method="attend")], configs=[second]
+  )
+  assert draft.ok, draft.report()
+  assert "param_with_axes(" not in draft.source
+  _equal_to_linen(draft, 0, models.AxesEmbed(7, 4), ids)
+  _equal_to_linen(draft, 1, second, _x(3, 6), method="attend")

@@ -11,7 +11,7 @@ from flax.core import meta
 from ..plan.linen_api import VARIABLE_TYPES
 from ..plan.names import available
 from ..plan.source import libcst, self_target
-from ..transforms import custom_collections, lazy_variables
+from ..transforms import axes_params, custom_collections, lazy_variables
 from .literals import string_literal
 
 # `rewrite_methods.Rewriter`, whose methods these are; typed loosely so this module stays below it.
@@ -21,6 +21,11 @@ Rewriter = tp.Any
 def _param(self: Rewriter, site, original, updated):
   c = libcst()
   args = original.args
+  if site.target == axes_params.KIND:
+    args, why = axes_params.positional(args)
+    if why is not None:
+      self._mark(why)
+      return updated
   name = string_literal(args[0].value) if args else None
   if name is None or len(args) < 2:
     self._mark("self.param without a literal name and an initializer")

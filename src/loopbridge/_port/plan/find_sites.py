@@ -152,6 +152,8 @@ def find_sites(
     loops_of[id(node)] = found_loops
     return method, loop, depth, cond, stmt
 
+  from ..transforms.axes_params import KIND as AXES_PARAM
+  from ..transforms.axes_params import is_param_with_axes
   from .linen_api import is_lift
 
   lifted_locals: dict[tuple[str, str], tuple[type, tp.Any, tp.Any]] = {}
@@ -320,6 +322,9 @@ def find_sites(
           sites.append(Site(kind, node, method, lines, loop, depth, cond, attr, outer))
         return
       target = resolve(name, namespace)
+      if is_param_with_axes(target):  # T5X's `param_with_axes(...)`: a Linen param
+        sites.append(Site("param", node, method, lines, loop, depth, cond, AXES_PARAM, outer))
+        return
       alias = class_aliases.get(key) if key is not None else None
       if alias is not None:
         target = alias
