@@ -66,6 +66,7 @@ from .variables import get_raw_value as get_raw_value  # noqa: E402
 from .variables import is_concrete_typed_key as is_concrete_typed_key  # noqa: E402
 from .variables import key_data_accessors as key_data_accessors  # noqa: E402
 from .variables import raw_value_accessors as raw_value_accessors  # noqa: E402
+from .variables import register_variable_type_source as register_variable_type_source  # noqa: E402
 from .variables import set_raw_value as set_raw_value  # noqa: E402
 from .variables import set_variable_metadata as set_variable_metadata  # noqa: E402
 from .variables import set_variable_value as set_variable_value  # noqa: E402

@@ -24,6 +24,18 @@ def collection_name(variable_type: type) -> str:
   return name_of(variable_type)
 
 
+def register_variable_type_source(collection: str, type_name: str) -> str:
+  """The source line that pairs a Linen collection with an NNX Variable type, for a drafted
+  port run on this flax (flax 0.12's `nnx.register_variable_name`, 0.10's bridge function);
+  `overwrite=True`: the port's module may run several times."""
+  if hasattr(nnx, "register_variable_name"):
+    return f"nnx.register_variable_name({collection!r}, {type_name}, overwrite=True)"
+  return (
+    f"nnx.bridge.variables.register_variable_name_type_pair({collection!r}, {type_name}, "
+    "overwrite=True)"
+  )
+
+
 def variable_value(variable: nnx.Variable) -> tp.Any:
   """The value inside a Variable.
 

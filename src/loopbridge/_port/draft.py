@@ -48,9 +48,11 @@ from .transforms import layer_subclass, user_base_class
 from .transforms.cache_idiom import add_method, size_caches
 from .transforms.computed_params import keep_params
 from .transforms.constant_arrays import as_properties
+from .transforms.custom_collections import declaration
 from .transforms.field_only_subclass import merged_source
 from .transforms.layer_subclass import flax_layer_base, subclassable, unsupported_reason
 from .transforms.module_globals import read_through_modules
+from .transforms.module_level_lift import is_lifted_user_class, root_notes, user_class
 from .transforms.module_name import keep_name
 from .transforms.scanned_method import per_step_paths
 from .transforms.shadowing import renamed, shadowing, shadowing_changes
@@ -62,7 +64,7 @@ def _init_kwargs(
   """The constructor arguments of the port of `module` (at `path` in the trace of `config`, 0
   the user's): its fields (a Linen submodule among them as the `PortOf` its port) and the
   arguments the draft added."""
-  port: ClassPort = ctx.ported[type(module)]
+  port: ClassPort = ctx.ported[user_class(type(module))]
   traced = ctx.trace if config == 0 else ctx.alt_traces[config - 1]
   kwargs: dict[str, object] = {}
   for f in dataclasses.fields(module):
@@ -276,7 +278,7 @@ def _user_classes(root: nn.Module, traces) -> list[type]:
   for inst in (i for t in traces for i in t.instances.values()):
     if not is_linen_layer(inst.cls):
       depth[inst.cls] = max(depth.get(inst.cls, -1), len(inst.path))
-  depth.setdefault(type(root), 0)
+  depth.setdefault(user_class(type(root)), 0)
   return sorted(depth, key=lambda c: -depth[c])
 
 
@@ -377,7 +379,7 @@ def draft(
   if not isinstance(linen_module, nn.Module):
     raise PortError(not_a_linen_module(linen_module))
   check_precision_of(check_precision, "lb.port.draft(check_precision=...)", PortError)
-  if is_linen_layer(type(linen_module)):
+  if is_linen_layer(type(linen_module)) and not is_lifted_user_class(type(linen_module)):
     mapped = lookup(type(linen_module))
     raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
   if not isinstance(calls, tp.Iterable) or isinstance(calls, (str, bytes, Call)):
@@ -400,7 +402,8 @@ def draft(
     ):
       raise PortError(bad_method(type(linen_module), call.method))
   libcst()
-  root_source = read_class(type(linen_module))
+  root_class = user_class(type(linen_module))  # under a lift at module level (`nn.vmap(C)`)
+  root_source = read_class(root_class)
   streams = set()
   traced = trace(linen_module, [(c.method, c.args, dict(c.kwargs)) for c in all_calls], streams)
   others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
@@ -443,16 +446,22 @@ def draft(
     )
     ctx = _port_all(classes, sources, traced, [t for _, t in others], variables)
   assert ctx is not None and classes is not None and sources is not None
+  lift_todos, lift_changes = root_notes(
+    type(linen_module), root_source.file, root_source.first_line
+  )
+  ctx.ported[root_class].todos += lift_todos
+  ctx.ported[root_class].changes += lift_changes
   from .emit.helpers import HELPERS
 
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
+  written += [declaration(col).strip("\n") for col in sorted(ctx.collections)]
   body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])
   homes: list[tuple[str, tp.Mapping[str, object]]] = [
     (cls.__module__, sources[cls].namespace) for cls in classes
   ]
   homes.append(("jax", layer_subclass.NAMESPACE))  # what the ports of flax layers' subclasses read
   header = (
-    f'"""NNX port of {type(linen_module).__module__}.{type(linen_module).__qualname__}, '
+    f'"""NNX port of {root_class.__module__}.{root_class.__qualname__}, '
     'drafted from its Linen source."""\n\n'
   )
   body, by_module = read_through_modules(body, homes)
@@ -471,7 +480,7 @@ def draft(
   )
   result = Draft(
     source=text,
-    root=type(linen_module).__name__,
+    root=root_class.__name__,
     init_kwargs=init_kwargs,
     todos=todos,
     changes=changes,

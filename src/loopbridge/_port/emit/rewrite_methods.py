@@ -189,6 +189,7 @@ class Rewriter:
     method = fn.name.value
     moved = {n for n in self.p.aliases.get(method, {}) if n in self.p.used_aliases}
     moved |= {local for m, local in self.p.partials if m == method}
+    moved |= {s.class_alias for s in self.p.sites if s.method == method and s.class_alias}
     moved |= set().union(
       *[
         self.p.scope_names[id(h.site.node)] - loop_names(h.site.loops)

@@ -11,7 +11,7 @@ from flax.core import meta
 from ..plan.linen_api import VARIABLE_TYPES
 from ..plan.names import available
 from ..plan.source import libcst, self_target
-from ..transforms import lazy_variables
+from ..transforms import axes_params, custom_collections, lazy_variables
 from .literals import string_literal
 
 # `rewrite_methods.Rewriter`, whose methods these are; typed loosely so this module stays below it.
@@ -21,6 +21,11 @@ Rewriter = tp.Any
 def _param(self: Rewriter, site, original, updated):
   c = libcst()
   args = original.args
+  if site.target == axes_params.KIND:
+    args, why = axes_params.positional(args)
+    if why is not None:
+      self._mark(why)
+      return updated
   name = string_literal(args[0].value) if args else None
   if name is None or len(args) < 2:
     self._mark("self.param without a literal name and an initializer")
@@ -135,7 +140,8 @@ def _variable(self: Rewriter, site, original, updated):
     self._mark("self.variable without a literal collection, name and init function")
     return updated
   kind = VARIABLE_TYPES.get(col)
-  if kind is None:
+  own = custom_collections.type_name(col) if kind is None else None
+  if kind is None and own is None:
     self._mark(f"a variable of the collection {col!r} (no NNX Variable type is drafted for it)")
     return updated
   ns = self.p.init_namespace
@@ -151,15 +157,18 @@ def _variable(self: Rewriter, site, original, updated):
     fn = self.p.rewrite_expr(self.p.code(fn_node))
     fn = f"({fn})" if isinstance(fn_node, c.Lambda) else fn
     value = f"{fn}({', '.join(self.p.rewrite_expr(self.p.code(a)) for a in rest)})"
-  decl = f"nnx.{kind}({value})"
+  if own is not None:
+    self.p.ctx.collections.add(col)  # declared once, before the classes (`draft.py`)
+  qualified = f"nnx.{kind}" if own is None else own
+  decl = f"{qualified}({value})"
   if late:
-    return self._made_on_first_use(site, original, name, decl, col, kind)
+    return self._made_on_first_use(site, original, name, decl, col, qualified)
   self.p.declare(site, name, decl)
   self.p.change(
     site.lines,
     self.p.code(original),
     f"self.{name} = {decl}",
-    f"a Linen {col} variable becomes an nnx.{kind} built in __init__",
+    f"a Linen {col} variable becomes {'an' if own is None else 'a'} {qualified} built in __init__",
   )
   if self.method == "setup":
     return c.parse_expression(decl)
@@ -179,7 +188,7 @@ def _made_on_first_use(self: Rewriter, site, original, name: str, decl: str, col
     self.p.code(original),
     f'if not hasattr(self, "{name}"): self.{name} = {decl}',
     f"Linen makes this {col} variable in the call, sized by the call or beside one that "
-    f"is: an nnx.{kind} attribute the method makes on first use",
+    f"is: an {kind} attribute the method makes on first use",
   )
   assign: tp.Any = self.p.parents.get(original)
   if isinstance(assign, c.Assign) and isinstance(assign.targets[0].target, c.Name):

@@ -329,22 +329,34 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   if port.uses_rngs_attr:
     init_lines.append("self.rngs = rngs")
 
+  # Linen runs setup before a call method builds its layers, which may read what setup
+  # assigned (maskgit's VQGAN reads `self.channel_multipliers`): where every line moved to
+  # `__init__` comes from a call method, setup's body runs first, as in Linen.
+  setup_first = bool(setup) and all(
+    h.site.method != "setup"
+    for h in planner.hoists.values()
+    if id(h.site.node) in planner.hoisted_code and h.site.setup_attr is None
+  )
+
   def build_init() -> tp.Any:
     kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
     signature = ", ".join(["self", *params, "*", *kw])
+    moved = planner.declarations + hoisted
     init_src = (
       f"def __init__({signature}):\n"
-      + "".join(
-        f"{unit}{ln}\n" for block in init_lines + planner.declarations for ln in block.splitlines()
-      )
-      + "".join("".join(f"{unit}{ln}\n" for ln in block.splitlines()) for block in hoisted)
+      + "".join(f"{unit}{ln}\n" for block in init_lines for ln in block.splitlines())
       + f"{unit}pass\n"
     )
+    moved_src = "".join("".join(f"{unit}{ln}\n" for ln in block.splitlines()) for block in moved)
     config = c.PartialParserConfig(default_indent=unit)
     init: tp.Any = c.parse_statement(init_src, config=config)
     init_body = list(init.body.body)[:-1]
-    for s in setup:
-      init_body += list(s.body.body)
+    moved_body: list[tp.Any] = []
+    if moved_src:
+      holder: tp.Any = c.parse_statement(f"def _():\n{moved_src}", config=config)
+      moved_body = list(holder.body.body)
+    setup_body = [stmt for s in setup for stmt in s.body.body]
+    init_body += [*setup_body, *moved_body] if setup_first else [*moved_body, *setup_body]
     return init.with_changes(
       body=init.body.with_changes(body=init_body or [c.parse_statement("pass")])
     )

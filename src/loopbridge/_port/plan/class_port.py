@@ -25,6 +25,9 @@ class Context:
     default_factory=dict
   )
   helpers: set[str] = dataclasses.field(default_factory=set)  # `helpers.py` classes used
+  # Linen collections of the user's own whose Variable type the port declares
+  # (`custom_collections.py`).
+  collections: set[str] = dataclasses.field(default_factory=set)
   # The traces of the derived configurations (`configs.py`): evidence for width expressions.
   alt_traces: list[Trace] = dataclasses.field(default_factory=list)
   # Class -> (attribute, "attention" | "module" | "list") whose decode caches its
@@ -43,7 +46,10 @@ class ClassPort:
   uses_rngs_attr: bool = False
   attributes: dict[str, int] = dataclasses.field(default_factory=dict)  # attr -> class line
 
-  dropped: set[str] = dataclasses.field(default_factory=set)  # module-factory fields
+  # Fields the port takes no argument for: module-factory fields, and fields declared with
+  # `dataclasses.field(init=False)` that setup assigns (T5's `embedding: Array`), which no
+  # constructor sets and no unbound Linen module holds.
+  dropped: set[str] = dataclasses.field(default_factory=set)
   # method -> {call argument added: the factory field whose partial bound it in Linen}
   threaded: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
   # A method scanned by a Linen decorator (`scanned_method.py`): Linen records one call of the
@@ -52,6 +58,10 @@ class ClassPort:
   # Setup attributes computed from a param (`self.A = c * self.param("p", ...)`): A -> p,
   # made properties by `computed_params.py`.
   computed: dict[str, str] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self) -> None:
+    if dataclasses.is_dataclass(self.cls):
+      self.dropped |= {f.name for f in dataclasses.fields(self.cls) if not f.init}
 
   def field_names(self) -> list[str]:
     return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]

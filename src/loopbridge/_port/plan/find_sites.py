@@ -51,6 +51,8 @@ class Site:
   # assigns to `self.<list_attr>`: that attribute and the element's index expression.
   list_attr: str | None = None
   chosen_class: tp.Any = None  # `layer(...)` with `layer = A if c else B`: that choice
+  # `conv = nn.Conv` once in the method, then `conv(8)`: the local naming the class
+  class_alias: str | None = None
   list_index: str | None = None
 
 
@@ -150,11 +152,16 @@ def find_sites(
     loops_of[id(node)] = found_loops
     return method, loop, depth, cond, stmt
 
+  from ..transforms.axes_params import KIND as AXES_PARAM
+  from ..transforms.axes_params import is_param_with_axes
   from .linen_api import is_lift
 
   lifted_locals: dict[tuple[str, str], tuple[type, tp.Any, tp.Any]] = {}
   partial_locals: dict[tuple[str, str], tuple[type, tp.Any]] = {}
   class_locals: dict[tuple[str, str], tp.Any] = {}  # local -> the `A if c else B` choosing it
+  # local -> the Module class it names (`conv_fn = nn.Conv`, maskgit's VQGAN); None where the
+  # method binds the local more than once (no one class to tell)
+  class_aliases: dict[tuple[str, str], type | None] = {}
 
   def partial_of_class(node: tp.Any) -> tuple[type, tp.Any] | None:
     """`partial(nn.Conv, use_bias=False)` -> (nn.Conv, that call)."""
@@ -198,12 +205,20 @@ def find_sites(
       if made is not None and isinstance(target, c.Name):
         partial_locals[(context(node)[0], target.value)] = made
       value = node.value
+      if isinstance(target, c.Name):
+        key = (context(node)[0], target.value)
+        named = resolve(dotted(value), namespace) if dotted(value) else None
+        is_class = isinstance(named, type) and issubclass(named, nn.Module)
+        once = key not in class_aliases and key not in seen_locals
+        class_aliases[key] = tp.cast(type, named) if is_class and once else None
+        seen_locals.add(key)
       if isinstance(value, c.IfExp) and isinstance(target, c.Name):
         # `layer = Bottleneck if self.config.layer_type == "bottleneck" else Basic` (HF ResNet).
         chosen = [resolve(dotted(v), namespace) for v in (value.body, value.orelse)]
         if all(isinstance(k, type) and issubclass(k, nn.Module) for k in chosen):
           class_locals[(context(node)[0], target.value)] = value
 
+  seen_locals: set[tuple[str, str]] = set()
   module.visit(Locals())
 
   class Visitor(c.CSTVisitor):
@@ -307,8 +322,15 @@ def find_sites(
           sites.append(Site(kind, node, method, lines, loop, depth, cond, attr, outer))
         return
       target = resolve(name, namespace)
+      if is_param_with_axes(target):  # T5X's `param_with_axes(...)`: a Linen param
+        sites.append(Site("param", node, method, lines, loop, depth, cond, AXES_PARAM, outer))
+        return
+      alias = class_aliases.get(key) if key is not None else None
+      if alias is not None:
+        target = alias
       if isinstance(target, type) and issubclass(target, nn.Module):
         site = Site("construct", node, method, lines, loop, depth, cond, target, outer)
+        site.class_alias = tp.cast(tp.Any, func).value if alias is not None else None
         site.local = _assigned_local(parent)
         assign: tp.Any = parent
         if isinstance(parent, c.ListComp) and parent.elt is node:

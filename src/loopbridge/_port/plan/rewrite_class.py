@@ -240,6 +240,23 @@ class Planner:
   def code(self, node: cst.CSTNode) -> str:
     return self.module.code_for_node(node)
 
+  def _no_match(self, site: Site) -> str:
+    """Why nothing the traces saw pairs with `site`: the branch it is under, when no trace
+    took it (maskgit's `if self.hidden_size:` with the default None), else `NO_MATCH`."""
+    tests = [
+      f"not ({self.code(test)})" if negated else self.code(test)
+      for test, negated in reversed(site.guards)
+      if test is not None
+    ]
+    if not tests:
+      return NO_MATCH
+    return (
+      f"no trace took the branch this construction is under (`if {' and '.join(tests)}`), so "
+      "nothing tells what it builds; pass draft(configs=[...]) an instance of the model at "
+      "which that holds (its widths are read there and the port is checked there too), or "
+      "port the branch by hand"
+    )
+
   def todo(self, site: Site, reason: str) -> None:
     self.todo_nodes[id(site.node)] = reason
 
@@ -413,7 +430,7 @@ class Planner:
       return
     made_names = {n for n in names if n} or self._alt_names(site)
     if not made_names:
-      self.todo(site, NO_MATCH)
+      self.todo(site, self._no_match(site))
       return
     if (
       site.method == "setup"

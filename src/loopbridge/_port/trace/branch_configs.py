@@ -75,14 +75,35 @@ def _compared(text: str, name: str) -> list[str]:
   return list(dict.fromkeys(found))
 
 
+def _optional_int(f: dataclasses.Field) -> bool:
+  """A field annotated `Optional[int]` / `int | None` (a string under postponed annotations)."""
+  words = set(re.findall(r"\w+", str(f.type)))
+  return "int" in words and ("Optional" in words or "None" in words) and "float" not in words
+
+
+def _tested_unset(text: str, name: str) -> bool:
+  """The sources test `self.<name>` for being set: `if self.n:` or `self.n is not None`."""
+  attr = rf"self\.{re.escape(name)}"
+  return bool(
+    re.search(rf"\b(?:if|and|or|not)\s+{attr}\s*(?::|and\b|or\b|\))", text)
+    or re.search(rf"{attr}\s+is\s+not\s+None", text)
+  )
+
+
 def changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
   """One change of one setting per entry: each boolean the sources read (`text`) flipped, each
-  string set to each other literal they compare it with."""
+  string set to each other literal they compare it with, each optional width left None (that
+  they test for being set, maskgit's `if self.hidden_size:`) set to a width no field has."""
   out: list[dict[Knob, object]] = []
+  ints = [getattr(module, f.name, None) for f in dataclasses.fields(module)]
+  fresh = 1 + max([v for v in ints if type(v) is int] + [2])  # told apart from every field
   for f in dataclasses.fields(module):
     if f.name in ("parent", "name"):
       continue
     value = getattr(module, f.name, None)
+    if value is None and _optional_int(f) and _tested_unset(text, f.name):
+      out.append({(f.name, None): fresh})
+      continue
     inner = [(f.name, None, value)] + [(f.name, a, v) for a, v in _settings(value).items()]
     for field, attr, v in inner:
       name = attr or field

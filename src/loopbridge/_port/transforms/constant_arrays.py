@@ -19,8 +19,9 @@ import typing as tp
 from ... import _compat
 from ..emit.todo_blocks import todo_block
 from ..plan.class_port import ClassPort, Context
-from ..plan.source import dotted, libcst
+from ..plan.source import dotted, libcst, resolve
 from ..records import Change, Todo
+from .axes_params import is_param_with_axes
 from .constant_array_properties import (
   VARIABLE_READS,
   Evidence,
@@ -113,13 +114,15 @@ def as_properties(port: ClassPort, ctx: Context) -> ClassPort:
   return port
 
 
-def _param_or_none(stmt: tp.Any) -> bool:
+def _param_or_none(stmt: tp.Any, namespace: tp.Mapping[str, object]) -> bool:
   """`self.x = self.param(...)` (or `self.variable(...)`) or `self.x = None`."""
   c = libcst()
   if not (isinstance(stmt, c.SimpleStatementLine) and isinstance(stmt.body[0], c.Assign)):
     return False
   value = stmt.body[0].value
-  return (isinstance(value, c.Name) and value.value == "None") or _is_variable_call(value)
+  return (isinstance(value, c.Name) and value.value == "None") or _is_variable_call(
+    value, namespace
+  )
 
 
 def _method(module: tp.Any, name: str) -> tp.Any:
@@ -140,6 +143,7 @@ def _plans(
   for each attribute the trace saw holding an array, in setup's order; a direct `self.param`
   or `self.variable` (drafted as an NNX Variable) is left out."""
   counts = _self_bindings(setup)
+  namespace = port.source.namespace
   fields = set(port.field_names()) - port.dropped
   found: dict[str, tuple[tp.Any, str | None]] = {}
   chains: dict[str, list[tp.Any]] = {}  # attribute -> its bindings (`rebinding`)
@@ -149,10 +153,10 @@ def _plans(
     stmt = _single_assignment(setup, attr)
     if stmt is None:
       bindings = [s for s in all_statements(setup) if attr in self_targets(s)]
-      if bindings and all(_param_or_none(s) for s in bindings):
+      if bindings and all(_param_or_none(s, namespace) for s in bindings):
         continue  # BEiT's `self.lambda_1 = self.param(...)` or `= None`: a Param, or nothing
       chain = rebinding(setup, attr)
-      if chain is not None and not any(map(_param_or_none, bindings)):
+      if chain is not None and not any(_param_or_none(s, namespace) for s in bindings):
         found[attr] = (bindings[0], None)  # GPT-Neo's windowed mask: bound again from itself
         chains[attr] = chain
         continue
@@ -163,7 +167,7 @@ def _plans(
           why = f"it reads a param or variable (self.{reads[0]}) and {why}"
         found[attr] = (bindings[0], why)
       continue
-    if _is_variable_call(stmt.body[0].value):
+    if _is_variable_call(stmt.body[0].value, namespace):
       continue
     found[attr] = (stmt, None)
   # An array attribute reading another one reads a property, unless that one is a TODO.
@@ -218,9 +222,12 @@ def _single_assignment(fn: tp.Any, attr: str) -> tp.Any:
   return stmts[0] if isinstance(target, c.Attribute) else None
 
 
-def _is_variable_call(value: tp.Any) -> bool:
-  """`self.param(...)` / `self.variable(...)`: the draft makes it an NNX Variable."""
+def _is_variable_call(value: tp.Any, namespace: tp.Mapping[str, object]) -> bool:
+  """`self.param(...)` / `self.variable(...)` / `param_with_axes(...)`: the draft makes it an
+  NNX Variable."""
   called = dotted(value.func) if isinstance(value, libcst().Call) else None
+  if called is not None and is_param_with_axes(resolve(called, namespace)):
+    return True
   return called is not None and called.startswith("self.") and called[5:] in VARIABLE_READS
 
 
