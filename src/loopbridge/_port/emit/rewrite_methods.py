@@ -20,8 +20,8 @@ from ..records import Todo
 from ..transforms import call_time_args, lazy_variables
 from ..transforms.cell_carry import carry_call
 from ..transforms.chosen_class import guard
-from ..transforms.never_called import never_called_code
 from ..transforms.module_handed_out import linen_api_used
+from ..transforms.never_called import never_called_code
 from ..transforms.none_before_a_layer import data_placeholder
 from ..transforms.scanned_method import lifted_method, linen_lift
 from ..transforms.tied_embeddings import apply_with_params, built_where_called, variables_read

@@ -582,4 +582,3 @@ class Planner:
 
   def list_of(self, items: str) -> str:
     return f"nnx.List({items})" if self.ctx.modern else items
-
