@@ -26,21 +26,24 @@ def _port_module(draft, tmp_path, name):
   return module
 
 
-def test_a_layer_a_parent_always_turns_off_is_stood_in_for_and_the_port_is_ok(tmp_path):
+@pytest.mark.parametrize("head", ["TokenHead", "DenseTokenHead"])
+def test_a_layer_a_parent_always_turns_off_is_stood_in_for_and_the_port_is_ok(tmp_path, head):
+  """A user class (HF's `FlaxBertPooler`) or flax's own Dense (ALBERT's pooler)."""
   x = jax.random.normal(jax.random.key(0), (2, 5, 6))
-  draft = lb.port.draft(models.TokenHead(width=8, labels=3), x)
+  head_cls = getattr(models, head)
+  draft = lb.port.draft(head_cls(width=8, labels=3), x)
   assert draft.ok, draft.report()
   assert not draft.todos
   assert "NeverCalled(" in draft.source and "class NeverCalled" in draft.source
-  assert "Pooler" in draft.report()
-  port = _port_module(draft, tmp_path, "never_called_port")
+  assert "NeverCalled" in draft.report()
+  port = _port_module(draft, tmp_path, f"never_called_port_{head}")
   # Against Linen at the sample and at another configuration (every setting changed; the
   # root input width, a separate matter, kept).
   for width, labels, shape in ((8, 3, (2, 5, 6)), (12, 5, (3, 4, 6))):
     xs = jax.random.normal(jax.random.key(width), shape)
-    linen = models.TokenHead(width=width, labels=labels)
+    linen = head_cls(width=width, labels=labels)
     variables = linen.init(jax.random.key(1), xs)
-    nnx_model = port.TokenHead(width=width, labels=labels, rngs=nnx.Rngs(0))
+    nnx_model = getattr(port, head)(width=width, labels=labels, rngs=nnx.Rngs(0))
     lb.checkpoint.linen_to_nnx(linen, variables, nnx_model, xs)
     np.testing.assert_allclose(nnx_model(xs), linen.apply(variables, xs), rtol=1e-5, atol=1e-5)
 
@@ -60,3 +63,9 @@ def test_a_layer_the_trace_reaches_is_ported_not_stood_in_for():
   assert draft.ok, draft.report()
   assert "NeverCalled" not in draft.source
   assert "class Pooler(nnx.Module)" in draft.source
+
+
+def test_a_layer_applied_with_given_params_is_not_stood_in_for():
+  x = jax.random.normal(jax.random.key(0), (2, 6))
+  draft = lb.port.draft(models.ReadKernel(width=4), x)
+  assert "NeverCalled" not in draft.source

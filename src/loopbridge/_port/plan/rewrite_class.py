@@ -22,7 +22,7 @@ from ..transforms.cell_carry import is_detached, plan_detached
 from ..transforms.chosen_class import Choice, plan_chosen_class
 from ..transforms.mixin_config import WHY as CONFIG_WHY
 from ..transforms.mixin_config import mirrored_fields
-from ..transforms.never_called import plan_never_called
+from ..transforms.never_called import plan_never_called, uncalled_flax_layer
 from ..transforms.scan_lift import plan_scan
 from ..transforms.vmap_lift import plan_vmap
 from . import config_evidence, inline_constructions, standard_layers
@@ -327,6 +327,8 @@ class Planner:
       site.target = made.pop()
       self.port.dropped.add(site.factory_field)
     cls = tp.cast(type, site.target)
+    if uncalled_flax_layer(self, site, cls) and plan_never_called(self, site, cls):
+      return
     if not (cls in standard_layers.TABLE or cls in self.ctx.ported):
       traced = any(t.of_class(cls) for t in [self.ctx.trace, *self.ctx.alt_traces])
       why = (

@@ -12,8 +12,10 @@ Linen builds a setup attribute lazily: never called, it has no weights. NNX buil
 attribute in `__init__`, so the port would need the layer's widths, which no trace shows. The
 port builds nothing there: a `NeverCalled` (the draft's helper) stands in the attribute's
 place and raises, naming the layer and the fix, if a configuration no trace reached calls it.
-Only a user class assigned to one setup attribute outside loops and lifts is stood in for;
-anything else the trace did not reach stays a TODO.
+Stood in for: a user class no trace built, and a flax layer (ALBERT's pooler `nn.Dense`) no
+traced call reached whose attribute the class only ever calls (a layer whose kernel is read or
+which is applied with given params, as a weight-normed conv is, is not), each assigned to one
+setup attribute outside loops and lifts. Anything else the trace did not reach stays a TODO.
 
 Hooks: `ClassPlanner._plan_construct` (the plan) and `Rewriter.leave_Call` (the code).
 """
@@ -23,20 +25,53 @@ from __future__ import annotations
 import typing as tp
 
 from ..plan import standard_layers
+from ..plan.source import dotted, libcst
 
 WHY = "called in no traced configuration: no weights, not ported; raises if called"
 
 
-def plan_never_called(planner: tp.Any, site: tp.Any, cls: type) -> bool:
-  """Stand a `NeverCalled` in for the construction at `site`, if it qualifies (see above)."""
-  if not (
+def _one_setup_attribute(site: tp.Any) -> bool:
+  return (
     site.method == "setup"
     and site.setup_attr is not None
     and not site.setup_list
     and site.list_attr is None
     and site.loop is None
     and site.lift is None
-    and not standard_layers.is_linen_layer(cls)
+  )
+
+
+def only_called(planner: tp.Any, attr: str) -> bool:
+  """`self.<attr>` appears in the source once assigned and otherwise only called."""
+  c = libcst()
+  name = f"self.{attr}"
+  seen = {"uses": 0, "calls": 0}
+
+  class Uses(c.CSTVisitor):
+    def visit_Attribute(self, node: tp.Any) -> None:
+      seen["uses"] += dotted(node) == name
+
+    def visit_Call(self, node: tp.Any) -> None:
+      seen["calls"] += dotted(node.func) == name
+
+  planner.module.visit(Uses())
+  return seen["uses"] == seen["calls"] + 1
+
+
+def uncalled_flax_layer(planner: tp.Any, site: tp.Any, cls: type) -> bool:
+  """A flax layer assigned in setup that no traced instance of the class called."""
+  return (
+    cls in standard_layers.TABLE
+    and _one_setup_attribute(site)
+    and not any(planner.made_by(site, inst, planner.trace) for inst in planner.instances)
+    and only_called(planner, site.setup_attr)
+  )
+
+
+def plan_never_called(planner: tp.Any, site: tp.Any, cls: type) -> bool:
+  """Stand a `NeverCalled` in for the construction at `site`, if it qualifies (see above)."""
+  if not _one_setup_attribute(site) or (
+    standard_layers.is_linen_layer(cls) and not uncalled_flax_layer(planner, site, cls)
   ):
     return False
   line = planner.src.line(site.lines[0])
