@@ -68,7 +68,20 @@ class LinenGRUCell(nnx.Module):
     return 1
 '''
 
-HELPERS = {"LinenGRUCell": GRU_CELL}
+NEVER_CALLED = '''
+class NeverCalled:
+  """Stands where the Linen model builds a submodule in setup that no configuration the draft
+  traced called (a layer behind a flag its parent always turns off): no weights exist for it,
+  so the port builds none, and calling it raises."""
+
+  def __init__(self, what: str):
+    self.what = what
+
+  def __call__(self, *args, **kwargs):
+    raise NotImplementedError(self.what)
+'''
+
+HELPERS = {"LinenGRUCell": GRU_CELL, "NeverCalled": NEVER_CALLED}
 """Helper class name -> its source (formatted with the draft)."""
 
 

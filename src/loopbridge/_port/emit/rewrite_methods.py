@@ -21,6 +21,7 @@ from ..transforms import call_time_args, lazy_variables
 from ..transforms.cell_carry import carry_call
 from ..transforms.chosen_class import guard
 from ..transforms.module_handed_out import linen_api_used
+from ..transforms.never_called import never_called_code
 from ..transforms.none_before_a_layer import data_placeholder
 from ..transforms.scanned_method import lifted_method, linen_lift
 from ..transforms.tied_embeddings import apply_with_params, built_where_called, variables_read
@@ -268,6 +269,9 @@ class Rewriter:
     carry = carry_call(self.p, original, updated)
     if carry is not None:
       return c.parse_expression(carry)
+    stand_in = never_called_code(self.p, original)
+    if stand_in is not None:
+      return c.parse_expression(stand_in)
     hoist = self.p.hoists.get(key)
     if hoist is not None:
       site = hoist.site

@@ -22,6 +22,7 @@ from ..transforms.cell_carry import is_detached, plan_detached
 from ..transforms.chosen_class import Choice, plan_chosen_class
 from ..transforms.mixin_config import WHY as CONFIG_WHY
 from ..transforms.mixin_config import mirrored_fields
+from ..transforms.never_called import plan_never_called, uncalled_flax_layer
 from ..transforms.scan_lift import plan_scan
 from ..transforms.vmap_lift import plan_vmap
 from . import config_evidence, inline_constructions, standard_layers
@@ -114,6 +115,7 @@ class Planner:
     self.todo_nodes: dict[int, str] = {}  # id(node) -> reason
     self.renames: dict[int, str] = {}  # id(setup Assign) -> the attribute it must assign
     self.lift_rewrites: dict[int, str] = {}  # id(lift call) -> its NNX form
+    self.never_called: dict[int, str] = {}  # id(construction) -> why (never_called.py)
     # (method, local) -> the hoist of the nn.scan / nn.vmap module the local holds
     self.lifted_locals: dict[tuple[str, str], Hoist] = {}
     # Layers made in nested loops (`write_class._plan_counter`), by id of their site:
@@ -342,6 +344,8 @@ class Planner:
       site.target = made.pop()
       self.port.dropped.add(site.factory_field)
     cls = tp.cast(type, site.target)
+    if uncalled_flax_layer(self, site, cls) and plan_never_called(self, site, cls):
+      return
     if not (cls in standard_layers.TABLE or cls in self.ctx.ported):
       traced = any(t.of_class(cls) for t in [self.ctx.trace, *self.ctx.alt_traces])
       why = (
@@ -359,6 +363,8 @@ class Planner:
           "model whose call builds it, or port it by hand"
         )
       )
+      if not traced and plan_never_called(self, site, cls):
+        return
       self.todo(site, why)
       return
     lift = self._lift_name(site)

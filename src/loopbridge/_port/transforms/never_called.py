@@ -1,0 +1,93 @@
+"""A submodule Linen builds in setup that no traced configuration calls.
+
+HF's heads build their base model with a flag that turns one of its layers off
+(`FlaxBertModule(config, add_pooling_layer=False)` in `...ForMaskedLM`, `...ForCausalLM`,
+`...ForQuestionAnswering`, ...), while the base model's setup still assigns the layer::
+
+  self.pooler = FlaxBertPooler(self.config, dtype=self.dtype)
+  ...
+  pooled = self.pooler(hidden_states) if self.add_pooling_layer else None
+
+Linen builds a setup attribute lazily: never called, it has no weights. NNX builds every
+attribute in `__init__`, so the port would need the layer's widths, which no trace shows. The
+port builds nothing there: a `NeverCalled` (the draft's helper) stands in the attribute's
+place and raises, naming the layer and the fix, if a configuration no trace reached calls it.
+Stood in for: a user class no trace built, and a flax layer (ALBERT's pooler `nn.Dense`) no
+traced call reached whose attribute the class only ever calls (a layer whose kernel is read or
+which is applied with given params, as a weight-normed conv is, is not), each assigned to one
+setup attribute outside loops and lifts. Anything else the trace did not reach stays a TODO.
+
+Hooks: `ClassPlanner._plan_construct` (the plan) and `Rewriter.leave_Call` (the code).
+"""
+
+from __future__ import annotations
+
+import typing as tp
+
+from ..plan import standard_layers
+from ..plan.source import dotted, libcst
+
+WHY = "called in no traced configuration: no weights, not ported; raises if called"
+
+
+def _one_setup_attribute(site: tp.Any) -> bool:
+  return (
+    site.method == "setup"
+    and site.setup_attr is not None
+    and not site.setup_list
+    and site.list_attr is None
+    and site.loop is None
+    and site.lift is None
+  )
+
+
+def only_called(planner: tp.Any, attr: str) -> bool:
+  """`self.<attr>` appears in the source once assigned and otherwise only called."""
+  c = libcst()
+  name = f"self.{attr}"
+  seen = {"uses": 0, "calls": 0}
+
+  class Uses(c.CSTVisitor):
+    def visit_Attribute(self, node: tp.Any) -> None:
+      seen["uses"] += dotted(node) == name
+
+    def visit_Call(self, node: tp.Any) -> None:
+      seen["calls"] += dotted(node.func) == name
+
+  planner.module.visit(Uses())
+  return seen["uses"] == seen["calls"] + 1
+
+
+def uncalled_flax_layer(planner: tp.Any, site: tp.Any, cls: type) -> bool:
+  """A flax layer assigned in setup that no traced instance of the class called."""
+  return (
+    cls in standard_layers.TABLE
+    and _one_setup_attribute(site)
+    and not any(planner.made_by(site, inst, planner.trace) for inst in planner.instances)
+    and only_called(planner, site.setup_attr)
+  )
+
+
+def plan_never_called(planner: tp.Any, site: tp.Any, cls: type) -> bool:
+  """Stand a `NeverCalled` in for the construction at `site`, if it qualifies (see above)."""
+  if not _one_setup_attribute(site) or (
+    standard_layers.is_linen_layer(cls) and not uncalled_flax_layer(planner, site, cls)
+  ):
+    return False
+  line = planner.src.line(site.lines[0])
+  planner.never_called[id(site.node)] = (
+    f"{cls.__qualname__} (built at {planner.src.file}:{line}) was called in no configuration "
+    "the draft traced, so it was not ported: port it by hand, or draft again with "
+    "draft(configs=[...]) holding an instance whose call reaches it"
+  )
+  planner.ctx.helpers.add("NeverCalled")
+  return True
+
+
+def never_called_code(planner: tp.Any, original: tp.Any) -> str | None:
+  """The port's code for a construction `plan_never_called` took, or None."""
+  why = planner.never_called.get(id(original))
+  if why is None:
+    return None
+  planner.change(planner.site_of[id(original)].lines, planner.code(original), "NeverCalled", WHY)
+  return f"NeverCalled({why!r})"
