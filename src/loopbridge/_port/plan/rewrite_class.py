@@ -20,6 +20,7 @@ from ..transforms import keyword_dicts
 from ..transforms.call_filled_locals import filled_during_call
 from ..transforms.cell_carry import is_detached, plan_detached
 from ..transforms.chosen_class import Choice, plan_chosen_class
+from ..transforms.factory_fields import factory_class
 from ..transforms.mixin_config import WHY as CONFIG_WHY
 from ..transforms.mixin_config import mirrored_fields
 from ..transforms.never_called import plan_never_called, uncalled_flax_layer
@@ -37,16 +38,6 @@ from .values import Resolver
 
 if tp.TYPE_CHECKING:
   import libcst as cst
-
-
-def factory_class(value: object) -> type | None:
-  """The Linen class a field value builds: `partial(nn.Conv, ...)` or `nn.Conv` itself."""
-  import functools
-
-  from flax import linen as nn
-
-  func = value.func if isinstance(value, functools.partial) else value
-  return func if isinstance(func, type) and issubclass(func, nn.Module) else None
 
 
 def _list_run(names: list[str]) -> tuple[str, int, int] | None:

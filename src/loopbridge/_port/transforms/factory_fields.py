@@ -41,3 +41,13 @@ def signature_and_init(
   if "default" in kwargs:
     return f"{name}: {annotation} = {code(kwargs['default'])}", f"self.{name} = {name}"
   return f"{name}: {annotation}", f"self.{name} = {name}"
+
+
+def factory_class(value: object) -> type | None:
+  """The Linen class a field value builds: `partial(nn.Conv, ...)` or `nn.Conv` itself."""
+  import functools
+
+  from flax import linen as nn
+
+  func = value.func if isinstance(value, functools.partial) else value
+  return func if isinstance(func, type) and issubclass(func, nn.Module) else None
