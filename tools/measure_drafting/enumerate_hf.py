@@ -89,6 +89,8 @@ for _names, _pair in (
   (("num_mel_bins",), (10, 12)),
   (("relative_attention_num_buckets",), (8, 10)),
   (("attention_window",), (4, 6)),
+  # GPT-J rotates this many of a head's channels: no more than a head has (8, then 14).
+  (("rotary_dim",), (4, 6)),
 ):
   for _name in _names:
     SIZES[_name] = _pair
@@ -114,6 +116,12 @@ FIXED = {
   "decoder_layerdrop": 0.0,
   "summary_first_dropout": 0.0,
   "use_cache": False,
+  # Linen itself refuses these models' defaults at a tiny size: BigBird's block-sparse
+  # attention wants sequences of whole 64-token blocks, Wav2Vec2's Flax port only the
+  # stable-layer-norm variant.
+  "attention_type": "original_full",
+  "do_stable_layer_norm": True,
+  "feat_extract_norm": "layer",
 }
 SUBCONFIGS = ("text_config", "vision_config", "encoder", "decoder")
 BATCH_TOKENS = ((2, 7), (3, 9))
@@ -205,9 +213,13 @@ def _config_kwargs(config_cls: tp.Any, which: int) -> dict[str, tp.Any]:
   return kwargs
 
 
-def _inputs(fn: tp.Any, config_kwargs: dict[str, tp.Any], which: int) -> tuple[tuple, dict]:
-  """Arguments for the call from its parameter names; LookupError when one cannot be made."""
+def _inputs(
+  fn: tp.Any, config_kwargs: dict[str, tp.Any], which: int, choices: bool = False
+) -> tuple[tuple, dict]:
+  """Arguments for the call from its parameter names; LookupError when one cannot be made.
+  `choices`: a multiple-choice head, whose token inputs are (batch, choices, tokens)."""
   batch, tokens = BATCH_TOKENS[which]
+  rows = (batch, 2 + which) if choices else (batch,)
   vocab = config_kwargs.get("vocab_size", SIZES["vocab_size"][which])
   image = config_kwargs.get("image_size", SIZES["image_size"][which])
   width = next(
@@ -215,16 +227,16 @@ def _inputs(fn: tp.Any, config_kwargs: dict[str, tp.Any], which: int) -> tuple[t
   )
   max_source = config_kwargs.get("max_source_positions", SIZES["max_source_positions"][which])
   made: dict[str, tp.Any] = {
-    "input_ids": Ints((batch, tokens), vocab, low=3),
-    "decoder_input_ids": Ints((batch, tokens - 2), vocab, low=3),
-    "attention_mask": Ones((batch, tokens)),
-    "decoder_attention_mask": Ones((batch, tokens - 2)),
-    "token_type_ids": Ints((batch, tokens), 1),
-    "position_ids": Positions((batch, tokens)),
-    "decoder_position_ids": Positions((batch, tokens - 2)),
+    "input_ids": Ints((*rows, tokens), vocab, low=3),
+    "decoder_input_ids": Ints((*rows, tokens - 2), vocab, low=3),
+    "attention_mask": Ones((*rows, tokens)),
+    "decoder_attention_mask": Ones((*rows, tokens - 2)),
+    "token_type_ids": Ints((*rows, tokens), 1),
+    "position_ids": Positions((*rows, tokens)),
+    "decoder_position_ids": Positions((*rows, tokens - 2)),
     "pixel_values": Arr((batch, image, image, 3)),
-    "inputs_embeds": Arr((batch, tokens, width)),
-    "hidden_states": Arr((batch, tokens, width)),
+    "inputs_embeds": Arr((*rows, tokens, width)),
+    "hidden_states": Arr((*rows, tokens, width)),
     "input_features": Arr((batch, config_kwargs.get("num_mel_bins", 10), 2 * max_source)),
     "input_values": Arr((batch, 800 + 160 * which)),
     "head_mask": None,
@@ -262,7 +274,8 @@ def case(name: str) -> Case:
   settings = []
   for which in (0, 1):
     config_kwargs = _config_kwargs(config_cls, which)
-    args, kwargs = _inputs(getattr(module, cls_name).__call__, config_kwargs, which)
+    choices = "MultipleChoice" in cls_name
+    args, kwargs = _inputs(getattr(module, cls_name).__call__, config_kwargs, which, choices)
     config = Obj(f"{config_cls.__module__}:{config_cls.__name__}", config_kwargs)
     settings.append(Setting(dict(config=config), args=args, kwargs=kwargs))
   return Case(
