@@ -48,6 +48,7 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
+from .tracing.widths import SymbolicWidths, symbolic_widths, traced_symbolically
 
 
 def _init_kwargs(
@@ -212,11 +213,14 @@ def _port_all(
   traced,
   alt_traces: list,
   variables: tp.Mapping[str, object] | None,
+  symbolic: SymbolicWidths | None = None,
 ) -> Context:
   """Port every class (children first) with the traces as evidence."""
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
   ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
   ctx.alt_traces = list(alt_traces)
+  if symbolic is not None:  # the last trace the widths read (`tracing/widths.py`)
+    ctx.symbolic = symbolic_widths(symbolic, ctx.alt_traces)
   for cls in classes:
     ctx.ported[cls] = _port_one(sources[cls], ctx)
     if ctx.caches.get(cls):
@@ -367,6 +371,7 @@ def draft(
   streams = set()
   traced = trace(linen_module, [(c.method, c.args, dict(c.kwargs)) for c in all_calls], streams)
   others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
+  symbolic = traced_symbolically(linen_module, all_calls[0], streams)
   labels: tuple[str, ...] = ("",) * len(others)
   ctx = classes = sources = None
   required = set(_user_classes(linen_module, [traced]))  # the sample call's: each must read
@@ -404,7 +409,7 @@ def draft(
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
     )
-    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables)
+    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables, symbolic)
   assert ctx is not None and classes is not None and sources is not None
   from .helpers import HELPERS
 

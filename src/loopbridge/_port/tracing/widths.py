@@ -1,0 +1,152 @@
+"""A class's width from the symbolic trace, for `Resolver.expr` (`values.py`).
+
+The symbolic trace is the last of the traces the resolver reads (`Context.alt_traces`). A
+width whose symbolic value is written in the class's own names is that expression; one that
+needs a symbol the class does not hold becomes an argument its parent passes (never a field
+of equal value); a width the symbolic trace gives as a number is a constant when no setting
+was kept concrete. What none of this decides is matched by value, and named as such
+(`Resolver.by_value`, the draft's `literals`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import typing as tp
+
+from .expressions import has_symbols, reads, value_at, written
+from .symbolic import InputAxis, Symbolic
+
+if tp.TYPE_CHECKING:
+  from ..values import Resolver
+
+# What `symbolic_width` says when the width is the parent's to pass.
+PASSED = "passed by the parent"
+
+
+@dataclasses.dataclass
+class SymbolicWidths:
+  """What a resolver needs of the symbolic trace."""
+
+  index: int  # of the symbolic trace among the resolver's `alts`
+  found: Symbolic
+  inputs: dict[str, str]  # symbol of a root input axis -> the root argument it becomes
+
+  @property
+  def exact(self) -> bool:
+    """No setting was kept concrete: a number in the symbolic trace is a constant."""
+    return not self.found.concrete
+
+
+def input_names(found: Symbolic, root_cls: type, method: str | None) -> dict[str, str]:
+  """Symbol of each root input axis -> the name of the root argument it becomes
+  (`x_features` for the last axis of `x`, `x_axis1` for another)."""
+  try:
+    params = [
+      p.name
+      for p in inspect.signature(getattr(root_cls, method or "__call__")).parameters.values()
+    ][1:]
+  except (TypeError, ValueError):
+    params = []
+  out: dict[str, str] = {}
+  for name, c in found.symbols.items():
+    if not isinstance(c, InputAxis):
+      continue
+    arg = c.where if isinstance(c.where, str) else (
+      params[c.where] if c.where < len(params) else f"arg{c.where}"
+    )
+    rank = _rank(found, c)
+    out[name] = f"{arg}_features" if c.axis == rank - 1 else f"{arg}_axis{c.axis}"
+  return out
+
+
+def _rank(found: Symbolic, axis: InputAxis) -> int:
+  return 1 + max(c.axis for c in found.bound if isinstance(c, InputAxis) and c.where == axis.where)
+
+
+def symbolic_width(
+  resolver: Resolver,
+  values: tp.Mapping[tuple[str, ...], object],
+  alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]],
+) -> str | None:
+  """The expression of `values` from the symbolic trace; `PASSED` when the class cannot say it
+  (its parent passes it); None when the trace does not decide (matched by value)."""
+  view = resolver.symbolic
+  if view is None or view.index >= len(alt_values) or not values:
+    return None
+  symbolic = alt_values[view.index]
+  instances = resolver.alts[view.index]
+  texts: set[str] = set()
+  passed = False
+  for path, value in values.items():
+    inst = instances.get(path)
+    if inst is None or path not in symbolic:
+      return None
+    sym = symbolic[path]
+    if not has_symbols(sym):
+      if not view.exact or not _ints(sym) or sym != value:
+        return None  # a number from a setting kept concrete, or no width: matched by value
+      texts.add(repr(sym))
+      continue
+    if value_at(sym, view.found.sample) != value:
+      return None  # not the width this trace recorded: no evidence
+    env = reads(inst.module)
+    if resolver.root:
+      env += [(s, n) for s, n in _input_symbols(view)]
+    text = written(sym, env)
+    if text is None:
+      passed = True
+      continue
+    texts.add(text)
+  if passed or len(texts) > 1:
+    return None if resolver.root else PASSED
+  text = texts.pop()
+  if resolver.root:
+    _add_inputs(resolver, view, text, len(alt_values))
+  return text
+
+
+def _ints(value: object) -> bool:
+  if isinstance(value, tuple):
+    return all(_ints(v) for v in value)
+  return type(value) is int
+
+
+def _input_symbols(view: SymbolicWidths) -> list[tuple[object, str]]:
+  found = view.found
+  by_name = {name: found.bound[c] for name, c in found.symbols.items()}
+  return [(by_name[s], n) for s, n in view.inputs.items()]
+
+
+def _add_inputs(resolver: Resolver, view: SymbolicWidths, text: str, alts: int) -> None:
+  """The root arguments `text` reads for input axes: each an added argument of the root."""
+  from ..values import Extra
+
+  found = view.found
+  for symbol, name in view.inputs.items():
+    if name in resolver.extras or not re.search(rf"\b{re.escape(name)}\b", text):
+      continue
+    value = found.sample[symbol]
+    alt = [{(): value} for _ in range(alts)]
+    alt[view.index] = {(): found.bound[found.symbols[symbol]]}
+    resolver.extras[name] = Extra(name, {(): value}, alt)
+
+
+def traced_symbolically(root: tp.Any, sample: tp.Any, streams: tp.Any) -> SymbolicWidths | None:
+  """The symbolic trace of the root's sample call (None when nothing traces symbolically);
+  its index among the traces is set by `symbolic_widths`."""
+  from .symbolic import symbolic_trace
+
+  found = symbolic_trace(root, sample, streams, 0)
+  if found is None:
+    return None
+  return SymbolicWidths(-1, found, input_names(found, type(root), sample.method))
+
+
+def symbolic_widths(view: SymbolicWidths, traces: list[tp.Any]) -> SymbolicWidths:
+  """`view` made the last of `traces` (appended; its instances numbered as that configuration)."""
+  traces.append(view.found.trace)
+  for inst in view.found.trace.instances.values():
+    inst.config = len(traces)
+  return dataclasses.replace(view, index=len(traces) - 1)
