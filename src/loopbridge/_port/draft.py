@@ -48,7 +48,15 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
-from .tracing.widths import SymbolicWidths, symbolic_widths, traced_symbolically
+from .tracing.distinct import distinct_traces
+from .tracing.widths import (
+  ByValue,
+  SymbolicWidths,
+  by_value,
+  by_value_notes,
+  symbolic_widths,
+  traced_symbolically,
+)
 
 
 def _init_kwargs(
@@ -110,10 +118,20 @@ class Draft:
   # changed (`branch_configs.py`), which the check also runs the port at.
   config_labels: tuple[str, ...] = dataclasses.field(repr=False, default=())
 
+  # Each width the symbolic trace did not decide, matched by value (`tracing/widths.py`).
+  literals: tuple[ByValue, ...] = dataclasses.field(default=())
+
   @property
   def ok(self) -> bool:
-    """The check ran, every call was equal, and no TODO remains."""
-    return self.check is not None and self.check.equal and not self.todos
+    """The check ran, every call was equal, no TODO remains, and a width matched by value
+    (`literals`) was checked at a configuration where every setting differs."""
+    checked = any(label.startswith("every setting distinct") for label in self.config_labels)
+    return (
+      self.check is not None
+      and self.check.equal
+      and not self.todos
+      and (not self.literals or checked)
+    )
 
   def build(self, rngs: nnx.Rngs | None = None, config: int = 0) -> nnx.Module:
     """Run the source as a fresh module and construct the root port with `init_kwargs`.
@@ -373,6 +391,11 @@ def draft(
   others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
   symbolic = traced_symbolically(linen_module, all_calls[0], streams)
   labels: tuple[str, ...] = ("",) * len(others)
+  for other, other_trace, label in distinct_traces(
+    linen_module, configs, all_calls[0], streams, len(others)
+  ):
+    others.append((other, other_trace))
+    labels += (label,)
   ctx = classes = sources = None
   required = set(_user_classes(linen_module, [traced]))  # the sample call's: each must read
   # First the classes the traces saw. Where that leaves work undone, the settings the
@@ -432,11 +455,17 @@ def draft(
   )
   changes = tuple(
     sorted(
-      (ch for cls in classes for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls))),
+      (
+        ch
+        for cls in classes
+        for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls), *by_value_notes(ctx, cls))
+      ),
       key=lambda ch: (ch.file, ch.line),
     )
   )
+  literals = by_value(ctx, classes)
   result = Draft(
+    literals=literals,
     source=text,
     root=type(linen_module).__name__,
     init_kwargs=init_kwargs,

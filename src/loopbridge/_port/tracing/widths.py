@@ -16,6 +16,7 @@ import re
 import typing as tp
 
 from .expressions import has_symbols, reads, value_at, written
+from .settings import Setting
 from .symbolic import InputAxis, Symbolic
 
 if tp.TYPE_CHECKING:
@@ -150,3 +151,63 @@ def symbolic_widths(view: SymbolicWidths, traces: list[tp.Any]) -> SymbolicWidth
   for inst in view.found.trace.instances.values():
     inst.config = len(traces)
   return dataclasses.replace(view, index=len(traces) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ByValue:
+  """A width the symbolic trace did not decide: written `expression` by matching values."""
+
+  cls: str
+  hint: str
+  expression: str
+  value: object
+  why: str
+
+  def __str__(self) -> str:
+    return f"{self.cls}: {self.hint} = {self.value!r}, written {self.expression} ({self.why})"
+
+
+def _why(resolver: Resolver) -> str:
+  view = resolver.symbolic
+  if view is None:
+    return "the symbolic trace did not run (a setting or size no symbol can stand for)"
+  kept = [
+    c.source() if isinstance(c, Setting) else c.label() for c in view.found.concrete
+  ]
+  return "settings kept concrete in the symbolic trace: " + ", ".join(kept[:6]) + (
+    ", ..." if len(kept) > 6 else ""
+  )
+
+
+def by_value(ctx: tp.Any, classes: tp.Sequence[type]) -> tuple[ByValue, ...]:
+  """Every width of the drafted classes matched by value."""
+  out: list[ByValue] = []
+  for cls in classes:
+    resolver = ctx.ported[cls].resolver
+    if resolver is None:
+      continue
+    seen: set[tuple[str, str]] = set()
+    for hint, text, value in resolver.by_value:
+      if (hint, text) not in seen:
+        seen.add((hint, text))
+        out.append(ByValue(cls.__name__, hint, text, value, _why(resolver)))
+  return tuple(out)
+
+
+def by_value_notes(ctx: tp.Any, cls: type) -> list[tp.Any]:
+  """Report rows for the widths of `cls` matched by value."""
+  from ..records import Change
+
+  port = ctx.ported[cls]
+  return [
+    Change(
+      port.source.file,
+      port.source.first_line,
+      f"{b.hint} = {b.value!r} at the traced configuration",
+      b.expression,
+      f"matched by value, not read from the symbolic trace ({b.why}): right only where the "
+      "check at a configuration where every setting is distinct passed (the verdict names "
+      "the configurations checked)",
+    )
+    for b in by_value(ctx, [cls])
+  ]
