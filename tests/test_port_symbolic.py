@@ -1,0 +1,117 @@
+"""`lb.port.draft` reads widths from a symbolic trace: each width is the expression of the
+settings (fields, tuple items, config attributes) and input sizes it is computed from, never a
+field that only equals it in the sample. What the symbolic trace cannot decide is matched by
+value, named in `draft.literals`, and checked where every setting is distinct.
+
+The reference is Linen's own `apply` at a configuration the draft never traced.
+"""
+
+from __future__ import annotations
+
+import jax
+
+import loopbridge as lb
+
+from symbolic_port_helpers import assert_equal_at, load
+
+SOURCE = """
+import dataclasses
+import typing as tp
+import flax.linen as nn
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  mlp: int = 8
+
+
+class Block(nn.Module):
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.LayerNorm()(nn.Dense(self.features)(x))
+
+
+class ParentPass(nn.Module):
+  emb: int = 8
+  hidden: int = 8
+
+  @nn.compact
+  def __call__(self, x):
+    return Block(self.hidden)(nn.Dense(self.emb)(x))
+
+
+class Sizes(nn.Module):
+  layer_sizes: tp.Sequence[int] = (8, 8, 4)
+  config: Config = Config()
+
+  @nn.compact
+  def __call__(self, x):
+    for size in self.layer_sizes:
+      x = nn.relu(nn.Dense(size)(x))
+    return nn.Dense(self.config.mlp)(x)
+
+
+class InputTied(nn.Module):
+  in_dim: int = 8
+  hidden: int = 8
+
+  @nn.compact
+  def __call__(self, x):
+    assert x.shape[-1] == self.in_dim
+    return x + nn.Dense(self.in_dim)(nn.Dense(self.hidden)(x))
+
+
+class FloatRatio(nn.Module):
+  hidden: int = 8
+  mlp_ratio: float = 2.0
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(self.hidden)(nn.Dense(int(self.hidden * self.mlp_ratio))(x))
+"""
+
+
+def test_a_child_input_width_is_passed_by_the_parent(tmp_path):
+  """emb == hidden in the sample: the block's input width is the parent's `emb`, passed in
+  (before: the block's own `features`, wrong wherever emb != hidden)."""
+  m = load(tmp_path, "symbolic_parent_pass", SOURCE)
+  x = jax.random.normal(jax.random.key(0), (2, 8))
+  draft = lb.port.draft(m.ParentPass(), x)
+  assert draft.ok, draft.report()
+  assert "Block(self.hidden, Dense_0_in_features=self.emb" in draft.source
+  assert_equal_at(draft, tmp_path, m.ParentPass(emb=5, hidden=11), x)
+
+
+def test_tuple_items_and_config_attributes_are_the_widths(tmp_path):
+  """Equal items of a tuple setting and a config attribute: each width is its own read."""
+  m = load(tmp_path, "symbolic_sizes", SOURCE)
+  x = jax.random.normal(jax.random.key(0), (2, 8))
+  draft = lb.port.draft(m.Sizes(), x)
+  assert draft.ok, draft.report()
+  assert "self.layer_sizes[" in draft.source and "self.config.mlp" in draft.source
+  assert not draft.literals
+  other = m.Sizes(layer_sizes=(5, 7, 3), config=m.Config(mlp=6))
+  assert_equal_at(draft, tmp_path, other, x)
+
+
+def test_an_input_width_a_setting_asserts_is_that_setting(tmp_path):
+  m = load(tmp_path, "symbolic_input_tied", SOURCE)
+  x = jax.random.normal(jax.random.key(0), (2, 8))
+  draft = lb.port.draft(m.InputTied(), x)
+  assert draft.ok, draft.report()
+  other_x = jax.random.normal(jax.random.key(0), (2, 6))
+  assert_equal_at(draft, tmp_path, m.InputTied(in_dim=6, hidden=10), other_x)
+
+
+def test_a_width_of_a_float_setting_is_named_and_not_ok(tmp_path):
+  """`int(self.hidden * self.mlp_ratio)`: no symbol passes a float product, so the width is
+  matched by value; the distinct configuration (another mlp_ratio) shows it is not the class's."""
+  m = load(tmp_path, "symbolic_float_ratio", SOURCE)
+  x = jax.random.normal(jax.random.key(0), (2, 8))
+  draft = lb.port.draft(m.FloatRatio(), x)
+  assert draft.literals, draft.report()
+  assert any("hidden" in b.why for b in draft.literals)
+  assert not draft.ok
+  assert "matched by value" in draft.report()
