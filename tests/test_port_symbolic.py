@@ -9,10 +9,9 @@ The reference is Linen's own `apply` at a configuration the draft never traced.
 from __future__ import annotations
 
 import jax
+from symbolic_port_helpers import assert_equal_at, load
 
 import loopbridge as lb
-
-from symbolic_port_helpers import assert_equal_at, load
 
 SOURCE = """
 import dataclasses

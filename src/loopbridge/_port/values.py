@@ -35,6 +35,14 @@ class Extra:
       return self.alt[inst.config - 1][inst.path]
     return self.values.get(inst.path)
 
+  # Source of its default (a root's input width: the sample's), or None (always passed).
+  default: str | None = None
+
+  def parameter(self) -> str:
+    """`name: int` (`name: int = 6` with a default) in the constructor's signature."""
+    text = f"{self.name}: {self.annotation()}"
+    return text if self.default is None else f"{text} = {self.default}"
+
   def annotation(self) -> str:
     sample = next(iter([*self.values.values(), *(v for d in self.alt for v in d.values())]))
     return type(sample).__name__ if isinstance(sample, (bool, int, float, tuple)) else "object"

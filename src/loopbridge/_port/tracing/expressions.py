@@ -22,7 +22,7 @@ from .settings import Location, _config_attrs
 def is_symbolic(value: object) -> bool:
   from jax import export
 
-  return export.is_symbolic_dim(value)
+  return export.is_symbolic_dim(tp.cast(tp.Any, value))
 
 
 def has_symbols(value: object) -> bool:
@@ -126,7 +126,8 @@ def _whole_field(parts: list[str], env: tp.Sequence[tuple[object, str]]) -> str 
   prefix = parts[0].rsplit("[", 1)[0] if parts[0].endswith("[0]") else None
   if prefix is None or parts != [f"{prefix}[{i}]" for i in range(len(parts))]:
     return None
-  count = sum(1 for _, s in env if s.startswith(prefix + "[") and s[len(prefix) + 1 :].rstrip("]").isdigit())
+  items = [s[len(prefix) + 1 : -1] for _, s in env if s.startswith(prefix + "[")]
+  count = sum(1 for item in items if item.isdigit())
   return prefix if count == len(parts) else None
 
 
@@ -143,7 +144,7 @@ def value_at(value: object, sample: tp.Mapping[str, int]) -> object:
   text = ast.unparse(named.visit(ast.parse(str(value), mode="eval")))
   if named.missing:
     return None
-  return eval(text, {"__builtins__": {"max": max, "min": min}})  # noqa: S307 (ints and ops only)
+  return eval(text, {"__builtins__": {"max": max, "min": min}})  # ints and + - * // % max min only
 
 
 def location_text(location: Location) -> str:

@@ -55,7 +55,7 @@ def _config_attrs(value: object) -> list[str] | None:
   if found is not None:
     return list(found)
   if type(value).__name__ in ("ConfigDict", "FrozenConfigDict"):  # ml_collections
-    return [k for k in tp.cast(tp.Any, value).keys() if isinstance(k, str)]
+    return [k for k in tp.cast(tp.Any, value) if isinstance(k, str)]
   return None
 
 
@@ -125,9 +125,8 @@ def _replaced(value: object, step: Step, item: object) -> object:
     # Its type safety refuses a symbol in an int setting: rebuilt without it.
     found = tp.cast(tp.Any, value).to_dict()
     found[name] = item
-    return type(value)(found, type_safe=False) if type(value).__name__ == "ConfigDict" else (
-      type(value)(found)
-    )
+    kind: tp.Any = type(value)
+    return kind(found, type_safe=False) if kind.__name__ == "ConfigDict" else kind(found)
   out = copy.copy(value)
   object.__setattr__(out, name, item)
   return out

@@ -103,7 +103,8 @@ def _trial(
     if kind == "own":
       bound[candidates[i]] = symbol[f"_s{i}"]
     elif kind == "times":
-      bound[candidates[i]] = bound[candidates[tp.cast(int, other)]] * symbol[f"_s{i}"]
+      factor: tp.Any = bound[candidates[tp.cast(int, other)]]
+      bound[candidates[i]] = factor * symbol[f"_s{i}"]
   for i, (kind, other) in plans.items():
     if kind == "share":
       bound[candidates[i]] = bound[candidates[tp.cast(int, other)]]
@@ -145,7 +146,8 @@ def symbolic_trace(
     except Exception:  # a setting a symbol cannot stand for: the caller narrows the plan
       return None
 
-  everything = {i: ("own", None) for i in range(len(candidates))}
+  own: Plan = ("own", None)
+  everything: dict[int, Plan] = dict.fromkeys(range(len(candidates)), own)
   found = attempt(everything)
   kept: dict[int, Plan] = {}
   if found is None:
@@ -156,9 +158,9 @@ def symbolic_trace(
       chunk = [i for i in chunks.pop(0) if i not in kept]
       if not chunk:
         continue
-      result = attempt({**kept, **{i: ("own", None) for i in chunk}})
+      result = attempt({**kept, **dict.fromkeys(chunk, own)})
       if result is not None:
-        kept.update({i: ("own", None) for i in chunk})
+        kept.update(dict.fromkeys(chunk, own))
         last = result
         continue
       if len(chunk) > 1:
@@ -177,11 +179,11 @@ def symbolic_trace(
     kept = everything
   traced, symbols, bound = found
   concrete = tuple(c for i, c in enumerate(candidates) if i not in kept)
-  sample = {}
+  sizes: dict[str, int] = {}
   for name, c in symbols.items():
     kind, other = kept[int(name[2:])]
-    sample[name] = c.value // candidates[tp.cast(int, other)].value if kind == "times" else c.value
-  return Symbolic(traced, symbols, bound, concrete, sample)
+    sizes[name] = c.value // candidates[tp.cast(int, other)].value if kind == "times" else c.value
+  return Symbolic(traced, symbols, bound, concrete, sizes)
 
 
 def _alternative(

@@ -45,8 +45,7 @@ def input_names(found: Symbolic, root_cls: type, method: str | None) -> dict[str
   (`x_features` for the last axis of `x`, `x_axis1` for another)."""
   try:
     params = [
-      p.name
-      for p in inspect.signature(getattr(root_cls, method or "__call__")).parameters.values()
+      p.name for p in inspect.signature(getattr(root_cls, method or "__call__")).parameters.values()
     ][1:]
   except (TypeError, ValueError):
     params = []
@@ -54,8 +53,10 @@ def input_names(found: Symbolic, root_cls: type, method: str | None) -> dict[str
   for name, c in found.symbols.items():
     if not isinstance(c, InputAxis):
       continue
-    arg = c.where if isinstance(c.where, str) else (
-      params[c.where] if c.where < len(params) else f"arg{c.where}"
+    arg = (
+      c.where
+      if isinstance(c.where, str)
+      else (params[c.where] if c.where < len(params) else f"arg{c.where}")
     )
     rank = _rank(found, c)
     out[name] = f"{arg}_features" if c.axis == rank - 1 else f"{arg}_axis{c.axis}"
@@ -129,9 +130,10 @@ def _add_inputs(resolver: Resolver, view: SymbolicWidths, text: str, alts: int) 
     if name in resolver.extras or not re.search(rf"\b{re.escape(name)}\b", text):
       continue
     value = found.sample[symbol]
-    alt = [{(): value} for _ in range(alts)]
+    alt: list[dict[tuple[str, ...], object]] = [{(): value} for _ in range(alts)]
     alt[view.index] = {(): found.bound[found.symbols[symbol]]}
-    resolver.extras[name] = Extra(name, {(): value}, alt)
+    # The sample's size by default: the port builds as before for inputs of that size.
+    resolver.extras[name] = Extra(name, {(): value}, alt, default=repr(value))
 
 
 def traced_symbolically(root: tp.Any, sample: tp.Any, streams: tp.Any) -> SymbolicWidths | None:
@@ -171,11 +173,11 @@ def _why(resolver: Resolver) -> str:
   view = resolver.symbolic
   if view is None:
     return "the symbolic trace did not run (a setting or size no symbol can stand for)"
-  kept = [
-    c.source() if isinstance(c, Setting) else c.label() for c in view.found.concrete
-  ]
-  return "settings kept concrete in the symbolic trace: " + ", ".join(kept[:6]) + (
-    ", ..." if len(kept) > 6 else ""
+  kept = [c.source() if isinstance(c, Setting) else c.label() for c in view.found.concrete]
+  return (
+    "settings kept concrete in the symbolic trace: "
+    + ", ".join(kept[:6])
+    + (", ..." if len(kept) > 6 else "")
   )
 
 
