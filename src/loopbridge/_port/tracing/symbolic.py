@@ -61,6 +61,8 @@ class Symbolic:
   concrete: tuple[Candidate, ...]
   # symbol name -> its value at the sample (a multiple's own symbol: the quotient)
   sample: dict[str, int] = dataclasses.field(default_factory=dict)
+  # symbol name of a multiple -> the setting it is a multiple of
+  divisors: dict[str, Candidate] = dataclasses.field(default_factory=dict)
 
   def concrete_settings(self) -> list[Setting]:
     return [c for c in self.concrete if isinstance(c, Setting)]
@@ -180,10 +182,14 @@ def symbolic_trace(
   traced, symbols, bound = found
   concrete = tuple(c for i, c in enumerate(candidates) if i not in kept)
   sizes: dict[str, int] = {}
+  divisors: dict[str, Candidate] = {}
   for name, c in symbols.items():
     kind, other = kept[int(name[2:])]
-    sizes[name] = c.value // candidates[tp.cast(int, other)].value if kind == "times" else c.value
-  return Symbolic(traced, symbols, bound, concrete, sizes)
+    sizes[name] = c.value
+    if kind == "times":
+      divisors[name] = candidates[tp.cast(int, other)]
+      sizes[name] = c.value // divisors[name].value
+  return Symbolic(traced, symbols, bound, concrete, sizes, divisors)
 
 
 def _alternative(

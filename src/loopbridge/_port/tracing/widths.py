@@ -33,6 +33,8 @@ class SymbolicWidths:
   index: int  # of the symbolic trace among the resolver's `alts`
   found: Symbolic
   inputs: dict[str, str]  # symbol of a root input axis -> the root argument it becomes
+  # Per trace the resolver reads, each symbol's value in that configuration (None: unknown).
+  sizes: list[dict[str, int] | None] = dataclasses.field(default_factory=list)
 
   @property
   def exact(self) -> bool:
@@ -101,12 +103,31 @@ def symbolic_width(
       passed = True
       continue
     texts.add(text)
+  if not _holds_elsewhere(view, symbolic, alt_values):
+    return None  # another configuration (a branch) computes it otherwise: matched by value
   if passed or len(texts) > 1:
     return None if resolver.root else PASSED
   text = texts.pop()
   if resolver.root:
     _add_inputs(resolver, view, text, len(alt_values))
   return text
+
+
+def _holds_elsewhere(
+  view: SymbolicWidths,
+  symbolic: tp.Mapping[tuple[str, ...], object],
+  alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]],
+) -> bool:
+  """Whether the symbolic value, at each other traced configuration's settings, is the value
+  traced there (the symbolic trace follows the user's branches only)."""
+  for k, found in enumerate(alt_values):
+    sizes = view.sizes[k] if k < len(view.sizes) else None
+    if k == view.index or sizes is None:
+      continue
+    for path, value in found.items():
+      if path in symbolic and value_at(symbolic[path], sizes) != value:
+        return False
+  return True
 
 
 def _ints(value: object) -> bool:
@@ -149,10 +170,38 @@ def traced_symbolically(root: tp.Any, sample: tp.Any, streams: tp.Any) -> Symbol
 
 def symbolic_widths(view: SymbolicWidths, traces: list[tp.Any]) -> SymbolicWidths:
   """`view` made the last of `traces` (appended; its instances numbered as that configuration)."""
+  sizes = [_sizes_at(view.found, t) for t in traces]
   traces.append(view.found.trace)
   for inst in view.found.trace.instances.values():
     inst.config = len(traces)
-  return dataclasses.replace(view, index=len(traces) - 1)
+  return dataclasses.replace(view, index=len(traces) - 1, sizes=[*sizes, None])
+
+
+def _sizes_at(found: Symbolic, traced: tp.Any) -> dict[str, int] | None:
+  """Each symbol's value in the configuration of `traced` (its root's settings; the input's
+  sizes are the sample's), or None when a setting does not read there."""
+  from .settings import read
+
+  root = traced.instances.get(())
+  if root is None:
+    return None
+  values: dict[tp.Any, int] = {}
+  for c in found.bound:
+    if isinstance(c, InputAxis):
+      values[c] = c.value
+      continue
+    try:
+      value = read(root.module, c.location)
+    except Exception:  # not a setting of that configuration
+      return None
+    if type(value) is not int:
+      return None
+    values[c] = value
+  out: dict[str, int] = {}
+  for name, c in found.symbols.items():
+    divisor = found.divisors.get(name)
+    out[name] = values[c] // values[divisor] if divisor is not None else values[c]
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
