@@ -183,6 +183,16 @@ class Resolver:
       return local
     return self._added(values, hint, alt_values if full_alts is None else full_alts)
 
+  def add_extra(
+    self,
+    name: str,
+    values: dict[tuple[str, ...], object],
+    alt: list[dict[tuple[str, ...], object]],
+    default: str | None = None,
+  ) -> None:
+    """Add a constructor argument by name (a root's input width, `tracing/widths.py`)."""
+    self.extras[name] = Extra(name, values, alt, default)
+
   def _added(
     self,
     values: tp.Mapping[tuple[str, ...], object],

@@ -19,8 +19,8 @@ from .expressions import has_symbols, reads, value_at, written
 from .settings import Setting
 from .symbolic import InputAxis, Symbolic
 
-if tp.TYPE_CHECKING:
-  from ..values import Resolver
+# The resolver (`values.Resolver`, which imports this module): read through its attributes.
+Resolver = tp.Any
 
 # What `symbolic_width` says when the width is the parent's to pass.
 PASSED = "passed by the parent"
@@ -144,8 +144,6 @@ def _input_symbols(view: SymbolicWidths) -> list[tuple[object, str]]:
 
 def _add_inputs(resolver: Resolver, view: SymbolicWidths, text: str, alts: int) -> None:
   """The root arguments `text` reads for input axes: each an added argument of the root."""
-  from ..values import Extra
-
   found = view.found
   for symbol, name in view.inputs.items():
     if name in resolver.extras or not re.search(rf"\b{re.escape(name)}\b", text):
@@ -154,7 +152,7 @@ def _add_inputs(resolver: Resolver, view: SymbolicWidths, text: str, alts: int) 
     alt: list[dict[tuple[str, ...], object]] = [{(): value} for _ in range(alts)]
     alt[view.index] = {(): found.bound[found.symbols[symbol]]}
     # The sample's size by default: the port builds as before for inputs of that size.
-    resolver.extras[name] = Extra(name, {(): value}, alt, default=repr(value))
+    resolver.add_extra(name, {(): value}, alt, default=repr(value))
 
 
 def traced_symbolically(root: tp.Any, sample: tp.Any, streams: tp.Any) -> SymbolicWidths | None:
