@@ -9,6 +9,7 @@ The reference is Linen's own `apply` at a configuration the draft never traced.
 from __future__ import annotations
 
 import jax
+import pytest
 from symbolic_port_helpers import assert_equal_at, load
 
 import loopbridge as lb
@@ -83,6 +84,7 @@ def test_a_child_input_width_is_passed_by_the_parent(tmp_path):
   assert_equal_at(draft, tmp_path, m.ParentPass(emb=5, hidden=11), x)
 
 
+@pytest.mark.slow  # a draft and its checks at four configurations
 def test_tuple_items_and_config_attributes_are_the_widths(tmp_path):
   """Equal items of a tuple setting and a config attribute: each width is its own read."""
   m = load(tmp_path, "symbolic_sizes", SOURCE)
@@ -95,6 +97,7 @@ def test_tuple_items_and_config_attributes_are_the_widths(tmp_path):
   assert_equal_at(draft, tmp_path, other, x)
 
 
+@pytest.mark.slow  # a draft and its checks at four configurations
 def test_an_input_width_a_setting_asserts_is_that_setting(tmp_path):
   m = load(tmp_path, "symbolic_input_tied", SOURCE)
   x = jax.random.normal(jax.random.key(0), (2, 8))
@@ -104,6 +107,7 @@ def test_an_input_width_a_setting_asserts_is_that_setting(tmp_path):
   assert_equal_at(draft, tmp_path, m.InputTied(in_dim=6, hidden=10), other_x)
 
 
+@pytest.mark.slow  # a draft and its checks at four configurations
 def test_a_width_of_a_float_setting_is_named_and_not_ok(tmp_path):
   """`int(self.hidden * self.mlp_ratio)`: no symbol passes a float product, so the width is
   matched by value; the distinct configuration (another mlp_ratio) shows it is not the class's."""
@@ -114,3 +118,40 @@ def test_a_width_of_a_float_setting_is_named_and_not_ok(tmp_path):
   assert any("hidden" in b.why for b in draft.literals)
   assert not draft.ok
   assert "matched by value" in draft.report()
+
+
+def test_symbolic_trace_writes_each_width_in_the_source_names(tmp_path):
+  """The symbolic trace alone (no draft): an MLP from a tuple setting and a config attribute,
+  equal-valued in the sample, gives each kernel as its own reads and the input's width."""
+  from loopbridge._port.records import Call
+  from loopbridge._port.tracing.expressions import reads, written
+  from loopbridge._port.tracing.symbolic import symbolic_trace
+
+  m = load(tmp_path, "symbolic_trace_only", SOURCE)
+  found = symbolic_trace(m.Sizes(), Call(jax.numpy.ones((2, 8))), (), 0)
+  assert found is not None and not found.concrete
+  root = found.trace.instances[()]
+  env = [*reads(root.module), (found.bound[next(iter(found.bound))], "batch")]
+  env += [(v, "x_features") for c, v in found.bound.items() if getattr(c, "axis", None) == 1]
+  kernels = [
+    written(found.trace.instances[(f"Dense_{i}",)].variables[("params", "kernel")].shape, env)
+    for i in range(4)
+  ]
+  assert kernels == [
+    "(x_features, self.layer_sizes[0])",
+    "(self.layer_sizes[0], self.layer_sizes[1])",
+    "(self.layer_sizes[1], self.layer_sizes[2])",
+    "(self.layer_sizes[2], self.config.mlp)",
+  ]
+
+
+def test_a_float_setting_keeps_its_integer_concrete(tmp_path):
+  """`int(self.hidden * self.mlp_ratio)`: no symbol passes it, so `hidden` is kept concrete
+  and listed; the input's sizes stay symbolic."""
+  from loopbridge._port.records import Call
+  from loopbridge._port.tracing.symbolic import symbolic_trace
+
+  m = load(tmp_path, "symbolic_trace_float", SOURCE)
+  found = symbolic_trace(m.FloatRatio(), Call(jax.numpy.ones((2, 8))), (), 0)
+  assert found is not None
+  assert [c.source() for c in found.concrete_settings()] == ["self.hidden"]
