@@ -73,6 +73,7 @@ class FloatRatio(nn.Module):
 """
 
 
+@pytest.mark.slow  # a draft and its checks at four configurations
 def test_a_child_input_width_is_passed_by_the_parent(tmp_path):
   """emb == hidden in the sample: the block's input width is the parent's `emb`, passed in
   (before: the block's own `features`, wrong wherever emb != hidden)."""

@@ -391,8 +391,9 @@ def draft(
   others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
   symbolic = traced_symbolically(linen_module, all_calls[0], streams)
   labels: tuple[str, ...] = ("",) * len(others)
+  bases = [(linen_module, ""), *((c, "of a configs= instance") for c in list(configs or ())[:2])]
   for other, other_trace, label in distinct_traces(
-    linen_module, configs, all_calls[0], streams, len(others)
+    linen_module, bases, all_calls[0], streams, len(others)
   ):
     others.append((other, other_trace))
     labels += (label,)
@@ -429,6 +430,13 @@ def draft(
       break
     labels += tuple(label for _, _, label in branches)
     others += [(m, t) for m, t, _ in branches]
+    # Where a branch builds a class, that class's widths are checked at distinct values too.
+    unscaled = [(m, label) for m, _, label in branches if "scaled" not in label][:3]
+    for other, other_trace, label in distinct_traces(
+      linen_module, unscaled, all_calls[0], streams, len(others)
+    ):
+      others.append((other, other_trace))
+      labels += (label,)
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
     )

@@ -59,14 +59,17 @@ def _other_float(value: float) -> float:
 
 
 def distinct_values(
-  module: nn.Module, taken: tp.Collection[int], spread: float
+  module: nn.Module, taken: tp.Collection[int], spread: float, keep: tp.Collection[int] = ()
 ) -> dict[Location, object]:
-  """Each setting's value in the configuration of `spread` (see `SPREADS`)."""
+  """Each setting's value in the configuration of `spread` (see `SPREADS`); a setting whose
+  sample value is in `keep` (an input size the model checks it against) is left as it is."""
   found = sorted(settings(module), key=lambda s: s.value)
   used = set(taken) | {s.value for s in found}
   values: dict[Location, object] = {}
   n = 2
   for s in found:
+    if s.value in keep:
+      continue
     n = max(n, int(s.value * spread) + 1)
     while not _is_prime(n) or n in used:
       n += 1
@@ -77,12 +80,15 @@ def distinct_values(
   return values
 
 
-def distinct_configs(module: nn.Module, taken: tp.Collection[int]) -> list[nn.Module]:
-  """The configurations of `SPREADS` that can be made (a config refusing the values: none)."""
+def distinct_configs(
+  module: nn.Module, taken: tp.Collection[int], spread: float
+) -> list[nn.Module]:
+  """The configurations of one spread, in the order to try: every setting distinct, then the
+  settings equal to an input size kept (`num_channels` of the image the model checks)."""
   out = []
-  for spread in SPREADS:
+  for keep in ((), taken):
     try:
-      values = distinct_values(module, taken, spread)
+      values = distinct_values(module, taken, spread, keep)
       if values:
         out.append(with_values(module, values))
     except Exception:  # a config object that refuses the values: no such configuration
@@ -118,26 +124,28 @@ def _input_sizes(sample: tp.Any) -> set[int]:
 
 
 def distinct_traces(
-  module: nn.Module,
-  configs: tp.Sequence[nn.Module] | None,
+  reference: nn.Module,
+  bases: tp.Sequence[tuple[nn.Module, str]],
   sample: tp.Any,
   streams: tp.Iterable[str],
   start: int,
 ) -> list[tuple[nn.Module, tp.Any, str]]:
-  """(configuration, its trace, its label) of each distinct-valued configuration of the
-  module (and of the first two `configs=` instances) whose sample call runs in Linen."""
+  """(configuration, its trace, its label) of the distinct-valued configurations of each
+  (base, what it changed) whose sample call runs in Linen: per spread, the first that does."""
   from ..errors import PortError
   from ..trace import trace
 
-  bases = [module] if configs is None else [module, *list(configs)[:2]]
   taken = _input_sizes(sample)
   out: list[tuple[nn.Module, tp.Any, str]] = []
-  for base in bases:
-    for other in distinct_configs(base, taken):
-      call = [(sample.method, sample.args, dict(sample.kwargs))]
-      try:
-        traced = trace(other, call, streams, start + len(out) + 1)
-      except PortError:  # Linen refuses these values (a width one must divide): none here
-        continue
-      out.append((other, traced, f"{LABEL}: {describe(module, other)}"))
+  call = [(sample.method, sample.args, dict(sample.kwargs))]
+  for base, note in bases:
+    for spread in SPREADS:
+      for other in distinct_configs(base, taken, spread):
+        try:
+          traced = trace(other, call, streams, start + len(out) + 1)
+        except PortError:  # Linen refuses these values (a width one must divide): the next
+          continue
+        label = f"{LABEL}: {describe(reference, other)}" + (f" ({note})" if note else "")
+        out.append((other, traced, label))
+        break
   return out

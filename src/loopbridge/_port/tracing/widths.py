@@ -221,6 +221,8 @@ def _why(resolver: Resolver) -> str:
   if view is None:
     return "the symbolic trace did not run (a setting or size no symbol can stand for)"
   kept = [c.source() if isinstance(c, Setting) else c.label() for c in view.found.concrete]
+  if not kept:
+    return "a width the sample's configuration does not build, or a branch computes otherwise"
   return (
     "settings kept concrete in the symbolic trace: "
     + ", ".join(kept[:6])
