@@ -15,6 +15,7 @@ import inspect
 import re
 import typing as tp
 
+from ..literals import literal
 from .expressions import has_symbols, reads, value_at, written
 from .settings import Setting
 from .symbolic import InputAxis, Symbolic
@@ -108,9 +109,22 @@ def symbolic_width(
   if passed or len(texts) > 1:
     return None if resolver.root else PASSED
   text = texts.pop()
-  if resolver.root:
+  if resolver.root and _reads_inputs(view, text):
+    if not ROOT_INPUT_ARGUMENTS:
+      # The root's input size: the sample's number, as the port is checked on that input.
+      return literal(next(iter(values.values()))) or text
     _add_inputs(resolver, view, text, len(alt_values))
   return text
+
+
+# A width of the root read from its input's size (`x.shape[-1]`): an added constructor
+# argument (`x_features`, the sample's size by default) when True; the sample's number when
+# False, as drafts wrote it before the symbolic trace (tests and users read those literals).
+ROOT_INPUT_ARGUMENTS = False
+
+
+def _reads_inputs(view: SymbolicWidths, text: str) -> bool:
+  return any(re.search(rf"\b{re.escape(n)}\b", text) for n in view.inputs.values())
 
 
 def _holds_elsewhere(
