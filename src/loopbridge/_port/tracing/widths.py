@@ -15,7 +15,6 @@ import inspect
 import re
 import typing as tp
 
-from ..literals import literal
 from .expressions import has_symbols, reads, value_at, written
 from .settings import Setting
 from .symbolic import InputAxis, Symbolic
@@ -111,8 +110,10 @@ def symbolic_width(
   text = texts.pop()
   if resolver.root and _reads_inputs(view, text):
     if not ROOT_INPUT_ARGUMENTS:
-      # The root's input size: the sample's number, as the port is checked on that input.
-      return literal(next(iter(values.values()))) or text
+      # The root's input sizes: the sample's numbers, as the port is checked on that input.
+      for symbol, name in view.inputs.items():
+        text = re.sub(rf"\b{re.escape(name)}\b", str(view.found.sample[symbol]), text)
+      return text
     _add_inputs(resolver, view, text, len(alt_values))
   return text
 
