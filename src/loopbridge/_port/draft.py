@@ -50,6 +50,15 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
+from .tracing.distinct import distinct_traces
+from .tracing.widths import (
+  ByValue,
+  SymbolicWidths,
+  by_value,
+  by_value_notes,
+  symbolic_widths,
+  traced_symbolically,
+)
 from .transforms import user_base_class
 from .transforms.module_globals import read_through_modules
 from .transforms.module_name import keep_name
@@ -114,10 +123,20 @@ class Draft:
   # changed (`branch_configs.py`), which the check also runs the port at.
   config_labels: tuple[str, ...] = dataclasses.field(repr=False, default=())
 
+  # Each width the symbolic trace did not decide, matched by value (`tracing/widths.py`).
+  literals: tuple[ByValue, ...] = dataclasses.field(default=())
+
   @property
   def ok(self) -> bool:
-    """The check ran, every call was equal, and no TODO remains."""
-    return self.check is not None and self.check.equal and not self.todos
+    """The check ran, every call was equal, no TODO remains, and a width matched by value
+    (`literals`) was checked at a configuration where every setting differs."""
+    checked = any(label.startswith("every setting distinct") for label in self.config_labels)
+    return (
+      self.check is not None
+      and self.check.equal
+      and not self.todos
+      and (not self.literals or checked)
+    )
 
   def build(self, rngs: nnx.Rngs | None = None, config: int = 0) -> nnx.Module:
     """Run the source as a fresh module and construct the root port with `init_kwargs`.
@@ -244,11 +263,14 @@ def _port_all(
   traced,
   alt_traces: list,
   variables: tp.Mapping[str, object] | None,
+  symbolic: SymbolicWidths | None = None,
 ) -> Context:
   """Port every class (children first) with the traces as evidence."""
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
   ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
   ctx.alt_traces = list(alt_traces)
+  if symbolic is not None:  # the last trace the widths read (`tracing/widths.py`)
+    ctx.symbolic = symbolic_widths(symbolic, ctx.alt_traces)
   for cls in classes:
     ctx.ported[cls] = _port_one(sources[cls], ctx)
     if ctx.caches.get(cls):
@@ -403,7 +425,14 @@ def draft(
   streams = set()
   traced = trace(linen_module, [(c.method, c.args, dict(c.kwargs)) for c in all_calls], streams)
   others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
+  symbolic = traced_symbolically(linen_module, all_calls[0], streams)
   labels: tuple[str, ...] = ("",) * len(others)
+  bases = [(linen_module, ""), *((c, "of a configs= instance") for c in list(configs or ())[:2])]
+  for other, other_trace, label in distinct_traces(
+    linen_module, bases, all_calls[0], streams, len(others)
+  ):
+    others.append((other, other_trace))
+    labels += (label,)
   ctx = classes = sources = None
   required = set(_user_classes(linen_module, [traced]))  # the sample call's: each must read
   # First the classes the traces saw. Where that leaves work undone, the settings the
@@ -437,10 +466,17 @@ def draft(
       break
     labels += tuple(label for _, _, label in branches)
     others += [(m, t) for m, t, _ in branches]
+    # Where a branch builds a class, that class's widths are checked at distinct values too.
+    unscaled = [(m, label) for m, _, label in branches if "scaled" not in label][:3]
+    for other, other_trace, label in distinct_traces(
+      linen_module, unscaled, all_calls[0], streams, len(others)
+    ):
+      others.append((other, other_trace))
+      labels += (label,)
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
     )
-    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables)
+    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables, symbolic)
   assert ctx is not None and classes is not None and sources is not None
   from .helpers import HELPERS
 
@@ -464,11 +500,17 @@ def draft(
   )
   changes = tuple(
     sorted(
-      (ch for cls in classes for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls))),
+      (
+        ch
+        for cls in classes
+        for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls), *by_value_notes(ctx, cls))
+      ),
       key=lambda ch: (ch.file, ch.line),
     )
   )
+  literals = by_value(ctx, classes)
   result = Draft(
+    literals=literals,
     source=text,
     root=type(linen_module).__name__,
     init_kwargs=init_kwargs,

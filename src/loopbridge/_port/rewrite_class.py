@@ -29,6 +29,7 @@ from .scan_lift import plan_scan
 from .setup_list_plan import plan_setup_list
 from .source import ClassSource, dotted, libcst, resolve
 from .trace import Instance, Trace
+from .tracing.widths import SymbolicWidths
 from .transforms.call_filled_locals import filled_during_call
 from .values import Resolver
 from .vmap_lift import plan_vmap
@@ -56,6 +57,8 @@ class Context:
   # Class -> (attribute, "attention" | "module" | "list") whose decode caches its
   # `init_cache` method sizes (`cache_idiom.py`).
   caches: dict[type, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+  # The symbolic trace (`tracing/`), the last of `alt_traces` when it ran.
+  symbolic: SymbolicWidths | None = None
 
 
 @dataclasses.dataclass
@@ -150,7 +153,11 @@ class Planner:
     self.config_reads: set[str] = set()  # those rewritten, each reported once
     root = ctx.trace.instances.get(())
     self.resolver = port.resolver = Resolver(
-      self.instances, port.field_names(), alts, root is not None and root.cls is port.cls
+      self.instances,
+      port.field_names(),
+      alts,
+      root is not None and root.cls is port.cls,
+      ctx.symbolic,
     )
     self.sites = find_sites(
       wrapper, self.src.namespace, ctx.linen_names, port.field_names(), self._classes_in_fields()
