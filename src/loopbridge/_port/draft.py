@@ -50,7 +50,8 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
-from .tracing.distinct import distinct_traces
+from .tracing.distinct import distinct_traces, float_settings
+from .tracing.settings import settings
 from .tracing.widths import (
   ByValue,
   SymbolicWidths,
@@ -125,17 +126,21 @@ class Draft:
 
   # Each width the symbolic trace did not decide, matched by value (`tracing/widths.py`).
   literals: tuple[ByValue, ...] = dataclasses.field(default=())
+  # Whether the root has a setting a distinct-valued configuration can change: without one,
+  # the sample's configuration is the only one, and its check is the whole evidence.
+  has_settings: bool = dataclasses.field(repr=False, default=True)
 
   @property
   def ok(self) -> bool:
     """The check ran, every call was equal, no TODO remains, and a width matched by value
-    (`literals`) was checked at a configuration where every setting differs."""
+    (`literals`) was checked at a configuration where every setting differs (where the root
+    has a setting to change)."""
     checked = any(label.startswith("every setting distinct") for label in self.config_labels)
     return (
       self.check is not None
       and self.check.equal
       and not self.todos
-      and (not self.literals or checked)
+      and (not self.literals or checked or not self.has_settings)
     )
 
   def build(self, rngs: nnx.Rngs | None = None, config: int = 0) -> nnx.Module:
@@ -511,6 +516,7 @@ def draft(
   literals = by_value(ctx, classes)
   result = Draft(
     literals=literals,
+    has_settings=bool(settings(linen_module) or float_settings(linen_module)),
     source=text,
     root=type(linen_module).__name__,
     init_kwargs=init_kwargs,
