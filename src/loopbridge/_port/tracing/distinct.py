@@ -90,7 +90,7 @@ def distinct_configs(
     try:
       values = distinct_values(module, taken, spread, keep)
       if values:
-        out.append(with_values(module, values))
+        out.append(with_values(module, values, strict=True))
     except Exception:  # a config object that refuses the values: no such configuration
       continue
   return out

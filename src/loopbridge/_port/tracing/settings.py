@@ -103,8 +103,10 @@ def read(value: object, location: Location) -> object:
   return value
 
 
-def _replaced(value: object, step: Step, item: object) -> object:
-  """A copy of `value` with one part replaced (the original is left alone)."""
+def _replaced(value: object, step: Step, item: object, strict: bool = False) -> object:
+  """A copy of `value` with one part replaced (the original is left alone). `strict`: a
+  dataclass whose `__post_init__` refuses the value raises (a configuration its own checks
+  forbid is none to check a port at); else the value is set on a copy (a symbol)."""
   kind, key = step
   if kind == "item":
     if isinstance(value, tuple):
@@ -120,7 +122,11 @@ def _replaced(value: object, step: Step, item: object) -> object:
     try:
       return dataclasses.replace(tp.cast(tp.Any, value), **{name: item})
     except Exception:  # a __post_init__ that checks its values: set on a copy instead
-      pass
+      if strict:
+        raise
+  if strict and config_objects.settings(value) is not None:
+    # An HF-style config rebuilt through its constructor, which checks its values.
+    return config_objects.rebuilt(value, {name: item})
   if type(value).__name__ in ("ConfigDict", "FrozenConfigDict"):
     # Its type safety refuses a symbol in an int setting: rebuilt without it.
     found = tp.cast(tp.Any, value).to_dict()
@@ -132,21 +138,23 @@ def _replaced(value: object, step: Step, item: object) -> object:
   return out
 
 
-def _set(value: object, location: Location, item: object) -> object:
+def _set(value: object, location: Location, item: object, strict: bool = False) -> object:
   if not location:
     return item
   head, rest = location[0], location[1:]
   kind, key = head
   inner = getattr(value, tp.cast(str, key)) if kind == "attr" else tp.cast(tp.Any, value)[key]
-  return _replaced(value, head, _set(inner, rest, item))
+  return _replaced(value, head, _set(inner, rest, item, strict), strict)
 
 
-def with_values(module: nn.Module, values: tp.Mapping[Location, object]) -> nn.Module:
+def with_values(
+  module: nn.Module, values: tp.Mapping[Location, object], strict: bool = False
+) -> nn.Module:
   """A copy of `module` (no parent) with each setting set to its value; the original and the
-  objects its fields hold are left as they are."""
+  objects its fields hold are left as they are. `strict`: a config object's refusal raises."""
   by_field: dict[str, object] = {}
   for location, item in values.items():
     field = tp.cast(str, location[0][1])
     current = by_field.get(field, getattr(module, field))
-    by_field[field] = _set(current, location[1:], item)
+    by_field[field] = _set(current, location[1:], item, strict)
   return module.clone(parent=None, **tp.cast(dict[str, tp.Any], by_field))
