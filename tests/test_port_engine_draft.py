@@ -152,7 +152,9 @@ def test_layers_named_by_their_index_as_huggingface_flax_names_them():
   assert draft.ok, draft.report()
   code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")  # flax 0.10: a list
   assert "self.blocks=[HFBlock(self.config,dtype=self.dtype,rngs=rngs)" in code
-  assert "self.heads=[nnx.Linear(8,2,rngs=rngs)" in code
+  # The heads read the blocks' output, `x + fc(...)`, whose width the residual ties to
+  # `config.width`: the symbolic trace writes that setting where the sample's 8 was kept.
+  assert "self.heads=[nnx.Linear(self.config.width,2,rngs=rngs)" in code
   assert "kernel_init=init" in code and "init=jax.nn.initializers.normal(" in code
   port, variables = draft.port_and_variables()
   assert sorted(variables["params"]) == ["0", "1", "2", "head_0", "head_1"]
