@@ -76,7 +76,7 @@ class NamedInner(nn.Module):
   @nn.compact
   def __call__(self, x):
     h = nn.Dense(self.width)(x)
-    if self.name.startswith("enc"):  # behaviour chosen by the module's name
+    if (self.name or "").startswith("enc"):  # behaviour chosen by the module's name
       h = h * 2
     return h
 

@@ -2,6 +2,8 @@
 read-back, re-declaration and the refusals. On a backend without pinned host memory (jax 0.5.3's
 CPU), the declaration is refused instead, and that refusal is what runs here."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +18,28 @@ def _has_pinned_host() -> bool:
   return "pinned_host" in {m.kind for m in jax.devices()[0].addressable_memories()}
 
 
-needs_host = pytest.mark.skipif(not _has_pinned_host(), reason="no pinned_host memory here")
+def _host_writes_compile() -> bool:
+  """Whether this JAX compiles a write into pinned host memory (jax 0.7's CPU lists the memory
+  but cannot): the plain-JAX form of what a host record does each step."""
+  if not _has_pinned_host():
+    return False
+  host = jax.sharding.NamedSharding(
+    jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",)),
+    jax.sharding.PartitionSpec(),
+    memory_kind="pinned_host",
+  )
+  buffer = jax.device_put(np.zeros(3, np.float32), host)
+  try:
+    out = jax.jit(lambda b, v: jax.lax.dynamic_update_slice(b, jax.device_put(v, host), (2,)))(
+      buffer, jnp.ones(1)
+    )
+  except Exception:  # any failure: not here
+    return False
+  return out.sharding.memory_kind == "pinned_host" and np.asarray(out).tolist() == [0.0, 0.0, 1.0]
+
+
+HOST_WRITES = _host_writes_compile()
+needs_host = pytest.mark.skipif(not HOST_WRITES, reason="no compiled writes to pinned_host here")
 
 
 class Step(nn.Module):
@@ -219,6 +242,18 @@ def test_a_backend_without_pinned_host_memory_is_refused(monkeypatch):
     _fresh(memory="host")
 
 
+def test_host_records_are_declared_exactly_where_this_jax_compiles_their_writes():
+  """Where pinned host memory is listed but a compiled write into it fails (jax 0.7's CPU), the
+  declaration is refused with the reason, instead of the first step failing to trace."""
+  if HOST_WRITES:
+    model = _fresh(memory="host")
+    assert lb.buffers(model)["intermediates"]["h"].sharding.memory_kind == "pinned_host"
+  else:
+    with pytest.raises(lb.CapacityError, match="pinned_host") as caught:
+      _fresh(memory="host")
+    assert "Fix: keep the records on the device" in str(caught.value)
+
+
 @needs_host
 def test_stacked_layers_refuse_host_records():
   layers = [
@@ -249,3 +284,21 @@ def test_checkpoint_round_trip_keeps_host_records_on_the_host(tmp_path):
   np.testing.assert_array_equal(
     lb.recorded(restored)["intermediates"]["h"], lb.recorded(model)["intermediates"]["h"]
   )
+
+
+@pytest.mark.parametrize("kind", [None, "pinned_host"])
+def test_single_device_placement_reads_no_deprecated_jax_name(kind):
+  """jax 0.12 deprecates the class `jax.sharding.SingleDeviceSharding` (reading it warns);
+  the placement host records and `loopbridge convert` use must neither warn nor misplace."""
+  from loopbridge import _compat
+
+  if kind is not None and not _has_pinned_host():
+    pytest.skip("no pinned_host memory here")
+  device = jax.devices()[0]
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    sharding = _compat.single_device_sharding(device, memory_kind=kind)
+  placed = jax.device_put(np.arange(3.0), sharding)
+  assert placed.sharding.device_set == {device}
+  assert placed.sharding.memory_kind == (kind or device.default_memory().kind)
+  np.testing.assert_array_equal(np.asarray(placed), np.arange(3.0))

@@ -201,6 +201,18 @@ CASES = {
     ),
     None,
   ),
+  # Heads with tied embeddings: the base model's embedding read through `variables` and the
+  # output layer applied with its transpose (`lm_head.apply({"params": {"kernel": ...}}, h)`).
+  "BartForConditionalGeneration": (
+    _hf("FlaxBartForConditionalGeneration", "BartConfig", SEQ2SEQ),
+    None,
+  ),
+  "GPT2LMHead": (_hf("FlaxGPT2LMHeadModel", "GPT2Config"), None),
+  # The embedding handed to the prediction head, which tests its argument.
+  "AlbertForPreTraining": (
+    _hf("FlaxAlbertForPreTraining", "AlbertConfig", dict(embedding_size=16)),
+    None,
+  ),
   "UNet2DCondition": (_diffusers("unet"), None),
   "AutoencoderKL": (_diffusers("vae"), None),
 }

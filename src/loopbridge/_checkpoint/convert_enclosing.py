@@ -23,10 +23,15 @@ import numpy as np
 
 from .convert_match import MAX_OPTIONS, Pair
 
-if tp.TYPE_CHECKING:
-  from .convert_evidence import Decided, Groups, Ran, Record, Sides
-
 Path = tuple[str, ...]
+# The evidence's own types (`convert_evidence`, which calls this module), named here by what
+# this module reads of them: importing them, even for the type checker only, would be an import
+# cycle (tests/test_layering.py).
+Groups = dict[tuple[object, ...], list[int]]
+Decided = dict[tuple[object, ...], tuple[str, tuple[str, ...]]]
+Record = tp.Any  # a recorded module call: `.out` and what `Sides.apply_target` reads
+Ran = tuple[object, dict[Path, tp.Any]]
+Sides = tp.Any  # convert_evidence.Sides: forward, inputs, convert, target_path, apply_target, ...
 
 
 def _enclosing(pair: Pair) -> list[tuple[Path, Path]]:
@@ -116,7 +121,7 @@ def _agreeing(
         k: v for k, v in sides.convert(nearby, {}).items() if k[1 : 1 + len(target_at)] == target_at
       }
       for given, record in zip(sides.inputs, records):
-        record = tp.cast("Record", record)
+        record = tp.cast(Record, record)
         if not agrees(record.out, sides.apply_target(target_at, values, record)):
           rejected.add(given.name)
           break

@@ -39,43 +39,31 @@ import typing as tp
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen, nnx, traverse_util
+from flax import nnx, traverse_util
 
 from .. import _compat
-from .._core import buffers, linen_vars, pipeline, recorder
-from .._core.call_target import LinenMethod
-from .._core.errors import CheckpointError, NotDeclaredError
-from .._core.given_variables import describe, flat_values, plain_variables, unboxed_leaves
+from .._core.errors import CheckpointError
+from .._core.given_variables import describe
 from .._core.site import key_str
-from .._core.to_nnx import ToNNX
 from . import count_vectors
-
-if tp.TYPE_CHECKING:
-  import orbax.checkpoint as ocp
+from .checkpoint_format import (
+  _EMPTY_KEY,
+  _METADATA_KEY,
+  FORMAT,
+  _checkpointer,
+  _damaged,
+  _declaration,
+  _declaration_differences,
+  _is_key,
+  _model_variables,
+  _path,
+  _read_metadata,
+  _saved_form,
+)
+from .existing_linen_variables import from_linen_variables as from_linen_variables
+from .existing_linen_variables import load_linen_variables as load_linen_variables
 
 Model = tp.TypeVar("Model")
-
-
-class _BufferDeclaration(tp.TypedDict):
-  """What a checkpoint says of one Buffer (saved in orbax's custom metadata)."""
-
-  capacity: int
-  overflow: str
-  value_shape: list[int]
-  stack_shape: list[int]
-  dtype: str
-
-
-FORMAT = 2
-# Formats this version restores: 1 (loopbridge 0.2, a scalar count per site) and 2 (one count
-# vector per recorder).
-_READABLE_FORMATS = (1, 2)
-# Key of the declaration in orbax's custom metadata, and the rng attribute name every flax
-# version saves under (the newest flax's own name).
-_METADATA_KEY = "loopbridge"
-# In the declaration: [path, shape, dtype] of each zero-size array (not written by orbax).
-_EMPTY_KEY = "empty_arrays"
-_SAVED_RNGS_ATTR = "to_nnx__rngs"
 
 _FIX_DECLARE = (
   "Fix: build the fresh model from the same Linen module and declare it like the saved one "
@@ -83,88 +71,6 @@ _FIX_DECLARE = (
   "same sample shapes, capacities and overflow policies (and lb.preallocate for any "
   "signature declared later)."
 )
-_WHY_DAMAGED = (
-  "Why: a checkpoint whose files were truncated, deleted or overwritten (e.g. a save "
-  "interrupted mid-way, or a partial copy) cannot be restored, and the model was left "
-  "untouched. Fix: restore an earlier complete checkpoint, or pass the path "
-  "lb.checkpoint.save returned."
-)
-
-
-def _model_variables(model: object) -> dict[tuple[str, ...], nnx.Variable]:
-  """Every Variable of the model's graph by its saved path (shared ones once).
-
-  A bridge's rng attribute is renamed to `to_nnx__rngs` whatever the installed flax calls it,
-  so checkpoints move between flax versions.
-  """
-  if not isinstance(model, nnx.Module):
-    raise TypeError(
-      f"expected an NNX module (e.g. an lb.ToNNX after lb.lazy_init), got {type(model).__name__}."
-    )
-  nodes = [(tuple(key_str(k) for k in path), node) for path, node in _compat.iter_graph(model)]
-  renames = {}
-  for path, node in nodes:
-    if isinstance(node, nnx.bridge.ToNNX):
-      local = _compat.rngs_attribute(node)
-      renames[(*path, local)] = (*path, _SAVED_RNGS_ATTR)
-
-  def saved_path(path: tuple[str, ...]) -> tuple[str, ...]:
-    for prefix, new in renames.items():
-      if path[: len(prefix)] == prefix:
-        return new + path[len(prefix) :]
-    return path
-
-  return {saved_path(path): node for path, node in nodes if isinstance(node, nnx.Variable)}
-
-
-def _is_key(value: jax.typing.ArrayLike) -> bool:
-  return jnp.issubdtype(jnp.result_type(value), jax.dtypes.prng_key)
-
-
-def _saved_form(value: tp.Any) -> tp.Any:
-  return jax.random.key_data(value) if _is_key(value) else value
-
-
-def _checkpointer() -> ocp.StandardCheckpointer:
-  import orbax.checkpoint as ocp  # flax depends on it; imported only when used
-
-  return ocp.StandardCheckpointer()
-
-
-def _declaration(variables: dict[tuple[str, ...], nnx.Variable]) -> dict[str, _BufferDeclaration]:
-  """Per Buffer (by saved path): capacity, overflow, value shape, dtype, stack shape.
-
-  Read from the Variables alone. A Buffer's recorder keeps its Count vector beside the
-  buffers; the vector's leading axes are the stack axes of its buffers (native layers stacked
-  with `nnx.vmap`), so the capacity is the buffer axis right after them.
-  """
-  out = {}
-  for key, variable in variables.items():
-    if not isinstance(variable, buffers.Buffer):
-      continue
-    i = key.index(recorder.BUFFERS_ATTR) if recorder.BUFFERS_ATTR in key else -1
-    count = variables.get((*key[:i], recorder.COUNTS_ATTR)) if i >= 0 else None
-    stack = np.ndim(_compat.variable_value(count)) - 1 if count is not None else 0
-    value = _compat.variable_value(variable)
-    shape = tuple(int(d) for d in np.shape(value))
-    out["/".join(key)] = {
-      "capacity": shape[stack],
-      "overflow": buffers.overflow_of(variable),
-      "value_shape": list(shape[stack + 1 :]),
-      "stack_shape": list(shape[:stack]),
-      "dtype": np.dtype(value.dtype).name,
-    }
-  return out
-
-
-def _path(directory: object, entry: str) -> str:
-  """The absolute path of a checkpoint directory given as a str or os.PathLike."""
-  if not isinstance(directory, (str, os.PathLike)):
-    raise CheckpointError(
-      f"lb.checkpoint.{entry}: the directory must be a path (a str or pathlib.Path), got "
-      f"{type(directory).__name__}; note the order: lb.checkpoint.{entry}(directory, model)."
-    )
-  return os.path.abspath(os.fspath(directory))
 
 
 def save(directory: str | os.PathLike, model: nnx.Module, *, overwrite: bool = False) -> str:
@@ -229,93 +135,6 @@ def save(directory: str | os.PathLike, model: nnx.Module, *, overwrite: bool = F
   )
   checkpointer.wait_until_finished()
   return path
-
-
-def _damaged(path: str, what: str, error: BaseException | None = None) -> CheckpointError:
-  cause = f": {type(error).__name__}: {error}" if error is not None else ""
-  return CheckpointError(f"cannot restore the checkpoint at {path}: {what}{cause}. " + _WHY_DAMAGED)
-
-
-def _read_metadata(checkpointer: ocp.StandardCheckpointer, path: str) -> tuple[dict, dict]:
-  """(saved shapes and dtypes by path, the saved declaration); CheckpointError if unreadable."""
-  if not os.path.exists(path):
-    raise CheckpointError(
-      f"no checkpoint at {path}: the path does not exist. Fix: pass the path "
-      "lb.checkpoint.save returned."
-    )
-  if not os.path.isdir(path):
-    raise CheckpointError(
-      f"no checkpoint at {path}: it is a file, not a checkpoint directory. Fix: pass the "
-      "directory lb.checkpoint.save returned."
-    )
-  if not os.listdir(path):
-    raise CheckpointError(
-      f"no checkpoint at {path}: the directory is empty. Why: a save that never ran or was "
-      "interrupted before writing, or the wrong directory. Fix: pass the path "
-      "lb.checkpoint.save returned."
-    )
-  try:
-    metadata = checkpointer.metadata(path)
-    tree = _compat.orbax_tree_metadata(metadata)
-  except Exception as error:  # orbax/tensorstore raise many types for unreadable files
-    raise _damaged(path, "its array metadata cannot be read", error) from error
-  if tree is None:  # orbax logs why and returns nothing
-    raise _damaged(path, "orbax found no readable array metadata (its log says which file)")
-  try:
-    flat: dict[tuple[tp.Any, ...], tp.Any] = traverse_util.flatten_dict(dict(tree))
-    saved = {tuple(map(str, k)): (tuple(v.shape), np.dtype(v.dtype)) for k, v in flat.items()}
-  except Exception as error:  # orbax/tensorstore raise many types for unreadable files
-    raise _damaged(path, "its array metadata cannot be read", error) from error
-  try:
-    declaration = _compat.orbax_custom_metadata(metadata, path, _METADATA_KEY)
-  except (OSError, ValueError, AttributeError) as error:
-    raise _damaged(
-      path, "its step metadata (the buffers' declaration) cannot be read", error
-    ) from error
-  if not isinstance(declaration, dict) or "buffers" not in declaration:
-    raise CheckpointError(
-      f"the checkpoint at {path} holds no loopbridge declaration (capacity and overflow "
-      "of each buffer). Why: it was not written by lb.checkpoint.save (e.g. a plain orbax "
-      "checkpoint, or one from loopbridge before the format carried the declaration), so "
-      "restoring cannot check that the records mean the same thing. Fix: save it with "
-      "lb.checkpoint.save; for a Linen variables dict use lb.checkpoint.load_linen_variables."
-    )
-  if declaration.get("format") not in _READABLE_FORMATS:
-    raise CheckpointError(
-      f"the checkpoint at {path} has loopbridge format {declaration.get('format')!r}, this "
-      f"loopbridge reads formats {', '.join(map(str, _READABLE_FORMATS))}. Fix: restore it "
-      "with the loopbridge version that saved it."
-    )
-  try:
-    for key, shape, dtype in declaration.get(_EMPTY_KEY, ()):
-      saved[tuple(map(str, key))] = (tuple(shape), jnp.dtype(dtype))
-  except (TypeError, ValueError) as error:
-    raise _damaged(path, "its list of zero-size arrays cannot be read", error) from error
-  return saved, declaration
-
-
-def _declaration_differences(saved: dict, model: dict) -> tuple[list[str], set[str]]:
-  """(what differs in words, buffers restorable into a larger capacity)."""
-  lines, grown = [], set()
-  for key in sorted(set(saved) & set(model)):
-    was, now = saved[key], model[key]
-    diffs = [
-      f"{field} saved {was[field]!r} vs model {now[field]!r}"
-      for field in ("overflow", "value_shape", "dtype", "stack_shape")
-      if was[field] != now[field]
-    ]
-    if was["capacity"] > now["capacity"]:
-      diffs.append(
-        f"capacity saved {was['capacity']} vs model {now['capacity']} (smaller: "
-        "the saved values would not fit)"
-      )
-    elif was["capacity"] < now["capacity"] and not diffs:
-      grown.add(key)
-    elif was["capacity"] != now["capacity"]:
-      diffs.append(f"capacity saved {was['capacity']} vs model {now['capacity']}")
-    if diffs:
-      lines.append(f"{key}: " + ", ".join(diffs))
-  return lines, grown
 
 
 def _host_max(value: jax.Array) -> int:
@@ -482,146 +301,3 @@ def restore(directory: str | os.PathLike, model: Model) -> Model:
 
 
 # ---------------------------------------------------------------- existing Linen variables
-
-
-_NO_CAPACITY_HERE = (
-  "lb.checkpoint.from_linen_variables takes no {name}=: it builds the model around existing "
-  "variables, and buffers are declared where every other model declares them. Why: one "
-  "place declares capacity, so a model is recorded the same way however it was built. Fix: "
-  "model = lb.checkpoint.from_linen_variables(module, variables, *args), then "
-  "lb.preallocate(model, *args, {name}=...)."
-)
-
-
-def from_linen_variables(
-  module: linen.Module,
-  variables: tp.Mapping[str, object],
-  *args: tp.Any,
-  rngs: _compat.RngsArg = None,
-  method: LinenMethod = None,
-  **kwargs: tp.Any,
-) -> ToNNX:
-  """Wrap a Linen module around variables that already exist, without initializing.
-
-  The variables (from `linen.init`, a Linen checkpoint, or a converted model) become the
-  model's Variables as `lb.lazy_init` would have created them (partitioning metadata kept);
-  the sample arguments are only traced abstractly to check the structure. No initializer
-  runs and no rng stream is consumed. The model comes back with no record buffers: when the
-  module sows, declare them with `lb.preallocate(model, *args, capacity=...)`.
-
-  Args:
-    module: the Linen module the variables belong to.
-    variables: a Linen variables dict, e.g. `{'params': ..., 'batch_stats': ...}`.
-    *args: sample inputs of the call the loop makes (shapes and dtypes only).
-    rngs: the model's rng streams for later calls (e.g. dropout), as for `lb.ToNNX`.
-    method: the Linen method the loop calls, default `__call__`.
-    **kwargs: keyword arguments of that call.
-
-  Returns:
-    An initialized `lb.ToNNX` holding `variables`.
-
-  Raises:
-    CheckpointError: `variables` is not a dict, or its paths/shapes/dtypes differ from what
-      `module.init` would create for these arguments.
-    TypeError: `capacity=` or `overflow=` given (declare them with `lb.preallocate`).
-
-  Examples:
-    >>> import jax, jax.numpy as jnp, loopbridge as lb
-    >>> from flax import linen as nn
-    >>> class Net(nn.Module):
-    ...   @nn.compact
-    ...   def __call__(self, x):
-    ...     self.sow("intermediates", "x", x)
-    ...     return nn.Dense(2)(x)
-    >>> variables = Net().init(jax.random.key(0), jnp.ones((1, 3)))
-    >>> model = lb.checkpoint.from_linen_variables(Net(), variables, jnp.ones((1, 3)))
-    >>> model = lb.preallocate(model, jnp.ones((1, 3)), capacity=4)
-    >>> bool((model(jnp.ones((1, 3))) == Net().apply(variables, jnp.ones((1, 3)))).all())
-    True
-  """
-  for name in ("capacity", "overflow"):
-    if name in kwargs:
-      raise TypeError(_NO_CAPACITY_HERE.format(name=name))
-  return pipeline.from_linen_variables(
-    ToNNX(module, rngs=rngs), variables, *args, method=method, **kwargs
-  )
-
-
-def load_linen_variables(
-  model: Model, variables: tp.Mapping[str, object], *, copy: bool = True
-) -> Model:
-  """Write a Linen variables dict into an initialized `lb.ToNNX`, in place.
-
-  Use it to load Linen weights (e.g. a Linen checkpoint) into a model already declared with
-  `lb.lazy_init`; buffers, counts and rng streams are left as they are. The model gets its
-  own copy of each array by default, so a donating call of the model
-  (`nnx.jit(..., donate_argnums=0)`, `lb.compile_step`) never deletes the caller's
-  `variables`, which stay usable with plain Linen (as `lb.lazy_init` copies a sample array
-  that init stored as it was).
-
-  Args:
-    model: an initialized `lb.ToNNX`.
-    variables: a Linen variables dict with the model's structure (a subset of collections is
-      fine, e.g. only `{'params': ...}`).
-    copy: `False` moves the arrays instead, when memory is tight: the model holds the very
-      arrays given (no second copy on the device), so a donating call deletes them; use
-      `variables` no more after that.
-
-  Returns:
-    `model` (same Variables, new values).
-
-  Raises:
-    NotDeclaredError: `model` was not initialized.
-    CheckpointError: a path the model does not have, or a different shape/dtype.
-    TypeError: `copy` is not a bool.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp, loopbridge as lb
-    >>> from flax import linen as nn, nnx
-    >>> model = lb.lazy_init(lb.ToNNX(nn.Dense(2), rngs=nnx.Rngs(0)), jnp.ones((1, 3)))
-    >>> variables = nn.Dense(2).init(jax.random.key(7), jnp.ones((1, 3)))
-    >>> out = lb.checkpoint.load_linen_variables(model, variables)(jnp.ones((1, 3)))
-    >>> bool((out == nn.Dense(2).apply(variables, jnp.ones((1, 3)))).all())
-    True
-  """
-  if not isinstance(model, ToNNX) or recorder.sites_of(model) is None:
-    raise NotDeclaredError(
-      "lb.checkpoint.load_linen_variables needs an lb.ToNNX after lb.lazy_init (it writes into the "
-      "existing Variables). Fix: lb.lazy_init(model, *sample_args, capacity=...) first, or "
-      "build the model directly with lb.checkpoint.from_linen_variables(module, variables, *args)."
-    )
-  if not isinstance(copy, bool):
-    raise TypeError(
-      f"lb.checkpoint.load_linen_variables: copy= must be True or False, got {copy!r}. Fix: "
-      "copy=True (the default: the model gets its own arrays) or copy=False (move them)."
-    )
-  variables = plain_variables(variables, "lb.checkpoint.load_linen_variables")
-  attrs = linen_vars.attrs(model)
-  current = linen_vars.to_linen(attrs)
-  have, want = unboxed_leaves(variables), unboxed_leaves(current)
-  unknown = sorted(set(have) - set(want))
-  differ = sorted(k for k in set(have) & set(want) if have[k] != want[k])
-  if unknown or differ:
-    detail = "; ".join(
-      [
-        f"{'/'.join(k)} given {describe(*have[k])} vs model {describe(*want[k])}"
-        for k in differ[:8]
-      ]
-      + ([("not in the model: " + ", ".join("/".join(k) for k in unknown[:8]))] if unknown else [])
-    )
-    raise CheckpointError(
-      f"lb.checkpoint.load_linen_variables: the variables do not fit the model: {detail}. "
-      "Why: values "
-      "are written into the existing Variables, which keep their shapes for NNX loops. Fix: "
-      "initialize the model with sample arguments of the shapes the variables were made "
-      "for, or build it with lb.checkpoint.from_linen_variables(module, variables, *args)."
-    )
-  for path, value in flat_values(variables).items():
-    value = linen_vars.unbox(value, constrain=False)
-    if isinstance(value, tuple) or not linen_vars.is_data(value):
-      continue  # records, and static values the model already holds (a graphdef)
-    # jnp.array copies even a jax.Array; jnp.asarray keeps it (a host array is put on the
-    # device either way).
-    value = jnp.array(value, copy=True) if copy else jnp.asarray(value)
-    _compat.set_variable_value(recorder.get_nested(attrs, path[1:]), value)
-  return model

@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         target["opt_state"] = jax.eval_shape(tx.init, target["params"])
         target["step"] = jax.ShapeDtypeStruct((), jnp.int32)
       # Placed on this process's first device: older orbax warns about targets without one.
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      device = _compat.single_device_sharding(jax.devices()[0])
       target = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), target
       )

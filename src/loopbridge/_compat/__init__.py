@@ -748,6 +748,20 @@ def mesh_context(mesh: jax.sharding.Mesh) -> tp.ContextManager[object]:
   return mesh
 
 
+def single_device_sharding(device: tp.Any, memory_kind: str | None = None) -> jax.sharding.Sharding:
+  """The sharding that places an array on one device (in `memory_kind`, if given).
+
+  jax 0.12 deprecates the class `jax.sharding.SingleDeviceSharding` (reading the name warns)
+  for the factory `jax.sharding.make_single_device_sharding`; jax 0.5.3 and 0.10.2 have only
+  the class. The factory is looked for first, so the deprecated name is never read where it
+  exists.
+  """
+  make = getattr(jax.sharding, "make_single_device_sharding", None)
+  if make is None:
+    make = jax.sharding.SingleDeviceSharding
+  return make(device, memory_kind=memory_kind)
+
+
 def _stack_call_fails(run: tp.Callable[[tp.Any, jax.Array], object]) -> bool:
   """Whether `run(stack, x)` fails over a two-layer `nnx.vmap`-built stack holding a stream."""
 

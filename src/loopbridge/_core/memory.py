@@ -18,13 +18,15 @@ on a TPU), so host records are read back through NumPy (`np.asarray`), never wit
 from __future__ import annotations
 
 import fnmatch
+import functools
 import typing as tp
 
 import jax
 import numpy as np
 from flax.core import FrozenDict
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding
 
+from .._compat import single_device_sharding
 from .errors import CapacityError
 
 Memory = tp.Literal["device", "host"]
@@ -117,9 +119,45 @@ def host_sharding(layout: NamedSharding | None, label: str) -> jax.sharding.Shar
       "default), or use a JAX whose backend lists pinned_host memory (GPUs and TPUs do; "
       "the CPU backend does in newer jax releases, e.g. jax 0.10)."
     )
+  failure = _compiled_host_write_failure(devices[0])
+  if failure is not None:
+    raise CapacityError(
+      f"sow site {label} was declared with memory='host', but this JAX ({jax.__version__}) on "
+      f"the {devices[0].platform} backend cannot write into '{HOST_KIND}' memory from a "
+      f"compiled program: {failure}. Why: host records are written by the compiled step "
+      "itself; a JAX that cannot compile that write would fail at the first step. Fix: keep "
+      "the records on the device (memory='device', the default), or use a newer JAX (jax 0.10 "
+      "compiles them on the CPU backend; GPUs and TPUs do)."
+    )
   if layout is not None:
     return layout.with_memory_kind(HOST_KIND)
-  return SingleDeviceSharding(devices[0], memory_kind=HOST_KIND)
+  return single_device_sharding(devices[0], memory_kind=HOST_KIND)
+
+
+@functools.cache
+def _compiled_host_write_failure(device: tp.Any) -> str | None:  # a jax.Device
+  """Why a compiled one-slot write into `pinned_host` memory fails on `device`, or None.
+
+  Listing the memory is not enough: jax 0.7's CPU backend lists `pinned_host` but its traced
+  arguments carry no memory space, so the write a host record makes (`_write_host_slots` in
+  buffers.py: a value put to the host, then a slot update) fails to trace; jax 0.8's traces it
+  but hands the result back in device memory. The probe runs that very write once per device
+  on a two-slot buffer and checks where and what it wrote."""
+  host = single_device_sharding(device, memory_kind=HOST_KIND)
+
+  def write(buffer: jax.Array, value: jax.Array) -> jax.Array:
+    fresh = jax.device_put(value[None], host)
+    return jax.lax.dynamic_update_slice(buffer, fresh, (1,))
+
+  try:
+    buffer = jax.device_put(np.zeros(2, np.float32), host)
+    out = jax.jit(write)(buffer, jax.device_put(np.ones(1, np.float32)[0], device))
+    written = np.asarray(out)
+  except Exception as error:  # any failure means: not on this JAX and backend
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+  if out.sharding.memory_kind != HOST_KIND or written.tolist() != [0.0, 1.0]:
+    return f"the probe's write landed in '{out.sharding.memory_kind}' memory as {written}"
+  return None
 
 
 def is_host(buffer: object) -> bool:

@@ -22,7 +22,6 @@ import jax.core
 import jax.numpy as jnp
 import numpy as np
 from flax import linen, nnx, traverse_util
-from flax.core import scope as flax_scope
 from flax.nnx import bridge
 from typing_extensions import Self
 
@@ -51,59 +50,19 @@ from .capacity import (
   check_overflow,
 )
 from .errors import NotDeclaredError, StructureChangeError
-
-# Linen's `mutable=`: which collections a call may change (None: the enclosing module's choice).
-MutableFilter = (
-  bool | str | tp.Collection[str] | flax_scope.DenyList | tp.Callable[[str], bool] | None
+from .to_nnx_arguments import (
+  MutableFilter,
+  _check_method,
+  _check_rngs_and_capture,
+  _creates_params,
+  _merge_mutable,
+  _rng_counts,
 )
+from .to_nnx_discovery import _add_apply_only_sites, _init_fn, _new_variables, _plain_call
+from .to_nnx_records import _NO_SIGNATURE, _describe_sown, _pytree_records
 
 BUFFERS_ATTR = recorder.BUFFERS_ATTR
 COUNTS_ATTR = recorder.COUNTS_ATTR
-
-
-def _merge_mutable(user_mutable: MutableFilter, record_cols: tp.Collection[str]) -> MutableFilter:
-  """The Linen `mutable=` filter for apply: the user's choice plus every recorded collection."""
-  if user_mutable is True or not record_cols:
-    return user_mutable if user_mutable is not None else False
-  if user_mutable in (None, False):
-    return sorted(record_cols)
-  if isinstance(user_mutable, str):
-    return sorted({user_mutable, *record_cols})
-  if isinstance(user_mutable, flax_scope.DenyList):
-    # Linen names the denied collections by one str or a collection of them.
-    deny = user_mutable.deny
-    deny = {deny} if isinstance(deny, str) else set(tp.cast(tp.Collection[str], deny))
-    return flax_scope.DenyList(tuple(sorted(deny - set(record_cols))))
-  if isinstance(user_mutable, (list, tuple, set, frozenset)):
-    return sorted({*user_mutable, *record_cols})
-  # A callable filter: Linen filters are `str | Sequence | bool | DenyList | callable`.
-  user_filter = tp.cast(tp.Callable[[str], bool], user_mutable)
-  return lambda col: col in record_cols or user_filter(col)
-
-
-_SOW_WITHOUT_BUFFER = (
-  "this call sowed into '{label}', a site with no buffer. Why: buffers are declared for the "
-  "sows of the call signature given to lazy_init/preallocate, and this call makes a different "
-  "one (other method, arguments or branch). Fix: declare it before the loop with "
-  "lb.preallocate(model, *args, capacity=..., method=..., **kwargs); buffers already declared "
-  "are kept."
-)
-
-
-def _check_rngs_and_capture(rngs: object, capture: object) -> None:
-  """Refuse constructor options that would fail only later, inside Linen, with a raw error."""
-  if rngs is not None and not isinstance(rngs, (nnx.Rngs, jax.Array)):
-    raise TypeError(
-      f"lb.ToNNX: rngs= must be an nnx.Rngs (or None for a module without randomness), got "
-      f"{type(rngs).__name__}. Why: the wrapper draws Linen's 'params', 'dropout', ... keys "
-      f"from its streams. Fix: rngs=nnx.Rngs({rngs if isinstance(rngs, int) else 0})."
-    )
-  if not (isinstance(capture, bool) or callable(capture)):
-    raise TypeError(
-      f"lb.ToNNX: capture_intermediates= must be True, False or a filter function "
-      f"(module, method_name) -> bool, as for Linen's apply, got {capture!r}. Fix: e.g. "
-      "capture_intermediates=True, or lambda mdl, name: name == '__call__'."
-    )
 
 
 class ToNNX(bridge.ToNNX):
@@ -533,185 +492,3 @@ class ToNNX(bridge.ToNNX):
         )
       )
     return slot
-
-
-_NO_SIGNATURE = (
-  "this call of lb.ToNNX({model}), signature {label!r}, matches none of its declared call "
-  "signatures ({declared}): it sows {sown}. Why: each call signature records into buffers "
-  "declared for it, so records of a prompt and of decode steps are never mixed. Fix: declare "
-  "this signature before the loop with lb.preallocate(model, *args, capacity=..., "
-  "**kwargs); the signatures already declared keep their buffers and records."
-)
-
-
-def _describe_sown(value: object) -> object:
-  return jax.tree.map(lambda v: f"{jnp.result_type(v)}{list(np.shape(v))}", value)
-
-
-_PYTREE_CHANGED = (
-  "sow site {label} was declared for a pytree of structure {declared} and this call sows "
-  "{got}. Why: each array leaf of a sown pytree has its own preallocated buffer, so the "
-  "structure must stay the same inside NNX loops. Fix: declare this call signature with "
-  "lb.preallocate(model, *args, capacity=..., **kwargs) before the loop (a changed structure "
-  "starts that site's buffers anew), or sow the two structures under different names."
-)
-
-
-def _pytree_records(
-  node: nnx.Module,
-  path: tuple[str, ...],
-  value: tuple,
-  buffers: dict,
-  label: str,
-  slot: int,
-) -> list[tuple[_buffers.Buffer, int, list, str]]:
-  """(buffer, count index, values, label) per array leaf of one call's pytree sows at `path`."""
-  sites = sorted(
-    (
-      s
-      for s in (recorder.sites_of(node) or ())
-      if s.sow_key == path and s.treedef is not None and s.slot == slot
-    ),
-    key=lambda s: s.leaf_index,
-  )
-  flat = [_site.flatten_value(v) for v in value]
-  if not sites:
-    if all(not leaves for _, leaves in flat):
-      return []  # pytrees without array leaves (e.g. a captured None): nothing to record
-    raise NotDeclaredError(_SOW_WITHOUT_BUFFER.format(label=label))
-  treedef = sites[0].treedef
-  for got, _ in flat:
-    if got != treedef:
-      raise NotDeclaredError(_PYTREE_CHANGED.format(label=label, declared=treedef, got=got))
-  out = []
-  for site in sites:
-    buffer = recorder.get_nested(buffers, site.key)
-    leaf_label = f"{label}{''.join(f'[{k}]' for k in site.leaf)}"
-    leaves = [leaves[site.leaf_index][1] for _, leaves in flat]
-    for leaf in leaves:
-      _buffers.check_value(buffer, leaf, leaf_label)
-    out.append((buffer, site.count_index, leaves, leaf_label))
-  return out
-
-
-def _add_apply_only_sites(node, found, args, kwargs, rngs, method, capture) -> None:
-  """Add to `found` (init's findings) the sites one abstract `apply` of `node` shows in addition.
-
-  Used after an init in which a module wrote its variables itself: such a module may write
-  records in apply only (`nnx.bridge.ToLinen` puts an NNX module's sows after its call, and
-  not at all in init). Linen sows that happen only outside init are found too, and so are
-  custom-reduce accumulators that first appear in apply (they start from `init_fn()` now).
-  The rng keys are init's, so the wrapper's streams are not advanced. When the init
-  signature is not one apply accepts, nothing is added (see below).
-  """
-  module = _compat.linen_module_of(node)
-  variables = linen_vars.linen_variables(node)
-
-  def run(variables, rngs):
-    return module.apply(
-      variables,
-      *args,
-      rngs=rngs,
-      method=method,
-      mutable=True,
-      capture_intermediates=capture,
-      **kwargs,
-    )
-
-  try:
-    with observe_linen.observe() as calls:
-      _, updates = jax.eval_shape(run, variables, rngs)
-  except Exception:
-    # The init signature need not be one apply accepts (flax's decode attention, initialized
-    # on the full length, applies one token at a time). Nothing is lost: a call that writes
-    # at a site with no buffer raises NotDeclaredError naming lb.preallocate, whose abstract
-    # apply of the call's own signature finds these sites.
-    return
-  more = observe_linen.classify(updates, calls, inputs=variables)
-  known = {s.sow_key for s in found.sites} | found.record_paths | set(found.accumulators)
-  found.sites.extend(s for s in more.sites if s.sow_key not in known)
-  found.sites.sort(key=lambda s: s.key)
-  found.record_paths.update(more.record_paths)
-  seen = {(d.collection, d.module_path, d.name) for d in found.dropped}
-  found.dropped.extend(d for d in more.dropped if (d.collection, d.module_path, d.name) not in seen)
-  accumulators = {
-    site: (_init_fn(call), value)
-    for site, (call, value) in more.accumulators.items()
-    if site not in known and recorder.get_nested(variables, site) is None
-  }
-  linen_vars.add_accumulators(node, accumulators)
-
-
-def _new_variables(
-  updates: tp.Mapping[str, object],
-  inputs: tp.Mapping[str, object],
-  found: observe_linen.LinenFindings,
-) -> dict[tuple[str, ...], object]:
-  """The Linen variables an apply created that were not passed in, records and accumulators
-  left out: what a call such as HuggingFace's `init_cache=True` makes (its `cache`)."""
-  is_tuple = lambda _, v: isinstance(v, tuple)  # noqa: E731
-  given = traverse_util.flatten_dict(dict(inputs), is_leaf=is_tuple)
-  accumulators = list(found.accumulators)
-  return {
-    path: value
-    for path, value in traverse_util.flatten_dict(dict(updates), is_leaf=is_tuple).items()
-    if path not in given
-    and not isinstance(value, tuple)
-    and path not in found.record_paths
-    and not any(path[: len(a)] == a for a in accumulators)
-  }
-
-
-def _plain_call(
-  module: linen.Module,
-  entry: str,
-  method: LinenMethod,
-  capture: CaptureFilter,
-  mutable: tp.Sequence[str] = (),
-) -> str:
-  """How a user calls the same thing in plain Linen, for notes on errors from the model."""
-  extra = "" if method is None else f", method={getattr(method, '__name__', method)!r}"
-  if capture is not False:
-    extra += f", capture_intermediates={capture!r}"
-  if mutable:
-    extra += f", mutable={list(mutable)!r}"
-  first = "rngs" if entry == "init" else "variables"
-  return f"`{type(module).__name__}.{entry}({first}, *args{extra})`"
-
-
-def _rng_counts(rngs: _compat.RngsArg) -> list[nnx.Variable | None]:
-  """The count Variables a call advances when it draws from the wrapper's own streams."""
-  if rngs is None or isinstance(rngs, jax.Array):
-    return []
-  return [getattr(stream, "count", None) for _, stream in rngs.items()]
-
-
-def _init_fn(call: _site.SowCall) -> tp.Callable[[], object]:
-  """The `init_fn` of an observed Linen sow (Linen's `sow` always passes one)."""
-  assert call.init_fn is not None, "a Linen sow was observed without its init_fn"
-  return call.init_fn
-
-
-def _creates_params(mutable: MutableFilter) -> bool:
-  """Whether a Linen `mutable=` filter lets a call create parameters (`params` mutable)."""
-  if mutable in (None, False):
-    return False
-  # Linen's own filter test takes callables too (its type says less).
-  return bool(flax_scope.in_filter(tp.cast(flax_scope.CollectionFilter, mutable), "params"))
-
-
-def _check_method(module: linen.Module, method: LinenMethod) -> None:
-  """A `method=` name must name a method of the Linen module (Linen's own error says less)."""
-  if not isinstance(method, str) or callable(getattr(type(module), method, None)):
-    return
-  methods = sorted(
-    n
-    for n, v in vars(type(module)).items()
-    if callable(v) and (not n.startswith("_") or n == "__call__") and n != "setup"
-  )
-  raise AttributeError(
-    f"method={method!r} is not a method of the Linen module {type(module).__name__} "
-    f"(its methods: {', '.join(methods) or 'none'}). Why: lb.ToNNX calls the Linen module "
-    "with module.apply(..., method=...), which needs a method defined on its class. Fix: "
-    "pass one of those names, or the function itself (e.g. method=MyModule.decode)."
-  )

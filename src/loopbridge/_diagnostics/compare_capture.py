@@ -217,7 +217,10 @@ class Recorder:
     """Enter a Linen call (None for a bridge's top-level call: recorded as the bridge)."""
     names = tuple(module.scope.path) if module.scope is not None else ()
     outer = next((f for f in reversed(self._frames) if f.nnx), None)
-    if not names and outer is not None:
+    if not names and self._frames:
+      # A bridge's top-level call (recorded as the bridge), or a submodule applied on its own
+      # inside the model's call (`self.lm_head.apply({"params": ...}, x)`, HF's tied heads):
+      # a root of its own, part of its caller's call, not a module of the model's tree.
       return None
     shown, key = (outer.path, outer.key) if outer is not None else ("", "")
     return self.enter(_join(shown, *names), _join(key, *names), inputs, nnx_module=False)

@@ -23,6 +23,7 @@ import ast
 import builtins
 import typing as tp
 
+from .port_tree import class_and_init
 from .records import Todo
 from .rewrite_class import ClassPort, Context
 from .rewrite_methods import todo_block
@@ -36,12 +37,7 @@ def keep_params(port: ClassPort, ctx: Context) -> ClassPort:
   if not port.computed:
     return port
   c = libcst()
-  module = c.parse_module(port.code)
-  classdef = next(s for s in module.body if isinstance(s, c.ClassDef))
-  init = next(
-    (s for s in classdef.body.body if isinstance(s, c.FunctionDef) and s.name.value == "__init__"),
-    None,
-  )
+  module, classdef, init = class_and_init(port.code)
   if init is None:
     return port
   taken = {s.name.value for s in classdef.body.body if isinstance(s, c.FunctionDef)}

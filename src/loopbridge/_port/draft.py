@@ -32,6 +32,7 @@ from .errors import (
   flax_layer,
   not_a_linen_module,
 )
+from .failed_line import failure_todo
 from .layer_subclass import flax_layer_base, subclassable, unsupported_reason
 from .random_draws import explained
 from .records import Call, Change, Check, PortOf, Todo
@@ -61,6 +62,7 @@ from .tracing.widths import (
   traced_symbolically,
 )
 from .transforms import user_base_class
+from .transforms.field_only_subclass import merged_source
 from .transforms.module_globals import read_through_modules
 from .transforms.module_name import keep_name
 
@@ -555,7 +557,9 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
     if why is not None:
       return fallback_port(src, why)
   inherited = user_base_class.reason(src.cls)
-  if inherited is not None:
+  # A subclass that only changes fields was read as its base's source with its own fields
+  # (`transforms/field_only_subclass`): nothing is inherited from a Linen base then.
+  if inherited is not None and merged_source(src.cls, read_class) is None:
     return fallback_port(src, inherited)
   helpers = set(ctx.helpers)
   try:
@@ -577,6 +581,10 @@ def _check(result: Draft) -> Check:
     built = result.port_and_variables()
   except Exception as e:
     verdict = build_failed(e)
+    files = [ch.file for ch in result.changes]
+    todo = failure_todo(e, result.filename, result.source, files)
+    if todo is not None:
+      object.__setattr__(result, "todos", (*result.todos, todo))
   else:
     verdict = check_class(result, compare_built(result, *built), *built)
   if verdict.equal:

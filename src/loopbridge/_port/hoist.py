@@ -29,6 +29,11 @@ class Hoist:
   # A `scan_lift.ScanPlan` / `vmap_lift.VmapPlan` when built through nn.scan / nn.vmap.
   lifted: tp.Any = None
 
+  def __post_init__(self) -> None:
+    from .transforms.dotted_names import attribute_name
+
+    self.attr = attribute_name(self.attr)
+
 
 def match_child(site: Site, src: ClassSource, child: Instance) -> bool:
   """Whether the trace saw `child` called by this construction (or by the local it went to)."""

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import typing as tp
 
-from flax import nnx
 from flax.core import meta
 
 from . import lazy_variables, standard_layers
@@ -38,6 +37,9 @@ from .scanned_method import lifted_method, linen_lift
 from .source import ClassSource, dotted, libcst, resolve, self_target
 from .todo_blocks import todo_block
 from .transforms import call_time_args
+from .transforms.field_defaults import default_text
+from .transforms.none_before_a_layer import data_placeholder
+from .transforms.tied_embeddings import apply_with_params, built_where_called, variables_read
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -272,19 +274,6 @@ class Rewriter:
 
   # --- expressions ------------------------------------------------------------------------
 
-  def _none_before_a_layer(self, original) -> bool:
-    """`self.X = None` in setup where setup also assigns a construction to `self.X`, on a flax
-    whose NNX tells static attributes from data (`nnx.data`)."""
-    c = libcst()
-    if self.method != "setup" or not hasattr(nnx, "data") or len(original.targets) != 1:
-      return False
-    if not (isinstance(original.value, c.Name) and original.value.value == "None"):
-      return False
-    name = dotted(original.targets[0].target)
-    if name is None or not name.startswith("self.") or name.count(".") != 1:
-      return False
-    return any(s.kind == "construct" and s.setup_attr == name[5:] for s in self.p.sites)
-
   def _setup_layer_call(self, original, updated):
     """`self.dropout_layer(x, deterministic)`, a flax layer made in setup and called in a
     method: the positional arguments NNX takes by keyword get their keyword (None: no such
@@ -370,7 +359,9 @@ class Rewriter:
         args = _keyworded(list(updated.args), tp.cast(type, h.site.target))
         extra = [c.parse_expression(f"f({kw})").args[0] for kw in h.call_kwargs]
         return updated.with_changes(args=[*args, *extra])
-    layer_call = self._setup_layer_call(original, updated)
+    layer_call = self._setup_layer_call(original, updated) or apply_with_params(
+      self, original, updated
+    )
     if layer_call is not None:
       return layer_call
     handed_out = linen_api_used(self.p.src.namespace, original)
@@ -780,7 +771,7 @@ class Rewriter:
   def leave_Subscript(self, original, updated):
     name = self.read_of.get(id(original))
     if name is None:
-      return updated
+      return variables_read(self, original) or updated
     new = self.p.value_access(name)
     self.p.change(
       self.p.positions[original].start.line,
@@ -793,16 +784,9 @@ class Rewriter:
   def leave_Assign(self, original, updated):
     c = libcst()
     value = original.value
-    if self._none_before_a_layer(original):
-      # `self.conv_shortcut = None`, then `if ...: self.conv_shortcut = nn.Conv(...)`: an NNX
-      # attribute first set to None is static, and a module assigned to it later is refused.
-      self.p.change(
-        self.p.positions[original].start.line,
-        self.p.code(original),
-        f"{self.p.code(original.targets[0].target)} = nnx.data(None)",
-        "a module may replace this None later (nnx.data keeps the attribute a data slot)",
-      )
-      return updated.with_changes(value=c.parse_expression("nnx.data(None)"))
+    placeholder = data_placeholder(self, original, updated)
+    if placeholder is not None:
+      return placeholder
     if self.p.ctx.modern and isinstance(value, (c.ListComp, c.List)):
       elements = [value.elt] if isinstance(value, c.ListComp) else [e.value for e in value.elements]
       local = isinstance(updated.targets[0].target, c.Name)
@@ -847,7 +831,7 @@ class Rewriter:
     if name is not None:
       target = updated.targets[0].with_changes(target=c.parse_expression(f"self.{name}"))
       updated = updated.with_changes(targets=[target])
-    return updated
+    return built_where_called(self, original, updated)
 
 
 def _reads(node) -> dict[str, int]:
@@ -1171,7 +1155,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
       if as_field is not None:
         text, field_inits[f.name] = as_field
       elif node.value is not None:
-        text += f" = {planner.rewrite_expr(planner.code(node.value))}"
+        text += f" = {default_text(planner, f, node.value)}"
     elif (inherited := inherited_default(flax_layer_base(src.cls), f.name)) is not None:
       text = f"{f.name}={inherited}"  # a field of the flax layer the class subclasses
     else:

@@ -2,48 +2,26 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import sys
 import textwrap
-import types
 import typing as tp
 
-from .errors import NO_LIBCST, PortError, no_source
-
-if tp.TYPE_CHECKING:
-  import libcst as cst
-
-
-def libcst() -> types.ModuleType:
-  """libcst, imported only when drafting (the `port` extra)."""
-  try:
-    import libcst as module
-  except ImportError as e:
-    raise PortError(NO_LIBCST) from e
-  return module
-
-
-@dataclasses.dataclass
-class ClassSource:
-  """The text of one class (dedented), its file and first line, and its module's globals."""
-
-  cls: type
-  text: str
-  file: str
-  first_line: int  # line of the file where `text` starts
-  namespace: dict[str, object]
-
-  def line(self, relative: int) -> int:
-    """The file's line number of line `relative` (1-based) of `text`."""
-    return self.first_line + relative - 1
-
-  def tree(self) -> cst.Module:
-    return libcst().parse_module(self.text)
+# The class's text and the lazy libcst import live in `class_source`, which the transforms that
+# `read_class` calls import too (from here they would be an import cycle).
+from .class_source import ClassSource as ClassSource
+from .class_source import libcst as libcst
+from .errors import PortError, no_source
 
 
 def read_class(cls: type) -> ClassSource:
   """The source of `cls`, or a `PortError` saying why it cannot be read and what to do."""
+  from .transforms.field_only_subclass import merged_source
+  from .transforms.relative_imports import absolute_imports
+
+  merged = merged_source(cls, read_class)
+  if merged is not None:
+    return absolute_imports(merged)
   try:
     lines, first = inspect.getsourcelines(cls)
     file = inspect.getsourcefile(cls) or "<unknown>"
@@ -51,7 +29,7 @@ def read_class(cls: type) -> ClassSource:
     raise PortError(no_source(cls, str(e))) from e
   module = sys.modules.get(cls.__module__)
   namespace = dict(vars(module)) if module is not None else {}
-  return ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace)
+  return absolute_imports(ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace))
 
 
 def dotted(node: tp.Any) -> str | None:

@@ -104,6 +104,11 @@ def explain(samples: tp.Sequence[tuple[object, object]]) -> Found:
   values = [v for _, v in samples]
   if not samples:
     return Found(None, ())
+  if all(isinstance(v, bool) for v in values):
+    from .transforms.bool_settings import explain_bool
+
+    found = explain_bool(samples)
+    return Found(found, (found,) if found else ())
   if all(_int(v) for v in values):
     return _scalar(tp.cast(tp.Sequence[tuple[object, int]], samples))
   if not all(isinstance(v, tuple) for v in values):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import typing as tp
 
+from ..port_tree import class_and_init
 from ..source import libcst
 from ..values import Extra
 
@@ -35,12 +36,7 @@ def keep_name(port: ClassPort) -> ClassPort:
   if resolver is None or "name" in resolver.extras or not _reads_own_name(port.code):
     return port
   c = libcst()
-  module = c.parse_module(port.code)
-  classdef = next(s for s in module.body if isinstance(s, c.ClassDef))
-  init = next(
-    (s for s in classdef.body.body if isinstance(s, c.FunctionDef) and s.name.value == "__init__"),
-    None,
-  )
+  module, classdef, init = class_and_init(port.code)
   if init is None:
     return port
   param = c.Param(

@@ -24,14 +24,23 @@ def _feature_size(inst: Instance, axes: object) -> int | None:
   return math.prod(int(shape[a]) for a in picked)
 
 
+def _axes(inst: Instance, name: str) -> object:
+  """The layer's feature axes setting; the last axis for a layer no configuration built (its
+  settings cannot be read, `passed_values.NO_SETTINGS`), as the one-axis width always was."""
+  try:
+    return getattr(inst.module, name, -1)
+  except LookupError:
+    return -1
+
+
 def layer_norm_widths(inst: Instance) -> dict[str, object]:
   """nnx.LayerNorm's and nnx.RMSNorm's `num_features`: the size of every feature axis."""
-  return {"num_features": _feature_size(inst, getattr(inst.module, "feature_axes", -1))}
+  return {"num_features": _feature_size(inst, _axes(inst, "feature_axes"))}
 
 
 def batch_norm_widths(inst: Instance) -> dict[str, object]:
   """nnx.BatchNorm's `num_features`: the size of every axis Linen's `axis=` names."""
-  return {"num_features": _feature_size(inst, getattr(inst.module, "axis", -1))}
+  return {"num_features": _feature_size(inst, _axes(inst, "axis"))}
 
 
 def batch_norm_refused(
