@@ -3,6 +3,7 @@ each on a small model written the way the real code writes it, checked against L
 
 import importlib.util
 import inspect
+import re
 import typing as tp
 
 import jax
@@ -105,8 +106,11 @@ def test_layers_collected_in_a_local_list_then_assigned_hf_resnet_stage_and_diff
   x = jax.random.normal(jax.random.key(0), (2, 6, 6, 3))
   draft = lb.port.draft(models.AppendedStage(), x, configs=())
   assert draft.ok, draft.report()
-  # The setup code stays as written, each construction drafted in place.
-  assert "layers.append(ConvLayer(" in draft.source and "blocks.append(block)" in draft.source
+  # The setup code stays as written, each construction drafted in place; each appended layer's
+  # input width is the layer before it's `features` (the loop's count is a setting).
+  code = re.sub(r"\s+", "", draft.source)
+  assert "layers.append(ConvLayer(" in code and "blocks.append(block)" in code
+  assert "Conv_0_in_features=(3ifnotlayerselselayers[-1].features)" in code
   _equal_to_linen(draft, x)
 
 

@@ -205,3 +205,25 @@ def _describe(module: nn.Module, other: nn.Module) -> str:
     if a != b:
       parts.append(f"{field}.{attr}={b}" if attr else f"{field}={b}")
   return ", ".join(parts[:6]) + (", ..." if len(parts) > 6 else "")
+
+
+def build_failed(error: Exception) -> Check:
+  """The check of a draft whose port could not be built or converted."""
+  return Check(False, (), None, f"building or converting the port: {type(error).__name__}: {error}")
+
+
+def compare_built(result: tp.Any, port: nnx.Module, variables: tp.Mapping[str, object]) -> Check:
+  """The check's last phase: the built, converted port against Linen on every call.
+
+  The command line runs the phases one by one (`check=False`, then `port_and_variables`,
+  then this) to say which one is running.
+  """
+  return run_check(
+    result.linen_module,
+    variables,
+    port,
+    result.calls,
+    result.source,
+    result.unpaired,
+    result.check_precision,
+  )

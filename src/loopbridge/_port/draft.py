@@ -17,8 +17,8 @@ from . import layer_subclass
 from .assemble import format_source, imports
 from .branch_configs import branch_configs
 from .cache_idiom import add_method, size_caches
-from .check import convert, exec_source, run_check, unique_name
-from .class_check import check_class
+from .check import convert, exec_source, unique_name
+from .class_check import build_failed, check_class, compare_built
 from .computed_params import keep_params
 from .configs import derived, literal_notes, other_configs
 from .constant_arrays import as_properties
@@ -51,7 +51,7 @@ from .shadowing import renamed, shadowing, shadowing_changes
 from .source import ClassSource, libcst, read_class
 from .standard_layers import is_linen_layer, lookup
 from .trace import rng_streams, trace
-from .tracing.distinct import distinct_traces, float_settings
+from .tracing.distinct import add_distinct, float_settings
 from .tracing.settings import settings
 from .tracing.widths import (
   ByValue,
@@ -435,11 +435,7 @@ def draft(
   symbolic = traced_symbolically(linen_module, all_calls[0], streams)
   labels: tuple[str, ...] = ("",) * len(others)
   bases = [(linen_module, ""), *((c, "of a configs= instance") for c in list(configs or ())[:2])]
-  for other, other_trace, label in distinct_traces(
-    linen_module, bases, all_calls[0], streams, len(others)
-  ):
-    others.append((other, other_trace))
-    labels += (label,)
+  labels += add_distinct(linen_module, bases, all_calls[0], streams, others)
   ctx = classes = sources = None
   required = set(_user_classes(linen_module, [traced]))  # the sample call's: each must read
   # First the classes the traces saw. Where that leaves work undone, the settings the
@@ -475,11 +471,7 @@ def draft(
     others += [(m, t) for m, t, _ in branches]
     # Where a branch builds a class, that class's widths are checked at distinct values too.
     unscaled = [(m, label) for m, _, label in branches if "scaled" not in label][:3]
-    for other, other_trace, label in distinct_traces(
-      linen_module, unscaled, all_calls[0], streams, len(others)
-    ):
-      others.append((other, other_trace))
-      labels += (label,)
+    labels += add_distinct(linen_module, unscaled, all_calls[0], streams, others)
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
     )
@@ -592,25 +584,3 @@ def _check(result: Draft) -> Check:
   # Unequal because the sample call samples (seq2seq's decoder): said so, with what to check.
   sample = result.calls[0]
   return explained(verdict, result.linen_module, result.variables, sample, result.source)
-
-
-def build_failed(error: Exception) -> Check:
-  """The check of a draft whose port could not be built or converted."""
-  return Check(False, (), None, f"building or converting the port: {type(error).__name__}: {error}")
-
-
-def compare_built(result: Draft, port: nnx.Module, variables: tp.Mapping[str, object]) -> Check:
-  """The check's last phase: the built, converted port against Linen on every call.
-
-  The command line runs the phases one by one (`check=False`, then `port_and_variables`,
-  then this) to say which one is running.
-  """
-  return run_check(
-    result.linen_module,
-    variables,
-    port,
-    result.calls,
-    result.source,
-    result.unpaired,
-    result.check_precision,
-  )

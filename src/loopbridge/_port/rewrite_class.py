@@ -24,6 +24,7 @@ from .hoist import Hoist, handed_in, match_child
 from .mixin_config import WHY as CONFIG_WHY
 from .mixin_config import mirrored_fields
 from .names import assignment_counts, available, bound_in_methods, names_in
+from .previous_layer import list_width
 from .records import Change, Todo
 from .scan_lift import plan_scan
 from .setup_list_plan import plan_setup_list
@@ -664,7 +665,7 @@ class Planner:
       if all(all(v == t[0] for v in t) for d in (per, *alt_per) for t in d.values()):
         alt_firsts = [{p: t[0] for p, t in d.items() if t} for d in alt_per]
         return self.resolver.expr(firsts, name, alt_firsts)
-      return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
+      return list_width(self, hoist, get, name, index, per, alt_per)
     values = {p: get(k[0]) for p, k in hoist.children.items() if k}
     return self.resolver.expr(values, name, self.alt_children(hoist, get), fallback=fallback)
 

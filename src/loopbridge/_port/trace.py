@@ -50,9 +50,13 @@ class Instance:
     shape = getattr(call[0][arg], "shape", None)
     if not shape:
       return None
-    # A symbolic size (`tracing/symbolic.py`) stays an expression of the settings.
-    size = shape[axis]
-    return tp.cast(int, size) if jax.export.is_symbolic_dim(size) else int(size)
+    return size(shape[axis])
+
+
+def size(dim: object) -> int:
+  """An axis size as an int; a symbolic size (`tracing/symbolic.py`) stays an expression of
+  the settings, so a width read from a call's shape is one in the symbolic trace too."""
+  return tp.cast(int, dim) if jax.export.is_symbolic_dim(dim) else int(tp.cast(tp.Any, dim))
 
 
 @dataclasses.dataclass

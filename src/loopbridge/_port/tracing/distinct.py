@@ -7,7 +7,8 @@ that failed) is matched by value across configurations; equal values collide the
 (fields, tuple and dict items, config objects' attributes) takes a distinct prime no other
 setting or input size has, in the order of the sample's values, and every float setting
 another value, so a width written as the wrong setting, or kept as the sample's number,
-differs from Linen's there.
+differs from Linen's there. Where Linen refuses every such configuration (a setting that must
+divide another), distinct powers of two in the sample's order are tried, which keep it.
 """
 
 from __future__ import annotations
@@ -80,15 +81,51 @@ def distinct_values(
   return values
 
 
+# Powers of two up to this: beyond, the widths make a check too large to run.
+_MAX_POWER = 2**11
+
+
+def ordered_values(module: nn.Module, keep: tp.Collection[int] = ()) -> dict[Location, object]:
+  """Each setting's value in a configuration that keeps the sample's order and divisibility:
+  distinct powers of two, each above its sample value, increasing in the sample's order (a
+  smaller setting divides a larger one, as `heads` divides `features`; a setting twice another
+  adjacent in that order stays twice it). {} where the powers grow past `_MAX_POWER`."""
+  values: dict[Location, object] = {}
+  power = 1
+  for s in sorted(settings(module), key=lambda s: s.value):
+    if s.value in keep:
+      continue
+    power *= 2
+    while power <= s.value:
+      power *= 2
+    if power > _MAX_POWER:
+      return {}
+    values[s.location] = power
+  for location, value in float_settings(module):
+    values[location] = _other_float(value)
+  return values
+
+
+# How the values of a distinct-valued configuration are chosen: its label's words, and the
+# values (of the module, the input sizes, the sizes kept) for each kind, in the order tried.
+KINDS: tuple[tuple[str, tp.Callable[..., dict[Location, object]]], ...] = (
+  *(("", lambda m, taken, keep, s=s: distinct_values(m, taken, s, keep)) for s in SPREADS),
+  (
+    "powers of two in the sample's order, as Linen refused the primes",
+    lambda m, taken, keep: ordered_values(m, keep),
+  ),
+)
+
+
 def distinct_configs(
-  module: nn.Module, taken: tp.Collection[int], spread: float
+  module: nn.Module, taken: tp.Collection[int], values_of: tp.Callable[..., dict]
 ) -> list[nn.Module]:
-  """The configurations of one spread, in the order to try: every setting distinct, then the
+  """The configurations of one kind, in the order to try: every setting distinct, then the
   settings equal to an input size kept (`num_channels` of the image the model checks)."""
   out = []
   for keep in ((), taken):
     try:
-      values = distinct_values(module, taken, spread, keep)
+      values = values_of(module, taken, keep)
       if values:
         out.append(with_values(module, values, strict=True))
     except Exception:  # a config object that refuses the values: no such configuration
@@ -139,13 +176,30 @@ def distinct_traces(
   out: list[tuple[nn.Module, tp.Any, str]] = []
   call = [(sample.method, sample.args, dict(sample.kwargs))]
   for base, note in bases:
-    for spread in SPREADS:
-      for other in distinct_configs(base, taken, spread):
+    before = len(out)
+    for kind, values_of in KINDS:
+      if kind and len(out) > before:
+        break  # the primes ran: the order-keeping values are only for where Linen refuses them
+      for other in distinct_configs(base, taken, values_of):
         try:
           traced = trace(other, call, streams, start + len(out) + 1)
         except PortError:  # Linen refuses these values (a width one must divide): the next
           continue
-        label = f"{LABEL}: {describe(reference, other)}" + (f" ({note})" if note else "")
+        notes = [n for n in (kind, note) if n]
+        label = f"{LABEL}: {describe(reference, other)}" + "".join(f" ({n})" for n in notes)
         out.append((other, traced, label))
         break
   return out
+
+
+def add_distinct(
+  reference: nn.Module,
+  bases: tp.Sequence[tuple[nn.Module, str]],
+  sample: tp.Any,
+  streams: tp.Iterable[str],
+  others: list[tuple[nn.Module, tp.Any]],
+) -> tuple[str, ...]:
+  """`distinct_traces` of `bases` appended to `others` (configuration, trace); their labels."""
+  found = distinct_traces(reference, bases, sample, streams, len(others))
+  others += [(other, traced) for other, traced, _ in found]
+  return tuple(label for _, _, label in found)

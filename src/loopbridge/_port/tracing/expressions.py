@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import itertools
 import typing as tp
 
 from flax import linen as nn
@@ -44,13 +45,26 @@ def _reads(value: object, at: str, depth: int, out: list[tuple[object, str]]) ->
     for k, item in value.items():
       if isinstance(k, (str, int)):
         _reads(item, f"{at}[{k!r}]", depth + 1, out)
-  elif (attrs := _config_attrs(value)) is not None:
+  elif (attrs := _config_attrs(value)) is not None or (attrs := _dict_keys(value)) is not None:
     for name in attrs:
       try:
         item = getattr(value, name)
       except Exception:  # a property that fails: nothing read there
         continue
       _reads(item, f"{at}.{name}", depth + 1, out)
+
+
+def _dict_keys(value: object) -> list[str] | None:
+  """The settings of a config object holding symbols, which its constructor's checks refuse
+  to rebuild (`n_inner == 2 * n_embd` cannot be decided): its `to_dict` keys."""
+  to_dict = getattr(value, "to_dict", None)
+  if isinstance(value, (type, nn.Module)) or not callable(to_dict):
+    return None
+  try:
+    found = to_dict()
+  except Exception:  # no dict of settings: nothing read there
+    return None
+  return [k for k in found if isinstance(k, str)] if isinstance(found, dict) else None
 
 
 def reads(module: nn.Module) -> list[tuple[object, str]]:
@@ -72,7 +86,7 @@ class _Named(ast.NodeTransformer):
     self.missing = False
 
   def visit_Name(self, node: ast.Name) -> ast.AST:
-    if node.id in ("max", "min"):
+    if node.id in ("max", "min", *_CALLS):  # a function jax writes, not a symbol
       return node
     if node.id not in self.names:
       self.missing = True
@@ -89,29 +103,59 @@ class _Named(ast.NodeTransformer):
     return node
 
 
-def written(value: object, env: tp.Sequence[tuple[object, str]]) -> str | None:
-  """`value` (an int, a symbolic expression, or a tuple of them) in the names of `env`, or None
-  when it needs a symbol `env` does not hold."""
+# At most this many writings of one value: a symbol several settings hold (`in_features` and
+# `out_features` both the parent's width) multiplies them.
+_MAX_WRITINGS = 16
+
+
+def writings(value: object, env: tp.Sequence[tuple[object, str]]) -> list[str]:
+  """Every way to write `value` (an int, a symbolic expression, or a tuple of them) in the
+  names of `env`, the first read of each symbol first; [] when it needs a symbol `env` does
+  not hold. Several where settings hold the same symbol: the caller keeps one every instance
+  agrees on."""
   if isinstance(value, tuple):
-    parts = [written(v, env) for v in value]
-    if any(p is None for p in parts):
-      return None
-    whole = _whole_field(tp.cast(list[str], parts), env)
-    if whole is not None:
-      return whole
-    return f"({parts[0]},)" if len(parts) == 1 else f"({', '.join(tp.cast(list[str], parts))})"
+    parts = [writings(v, env) for v in value]
+    if any(not p for p in parts):
+      return []
+    out: list[str] = []
+    for combo in itertools.islice(itertools.product(*parts), _MAX_WRITINGS):
+      whole = _whole_field(list(combo), env)
+      text = (
+        whole
+        if whole is not None
+        else (f"({combo[0]},)" if len(combo) == 1 else f"({', '.join(combo)})")
+      )
+      if text not in out:
+        out.append(text)
+    return out
   if type(value) is int:
-    return repr(value)
+    return [repr(value)]
   if not is_symbolic(value):
-    return None
-  for atom, source in env:  # a read that is the whole expression
-    if _same(atom, value):
-      return source
-  names = {str(atom): source for atom, source in env if str(atom).isidentifier()}
-  tree = ast.parse(str(value), mode="eval")
-  named = _Named(names)
-  out = named.visit(tree)
-  return None if named.missing else ast.unparse(out)
+    return []
+  whole = [source for atom, source in env if _same(atom, value)]  # a read that is all of it
+  if whole:
+    return whole
+  sources: dict[str, list[str]] = {}
+  for atom, source in env:
+    if str(atom).isidentifier():
+      sources.setdefault(str(atom), []).append(source)
+  symbols = list(sources)
+  out = []
+  for combo in itertools.islice(itertools.product(*sources.values()), _MAX_WRITINGS):
+    named = _Named(dict(zip(symbols, combo)))
+    tree = named.visit(ast.parse(str(value), mode="eval"))
+    if named.missing:
+      return []
+    text = ast.unparse(tree)
+    if text not in out:
+      out.append(text)
+  return out
+
+
+def written(value: object, env: tp.Sequence[tuple[object, str]]) -> str | None:
+  """The first of `writings`, or None when `value` needs a symbol `env` does not hold."""
+  found = writings(value, env)
+  return found[0] if found else None
 
 
 def _same(a: object, b: object) -> bool:

@@ -103,48 +103,56 @@ def read(value: object, location: Location) -> object:
   return value
 
 
-def _replaced(value: object, step: Step, item: object, strict: bool = False) -> object:
-  """A copy of `value` with one part replaced (the original is left alone). `strict`: a
-  dataclass whose `__post_init__` refuses the value raises (a configuration its own checks
-  forbid is none to check a port at); else the value is set on a copy (a symbol)."""
-  kind, key = step
-  if kind == "item":
+def _replaced(value: object, items: tp.Mapping[Step, object], strict: bool = False) -> object:
+  """A copy of `value` with its parts replaced, all at once (the original is left alone; a
+  config whose checks tie settings, `n_inner == 2 * n_embd`, sees them changed together).
+  `strict`: a dataclass whose `__post_init__` refuses the values raises (a configuration its
+  own checks forbid is none to check a port at); else they are set on a copy (symbols)."""
+  if all(kind == "item" for kind, _ in items):
     if isinstance(value, tuple):
-      items = list(value)
-      items[tp.cast(int, key)] = item
+      parts = list(value)
+      for (_, key), item in items.items():
+        parts[tp.cast(int, key)] = item
       # a NamedTuple rebuilds from its fields
-      return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+      return type(value)(*parts) if hasattr(value, "_fields") else tuple(parts)
     out = copy.copy(value)
-    tp.cast(tp.Any, out)[key] = item
+    for (_, key), item in items.items():
+      tp.cast(tp.Any, out)[key] = item
     return out
-  name = tp.cast(str, key)
+  named = {tp.cast(str, key): item for (_, key), item in items.items()}
   if dataclasses.is_dataclass(value) and not isinstance(value, type):
     try:
-      return dataclasses.replace(tp.cast(tp.Any, value), **{name: item})
+      return dataclasses.replace(tp.cast(tp.Any, value), **named)
     except Exception:  # a __post_init__ that checks its values: set on a copy instead
       if strict:
         raise
   if strict and config_objects.settings(value) is not None:
     # An HF-style config rebuilt through its constructor, which checks its values.
-    return config_objects.rebuilt(value, {name: item})
+    return config_objects.rebuilt(value, named)
   if type(value).__name__ in ("ConfigDict", "FrozenConfigDict"):
     # Its type safety refuses a symbol in an int setting: rebuilt without it.
     found = tp.cast(tp.Any, value).to_dict()
-    found[name] = item
+    found.update(named)
     kind: tp.Any = type(value)
     return kind(found, type_safe=False) if kind.__name__ == "ConfigDict" else kind(found)
   out = copy.copy(value)
-  object.__setattr__(out, name, item)
+  for name, item in named.items():
+    object.__setattr__(out, name, item)
   return out
 
 
-def _set(value: object, location: Location, item: object, strict: bool = False) -> object:
-  if not location:
-    return item
-  head, rest = location[0], location[1:]
-  kind, key = head
-  inner = getattr(value, tp.cast(str, key)) if kind == "attr" else tp.cast(tp.Any, value)[key]
-  return _replaced(value, head, _set(inner, rest, item, strict), strict)
+def _set(value: object, changes: tp.Mapping[Location, object], strict: bool = False) -> object:
+  """`value` with each location (relative to it) set to its item, each object rebuilt once."""
+  if () in changes:
+    return changes[()]
+  by_step: dict[Step, dict[Location, object]] = {}
+  for location, item in changes.items():
+    by_step.setdefault(location[0], {})[location[1:]] = item
+  items: dict[Step, object] = {}
+  for (kind, key), rest in by_step.items():
+    inner = getattr(value, tp.cast(str, key)) if kind == "attr" else tp.cast(tp.Any, value)[key]
+    items[(kind, key)] = _set(inner, rest, strict)
+  return _replaced(value, items, strict)
 
 
 def with_values(
@@ -152,9 +160,8 @@ def with_values(
 ) -> nn.Module:
   """A copy of `module` (no parent) with each setting set to its value; the original and the
   objects its fields hold are left as they are. `strict`: a config object's refusal raises."""
-  by_field: dict[str, object] = {}
+  by_field: dict[str, dict[Location, object]] = {}
   for location, item in values.items():
-    field = tp.cast(str, location[0][1])
-    current = by_field.get(field, getattr(module, field))
-    by_field[field] = _set(current, location[1:], item, strict)
-  return module.clone(parent=None, **tp.cast(dict[str, tp.Any], by_field))
+    by_field.setdefault(tp.cast(str, location[0][1]), {})[location[1:]] = item
+  changed = {f: _set(getattr(module, f), rest, strict) for f, rest in by_field.items()}
+  return module.clone(parent=None, **tp.cast(dict[str, tp.Any], changed))

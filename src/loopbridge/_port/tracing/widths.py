@@ -15,7 +15,7 @@ import inspect
 import re
 import typing as tp
 
-from .expressions import has_symbols, reads, value_at, written
+from .expressions import has_symbols, reads, value_at, writings
 from .settings import Setting
 from .symbolic import InputAxis, Symbolic
 
@@ -81,7 +81,7 @@ def symbolic_width(
     return None
   symbolic = alt_values[view.index]
   instances = resolver.alts[view.index]
-  texts: set[str] = set()
+  texts: list[str] | None = None  # the writings every instance so far agrees on
   passed = False
   for path, value in values.items():
     inst = instances.get(path)
@@ -91,23 +91,23 @@ def symbolic_width(
     if not has_symbols(sym):
       if not view.exact or not _ints(sym) or sym != value:
         return None  # a number from a setting kept concrete, or no width: matched by value
-      texts.add(repr(sym))
+      texts = _agreed(texts, [repr(sym)])
       continue
     if value_at(sym, view.found.sample) != value:
       return None  # not the width this trace recorded: no evidence
     env = reads(inst.module)
     if resolver.root:
       env += [(s, n) for s, n in _input_symbols(view)]
-    text = written(sym, env)
-    if text is None:
+    found = writings(sym, env)
+    if not found:
       passed = True
       continue
-    texts.add(text)
+    texts = _agreed(texts, found)
   if not _holds_elsewhere(view, symbolic, alt_values):
     return None  # another configuration (a branch) computes it otherwise: matched by value
-  if passed or len(texts) > 1:
+  if passed or not texts:
     return None if resolver.root else PASSED
-  text = texts.pop()
+  text = texts[0]
   if resolver.root and _reads_inputs(view, text):
     if not ROOT_INPUT_ARGUMENTS:
       # The root's input sizes: the sample's numbers, as the port is checked on that input.
@@ -116,6 +116,11 @@ def symbolic_width(
       return text
     _add_inputs(resolver, view, text, len(alt_values))
   return text
+
+
+def _agreed(texts: list[str] | None, found: list[str]) -> list[str]:
+  """The writings of the instances so far that this instance can be written as too."""
+  return list(found) if texts is None else [t for t in texts if t in found]
 
 
 # A width of the root read from its input's size (`x.shape[-1]`): an added constructor
