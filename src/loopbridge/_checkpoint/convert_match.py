@@ -474,7 +474,10 @@ def _under(path: tuple[str, ...], prefix: tuple[str, ...]) -> bool:
   return path[: len(prefix)] == prefix
 
 
-def _split(text: str) -> tuple[str, ...]:
+def _split(text: str | tuple[str, ...]) -> tuple[str, ...]:
+  # A path given whole (`call_order_mapping`'s): a Linen name may hold a dot itself.
+  if isinstance(text, tuple):
+    return text
   return tuple(p for p in text.replace(".", "/").split("/") if p)
 
 
@@ -501,9 +504,16 @@ def _unplaced(free_l: tp.Sequence[Unit], free_n: tp.Sequence[Unit], why: str) ->
   )
 
 
+def _is_path(value: object) -> bool:
+  # A string, or a path given whole (`call_order_mapping`'s tuples).
+  return isinstance(value, str) or (
+    isinstance(value, tuple) and all(isinstance(p, str) for p in value)
+  )
+
+
 def _check_strings(mapping: tp.Mapping[str, str]) -> None:
   for k, v in mapping.items():
-    if not isinstance(k, str) or not isinstance(v, str):
+    if not _is_path(k) or not _is_path(v):
       raise CheckpointError(
         f"mapping={dict(mapping)!r}: keys and values are module or leaf paths as strings "
         f"('a/b'), got {k!r}: {v!r}."
@@ -622,6 +632,26 @@ ASSIGNMENTS_HELP = (
 )
 
 
+def _too_many(lus: tp.Sequence[Unit], nus: tp.Sequence[Unit], count: object) -> CheckpointError:
+  """The error of a class of equal-shaped modules with too many assignments to try; it holds
+  the call-order pairing it suggests (`call_order_mapping`, paths whole), for a caller that
+  checks it."""
+  mapping = {"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)}
+  error = CheckpointError(
+    ASSIGNMENTS_HELP.format(
+      linen=", ".join(f"`{u.name}`" for u in lus),
+      nnx=", ".join(f"`{u.name}`" for u in nus),
+      where=f"`{'/'.join(_common(u.path for u in lus)) or '<root>'}`",
+      count=count,
+      cap=MAX_ASSIGNMENTS,
+      mapping=mapping,
+    )
+  )
+  whole = {a.path: b.path for a, b in zip(lus, nus)}
+  error.call_order_mapping = whole  # pyright: ignore[reportAttributeAccessIssue]
+  return error
+
+
 def _class_pairs(pairs: list[Pair]) -> list[Pair]:
   """Pairs made by call order among units of equal shapes, replaced by one pair per class
   whose options are every assignment within it (units under the same parent module on each
@@ -643,16 +673,7 @@ def _class_pairs(pairs: list[Pair]) -> list[Pair]:
     for n in range(2, len(idx) + 1):
       count *= n
     if by_name is None and count > MAX_ASSIGNMENTS:
-      raise CheckpointError(
-        ASSIGNMENTS_HELP.format(
-          linen=", ".join(f"`{u.name}`" for u in lus),
-          nnx=", ".join(f"`{u.name}`" for u in nus),
-          where=f"`{'/'.join(_common(u.path for u in lus)) or '<root>'}`",
-          count=count,
-          cap=MAX_ASSIGNMENTS,
-          mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
-        )
-      )
+      raise _too_many(lus, nus, count)
     options: list[tuple[Move, ...]] = []
     assignments: list[tuple[int, ...]] = []
     # Names the port's author kept (Linen's `ii`, `if`, ... as `ii`, `if_`, ...) state the
@@ -679,16 +700,7 @@ def _class_pairs(pairs: list[Pair]) -> list[Pair]:
           options.append(tuple(m for moves in combo for m in moves))
           assignments.append(perm)
           if len(options) > MAX_ASSIGNMENTS:
-            raise CheckpointError(
-              ASSIGNMENTS_HELP.format(
-                linen=", ".join(f"`{u.name}`" for u in lus),
-                nnx=", ".join(f"`{u.name}`" for u in nus),
-                where=f"`{'/'.join(_common(u.path for u in lus)) or '<root>'}`",
-                count=f"more than {MAX_ASSIGNMENTS}",
-                cap=MAX_ASSIGNMENTS,
-                mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
-              )
-            )
+            raise _too_many(lus, nus, f"more than {MAX_ASSIGNMENTS}")
     key = ("class", tuple(u.path for u in lus), tuple(u.path for u in nus), lus[0].layer is None)
     group = Pair(
       lus, nus, _common(u.path for u in lus), _common(u.path for u in nus), "order", options, key
