@@ -56,7 +56,10 @@ class Instance:
 def size(dim: object) -> int:
   """An axis size as an int; a symbolic size (`tracing/symbolic.py`) stays an expression of
   the settings, so a width read from a call's shape is one in the symbolic trace too."""
-  return tp.cast(int, dim) if jax.export.is_symbolic_dim(dim) else int(tp.cast(tp.Any, dim))
+  from jax import export  # an attribute of `jax` only once imported, on older jax
+
+  found: tp.Any = dim
+  return tp.cast(int, found) if export.is_symbolic_dim(found) else int(found)
 
 
 @dataclasses.dataclass
