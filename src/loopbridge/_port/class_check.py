@@ -165,10 +165,11 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
   labels = result.config_labels or ("",) * len(result.configs)
   checked = [0, *_branch_checks(labels)] if result.configs else []
   if not getattr(result, "literals", ()):
-    # Every width read from the symbolic trace: one distinct-valued configuration checks
-    # the emitted code; with widths matched by value, each of them does (`tracing/distinct.py`).
-    distinct = [k for k in checked if labels[k].startswith("every setting distinct")]
-    checked = [k for k in checked if k not in distinct[1:]]
+    # Every width read from the symbolic trace, an expression of the settings at any of
+    # them: the distinct-valued configurations are evidence the widths were read from (their
+    # traces), not checks to run; with a width matched by value, each of them is checked
+    # (`tracing/distinct.py`), as only there a wrong match shows.
+    checked = [k for k in checked if not labels[k].startswith("every setting distinct")]
   for k in checked:
     if not verdict.equal:
       break
