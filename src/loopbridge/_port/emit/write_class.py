@@ -330,7 +330,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
     init_lines.append("self.rngs = rngs")
 
   def build_init() -> tp.Any:
-    kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
+    kw = [e.parameter() for e in extras.values()] + ["rngs: nnx.Rngs"]
     signature = ", ".join(["self", *params, "*", *kw])
     init_src = (
       f"def __init__({signature}):\n"

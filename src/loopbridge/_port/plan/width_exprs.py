@@ -65,7 +65,7 @@ def _config_reads(field: str, config: object, names: tp.Sequence[str]) -> list[A
 _MULTIPLES = range(2, 9)
 
 
-def _candidates(module: object) -> list[list[Atom]]:
+def candidates(module: object) -> list[list[Atom]]:
   """Tiers of candidates, simplest first: reads, a read times a small constant, then products
   and sums of two reads."""
   reads = atoms(module)
@@ -87,7 +87,7 @@ def _op(a: object, b: object, op: str) -> object:
 
 def _scalar(samples: tp.Sequence[tuple[object, int]]) -> Found:
   first = samples[0][0]
-  for tier in _candidates(first):
+  for tier in candidates(first):
     matched = [e for e, get in tier if all(get(m) == v for m, v in samples)]
     if len(matched) == 1:
       return Found(matched[0], tuple(matched))

@@ -1,0 +1,228 @@
+"""The symbolic trace: one abstract Linen `init` with symbols for the integer settings and the
+input's axis sizes, so every width the trace records is an expression of them.
+
+`jax.eval_shape` of `init` with `jax.export.symbolic_shape` symbols in the fields (and in the
+sample's shapes) gives each param shape, each submodule's fields and each call's input shape as
+an expression of those symbols: an MLP built from `layer_sizes=(a, b, c)` on `(B, C)` inputs has
+kernels `(C, a)`, `(a, b)`, `(b, c)`. Which setting a width comes from is then read, not guessed
+from coincidences of values.
+
+A setting the model uses in Python control flow, in float arithmetic or in a check a symbol
+cannot pass stays concrete: the settings are added to the symbolic trace a group at a time, a
+group that fails is split, and one that fails alone is tried once more tied to an equal-valued
+input size (`assert x.shape[-1] == self.in_dim`) or as a multiple of a smaller setting it
+divides (`qkv_features` a multiple of `num_heads`, which attention checks), else kept concrete
+and listed (`Symbolic.concrete`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing as tp
+
+import jax
+from flax import linen as nn
+
+from ...records import Call
+from ..trace import Trace, trace
+from .settings import Setting, settings, with_values
+
+# At most this many abstract inits are spent finding the settings that stay concrete.
+MAX_TRIALS = 24
+
+
+@dataclasses.dataclass(frozen=True)
+class InputAxis:
+  """An axis of an array argument of the sample call: `where` is the position or keyword."""
+
+  where: int | str
+  axis: int
+  value: int
+
+  def label(self) -> str:
+    arg = f"argument {self.where}" if isinstance(self.where, int) else f"{self.where}="
+    return f"axis {self.axis} of the sample call's {arg}"
+
+
+Candidate = Setting | InputAxis
+
+
+@dataclasses.dataclass
+class Symbolic:
+  """The symbolic trace of the root, and what each symbol stands for."""
+
+  trace: Trace
+  # symbol name -> the setting or input axis it is (a setting tied to an input axis, or a
+  # multiple of another setting, has no symbol of its own: see `bound`).
+  symbols: dict[str, Candidate]
+  # each setting's value in the symbolic module (a symbol, or an expression of them)
+  bound: dict[Candidate, object]
+  # settings kept concrete (their widths are matched by value, and checked elsewhere)
+  concrete: tuple[Candidate, ...]
+  # symbol name -> its value at the sample (a multiple's own symbol: the quotient)
+  sample: dict[str, int] = dataclasses.field(default_factory=dict)
+  # symbol name of a multiple -> the setting it is a multiple of
+  divisors: dict[str, Candidate] = dataclasses.field(default_factory=dict)
+
+  def concrete_settings(self) -> list[Setting]:
+    return [c for c in self.concrete if isinstance(c, Setting)]
+
+
+def input_axes(sample: Call) -> list[InputAxis]:
+  """Every axis of size 2 or more of the sample call's top-level array arguments."""
+  found: list[InputAxis] = []
+  items: list[tuple[int | str, object]] = [*enumerate(sample.args), *sample.kwargs.items()]
+  for where, value in items:
+    if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+      continue
+    shape = tuple(getattr(value, "shape", ()))
+    found += [InputAxis(where, axis, int(n)) for axis, n in enumerate(shape) if int(n) >= 2]
+  return found
+
+
+# How a candidate enters one trial: its own symbol, the symbol of an equal-valued candidate,
+# or its own symbol times another candidate's.
+Plan = tuple[str, int | None]
+
+
+def _trial(
+  module: nn.Module,
+  sample: Call,
+  streams: tp.Iterable[str],
+  candidates: list[Candidate],
+  plans: dict[int, Plan],
+  config: int,
+) -> tuple[Trace, dict[str, Candidate], dict[Candidate, object]]:
+  """One abstract init with the planned candidates symbolic (raises what the init raises)."""
+  from jax import export
+
+  names = [f"_s{i}" for i in sorted(plans) if plans[i][0] in ("own", "times")]
+  made = export.symbolic_shape(", ".join(names)) if names else ()
+  symbol = dict(zip(names, made))
+  bound: dict[Candidate, object] = {}
+  for i in sorted(plans, key=lambda i: plans[i][0] != "own"):  # partners are bound first
+    kind, other = plans[i]
+    if kind == "own":
+      bound[candidates[i]] = symbol[f"_s{i}"]
+    elif kind == "times":
+      factor: tp.Any = bound[candidates[tp.cast(int, other)]]
+      bound[candidates[i]] = factor * symbol[f"_s{i}"]
+  for i, (kind, other) in plans.items():
+    if kind == "share":
+      bound[candidates[i]] = bound[candidates[tp.cast(int, other)]]
+  values = {c.location: v for c, v in bound.items() if isinstance(c, Setting)}
+  symbolic_module = with_values(module, values) if values else module.clone(parent=None)
+  args = list(sample.args)
+  kwargs = dict(sample.kwargs)
+  shapes: dict[int | str, list[object]] = {}
+  for c, v in bound.items():
+    if isinstance(c, InputAxis):
+      holder = args[c.where] if isinstance(c.where, int) else kwargs[c.where]
+      shapes.setdefault(c.where, list(tp.cast(tp.Any, holder).shape))[c.axis] = v
+  for where, shape in shapes.items():
+    holder = tp.cast(tp.Any, args[where] if isinstance(where, int) else kwargs[where])
+    abstract = jax.ShapeDtypeStruct(tuple(shape), holder.dtype)
+    if isinstance(where, int):
+      args[where] = abstract
+    else:
+      kwargs[where] = abstract
+  traced = trace(symbolic_module, [(sample.method, tuple(args), kwargs)], streams, config)
+  return traced, {n: candidates[int(n[2:])] for n in names}, bound
+
+
+def symbolic_trace(
+  module: nn.Module, sample: Call, streams: tp.Iterable[str], config: int
+) -> Symbolic | None:
+  """The symbolic trace of the sample call (`config`: the index its instances carry), or None
+  when not even the concrete settings trace symbolically (then widths are matched by value)."""
+  candidates: list[Candidate] = [*input_axes(sample), *settings(module)]
+  if not candidates:
+    return None
+  trials = 0
+
+  def attempt(plans: dict[int, Plan]):
+    nonlocal trials
+    trials += 1
+    try:
+      return _trial(module, sample, streams, candidates, plans, config)
+    except Exception:  # a setting a symbol cannot stand for: the caller narrows the plan
+      return None
+
+  own: Plan = ("own", None)
+  everything: dict[int, Plan] = dict.fromkeys(range(len(candidates)), own)
+  found = attempt(everything)
+  kept: dict[int, Plan] = {}
+  if found is None:
+    # Group testing: add candidates a chunk at a time; a chunk that fails is halved.
+    chunks = [list(range(len(candidates)))]
+    last = None
+    while chunks and trials < MAX_TRIALS:
+      chunk = [i for i in chunks.pop(0) if i not in kept]
+      if not chunk:
+        continue
+      result = attempt({**kept, **dict.fromkeys(chunk, own)})
+      if result is not None:
+        kept.update(dict.fromkeys(chunk, own))
+        last = result
+        continue
+      if len(chunk) > 1:
+        half = len(chunk) // 2
+        chunks[:0] = [chunk[:half], chunk[half:]]
+        continue
+      plan = _alternative(candidates, chunk[0], kept, attempt)
+      if plan is not None:
+        kept, last = plan
+    if not kept:
+      return None
+    found = last if last is not None else attempt(kept)
+    if found is None:
+      return None
+  else:
+    kept = everything
+  traced, symbols, bound = found
+  concrete = tuple(c for i, c in enumerate(candidates) if i not in kept)
+  sizes: dict[str, int] = {}
+  divisors: dict[str, Candidate] = {}
+  for name, c in symbols.items():
+    kind, other = kept[int(name[2:])]
+    sizes[name] = c.value
+    if kind == "times":
+      divisors[name] = candidates[tp.cast(int, other)]
+      sizes[name] = c.value // divisors[name].value
+  return Symbolic(traced, symbols, bound, concrete, sizes, divisors)
+
+
+def _alternative(
+  candidates: list[Candidate],
+  index: int,
+  kept: dict[int, Plan],
+  attempt: tp.Callable[[dict[int, Plan]], tp.Any],
+) -> tuple[dict[int, Plan], tp.Any] | None:
+  """The plans that let a candidate failing with a symbol of its own be symbolic: tied to an
+  equal-valued candidate (an input axis the model asserts equal to a setting), or a multiple of
+  a smaller setting it divides (`qkv_features` of `num_heads`)."""
+  value = candidates[index].value
+  usable = [j for j in range(len(candidates)) if j != index and kept.get(j, ("own",))[0] == "own"]
+  partners = [j for j in usable if candidates[j].value == value]
+  # An input axis first, then the settings already symbolic.
+  partners.sort(key=lambda j: (not isinstance(candidates[j], InputAxis), j not in kept))
+  for j in partners[:3]:
+    plans: dict[int, Plan] = {**kept, j: ("own", None), index: ("share", j)}
+    result = attempt(plans)
+    if result is not None:
+      return plans, result
+  if isinstance(candidates[index], Setting):
+    divisors = [
+      j
+      for j in usable
+      if isinstance(candidates[j], Setting)
+      and 2 <= candidates[j].value < value
+      and value % candidates[j].value == 0
+    ]
+    divisors.sort(key=lambda j: j not in kept)
+    for j in divisors[:2]:
+      plans = {**kept, j: ("own", None), index: ("times", j)}
+      result = attempt(plans)
+      if result is not None:
+        return plans, result
+  return None
