@@ -81,15 +81,19 @@ def distinct_values(
   return values
 
 
-# Powers of two up to this: beyond, the widths make a check too large to run.
-_MAX_POWER = 2**11
+# Powers of two up to this, or up to `_MAX_GROWTH` times a setting's sample value: beyond,
+# the widths make a check too large to run (a setting as large as 3072 in the sample, HF's
+# default `hidden_dim`, runs at the next power of two).
+_MAX_POWER = 2**12
+_MAX_GROWTH = 4
 
 
 def ordered_values(module: nn.Module, keep: tp.Collection[int] = ()) -> dict[Location, object]:
   """Each setting's value in a configuration that keeps the sample's order and divisibility:
   distinct powers of two, each above its sample value, increasing in the sample's order (a
   smaller setting divides a larger one, as `heads` divides `features`; a setting twice another
-  adjacent in that order stays twice it). {} where the powers grow past `_MAX_POWER`."""
+  adjacent in that order stays twice it). {} where a power grows past `_MAX_POWER` and past
+  `_MAX_GROWTH` times its sample value."""
   values: dict[Location, object] = {}
   power = 1
   for s in sorted(settings(module), key=lambda s: s.value):
@@ -98,7 +102,7 @@ def ordered_values(module: nn.Module, keep: tp.Collection[int] = ()) -> dict[Loc
     power *= 2
     while power <= s.value:
       power *= 2
-    if power > _MAX_POWER:
+    if power > max(_MAX_POWER, _MAX_GROWTH * s.value):
       return {}
     values[s.location] = power
   for location, value in float_settings(module):

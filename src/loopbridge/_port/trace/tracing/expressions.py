@@ -46,6 +46,9 @@ def _reads(value: object, at: str, depth: int, out: list[tuple[object, str]]) ->
       if isinstance(k, (str, int)):
         _reads(item, f"{at}[{k!r}]", depth + 1, out)
   elif (attrs := _config_attrs(value)) is not None or (attrs := _dict_keys(value)) is not None:
+    # A config's own dict lists the attributes holding symbols too (which `_config_attrs`
+    # leaves out where its copy of a symbol does not compare equal to the symbol).
+    attrs = [*attrs, *(k for k in _dict_keys(value) or () if k not in attrs)]
     for name in attrs:
       try:
         item = getattr(value, name)

@@ -8,16 +8,20 @@ kernels `(C, a)`, `(a, b)`, `(b, c)`. Which setting a width comes from is then r
 from coincidences of values.
 
 A setting the model uses in Python control flow, in float arithmetic or in a check a symbol
-cannot pass stays concrete: the settings are added to the symbolic trace a group at a time, a
-group that fails is split, and one that fails alone is tried once more tied to an equal-valued
-input size (`assert x.shape[-1] == self.in_dim`) or as a multiple of a smaller setting it
-divides (`qkv_features` a multiple of `num_heads`, which attention checks), else kept concrete
-and listed (`Symbolic.concrete`).
+cannot pass stays concrete, one setting at a time (a config object's other attributes stay
+symbolic): the settings are added to the symbolic trace a group at a time, a group that fails
+is split (first the settings the error names apart from the rest), and one that fails alone is
+tried once more tied to an equal-valued input size (`assert x.shape[-1] == self.in_dim`) or as
+a multiple of a smaller setting it divides (`qkv_features` a multiple of `num_heads`, which
+attention checks; of its value where that setting stays concrete), else kept concrete and
+listed (`Symbolic.concrete`). Input axes of equal size share one symbol (a model adds the
+embeddings of `input_ids` and `position_ids`), and are tried one by one where that fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing as tp
 
 import jax
@@ -28,7 +32,7 @@ from ..trace import Trace, trace
 from .settings import Setting, settings, with_values
 
 # At most this many abstract inits are spent finding the settings that stay concrete.
-MAX_TRIALS = 24
+MAX_TRIALS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +67,8 @@ class Symbolic:
   sample: dict[str, int] = dataclasses.field(default_factory=dict)
   # symbol name of a multiple -> the setting it is a multiple of
   divisors: dict[str, Candidate] = dataclasses.field(default_factory=dict)
+  # symbol name of a multiple of a number -> that number (a setting kept concrete's value)
+  factors: dict[str, int] = dataclasses.field(default_factory=dict)
 
   def concrete_settings(self) -> list[Setting]:
     return [c for c in self.concrete if isinstance(c, Setting)]
@@ -80,9 +86,12 @@ def input_axes(sample: Call) -> list[InputAxis]:
   return found
 
 
-# How a candidate enters one trial: its own symbol, the symbol of an equal-valued candidate,
-# or its own symbol times another candidate's.
+# How a candidate enters one trial: its own symbol ("own"), the symbol of an equal-valued
+# candidate ("share"), its own symbol times another candidate's symbol ("times") or times
+# another candidate's value, that candidate staying concrete ("scaled").
 Plan = tuple[str, int | None]
+# Candidates (indices) tied to one symbol.
+Unit = tuple[int, ...]
 
 
 def _trial(
@@ -96,7 +105,7 @@ def _trial(
   """One abstract init with the planned candidates symbolic (raises what the init raises)."""
   from jax import export
 
-  names = [f"_s{i}" for i in sorted(plans) if plans[i][0] in ("own", "times")]
+  names = [f"_s{i}" for i in sorted(plans) if plans[i][0] in ("own", "times", "scaled")]
   made = export.symbolic_shape(", ".join(names)) if names else ()
   symbol = dict(zip(names, made))
   bound: dict[Candidate, object] = {}
@@ -107,6 +116,8 @@ def _trial(
     elif kind == "times":
       factor: tp.Any = bound[candidates[tp.cast(int, other)]]
       bound[candidates[i]] = factor * symbol[f"_s{i}"]
+    elif kind == "scaled":
+      bound[candidates[i]] = candidates[tp.cast(int, other)].value * symbol[f"_s{i}"]
   for i, (kind, other) in plans.items():
     if kind == "share":
       bound[candidates[i]] = bound[candidates[tp.cast(int, other)]]
@@ -130,6 +141,38 @@ def _trial(
   return traced, {n: candidates[int(n[2:])] for n in names}, bound
 
 
+def _units(candidates: list[Candidate]) -> list[Unit]:
+  """The candidates tried together: input axes of equal size share one symbol (the batch and
+  sequence axes of `input_ids` and of `position_ids`, which the model adds), each setting is
+  its own."""
+  axes: dict[int, list[int]] = {}
+  out: list[list[int]] = []
+  for i, c in enumerate(candidates):
+    if isinstance(c, InputAxis) and c.value in axes:
+      axes[c.value].append(i)
+      continue
+    out.append([i])
+    if isinstance(c, InputAxis):
+      axes[c.value] = out[-1]
+  return [tuple(u) for u in out]
+
+
+def _planned(units: tp.Iterable[Unit]) -> dict[int, Plan]:
+  """Each unit's first candidate with a symbol of its own, the rest sharing it."""
+  plans: dict[int, Plan] = {}
+  for unit in units:
+    plans[unit[0]] = ("own", None)
+    plans.update(dict.fromkeys(unit[1:], ("share", unit[0])))
+  return plans
+
+
+def _named(error: BaseException | None, chunk: list[Unit]) -> list[Unit]:
+  """The units of `chunk` whose symbols the error's message names (jax names the symbols of
+  an inconclusive comparison or a mismatched shape; a model's own check prints them)."""
+  names = set(re.findall(r"\b_s(\d+)\b", str(error))) if error is not None else set()
+  return [u for u in chunk if str(u[0]) in names]
+
+
 def symbolic_trace(
   module: nn.Module, sample: Call, streams: tp.Iterable[str], config: int
 ) -> Symbolic | None:
@@ -139,13 +182,15 @@ def symbolic_trace(
   if not candidates:
     return None
   trials = 0
+  error: BaseException | None = None
 
   def attempt(plans: dict[int, Plan]):
-    nonlocal trials
+    nonlocal trials, error
     trials += 1
     try:
       return _trial(module, sample, streams, candidates, plans, config)
-    except Exception:  # a setting a symbol cannot stand for: the caller narrows the plan
+    except Exception as e:  # a setting a symbol cannot stand for: the caller narrows the plan
+      error = e
       return None
 
   own: Plan = ("own", None)
@@ -153,23 +198,33 @@ def symbolic_trace(
   found = attempt(everything)
   kept: dict[int, Plan] = {}
   if found is None:
-    # Group testing: add candidates a chunk at a time; a chunk that fails is halved.
-    chunks = [list(range(len(candidates)))]
+    # Group testing over units: add them a chunk at a time; a chunk that fails is split
+    # (the units its error names apart from the rest, else in halves); tied input axes that
+    # fail together are tried one by one; a unit that fails alone gets its alternatives.
+    queue = [_units(candidates)]
     last = None
-    while chunks and trials < MAX_TRIALS:
-      chunk = [i for i in chunks.pop(0) if i not in kept]
+    while queue and trials < MAX_TRIALS:
+      chunk = [u for u in queue.pop(0) if u[0] not in kept]
       if not chunk:
         continue
-      result = attempt({**kept, **dict.fromkeys(chunk, own)})
+      result = attempt({**kept, **_planned(chunk)})
       if result is not None:
-        kept.update(dict.fromkeys(chunk, own))
+        kept.update(_planned(chunk))
         last = result
         continue
       if len(chunk) > 1:
-        half = len(chunk) // 2
-        chunks[:0] = [chunk[:half], chunk[half:]]
+        named = _named(error, chunk)
+        if named and len(named) < len(chunk):
+          queue[:0] = [[u for u in chunk if u not in named], *([u] for u in named)]
+        else:
+          half = len(chunk) // 2
+          queue[:0] = [chunk[:half], chunk[half:]]
         continue
-      plan = _alternative(candidates, chunk[0], kept, attempt)
+      first, *rest = chunk[0]
+      if rest:
+        queue[:0] = [[(i,)] for i in chunk[0]]
+        continue
+      plan = _alternative(candidates, first, kept, attempt)
       if plan is not None:
         kept, last = plan
     if not kept:
@@ -183,13 +238,17 @@ def symbolic_trace(
   concrete = tuple(c for i, c in enumerate(candidates) if i not in kept)
   sizes: dict[str, int] = {}
   divisors: dict[str, Candidate] = {}
+  factors: dict[str, int] = {}
   for name, c in symbols.items():
     kind, other = kept[int(name[2:])]
     sizes[name] = c.value
     if kind == "times":
       divisors[name] = candidates[tp.cast(int, other)]
       sizes[name] = c.value // divisors[name].value
-  return Symbolic(traced, symbols, bound, concrete, sizes, divisors)
+    elif kind == "scaled":
+      factors[name] = candidates[tp.cast(int, other)].value
+      sizes[name] = c.value // factors[name]
+  return Symbolic(traced, symbols, bound, concrete, sizes, divisors, factors)
 
 
 def _alternative(
@@ -200,7 +259,8 @@ def _alternative(
 ) -> tuple[dict[int, Plan], tp.Any] | None:
   """The plans that let a candidate failing with a symbol of its own be symbolic: tied to an
   equal-valued candidate (an input axis the model asserts equal to a setting), or a multiple of
-  a smaller setting it divides (`qkv_features` of `num_heads`)."""
+  a smaller setting it divides (`qkv_features` of `num_heads`), that setting's symbol or, where
+  it stays concrete, its value."""
   value = candidates[index].value
   usable = [j for j in range(len(candidates)) if j != index and kept.get(j, ("own",))[0] == "own"]
   partners = [j for j in usable if candidates[j].value == value]
@@ -222,6 +282,13 @@ def _alternative(
     divisors.sort(key=lambda j: j not in kept)
     for j in divisors[:2]:
       plans = {**kept, j: ("own", None), index: ("times", j)}
+      result = attempt(plans)
+      if result is not None:
+        return plans, result
+    # A divisor no symbol can stand for (`n_heads` in a loop's range): its value times a
+    # symbol, which passes `dim % n_heads == 0` where a lone symbol cannot.
+    for j in [j for j in divisors if j not in kept][:2]:
+      plans = {**kept, index: ("scaled", j)}
       result = attempt(plans)
       if result is not None:
         return plans, result

@@ -218,7 +218,10 @@ def _sizes_at(found: Symbolic, traced: tp.Any) -> dict[str, int] | None:
   out: dict[str, int] = {}
   for name, c in found.symbols.items():
     divisor = found.divisors.get(name)
-    out[name] = values[c] // values[divisor] if divisor is not None else values[c]
+    if divisor is not None:
+      out[name] = values[c] // values[divisor]
+    else:
+      out[name] = values[c] // found.factors.get(name, 1)
   return out
 
 
