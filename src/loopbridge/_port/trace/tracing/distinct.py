@@ -8,7 +8,10 @@ that failed) is matched by value across configurations; equal values collide the
 setting or input size has, in the order of the sample's values, and every float setting
 another value, so a width written as the wrong setting, or kept as the sample's number,
 differs from Linen's there. Where Linen refuses every such configuration (a setting that must
-divide another), distinct powers of two in the sample's order are tried, which keep it.
+divide another), distinct powers of two in the sample's order are tried, which keep it; where
+Linen refuses those too (a bound between settings, as a rotary width within the head width),
+the sample's values scaled by one factor with equal ones moved apart, which keep every relation
+but those between equal-valued settings.
 """
 
 from __future__ import annotations
@@ -110,6 +113,39 @@ def ordered_values(module: nn.Module, keep: tp.Collection[int] = ()) -> dict[Loc
   return values
 
 
+# The common factors `split_values` tries (each a kind of its own), and the factors a setting's
+# value moves by from there where it is taken: down first where another setting has it (a
+# setting equal to another is often bounded by a ratio of others, as a rotary width by the
+# head width), up first where only an input size has it (no bound of a setting).
+_SCALES = (4, 8, 16)
+_DOWN_FIRST = (1.0, 0.5, 0.25, 2.0, 4.0)
+_UP_FIRST = (1.0, 2.0, 4.0, 0.5, 0.25)
+
+
+def split_values(
+  module: nn.Module, scale: int, taken: tp.Collection[int] = (), keep: tp.Collection[int] = ()
+) -> dict[Location, object]:
+  """Each setting's value in a configuration that keeps every relation of the sample between
+  settings of different values (a divisor, a bound, a ratio): all scaled by `scale`, and
+  settings of equal sample value moved apart by powers of two, each distinct from the others
+  and from the input's sizes. {} where that gives no distinct values."""
+  used: set[int] = set()
+  values: dict[Location, object] = {}
+  for s in sorted(settings(module), key=lambda s: s.value):
+    if s.value in keep:
+      continue
+    moves = _DOWN_FIRST if s.value * scale in used else _UP_FIRST
+    moved = [s.value * scale * f for f in moves]
+    free = [int(v) for v in moved if v % 1 == 0 and v >= 2 and int(v) not in {*used, *taken}]
+    if not free:
+      return {}
+    used.add(free[0])
+    values[s.location] = free[0]
+  for location, value in float_settings(module):
+    values[location] = _other_float(value)
+  return values
+
+
 # How the values of a distinct-valued configuration are chosen: its label's words, and the
 # values (of the module, the input sizes, the sizes kept) for each kind, in the order tried.
 KINDS: tuple[tuple[str, tp.Callable[..., dict[Location, object]]], ...] = (
@@ -117,6 +153,14 @@ KINDS: tuple[tuple[str, tp.Callable[..., dict[Location, object]]], ...] = (
   (
     "powers of two in the sample's order, as Linen refused the primes",
     lambda m, taken, keep: ordered_values(m, keep),
+  ),
+  *(
+    (
+      f"the sample's values times {k}, equal ones moved apart, as Linen refused the primes "
+      "and the powers of two",
+      lambda m, taken, keep, k=k: split_values(m, k, taken, keep),
+    )
+    for k in _SCALES
   ),
 )
 
