@@ -54,7 +54,9 @@ PAST_THE_LAST = object()
 
 
 @pytest.mark.parametrize(
-  "config", [PAST_THE_LAST, 99, -1, "1", True, 1.0], ids=["past", "99", "-1", "str", "bool", "float"]
+  "config",
+  [PAST_THE_LAST, 99, -1, "1", True, 1.0],
+  ids=["past-the-last", "99", "-1", "str", "bool", "float"],
 )
 def test_build_refuses_a_config_that_is_not_one_of_the_drafts(draft, config):
   assert 1 <= len(draft.configs) < 99

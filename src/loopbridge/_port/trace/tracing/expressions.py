@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import itertools
+import re
 import typing as tp
 
 from flax import linen as nn
@@ -111,7 +112,7 @@ class _Named(ast.NodeTransformer):
 _MAX_WRITINGS = 16
 
 
-def writings(value: object, env: tp.Sequence[tuple[object, str]]) -> list[str]:
+def writings(value: object, env: tp.Sequence[tuple[object, str]], depth: int = 0) -> list[str]:
   """Every way to write `value` (an int, a symbolic expression, or a tuple of them) in the
   names of `env`, the first read of each symbol first; [] when it needs a symbol `env` does
   not hold. Several where settings hold the same symbol: the caller keeps one every instance
@@ -148,11 +149,33 @@ def writings(value: object, env: tp.Sequence[tuple[object, str]]) -> list[str]:
     named = _Named(dict(zip(symbols, combo)))
     tree = named.visit(ast.parse(str(value), mode="eval"))
     if named.missing:
-      return []
+      return _factored(value, env, depth)
     text = ast.unparse(tree)
     if text not in out:
       out.append(text)
   return out
+
+
+def _factored(value: object, env: tp.Sequence[tuple[object, str]], depth: int) -> list[str]:
+  """`self.config.hidden_size * self.config.mlp_ratio` for a value that is a read times what
+  the rest of `env` writes, where a read is itself a product of symbols (a setting traced as a
+  multiple of another) that the value holds but no read names alone; [] where none is."""
+  if depth >= 2:
+    return []
+  for atom, source in env:
+    if str(atom).isidentifier() or not is_symbolic(atom):
+      continue
+    try:
+      rest = tp.cast(tp.Any, value) // atom
+      if not _same(atom * rest, value):
+        continue
+    except Exception:  # not a multiple of this read
+      continue
+    found = writings(rest, env, depth + 1)
+    if found:
+      text = found[0] if re.fullmatch(r"[\w.\[\]'\" ]+|\d+", found[0]) else f"({found[0]})"
+      return [source if text == "1" else f"{source} * {text}"]
+  return []
 
 
 def written(value: object, env: tp.Sequence[tuple[object, str]]) -> str | None:

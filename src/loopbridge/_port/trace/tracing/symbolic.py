@@ -286,8 +286,19 @@ def _alternative(
       if result is not None:
         return plans, result
     # A divisor no symbol can stand for (`n_heads` in a loop's range): its value times a
-    # symbol, which passes `dim % n_heads == 0` where a lone symbol cannot.
-    for j in [j for j in divisors if j not in kept][:2]:
+    # symbol, which passes `dim % n_heads == 0` where a lone symbol cannot (an equal one too:
+    # channels as many as a group norm's groups).
+    concrete = [
+      j
+      for j in range(len(candidates))
+      if j != index
+      and j not in kept
+      and isinstance(candidates[j], Setting)
+      and 2 <= candidates[j].value <= value
+      and value % candidates[j].value == 0
+    ]
+    concrete.sort(key=lambda j: -candidates[j].value)
+    for j in concrete[:2]:
       plans = {**kept, index: ("scaled", j)}
       result = attempt(plans)
       if result is not None:
