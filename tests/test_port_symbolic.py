@@ -109,16 +109,20 @@ def test_an_input_width_a_setting_asserts_is_that_setting(tmp_path):
 
 
 @pytest.mark.slow  # a draft and its checks at four configurations
-def test_a_width_of_a_float_setting_is_named_and_not_ok(tmp_path):
+def test_a_width_of_a_float_setting_is_named_and_checked_where_settings_differ(tmp_path):
   """`int(self.hidden * self.mlp_ratio)`: no symbol passes a float product, so the width is
-  matched by value; the distinct configuration (another mlp_ratio) shows it is not the class's."""
+  matched by value and named; it is ok only as the check at the distinct configuration
+  (another mlp_ratio, another hidden) passed, and Linen agrees at a third."""
   m = load(tmp_path, "symbolic_float_ratio", SOURCE)
   x = jax.random.normal(jax.random.key(0), (2, 8))
   draft = lb.port.draft(m.FloatRatio(), x)
   assert draft.literals, draft.report()
   assert any("hidden" in b.why for b in draft.literals)
-  assert not draft.ok
   assert "matched by value" in draft.report()
+  assert [b.expression for b in draft.literals] == ["int(self.hidden * self.mlp_ratio)"]
+  assert any(label.startswith("every setting distinct") for label in draft.config_labels)
+  assert draft.ok, draft.report()
+  assert_equal_at(draft, tmp_path, m.FloatRatio(hidden=6, mlp_ratio=2.5), x)
 
 
 def test_symbolic_trace_writes_each_width_in_the_source_names(tmp_path):
