@@ -203,6 +203,7 @@ def symbolic_trace(
     # fail together are tried one by one; a unit that fails alone gets its alternatives.
     queue = [_units(candidates)]
     last = None
+    settled: list[int] = []  # the candidates found to stay concrete
     while queue and trials < MAX_TRIALS:
       chunk = [u for u in queue.pop(0) if u[0] not in kept]
       if not chunk:
@@ -224,9 +225,20 @@ def symbolic_trace(
       if rest:
         queue[:0] = [[(i,)] for i in chunk[0]]
         continue
-      plan = _alternative(candidates, first, kept, attempt)
+      plan = _alternative(candidates, first, kept, attempt, settled)
       if plan is not None:
         kept, last = plan
+      else:
+        settled.append(first)
+    # Once every setting that stays concrete is known, each is tried once more as a multiple
+    # of another one's value (`dim` tried before `n_heads` was found concrete).
+    for index in list(settled):
+      if trials >= MAX_TRIALS:
+        break
+      plan = _scaled(candidates, index, kept, attempt, settled)
+      if plan is not None:
+        kept, last = plan
+        settled.remove(index)
     if not kept:
       return None
     found = last if last is not None else attempt(kept)
@@ -256,11 +268,12 @@ def _alternative(
   index: int,
   kept: dict[int, Plan],
   attempt: tp.Callable[[dict[int, Plan]], tp.Any],
+  settled: tp.Collection[int],
 ) -> tuple[dict[int, Plan], tp.Any] | None:
   """The plans that let a candidate failing with a symbol of its own be symbolic: tied to an
   equal-valued candidate (an input axis the model asserts equal to a setting), or a multiple of
   a smaller setting it divides (`qkv_features` of `num_heads`), that setting's symbol or, where
-  it stays concrete, its value."""
+  it was found to stay concrete (`settled`), its value."""
   value = candidates[index].value
   usable = [j for j in range(len(candidates)) if j != index and kept.get(j, ("own",))[0] == "own"]
   partners = [j for j in usable if candidates[j].value == value]
@@ -285,22 +298,37 @@ def _alternative(
       result = attempt(plans)
       if result is not None:
         return plans, result
-    # A divisor no symbol can stand for (`n_heads` in a loop's range): its value times a
-    # symbol, which passes `dim % n_heads == 0` where a lone symbol cannot (an equal one too:
-    # channels as many as a group norm's groups).
-    concrete = [
-      j
-      for j in range(len(candidates))
-      if j != index
-      and j not in kept
-      and isinstance(candidates[j], Setting)
-      and 2 <= candidates[j].value <= value
-      and value % candidates[j].value == 0
-    ]
-    concrete.sort(key=lambda j: -candidates[j].value)
-    for j in concrete[:2]:
-      plans = {**kept, index: ("scaled", j)}
-      result = attempt(plans)
-      if result is not None:
-        return plans, result
+    return _scaled(candidates, index, kept, attempt, settled)
+  return None
+
+
+def _scaled(
+  candidates: list[Candidate],
+  index: int,
+  kept: dict[int, Plan],
+  attempt: tp.Callable[[dict[int, Plan]], tp.Any],
+  settled: tp.Collection[int],
+) -> tuple[dict[int, Plan], tp.Any] | None:
+  """A setting as the value of a divisor no symbol can stand for (`n_heads` in a loop's range)
+  times a symbol, which passes `dim % n_heads == 0` where a lone symbol cannot (an equal one
+  too: channels as many as a group norm's groups). Only a divisor found to stay concrete: the
+  trace then holds the setting at multiples of it, as the model's own check does."""
+  value = candidates[index].value
+  if not isinstance(candidates[index], Setting):
+    return None
+  concrete = [
+    j
+    for j in settled
+    if j != index
+    and j not in kept
+    and isinstance(candidates[j], Setting)
+    and 2 <= candidates[j].value <= value
+    and value % candidates[j].value == 0
+  ]
+  concrete.sort(key=lambda j: -candidates[j].value)
+  for j in concrete[:2]:
+    plans = {**kept, index: ("scaled", j)}
+    result = attempt(plans)
+    if result is not None:
+      return plans, result
   return None
