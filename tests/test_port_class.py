@@ -58,21 +58,22 @@ def test_input_shaped_line_is_kept(tmp_path):
 
 
 @pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
-def test_width_nothing_explains_is_a_literal_the_check_catches():
-  """`3 * features + 1` matches no field expression: kept a literal, named in the report, and
-  the check at another configuration fails, so the draft is not ok."""
+def test_width_no_field_matches_is_read_from_the_symbolic_trace():
+  """`3 * features + 1` matches no field expression by value; the symbolic trace writes it, so
+  no width is left to check where every setting is distinct."""
   draft = lb.port.draft(cw.Odd(), *cw.sample_args())
-  assert not draft.ok
-  report = draft.report()
-  assert "kept the literal 13" in report
-  assert "another configuration (features=" in report
+  assert draft.ok, draft.report()
+  assert "3 * self.features + 1" in draft.source
+  assert not draft.literals
 
 
 @pytest.mark.slow  # a draft and its check at two configurations: ~5-10 s
 def test_user_configs_are_traced_and_checked():
   draft = lb.port.draft(cw.model, *cw.sample_args(), configs=(cw.Net(cw.Config(16, 40)),))
   assert draft.ok, draft.report()
-  assert [kw["config"] for _, kw in draft.configs] == [cw.Config(16, 40)]
+  assert draft.configs[0][1]["config"] == cw.Config(16, 40)
+  # and the configurations where every setting is distinct (of the user's and of that one)
+  assert all(label.startswith("every setting distinct") for label in draft.config_labels[1:])
 
 
 def test_bad_configs_entry():

@@ -28,6 +28,26 @@ ASSIGNMENTS_HELP = (
 )
 
 
+def _too_many(lus: tp.Sequence[Unit], nus: tp.Sequence[Unit], count: object) -> CheckpointError:
+  """The error of a class of equal-shaped modules with too many assignments to try; it holds
+  the call-order pairing it suggests (`call_order_mapping`, paths whole), for a caller that
+  checks it."""
+  mapping = {"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)}
+  error = CheckpointError(
+    ASSIGNMENTS_HELP.format(
+      linen=", ".join(f"`{u.name}`" for u in lus),
+      nnx=", ".join(f"`{u.name}`" for u in nus),
+      where=f"`{'/'.join(common_path(u.path for u in lus)) or '<root>'}`",
+      count=count,
+      cap=MAX_ASSIGNMENTS,
+      mapping=mapping,
+    )
+  )
+  whole = {a.path: b.path for a, b in zip(lus, nus)}
+  error.call_order_mapping = whole  # pyright: ignore[reportAttributeAccessIssue]
+  return error
+
+
 def class_pairs(pairs: list[Pair]) -> list[Pair]:
   """Pairs made by call order among units of equal shapes, replaced by one pair per class
   whose options are every assignment within it (units under the same parent module on each
@@ -49,16 +69,7 @@ def class_pairs(pairs: list[Pair]) -> list[Pair]:
     for n in range(2, len(idx) + 1):
       count *= n
     if by_name is None and count > MAX_ASSIGNMENTS:
-      raise CheckpointError(
-        ASSIGNMENTS_HELP.format(
-          linen=", ".join(f"`{u.name}`" for u in lus),
-          nnx=", ".join(f"`{u.name}`" for u in nus),
-          where=f"`{'/'.join(common_path(u.path for u in lus)) or '<root>'}`",
-          count=count,
-          cap=MAX_ASSIGNMENTS,
-          mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
-        )
-      )
+      raise _too_many(lus, nus, count)
     options: list[tuple[Move, ...]] = []
     assignments: list[tuple[int, ...]] = []
     # Names the port's author kept (Linen's `ii`, `if`, ... as `ii`, `if_`, ...) state the
@@ -85,16 +96,7 @@ def class_pairs(pairs: list[Pair]) -> list[Pair]:
           options.append(tuple(m for moves in combo for m in moves))
           assignments.append(perm)
           if len(options) > MAX_ASSIGNMENTS:
-            raise CheckpointError(
-              ASSIGNMENTS_HELP.format(
-                linen=", ".join(f"`{u.name}`" for u in lus),
-                nnx=", ".join(f"`{u.name}`" for u in nus),
-                where=f"`{'/'.join(common_path(u.path for u in lus)) or '<root>'}`",
-                count=f"more than {MAX_ASSIGNMENTS}",
-                cap=MAX_ASSIGNMENTS,
-                mapping={"/".join(a.path): "/".join(b.path) for a, b in zip(lus, nus)},
-              )
-            )
+            raise _too_many(lus, nus, f"more than {MAX_ASSIGNMENTS}")
     key = ("class", tuple(u.path for u in lus), tuple(u.path for u in nus), lus[0].layer is None)
     group = Pair(
       lus,

@@ -272,7 +272,10 @@ def _under(path: tuple[str, ...], prefix: tuple[str, ...]) -> bool:
   return path[: len(prefix)] == prefix
 
 
-def _split(text: str) -> tuple[str, ...]:
+def _split(text: str | tuple[str, ...]) -> tuple[str, ...]:
+  # A path given whole (`call_order_mapping`'s): a Linen name may hold a dot itself.
+  if isinstance(text, tuple):
+    return text
   return tuple(p for p in text.replace(".", "/").split("/") if p)
 
 
@@ -299,9 +302,16 @@ def _unplaced(free_l: tp.Sequence[Unit], free_n: tp.Sequence[Unit], why: str) ->
   )
 
 
+def _is_path(value: object) -> bool:
+  # A string, or a path given whole (`call_order_mapping`'s tuples).
+  return isinstance(value, str) or (
+    isinstance(value, tuple) and all(isinstance(p, str) for p in value)
+  )
+
+
 def _check_strings(mapping: tp.Mapping[str, str]) -> None:
   for k, v in mapping.items():
-    if not isinstance(k, str) or not isinstance(v, str):
+    if not _is_path(k) or not _is_path(v):
       raise CheckpointError(
         f"mapping={dict(mapping)!r}: keys and values are module or leaf paths as strings "
         f"('a/b'), got {k!r}: {v!r}."

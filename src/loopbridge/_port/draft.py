@@ -13,11 +13,11 @@ from flax import nnx
 from .. import _compat
 from .._diagnostics.compare_tolerance import HIGHEST
 from .._diagnostics.compare_tolerance import check_precision as check_precision_of
-from .check.class_check import check_class
+from .check.class_check import build_failed, check_class, compare_built
 from .check.failed_line import failure_todo
 from .check.random_draws import explained
 from .check.report import render
-from .check.run_check import convert, exec_source, run_check, unique_name
+from .check.run_check import convert, exec_source, unique_name
 from .emit.assemble import format_source, imports
 from .emit.safety import (
   class_failed_reason,
@@ -44,6 +44,16 @@ from .records import Call, Change, Check, PortOf, Todo
 from .trace.branch_configs import branch_configs
 from .trace.configs import derived, literal_notes, other_configs
 from .trace.trace import rng_streams, trace
+from .trace.tracing.distinct import add_distinct, float_settings
+from .trace.tracing.settings import settings
+from .trace.tracing.widths import (
+  ByValue,
+  SymbolicWidths,
+  by_value,
+  by_value_notes,
+  symbolic_widths,
+  traced_symbolically,
+)
 from .transforms import layer_subclass, user_base_class
 from .transforms.cache_idiom import add_method, size_caches
 from .transforms.computed_params import keep_params
@@ -117,10 +127,24 @@ class Draft:
   # changed (`branch_configs.py`), which the check also runs the port at.
   config_labels: tuple[str, ...] = dataclasses.field(repr=False, default=())
 
+  # Each width the symbolic trace did not decide, matched by value (`tracing/widths.py`).
+  literals: tuple[ByValue, ...] = dataclasses.field(default=())
+  # Whether the root has a setting a distinct-valued configuration can change: without one,
+  # the sample's configuration is the only one, and its check is the whole evidence.
+  has_settings: bool = dataclasses.field(repr=False, default=True)
+
   @property
   def ok(self) -> bool:
-    """The check ran, every call was equal, and no TODO remains."""
-    return self.check is not None and self.check.equal and not self.todos
+    """The check ran, every call was equal, no TODO remains, and a width matched by value
+    (`literals`) was checked at a configuration where every setting differs (where the root
+    has a setting to change)."""
+    checked = any(label.startswith("every setting distinct") for label in self.config_labels)
+    return (
+      self.check is not None
+      and self.check.equal
+      and not self.todos
+      and (not self.literals or checked or not self.has_settings)
+    )
 
   def build(self, rngs: nnx.Rngs | None = None, config: int = 0) -> nnx.Module:
     """Run the source as a fresh module and construct the root port with `init_kwargs`.
@@ -247,11 +271,14 @@ def _port_all(
   traced,
   alt_traces: list,
   variables: tp.Mapping[str, object] | None,
+  symbolic: SymbolicWidths | None = None,
 ) -> Context:
   """Port every class (children first) with the traces as evidence."""
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
   ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
   ctx.alt_traces = list(alt_traces)
+  if symbolic is not None:  # the last trace the widths read (`tracing/widths.py`)
+    ctx.symbolic = symbolic_widths(symbolic, ctx.alt_traces)
   for cls in classes:
     ctx.ported[cls] = _port_one(sources[cls], ctx)
     if ctx.caches.get(cls):
@@ -407,7 +434,10 @@ def draft(
   streams = set()
   traced = trace(linen_module, [(c.method, c.args, dict(c.kwargs)) for c in all_calls], streams)
   others, fixed = other_configs(linen_module, configs, all_calls[0], streams)
+  symbolic = traced_symbolically(linen_module, all_calls[0], streams)
   labels: tuple[str, ...] = ("",) * len(others)
+  bases = [(linen_module, ""), *((c, "of a configs= instance") for c in list(configs or ())[:2])]
+  labels += add_distinct(linen_module, bases, all_calls[0], streams, others)
   ctx = classes = sources = None
   required = set(_user_classes(linen_module, [traced]))  # the sample call's: each must read
   # First the classes the traces saw. Where that leaves work undone, the settings the
@@ -441,10 +471,13 @@ def draft(
       break
     labels += tuple(label for _, _, label in branches)
     others += [(m, t) for m, t, _ in branches]
+    # Where a branch builds a class, that class's widths are checked at distinct values too.
+    unscaled = [(m, label) for m, _, label in branches if "scaled" not in label][:3]
+    labels += add_distinct(linen_module, unscaled, all_calls[0], streams, others)
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
     )
-    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables)
+    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables, symbolic)
   assert ctx is not None and classes is not None and sources is not None
   lift_todos, lift_changes = root_notes(
     type(linen_module), root_source.file, root_source.first_line
@@ -474,11 +507,18 @@ def draft(
   )
   changes = tuple(
     sorted(
-      (ch for cls in classes for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls))),
+      (
+        ch
+        for cls in classes
+        for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls), *by_value_notes(ctx, cls))
+      ),
       key=lambda ch: (ch.file, ch.line),
     )
   )
+  literals = by_value(ctx, classes)
   result = Draft(
+    literals=literals,
+    has_settings=bool(settings(linen_module) or float_settings(linen_module)),
     source=text,
     root=root_class.__name__,
     init_kwargs=init_kwargs,
@@ -552,25 +592,3 @@ def _check(result: Draft) -> Check:
   # Unequal because the sample call samples (seq2seq's decoder): said so, with what to check.
   sample = result.calls[0]
   return explained(verdict, result.linen_module, result.variables, sample, result.source)
-
-
-def build_failed(error: Exception) -> Check:
-  """The check of a draft whose port could not be built or converted."""
-  return Check(False, (), None, f"building or converting the port: {type(error).__name__}: {error}")
-
-
-def compare_built(result: Draft, port: nnx.Module, variables: tp.Mapping[str, object]) -> Check:
-  """The check's last phase: the built, converted port against Linen on every call.
-
-  The command line runs the phases one by one (`check=False`, then `port_and_variables`,
-  then this) to say which one is running.
-  """
-  return run_check(
-    result.linen_module,
-    variables,
-    port,
-    result.calls,
-    result.source,
-    result.unpaired,
-    result.check_precision,
-  )

@@ -18,6 +18,7 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
+from ..._core.errors import CheckpointError
 from ..records import Call, Check
 from ..trace.trace import rng_streams
 from ..transforms.cache_idiom import size_caches
@@ -118,7 +119,15 @@ def at_config(
     linen_module, rng_streams(()), *sample.args, method=sample.method, **sample.kwargs
   )
   size_caches(port, variables, (linen_module, sample))
-  convert(linen_module, variables, port, sample, precision)
+  try:
+    convert(linen_module, variables, port, sample, precision)
+  except CheckpointError as e:
+    # More equal-shaped layers than the converter tries to pair (a count a distinct-valued
+    # configuration raised): paired in call order, which the comparison below checks.
+    mapping = getattr(e, "call_order_mapping", None)
+    if mapping is None:
+      raise
+    convert(linen_module, variables, port, sample, precision, mapping)
   return run_check(linen_module, variables, port, (sample,), source, unpaired, precision)
 
 
@@ -155,6 +164,12 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
     verdict = merged(verdict, more, "random inputs shaped as the sample")
   labels = result.config_labels or ("",) * len(result.configs)
   checked = [0, *_branch_checks(labels)] if result.configs else []
+  if not getattr(result, "literals", ()):
+    # Every width read from the symbolic trace, an expression of the settings at any of
+    # them: the distinct-valued configurations are evidence the widths were read from (their
+    # traces), not checks to run; with a width matched by value, each of them is checked
+    # (`tracing/distinct.py`), as only there a wrong match shows.
+    checked = [k for k in checked if not labels[k].startswith("every setting distinct")]
   for k in checked:
     if not verdict.equal:
       break
@@ -200,3 +215,25 @@ def _describe(module: nn.Module, other: nn.Module) -> str:
     if a != b:
       parts.append(f"{field}.{attr}={b}" if attr else f"{field}={b}")
   return ", ".join(parts[:6]) + (", ..." if len(parts) > 6 else "")
+
+
+def build_failed(error: Exception) -> Check:
+  """The check of a draft whose port could not be built or converted."""
+  return Check(False, (), None, f"building or converting the port: {type(error).__name__}: {error}")
+
+
+def compare_built(result: tp.Any, port: nnx.Module, variables: tp.Mapping[str, object]) -> Check:
+  """The check's last phase: the built, converted port against Linen on every call.
+
+  The command line runs the phases one by one (`check=False`, then `port_and_variables`,
+  then this) to say which one is running.
+  """
+  return run_check(
+    result.linen_module,
+    variables,
+    port,
+    result.calls,
+    result.source,
+    result.unpaired,
+    result.check_precision,
+  )

@@ -133,8 +133,9 @@ def convert(
   port: nnx.Module,
   call: Call,
   precision: str = HIGHEST,
+  mapping: tp.Mapping[str, str] | None = None,
 ) -> None:
-  """Fill `port` with the Linen variables, pairing by the sample call.
+  """Fill `port` with the Linen variables, pairing by the sample call (and `mapping`).
 
   A decode cache sized by an `init` on the full length (as decoding code does) is not what the
   sample call's `init` makes: the rest is converted with a cache of the sample's size, then the
@@ -159,6 +160,7 @@ def convert(
       method=call.method,
       sample_kwargs=kwargs,
       precision=tp.cast(tp.Any, precision),
+      mapping=mapping,
     )
     return
   caches = _caches(port)

@@ -339,7 +339,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   )
 
   def build_init() -> tp.Any:
-    kw = [f"{e.name}: {e.annotation()}" for e in extras.values()] + ["rngs: nnx.Rngs"]
+    kw = [e.parameter() for e in extras.values()] + ["rngs: nnx.Rngs"]
     signature = ", ".join(["self", *params, "*", *kw])
     moved = planner.declarations + hoisted
     init_src = (

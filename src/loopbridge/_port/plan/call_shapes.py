@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import typing as tp
 
+from ..trace.trace import size
 from .names import assignment_counts, available
 from .source import libcst
 
@@ -67,7 +68,7 @@ def in_init(
     def get(inst: tp.Any) -> int:
       args, kwargs = inst.inputs[method]
       arg = args[position] if position < len(args) else kwargs[param]
-      return int(arg.shape[k])
+      return size(arg.shape[k])
 
     try:
       values = {i.path: get(i) for i in planner.instances if method in i.inputs}

@@ -7,6 +7,7 @@ import dataclasses
 
 from ..records import Change, Todo
 from ..trace.trace import Trace
+from ..trace.tracing.widths import SymbolicWidths
 from .source import ClassSource
 from .values import Resolver
 
@@ -33,6 +34,8 @@ class Context:
   # Class -> (attribute, "attention" | "module" | "list") whose decode caches its
   # `init_cache` method sizes (`cache_idiom.py`).
   caches: dict[type, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+  # The symbolic trace (`trace/tracing/`), the last of `alt_traces` when it ran.
+  symbolic: SymbolicWidths | None = None
 
 
 @dataclasses.dataclass

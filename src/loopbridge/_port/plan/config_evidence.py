@@ -15,6 +15,7 @@ from ..trace.trace import Instance, Trace
 from . import passed_values, setup_local_values
 from .find_sites import Site
 from .hoist import Hoist
+from .previous_layer import list_width
 
 # `rewrite_class.Planner`, whose methods these are; typed loosely so this module stays below it.
 Planner = tp.Any
@@ -58,7 +59,7 @@ def traced(
     if all(all(v == t[0] for v in t) for d in (per, *alt_per) for t in d.values()):
       alt_firsts = [{p: t[0] for p, t in d.items() if t} for d in alt_per]
       return self.resolver.expr(firsts, name, alt_firsts)
-    return f"{self.resolver.expr(per, name, alt_per)}[{index}]"
+    return list_width(self, hoist, get, name, index, per, alt_per)
   values = {p: get(k[0]) for p, k in hoist.children.items() if k}
   return self.resolver.expr(values, name, self.alt_children(hoist, get), fallback=fallback)
 

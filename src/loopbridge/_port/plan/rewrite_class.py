@@ -97,7 +97,11 @@ class Planner:
     self.config_reads: set[str] = set()  # those rewritten, each reported once
     root = ctx.trace.instances.get(())
     self.resolver = port.resolver = Resolver(
-      self.instances, port.field_names(), alts, root is not None and root.cls is port.cls
+      self.instances,
+      port.field_names(),
+      alts,
+      root is not None and root.cls is port.cls,
+      ctx.symbolic,
     )
     self.sites = find_sites(
       wrapper, self.src.namespace, ctx.linen_names, port.field_names(), self._classes_in_fields()

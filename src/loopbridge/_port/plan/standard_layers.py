@@ -16,7 +16,7 @@ import jax
 from flax import linen as nn
 from flax import nnx
 
-from ..trace.trace import Instance
+from ..trace.trace import Instance, size
 from ..transforms.attention_widths import cross_attention_widths, self_attention_widths
 from ..transforms.norm_feature_axes import batch_norm_widths, layer_norm_widths
 from ..transforms.rnn_rngs import WHY as SPLIT_RNGS_WHY
@@ -34,8 +34,8 @@ def _dense_general(inst: Instance) -> dict[str, object]:
   call = inst.inputs.get("__call__")
   shape: tp.Any = getattr(call[0][0], "shape", ()) if call else ()
   if isinstance(axis, int):
-    return {"in_features": int(shape[axis])}
-  return {"in_features": tuple(int(shape[a]) for a in axis)}
+    return {"in_features": size(shape[axis])}
+  return {"in_features": tuple(size(shape[a]) for a in axis)}
 
 
 def _einsum_bias(inst: Instance) -> dict[str, object]:
@@ -51,7 +51,7 @@ def _cell(inst: Instance) -> dict[str, object]:
   call = inst.inputs.get("__call__")
   leaves = jax.tree.leaves(call[0][0]) if call and call[0] else []
   shape = getattr(leaves[-1], "shape", None) if leaves else None
-  return {"in_features": inst.width(arg=1), "hidden_features": int(shape[-1]) if shape else None}
+  return {"in_features": inst.width(arg=1), "hidden_features": size(shape[-1]) if shape else None}
 
 
 @dataclasses.dataclass(frozen=True)

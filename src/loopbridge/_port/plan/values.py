@@ -13,6 +13,7 @@ import typing as tp
 
 from ..emit.literals import literal
 from ..trace.trace import Instance
+from ..trace.tracing.widths import PASSED, SymbolicWidths, symbolic_width
 from .width_exprs import explain
 
 _MISSING = object()
@@ -34,6 +35,14 @@ class Extra:
       return self.alt[inst.config - 1][inst.path]
     return self.values.get(inst.path)
 
+  # Source of its default (a root's input width: the sample's), or None (always passed).
+  default: str | None = None
+
+  def parameter(self) -> str:
+    """`name: int` (`name: int = 6` with a default) in the constructor's signature."""
+    text = f"{self.name}: {self.annotation()}"
+    return text if self.default is None else f"{text} = {self.default}"
+
   def annotation(self) -> str:
     sample = next(iter([*self.values.values(), *(v for d in self.alt for v in d.values())]))
     return type(sample).__name__ if isinstance(sample, (bool, int, float, tuple)) else "object"
@@ -48,6 +57,7 @@ class Resolver:
     fields: tp.Sequence[str],
     alts: tp.Sequence[tp.Mapping[tuple[str, ...], Instance]] = (),
     root: bool = False,
+    symbolic: SymbolicWidths | None = None,
   ):
     self.instances = list(instances)
     self.fields = list(fields)
@@ -61,6 +71,11 @@ class Resolver:
     self.unexplained: list[tuple[str, object, str]] = []
     # Hints of the values of constructions no trace made (written `None`).
     self.untraced: list[str] = []
+    # The symbolic trace, the last of `alts` (`tracing/widths.py`), when it ran.
+    self.symbolic = symbolic
+    # (hint, expression written, sample value) of each width the symbolic trace did not
+    # decide: matched by value, so right only where a check at other values says so.
+    self.by_value: list[tuple[str, str, object]] = []
 
   def expr(
     self,
@@ -70,7 +85,33 @@ class Resolver:
     from_input: bool = False,
     fallback: tp.Callable[[], str | None] | None = None,
   ) -> str:
-    """The expression (valid in `__init__`) equal to `values[path]` in every instance.
+    """The expression (valid in `__init__`) equal to `values[path]` in every instance: from
+    the symbolic trace where it decides (`tracing/widths.py`), else matched by value
+    (`matched`), and then recorded in `by_value`."""
+    found = symbolic_width(self, values, alt_values)
+    if found == PASSED:
+      return self._added(values, hint, alt_values)
+    if found is not None:
+      return found
+    concrete = list(alt_values)
+    if self.symbolic is not None and self.symbolic.index < len(concrete):
+      concrete[self.symbolic.index] = {}  # symbols are no values to match
+    text = self.matched(values, hint, concrete, from_input, fallback, alt_values)
+    # An added argument is the parent's to pass (its own expression is recorded there).
+    if text not in self.extras and values and all(_width_like(v) for v in values.values()):
+      self.by_value.append((hint, text, next(iter(values.values()))))
+    return text
+
+  def matched(
+    self,
+    values: tp.Mapping[tuple[str, ...], object],
+    hint: str,
+    alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]] = (),
+    from_input: bool = False,
+    fallback: tp.Callable[[], str | None] | None = None,
+    full_alts: tp.Sequence[tp.Mapping[tuple[str, ...], object]] | None = None,
+  ) -> str:
+    """The expression equal to `values[path]` in every instance, matched by value.
 
     `alt_values` holds the same number in each derived configuration (`configs.py`): a value
     that changes with the fields becomes the field expression that matches everywhere.
@@ -139,13 +180,32 @@ class Resolver:
         if (v := values.get(inst.path, _MISSING)) is not _MISSING
       ):
         return f"self.{name}"
-    for extra in self.extras.values():
-      if extra.values == dict(values) and (
-        not elsewhere or extra.alt == list(map(dict, alt_values))
-      ):
-        return extra.name
     if (local := proven()) is not None:
       return local
+    return self._added(values, hint, alt_values if full_alts is None else full_alts)
+
+  def add_extra(
+    self,
+    name: str,
+    values: dict[tuple[str, ...], object],
+    alt: list[dict[tuple[str, ...], object]],
+    default: str | None = None,
+  ) -> None:
+    """Add a constructor argument by name (a root's input width, `tracing/widths.py`)."""
+    self.extras[name] = Extra(name, values, alt, default)
+
+  def _added(
+    self,
+    values: tp.Mapping[tuple[str, ...], object],
+    hint: str,
+    alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]],
+  ) -> str:
+    """A constructor argument holding each instance's value (the parent passes it)."""
+    for extra in self.extras.values():
+      if extra.values == dict(values) and (
+        not any(alt_values) or _same_alts(extra.alt, alt_values)
+      ):
+        return extra.name
     name = hint
     n = 1
     while name in self.extras or name in self.fields:
@@ -166,6 +226,23 @@ class Resolver:
     for alts, found in zip(self.alts, alt_values):
       out += [(alts[p].module, v) for p, v in found.items() if p in alts]
     return out
+
+
+def _same_alts(
+  a: tp.Sequence[tp.Mapping[tuple[str, ...], object]],
+  b: tp.Sequence[tp.Mapping[tuple[str, ...], object]],
+) -> bool:
+  try:
+    return list(map(dict, a)) == list(map(dict, b))
+  except Exception:  # symbols that cannot be compared: not the same argument
+    return False
+
+
+def _width_like(value: object) -> bool:
+  """An int or a tuple of ints (no flag, dtype or name)."""
+  if isinstance(value, tuple):
+    return bool(value) and all(_width_like(v) for v in value)
+  return type(value) is int
 
 
 def _field(inst: Instance, name: str) -> object:

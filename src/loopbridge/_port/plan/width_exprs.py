@@ -2,10 +2,11 @@
 
 Each sample is one instance of the class (at the user's configuration or a derived one) and the
 number the trace saw there. The candidates are what a person writes in `__init__`: a field
-(`self.features`), a config attribute (`self.config.emb_dim`), or the product or sum of two of
-them. One that equals the number in every sample is the expression; simpler forms win over
-compound ones. Two that both match are not chosen between: the caller keeps the literal and says
-so in the report.
+(`self.features`), a config attribute (`self.config.emb_dim`), the product or sum of two of
+them, or one times a float setting (`int(self.config.hidden_size * self.config.mlp_ratio)`).
+One that equals the number in every sample is the expression; simpler forms win over compound
+ones. Two that both match are not chosen between: the caller keeps the literal and says so in
+the report.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ def _int(v: object) -> bool:
   return type(v) is int
 
 
-def atoms(module: object) -> list[Atom]:
-  """Field and config-attribute reads of one instance that hold an integer."""
+def _float(v: object) -> bool:
+  return type(v) is float
+
+
+def atoms(module: object, kind: tp.Callable[[object], bool] = _int) -> list[Atom]:
+  """Field and config-attribute reads of one instance that hold an integer (or what `kind`
+  accepts)."""
   out: list[Atom] = []
   if not dataclasses.is_dataclass(module):
     return out
@@ -43,21 +49,23 @@ def atoms(module: object) -> list[Atom]:
     if f.name in ("parent", "name"):
       continue
     value = getattr(module, f.name, None)
-    if _int(value):
+    if kind(value):
       out.append((f"self.{f.name}", lambda m, n=f.name: getattr(m, n, None)))
     elif dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
       names = [g.name for g in dataclasses.fields(value)]
-      out += _config_reads(f.name, value, names)
+      out += _config_reads(f.name, value, names, kind)
     elif (found := config_objects.settings(value)) is not None:  # HF's PretrainedConfig
-      out += _config_reads(f.name, value, list(found))
+      out += _config_reads(f.name, value, list(found), kind)
   return out
 
 
-def _config_reads(field: str, config: object, names: tp.Sequence[str]) -> list[Atom]:
+def _config_reads(
+  field: str, config: object, names: tp.Sequence[str], kind: tp.Callable[[object], bool]
+) -> list[Atom]:
   return [
     (f"self.{field}.{a}", lambda m, n=field, a=a: getattr(getattr(m, n, None), a, None))
     for a in names
-    if _int(getattr(config, a, None))
+    if kind(getattr(config, a, None))
   ]
 
 
@@ -65,9 +73,9 @@ def _config_reads(field: str, config: object, names: tp.Sequence[str]) -> list[A
 _MULTIPLES = range(2, 9)
 
 
-def _candidates(module: object) -> list[list[Atom]]:
-  """Tiers of candidates, simplest first: reads, a read times a small constant, then products
-  and sums of two reads."""
+def candidates(module: object) -> list[list[Atom]]:
+  """Tiers of candidates, simplest first: reads, a read times a small constant, products and
+  sums of two reads, then a read times a float setting, truncated (`int(hidden * mlp_ratio)`)."""
   reads = atoms(module)
   scaled: list[Atom] = [
     (f"{k} * {e}", lambda m, f=f, k=k: _op(k, f(m), "*")) for e, f in reads for k in _MULTIPLES
@@ -76,7 +84,12 @@ def _candidates(module: object) -> list[list[Atom]]:
   for (ea, fa), (eb, fb) in itertools.combinations(reads, 2):
     pairs.append((f"{ea} * {eb}", lambda m, fa=fa, fb=fb: _op(fa(m), fb(m), "*")))
     pairs.append((f"{ea} + {eb}", lambda m, fa=fa, fb=fb: _op(fa(m), fb(m), "+")))
-  return [reads, scaled, pairs]
+  ratios: list[Atom] = [
+    (f"int({ea} * {eb})", lambda m, fa=fa, fb=fb: _ratio(fa(m), fb(m)))
+    for ea, fa in reads
+    for eb, fb in atoms(module, _float)
+  ]
+  return [reads, scaled, pairs, ratios]
 
 
 def _op(a: object, b: object, op: str) -> object:
@@ -85,9 +98,15 @@ def _op(a: object, b: object, op: str) -> object:
   return a * b if op == "*" else a + b  # pyright: ignore[reportOperatorIssue]
 
 
+def _ratio(a: object, b: object) -> int | None:
+  if not (_int(a) and _float(b)):
+    return None
+  return int(tp.cast(int, a) * tp.cast(float, b))
+
+
 def _scalar(samples: tp.Sequence[tuple[object, int]]) -> Found:
   first = samples[0][0]
-  for tier in _candidates(first):
+  for tier in candidates(first):
     matched = [e for e, get in tier if all(get(m) == v for m, v in samples)]
     if len(matched) == 1:
       return Found(matched[0], tuple(matched))

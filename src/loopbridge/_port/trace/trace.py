@@ -48,7 +48,18 @@ class Instance:
     if call is None or len(call[0]) <= arg:
       return None
     shape = getattr(call[0][arg], "shape", None)
-    return int(shape[axis]) if shape else None
+    if not shape:
+      return None
+    return size(shape[axis])
+
+
+def size(dim: object) -> int:
+  """An axis size as an int; a symbolic size (`tracing/symbolic.py`) stays an expression of
+  the settings, so a width read from a call's shape is one in the symbolic trace too."""
+  from jax import export  # an attribute of `jax` only once imported, on older jax
+
+  found: tp.Any = dim
+  return tp.cast(int, found) if export.is_symbolic_dim(found) else int(found)
 
 
 @dataclasses.dataclass
@@ -137,7 +148,7 @@ def trace(
   for method, args, kwargs in calls:
     try:
       with nn.intercept_methods(interceptor):
-        jax.eval_shape(lambda: nn.Module.init(module, rngs, *args, method=method, **kwargs))  # noqa: B023
+        _abstract_init(module, rngs, method, args, kwargs)
     except PortError:
       raise
     except _Defect as e:
@@ -146,6 +157,23 @@ def trace(
     except Exception as e:
       raise PortError(trace_failed(type(module), e)) from e
   return Trace(instances)
+
+
+def _abstract_init(module: nn.Module, rngs, method, args, kwargs) -> None:
+  """`init` under `jax.eval_shape`. Arrays stay closed over (a model may read their values in
+  Python); a `ShapeDtypeStruct` argument (symbolic shapes, `tracing/symbolic.py`) is an
+  argument of the abstract call."""
+  leaves, tree = jax.tree.flatten((args, kwargs))
+  at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.ShapeDtypeStruct)]
+
+  def run(*abstract):
+    full = list(leaves)
+    for i, value in zip(at, abstract):
+      full[i] = value
+    a, k = jax.tree.unflatten(tree, full)
+    return nn.Module.init(module, rngs, *a, method=method, **k)
+
+  jax.eval_shape(run, *(leaves[i] for i in at))
 
 
 def unboxed_shape(value: object) -> tuple[int, ...]:

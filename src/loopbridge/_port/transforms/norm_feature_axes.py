@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import typing as tp
 
+from ..trace.trace import size
+
 if tp.TYPE_CHECKING:
   from ..trace.trace import Instance
 
@@ -21,7 +23,7 @@ def _feature_size(inst: Instance, axes: object) -> int | None:
   if shape is None:
     return None
   picked = (axes,) if isinstance(axes, int) else tuple(tp.cast(tp.Iterable[int], axes))
-  return math.prod(int(shape[a]) for a in picked)
+  return math.prod(size(shape[a]) for a in picked)
 
 
 def _axes(inst: Instance, name: str) -> object:
