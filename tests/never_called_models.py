@@ -98,3 +98,19 @@ class ReadKernel(nn.Module):
 
   def __call__(self, x):
     return self.proj.apply({"params": {"kernel": self.kernel * 2.0}}, x)
+
+
+class ArgumentGated(nn.Module):
+  """A layer a call argument gates (`if context is not None`): another call reaches it."""
+
+  width: int
+
+  def setup(self):
+    self.dense = nn.Dense(self.width)
+    self.pooler = Pooler(self.width)
+
+  def __call__(self, x, context=None):
+    h = self.dense(x)
+    if context is not None:
+      h = h + self.pooler(context)[:, None]
+    return h

@@ -52,7 +52,8 @@ def test_calling_the_stand_in_raises_naming_the_layer_and_the_fix(tmp_path):
   x = jax.random.normal(jax.random.key(0), (2, 5, 6))
   draft = lb.port.draft(models.TokenHead(width=8, labels=3), x)
   port = _port_module(draft, tmp_path, "never_called_port_raises")
-  encoder = port.Encoder(width=8, add_pooling=True, rngs=nnx.Rngs(0))
+  # The encoder's input width is its parent's to give (the sample's 6 here).
+  encoder = port.Encoder(width=8, add_pooling=True, dense_in_features=6, rngs=nnx.Rngs(0))
   with pytest.raises(NotImplementedError, match=r"Pooler .*called in no configuration.*configs="):
     encoder(x)
 
@@ -69,3 +70,10 @@ def test_a_layer_applied_with_given_params_is_not_stood_in_for():
   x = jax.random.normal(jax.random.key(0), (2, 6))
   draft = lb.port.draft(models.ReadKernel(width=4), x)
   assert "NeverCalled" not in draft.source
+
+
+def test_a_layer_a_call_argument_gates_stays_a_todo():
+  x = jax.random.normal(jax.random.key(0), (2, 5, 6))
+  draft = lb.port.draft(models.ArgumentGated(width=8), x)
+  assert "NeverCalled" not in draft.source
+  assert not draft.ok and any("Pooler" in t.reason for t in draft.todos)

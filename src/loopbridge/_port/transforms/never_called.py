@@ -13,9 +13,10 @@ attribute in `__init__`, so the port would need the layer's widths, which no tra
 port builds nothing there: a `NeverCalled` (the draft's helper) stands in the attribute's
 place and raises, naming the layer and the fix, if a configuration no trace reached calls it.
 Stood in for: a user class no trace built, and a flax layer (ALBERT's pooler `nn.Dense`) no
-traced call reached whose attribute the class only ever calls (a layer whose kernel is read or
-which is applied with given params, as a weight-normed conv is, is not), each assigned to one
-setup attribute outside loops and lifts. Anything else the trace did not reach stays a TODO.
+traced call reached, each assigned to one setup attribute outside loops and lifts, which the
+class only ever calls, under a test of its settings alone. A layer whose kernel is read or
+which is applied with given params (a weight-normed conv), or one a call argument gates, stays
+a TODO, as does anything else the trace did not reach.
 
 Hooks: `ClassPlanner._plan_construct` (the plan) and `Rewriter.leave_Call` (the code).
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import typing as tp
 
 from ..plan import standard_layers
+from ..plan.names import names_in
 from ..plan.source import dotted, libcst
 
 WHY = "called in no traced configuration: no weights, not ported; raises if called"
@@ -41,21 +43,48 @@ def _one_setup_attribute(site: tp.Any) -> bool:
   )
 
 
-def only_called(planner: tp.Any, attr: str) -> bool:
-  """`self.<attr>` appears in the source once assigned and otherwise only called."""
+def only_called_under_settings(planner: tp.Any, attr: str) -> bool:
+  """`self.<attr>` appears in the source once assigned and otherwise only called, each call
+  under an `if` (or `a if t else b`) testing the module's settings alone (`self.add_pooling`).
+  A setting of the class is flipped in the configurations the draft derives, and one its parent
+  sets is the same in every call, so no configuration left untraced reaches such a call; a call
+  under a test of the call's arguments (`if context is not None`) is reached by another call,
+  and stays a TODO."""
   c = libcst()
   name = f"self.{attr}"
-  seen = {"uses": 0, "calls": 0}
+  uses: list[tp.Any] = []
+  calls: list[tp.Any] = []
 
   class Uses(c.CSTVisitor):
     def visit_Attribute(self, node: tp.Any) -> None:
-      seen["uses"] += dotted(node) == name
+      if dotted(node) == name:
+        uses.append(node)
 
     def visit_Call(self, node: tp.Any) -> None:
-      seen["calls"] += dotted(node.func) == name
+      if dotted(node.func) == name:
+        calls.append(node)
 
   planner.module.visit(Uses())
-  return seen["uses"] == seen["calls"] + 1
+  return (
+    bool(calls)
+    and len(uses) == len(calls) + 1
+    and all(_under_settings(planner, call) for call in calls)
+  )
+
+
+def _under_settings(planner: tp.Any, node: tp.Any) -> bool:
+  c = libcst()
+  child, parent = node, planner.parents.get(node)
+  while parent is not None and not isinstance(parent, c.FunctionDef):
+    test = None
+    if (isinstance(parent, c.If) and child is parent.body) or (
+      isinstance(parent, c.IfExp) and child is parent.body
+    ):
+      test = parent.test
+    if test is not None and names_in(test) == {"self"}:
+      return True
+    child, parent = parent, planner.parents.get(parent)
+  return False
 
 
 def uncalled_flax_layer(planner: tp.Any, site: tp.Any, cls: type) -> bool:
@@ -64,15 +93,15 @@ def uncalled_flax_layer(planner: tp.Any, site: tp.Any, cls: type) -> bool:
     cls in standard_layers.TABLE
     and _one_setup_attribute(site)
     and not any(planner.made_by(site, inst, planner.trace) for inst in planner.instances)
-    and only_called(planner, site.setup_attr)
+    and only_called_under_settings(planner, site.setup_attr)
   )
 
 
 def plan_never_called(planner: tp.Any, site: tp.Any, cls: type) -> bool:
   """Stand a `NeverCalled` in for the construction at `site`, if it qualifies (see above)."""
-  if not _one_setup_attribute(site) or (
-    standard_layers.is_linen_layer(cls) and not uncalled_flax_layer(planner, site, cls)
-  ):
+  if not _one_setup_attribute(site) or not only_called_under_settings(planner, site.setup_attr):
+    return False
+  if standard_layers.is_linen_layer(cls) and not uncalled_flax_layer(planner, site, cls):
     return False
   line = planner.src.line(site.lines[0])
   planner.never_called[id(site.node)] = (
