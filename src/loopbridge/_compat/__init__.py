@@ -26,6 +26,7 @@ from .installed_pair import broken_pair_message as broken_pair_message
 from .installed_pair import check_installed_pair, version_tuple
 from .orbax_metadata import orbax_custom_metadata as orbax_custom_metadata
 from .orbax_metadata import orbax_tree_metadata as orbax_tree_metadata
+from .symbolic_initializers import symbolic_safe_initializers as symbolic_safe_initializers
 
 check_installed_pair()
 

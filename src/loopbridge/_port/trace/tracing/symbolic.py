@@ -27,6 +27,7 @@ import typing as tp
 import jax
 from flax import linen as nn
 
+from ...._compat import symbolic_safe_initializers
 from ...records import Call
 from ..trace import Trace, trace
 from .settings import Setting, settings, with_values
@@ -137,7 +138,8 @@ def _trial(
       args[where] = abstract
     else:
       kwargs[where] = abstract
-  traced = trace(symbolic_module, [(sample.method, tuple(args), kwargs)], streams, config)
+  with symbolic_safe_initializers():  # jax 0.12's initializers on symbolic shapes
+    traced = trace(symbolic_module, [(sample.method, tuple(args), kwargs)], streams, config)
   return traced, {n: candidates[int(n[2:])] for n in names}, bound
 
 
