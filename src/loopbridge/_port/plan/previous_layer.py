@@ -122,7 +122,10 @@ def previous_setting(
     return None  # no layer after another, or no single expression matches: no evidence
   previous = chosen.replace("self.", f"{local}[-1].")
   if not any(firsts):
-    return previous  # no configuration builds the first layer here
+    # No configuration builds this construction's layer first in its list (a ResNet's
+    # projection, made only where a block changes the shape): nothing says what the first
+    # would take, and `layers[-1]` of an empty list would fail to build: no evidence.
+    return None
   if not firsts[0]:
     return None  # only another configuration's first layer: no expression of the user's
   at_first = planner.resolver.expr(firsts[0], name, firsts[1:])
