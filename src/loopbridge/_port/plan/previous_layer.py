@@ -99,12 +99,14 @@ def previous_setting(
   pairs: list[tuple[Instance, object]] = []  # (the layer before, this layer's value)
   dropped: set[str] = set()
   firsts: list[dict[tuple[str, ...], object]] = []
+  unknown_first = False  # a first layer of this class whose value no trace shows
   for lists in _lists(planner, hoist):
     first: dict[tuple[str, ...], object] = {}
     for parent, layers in lists.items():
       for k, kid in enumerate(layers):
         value = _value(get, kid)
         if value is _MISSING or value is None or kid.cls is not hoist.site.target:
+          unknown_first |= k == 0 and kid.cls is hoist.site.target
           continue
         if not _width(value) or isinstance(value, tuple):
           return None
@@ -122,10 +124,12 @@ def previous_setting(
     return None  # no layer after another, or no single expression matches: no evidence
   previous = chosen.replace("self.", f"{local}[-1].")
   if not any(firsts):
-    # No configuration builds this construction's layer first in its list (a ResNet's
-    # projection, made only where a block changes the shape): nothing says what the first
-    # would take, and `layers[-1]` of an empty list would fail to build: no evidence.
-    return None
+    # No configuration builds this construction's layer first in its list. Where another
+    # class comes first (diffusers' blocks), `layers[-1]` always exists. Where the first layer
+    # is of this class but made no such value (a ResNet block's projection, made only where a
+    # block changes the shape), nothing says what it would take, and `layers[-1]` of an empty
+    # list would fail to build: no evidence.
+    return None if unknown_first else previous
   if not firsts[0]:
     return None  # only another configuration's first layer: no expression of the user's
   at_first = planner.resolver.expr(firsts[0], name, firsts[1:])
