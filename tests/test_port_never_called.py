@@ -1,8 +1,5 @@
 """A layer Linen builds in setup and no traced configuration calls: the port builds none."""
 
-import importlib.util
-import sys
-
 import jax
 import numpy as np
 import pytest
@@ -13,17 +10,7 @@ import loopbridge as lb
 pytest.importorskip("libcst")
 
 import never_called_models as models
-
-
-def _port_module(draft, tmp_path, name):
-  path = tmp_path / f"{name}.py"
-  path.write_text(draft.source)
-  spec = importlib.util.spec_from_file_location(name, path)
-  assert spec is not None and spec.loader is not None
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
+from symbolic_port_helpers import load
 
 
 @pytest.mark.parametrize("head", ["TokenHead", "DenseTokenHead"])
@@ -36,7 +23,7 @@ def test_a_layer_a_parent_always_turns_off_is_stood_in_for_and_the_port_is_ok(tm
   assert not draft.todos
   assert "NeverCalled(" in draft.source and "class NeverCalled" in draft.source
   assert "NeverCalled" in draft.report()
-  port = _port_module(draft, tmp_path, f"never_called_port_{head}")
+  port = load(tmp_path, f"never_called_port_{head}", draft.source)
   # Against Linen at the sample and at another configuration (every setting changed; the
   # root input width, a separate matter, kept).
   for width, labels, shape in ((8, 3, (2, 5, 6)), (12, 5, (3, 4, 6))):
@@ -51,7 +38,7 @@ def test_a_layer_a_parent_always_turns_off_is_stood_in_for_and_the_port_is_ok(tm
 def test_calling_the_stand_in_raises_naming_the_layer_and_the_fix(tmp_path):
   x = jax.random.normal(jax.random.key(0), (2, 5, 6))
   draft = lb.port.draft(models.TokenHead(width=8, labels=3), x)
-  port = _port_module(draft, tmp_path, "never_called_port_raises")
+  port = load(tmp_path, "never_called_port_raises", draft.source)
   # The encoder's input width is its parent's to give (the sample's 6 here).
   encoder = port.Encoder(width=8, add_pooling=True, dense_in_features=6, rngs=nnx.Rngs(0))
   with pytest.raises(NotImplementedError, match=r"Pooler .*called in no configuration.*configs="):

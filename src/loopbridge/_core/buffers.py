@@ -274,12 +274,10 @@ def _write_host_slots(
   host = buffer.host_sharding
   buf = _compat.variable_value(buffer)
   capacity = capacity_of(buffer)
-  zeros = (0,) * (buf.ndim - 1)
   for offset, value in enumerate(values):
     index = jnp.asarray(start + offset)
     slot = index % capacity if overflow_of(buffer) == "wrap" else jnp.minimum(index, capacity)
-    fresh = jax.device_put(jnp.expand_dims(jnp.asarray(value, buf.dtype), 0), host)
-    buf = jax.lax.dynamic_update_slice(buf, fresh, (slot, *zeros))
+    buf = _memory.write_host_slot(buf, jnp.asarray(value, buf.dtype), slot, host)
   _compat.set_variable_value(buffer, buf)
 
 

@@ -162,9 +162,9 @@ def _compiled_host_write_failure(
   on `device`, or None.
 
   Listing the memory is not enough: jax 0.7's CPU backend lists `pinned_host` but its traced
-  arguments carry no memory space, so the write a host record makes (`_write_host_slots` in
-  buffers.py: a value put to the host, then a slot update) fails to trace; jax 0.8's traces it
-  but hands the result back in device memory. A TPU v5e (jax 0.10.2) compiles it for some value
+  arguments carry no memory space, so the write a host record makes (`write_host_slot`: a
+  value put to the host, then a slot update) fails to trace; jax 0.8's traces it but hands the
+  result back in device memory. A TPU v5e (jax 0.10.2) compiles it for some value
   shapes and not others, and not the same inside a loop of several steps as in one step
   outside a loop ("Lane slice updating is not supported in async dynamic update slice": a
   scalar, and float32[2, 4] outside a loop; float32[8], [128], [8, 128], [2, 4, 8], [4096, 4096]
@@ -173,15 +173,10 @@ def _compiled_host_write_failure(
   dtype, on a buffer of the record's slots (as many as fit `_PROBE_BYTES` for a larger
   record), and checks where and what it wrote."""
   host = single_device_sharding(device, memory_kind=HOST_KIND)
-
-  def write(buffer: jax.Array, value: jax.Array, slot: jax.Array) -> jax.Array:
-    fresh = jax.device_put(jax.numpy.expand_dims(value, 0), host)
-    return jax.lax.dynamic_update_slice(buffer, fresh, (slot,) + (0,) * len(shape))
-
   try:
     buffer = host_zeros((slots, *shape), dtype, host)
     value = jax.device_put(np.ones(shape, dtype), device)
-    out = jax.jit(write)(buffer, value, np.int32(2))
+    out = jax.jit(functools.partial(write_host_slot, host=host))(buffer, value, np.int32(2))
     written = np.asarray(out)
   except Exception as error:  # any failure means: not on this JAX and backend
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
@@ -190,6 +185,16 @@ def _compiled_host_write_failure(
   ):
     return f"the probe's write landed in '{out.sharding.memory_kind}' memory as {written}"
   return None
+
+
+def write_host_slot(
+  buffer: jax.Array, value: jax.Array, slot: tp.Any, host: jax.sharding.Sharding
+) -> jax.Array:
+  """`value` written into slot `slot` of a host-memory `buffer` from inside a compiled step:
+  moved to host memory (`host`), then the slot updated. What a host record does each step
+  (`buffers._write_host_slots`), and what the declaration's probe compiles."""
+  fresh = jax.device_put(jax.numpy.expand_dims(value, 0), host)
+  return jax.lax.dynamic_update_slice(buffer, fresh, (slot,) + (0,) * (buffer.ndim - 1))
 
 
 def is_host(buffer: object) -> bool:

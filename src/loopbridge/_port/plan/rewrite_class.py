@@ -23,7 +23,7 @@ from ..transforms.chosen_class import Choice, plan_chosen_class
 from ..transforms.factory_fields import factory_class
 from ..transforms.mixin_config import WHY as CONFIG_WHY
 from ..transforms.mixin_config import mirrored_fields
-from ..transforms.never_called import plan_never_called, uncalled_flax_layer
+from ..transforms.never_called import plan_never_called
 from ..transforms.scan_lift import plan_scan
 from ..transforms.vmap_lift import plan_vmap
 from . import config_evidence, inline_constructions, standard_layers
@@ -339,7 +339,7 @@ class Planner:
       site.target = made.pop()
       self.port.dropped.add(site.factory_field)
     cls = tp.cast(type, site.target)
-    if uncalled_flax_layer(self, site, cls) and plan_never_called(self, site, cls):
+    if cls in standard_layers.TABLE and plan_never_called(self, site, cls):
       return
     if not (cls in standard_layers.TABLE or cls in self.ctx.ported):
       traced = any(t.of_class(cls) for t in [self.ctx.trace, *self.ctx.alt_traces])

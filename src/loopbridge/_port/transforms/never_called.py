@@ -87,21 +87,16 @@ def _under_settings(planner: tp.Any, node: tp.Any) -> bool:
   return False
 
 
-def uncalled_flax_layer(planner: tp.Any, site: tp.Any, cls: type) -> bool:
-  """A flax layer assigned in setup that no traced instance of the class called."""
-  return (
-    cls in standard_layers.TABLE
-    and _one_setup_attribute(site)
-    and not any(planner.made_by(site, inst, planner.trace) for inst in planner.instances)
-    and only_called_under_settings(planner, site.setup_attr)
-  )
-
-
 def plan_never_called(planner: tp.Any, site: tp.Any, cls: type) -> bool:
-  """Stand a `NeverCalled` in for the construction at `site`, if it qualifies (see above)."""
-  if not _one_setup_attribute(site) or not only_called_under_settings(planner, site.setup_attr):
-    return False
-  if standard_layers.is_linen_layer(cls) and not uncalled_flax_layer(planner, site, cls):
+  """Stand a `NeverCalled` in for the construction at `site`, if it qualifies (see above):
+  a user class or a flax layer with an NNX counterpart, no traced instance of the class
+  having called it."""
+  if (
+    not _one_setup_attribute(site)
+    or (standard_layers.is_linen_layer(cls) and cls not in standard_layers.TABLE)
+    or any(planner.made_by(site, inst, planner.trace) for inst in planner.instances)
+    or not only_called_under_settings(planner, site.setup_attr)
+  ):
     return False
   line = planner.src.line(site.lines[0])
   planner.never_called[id(site.node)] = (
