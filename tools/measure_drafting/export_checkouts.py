@@ -2,7 +2,7 @@
 
     python tools/measure_drafting/export_checkouts.py --mirror MIRROR --dest DEST [--cases SET]
 
-SET is `holdout` (the default), `holdout_b`, `holdout_c` or `tuning`.
+SET is `holdout` (the default), `holdout_b`, `holdout_c`, `holdout_d` or `tuning`.
 
 MIRROR holds one bare git directory per repository, `MIRROR/owner+name/repo` (or
 `MIRROR/owner+name` itself); each case's commit is exported with `git archive`.
@@ -56,7 +56,9 @@ def main() -> int:
   parser.add_argument("--mirror", required=True)
   parser.add_argument("--dest", required=True)
   parser.add_argument(
-    "--cases", default="holdout", choices=("holdout", "holdout_b", "holdout_c", "tuning")
+    "--cases",
+    default="holdout",
+    choices=("holdout", "holdout_b", "holdout_c", "holdout_d", "tuning"),
   )
   ns = parser.parse_args()
   case_set = importlib.import_module(ns.cases)
