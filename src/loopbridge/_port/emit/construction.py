@@ -13,7 +13,7 @@ from ..plan.hoist import Hoist, match_child
 from ..plan.names import available, loop_targets, names_in
 from ..plan.source import libcst
 from ..trace.trace import Instance
-from ..transforms import keyword_dicts
+from ..transforms import keyword_dicts, partitioned_inits
 from ..transforms.attention_widths import untaken_width
 from ..transforms.call_time_args import call_time_setting, sizes_nothing
 from ..transforms.norm_feature_axes import batch_norm_refused
@@ -301,6 +301,9 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     target = layer.renames.get(field, field)
     if target not in known:
       return None, f"nn.{layer_name(hoist)}'s {field}= has no counterpart in nnx.{layer.nnx_name}"
+    made = partitioned_inits.variable_of(field)
+    if made and partitioned_inits.boxed([*kids, *planner.alt_made(hoist)], "params", made):
+      code = partitioned_inits.unboxed_init(planner, code, hoist.site.lines)
     args[target] = code
   linen_fields = {f.name: f for f in dataclasses.fields(tp.cast(type, hoist.site.target))}
   for p in params:

@@ -1,0 +1,70 @@
+"""Drafting params boxed by `nn.with_partitioning`, `nn.remat` / `nn.checkpoint` on a method or
+on a class a config flag chooses, and a param-free layer only another configuration builds,
+each on a small model of its own (`sharded_remat_idioms.py`), compared with Linen's apply at
+two configurations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import loopbridge as lb
+
+pytest.importorskip("libcst")
+
+import sharded_remat_idioms as models
+
+
+def _equal_to_linen(draft, config, linen_module, *args):
+  """The port built at `config` (0: the drafted module), holding the Linen variables of
+  `linen_module` (that configuration's Linen module), computes Linen's own apply."""
+  variables = linen_module.init(jax.random.key(1), *args)
+  port = draft.build(config=config)
+  lb.checkpoint.linen_to_nnx(linen_module, variables, port, *args)
+  want = linen_module.apply(variables, *args)
+  np.testing.assert_allclose(port(*args), want, rtol=1e-5, atol=1e-5)
+  return port
+
+
+def _x(*shape):
+  return jax.random.normal(jax.random.key(0), shape)
+
+
+def _names(port, *path: str) -> tuple:
+  """The sharding names of the param at `path` (() where it has none)."""
+  leaf = nnx.get_partition_spec(nnx.state(port, nnx.Param))
+  for key in path:
+    leaf = leaf[key]
+  return tuple(leaf.get_value() if hasattr(leaf, "get_value") else leaf.value)
+
+
+# ------------------------------------------------------------------------ nn.with_partitioning
+def test_params_boxed_by_the_users_helper_keep_their_names_and_compute_with_arrays():
+  """Kernels boxed through a helper of the user's (by a config flag) and `self.param`s boxed
+  in place: the port computes with the arrays and keeps the names as the Params' sharding."""
+  first = models.ShardedMlp(models.ShardCfg(4, 6, 7))
+  second = models.ShardedMlp(models.ShardCfg(4, 8, 9, sharded=False))
+  draft = lb.port.draft(first, _x(2, 3, 4), configs=[second])
+  assert draft.ok, draft.report()
+  assert "partitioned_as_nnx(boxed(" in draft.source
+  assert 'nnx.with_partitioning(nnx.initializers.ones, ("b",))' in draft.source
+  port = _equal_to_linen(draft, 0, first, _x(2, 3, 4))
+  assert _names(port, "Dense_0", "kernel") == ("a", "b")
+  assert _names(port, "Dense_1", "kernel") == ("a", "b")
+  assert _names(port, "scale") == ("b",)
+  assert _names(port, "mix") == (None, "a")
+  port = _equal_to_linen(draft, 1, second, _x(3, 2, 4))
+  assert _names(port, "Dense_0", "kernel") == ()  # the bare initializer: no names
+
+
+def test_a_boxed_embedding_read_twice_and_a_boxed_child():
+  """`nn.Embed(embedding_init=<boxed>)` looked up and attended; a child with boxed params."""
+  first = models.ShardedEmbedLM(models.ShardCfg(4, 6, 7))
+  second = models.ShardedEmbedLM(models.ShardCfg(5, 8, 9, sharded=False))
+  ids = jnp.arange(6).reshape(2, 3) % 7
+  draft = lb.port.draft(first, ids, configs=[second])
+  assert draft.ok, draft.report()
+  port = _equal_to_linen(draft, 0, first, ids)
+  assert _names(port, "embed", "embedding") == (None, "a")
+  _equal_to_linen(draft, 1, second, (ids + 1) % 9)
