@@ -5,11 +5,12 @@ that only another configuration builds."""
 
 import dataclasses
 import functools
-import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+import param_free_layers
 
 
 @dataclasses.dataclass
@@ -147,25 +148,9 @@ class FlagRematStack(nn.Module):
     return x
 
 
-class Blur(nn.Module):
-  """A layer without params: a fixed filter made in setup, a depthwise convolution."""
-
-  size: int = 3
-
-  def setup(self):
-    taps = jnp.array([math.comb(self.size - 1, k) for k in range(self.size)], jnp.float32)
-    self.taps = taps / taps.sum()
-
-  def __call__(self, x):
-    c = x.shape[-1]
-    kernel = jnp.tile(self.taps[:, None, None], (1, 1, c))
-    return jax.lax.conv_general_dilated(
-      x, kernel, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=c
-    )
-
-
 class BlurOrPool(nn.Module):
-  """A residual block that blurs with a param-free layer where a flag says so."""
+  """A residual block that blurs with a param-free layer of another module (named through
+  that module) where a flag says so."""
 
   features: int
   blur: bool
@@ -174,8 +159,8 @@ class BlurOrPool(nn.Module):
   def __call__(self, x):
     h = jax.nn.relu(nn.Conv(x.shape[-1], (3,))(x))
     if self.blur:
-      h = Blur()(h)
-      x = Blur(size=5)(x)
+      h = param_free_layers.Blur()(h)
+      x = param_free_layers.Blur(size=5)(x)
     else:
       h = h * 0.5
     return nn.Conv(self.features, (1,), use_bias=False)(x) + nn.Conv(self.features, (3,))(h)

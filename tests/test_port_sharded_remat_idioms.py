@@ -68,3 +68,16 @@ def test_a_boxed_embedding_read_twice_and_a_boxed_child():
   port = _equal_to_linen(draft, 0, first, ids)
   assert _names(port, "embed", "embedding") == (None, "a")
   _equal_to_linen(draft, 1, second, (ids + 1) % 9)
+
+
+# ------------------------------------------------------------- a class named through its module
+def test_a_param_free_layer_named_through_its_module_is_its_port_where_another_config_builds_it():
+  """magvit's `model_utils.BlurPool2D(...)`, built only where a flag another configuration sets
+  says so: the port builds the drafted class (which takes `rngs=`), not the Linen one."""
+  first, second = models.BlurOrPool(3, False), models.BlurOrPool(5, True)
+  draft = lb.port.draft(first, _x(2, 8, 4), configs=[second])
+  assert draft.ok, draft.report()
+  assert "param_free_layers.Blur(" not in draft.source
+  assert "self.Blur_1 = Blur(size=5, rngs=rngs)" in draft.source
+  _equal_to_linen(draft, 0, first, _x(2, 8, 4))
+  _equal_to_linen(draft, 1, second, _x(3, 9, 4))
