@@ -9,7 +9,6 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-
 import param_free_layers
 
 
