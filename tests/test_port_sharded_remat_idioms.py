@@ -81,3 +81,45 @@ def test_a_param_free_layer_named_through_its_module_is_its_port_where_another_c
   assert "self.Blur_1 = Blur(size=5, rngs=rngs)" in draft.source
   _equal_to_linen(draft, 0, first, _x(2, 8, 4))
   _equal_to_linen(draft, 1, second, _x(3, 9, 4))
+
+
+# --------------------------------------------------------------------- nn.remat over a method
+def _grads_run(port, *args):
+  """The port's gradient runs through its nnx.remat (no Linen transform, no leaked tracer)."""
+  grads = nnx.grad(lambda m: jnp.sum(m(*args)))(port)
+  assert jax.tree.leaves(grads)
+
+
+def test_remat_over_a_compact_call_runs_its_body_under_nnx_remat():
+  """magvit's `@nn.remat @nn.compact def __call__`."""
+  first, second = models.RematCall(3), models.RematCall(5, mid=7)
+  draft = lb.port.draft(first, _x(2, 4), configs=[second])
+  assert draft.ok, draft.report()
+  assert "return nnx.remat(body)(self, x)" in draft.source
+  assert "nn.remat" not in draft.source.replace("nnx.remat", "")
+  _grads_run(_equal_to_linen(draft, 0, first, _x(2, 4)), _x(2, 4))
+  _equal_to_linen(draft, 1, second, _x(3, 4))
+
+
+def test_checkpoint_options_over_a_method_are_kept_with_the_same_argnums():
+  """`functools.partial(nn.checkpoint, static_argnums=(2,), prevent_cse=False)`: Linen counts
+  `self` as argument 0, as the body given the module does."""
+  first, second = models.StaticRematCall(3), models.StaticRematCall(5)
+  draft = lb.port.draft(first, _x(2, 4), True, configs=[second])
+  assert draft.ok, draft.report()
+  assert "nnx.remat(body, static_argnums=(2,), prevent_cse=False)(self, x, flip)" in draft.source
+  _equal_to_linen(draft, 0, first, _x(2, 4), True)
+  _equal_to_linen(draft, 1, second, _x(3, 4), True)
+  _equal_to_linen(draft, 1, second, _x(3, 4), False)
+
+
+def test_a_second_rematerialized_entry_point_called_by_the_parent():
+  """magvit's `@nn.remat def remat_call(self, x): return self(x)`, called for some blocks."""
+  first = models.RematMethodStack(3)
+  second = models.RematMethodStack(5, n_blocks=3, n_remat=2)
+  draft = lb.port.draft(first, _x(2, 4), configs=[second])
+  assert draft.ok, draft.report()
+  assert "return nnx.remat(body)(self, x)" in draft.source
+  assert ".remat_call(x)" in draft.source
+  _grads_run(_equal_to_linen(draft, 0, first, _x(2, 4)), _x(2, 4))
+  _equal_to_linen(draft, 1, second, _x(3, 4))
