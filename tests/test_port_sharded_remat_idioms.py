@@ -123,3 +123,20 @@ def test_a_second_rematerialized_entry_point_called_by_the_parent():
   assert ".remat_call(x)" in draft.source
   _grads_run(_equal_to_linen(draft, 0, first, _x(2, 4)), _x(2, 4))
   _equal_to_linen(draft, 1, second, _x(3, 4))
+
+
+# ----------------------------------------------------------- nn.remat over a class, by a flag
+@pytest.mark.parametrize("remat_first", [False, True])
+def test_a_class_rematerialized_where_a_config_flag_says_so(remat_first):
+  """nanodo's `block = nn.remat(TBlock) if cfg.remat else TBlock` in setup: the port keeps the
+  choice, its remat branch the draft's `remat_class` (the class's call under nnx.remat); both
+  configurations, whichever is the sample, compute Linen's apply."""
+  cfgs = [models.ShardCfg(4, 6, 7, depth=2), models.ShardCfg(4, 8, 7, depth=3, remat=True)]
+  first, second = (models.FlagRematStack(c) for c in (cfgs[::-1] if remat_first else cfgs))
+  draft = lb.port.draft(first, _x(2, 4), configs=[second])
+  assert draft.ok, draft.report()
+  assert "block = remat_class(FlagBlock) if self.cfg.remat else FlagBlock" in draft.source
+  for config, linen in ((0, first), (1, second)):
+    port = _equal_to_linen(draft, config, linen, _x(3, 4))
+    assert (type(port.blocks[0]).__name__ == "CheckpointFlagBlock") is linen.cfg.remat
+    _grads_run(port, _x(3, 4))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import typing as tp
 
-from ..transforms import partitioned_inits
+from ..transforms import flag_remat, partitioned_inits
 
 GRU_CELL = '''
 class LinenGRUCell(nnx.Module):
@@ -87,6 +87,7 @@ HELPERS = {
   "LinenGRUCell": GRU_CELL,
   "NeverCalled": NEVER_CALLED,
   partitioned_inits.HELPER: partitioned_inits.SOURCE,
+  flag_remat.HELPER: flag_remat.SOURCE,
 }
 """Helper class (or function) name -> its source (formatted with the draft)."""
 
