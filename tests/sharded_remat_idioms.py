@@ -163,3 +163,16 @@ class BlurOrPool(nn.Module):
     else:
       h = h * 0.5
     return nn.Conv(self.features, (1,), use_bias=False)(x) + nn.Conv(self.features, (3,))(h)
+
+
+class TapsResidual(nn.Module):
+  """A param-free layer whose setup binds a list, then an array, used where a flag says so."""
+
+  features: int
+  blur: bool
+
+  @nn.compact
+  def __call__(self, x):
+    if self.blur:
+      x = x + param_free_layers.TapsBlur(size=5)(x)
+    return nn.Dense(self.features)(x)

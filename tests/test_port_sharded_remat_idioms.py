@@ -140,3 +140,18 @@ def test_a_class_rematerialized_where_a_config_flag_says_so(remat_first):
     port = _equal_to_linen(draft, config, linen, _x(3, 4))
     assert (type(port.blocks[0]).__name__ == "CheckpointFlagBlock") is linen.cfg.remat
     _grads_run(port, _x(3, 4))
+
+
+def test_an_attribute_bound_to_a_list_then_to_an_array_is_data_where_nnx_fixes_its_kind():
+  """magvit's `BlurPool2D`: `self.filter = [1., 3., 3., 1.]`, then `jnp.array(self.filter)`.
+  flax 0.12 fixes the attribute static at the list: the array is bound as `nnx.data(...)`.
+  flax 0.10 keeps no array attribute: a TODO says so and how to fix it (`constant_arrays`)."""
+  first, second = models.TapsResidual(3, False), models.TapsResidual(5, True)
+  draft = lb.port.draft(first, _x(2, 8, 4), configs=[second])
+  if not hasattr(nnx, "data"):
+    assert [t for t in draft.todos if "self.taps holds an array" in t.reason], draft.report()
+    return
+  assert draft.ok, draft.report()
+  assert "self.taps = nnx.data(jnp.array(self.taps, jnp.float32))" in draft.source
+  _equal_to_linen(draft, 0, first, _x(2, 8, 4))
+  _equal_to_linen(draft, 1, second, _x(3, 9, 4))

@@ -303,7 +303,7 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
       return None, f"nn.{layer_name(hoist)}'s {field}= has no counterpart in nnx.{layer.nnx_name}"
     made = partitioned_inits.variable_of(field)
     if made and partitioned_inits.boxed([*kids, *planner.alt_made(hoist)], "params", made):
-      code = partitioned_inits.unboxed_init(planner, code, hoist.site.lines)
+      code = partitioned_inits.unboxed_init(planner, code, hoist.site.lines, hoist.site.method)
     args[target] = code
   linen_fields = {f.name: f for f in dataclasses.fields(tp.cast(type, hoist.site.target))}
   for p in params:

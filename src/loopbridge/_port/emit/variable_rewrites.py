@@ -49,7 +49,7 @@ def _param(self: Rewriter, site, original, updated):
   init = self.p.rewrite_expr(self.p.code(args[1].value))
   every = [*self.p.instances, *(i for a in self.p.resolver.alts for i in a.values())]
   if partitioned_inits.boxed(every, "params", name):
-    init = partitioned_inits.unboxed_init(self.p, init, site.lines)
+    init = partitioned_inits.unboxed_init(self.p, init, site.lines, site.method)
   elif not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
     # `lambda _, shape: jnp.ones(shape)` (HF's RMSNorm) is called, not made the Param.
     init = f"({init})"

@@ -56,10 +56,13 @@ def variable_of(init_field: str) -> str | None:
   return init_field[: -len("_init")] if init_field.endswith("_init") else None
 
 
-def unboxed_init(planner: tp.Any, code: str, lines: tp.Any) -> str:
-  """`code` (an initializer's NNX expression, whose Linen value the trace saw boxed) as one
-  whose value NNX's Variables take; the draft's helper is written where it is used."""
-  node = libcst().parse_expression(code)
+def unboxed_init(planner: tp.Any, code: str, lines: tp.Any, method: str) -> str:
+  """`code` (an initializer's NNX expression in `method`, whose Linen value the trace saw
+  boxed) as one whose value NNX's Variables take; the draft's helper is written where used."""
+  # A local of the method bound once at its top (`init = nn.with_partitioning(...)`): its value.
+  value = planner.aliases.get(method, {}).get(code.strip())
+  shown = planner.rewrite_expr(value) if value is not None else code
+  node = libcst().parse_expression(shown)
   if isinstance(node, libcst().Call) and dotted(node.func) == "nnx.with_partitioning":
     return code  # NNX's own annotation already (the class wrote `nn.with_partitioning(...)`)
   planner.ctx.helpers.add(HELPER)
