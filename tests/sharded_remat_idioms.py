@@ -176,3 +176,16 @@ class TapsResidual(nn.Module):
     if self.blur:
       x = x + param_free_layers.TapsBlur(size=5)(x)
     return nn.Dense(self.features)(x)
+
+
+class FlagRematCompact(nn.Module):
+  """The flag's choice in a compact method: each block built and called in the loop."""
+
+  cfg: ShardCfg
+
+  @nn.compact
+  def __call__(self, x):
+    block = nn.remat(FlagBlock) if self.cfg.remat else FlagBlock
+    for _ in range(self.cfg.depth):
+      x = block(self.cfg)(x)
+    return x

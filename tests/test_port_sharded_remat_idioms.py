@@ -155,3 +155,18 @@ def test_an_attribute_bound_to_a_list_then_to_an_array_is_data_where_nnx_fixes_i
   assert "self.taps = nnx.data(jnp.array(self.taps, jnp.float32))" in draft.source
   _equal_to_linen(draft, 0, first, _x(2, 8, 4))
   _equal_to_linen(draft, 1, second, _x(3, 9, 4))
+
+
+def test_the_flags_choice_in_a_compact_method_is_built_in_init_through_the_choice():
+  """`block = nn.remat(FlagBlock) if ... else FlagBlock` then `block(cfg)(x)` in a loop of a
+  compact method (Linen names the blocks by the class chosen): the port's `__init__` builds
+  each block through the choice itself (the local stays in the method)."""
+  cfgs = [models.ShardCfg(4, 6, 7, depth=2), models.ShardCfg(4, 8, 7, depth=3, remat=True)]
+  first, second = (models.FlagRematCompact(c) for c in cfgs)
+  draft = lb.port.draft(first, _x(2, 4), configs=[second])
+  assert draft.ok, draft.report()
+  assert "(remat_class(FlagBlock) if self.cfg.remat else FlagBlock)(self.cfg, rngs=rngs)" in (
+    draft.source
+  )
+  _equal_to_linen(draft, 0, first, _x(3, 4))
+  _grads_run(_equal_to_linen(draft, 1, second, _x(3, 4)), _x(3, 4))

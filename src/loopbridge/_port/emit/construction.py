@@ -13,7 +13,7 @@ from ..plan.hoist import Hoist, match_child
 from ..plan.names import available, loop_targets, names_in
 from ..plan.source import libcst
 from ..trace.trace import Instance
-from ..transforms import keyword_dicts, partitioned_inits, qualified_classes
+from ..transforms import flag_remat, keyword_dicts, partitioned_inits, qualified_classes
 from ..transforms.attention_widths import untaken_width
 from ..transforms.call_time_args import call_time_setting, sizes_nothing
 from ..transforms.norm_feature_axes import batch_norm_refused
@@ -462,8 +462,13 @@ def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
   # Through a lift or a field holding the class (`self.block_cls(...)`): the drafted class.
   drafted = site.lift is not None or site.factory_field is not None
   func = cls.__name__ if drafted else planner.code(site.node.func)
-  qualified = None if drafted else qualified_classes.drafted_name(planner, site.node.func, cls)
-  if qualified is not None:
-    planner.change(site.lines, func, qualified, qualified_classes.WHY)
-    func = qualified
+  for rewrite, why in (
+    (qualified_classes.drafted_name, qualified_classes.WHY),
+    (flag_remat.inlined, flag_remat.WHY),
+  ):
+    better = None if drafted else rewrite(planner, site, cls)
+    if better is not None:
+      planner.change(site.lines, func, better, why)
+      func = better
+      break
   return f"{func}({', '.join(parts)})"

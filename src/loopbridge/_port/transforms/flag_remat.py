@@ -7,7 +7,9 @@ test: the construction is planned as one of the class (`plan/find_sites.py` read
 an alias of it), and `nn.remat(TBlock, ...)` becomes `remat_class(TBlock, ...)`, a helper the
 draft writes: a subclass of the port whose call runs the class's own call under `nnx.remat`
 (options kept: Linen counts `static_argnums` with `self` as 0, as the function nnx.remat is
-given does). Hooks: `plan/find_sites.py` (the alias), `plan/rewrite_class.py` (the lift).
+given does). In a compact method the construction moves to `__init__` and the local stays
+behind: the construction is written through the choice itself. Hooks: `plan/find_sites.py`
+(the alias), `plan/rewrite_class.py` (the lift), `emit/construction.py` (the compact form).
 """
 
 from __future__ import annotations
@@ -80,3 +82,28 @@ def rewrite(planner: tp.Any, site: tp.Any) -> bool:
   planner.lift_rewrites[id(node)] = f"{HELPER}({', '.join(args)})"
   planner.ctx.helpers.add(HELPER)
   return True
+
+
+def inlined(planner: tp.Any, site: tp.Any, cls: type) -> str | None:
+  """`(remat_class(Block) if flag else Block)` for a construction through such a local of a
+  method other than setup (the local stays in the method; the construction moves to
+  `__init__`, which computes the choice itself), else None."""
+  if site.class_alias is None or site.method == "setup" or site.target is not cls:
+    return None
+  value = planner.aliases.get(site.method, {}).get(site.class_alias)
+  if value is None:
+    return None
+  node = libcst().parse_expression(value)
+  if chosen_class(node, planner.src.namespace) is None:
+    return None
+  branches = []
+  for branch in (node.body, node.orelse):
+    if _remat_of(branch, planner.src.namespace) is not None:
+      args = [planner.code(branch.args[0].value)]
+      args += [f"{a.keyword.value}={planner.code(a.value)}" for a in branch.args[1:]]
+      branches.append(f"{HELPER}({', '.join(args)})")
+    else:
+      branches.append(planner.code(branch))
+  planner.ctx.helpers.add(HELPER)
+  test = planner.rewrite_expr(planner.code(node.test))
+  return f"({branches[0]} if {test} else {branches[1]})"

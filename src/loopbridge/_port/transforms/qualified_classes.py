@@ -17,9 +17,10 @@ from ..plan.source import dotted, libcst, resolve
 WHY = "the class's port is drafted in this file: built by its name, not through its Linen module"
 
 
-def drafted_name(planner: tp.Any, func: tp.Any, cls: type) -> str | None:
-  """`BlurPool2D` where `func` (a construction's callee) is `module.BlurPool2D`, the very class
-  `cls` the draft ports; None for any other callee (a plain name, a local, a field)."""
+def drafted_name(planner: tp.Any, site: tp.Any, cls: type) -> str | None:
+  """`BlurPool2D` where the construction's callee is `module.BlurPool2D`, the very class `cls`
+  the draft ports; None for any other callee (a plain name, a local, a field)."""
+  func = site.node.func
   if not isinstance(func, libcst().Attribute):
     return None
   return cls.__name__ if resolve(dotted(func), planner.src.namespace) is cls else None
