@@ -77,11 +77,16 @@ def rewrite(planner: tp.Any, site: tp.Any) -> bool:
     return False
   if chosen_class(parent, planner.src.namespace) is None:
     return False
-  args = [planner.code(a.value) for a in node.args[:1]]
-  args += [f"{a.keyword.value}={planner.code(a.value)}" for a in node.args[1:]]
-  planner.lift_rewrites[id(node)] = f"{HELPER}({', '.join(args)})"
-  planner.ctx.helpers.add(HELPER)
+  planner.lift_rewrites[id(node)] = _helper_call(planner, node)
   return True
+
+
+def _helper_call(planner: tp.Any, remat: tp.Any) -> str:
+  """`remat_class(Block, <options>)` for the call `nn.remat(Block, <options>)`."""
+  args = [planner.code(remat.args[0].value)]
+  args += [f"{a.keyword.value}={planner.code(a.value)}" for a in remat.args[1:]]
+  planner.ctx.helpers.add(HELPER)
+  return f"{HELPER}({', '.join(args)})"
 
 
 def inlined(planner: tp.Any, site: tp.Any, cls: type) -> str | None:
@@ -96,14 +101,9 @@ def inlined(planner: tp.Any, site: tp.Any, cls: type) -> str | None:
   node = libcst().parse_expression(value)
   if chosen_class(node, planner.src.namespace) is None:
     return None
-  branches = []
-  for branch in (node.body, node.orelse):
-    if _remat_of(branch, planner.src.namespace) is not None:
-      args = [planner.code(branch.args[0].value)]
-      args += [f"{a.keyword.value}={planner.code(a.value)}" for a in branch.args[1:]]
-      branches.append(f"{HELPER}({', '.join(args)})")
-    else:
-      branches.append(planner.code(branch))
-  planner.ctx.helpers.add(HELPER)
+  branches = [
+    _helper_call(planner, b) if _remat_of(b, planner.src.namespace) else planner.code(b)
+    for b in (node.body, node.orelse)
+  ]
   test = planner.rewrite_expr(planner.code(node.test))
   return f"({branches[0]} if {test} else {branches[1]})"
