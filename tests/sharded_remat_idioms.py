@@ -189,3 +189,26 @@ class FlagRematCompact(nn.Module):
     for _ in range(self.cfg.depth):
       x = block(self.cfg)(x)
     return x
+
+
+class CellBlock(nn.Module):
+  """A block rematerialized where it is defined (its name rebound at module level)."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return jnp.tanh(nn.Dense(self.features)(x)) + jnp.mean(x, axis=-1, keepdims=True)
+
+
+CellBlock = nn.remat(CellBlock, prevent_cse=False)
+
+
+class CellStack(nn.Module):
+  """Two of the module-level rematerialized blocks, built and called in a compact method."""
+
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    return CellBlock(3)(CellBlock(self.features)(x))

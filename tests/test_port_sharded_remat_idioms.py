@@ -170,3 +170,14 @@ def test_the_flags_choice_in_a_compact_method_is_built_in_init_through_the_choic
   )
   _equal_to_linen(draft, 0, first, _x(3, 4))
   _grads_run(_equal_to_linen(draft, 1, second, _x(3, 4)), _x(3, 4))
+
+
+def test_a_child_rematerialized_at_module_level_is_built_through_remat_class():
+  """`CellBlock = nn.remat(CellBlock, prevent_cse=False)` after the class, built by a parent:
+  the port builds `remat_class(CellBlock, prevent_cse=False)` (the wrapping line's options)."""
+  first, second = models.CellStack(4), models.CellStack(6)
+  draft = lb.port.draft(first, _x(2, 5), configs=[second])
+  assert draft.ok, draft.report()
+  assert "remat_class(CellBlock, prevent_cse=False)(" in draft.source
+  _grads_run(_equal_to_linen(draft, 0, first, _x(2, 5)), _x(2, 5))
+  _equal_to_linen(draft, 1, second, _x(3, 5))

@@ -13,7 +13,13 @@ from ..plan.hoist import Hoist, match_child
 from ..plan.names import available, loop_targets, names_in
 from ..plan.source import libcst
 from ..trace.trace import Instance
-from ..transforms import flag_remat, keyword_dicts, partitioned_inits, qualified_classes
+from ..transforms import (
+  flag_remat,
+  keyword_dicts,
+  module_level_remat,
+  partitioned_inits,
+  qualified_classes,
+)
 from ..transforms.attention_widths import untaken_width
 from ..transforms.call_time_args import call_time_setting, sizes_nothing
 from ..transforms.norm_feature_axes import batch_norm_refused
@@ -465,6 +471,7 @@ def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
   for rewrite, why in (
     (qualified_classes.drafted_name, qualified_classes.WHY),
     (flag_remat.inlined, flag_remat.WHY),
+    (module_level_remat.construction, module_level_remat.WHY),
   ):
     better = None if drafted else rewrite(planner, site, cls)
     if better is not None:
