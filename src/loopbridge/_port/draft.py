@@ -66,6 +66,7 @@ from .transforms.module_level_lift import is_lifted_user_class, root_notes, user
 from .transforms.module_name import keep_name
 from .transforms.scanned_method import per_step_paths
 from .transforms.shadowing import renamed, shadowing, shadowing_changes
+from .transforms.static_then_array import mark_data
 
 
 def _init_kwargs(
@@ -563,7 +564,7 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
     return fallback_port(src, inherited)
   helpers = set(ctx.helpers)
   try:
-    port = keep_name(as_properties(keep_params(port_class(src, ctx), ctx), ctx))
+    port = keep_name(mark_data(as_properties(keep_params(port_class(src, ctx), ctx), ctx), ctx))
   except PortError:
     raise
   except Exception as e:  # a defect of the drafter: the rest of the model still drafts

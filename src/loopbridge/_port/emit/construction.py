@@ -13,7 +13,13 @@ from ..plan.hoist import Hoist, match_child
 from ..plan.names import available, loop_targets, names_in
 from ..plan.source import libcst
 from ..trace.trace import Instance
-from ..transforms import keyword_dicts
+from ..transforms import (
+  flag_remat,
+  keyword_dicts,
+  module_level_remat,
+  partitioned_inits,
+  qualified_classes,
+)
 from ..transforms.attention_widths import untaken_width
 from ..transforms.call_time_args import call_time_setting, sizes_nothing
 from ..transforms.norm_feature_axes import batch_norm_refused
@@ -301,6 +307,9 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     target = layer.renames.get(field, field)
     if target not in known:
       return None, f"nn.{layer_name(hoist)}'s {field}= has no counterpart in nnx.{layer.nnx_name}"
+    made = partitioned_inits.variable_of(field)
+    if made and partitioned_inits.boxed([*kids, *planner.alt_made(hoist)], "params", made):
+      code = partitioned_inits.unboxed_init(planner, code, hoist.site.lines, hoist.site.method)
     args[target] = code
   linen_fields = {f.name: f for f in dataclasses.fields(tp.cast(type, hoist.site.target))}
   for p in params:
@@ -459,4 +468,14 @@ def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
   # Through a lift or a field holding the class (`self.block_cls(...)`): the drafted class.
   drafted = site.lift is not None or site.factory_field is not None
   func = cls.__name__ if drafted else planner.code(site.node.func)
+  for rewrite, why in (
+    (qualified_classes.drafted_name, qualified_classes.WHY),
+    (flag_remat.inlined, flag_remat.WHY),
+    (module_level_remat.construction, module_level_remat.WHY),
+  ):
+    better = None if drafted else rewrite(planner, site, cls)
+    if better is not None:
+      planner.change(site.lines, func, better, why)
+      func = better
+      break
   return f"{func}({', '.join(parts)})"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import typing as tp
 
+from ..transforms import flag_remat, partitioned_inits
+
 GRU_CELL = '''
 class LinenGRUCell(nnx.Module):
   """Linen's GRUCell in NNX: one Linear per gate, named as in Linen (ir, iz, in, hr, ...)."""
@@ -81,8 +83,13 @@ class NeverCalled:
     raise NotImplementedError(self.what)
 '''
 
-HELPERS = {"LinenGRUCell": GRU_CELL, "NeverCalled": NEVER_CALLED}
-"""Helper class name -> its source (formatted with the draft)."""
+HELPERS = {
+  "LinenGRUCell": GRU_CELL,
+  "NeverCalled": NEVER_CALLED,
+  partitioned_inits.HELPER: partitioned_inits.SOURCE,
+  flag_remat.HELPER: flag_remat.SOURCE,
+}
+"""Helper class (or function) name -> its source (formatted with the draft)."""
 
 
 @functools.cache

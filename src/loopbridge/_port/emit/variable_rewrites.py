@@ -11,7 +11,7 @@ from flax.core import meta
 from ..plan.linen_api import VARIABLE_TYPES
 from ..plan.names import available
 from ..plan.source import libcst, self_target
-from ..transforms import axes_params, custom_collections, lazy_variables
+from ..transforms import axes_params, custom_collections, lazy_variables, partitioned_inits
 from .literals import string_literal
 
 # `rewrite_methods.Rewriter`, whose methods these are; typed loosely so this module stays below it.
@@ -47,7 +47,10 @@ def _param(self: Rewriter, site, original, updated):
       )
       return updated
   init = self.p.rewrite_expr(self.p.code(args[1].value))
-  if not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
+  every = [*self.p.instances, *(i for a in self.p.resolver.alts for i in a.values())]
+  if partitioned_inits.boxed(every, "params", name):
+    init = partitioned_inits.unboxed_init(self.p, init, site.lines, site.method)
+  elif not isinstance(args[1].value, (c.Name, c.Attribute, c.Call, c.Subscript)):
     # `lambda _, shape: jnp.ones(shape)` (HF's RMSNorm) is called, not made the Param.
     init = f"({init})"
   rest = [a.value for a in args[2:]]

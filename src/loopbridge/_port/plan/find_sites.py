@@ -152,6 +152,7 @@ def find_sites(
     loops_of[id(node)] = found_loops
     return method, loop, depth, cond, stmt
 
+  from ..transforms import flag_remat, module_level_remat
   from ..transforms.axes_params import KIND as AXES_PARAM
   from ..transforms.axes_params import is_param_with_axes
   from .linen_api import is_lift
@@ -210,6 +211,10 @@ def find_sites(
         named = resolve(dotted(value), namespace) if dotted(value) else None
         is_class = isinstance(named, type) and issubclass(named, nn.Module)
         once = key not in class_aliases and key not in seen_locals
+        if not is_class:
+          # `nn.remat(Block) if cfg.remat else Block`: Block's construction either way.
+          named = flag_remat.chosen_class(value, namespace)
+          is_class = named is not None
         class_aliases[key] = tp.cast(type, named) if is_class and once else None
         seen_locals.add(key)
       if isinstance(value, c.IfExp) and isinstance(target, c.Name):
@@ -322,6 +327,8 @@ def find_sites(
           sites.append(Site(kind, node, method, lines, loop, depth, cond, attr, outer))
         return
       target = resolve(name, namespace)
+      if module_level_remat.rematerialized(target):
+        target = module_level_remat.user_class(tp.cast(type, target))  # `Block = nn.remat(Block)`
       if is_param_with_axes(target):  # T5X's `param_with_axes(...)`: a Linen param
         sites.append(Site("param", node, method, lines, loop, depth, cond, AXES_PARAM, outer))
         return

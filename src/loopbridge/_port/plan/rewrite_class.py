@@ -16,7 +16,7 @@ from flax import linen as nn
 
 from ..records import Change
 from ..trace.trace import Instance, Trace
-from ..transforms import keyword_dicts
+from ..transforms import flag_remat, keyword_dicts
 from ..transforms.call_filled_locals import filled_during_call
 from ..transforms.cell_carry import is_detached, plan_detached
 from ..transforms.chosen_class import Choice, plan_chosen_class
@@ -270,6 +270,8 @@ class Planner:
     for site in self.sites:
       if site.kind == "lift" and id(site.node) in used_lifts:
         self._plan_lift(site)
+      elif site.kind == "lift" and flag_remat.rewrite(self, site):
+        continue
       elif site.kind == "lift":
         name = getattr(site.target, "__name__", "a lifted transform")
         self.todo(

@@ -56,7 +56,7 @@ def is_lifted_user_class(cls: type) -> bool:
   return inner is not cls and not is_linen_layer(inner)
 
 
-def _wrapping_statement(inner: type) -> tuple[int, str] | None:
+def wrapping_statement(inner: type) -> tuple[int, str] | None:
   """The module-level statement that rebinds the class's name (`Layer = nn.vmap(Layer)`):
   its line and text, the last such assignment after the class."""
   module = sys.modules.get(inner.__module__)
@@ -83,7 +83,7 @@ def root_notes(cls: type, file: str, first_line: int) -> tuple[list[Todo], list[
   if not lifts:
     return [], []
   inner = user_class(cls)
-  where = _wrapping_statement(inner)
+  where = wrapping_statement(inner)
   line, original = where if where is not None else (first_line, inner.__name__)
   if all(lift in _SAME_COMPUTATION for lift in lifts):
     lifted = ", ".join(f"nn.{lift.lower()}" for lift in lifts)

@@ -102,11 +102,15 @@ def lifted_method(
   why it is not drafted (a str: the method becomes a TODO)."""
   from flax import linen as nn
 
+  from . import remat_method
+
+  if lift is nn.checkpoint or lift is nn.remat:
+    return remat_method.rematerialized(planner, fn, decorator)
   if lift is not nn.scan:
     name = getattr(lift, "__name__", "a lifted transform")
     return (
       f"a method under nn.{name} (a Linen lifted transform): apply nnx.{name} to the method's "
-      "body by hand (only nn.scan over a method is drafted)"
+      "body by hand (only nn.scan and nn.remat over a method are drafted)"
     )
   return _scanned(planner, fn, decorator)
 
