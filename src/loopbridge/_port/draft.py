@@ -51,6 +51,7 @@ from .trace.tracing.widths import (
   SymbolicWidths,
   by_value,
   by_value_notes,
+  input_notes,
   symbolic_widths,
   traced_symbolically,
 )
@@ -510,7 +511,12 @@ def draft(
       (
         ch
         for cls in classes
-        for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls), *by_value_notes(ctx, cls))
+        for ch in (
+          *ctx.ported[cls].changes,
+          *literal_notes(ctx, cls),
+          *by_value_notes(ctx, cls),
+          *input_notes(ctx, cls),
+        )
       ),
       key=lambda ch: (ch.file, ch.line),
     )
