@@ -1,5 +1,6 @@
 """The drafting engine on small models: each draft is checked against plain Linen apply."""
 
+import dataclasses
 import functools
 import re
 import types
@@ -68,6 +69,21 @@ def test_param_shape_from_the_trace_and_a_class_used_with_two_widths():
     lb.checkpoint.linen_to_nnx(models.TwoBlocks(), variables, port, x)
     expected, _ = models.TwoBlocks().apply(variables, x, mutable=["batch_stats"])
     np.testing.assert_allclose(port(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_check_runs_an_input_of_another_size_and_fails_a_port_that_keeps_the_samples():
+  from loopbridge._port.check.class_check import check_class, compare_built
+
+  x = jax.random.normal(jax.random.key(1), (3, 5))
+  draft = lb.port.draft(models.TwoBlocks(), x)
+  assert draft.ok
+  assert "an input of another size (x_features=6)" in draft.report()
+  # The same port with the sample's width written in: equal on the sample, not at width 6.
+  kept = dataclasses.replace(draft, source=draft.source.replace("(x_features, 6)", "(5, 6)"))
+  built = kept.port_and_variables()
+  verdict = check_class(kept, compare_built(kept, *built), *built)
+  assert not verdict.equal
+  assert verdict.error is not None and verdict.error.startswith("an input of another size")
 
 
 def test_standard_layers_with_input_widths_and_call_time_flags():

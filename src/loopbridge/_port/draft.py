@@ -51,6 +51,7 @@ from .trace.tracing.widths import (
   SymbolicWidths,
   by_value,
   by_value_notes,
+  input_axes,
   input_notes,
   symbolic_widths,
   traced_symbolically,
@@ -130,6 +131,11 @@ class Draft:
 
   # Each width the symbolic trace did not decide, matched by value (`tracing/widths.py`).
   literals: tuple[ByValue, ...] = dataclasses.field(default=())
+  # Each root constructor argument that is a size of the input (`x_features`): name -> (the
+  # sample call's argument, position or keyword; the axis). The check runs another size.
+  input_sizes: dict[str, tuple[int | str, int]] = dataclasses.field(
+    repr=False, default_factory=dict
+  )
   # Whether the root has a setting a distinct-valued configuration can change: without one,
   # the sample's configuration is the only one, and its check is the whole evidence.
   has_settings: bool = dataclasses.field(repr=False, default=True)
@@ -524,6 +530,7 @@ def draft(
   literals = by_value(ctx, classes)
   result = Draft(
     literals=literals,
+    input_sizes=input_axes(ctx, root_class),
     has_settings=bool(settings(linen_module) or float_settings(linen_module)),
     source=text,
     root=root_class.__name__,

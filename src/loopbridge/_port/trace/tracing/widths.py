@@ -305,3 +305,18 @@ def input_notes(ctx: tp.Any, cls: type) -> list[tp.Any]:
       )
     )
   return out
+
+
+def input_axes(ctx: tp.Any, cls: type) -> dict[str, tuple[int | str, int]]:
+  """Each root constructor argument that is a size of the input: name -> (the sample call's
+  argument, position or keyword; the axis)."""
+  resolver = ctx.ported[cls].resolver
+  view = getattr(resolver, "symbolic", None)
+  if resolver is None or view is None or not resolver.root:
+    return {}
+  out: dict[str, tuple[int | str, int]] = {}
+  for symbol, name in view.inputs.items():
+    axis = view.found.symbols[symbol]
+    if name in resolver.extras and isinstance(axis, InputAxis):
+      out[name] = (axis.where, axis.axis)
+  return out
