@@ -1,7 +1,9 @@
 """The drafting engine on small models: each draft is checked against plain Linen apply."""
 
+import dataclasses
 import functools
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,13 @@ import port_engine_models as models
 def _linen_and_port(draft, *args, **kwargs):
   port, variables = draft.port_and_variables()
   return draft.linen_module.apply(variables, *args, **kwargs), port
+
+
+def _port_built_with(draft, **init_kwargs):
+  """The drafted root built, unedited, with `init_kwargs` in place of the draft's."""
+  module = types.ModuleType("drafted_port")
+  exec(compile(draft.source, "drafted_port.py", "exec"), module.__dict__)
+  return getattr(module, draft.root)(**{**draft.init_kwargs, **init_kwargs}, rngs=nnx.Rngs(0))
 
 
 def _the_todo(module, *args):
@@ -49,19 +58,39 @@ def test_param_shape_from_the_trace_and_a_class_used_with_two_widths():
   assert draft.ok, draft.report()
   # Scaled is written once; its input width differs per instance: an added argument.
   assert draft.source.count("class Scaled(nnx.Module)") == 1
-  assert draft.init_kwargs == {}
-  variables = models.TwoBlocks().init(jax.random.key(0), x)
-  port, _ = draft.port_and_variables()
-  lb.checkpoint.linen_to_nnx(models.TwoBlocks(), variables, port, x)
-  expected, _ = models.TwoBlocks().apply(variables, x, mutable=["batch_stats"])
-  np.testing.assert_allclose(port(x), expected, rtol=1e-6, atol=1e-6)
+  # The root's input width (x.shape[-1]) is a constructor argument, the sample's by default.
+  assert draft.init_kwargs == {"x_features": 5}
+  assert "w_shape=(x_features, 6)" in draft.source
+  assert "pass x_features= for inputs of another size" in draft.report()
+  for width in (5, 7):  # the sample's width, and another the draft never saw
+    x = jax.random.normal(jax.random.key(width), (3, width))
+    variables = models.TwoBlocks().init(jax.random.key(0), x)
+    port = _port_built_with(draft, x_features=width)
+    lb.checkpoint.linen_to_nnx(models.TwoBlocks(), variables, port, x)
+    expected, _ = models.TwoBlocks().apply(variables, x, mutable=["batch_stats"])
+    np.testing.assert_allclose(port(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_check_runs_an_input_of_another_size_and_fails_a_port_that_keeps_the_samples():
+  from loopbridge._port.check.class_check import check_class, compare_built
+
+  x = jax.random.normal(jax.random.key(1), (3, 5))
+  draft = lb.port.draft(models.TwoBlocks(), x)
+  assert draft.ok
+  assert "an input of another size (x_features=6)" in draft.report()
+  # The same port with the sample's width written in: equal on the sample, not at width 6.
+  kept = dataclasses.replace(draft, source=draft.source.replace("(x_features, 6)", "(5, 6)"))
+  built = kept.port_and_variables()
+  verdict = check_class(kept, compare_built(kept, *built), *built)
+  assert not verdict.equal
+  assert verdict.error is not None and verdict.error.startswith("an input of another size")
 
 
 def test_standard_layers_with_input_widths_and_call_time_flags():
   x = jax.random.normal(jax.random.key(2), (2, 8, 8, 3))
   draft = lb.port.draft(models.Norms(), x, train=False)
   assert draft.ok, draft.report()
-  assert "nnx.Conv(3, 4" in draft.source
+  assert "nnx.Conv(x_features, 4" in draft.source and draft.init_kwargs == {"x_features": 3}
   assert "use_running_average=not train" in draft.source
 
 
@@ -182,8 +211,9 @@ def test_a_call_argument_named_like_a_module_global_is_read_from_the_trace():
   x = jax.random.normal(jax.random.key(9), (2, 5))
   draft = lb.port.draft(models.ShadowsAGlobal(), x)
   assert draft.ok, draft.report()
-  assert "nnx.Linear(5, 5," in draft.source  # the call's width, not the global's 7
-  assert "hidden" not in draft.source.split("def __call__")[0]  # __init__ reads no global
+  # the call's width (an argument named after it), not the global's 7
+  assert "nnx.Linear(hidden_features, hidden_features," in draft.source
+  assert not re.search(r"\bhidden\b", draft.source.split("def __call__")[0])  # no global read
   _equal_to_linen(draft, x)
 
 
@@ -231,7 +261,7 @@ def test_layers_of_one_class_built_on_one_line_are_told_apart_by_call_order():
   # Linen names them as they are built (outer, inner, right) and calls the inner one first.
   code = re.sub(r"\s+", "", draft.source)
   assert "returnself.Dense_0(nnx.relu(self.Dense_1(x)))+self.Dense_2(x)" in code
-  assert "self.Dense_1=nnx.Linear(5,4," in code
+  assert "self.Dense_1=nnx.Linear(x_features,4," in code
   _equal_to_linen(draft, x)
 
 
@@ -240,7 +270,7 @@ def test_layers_built_and_called_in_a_list_comprehension():
   draft = lb.port.draft(models.HeadsInAComprehension(), x)
   assert draft.ok, draft.report()
   code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")
-  assert "self.Dense=[nnx.Linear(6,w,rngs=rngs)forlayer,winenumerate(self.widths)]" in code
+  assert "self.Dense=[nnx.Linear(x_features,w,rngs=rngs)forlayer,winenumerate(self.widths)]" in code
   assert "outs=[self.Dense[layer](x)forlayer,winenumerate(self.widths)]" in code
   assert "scales=[self.scale[i](x)foriinrange(2)]" in code
   _equal_to_linen(draft, x)
@@ -257,7 +287,7 @@ def test_flax_examples_resnet_with_the_block_and_conv_classes_in_fields():
   assert draft.ok, draft.report()
   code = re.sub(r"\s+", "", draft.source)
   # partial(self.conv, ...) is a partial of nn.Conv; self.block_cls(...) is the drafted block.
-  assert "self.conv_init=nnx.Conv(3,4,(3,3),(2,2),use_bias=False,rngs=rngs)" in code
+  assert "self.conv_init=nnx.Conv(x_features,4,(3,3),(2,2),use_bias=False,rngs=rngs)" in code
   assert "ExampleBlock(4*2**i,strides=strides,has_norm_proj=" in code
   assert "partial(self.conv" not in code  # the call no longer builds layers
   # `strides = ...` moved to __init__ with the blocks (a `strides=` keyword is not a read of it)
@@ -304,7 +334,7 @@ def test_rnn_over_an_optimized_lstm_cell():
   x = jax.random.normal(jax.random.key(6), (2, 5, 3))
   draft = lb.port.draft(models.Recurrent(), x)
   assert draft.ok, draft.report()
-  assert "nnx.RNN(nnx.LSTMCell(3, 5" in draft.source
+  assert "nnx.RNN(nnx.LSTMCell(x_features, 5" in draft.source
   _equal_to_linen(draft, x)
 
 

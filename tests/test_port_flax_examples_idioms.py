@@ -181,7 +181,7 @@ def test_a_cell_built_inside_an_rnn_held_by_a_local_carries_its_input_width_seq2
   x = jax.random.normal(jax.random.key(0), (2, 4, 3))
   draft = lb.port.draft(RNNThroughALocal(), x, check=False)
   assert not draft.todos, draft.report()
-  assert "nnx.LSTMCell(3, self.hidden_size" in draft.source
+  assert "nnx.LSTMCell(x_features, self.hidden_size" in draft.source
   _equal_to_linen(draft, x)
 
 

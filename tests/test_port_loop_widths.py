@@ -71,7 +71,7 @@ def test_a_layer_appended_in_a_loop_takes_the_previous_layers_width(tmp_path):
   draft = lb.port.draft(m.Stage(), x, configs=())
   assert draft.ok, draft.report()
   code = re.sub(r"\s+", "", draft.source)
-  assert "(4ifnotlayerselselayers[-1].out_features)" in code
+  assert "(x_featuresifnotlayerselselayers[-1].out_features)" in code
   assert_equal_at(draft, tmp_path, m.Stage(out_features=7, depth=4), x)
 
 

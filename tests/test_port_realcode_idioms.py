@@ -110,7 +110,7 @@ def test_layers_collected_in_a_local_list_then_assigned_hf_resnet_stage_and_diff
   # input width is the layer before it's `features` (the loop's count is a setting).
   code = re.sub(r"\s+", "", draft.source)
   assert "layers.append(ConvLayer(" in code and "blocks.append(block)" in code
-  assert "Conv_0_in_features=(3ifnotlayerselselayers[-1].features)" in code
+  assert "Conv_0_in_features=(x_featuresifnotlayerselselayers[-1].features)" in code
   _equal_to_linen(draft, x)
 
 

@@ -51,6 +51,8 @@ from .trace.tracing.widths import (
   SymbolicWidths,
   by_value,
   by_value_notes,
+  input_axes,
+  input_notes,
   symbolic_widths,
   traced_symbolically,
 )
@@ -130,6 +132,11 @@ class Draft:
 
   # Each width the symbolic trace did not decide, matched by value (`tracing/widths.py`).
   literals: tuple[ByValue, ...] = dataclasses.field(default=())
+  # Each root constructor argument that is a size of the input (`x_features`): name -> (the
+  # sample call's argument, position or keyword; the axis). The check runs another size.
+  input_sizes: dict[str, tuple[int | str, int]] = dataclasses.field(
+    repr=False, default_factory=dict
+  )
   # Whether the root has a setting a distinct-valued configuration can change: without one,
   # the sample's configuration is the only one, and its check is the whole evidence.
   has_settings: bool = dataclasses.field(repr=False, default=True)
@@ -511,7 +518,12 @@ def draft(
       (
         ch
         for cls in classes
-        for ch in (*ctx.ported[cls].changes, *literal_notes(ctx, cls), *by_value_notes(ctx, cls))
+        for ch in (
+          *ctx.ported[cls].changes,
+          *literal_notes(ctx, cls),
+          *by_value_notes(ctx, cls),
+          *input_notes(ctx, cls),
+        )
       ),
       key=lambda ch: (ch.file, ch.line),
     )
@@ -519,6 +531,7 @@ def draft(
   literals = by_value(ctx, classes)
   result = Draft(
     literals=literals,
+    input_sizes=input_axes(ctx, root_class),
     has_settings=bool(settings(linen_module) or float_settings(linen_module)),
     source=text,
     root=root_class.__name__,

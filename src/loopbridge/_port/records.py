@@ -87,12 +87,15 @@ class Check:
     first_divergence: where the first unequal call first diverged (call, module path, the
       drafted line the module was built on), or None.
     error: why the check could not run to the end (building, converting or running), or None.
+    checked: what the port was checked at besides the given calls, in order (random inputs,
+      another configuration, an input of another size).
   """
 
   equal: bool
   reports: tuple[tp.Any, ...]
   first_divergence: str | None
   error: str | None
+  checked: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,7 @@ port built with that configuration's arguments.
 
 from __future__ import annotations
 
+import dataclasses
 import typing as tp
 
 import jax
@@ -136,11 +137,12 @@ def merged(first: Check, more: Check, where: str) -> Check:
   reports = (*first.reports, *more.reports)
   if not first.equal:
     return first
+  checked = (*first.checked, where)
   if more.error is not None:
-    return Check(False, reports, None, f"{where}: {more.error}")
+    return Check(False, reports, None, f"{where}: {more.error}", checked)
   if not more.equal:
-    return Check(False, reports, f"{where}: {more.first_divergence}", None)
-  return Check(True, reports, None, None)
+    return Check(False, reports, f"{where}: {more.first_divergence}", None, checked)
+  return Check(True, reports, None, None, checked)
 
 
 def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.Any) -> Check:
@@ -188,7 +190,7 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
     except Exception as e:  # reported as the check's verdict
       more = Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
     verdict = merged(verdict, more, where)
-  return verdict
+  return _at_other_input_size(result, verdict)
 
 
 def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
@@ -201,6 +203,79 @@ def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
       scaled = next((j for j, other in enumerate(labels) if other == f"{label}, scaled"), None)
       out.append(k if scaled is None else scaled)
   return out
+
+
+def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int]] | None:
+  """The sample call with each input axis the root takes as an argument (`x_features`) at a
+  size no setting and no other axis of the sample has, and those arguments; None when the
+  root takes none, or Linen does not run at those sizes."""
+  sizes: dict[str, tp.Any] = getattr(result, "input_sizes", {})
+  sample: Call = result.calls[0]
+  if not sizes:
+    return None
+  taken = _ints(result.linen_module) | {
+    int(d) for a in (*sample.args, *sample.kwargs.values()) for d in getattr(a, "shape", ())
+  }
+  new: dict[tuple[int | str, int], int] = {}
+  kwargs: dict[str, int] = {}
+  for name, (where, axis) in sizes.items():
+    size = int(result.init_kwargs[name]) + 1
+    while size in taken:
+      size += 1
+    taken.add(size)
+    new[(where, axis)] = kwargs[name] = size
+  keys = iter(jax.random.split(jax.random.key(13), len(sample.args) + len(sample.kwargs)))
+
+  def one(where: int | str, a: object) -> object:
+    key = next(keys)
+    if not isinstance(a, (jax.Array, np.ndarray)) or a.ndim == 0:
+      return a
+    shape = [new.get((where, axis), d) for axis, d in enumerate(a.shape)]
+    return _random_like(np.zeros(shape, a.dtype), key, None)
+
+  call = Call(
+    *[one(i, a) for i, a in enumerate(sample.args)],
+    method=sample.method,
+    **{k: one(k, v) for k, v in sample.kwargs.items()},
+  )
+  try:
+    jax.eval_shape(
+      lambda: nn.Module.init(
+        result.linen_module, rng_streams(()), *call.args, method=call.method, **call.kwargs
+      )
+    )
+  except Exception:  # a size the model does not take is not checked
+    return None
+  return call, kwargs
+
+
+def _ints(module: nn.Module) -> set[int]:
+  """The integer settings of `module` (fields, and fields of a config object it holds)."""
+  from ..trace.tracing.settings import settings
+
+  return {s.value for s in settings(module)}
+
+
+def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
+  """The port built with another input size (`x_features=...`) against Linen there."""
+  found = _other_input_size(result) if verdict.equal else None
+  if found is None:
+    return verdict
+  call, kwargs = found
+  where = "an input of another size (" + ", ".join(f"{k}={v}" for k, v in kwargs.items()) + ")"
+  try:
+    resized = dataclasses.replace(result, init_kwargs={**result.init_kwargs, **kwargs})
+    more = at_config(
+      result.linen_module,
+      resized.build(),
+      call,
+      result.source,
+      result.unpaired,
+      result.check_precision,
+    )
+  except Exception as e:  # reported as the check's verdict
+    more = Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
+  return merged(verdict, more, where)
 
 
 def _describe(module: nn.Module, other: nn.Module) -> str:

@@ -56,6 +56,8 @@ def render(
     elif check.equal:
       n = len(check.reports)
       lines.append(f"Verdict ({at}): equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
+      if check.checked:
+        lines.append("Checked at: the given calls; " + "; ".join(check.checked) + ".")
     else:
       lines.append(f"Verdict ({at}): NOT equal; first divergence at {check.first_divergence}.")
   if todos and check is not None and check.equal:

@@ -109,11 +109,9 @@ def symbolic_width(
     return None if resolver.root else PASSED
   text = texts[0]
   if resolver.root and _reads_inputs(view, text):
-    if not ROOT_INPUT_ARGUMENTS:
-      # The root's input sizes: the sample's numbers, as the port is checked on that input.
-      for symbol, name in view.inputs.items():
-        text = re.sub(rf"\b{re.escape(name)}\b", str(view.found.sample[symbol]), text)
-      return text
+    # A width read from the root's input (`x.shape[-1]`): a constructor argument, as NNX
+    # layers take their input width when built; the sample's number would be silently wrong
+    # for an input of another size.
     _add_inputs(resolver, view, text, len(alt_values))
   return text
 
@@ -121,12 +119,6 @@ def symbolic_width(
 def _agreed(texts: list[str] | None, found: list[str]) -> list[str]:
   """The writings of the instances so far that this instance can be written as too."""
   return list(found) if texts is None else [t for t in texts if t in found]
-
-
-# A width of the root read from its input's size (`x.shape[-1]`): an added constructor
-# argument (`x_features`, the sample's size by default) when True; the sample's number when
-# False, as drafts wrote it before the symbolic trace (tests and users read those literals).
-ROOT_INPUT_ARGUMENTS = False
 
 
 def _reads_inputs(view: SymbolicWidths, text: str) -> bool:
@@ -285,3 +277,46 @@ def by_value_notes(ctx: tp.Any, cls: type) -> list[tp.Any]:
     )
     for b in by_value(ctx, [cls])
   ]
+
+
+def input_notes(ctx: tp.Any, cls: type) -> list[tp.Any]:
+  """Report rows for the root's constructor arguments that are sizes of its input."""
+  from ...records import Change
+
+  port = ctx.ported[cls]
+  resolver = port.resolver
+  view = getattr(resolver, "symbolic", None)
+  if resolver is None or view is None or not resolver.root:
+    return []
+  out = []
+  for symbol, name in view.inputs.items():
+    if name not in resolver.extras:
+      continue
+    axis = view.found.symbols[symbol]
+    size = view.found.sample[symbol]
+    out.append(
+      Change(
+        port.source.file,
+        port.source.first_line,
+        f"{axis.label()} = {size} in the sample",
+        f"{name} (a constructor argument, the sample's {size} by default)",
+        "a width read from the input's size: NNX layers take it when built; pass "
+        f"{name}= for inputs of another size",
+      )
+    )
+  return out
+
+
+def input_axes(ctx: tp.Any, cls: type) -> dict[str, tuple[int | str, int]]:
+  """Each root constructor argument that is a size of the input: name -> (the sample call's
+  argument, position or keyword; the axis)."""
+  resolver = ctx.ported[cls].resolver
+  view = getattr(resolver, "symbolic", None)
+  if resolver is None or view is None or not resolver.root:
+    return {}
+  out: dict[str, tuple[int | str, int]] = {}
+  for symbol, name in view.inputs.items():
+    axis = view.found.symbols[symbol]
+    if name in resolver.extras and isinstance(axis, InputAxis):
+      out[name] = (axis.where, axis.axis)
+  return out
