@@ -213,13 +213,17 @@ def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int]] | None:
   sample: Call = result.calls[0]
   if not sizes:
     return None
-  taken = _ints(result.linen_module) | {
-    int(d) for a in (*sample.args, *sample.kwargs.values()) for d in getattr(a, "shape", ())
+  arrays = {
+    **{i: a for i, a in enumerate(sample.args) if isinstance(a, (jax.Array, np.ndarray))},
+    **{k: a for k, a in sample.kwargs.items() if isinstance(a, (jax.Array, np.ndarray))},
   }
+  taken = _ints(result.linen_module) | {int(d) for a in arrays.values() for d in a.shape}
   new: dict[tuple[int | str, int], int] = {}
   kwargs: dict[str, int] = {}
   for name, (where, axis) in sizes.items():
-    size = int(result.init_kwargs[name]) + 1
+    if where not in arrays or axis >= arrays[where].ndim:
+      return None
+    size = int(arrays[where].shape[axis]) + 1
     while size in taken:
       size += 1
     taken.add(size)

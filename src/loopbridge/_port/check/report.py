@@ -55,9 +55,9 @@ def render(
       lines.append(f"Verdict ({at}): the check did not run to the end: {check.error}")
     elif check.equal:
       n = len(check.reports)
-      lines.append(f"Verdict ({at}): equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
       if check.checked:
         lines.append("Checked at: the given calls; " + "; ".join(check.checked) + ".")
+      lines.append(f"Verdict ({at}): equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
     else:
       lines.append(f"Verdict ({at}): NOT equal; first divergence at {check.first_divergence}.")
   if todos and check is not None and check.equal:
