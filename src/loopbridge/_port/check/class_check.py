@@ -205,29 +205,80 @@ def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
   return out
 
 
-def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int]] | None:
-  """The sample call with each input axis the root takes as an argument (`x_features`) at a
-  size no setting and no other axis of the sample has, and those arguments; None when the
-  root takes none, or Linen does not run at those sizes."""
+def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None:
+  """The sample call at other input sizes, the root's size arguments there (`x_features`), and
+  what changed; None when nothing changes or Linen does not run at those sizes.
+
+  Changed: each input axis the root takes as an argument, and the last axis of each float
+  array (a feature width, which a Linen layer infers from the input: a port that wrote the
+  sample's number is wrong there), each to a size no setting and no other axis of the sample
+  has. Where Linen refuses that, the arguments' axes alone.
+  """
+  from ..records import PortOf
+
   sizes: dict[str, tp.Any] = getattr(result, "input_sizes", {})
   sample: Call = result.calls[0]
-  if not sizes:
+  if any(isinstance(v, PortOf) for v in result.init_kwargs.values()):
+    # A port handed in (`lb.port.PortOf`) is built with its own instance's input widths,
+    # which another input size changes and the draft cannot say: not checked.
     return None
   arrays = {
     **{i: a for i, a in enumerate(sample.args) if isinstance(a, (jax.Array, np.ndarray))},
     **{k: a for k, a in sample.kwargs.items() if isinstance(a, (jax.Array, np.ndarray))},
   }
+  if any(where not in arrays or axis >= arrays[where].ndim for where, axis in sizes.values()):
+    return None
   taken = _ints(result.linen_module) | {int(d) for a in arrays.values() for d in a.shape}
-  new: dict[tuple[int | str, int], int] = {}
-  kwargs: dict[str, int] = {}
-  for name, (where, axis) in sizes.items():
-    if where not in arrays or axis >= arrays[where].ndim:
-      return None
-    size = int(arrays[where].shape[axis]) + 1
-    while size in taken:
-      size += 1
-    taken.add(size)
-    new[(where, axis)] = kwargs[name] = size
+
+  def free(size: int, step: int) -> int:
+    """The first size after `size`, counting by `step`, that nothing in the sample has."""
+    new = size + step
+    while new in taken:
+      new += step
+    taken.add(new)
+    return new
+
+  by_argument = {(where, axis) for where, axis in sizes.values()}
+  features = {
+    (where, a.ndim - 1)
+    for where, a in arrays.items()
+    if a.ndim >= 2 and jnp.issubdtype(a.dtype, jnp.floating)
+  }
+  # The next free size, else the next free multiple (a width that heads must divide).
+  tries = [
+    (axes, step)
+    for axes in (by_argument | features, by_argument)
+    for step in ("one", "multiple")
+    if axes
+  ]
+  for axes, step in tries:
+    old = {int(arrays[w].shape[ax]) for w, ax in axes}
+    renamed = {size: free(size, 1 if step == "one" else size) for size in sorted(old)}
+    # The same new size for every axis of one old size (a mask's length follows the ids').
+    new = {(w, ax): renamed[int(arrays[w].shape[ax])] for w, ax in sorted(axes, key=str)}
+    call = _with_sizes(sample, new)
+    try:
+      jax.eval_shape(
+        lambda call=call: nn.Module.init(
+          result.linen_module, rng_streams(()), *call.args, method=call.method, **call.kwargs
+        )
+      )
+    except Exception:  # a size the model does not take is not checked
+      continue
+    kwargs = {name: new[(w, ax)] for name, (w, ax) in sizes.items()}
+    what = ", ".join(f"{name}={v}" for name, v in kwargs.items()) or ", ".join(
+      f"{_label(w)}.shape[{ax}]={v}" for (w, ax), v in new.items()
+    )
+    return call, kwargs, what
+  return None
+
+
+def _label(where: int | str) -> str:
+  return f"argument {where}" if isinstance(where, int) else where
+
+
+def _with_sizes(sample: Call, new: dict[tuple[int | str, int], int]) -> Call:
+  """The sample call with random arrays, each axis in `new` at its new size."""
   keys = iter(jax.random.split(jax.random.key(13), len(sample.args) + len(sample.kwargs)))
 
   def one(where: int | str, a: object) -> object:
@@ -237,20 +288,11 @@ def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int]] | None:
     shape = [new.get((where, axis), d) for axis, d in enumerate(a.shape)]
     return _random_like(np.zeros(shape, a.dtype), key, None)
 
-  call = Call(
+  return Call(
     *[one(i, a) for i, a in enumerate(sample.args)],
     method=sample.method,
     **{k: one(k, v) for k, v in sample.kwargs.items()},
   )
-  try:
-    jax.eval_shape(
-      lambda: nn.Module.init(
-        result.linen_module, rng_streams(()), *call.args, method=call.method, **call.kwargs
-      )
-    )
-  except Exception:  # a size the model does not take is not checked
-    return None
-  return call, kwargs
 
 
 def _ints(module: nn.Module) -> set[int]:
@@ -265,8 +307,8 @@ def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
   found = _other_input_size(result) if verdict.equal else None
   if found is None:
     return verdict
-  call, kwargs = found
-  where = "an input of another size (" + ", ".join(f"{k}={v}" for k, v in kwargs.items()) + ")"
+  call, kwargs, what = found
+  where = f"an input of another size ({what})"
   try:
     resized = dataclasses.replace(result, init_kwargs={**result.init_kwargs, **kwargs})
     more = at_config(
