@@ -48,15 +48,15 @@ def render(
   if check is None:
     lines.append("Verdict: not checked (check=False).")
   else:
-    # The tolerance first: the report ends with the measured verdict.
+    # What it was checked at, then the tolerance: the report ends with the measured verdict.
+    if check.equal and check.checked:
+      lines.append("Checked at: the given calls; " + "; ".join(check.checked) + ".")
     lines.append(_tolerance_line(check, precision))
     at = f"check_precision={precision!r}"
     if check.error is not None:
       lines.append(f"Verdict ({at}): the check did not run to the end: {check.error}")
     elif check.equal:
       n = len(check.reports)
-      if check.checked:
-        lines.append("Checked at: the given calls; " + "; ".join(check.checked) + ".")
       lines.append(f"Verdict ({at}): equal to the Linen model on {n} call{'s' if n != 1 else ''}.")
     else:
       lines.append(f"Verdict ({at}): NOT equal; first divergence at {check.first_divergence}.")
