@@ -6,7 +6,6 @@ import dataclasses
 import os
 import typing as tp
 
-import numpy as np
 from flax import linen as nn
 from flax import nnx
 
@@ -34,6 +33,7 @@ from .errors import (
   bad_configs,
   bad_method,
   bad_variables,
+  check_build_arguments,
   flax_layer,
   not_a_linen_module,
 )
@@ -69,6 +69,9 @@ from .transforms.module_name import keep_name
 from .transforms.scanned_method import per_step_paths
 from .transforms.shadowing import renamed, shadowing, shadowing_changes
 from .transforms.static_then_array import mark_data
+
+# Report rows besides each class's changes: literals, widths matched by value, input sizes.
+_NOTES = (literal_notes, by_value_notes, input_notes)
 
 
 def _init_kwargs(
@@ -132,8 +135,7 @@ class Draft:
 
   # Each width the symbolic trace did not decide, matched by value (`tracing/widths.py`).
   literals: tuple[ByValue, ...] = dataclasses.field(default=())
-  # Each root constructor argument that is a size of the input (`x_features`): name -> (the
-  # sample call's argument, position or keyword; the axis). The check runs another size.
+  # Root arguments that are input sizes (`x_features`): name -> (call argument, axis).
   input_sizes: dict[str, tuple[int | str, int]] = dataclasses.field(
     repr=False, default_factory=dict
   )
@@ -175,7 +177,7 @@ class Draft:
       >>> d = lb.port.draft(nn.Dense(3), jnp.ones((1, 2)), check=False)  # doctest: +SKIP
       >>> d.build().Dense_0  # doctest: +SKIP
     """
-    _check_build_arguments(rngs, config, len(self.configs))
+    check_build_arguments(rngs, config, len(self.configs))
     module = exec_source(self.source, self.filename, unique_name(self.root))
     cls = getattr(module, self.root)
     # flax 0.12 shards an annotated Variable when it is created, which needs a mesh; the draft
@@ -249,28 +251,6 @@ class Draft:
     with open(path, "w") as f:
       f.write(text)
     return path
-
-
-def _check_build_arguments(rngs: object, config: object, configs: int) -> None:
-  """`Draft.build`'s arguments, refused with what to pass instead."""
-  if rngs is not None and not isinstance(rngs, nnx.Rngs):
-    raise PortError(
-      f"Draft.build: rngs= must be an nnx.Rngs (the port's random streams), got "
-      f"{type(rngs).__name__} {rngs!r}. Fix: draft.build(rngs=nnx.Rngs({rngs!r})), or leave "
-      "it out for nnx.Rngs(0)."
-    )
-  if isinstance(config, bool) or not isinstance(config, (int, np.integer)):
-    raise PortError(
-      f"Draft.build: config= must be an int, got {type(config).__name__} {config!r}. Fix: 0 "
-      f"for the drafted module, or k in 1..{configs} for draft.configs[k - 1]."
-    )
-  if not 0 <= config <= configs:
-    which = (
-      f"0 (the drafted module) or 1..{configs} (draft.configs[k - 1])"
-      if configs
-      else "0 (the drafted module; this draft traced no other configuration)"
-    )
-    raise PortError(f"Draft.build: config={config} is not one of the draft's: pass {which}.")
 
 
 def _port_all(
@@ -518,12 +498,7 @@ def draft(
       (
         ch
         for cls in classes
-        for ch in (
-          *ctx.ported[cls].changes,
-          *literal_notes(ctx, cls),
-          *by_value_notes(ctx, cls),
-          *input_notes(ctx, cls),
-        )
+        for ch in (*ctx.ported[cls].changes, *(c for n in _NOTES for c in n(ctx, cls)))
       ),
       key=lambda ch: (ch.file, ch.line),
     )

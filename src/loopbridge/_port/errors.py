@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+from flax import nnx
+
 from .._core.errors import LoopbridgeError
 
 
@@ -115,3 +118,25 @@ def trace_defect(cls: type, error: BaseException) -> str:
     "lb.port.draft: please report it with the model's call arguments. Workaround: pass the "
     "non-array arguments (a mesh, a config) as fields of the module instead of at the call."
   )
+
+
+def check_build_arguments(rngs: object, config: object, configs: int) -> None:
+  """`Draft.build`'s arguments, refused with what to pass instead."""
+  if rngs is not None and not isinstance(rngs, nnx.Rngs):
+    raise PortError(
+      f"Draft.build: rngs= must be an nnx.Rngs (the port's random streams), got "
+      f"{type(rngs).__name__} {rngs!r}. Fix: draft.build(rngs=nnx.Rngs({rngs!r})), or leave "
+      "it out for nnx.Rngs(0)."
+    )
+  if isinstance(config, bool) or not isinstance(config, (int, np.integer)):
+    raise PortError(
+      f"Draft.build: config= must be an int, got {type(config).__name__} {config!r}. Fix: 0 "
+      f"for the drafted module, or k in 1..{configs} for draft.configs[k - 1]."
+    )
+  if not 0 <= config <= configs:
+    which = (
+      f"0 (the drafted module) or 1..{configs} (draft.configs[k - 1])"
+      if configs
+      else "0 (the drafted module; this draft traced no other configuration)"
+    )
+    raise PortError(f"Draft.build: config={config} is not one of the draft's: pass {which}.")
