@@ -188,7 +188,7 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
         result.check_precision,
       )
     except Exception as e:  # reported as the check's verdict
-      more = Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
+      more = build_failed(e)
     verdict = merged(verdict, more, where)
   return _at_other_input_size(result, verdict)
 
@@ -320,7 +320,7 @@ def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
       result.check_precision,
     )
   except Exception as e:  # reported as the check's verdict
-    more = Check(False, (), None, f"building or converting the port: {type(e).__name__}: {e}")
+    more = build_failed(e)
   return merged(verdict, more, where)
 
 

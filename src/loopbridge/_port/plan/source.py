@@ -71,3 +71,13 @@ def self_target(stmt: tp.Any) -> str | None:
   if isinstance(target, c.Attribute) and dotted(target.value) == "self":
     return target.attr.value
   return None
+
+
+def is_docstring(stmt: tp.Any) -> bool:
+  """A method body's first statement is its docstring (kept ahead of a lifted body)."""
+  c = libcst()
+  return (
+    isinstance(stmt, c.SimpleStatementLine)
+    and isinstance(stmt.body[0], c.Expr)
+    and isinstance(stmt.body[0].value, (c.SimpleString, c.ConcatenatedString))
+  )

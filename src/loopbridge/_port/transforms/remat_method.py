@@ -23,7 +23,7 @@ from __future__ import annotations
 import typing as tp
 
 from ..plan.names import names_in
-from ..plan.source import dotted, libcst, resolve
+from ..plan.source import dotted, is_docstring, libcst, resolve
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -81,7 +81,7 @@ def rematerialized(planner: tp.Any, fn: cst.FunctionDef, decorator: cst.Decorato
     )
   names = [p.name.value for p in params.params]
   body = list(fn.body.body)
-  doc = body[:1] if body and _is_docstring(body[0]) else []
+  doc = body[:1] if body and is_docstring(body[0]) else []
   inner_name = "body"
   while inner_name in names_in(fn):
     inner_name = f"{inner_name}_"
@@ -96,12 +96,3 @@ def rematerialized(planner: tp.Any, fn: cst.FunctionDef, decorator: cst.Decorato
     planner.positions[decorator].start.line, f"@{planner.code(decorator.decorator)}", remat, WHY
   )
   return fn.with_changes(body=fn.body.with_changes(body=[*doc, inner, ret]))
-
-
-def _is_docstring(stmt: tp.Any) -> bool:
-  c = libcst()
-  return (
-    isinstance(stmt, c.SimpleStatementLine)
-    and isinstance(stmt.body[0], c.Expr)
-    and isinstance(stmt.body[0].value, (c.SimpleString, c.ConcatenatedString))
-  )

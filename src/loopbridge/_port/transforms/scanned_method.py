@@ -17,7 +17,7 @@ import functools
 import typing as tp
 
 from ..plan.names import names_in
-from ..plan.source import dotted, libcst, resolve
+from ..plan.source import dotted, is_docstring, libcst, resolve
 
 if tp.TYPE_CHECKING:
   import libcst as cst
@@ -146,7 +146,7 @@ def _scanned(planner: tp.Any, fn: cst.FunctionDef, decorator: cst.Decorator) -> 
   if len(per_input) != len(xs):
     return f"nn.scan's in_axes={in_axes!r} for {len(xs)} scanned inputs: scan it by hand"
   body = list(fn.body.body)
-  doc = body[:1] if body and _is_docstring(body[0]) else []
+  doc = body[:1] if body and is_docstring(body[0]) else []
   step = "step"
   taken = names_in(fn) | {carry, *xs}
   while step in taken:
@@ -168,15 +168,6 @@ def _scanned(planner: tp.Any, fn: cst.FunctionDef, decorator: cst.Decorator) -> 
   planner.port.scans_a_method = True
   planner.change(planner.positions[decorator].start.line, f"@{planner.code(call)}", scan, WHY)
   return fn.with_changes(body=fn.body.with_changes(body=[*doc, inner, ret]))
-
-
-def _is_docstring(stmt: tp.Any) -> bool:
-  c = libcst()
-  return (
-    isinstance(stmt, c.SimpleStatementLine)
-    and isinstance(stmt.body[0], c.Expr)
-    and isinstance(stmt.body[0].value, (c.SimpleString, c.ConcatenatedString))
-  )
 
 
 def per_step_paths(traced: tp.Any, ported: tp.Mapping[type, tp.Any]) -> tuple[str, ...]:
