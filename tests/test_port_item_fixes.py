@@ -196,23 +196,35 @@ def test_a_layer_loop_over_a_list_the_call_fills_is_a_todo_naming_the_loop():
   assert "skips = []" not in draft.source.split("def __init__")[1].split("def __call__")[0]
 
 
-def _right_for_the_samples_width_only(draft):
-  """The input's width is the sample's number (the symbolic trace keeps an attention's input
-  width concrete): the check at an input of another width fails, so the draft is not ok."""
-  assert not draft.todos and draft.check is not None and not draft.ok, draft.report()
-  assert (draft.check.error or "").startswith("an input of another size"), draft.report()
+def _port_at(draft, model, args, **sizes):
+  """The drafted port built with `sizes` (its input-width arguments), holding Linen's own init
+  at `args`; compared with Linen's `apply` there, an input width the draft never saw."""
+  import types
+
+  module = types.ModuleType("drafted_port")
+  exec(compile(draft.source, "drafted_port.py", "exec"), module.__dict__)
+  port = getattr(module, draft.root)(**{**draft.init_kwargs, **sizes}, rngs=nnx.Rngs(0))
+  variables = model.init(jax.random.key(3), *args)
+  lb.checkpoint.linen_to_nnx(model, variables, port, *args)
+  _close(port(*args), model.apply(variables, *args))
 
 
 @pytest.mark.parametrize(("heads", "width"), [(2, 4), (4, 8)])
 def test_self_attention_with_a_positional_mask_is_built_at_the_inputs_width(heads, width):
+  """The attention's input width is the root's `x_features` argument (a symbol in the trace,
+  as a multiple of its size, which the heads divide), not the sample's number."""
   model = models.SelfAttentionMasked(heads=heads)
   x = _normal(0, 2, 3, width)
   mask = jnp.tril(jnp.ones((2, 1, 3, 3), bool))
   draft = lb.port.draft(model, x, mask)
-  _right_for_the_samples_width_only(draft)
+  assert draft.ok, draft.report()
+  assert draft.init_kwargs == {"heads": heads, "x_features": width}
   assert "in_kv_features" not in draft.source
+  assert "an input of another size" in draft.report()
   port, variables = draft.port_and_variables()
   _close(port(x, mask), model.apply(variables, x, mask))
+  other = 3 * width  # a width the heads divide, that the sample did not have
+  _port_at(draft, model, (_normal(4, 2, 5, other), jnp.ones((2, 1, 5, 5), bool)), x_features=other)
 
 
 def test_cross_attention_from_a_wider_key_value_input():
@@ -222,9 +234,12 @@ def test_cross_attention_from_a_wider_key_value_input():
   import inspect
 
   if "in_kv_features" in inspect.signature(nnx.MultiHeadAttention.__init__).parameters:
-    _right_for_the_samples_width_only(draft)
+    assert draft.ok, draft.report()
+    assert draft.init_kwargs == {"q_features": 4, "kv_features": 6}
     port, variables = draft.port_and_variables()
     _close(port(q, kv), models.CrossAttention().apply(variables, q, kv))
+    args = (_normal(5, 2, 3, 7), _normal(6, 2, 4, 9))
+    _port_at(draft, models.CrossAttention(), args, q_features=7, kv_features=9)
   else:
     assert not draft.ok
     (todo,) = draft.todos

@@ -143,3 +143,28 @@ def test_a_divisible_setting_drafts_equal_to_linen_at_another_configuration(tmp_
   assert draft.ok, draft.report()
   assert not draft.literals, [str(b) for b in draft.literals]
   assert_equal_at(draft, tmp_path, m.Heads(hidden=15, heads=3), x)
+
+
+def test_an_attention_input_width_is_a_multiple_of_its_size_and_no_concrete_setting():
+  """flax's attention asserts its width divisible by a literal `num_heads`, and its
+  `DenseGeneral` flattens kernel shapes with `np.prod` and `int`: the input width is traced as
+  its own size times a symbol, and every projection's kernel is an expression of it."""
+  import flax.linen as nn
+  from flax.linen import linear
+
+  from loopbridge._port.records import Call
+  from loopbridge._port.trace.tracing.symbolic import InputAxis, symbolic_trace
+
+  class Attend(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.SelfAttention(num_heads=2)(x, deterministic=True)
+
+  globals_before = (linear.np, "int" in vars(linear))
+  found = symbolic_trace(Attend(), Call(jax.numpy.ones((2, 3, 4))), (), 0)
+  assert (linear.np, "int" in vars(linear)) == globals_before  # the module is as it was
+  assert found is not None and found.concrete == ()
+  width = found.bound[InputAxis(0, 2, 4)]
+  assert str(width).startswith("4*")
+  kernel = found.trace.instances[("SelfAttention_0", "query")].variables[("params", "kernel")]
+  assert kernel.shape[0] == width and tuple(kernel.shape[1:]) == (2, 2 * width // 4)

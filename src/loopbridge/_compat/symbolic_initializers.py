@@ -7,16 +7,86 @@ be made abstractly. jax 0.5 to 0.10 compute the fans as symbolic dimensions and 
 The symbolic trace only reads shapes, so inside `symbolic_safe_initializers()` the fans of a
 shape holding a symbol are 1 (the scale of the values, never their shape); concrete shapes
 keep jax's own fans.
+
+flax's `DenseGeneral` (the query, key, value and output projections of every Linen attention)
+flattens its kernel's shape with `np.prod` and `int` before calling the initializer: `np.prod`
+of an empty tuple is the float `1.0`, which turns a symbol times it into a traced array, and
+`int` of a symbol raises. So an attention's input width could never be a symbol, and its port
+kept the sample's width. Inside `symbolic_safe_initializers()` that module's `np.prod` is an
+integer product and its `int` lets a symbol through; concrete shapes flatten as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import typing as tp
+
+import numpy as np
 
 
 @contextlib.contextmanager
 def symbolic_safe_initializers() -> tp.Iterator[None]:
+  with _symbolic_safe_fans(), _symbolic_safe_dense_general():
+    yield
+
+
+class _IntegerProducts:
+  """numpy, except that `prod` of a shape is an integer (`1` for `()`, not `1.0`), so a symbol
+  times it stays a symbol."""
+
+  def __init__(self, numpy: tp.Any):
+    self._numpy = numpy
+
+  def __getattr__(self, name: str) -> tp.Any:
+    return getattr(self._numpy, name)
+
+  def prod(self, a: tp.Any, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+    if isinstance(a, tuple) and not args and not kwargs and all(map(_dimension, a)):
+      return math.prod(a)
+    return self._numpy.prod(a, *args, **kwargs)
+
+
+def _dimension(d: tp.Any) -> bool:
+  return isinstance(d, (int, np.integer)) or type(d).__name__ == "_DimExpr"
+
+
+class _IntType(type):
+  # The module's `isinstance(k, int)` checks (a kernel size given as one int) keep working.
+  def __instancecheck__(cls, obj: object) -> bool:
+    return isinstance(obj, int)
+
+  def __subclasscheck__(cls, sub: type) -> bool:
+    return issubclass(sub, int)
+
+
+class _IntOrSymbol(metaclass=_IntType):
+  """`int` for the module's conversions, except that a symbol stays a symbol."""
+
+  def __new__(cls, value: tp.Any = 0, *args: tp.Any) -> tp.Any:
+    return value if type(value).__name__ == "_DimExpr" else int(value, *args)
+
+
+@contextlib.contextmanager
+def _symbolic_safe_dense_general() -> tp.Iterator[None]:
+  from flax.linen import linear
+
+  names = ("np", "int")
+  saved = {n: linear.__dict__[n] for n in names if n in linear.__dict__}
+  setattr(linear, "np", _IntegerProducts(np))  # noqa: B010 (a module global, shadowed)
+  setattr(linear, "int", _IntOrSymbol)  # noqa: B010 (the builtin, shadowed in that module)
+  try:
+    yield
+  finally:
+    for n in names:
+      if n in saved:
+        setattr(linear, n, saved[n])
+      else:
+        delattr(linear, n)
+
+
+@contextlib.contextmanager
+def _symbolic_safe_fans() -> tp.Iterator[None]:
   try:
     from jax._src.nn import initializers
   except ImportError:  # nothing to make safe on a JAX without that module

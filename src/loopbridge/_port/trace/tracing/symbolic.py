@@ -88,8 +88,9 @@ def input_axes(sample: Call) -> list[InputAxis]:
 
 
 # How a candidate enters one trial: its own symbol ("own"), the symbol of an equal-valued
-# candidate ("share"), its own symbol times another candidate's symbol ("times") or times
-# another candidate's value, that candidate staying concrete ("scaled").
+# candidate ("share"), its own symbol times another candidate's symbol ("times"), times
+# another candidate's value, that candidate staying concrete ("scaled"), or times a number
+# ("multiple": an input width as a multiple of its own size, which an attention's heads divide).
 Plan = tuple[str, int | None]
 # Candidates (indices) tied to one symbol.
 Unit = tuple[int, ...]
@@ -106,7 +107,7 @@ def _trial(
   """One abstract init with the planned candidates symbolic (raises what the init raises)."""
   from jax import export
 
-  names = [f"_s{i}" for i in sorted(plans) if plans[i][0] in ("own", "times", "scaled")]
+  names = [f"_s{i}" for i in sorted(plans) if plans[i][0] != "share"]
   made = export.symbolic_shape(", ".join(names)) if names else ()
   symbol = dict(zip(names, made))
   bound: dict[Candidate, object] = {}
@@ -119,6 +120,8 @@ def _trial(
       bound[candidates[i]] = factor * symbol[f"_s{i}"]
     elif kind == "scaled":
       bound[candidates[i]] = candidates[tp.cast(int, other)].value * symbol[f"_s{i}"]
+    elif kind == "multiple":
+      bound[candidates[i]] = tp.cast(int, other) * symbol[f"_s{i}"]
   for i, (kind, other) in plans.items():
     if kind == "share":
       bound[candidates[i]] = bound[candidates[tp.cast(int, other)]]
@@ -262,6 +265,9 @@ def symbolic_trace(
     elif kind == "scaled":
       factors[name] = candidates[tp.cast(int, other)].value
       sizes[name] = c.value // factors[name]
+    elif kind == "multiple":
+      factors[name] = tp.cast(int, other)
+      sizes[name] = c.value // factors[name]
   return Symbolic(traced, symbols, bound, concrete, sizes, divisors, factors)
 
 
@@ -275,7 +281,8 @@ def _alternative(
   """The plans that let a candidate failing with a symbol of its own be symbolic: tied to an
   equal-valued candidate (an input axis the model asserts equal to a setting), or a multiple of
   a smaller setting it divides (`qkv_features` of `num_heads`), that setting's symbol or, where
-  it was found to stay concrete (`settled`), its value."""
+  it was found to stay concrete (`settled`), its value; an input axis, else, a multiple of its
+  own size."""
   value = candidates[index].value
   usable = [j for j in range(len(candidates)) if j != index and kept.get(j, ("own",))[0] == "own"]
   partners = [j for j in usable if candidates[j].value == value]
@@ -301,6 +308,13 @@ def _alternative(
       if result is not None:
         return plans, result
     return _scaled(candidates, index, kept, attempt, settled)
+  # An input width a model checks against a number it holds (`features % num_heads == 0`, the
+  # heads a literal): a multiple of its own size meets every such check the sample meets.
+  if value >= 2:
+    plans = {**kept, index: ("multiple", value)}
+    result = attempt(plans)
+    if result is not None:
+      return plans, result
   return None
 
 

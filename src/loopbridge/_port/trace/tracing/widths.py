@@ -160,7 +160,7 @@ def _add_inputs(resolver: Resolver, view: SymbolicWidths, text: str, alts: int) 
   for symbol, name in view.inputs.items():
     if name in resolver.extras or not re.search(rf"\b{re.escape(name)}\b", text):
       continue
-    value = found.sample[symbol]
+    value = found.symbols[symbol].value  # the axis's size (a multiple's symbol is its quotient)
     alt: list[dict[tuple[str, ...], object]] = [{(): value} for _ in range(alts)]
     alt[view.index] = {(): found.bound[found.symbols[symbol]]}
     # The sample's size by default: the port builds as before for inputs of that size.
@@ -293,7 +293,7 @@ def input_notes(ctx: tp.Any, cls: type) -> list[tp.Any]:
     if name not in resolver.extras:
       continue
     axis = view.found.symbols[symbol]
-    size = view.found.sample[symbol]
+    size = axis.value
     out.append(
       Change(
         port.source.file,
