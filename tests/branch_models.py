@@ -391,3 +391,33 @@ class SwiGLUHidden(nn.Module):
   def __call__(self, x):
     a, b = jnp.split(self.weights_in(x), 2, axis=-1)
     return self.weights_out(nn.silu(a) * b)
+
+
+class OptionalWidth(nn.Module):
+  """big_vision's ViT MLP: the hidden width is a setting when set, else four times the input's."""
+
+  mlp_dim: int | None = None
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    h = nn.gelu(nn.Dense(self.mlp_dim or 4 * d)(x))
+    return nn.Dense(d)(h)
+
+
+@dataclasses.dataclass
+class InnerConfig:
+  hidden: int = 8
+  n_inner: int | None = None
+
+
+class OptionalConfigWidth(nn.Module):
+  """HF GPT-2's MLP: `n_inner` when the config sets it, else four times the hidden size."""
+
+  config: InnerConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    inner = c.n_inner if c.n_inner is not None else 4 * c.hidden
+    return nn.Dense(c.hidden)(nn.gelu(nn.Dense(inner)(nn.Dense(c.hidden)(x))))

@@ -27,6 +27,7 @@ from .installed_pair import check_installed_pair, version_tuple
 from .orbax_metadata import orbax_custom_metadata as orbax_custom_metadata
 from .orbax_metadata import orbax_tree_metadata as orbax_tree_metadata
 from .symbolic_initializers import symbolic_safe_initializers as symbolic_safe_initializers
+from .symbolic_initializers import symbolic_safe_modules as symbolic_safe_modules
 
 check_installed_pair()
 

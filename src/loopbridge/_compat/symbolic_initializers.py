@@ -71,18 +71,34 @@ class _IntOrSymbol(metaclass=_IntType):
 def _symbolic_safe_dense_general() -> tp.Iterator[None]:
   from flax.linen import linear
 
-  names = ("np", "int")
-  saved = {n: linear.__dict__[n] for n in names if n in linear.__dict__}
-  setattr(linear, "np", _IntegerProducts(np))  # noqa: B010 (a module global, shadowed)
-  setattr(linear, "int", _IntOrSymbol)  # noqa: B010 (the builtin, shadowed in that module)
+  with symbolic_safe_modules([linear]):
+    yield
+
+
+@contextlib.contextmanager
+def symbolic_safe_modules(modules: tp.Iterable[tp.Any]) -> tp.Iterator[None]:
+  """In each module, `int` lets a symbol through and numpy's `prod` of a shape is an integer,
+  until the block ends: a user's `in_dim = int(x.shape[-1])` (score_sde's `NIN`) then reads
+  a symbolic width as the symbol, as flax's own `DenseGeneral` does."""
+  saved: list[tuple[tp.Any, str, tp.Any]] = []
   try:
+    for module in modules:
+      names = vars(module)
+      saved.append((module, "int", names.get("int", _ABSENT)))
+      names["int"] = _IntOrSymbol
+      if names.get("np") is np:
+        saved.append((module, "np", np))
+        names["np"] = _IntegerProducts(np)
     yield
   finally:
-    for n in names:
-      if n in saved:
-        setattr(linear, n, saved[n])
+    for module, name, value in reversed(saved):
+      if value is _ABSENT:
+        vars(module).pop(name, None)
       else:
-        delattr(linear, n)
+        vars(module)[name] = value
+
+
+_ABSENT = object()
 
 
 @contextlib.contextmanager

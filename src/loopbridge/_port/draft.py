@@ -41,7 +41,7 @@ from .plan.class_port import ClassPort, Context
 from .plan.source import ClassSource, libcst, read_class
 from .plan.standard_layers import is_linen_layer, lookup
 from .records import Call, Change, Check, PortOf, Todo
-from .trace.branch_configs import branch_configs
+from .trace.branch_configs import branch_configs, optional_configs
 from .trace.configs import derived, literal_notes, other_configs
 from .trace.trace import rng_streams, trace
 from .trace.tracing.distinct import add_distinct, float_settings
@@ -455,6 +455,22 @@ def draft(
         mode,
       )
     )
+    if mode == "classes" and configs is None:
+      # An optional width the sources test for being set, flipped: checked there too.
+      done = {label for _, _, label in branches}
+      branches += [
+        b
+        for b in optional_configs(
+          linen_module,
+          sources,
+          traced,
+          all_calls[0],
+          streams,
+          len(others) + len(branches) + 1,
+          lambda m: derived(m, fixed),
+        )
+        if b[2] not in done
+      ]
     if mode == "paths" and not branches:
       break
     labels += tuple(label for _, _, label in branches)

@@ -67,11 +67,28 @@ def traced(
 def setup_local_for(
   self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
 ) -> str | None:
-  """The one setup local bound before this setup construction that equals `get` of what it
-  made in every traced instance of every configuration (`setup_local_values`), else None."""
-  if hoist.site.method != "setup" or hoist.is_list:
+  """A width no field explains, as what `__init__` has where the layer is built, equal to
+  `get` of what it made in every traced instance of every configuration, else None: the one
+  local bound before it in setup, or in the compact method when the method's locals move
+  (`setup_local_values`: GPT-2's `inner = n_inner if n_inner is not None else 4 * hidden`);
+  else the one earlier layer whose output width it is (`self.Dense_0.out_features`, the input
+  width of the layer its output feeds, whatever computed that width)."""
+  if hoist.is_list:
     return None
-  statements = setup_local_values.setup_statements(self.src.text, hoist.site.lines[0])
+  samples = _samples(self, hoist, get)
+  if samples is None:
+    return None
+  statements = setup_local_values.setup_statements(
+    self.src.text, hoist.site.lines[0], hoist.site.method
+  )
+  local = setup_local_values.matching_local(statements, self.src.namespace, samples)
+  return local if local is not None else _earlier_output(self, hoist, get)
+
+
+def _samples(
+  self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
+) -> list[tuple[object, object]] | None:
+  """(parent module, `get` of what the construction made there) in every configuration."""
   samples: list[tuple[object, object]] = []
   try:
     for p, kids in hoist.children.items():
@@ -81,7 +98,40 @@ def setup_local_for(
       samples += [(parents[p].module, v) for p, v in found.items() if p in parents]
   except Exception:  # a width this layer's trace does not give: no evidence
     return None
-  return setup_local_values.matching_local(statements, self.src.namespace, samples)
+  return samples
+
+
+# Linen layer -> the NNX attribute holding its output width.
+_OUTPUT_WIDTH = {nn.Dense: "out_features", nn.Conv: "out_features", nn.Embed: "features"}
+
+
+def _earlier_output(
+  self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
+) -> str | None:
+  """`self.<attr>.out_features` of the one layer built earlier in the same method whose
+  output width equals `get` in every traced instance of every configuration, else None."""
+  mine = _samples(self, hoist, get)
+  if not mine:
+    return None
+  found: list[str] = []
+  for other in self.hoists.values():
+    out = _OUTPUT_WIDTH.get(tp.cast(type, other.site.target))
+    if (
+      out is None
+      or other is hoist
+      or other.is_list
+      or other.site.method != hoist.site.method
+      or other.site.lines[0] >= hoist.site.lines[0]
+    ):
+      continue
+    theirs = _samples(self, other, lambda k: getattr(k.module, "features", None))
+    if (
+      theirs is not None
+      and len(theirs) == len(mine)
+      and all(pa is pb and _same_width(a, b) for (pa, a), (pb, b) in zip(theirs, mine))
+    ):
+      found.append(f"self.{other.attr}.{out}")
+  return found[0] if len(found) == 1 else None
 
 
 def passed_widths(
@@ -213,3 +263,13 @@ def alt_own(
         continue
     out.append(found)
   return out
+
+
+def _same_width(a: object, b: object) -> bool:
+  """Equal ints, or equal expressions of the symbolic trace's symbols."""
+  if a is None or type(a) is not type(b) or isinstance(a, (bool, float, str, tuple)):
+    return False
+  try:
+    return bool(a == b)
+  except Exception:  # symbols jax cannot compare: no evidence
+    return False

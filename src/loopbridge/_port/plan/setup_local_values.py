@@ -39,12 +39,14 @@ def _bound_names(stmt: ast.stmt) -> set[str]:
   return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
-def setup_statements(class_source: str, before_line: int) -> list[ast.stmt]:
-  """Setup's top-level statements that start before line `before_line` of the class text."""
+def setup_statements(class_source: str, before_line: int, method: str = "setup") -> list[ast.stmt]:
+  """The method's top-level statements that start before line `before_line` of the class text
+  (setup's, or a compact method's: its locals that read no call argument are what `__init__`
+  computes for the constructions it moved there)."""
   tree = ast.parse(class_source)
   cls = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
   setup = next(
-    (f for f in (cls.body if cls else []) if isinstance(f, ast.FunctionDef) and f.name == "setup"),
+    (f for f in (cls.body if cls else []) if isinstance(f, ast.FunctionDef) and f.name == method),
     None,
   )
   return [s for s in setup.body if s.lineno < before_line] if setup is not None else []
@@ -80,14 +82,29 @@ def matching_local(
   namespace: tp.Mapping[str, object],
   samples: tp.Sequence[tuple[object, object]],
 ) -> str | None:
-  """The one local equal to the value in every (module, value) sample, else None."""
+  """The one local equal to the value in every (module, value) sample, else None (the
+  symbolic trace's samples hold symbols: a local computed from the symbolic settings is an
+  expression of them)."""
   if not samples:
     return None
+  from ..trace.tracing.expressions import is_symbolic
+
   candidates: set[str] | None = None
   for module, value in samples:
-    if type(value) is not int:
+    if type(value) is not int and not is_symbolic(value):
       return None
     found = local_values(statements, namespace, module)
-    here = {name for name, v in found.items() if type(v) is int and v == value}
+    here = {name for name, v in found.items() if _equal(v, value)}
     candidates = here if candidates is None else candidates & here
   return next(iter(candidates)) if candidates is not None and len(candidates) == 1 else None
+
+
+def _equal(local: object, value: object) -> bool:
+  """The local's value is the width: equal ints, or equal expressions of the symbolic trace's
+  symbols (a local evaluated on the symbolic trace's instance is one)."""
+  if type(local) is not type(value) or isinstance(local, bool):
+    return False
+  try:
+    return bool(local == value)
+  except Exception:  # symbols jax cannot compare: no evidence
+    return False

@@ -81,12 +81,14 @@ def _optional_int(f: dataclasses.Field) -> bool:
   return "int" in words and ("Optional" in words or "None" in words) and "float" not in words
 
 
-def _tested_unset(text: str, name: str) -> bool:
-  """The sources test `self.<name>` for being set: `if self.n:` or `self.n is not None`."""
-  attr = rf"self\.{re.escape(name)}"
+def _tested_unset(text: str, name: str, owner: str = r"self") -> bool:
+  """The sources test `<owner>.<name>` for being set: `if self.n:`, `self.n is not None`,
+  `self.n or 4 * d` (a default where it is unset), `a if self.n else b`."""
+  attr = rf"{owner}\.{re.escape(name)}\b"
   return bool(
-    re.search(rf"\b(?:if|and|or|not)\s+{attr}\s*(?::|and\b|or\b|\))", text)
-    or re.search(rf"{attr}\s+is\s+not\s+None", text)
+    re.search(rf"\b(?:if|and|or|not)\s+{attr}\s*(?::|and\b|or\b|else\b|\))", text)
+    or re.search(rf"{attr}\s+is\s+(?:not\s+)?None", text)
+    or re.search(rf"{attr}\s+or\b", text)
   )
 
 
@@ -116,6 +118,101 @@ def changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
           if s != v:
             out.append({(field, attr): s})
   return out
+
+
+def optional_changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
+  """One change per optional width the sources test for being set (`self.mlp_dim or 4 * d`,
+  `config.n_inner if config.n_inner is not None else 4 * hidden`): set in the sample, left
+  None; None in the sample, set to a width no field has. The two are different computations,
+  and a draft written from one is wrong at the other unless a check there says otherwise."""
+  out: list[dict[Knob, object]] = []
+  ints = [getattr(module, f.name, None) for f in dataclasses.fields(module)]
+  fresh = 1 + max([v for v in ints if type(v) is int] + [2])
+  for f in dataclasses.fields(module):
+    if f.name in ("parent", "name"):
+      continue
+    value = getattr(module, f.name, None)
+    if _optional_int(f) and _tested_unset(text, f.name):
+      out.append({(f.name, None): None if type(value) is int else fresh})
+      continue
+    inner = _settings(value) if not isinstance(value, (int, type(None))) else {}
+    for attr, v in inner.items():
+      if not _tested_unset(text, attr, r"\w+"):
+        continue
+      if v is None:
+        out.append({(f.name, attr): fresh})
+      elif type(v) is int:
+        out.append({(f.name, attr): None})
+  return out
+
+
+def optional_configs(
+  module: nn.Module,
+  sources: tp.Mapping[type, ClassSource],
+  traced: Trace,
+  sample: Call,
+  streams: tp.Iterable[str],
+  first_index: int,
+  scaled: tp.Callable[[nn.Module], list[nn.Module]],
+) -> list[tuple[nn.Module, Trace, str]]:
+  """Each configuration with an optional width flipped (`optional_changes`) whose trace makes
+  a variable of another shape, or other variables: (module, trace, what changed), at the
+  user's numbers and at each scaled one, as `branch_configs` returns them. The check runs the
+  port there, so a width written from the sample's side of the test is never `ok`."""
+  text = "\n".join(s.text for s in sources.values())
+  shapes = _shapes(traced)
+  out: list[tuple[nn.Module, Trace, str]] = []
+  for change in optional_changes(module, text)[:MAX_KEPT]:
+    try:
+      other = changed(module, change)
+      got = trace(other, [(sample.method, sample.args, dict(sample.kwargs))], streams, 0)
+    except Exception:  # a setting the model refuses: no evidence
+      continue
+    if _shapes(got) == shapes:
+      continue
+    what = ", ".join(_describe(k, v) for k, v in change.items())
+    out += _variants(other, got, what, sample, streams, first_index + len(out), scaled)
+  return out
+
+
+def _variants(
+  other: nn.Module,
+  got: Trace,
+  what: str,
+  sample: Call,
+  streams: tp.Iterable[str],
+  first_index: int,
+  scaled: tp.Callable[[nn.Module], list[nn.Module]],
+) -> list[tuple[nn.Module, Trace, str]]:
+  """A kept change and its scaled variants, each traced and numbered as a configuration."""
+  out: list[tuple[nn.Module, Trace, str]] = []
+  variants = [(other, what)] + [
+    (v, f"{what}, scaled" if n == 0 else f"{what}, scaled ({n + 1})")
+    for n, v in enumerate(scaled(other))
+  ]
+  for variant, label in variants:
+    index = first_index + len(out)
+    try:
+      traced = (
+        got
+        if variant is other
+        else trace(variant, [(sample.method, sample.args, dict(sample.kwargs))], streams, index)
+      )
+    except Exception:  # the scaled variant may not build: the unscaled one still counts
+      continue
+    for inst in traced.instances.values():
+      inst.config = index
+    out.append((variant, traced, label))
+  return out
+
+
+def _shapes(traced: Trace) -> dict[tuple[object, ...], object]:
+  """Every variable's shape, by (path, collection, name)."""
+  return {
+    (path, col, name): tuple(getattr(v, "shape", ()))
+    for path, inst in traced.instances.items()
+    for (col, name), v in inst.variables.items()
+  }
 
 
 def branch_configs(
@@ -165,23 +262,7 @@ def branch_configs(
           continue
     seen |= new
     missing = missing_classes(sources.values(), seen)
-    variants = [(other, what)] + [
-      (v, f"{what}, scaled" if n == 0 else f"{what}, scaled ({n + 1})")
-      for n, v in enumerate(scaled(other))
-    ]
-    for variant, label in variants:
-      index = first_index + len(out)
-      try:
-        traced = (
-          got
-          if variant is other
-          else trace(variant, [(sample.method, sample.args, dict(sample.kwargs))], streams, index)
-        )
-      except Exception:  # the scaled variant may not build: the unscaled one still counts
-        continue
-      for inst in traced.instances.values():
-        inst.config = index
-      out.append((variant, traced, label))
+    out += _variants(other, got, what, sample, streams, first_index + len(out), scaled)
   return out
 
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
+import types
 import typing as tp
 
 import jax
 from flax import linen as nn
 
-from ...._compat import symbolic_safe_initializers
+from ...._compat import symbolic_safe_initializers, symbolic_safe_modules
 from ...records import Call
 from ..trace import Trace, trace
 from .settings import Setting, settings, with_values
@@ -141,9 +143,28 @@ def _trial(
       args[where] = abstract
     else:
       kwargs[where] = abstract
-  with symbolic_safe_initializers():  # jax 0.12's initializers on symbolic shapes
+  # jax 0.12's initializers, flax's DenseGeneral and the user's `int(x.shape[-1])` on symbols
+  with symbolic_safe_initializers(), symbolic_safe_modules(user_modules(module)):
     traced = trace(symbolic_module, [(sample.method, tuple(args), kwargs)], streams, config)
   return traced, {n: candidates[int(n[2:])] for n in names}, bound
+
+
+# Modules of these packages are never the user's.
+_LIBRARIES = ("flax", "jax", "jaxlib", "numpy", "loopbridge", "optax", "transformers", "builtins")
+
+
+def user_modules(module: nn.Module) -> list[types.ModuleType]:
+  """The modules the user's model code lives in: the root class's module and every loaded
+  module of its top-level package (score_sde's `models.layers` for `models.layerspp`)."""
+  name = type(module).__module__
+  top = name.split(".")[0]
+  if top in _LIBRARIES:
+    return []
+  return [
+    m
+    for n, m in list(sys.modules.items())
+    if isinstance(m, types.ModuleType) and (n in (top, name) or n.startswith(f"{top}."))
+  ]
 
 
 def _units(candidates: list[Candidate]) -> list[Unit]:

@@ -189,7 +189,9 @@ def symbolic_widths(view: SymbolicWidths, traces: list[tp.Any]) -> SymbolicWidth
 
 def _sizes_at(found: Symbolic, traced: tp.Any) -> dict[str, int] | None:
   """Each symbol's value in the configuration of `traced` (its root's settings; the input's
-  sizes are the sample's), or None when a setting does not read there."""
+  sizes are the sample's), or None when a setting does not read there. A setting left None
+  there (an optional width flipped, `branch_configs.optional_changes`) has no value: an
+  expression of it does not hold there."""
   from .settings import read
 
   root = traced.instances.get(())
@@ -204,12 +206,16 @@ def _sizes_at(found: Symbolic, traced: tp.Any) -> dict[str, int] | None:
       value = read(root.module, c.location)
     except Exception:  # not a setting of that configuration
       return None
+    if value is None:
+      continue
     if type(value) is not int:
       return None
     values[c] = value
   out: dict[str, int] = {}
   for name, c in found.symbols.items():
     divisor = found.divisors.get(name)
+    if c not in values or (divisor is not None and divisor not in values):
+      continue
     if divisor is not None:
       out[name] = values[c] // values[divisor]
     else:
