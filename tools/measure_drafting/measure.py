@@ -12,6 +12,7 @@ output). Writes a markdown table and a JSON file.
     python tools/measure_drafting/measure.py --cases holdout_b --checkouts /tmp/checkouts
     python tools/measure_drafting/measure.py --cases holdout_c --checkouts /tmp/checkouts
     python tools/measure_drafting/measure.py --cases holdout_d --checkouts /tmp/checkouts
+    python tools/measure_drafting/measure.py --cases holdout_e --checkouts /tmp/checkouts
     python tools/measure_drafting/measure.py --validate ...   # Linen only: no drafting
 
 The loopbridge measured is the one under `--loopbridge-src` (default: this checkout's `src`).
@@ -46,7 +47,15 @@ ATOL = 1e-5
 # one-initialized param (a last norm's zero scale) would otherwise hide a wrong port.
 JITTER = 0.05
 RESULT_TAG = "MEASURE-RESULT "
-CASE_SETS = ("holdout", "holdout_b", "holdout_c", "holdout_d", "tuning", "enumerate_hf")
+CASE_SETS = (
+  "holdout",
+  "holdout_b",
+  "holdout_c",
+  "holdout_d",
+  "holdout_e",
+  "tuning",
+  "enumerate_hf",
+)
 
 
 class Mismatch(Exception):
