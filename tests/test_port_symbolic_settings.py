@@ -168,3 +168,46 @@ def test_an_attention_input_width_is_a_multiple_of_its_size_and_no_concrete_sett
   assert str(width).startswith("4*")
   kernel = found.trace.instances[("SelfAttention_0", "query")].variables[("params", "kernel")]
   assert kernel.shape[0] == width and tuple(kernel.shape[1:]) == (2, 2 * width // 4)
+
+
+NIN_SOURCE = """
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+class NIN(nn.Module):
+  '''score_sde's network-in-network layer: its own param, sized by `int(x.shape[-1])`.'''
+
+  num_units: int = 5
+
+  @nn.compact
+  def __call__(self, x):
+    in_dim = int(x.shape[-1])
+    w = self.param("W", nn.initializers.lecun_normal(), (in_dim, self.num_units))
+    return jnp.einsum("...c,cd->...d", x, w)
+"""
+
+
+@pytest.mark.slow  # a draft and its checks
+def test_a_width_the_model_reads_through_int_is_the_inputs_width(tmp_path):
+  """`int(x.shape[-1])` of a symbolic width stays the symbol in the user's module (while the
+  symbolic trace runs): the param is `(x_features, self.num_units)`, right at another width."""
+  from loopbridge._port.records import Call
+  from loopbridge._port.trace.tracing.symbolic import symbolic_trace
+
+  m = load(tmp_path, "symbolic_nin", NIN_SOURCE)
+  x = jax.random.normal(jax.random.key(0), (2, 3, 4))
+  found = symbolic_trace(m.NIN(), Call(x), (), 0)
+  assert found is not None and found.concrete == ()
+  assert m.int is int if hasattr(m, "int") else "int" not in vars(m)  # the module as it was
+  draft = lb.port.draft(m.NIN(), x)
+  assert draft.ok, draft.report()
+  assert draft.init_kwargs == {"num_units": 5, "x_features": 4}
+  for units, width in ((5, 4), (3, 7)):
+    other, wide = m.NIN(num_units=units), jax.random.normal(jax.random.key(1), (2, 3, width))
+    namespace: dict = {}
+    exec(compile(draft.source, "port.py", "exec"), namespace)
+    port = namespace["NIN"](num_units=units, x_features=width, rngs=nnx.Rngs(0))
+    variables = other.init(jax.random.key(2), wide)
+    lb.checkpoint.linen_to_nnx(other, variables, port, wide)
+    np.testing.assert_allclose(port(wide), other.apply(variables, wide), rtol=RTOL, atol=1e-5)
