@@ -188,3 +188,22 @@ class CrossAttention(nn.Module):
   @nn.compact
   def __call__(self, q, kv):
     return nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(q, kv, deterministic=True)
+
+
+def _drop_path_mask(x, rate, deterministic, make_rng):
+  """big_vision's stochastic depth: one keep-or-drop per example, drawn with the rng function
+  the module hands in."""
+  if not deterministic and rate:
+    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+    return 1.0 - jax.random.bernoulli(make_rng("dropout"), rate, shape)
+  return 1.0
+
+
+class StochasticDepthBlock(nn.Module):
+  width: int = 6
+  drop_p: float = 0.5
+
+  @nn.compact
+  def __call__(self, x, *, train=False):
+    y = nn.Dense(x.shape[-1])(nn.relu(nn.Dense(self.width)(nn.LayerNorm()(x))))
+    return x + y * _drop_path_mask(x, self.drop_p, not train, self.make_rng)

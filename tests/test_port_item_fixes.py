@@ -244,3 +244,22 @@ def test_cross_attention_from_a_wider_key_value_input():
     assert not draft.ok
     (todo,) = draft.todos
     assert "in_kv_features=6" in todo.reason
+
+
+@pytest.mark.parametrize("width", [6, 10])
+def test_make_rng_handed_to_a_function_draws_from_the_ports_rngs_big_vision(width):
+  """`_drop_path_mask(x, p, not train, self.make_rng)`: the port hands on a function drawing
+  the named stream from its nnx.Rngs. Deterministic, it is Linen's output; training, each
+  example is either dropped (the input) or kept (the deterministic output), as in Linen."""
+  model = models.StochasticDepthBlock(width=width)
+  x = _normal(0, 8, 3, 4)
+  draft = lb.port.draft(model, x)
+  assert draft.ok, draft.report()
+  assert "(lambda name: self.rngs[name]())" in draft.source
+  port, variables = draft.port_and_variables()
+  kept = model.apply(variables, x)
+  _close(port(x), kept)
+  trained = np.asarray(port(x, train=True))
+  dropped = np.isclose(trained, np.asarray(x), atol=1e-6).all(axis=(1, 2))
+  as_kept = np.isclose(trained, np.asarray(kept), atol=1e-5).all(axis=(1, 2))
+  assert (dropped | as_kept).all() and dropped.any() and as_kept.any()

@@ -446,6 +446,7 @@ class Rewriter:
 
   # Linen's module API through `self` as NNX's (`self_api.py`).
   _self_api = self_api._self_api
+  _bare_make_rng = self_api.bare_make_rng
   leave_UnaryOperation = self_api.leave_UnaryOperation
   leave_BooleanOperation = self_api.leave_BooleanOperation
 
@@ -475,6 +476,8 @@ class Rewriter:
     name = dotted(original)
     if name is None:
       return updated
+    if name == "self.make_rng":
+      return self._bare_make_rng(original, updated)
     head, _, rest = name.partition(".")
     if head in self.local_vars and rest == "value" and self.p.ctx.modern:
       return c.parse_expression(f"{head}[...]")

@@ -14,6 +14,24 @@ from .literals import string_literal
 Rewriter = tp.Any
 
 
+def bare_make_rng(self: Rewriter, original, updated):
+  """`self.make_rng` handed on uncalled (big_vision's `_stoch_depth_mask(x, p, det,
+  self.make_rng)`): a function of the stream's name drawing from the module's nnx.Rngs.
+  A call `self.make_rng('dropout')` is its site's (`_self_api`)."""
+  parent = self.p.parents.get(original)
+  if isinstance(parent, libcst().Call) and parent.func is original:
+    return updated
+  self.p.port.uses_rngs_attr = True
+  new = "(lambda name: self.rngs[name]())"
+  self.p.change(
+    self.p.positions[original].start.line,
+    "self.make_rng",
+    new,
+    "Linen rng streams become the module's nnx.Rngs streams, drawn by name",
+  )
+  return libcst().parse_expression(new)
+
+
 def _self_api(self: Rewriter, site, original, updated):
   c = libcst()
   api = site.target

@@ -234,7 +234,8 @@ def distinct_traces(
         except PortError:  # Linen refuses these values (a width one must divide): the next
           continue
         notes = [n for n in (kind, note) if n]
-        label = f"{LABEL}: {describe(reference, other)}" + "".join(f" ({n})" for n in notes)
+        changed = describe(reference, other)
+        label = LABEL + (f": {changed}" if changed else "") + "".join(f" ({n})" for n in notes)
         out.append((other, traced, label))
         break
   return out
