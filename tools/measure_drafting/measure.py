@@ -180,10 +180,27 @@ class _KwargsAt:
   single place had it, it is kept, and `notes` says so.
   """
 
-  def __init__(self, first: cases_lib.Setting, other: cases_lib.Setting):
+  def __init__(
+    self,
+    first: cases_lib.Setting,
+    other: cases_lib.Setting,
+    input_sizes: tp.Mapping[str, tuple[int | str, int]] | None = None,
+  ):
     self.dims1 = cases_lib.input_dims((first.args, first.kwargs))
     self.dims2 = dict(cases_lib.input_dims((other.args, other.kwargs)))
+    # The draft's own word on which axis each root size argument is (`Draft.input_sizes`):
+    # `x_features` is the last axis of `x`, whatever its rank in the other call.
+    self.input_sizes = dict(input_sizes or {})
     self.notes: list[str] = []
+
+  def _axis_in_other(self, key: str) -> tp.Any:
+    where, axis = self.input_sizes[key]
+    prefix = f"[0][{where}]" if isinstance(where, int) else f"[1][{where!r}]"
+    rank1 = sum(1 for label, _ in self.dims1 if label.startswith(f"{prefix}.shape["))
+    rank2 = sum(1 for label in self.dims2 if label.startswith(f"{prefix}.shape["))
+    if axis == rank1 - 1:
+      axis = rank2 - 1  # the feature axis: the last one there too
+    return self.dims2.get(f"{prefix}.shape[{axis}]")
 
   def of(self, init_kwargs: tp.Mapping[str, tp.Any], module: tp.Any, at_root: bool) -> dict:
     return {k: self._value(k, v, module, at_root) for k, v in init_kwargs.items()}
@@ -197,6 +214,8 @@ class _KwargsAt:
       value = getattr(module, key)
       if isinstance(drafted, PortOf) and isinstance(value, nn.Module):
         return PortOf(drafted.cls, self.of(drafted.kwargs, value, at_root=False))
+      return value
+    if at_root and key in self.input_sizes and (value := self._axis_in_other(key)) is not None:
       return value
     if at_root and isinstance(drafted, int) and not isinstance(drafted, bool):
       places = [label for label, size in self.dims1 if size == drafted]
@@ -275,7 +294,7 @@ def _port_at(
   import loopbridge as lb
 
   out: dict[str, tp.Any] = {"equal": False}
-  kwargs_at = _KwargsAt(first, setting)
+  kwargs_at = _KwargsAt(first, setting, getattr(draft, "input_sizes", None))
   step = "kwargs"
   try:
     kwargs = kwargs_at.of(draft.init_kwargs, linen, at_root=True)

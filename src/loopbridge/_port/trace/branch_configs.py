@@ -155,21 +155,31 @@ def optional_configs(
   first_index: int,
   scaled: tp.Callable[[nn.Module], list[nn.Module]],
 ) -> list[tuple[nn.Module, Trace, str]]:
-  """Each configuration with an optional width flipped (`optional_changes`) whose trace makes
-  a variable of another shape, or other variables: (module, trace, what changed), at the
-  user's numbers and at each scaled one, as `branch_configs` returns them. The check runs the
-  port there, so a width written from the sample's side of the test is never `ok`."""
+  """Each configuration with an optional width flipped (`optional_changes`), or a flag or a
+  compared string changed (`changes`), whose trace makes the same variables, some of another
+  shape (score_sde's `bias=False` embeds two widths, not three; one that makes other
+  variables is `branch_configs`'): (module, trace, what changed), at the user's numbers and
+  at each scaled one, as `branch_configs` returns them.
+  Its widths are evidence, and the check runs the port there, so a width written from the
+  sample's side of a test is never `ok` unless it holds on the other side too."""
   text = "\n".join(s.text for s in sources.values())
   shapes = _shapes(traced)
   out: list[tuple[nn.Module, Trace, str]] = []
-  for change in optional_changes(module, text)[:MAX_KEPT]:
+  tried: list[dict[Knob, object]] = []
+  kept = 0
+  for change in [*optional_changes(module, text), *changes(module, text)]:
+    if change in tried or len(tried) >= MAX_TRIES or kept >= MAX_KEPT:
+      continue
+    tried.append(change)
     try:
       other = changed(module, change)
       got = trace(other, [(sample.method, sample.args, dict(sample.kwargs))], streams, 0)
     except Exception:  # a setting the model refuses: no evidence
       continue
-    if _shapes(got) == shapes:
-      continue
+    found = _shapes(got)
+    if found.keys() != shapes.keys() or found == shapes:
+      continue  # the same widths, or other variables: `branch_configs`' to find
+    kept += 1
     what = ", ".join(_describe(k, v) for k, v in change.items())
     out += _variants(other, got, what, sample, streams, first_index + len(out), scaled)
   return out
