@@ -3,13 +3,15 @@
 Its port subclasses the layer's NNX counterpart, so the methods it inherits and calls
 (`super().__call__`, `self.attend`) are NNX's; they read the attributes the port sets from the
 inherited fields, which NNX's layer keeps under the same names. The counterpart's `__init__` is
-not called: the subclass's own setup makes the layer's variables. Any other subclass of a flax
+not called: the subclass's own setup makes the layer's variables. A subclass whose `__call__`
+replaces the layer's is a plain module (`own_call_subclass.py`); any other subclass of a flax
 layer is one TODO for the class.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax.numpy as jnp
 
@@ -37,7 +39,7 @@ def _table() -> dict[type, Subclassable]:
 
 
 # Names the defaults above read, for the port's imports where the user's module lacks them.
-NAMESPACE = {"jnp": jnp}
+NAMESPACE = {"jnp": jnp, "types": types}
 
 
 def flax_layer_base(cls: type) -> type | None:
@@ -100,7 +102,11 @@ def unsupported_reason(cls: type, base: type) -> str | None:
   return None
 
 
-def inherited_default(base: type | None, field: str) -> str | None:
-  """The port's default (source) for a field a subclass inherits from the flax layer `base`."""
-  spec = subclassable(base)
+def inherited_default(cls: type, field: str) -> str | None:
+  """The port's default (source) for a field the subclass `cls` inherits from a flax layer."""
+  from .own_call_subclass import default_source, flax_base
+
+  if flax_base(cls) is not None:
+    return default_source(cls, field)  # a plain module: Linen's default, as NNX source
+  spec = subclassable(flax_layer_base(cls))
   return None if spec is None else spec.defaults.get(field)
