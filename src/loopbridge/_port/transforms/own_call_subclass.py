@@ -14,6 +14,7 @@ Hooks: `ClassPort.dropped` (the unread fields), `write_class` (the base and the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import re
 
@@ -21,6 +22,7 @@ import jax
 from flax import linen as nn
 
 
+@functools.cache
 def flax_base(cls: type) -> type | None:
   """The flax layer `cls` subclasses, where `cls` is a subclass of one whose `__call__` is its
   own and never reaches the layer's code (no `super()`, no method only the layer has)."""
