@@ -18,7 +18,6 @@ from ..transforms.factory_fields import signature_and_init
 from ..transforms.field_defaults import default_text
 from ..transforms.layer_subclass import (
   abstract_counterpart,
-  inherited_default,
   subclassable,
 )
 from .rewrite_methods import Rewriter
@@ -254,6 +253,9 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   """The NNX port of one Linen class (its code, TODOs, changes and added arguments)."""
   c = libcst()
   port = ClassPort(src.cls, src)
+  # A subclass of a flax layer whose `__call__` is its own takes only the layer's fields it
+  # reads (`transforms/own_call_subclass`).
+  port.dropped |= own_call_subclass.unread_fields(src.cls)
   wrapper = c.MetadataWrapper(src.tree())
   planner = Planner(port, ctx, wrapper)
   planner.plan()
@@ -317,7 +319,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         text, field_inits[f.name] = as_field
       elif node.value is not None:
         text += f" = {default_text(planner, f, node.value)}"
-    elif (inherited := inherited_default(src.cls, f.name)) is not None:
+    elif (inherited := own_call_subclass.inherited_default(src.cls, f.name)) is not None:
       text = f"{f.name}={inherited}"  # a field of the flax layer the class subclasses
     else:
       text = f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}"

@@ -65,11 +65,6 @@ class ClassPort:
   def __post_init__(self) -> None:
     if dataclasses.is_dataclass(self.cls):
       self.dropped |= {f.name for f in dataclasses.fields(self.cls) if not f.init}
-    # A subclass of a flax layer whose `__call__` is its own takes only the layer's fields it
-    # reads (`transforms/own_call_subclass`).
-    from ..transforms.own_call_subclass import unread_fields
-
-    self.dropped |= unread_fields(self.cls)
 
   def field_names(self) -> list[str]:
     return [f.name for f in dataclasses.fields(self.cls) if f.name not in ("parent", "name")]

@@ -165,9 +165,11 @@ def call_keywords(linen_cls: type, layer: LayerMap, count: int) -> list[str | No
 def lookup(cls: type) -> LayerMap | None:
   found = TABLE.get(cls)
   if found is None and isinstance(cls, type) and not is_linen_layer(cls):
-    from ..transforms.param_override import layer_map
+    # A user subclass overriding `param` is built as its layer, by its own name.
+    from ..transforms.param_override import overridden_layer
 
-    return layer_map(cls)
+    base = overridden_layer(cls)
+    return None if base is None else dataclasses.replace(TABLE[base], port_name=cls.__name__)
   return found
 
 

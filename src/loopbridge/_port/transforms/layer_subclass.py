@@ -102,11 +102,7 @@ def unsupported_reason(cls: type, base: type) -> str | None:
   return None
 
 
-def inherited_default(cls: type, field: str) -> str | None:
-  """The port's default (source) for a field the subclass `cls` inherits from a flax layer."""
-  from .own_call_subclass import default_source, flax_base
-
-  if flax_base(cls) is not None:
-    return default_source(cls, field)  # a plain module: Linen's default, as NNX source
-  spec = subclassable(flax_layer_base(cls))
+def inherited_default(base: type | None, field: str) -> str | None:
+  """The port's default (source) for a field a subclass inherits from the flax layer `base`."""
+  spec = subclassable(base)
   return None if spec is None else spec.defaults.get(field)

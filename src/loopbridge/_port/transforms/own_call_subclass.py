@@ -77,6 +77,17 @@ def default_source(cls: type, field: str) -> str | None:
   return _written(found.default)
 
 
+def inherited_default(cls: type, field: str) -> str | None:
+  """The port's default (source) for a field the subclass `cls` inherits from a flax layer:
+  Linen's own where the port is a plain module, else the NNX layer's (`layer_subclass`)."""
+  from .layer_subclass import flax_layer_base
+  from .layer_subclass import inherited_default as layer_default
+
+  if flax_base(cls) is not None:
+    return default_source(cls, field)
+  return layer_default(flax_layer_base(cls), field)
+
+
 def unwritten_defaults(cls: type) -> list[str]:
   """The inherited fields the class reads whose Linen default the draft cannot write."""
   base = flax_base(cls)

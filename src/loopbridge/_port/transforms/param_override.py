@@ -27,7 +27,6 @@ from ..plan.class_source import libcst
 if tp.TYPE_CHECKING:
   from ..plan.class_port import ClassPort, Context
   from ..plan.source import ClassSource
-  from ..plan.standard_layers import LayerMap
 
 
 def _layers() -> dict[type, str]:
@@ -56,10 +55,10 @@ def analysed(cls: type) -> Override | str | None:
   why it is not drafted, or None where `cls` is no such subclass."""
   from flax import linen as nn
 
-  from .layer_subclass import flax_layer_base
-
-  base = flax_layer_base(cls)
-  if base is None or "param" not in vars(cls) or cls.__bases__ != (base,):
+  if "param" not in vars(cls) or len(cls.__bases__) != 1:
+    return None
+  base = cls.__bases__[0]
+  if not (issubclass(base, nn.Module) and base.__module__.startswith("flax.linen")):
     return None
   if base not in _layers() or base.param is not nn.Module.param:
     return f"the draft ports a `param` override of {' and '.join(_names())} only"
@@ -108,14 +107,11 @@ def analysed(cls: type) -> Override | str | None:
   return Override(base, _layers()[base], module, doc, method, call)
 
 
-def layer_map(cls: type) -> LayerMap | None:
-  """A parent builds the subclass `cls` as the NNX layer it subclasses, by its own name."""
+def overridden_layer(cls: type) -> type | None:
+  """The flax layer a parent builds the subclass `cls` as (its NNX counterpart, by the
+  subclass's name), where `cls` is a drafted `param` override."""
   found = analysed(cls)
-  if not isinstance(found, Override):
-    return None
-  from ..plan.standard_layers import TABLE
-
-  return dataclasses.replace(TABLE[found.base], port_name=cls.__name__)
+  return found.base if isinstance(found, Override) else None
 
 
 def reason(cls: type) -> str | None:
