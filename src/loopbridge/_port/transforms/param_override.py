@@ -58,8 +58,9 @@ def analysed(cls: type) -> Override | str | None:
   if "param" not in vars(cls) or len(cls.__bases__) != 1:
     return None
   base = cls.__bases__[0]
-  if not (issubclass(base, nn.Module) and base.__module__.startswith("flax.linen")):
-    return None
+  flax_layer = issubclass(base, nn.Module) and base.__module__.startswith("flax.linen")
+  if base is nn.Module or not flax_layer:
+    return None  # a user module's own method named `param`, or no flax layer's subclass
   if base not in _layers() or base.param is not nn.Module.param:
     return f"the draft ports a `param` override of {' and '.join(_names())} only"
   try:
@@ -119,12 +120,17 @@ def reason(cls: type) -> str | None:
   found = analysed(cls)
   if not isinstance(found, str):
     return None
-  base = tp.cast(type, cls.__mro__[1])
-  nnx_name = _layers().get(base, "Conv")
+  base = tp.cast(type, cls.__bases__[0])
+  nnx_name = _layers().get(base) or base.__name__
+  known = f"{cls.__qualname__} overrides `param` of {base.__module__}.{base.__qualname__}: {found}"
+  if base not in _layers():
+    return (
+      f"{known}. Write it by hand as a subclass of nnx.{nnx_name} that applies the override's "
+      f"transform where nnx.{nnx_name} reads the param (its Linen source is kept below)"
+    )
   return (
-    f"{cls.__qualname__} overrides `param` of {base.__module__}.{base.__qualname__}: {found}. "
-    f"Write it by hand as `class {cls.__name__}(nnx.{nnx_name})` whose `__call__` runs "
-    f"nnx.{nnx_name}'s on a view holding each param as the override returns it: `view = "
+    f"{known}. Write it by hand as `class {cls.__name__}(nnx.{nnx_name})` whose `__call__` "
+    f"runs nnx.{nnx_name}'s on a view holding each param as the override returns it: `view = "
     "types.SimpleNamespace(**vars(self))`, `view.kernel = nnx.Param(<the override's value "
     f"of self.kernel>)`, then `return nnx.{nnx_name}.__call__(view, *args, **kwargs)` (its "
     "Linen source is kept below)"
