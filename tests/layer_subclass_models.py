@@ -83,3 +83,22 @@ class UsesScaledKernelConv(nn.Module):
   @nn.compact
   def __call__(self, x):
     return ScaledKernelConv(4, (3, 3))(x)
+
+
+class ClippedDense(nn.Dense):
+  """A dense layer whose kernel is clipped as the layer reads it (a `param` override)."""
+
+  def param(self, name, init_fn, *init_args):
+    kernel_or_bias = super().param(name, init_fn, *init_args)
+    if name != "kernel":
+      return kernel_or_bias
+    return jnp.clip(kernel_or_bias, -0.2, 0.2)
+
+
+class ClippedMlp(nn.Module):
+  hidden: int = 6
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.gelu(ClippedDense(self.hidden)(x))
+    return ClippedDense(2, use_bias=False)(h)

@@ -104,3 +104,13 @@ def test_a_param_override_reading_the_layers_fields_is_one_todo_saying_what_to_w
   assert "reads `self`" in todo.reason
   assert "class ScaledKernelConv(nnx.Conv)" in todo.reason
   assert "nnx.Conv.__call__(view, *args, **kwargs)" in todo.reason
+
+
+@pytest.mark.slow  # a draft checked at three configurations and two built ports: ~10 s
+def test_a_parent_using_a_dense_subclass_that_overrides_param():
+  draft = _drafted(models.ClippedMlp(), _x(2, 5))
+  assert "class ClippedDense(nnx.Linear):" in draft.source
+  assert "def param(self, name):" in draft.source
+  _assert_computes_linen(models.ClippedMlp(), _built(draft, "ClippedMlp"), _x(2, 5))
+  port = _built(draft, "ClippedMlp", 9, x_features=3)
+  _assert_computes_linen(models.ClippedMlp(hidden=9), port, _x(4, 3))
