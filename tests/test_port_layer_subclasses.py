@@ -106,7 +106,6 @@ def test_a_param_override_reading_the_layers_fields_is_one_todo_saying_what_to_w
   assert "nnx.Conv.__call__(view, *args, **kwargs)" in todo.reason
 
 
-@pytest.mark.slow  # a draft checked at three configurations and two built ports: ~10 s
 def test_a_parent_using_a_dense_subclass_that_overrides_param():
   draft = _drafted(models.ClippedMlp(), _x(2, 5))
   assert "class ClippedDense(nnx.Linear):" in draft.source
