@@ -22,7 +22,7 @@ from .emit.safety import (
   class_failed_reason,
   drafted_code_error,
   fallback_port,
-  subclassed_layer_reason,
+  layer_subclass_reason,
   unparsable_reason,
 )
 from .emit.write_class import port_class
@@ -56,13 +56,12 @@ from .trace.tracing.widths import (
   symbolic_widths,
   traced_symbolically,
 )
-from .transforms import layer_subclass, user_base_class
+from .transforms import layer_subclass, param_override, user_base_class
 from .transforms.cache_idiom import add_method, size_caches
 from .transforms.computed_params import keep_params
 from .transforms.constant_arrays import as_properties
 from .transforms.custom_collections import declaration
 from .transforms.field_only_subclass import merged_source
-from .transforms.layer_subclass import flax_layer_base, subclassable, unsupported_reason
 from .transforms.module_globals import read_through_modules
 from .transforms.module_level_lift import is_lifted_user_class, root_notes, user_class
 from .transforms.module_name import keep_name
@@ -397,6 +396,8 @@ def draft(
   if is_linen_layer(type(linen_module)) and not is_lifted_user_class(type(linen_module)):
     mapped = lookup(type(linen_module))
     raise PortError(flax_layer(type(linen_module), mapped.nnx_name if mapped else None))
+  if (why := param_override.root_reason(type(linen_module))) is not None:
+    raise PortError(why)
   if not isinstance(calls, tp.Iterable) or isinstance(calls, (str, bytes, Call)):
     raise PortError(bad_calls(calls))
   if configs is not None and (
@@ -552,15 +553,11 @@ def draft(
 
 def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
   """The port of one class; a failure or unparsable output is one TODO for that class."""
-  base = flax_layer_base(src.cls)
-  if base is not None:
-    why = (
-      unsupported_reason(src.cls, base)
-      if subclassable(base) is not None
-      else subclassed_layer_reason(src.cls, base)
-    )
-    if why is not None:
-      return fallback_port(src, why)
+  if (overridden := param_override.port(src, ctx)) is not None:
+    return overridden  # a `param` override of a flax layer: the layer's NNX subclass
+  why = layer_subclass_reason(src.cls)
+  if why is not None:
+    return fallback_port(src, why)
   inherited = user_base_class.reason(src.cls)
   # A subclass that only changes fields was read as its base's source with its own fields
   # (`transforms/field_only_subclass`): nothing is inherited from a Linen base then.

@@ -41,6 +41,24 @@ def unparsable_reason(cls: type, why: str) -> str:
   )
 
 
+def layer_subclass_reason(cls: type) -> str | None:
+  """Why the subclass `cls` of a flax layer is not drafted; None when it is drafted, or is no
+  subclass of a flax layer."""
+  from ..transforms import own_call_subclass, param_override
+  from ..transforms.layer_subclass import flax_layer_base, subclassable, unsupported_reason
+
+  base = flax_layer_base(cls)
+  if base is None:
+    return None
+  if (why := param_override.reason(cls)) is not None:
+    return why
+  if own_call_subclass.flax_base(cls) is not None:
+    return own_call_subclass.reason(cls)
+  if subclassable(base) is not None:
+    return unsupported_reason(cls, base)
+  return subclassed_layer_reason(cls, base)
+
+
 def subclassed_layer_reason(cls: type, base: type) -> str:
   from ..plan.standard_layers import lookup
 

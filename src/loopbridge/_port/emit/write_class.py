@@ -13,13 +13,11 @@ from ..plan.hoist import Hoist
 from ..plan.names import available, loop_targets, names_in
 from ..plan.rewrite_class import Planner
 from ..plan.source import ClassSource, dotted, libcst, resolve
-from ..transforms import call_time_args
+from ..transforms import call_time_args, own_call_subclass
 from ..transforms.factory_fields import signature_and_init
 from ..transforms.field_defaults import default_text
 from ..transforms.layer_subclass import (
   abstract_counterpart,
-  flax_layer_base,
-  inherited_default,
   subclassable,
 )
 from .rewrite_methods import Rewriter
@@ -255,6 +253,9 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
   """The NNX port of one Linen class (its code, TODOs, changes and added arguments)."""
   c = libcst()
   port = ClassPort(src.cls, src)
+  # A subclass of a flax layer whose `__call__` is its own takes only the layer's fields it
+  # reads (`transforms/own_call_subclass`).
+  port.dropped |= own_call_subclass.unread_fields(src.cls)
   wrapper = c.MetadataWrapper(src.tree())
   planner = Planner(port, ctx, wrapper)
   planner.plan()
@@ -318,7 +319,7 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         text, field_inits[f.name] = as_field
       elif node.value is not None:
         text += f" = {default_text(planner, f, node.value)}"
-    elif (inherited := inherited_default(flax_layer_base(src.cls), f.name)) is not None:
+    elif (inherited := own_call_subclass.inherited_default(src.cls, f.name)) is not None:
       text = f"{f.name}={inherited}"  # a field of the flax layer the class subclasses
     else:
       text = f.name if f.default is dataclasses.MISSING else f"{f.name}={f.default!r}"
@@ -430,6 +431,15 @@ def port_class(src: ClassSource, ctx: Context) -> ClassPort:
         f"class ...({name})",
         "nnx.Module",
         "the base class",
+      )
+    elif own_call_subclass.flax_base(src.cls) is resolve(name, src.namespace):
+      bases.append(base.with_changes(value=c.parse_expression("nnx.Module")))
+      planner.change(
+        planner.positions[orig_class].start.line,
+        f"class ...({name})",
+        "nnx.Module",
+        f"the base class: its own __call__ replaces {name}'s, which the port never runs; "
+        "it takes the fields of the layer it reads",
       )
     elif (spec := subclassable(tp.cast(tp.Any, resolve(name, src.namespace)))) is not None:
       layer = spec.nnx_name

@@ -79,6 +79,9 @@ class LayerMap:
   helper: bool = False  # a class the draft writes itself (`helpers.py`), not flax's
   # A Linen field NNX spells otherwise: field -> how (`rnn_rngs.SPLIT_RNGS`).
   translated: tp.Mapping[str, FieldTranslation] = dataclasses.field(default_factory=dict)
+  # The user's subclass of the layer a parent builds as the layer, by the subclass's name
+  # (`transforms/param_override`).
+  port_name: str | None = None
 
   @property
   def nnx_class(self) -> type:
@@ -90,6 +93,8 @@ class LayerMap:
 
   @property
   def code_name(self) -> str:
+    if self.port_name is not None:
+      return self.port_name
     return self.nnx_name if self.helper else f"nnx.{self.nnx_name}"
 
   def parameters(self) -> list[inspect.Parameter]:
@@ -158,7 +163,14 @@ def call_keywords(linen_cls: type, layer: LayerMap, count: int) -> list[str | No
 
 
 def lookup(cls: type) -> LayerMap | None:
-  return TABLE.get(cls)
+  found = TABLE.get(cls)
+  if found is None and isinstance(cls, type) and not is_linen_layer(cls):
+    # A user subclass overriding `param` is built as its layer, by its own name.
+    from ..transforms.param_override import overridden_layer
+
+    base = overridden_layer(cls)
+    return None if base is None else dataclasses.replace(TABLE[base], port_name=cls.__name__)
+  return found
 
 
 def is_linen_layer(cls: object) -> bool:

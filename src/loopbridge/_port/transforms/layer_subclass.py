@@ -3,13 +3,15 @@
 Its port subclasses the layer's NNX counterpart, so the methods it inherits and calls
 (`super().__call__`, `self.attend`) are NNX's; they read the attributes the port sets from the
 inherited fields, which NNX's layer keeps under the same names. The counterpart's `__init__` is
-not called: the subclass's own setup makes the layer's variables. Any other subclass of a flax
+not called: the subclass's own setup makes the layer's variables. A subclass whose `__call__`
+replaces the layer's is a plain module (`own_call_subclass.py`); any other subclass of a flax
 layer is one TODO for the class.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax.numpy as jnp
 
@@ -37,7 +39,7 @@ def _table() -> dict[type, Subclassable]:
 
 
 # Names the defaults above read, for the port's imports where the user's module lacks them.
-NAMESPACE = {"jnp": jnp}
+NAMESPACE = {"jnp": jnp, "types": types}
 
 
 def flax_layer_base(cls: type) -> type | None:
