@@ -27,7 +27,9 @@ import numpy as np
 
 @contextlib.contextmanager
 def symbolic_safe_initializers() -> tp.Iterator[None]:
-  with _symbolic_safe_fans(), _symbolic_safe_dense_general():
+  from flax.linen import linear  # DenseGeneral's module
+
+  with _symbolic_safe_fans(), symbolic_safe_modules([linear]):
     yield
 
 
@@ -65,14 +67,6 @@ class _IntOrSymbol(metaclass=_IntType):
 
   def __new__(cls, value: tp.Any = 0, *args: tp.Any) -> tp.Any:
     return value if type(value).__name__ == "_DimExpr" else int(value, *args)
-
-
-@contextlib.contextmanager
-def _symbolic_safe_dense_general() -> tp.Iterator[None]:
-  from flax.linen import linear
-
-  with symbolic_safe_modules([linear]):
-    yield
 
 
 @contextlib.contextmanager

@@ -82,7 +82,7 @@ def setup_local_for(
     self.src.text, hoist.site.lines[0], hoist.site.method
   )
   local = setup_local_values.matching_local(statements, self.src.namespace, samples)
-  return local if local is not None else _earlier_output(self, hoist, get)
+  return local if local is not None else _earlier_output(self, hoist, samples)
 
 
 def _samples(
@@ -105,12 +105,9 @@ def _samples(
 _OUTPUT_WIDTH = {nn.Dense: "out_features", nn.Conv: "out_features", nn.Embed: "features"}
 
 
-def _earlier_output(
-  self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
-) -> str | None:
+def _earlier_output(self: Planner, hoist: Hoist, mine: list[tuple[object, object]]) -> str | None:
   """`self.<attr>.out_features` of the one layer built earlier in the same method whose
-  output width equals `get` in every traced instance of every configuration, else None."""
-  mine = _samples(self, hoist, get)
+  output width equals the width in every sample of `mine` (`_samples`), else None."""
   if not mine:
     return None
   found: list[str] = []
@@ -128,7 +125,9 @@ def _earlier_output(
     if (
       theirs is not None
       and len(theirs) == len(mine)
-      and all(pa is pb and _same_width(a, b) for (pa, a), (pb, b) in zip(theirs, mine))
+      and all(
+        pa is pb and setup_local_values.same_width(a, b) for (pa, a), (pb, b) in zip(theirs, mine)
+      )
     ):
       found.append(f"self.{other.attr}.{out}")
   return found[0] if len(found) == 1 else None
@@ -263,13 +262,3 @@ def alt_own(
         continue
     out.append(found)
   return out
-
-
-def _same_width(a: object, b: object) -> bool:
-  """Equal ints, or equal expressions of the symbolic trace's symbols."""
-  if a is None or type(a) is not type(b) or isinstance(a, (bool, float, str, tuple)):
-    return False
-  try:
-    return bool(a == b)
-  except Exception:  # symbols jax cannot compare: no evidence
-    return False

@@ -94,17 +94,17 @@ def matching_local(
     if type(value) is not int and not is_symbolic(value):
       return None
     found = local_values(statements, namespace, module)
-    here = {name for name, v in found.items() if _equal(v, value)}
+    here = {name for name, v in found.items() if same_width(v, value)}
     candidates = here if candidates is None else candidates & here
   return next(iter(candidates)) if candidates is not None and len(candidates) == 1 else None
 
 
-def _equal(local: object, value: object) -> bool:
-  """The local's value is the width: equal ints, or equal expressions of the symbolic trace's
-  symbols (a local evaluated on the symbolic trace's instance is one)."""
-  if type(local) is not type(value) or isinstance(local, bool):
+def same_width(a: object, b: object) -> bool:
+  """Equal ints, or equal expressions of the symbolic trace's symbols (a local evaluated on
+  the symbolic trace's instance is one); no flag, float, string or tuple."""
+  if a is None or type(a) is not type(b) or isinstance(a, (bool, float, str, tuple)):
     return False
   try:
-    return bool(local == value)
+    return bool(a == b)
   except Exception:  # symbols jax cannot compare: no evidence
     return False

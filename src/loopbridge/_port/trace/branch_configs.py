@@ -92,13 +92,18 @@ def _tested_unset(text: str, name: str, owner: str = r"self") -> bool:
   )
 
 
+def _fresh(module: nn.Module) -> int:
+  """A width no integer field of `module` has (an optional width set where it was None)."""
+  ints = [getattr(module, f.name, None) for f in dataclasses.fields(module)]
+  return 1 + max([v for v in ints if type(v) is int] + [2])
+
+
 def changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
   """One change of one setting per entry: each boolean the sources read (`text`) flipped, each
   string set to each other literal they compare it with, each optional width left None (that
   they test for being set, maskgit's `if self.hidden_size:`) set to a width no field has."""
   out: list[dict[Knob, object]] = []
-  ints = [getattr(module, f.name, None) for f in dataclasses.fields(module)]
-  fresh = 1 + max([v for v in ints if type(v) is int] + [2])  # told apart from every field
+  fresh = _fresh(module)
   for f in dataclasses.fields(module):
     if f.name in ("parent", "name"):
       continue
@@ -126,8 +131,7 @@ def optional_changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
   None; None in the sample, set to a width no field has. The two are different computations,
   and a draft written from one is wrong at the other unless a check there says otherwise."""
   out: list[dict[Knob, object]] = []
-  ints = [getattr(module, f.name, None) for f in dataclasses.fields(module)]
-  fresh = 1 + max([v for v in ints if type(v) is int] + [2])
+  fresh = _fresh(module)
   for f in dataclasses.fields(module):
     if f.name in ("parent", "name"):
       continue

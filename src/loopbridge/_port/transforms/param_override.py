@@ -23,6 +23,7 @@ import textwrap
 import typing as tp
 
 from ..plan.class_source import libcst
+from ..plan.source import is_docstring
 
 if tp.TYPE_CHECKING:
   from ..plan.class_port import ClassPort, Context
@@ -71,7 +72,7 @@ def analysed(cls: type) -> Override | str | None:
   module = c.parse_module(text)
   classdef: tp.Any = module.body[0]
   body = list(classdef.body.body)
-  doc = body[0] if body and _is_docstring(body[0]) else None
+  doc = body[0] if body and is_docstring(body[0]) else None
   methods = [s for s in body if isinstance(s, c.FunctionDef)]
   others = [s for s in body if not isinstance(s, c.FunctionDef) and s is not doc]
   if others or [m.name.value for m in methods] != ["param"] or methods[0].decorators:
@@ -212,15 +213,6 @@ def __call__(self, *args, **kwargs):
 
 def _names() -> list[str]:
   return [f"nn.{b.__name__}" for b in _layers()]
-
-
-def _is_docstring(stmt: tp.Any) -> bool:
-  c = libcst()
-  return (
-    isinstance(stmt, c.SimpleStatementLine)
-    and isinstance(stmt.body[0], c.Expr)
-    and isinstance(stmt.body[0].value, (c.SimpleString, c.ConcatenatedString))
-  )
 
 
 def _walk(node: tp.Any) -> tp.Iterator[tp.Any]:

@@ -105,6 +105,7 @@ def _trial(
   candidates: list[Candidate],
   plans: dict[int, Plan],
   config: int,
+  modules: tp.Sequence[types.ModuleType] = (),
 ) -> tuple[Trace, dict[str, Candidate], dict[Candidate, object]]:
   """One abstract init with the planned candidates symbolic (raises what the init raises)."""
   from jax import export
@@ -144,7 +145,7 @@ def _trial(
     else:
       kwargs[where] = abstract
   # jax 0.12's initializers, flax's DenseGeneral and the user's `int(x.shape[-1])` on symbols
-  with symbolic_safe_initializers(), symbolic_safe_modules(user_modules(module)):
+  with symbolic_safe_initializers(), symbolic_safe_modules(modules):
     traced = trace(symbolic_module, [(sample.method, tuple(args), kwargs)], streams, config)
   return traced, {n: candidates[int(n[2:])] for n in names}, bound
 
@@ -209,12 +210,13 @@ def symbolic_trace(
     return None
   trials = 0
   error: BaseException | None = None
+  modules = user_modules(module)  # where the user's `int(x.shape[-1])` is made symbol-safe
 
   def attempt(plans: dict[int, Plan]):
     nonlocal trials, error
     trials += 1
     try:
-      return _trial(module, sample, streams, candidates, plans, config)
+      return _trial(module, sample, streams, candidates, plans, config, modules)
     except Exception as e:  # a setting a symbol cannot stand for: the caller narrows the plan
       error = e
       return None
