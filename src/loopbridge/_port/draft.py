@@ -41,8 +41,9 @@ from .plan.class_port import ClassPort, Context
 from .plan.source import ClassSource, libcst, read_class
 from .plan.standard_layers import is_linen_layer, lookup
 from .records import Call, Change, Check, PortOf, Todo
-from .trace.branch_configs import branch_configs, optional_configs
+from .trace.branch_configs import branch_configs
 from .trace.configs import derived, literal_notes, other_configs
+from .trace.other_sides import other_sides
 from .trace.trace import rng_streams, trace
 from .trace.tracing.distinct import add_distinct, float_settings
 from .trace.tracing.settings import settings
@@ -457,21 +458,13 @@ def draft(
       )
     )
     if mode == "classes" and configs is None:
-      # An optional width the sources test for being set, flipped: checked there too.
+      # An optional width or a flag at its other value, a tuple of widths one item longer.
       done = {label for _, _, label in branches}
-      branches += [
-        b
-        for b in optional_configs(
-          linen_module,
-          sources,
-          traced,
-          all_calls[0],
-          streams,
-          len(others) + len(branches) + 1,
-          lambda m: derived(m, fixed),
-        )
-        if b[2] not in done
-      ]
+      first = len(others) + len(branches) + 1
+      scaled = lambda m: derived(m, fixed)  # noqa: E731
+      branches += other_sides(
+        linen_module, sources, traced, all_calls[0], streams, first, scaled, done
+      )
     if mode == "paths" and not branches:
       break
     labels += tuple(label for _, _, label in branches)

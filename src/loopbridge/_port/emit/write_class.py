@@ -9,7 +9,7 @@ import functools
 import typing as tp
 
 from ..plan.class_port import ClassPort, Context
-from ..plan.hoist import Hoist
+from ..plan.hoist import Hoist, list_local
 from ..plan.names import available, loop_targets, names_in
 from ..plan.rewrite_class import Planner
 from ..plan.source import ClassSource, dotted, libcst, resolve
@@ -126,7 +126,7 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
     it = planner.code(loop.iter)
     if header is not None:
       it = f"enumerate({it})"
-    locals_ = {id(h): _list_local(planner, h) for h in members}
+    locals_ = {id(h): list_local(planner, h) for h in members}
     block = [f"{locals_[id(h)]} = []" for h in members]
     body = "".join(
       f"{unit}{locals_[id(h)]}.append({planner.hoisted_code[id(h.site.node)]})\n" for h in members
@@ -144,16 +144,6 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
       block = [f"if {cond}:\n" + "\n".join(f"{unit}{ln}" for ln in inner)]
     lines += block
   return lines
-
-
-def _list_local(planner: Planner, hoist: Hoist) -> str:
-  """The local `__init__` fills with a loop's layers: the list's attribute name, unless that
-  name means something there (the layers' own class, `Encoder1DBlock_0, ...` making the list
-  `Encoder1DBlock`; a global; a local of the method)."""
-  clash = hoist.attr in planner.init_namespace or hoist.attr in planner.aliases.get(
-    hoist.site.method, {}
-  )
-  return f"{hoist.attr}_layers" if clash else hoist.attr
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -179,7 +169,7 @@ def _plan_counter(planner: Planner, hoist: Hoist) -> None:
   known = set(aliases)
   lines: list[str] = []
   unit = planner.module.default_indent
-  local = _list_local(planner, hoist)
+  local = list_local(planner, hoist)
   # The nodes from the outermost loop down to the site's statement.
   path: list[tp.Any] = []
   node: tp.Any = site.node

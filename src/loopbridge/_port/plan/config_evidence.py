@@ -14,8 +14,8 @@ from flax import linen as nn
 from ..trace.trace import Instance, Trace
 from . import passed_values, setup_local_values
 from .find_sites import Site
-from .hoist import Hoist
-from .previous_layer import list_width
+from .hoist import Hoist, match_child
+from .previous_layer import OUTPUT_WIDTH, list_width
 
 # `rewrite_class.Planner`, whose methods these are; typed loosely so this module stays below it.
 Planner = tp.Any
@@ -101,27 +101,44 @@ def _samples(
   return samples
 
 
-# Linen layer -> the NNX attribute holding its output width.
-_OUTPUT_WIDTH = {nn.Dense: "out_features", nn.Conv: "out_features", nn.Embed: "features"}
+def _last_samples(
+  self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
+) -> list[tuple[object, object]] | None:
+  """(parent module, `get` of the last layer of the list) in every configuration, in the
+  order `_samples` gives them."""
+  samples: list[tuple[object, object]] = []
+  try:
+    for p, kids in hoist.children.items():
+      if kids:
+        samples.append((self.trace.instances[p].module, get(kids[-1])))
+    for found, parents in zip(self.alt_lists(hoist, get), self.resolver.alts):
+      samples += [(parents[p].module, v[-1]) for p, v in found.items() if p in parents and v]
+  except Exception:  # a width this layer's trace does not give: no evidence
+    return None
+  return samples
 
 
 def _earlier_output(self: Planner, hoist: Hoist, mine: list[tuple[object, object]]) -> str | None:
   """`self.<attr>.out_features` of the one layer built earlier in the same method whose
-  output width equals the width in every sample of `mine` (`_samples`), else None."""
+  output width equals the width in every sample of `mine` (`_samples`), or
+  `self.<attr>[-1].out_features` of the last layer of an earlier loop's list (the layer after
+  an MLP's loop, whatever its length), else None."""
   if not mine:
     return None
   found: list[str] = []
   for other in self.hoists.values():
-    out = _OUTPUT_WIDTH.get(tp.cast(type, other.site.target))
+    out = OUTPUT_WIDTH.get(tp.cast(type, other.site.target))
     if (
       out is None
       or other is hoist
-      or other.is_list
+      or other.counter
       or other.site.method != hoist.site.method
       or other.site.lines[0] >= hoist.site.lines[0]
     ):
       continue
-    theirs = _samples(self, other, lambda k: getattr(k.module, "features", None))
+    linen_field, nnx_attr = out
+    width = lambda k, f=linen_field: getattr(k.module, f, None)  # noqa: E731
+    theirs = _last_samples(self, other, width) if other.is_list else _samples(self, other, width)
     if (
       theirs is not None
       and len(theirs) == len(mine)
@@ -129,7 +146,7 @@ def _earlier_output(self: Planner, hoist: Hoist, mine: list[tuple[object, object
         pa is pb and setup_local_values.same_width(a, b) for (pa, a), (pb, b) in zip(theirs, mine)
       )
     ):
-      found.append(f"self.{other.attr}.{out}")
+      found.append(f"self.{other.attr}{'[-1]' if other.is_list else ''}.{nnx_attr}")
   return found[0] if len(found) == 1 else None
 
 
@@ -182,6 +199,19 @@ def passed_widths(
   return out
 
 
+def _made_by_line(self: Planner, hoist: Hoist) -> bool:
+  """Whether the trace saw each of the user's submodules of this construction called from its
+  own lines (`match_child`): then so are another configuration's, whatever their numbers
+  (a loop of another length numbers the layer after it on: `Dense_3`, not `Dense_2`)."""
+  kids = [k for ks in hoist.children.values() for k in ks]
+  return (
+    bool(kids)
+    and hoist.site.setup_attr is None
+    and all(match_child(hoist.site, self.src, k) for k in kids)
+    and all(k.path[:-1] == p for p, ks in hoist.children.items() for k in ks)
+  )
+
+
 def alt_children(
   self: Planner, hoist: Hoist, get: tp.Callable[[Instance], object]
 ) -> list[dict[tuple[str, ...], object]]:
@@ -191,12 +221,13 @@ def alt_children(
   # with the submodule of the same name.
   # (Its path under the parent: a layer of an nn.Sequential sits one level further down.)
   rel = next((kids[0].path[len(p) :] for p, kids in hoist.children.items() if kids), None)
+  by_line = _made_by_line(self, hoist)
   for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
     found: dict[tuple[str, ...], object] = {}
     for p in parents:
-      if rel is not None:
+      if rel is not None and not by_line:
         kid = t.instances.get((*p, *rel))
-      else:  # no instance of the user's made it (a branch): paired there as here
+      else:  # no instance of the user's made it (a branch), or paired by line: as here
         made = self.made_by(hoist.site, parents[p], t)
         kid = made[0] if made else None
       if kid is None:
@@ -231,13 +262,16 @@ def alt_lists(
     after = None if m is None or last is None else named(int(last.group(1)) + 1)
     if after is not None and (*p, after) in self.trace.instances:
       cap = len(kids)
+  by_line = _made_by_line(self, hoist)
   for t, parents in zip(self.ctx.alt_traces, self.resolver.alts):
     found: dict[tuple[str, ...], tuple[object, ...]] = {}
     for p in parents if m is not None else ():
       assert m is not None
       n = int(m.group(2))
       layers = []
-      while (*p, named(n)) in t.instances and (cap is None or len(layers) < cap):
+      if by_line:
+        layers = self.made_by(hoist.site, parents[p], t)
+      while not by_line and (*p, named(n)) in t.instances and (cap is None or len(layers) < cap):
         layers.append(t.instances[(*p, named(n))])
         n += 1
       try:

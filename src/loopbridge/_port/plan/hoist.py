@@ -51,3 +51,13 @@ def handed_in(parent: Instance, kid: Instance) -> bool:
   name = kid.path[-1]
   fields = {f.name for f in dataclasses.fields(parent.module)}
   return name in fields and isinstance(getattr(parent.module, name, None), nn.Module)
+
+
+def list_local(planner: tp.Any, hoist: Hoist) -> str:
+  """The local `__init__` fills with a loop's layers: the list's attribute name, unless that
+  name means something there (the layers' own class, `Encoder1DBlock_0, ...` making the list
+  `Encoder1DBlock`; a global; a local of the method)."""
+  clash = hoist.attr in planner.init_namespace or hoist.attr in planner.aliases.get(
+    hoist.site.method, {}
+  )
+  return f"{hoist.attr}_layers" if clash else hoist.attr

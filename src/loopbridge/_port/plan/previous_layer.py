@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 import typing as tp
 
+from flax import linen as nn
+
 if tp.TYPE_CHECKING:
   from ..trace.trace import Instance
   from .hoist import Hoist
@@ -23,6 +25,13 @@ if tp.TYPE_CHECKING:
 Planner = tp.Any
 
 _MISSING = object()
+
+# A flax layer -> (its Linen field of the output width, the NNX attribute holding it).
+OUTPUT_WIDTH: dict[type, tuple[str, str]] = {
+  nn.Dense: ("features", "out_features"),
+  nn.Conv: ("features", "out_features"),
+  nn.Embed: ("features", "features"),
+}
 
 
 def _equal(a: object, b: object) -> bool:
@@ -86,6 +95,21 @@ def _chosen(pairs: list[tuple[Instance, object]], dropped: set[str]) -> str | No
   return None
 
 
+def _previous_output(hoist: Hoist, pairs: list[tuple[Instance, object]], local: str) -> str | None:
+  """`layers[-1].out_features` where each layer's value is the output width of the flax layer
+  before it (`nn.Dense(width)` in a loop: each next layer's input width), in every pair."""
+  out = OUTPUT_WIDTH.get(tp.cast(type, hoist.site.target))
+  if out is None or not pairs:
+    return None
+  linen_field, nnx_attr = out
+  if not all(
+    kid.cls is hoist.site.target and _equal(getattr(kid.module, linen_field, None), v)
+    for kid, v in pairs
+  ):
+    return None
+  return f"{local}[-1].{nnx_attr}"
+
+
 def previous_setting(
   planner: Planner, hoist: Hoist, get: tp.Callable[[Instance], object], name: str, index: str
 ) -> str | None:
@@ -96,6 +120,8 @@ def previous_setting(
   if found is None:
     return None
   local = found.group(1)
+  # A flax layer's NNX port holds its output width (`nnx.Linear.out_features`).
+  standard = hoist.site.target in OUTPUT_WIDTH
   pairs: list[tuple[Instance, object]] = []  # (the layer before, this layer's value)
   dropped: set[str] = set()
   firsts: list[dict[tuple[str, ...], object]] = []
@@ -114,15 +140,17 @@ def previous_setting(
           first[parent] = value
           continue
         unkept = _dropped(planner, layers[k - 1])
-        if unkept is None:
+        if unkept is None and not standard:
           return None  # a layer the draft does not write: its settings are not its port's
-        dropped |= unkept
+        dropped |= unkept or set()
         pairs.append((layers[k - 1], value))
     firsts.append(first)
-  chosen = _chosen(pairs, dropped) if pairs else None
-  if chosen is None:
-    return None  # no layer after another, or no single expression matches: no evidence
-  previous = chosen.replace("self.", f"{local}[-1].")
+  previous = _previous_output(hoist, pairs, local)
+  if previous is None:
+    chosen = _chosen(pairs, dropped) if pairs and not standard else None
+    if chosen is None:
+      return None  # no layer after another, or no single expression matches: no evidence
+    previous = chosen.replace("self.", f"{local}[-1].")
   if not any(firsts):
     # No configuration builds this construction's layer first in its list. Where another
     # class comes first (diffusers' blocks), `layers[-1]` always exists. Where the first layer
@@ -154,4 +182,11 @@ def list_width(
     return planner.resolver.expr({p: t[k] for p, t in per.items() if len(t) > k}, name, alt_kth)
   if index is not None and (found := previous_setting(planner, hoist, get, name, index)):
     return found
+  if index is not None and index.isidentifier() and hoist.site.loop is not None:
+    # A loop appends one layer per pass (`write_class`): its index is the list's length.
+    from .hoist import list_local
+
+    counted = f"len({list_local(planner, hoist)})"
+    if not hoist.counter and (found := previous_setting(planner, hoist, get, name, counted)):
+      return found
   return f"{planner.resolver.expr(per, name, alt_per)}[{index}]"

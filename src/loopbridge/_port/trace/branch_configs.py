@@ -185,11 +185,11 @@ def optional_configs(
       continue  # the same widths, or other variables: `branch_configs`' to find
     kept += 1
     what = ", ".join(_describe(k, v) for k, v in change.items())
-    out += _variants(other, got, what, sample, streams, first_index + len(out), scaled)
+    out += variants(other, got, what, sample, streams, first_index + len(out), scaled)
   return out
 
 
-def _variants(
+def variants(
   other: nn.Module,
   got: Trace,
   what: str,
@@ -276,7 +276,7 @@ def branch_configs(
           continue
     seen |= new
     missing = missing_classes(sources.values(), seen)
-    out += _variants(other, got, what, sample, streams, first_index + len(out), scaled)
+    out += variants(other, got, what, sample, streams, first_index + len(out), scaled)
   return out
 
 
