@@ -12,8 +12,9 @@ of another length.
 from __future__ import annotations
 
 import jax
+import numpy as np
 import pytest
-from symbolic_port_helpers import assert_equal_at, load
+from symbolic_port_helpers import ATOL, RTOL, assert_equal_at, load
 
 import loopbridge as lb
 
@@ -48,6 +49,23 @@ class Stack(nn.Module):
       x = nn.Dense(size)(x)
       if i + 1 < len(self.dims) or self.activate_final:
         x = nn.relu(x)
+    return x
+
+
+class DropStack(nn.Module):
+  # Dropout only where a rate is set (None in the sample); orthogonal kernels, whose
+  # initializer needs numbers, not symbols.
+  dims: Sequence[int]
+  dropout_rate: Optional[float] = None
+
+  @nn.compact
+  def __call__(self, x, training: bool = False):
+    for i, size in enumerate(self.dims):
+      x = nn.Dense(size, kernel_init=nn.initializers.orthogonal(1.4))(x)
+      if i + 1 < len(self.dims):
+        x = nn.relu(x)
+        if self.dropout_rate is not None:
+          x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not training)
     return x
 
 
@@ -117,3 +135,26 @@ class Second(nn.Module):
   draft = lb.port.draft(module.Second(), _x(2, 5))
   assert draft.ok, draft.report()
   assert_equal_at(draft, tmp_path, module.Second(hidden=(5, 7, 9)), _x(2, 5))
+
+
+def test_a_dropout_only_a_set_rate_builds_is_drafted_under_its_test(models, tmp_path):
+  """The rate is None in the sample: a configuration with it set traces the dropout layers,
+  which the port builds under the source's own tests; the input width is a constructor
+  argument though the kernel initializer cannot run on a symbolic shape."""
+  draft = lb.port.draft(models.DropStack(dims=(6, 6)), _x(2, 5))
+  assert draft.ok, draft.report()
+  assert "TODO" not in draft.source
+  assert draft.init_kwargs.get("x_features") == 5, draft.init_kwargs
+  for fields in (dict(dims=(5, 7, 9)), dict(dims=(4, 3), dropout_rate=0.3)):
+    assert_equal_at(draft, tmp_path, models.DropStack(**fields), _x(2, 5))
+  # At another input width, passed as the draft's argument.
+  from flax import nnx
+
+  other, x = models.DropStack(dims=(5, 7, 9), dropout_rate=0.3), _x(3, 7)
+  namespace: dict = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  port = namespace["DropStack"](dims=(5, 7, 9), dropout_rate=0.3, x_features=7, rngs=nnx.Rngs(0))
+  assert sum(isinstance(m, nnx.Dropout) for _, m in nnx.iter_graph(port)) == 2
+  variables = other.init(jax.random.key(1), x)
+  lb.checkpoint.linen_to_nnx(other, variables, port, x)
+  np.testing.assert_allclose(port(x), other.apply(variables, x), rtol=RTOL, atol=ATOL)

@@ -14,6 +14,10 @@ of an empty tuple is the float `1.0`, which turns a symbol times it into a trace
 `int` of a symbol raises. So an attention's input width could never be a symbol, and its port
 kept the sample's width. Inside `symbolic_safe_initializers()` that module's `np.prod` is an
 integer product and its `int` lets a symbol through; concrete shapes flatten as before.
+
+An initializer that needs numbers (`orthogonal`'s QR decomposition, jaxrl's default kernel
+init) makes a param of a symbolic shape as zeros of that shape inside
+`symbolic_safe_initializers()`; a concrete shape, or another failure, is left to raise.
 """
 
 from __future__ import annotations
@@ -29,8 +33,46 @@ import numpy as np
 def symbolic_safe_initializers() -> tp.Iterator[None]:
   from flax.linen import linear  # DenseGeneral's module
 
-  with _symbolic_safe_fans(), symbolic_safe_modules([linear]):
+  with _symbolic_safe_fans(), _symbolic_safe_params(), symbolic_safe_modules([linear]):
     yield
+
+
+def _symbolic(shape: object) -> bool:
+  return (
+    isinstance(shape, tuple)
+    and all(map(_dimension, shape))
+    and not all(isinstance(d, (int, np.integer)) for d in shape)
+  )
+
+
+@contextlib.contextmanager
+def _symbolic_safe_params() -> tp.Iterator[None]:
+  """A param whose initializer fails on a symbolic shape (`orthogonal`'s QR needs numbers) is
+  made as zeros of that shape: the trace reads its shape and dtype, never its values."""
+  from flax.core import scope
+
+  real = scope.Scope.param
+
+  def param(self: tp.Any, name: str, init_fn: tp.Any, *init_args: tp.Any, **kw: tp.Any) -> tp.Any:
+    def safe(rng: tp.Any, *args: tp.Any, **kwargs: tp.Any) -> tp.Any:
+      try:
+        return init_fn(rng, *args, **kwargs)
+      except Exception:
+        shape = args[0] if args else kwargs.get("shape")
+        if not _symbolic(shape):
+          raise
+        import jax.numpy as jnp
+
+        dtype = args[1] if len(args) > 1 else kwargs.get("dtype", jnp.float32)
+        return jnp.zeros(shape, dtype)
+
+    return real(self, name, safe, *init_args, **kw)
+
+  scope.Scope.param = param  # pyright: ignore[reportAttributeAccessIssue]
+  try:
+    yield
+  finally:
+    scope.Scope.param = real
 
 
 class _IntegerProducts:

@@ -1,9 +1,8 @@
 """Rewrite one Linen class into its NNX port: plan the attributes, then rewrite the methods.
 
 The plan pairs each construction site with the submodules the trace saw it make (by the line
-that called them, or the attribute `setup` assigned), names each attribute as Linen named the
-submodule (so the converter pairs them by path), and writes their NNX constructions into
-`__init__`. `rewrite_methods` then replaces the sites inside the methods.
+that called them, or the attribute `setup` assigned), names each attribute as Linen named it
+(the converter pairs by path) and writes their NNX constructions into `__init__`.
 """
 
 from __future__ import annotations
@@ -411,10 +410,11 @@ class Planner:
     if site.setup_attr is not None or site.loop is not None or inline_comp:
       # Built in a compact method, a class's layers are numbered across the whole method:
       # a list may start past 0 (`Conv_1, Conv_2` after a `Conv_0` built before the loop).
+      names = names if any(names) else self._alt_names(site)  # a branch only others took
       runs = {_list_run(list(n)) for n in names if n}
       run = runs.pop() if len(runs) == 1 else None
       if not any(names):  # not `named [()]`: nothing was paired at all
-        self.todo(site, NO_MATCH)
+        self.todo(site, self._no_match(site))
         return
       if run is None or (site.setup_attr is not None and run[1] != 0):
         self.todo(

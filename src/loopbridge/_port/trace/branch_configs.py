@@ -81,6 +81,16 @@ def _optional_int(f: dataclasses.Field) -> bool:
   return "int" in words and ("Optional" in words or "None" in words) and "float" not in words
 
 
+def _optional_float(f: dataclasses.Field) -> bool:
+  """A field annotated `Optional[float]` / `float | None` (a rate: `dropout_rate`)."""
+  words = set(re.findall(r"\w+", str(f.type)))
+  return "float" in words and ("Optional" in words or "None" in words) and "int" not in words
+
+
+# The value an optional float left None is set to: a rate below 1, as a dropout's.
+_SET_FLOAT = 0.5
+
+
 def _tested_unset(text: str, name: str, owner: str = r"self") -> bool:
   """The sources test `<owner>.<name>` for being set: `if self.n:`, `self.n is not None`,
   `self.n or 4 * d` (a default where it is unset), `a if self.n else b`."""
@@ -101,7 +111,8 @@ def _fresh(module: nn.Module) -> int:
 def changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
   """One change of one setting per entry: each boolean the sources read (`text`) flipped, each
   string set to each other literal they compare it with, each optional width left None (that
-  they test for being set, maskgit's `if self.hidden_size:`) set to a width no field has."""
+  they test for being set, maskgit's `if self.hidden_size:`) set to a width no field has, each
+  optional float left None that they test so (a dropout rate) set to 0.5."""
   out: list[dict[Knob, object]] = []
   fresh = _fresh(module)
   for f in dataclasses.fields(module):
@@ -110,6 +121,9 @@ def changes(module: nn.Module, text: str) -> list[dict[Knob, object]]:
     value = getattr(module, f.name, None)
     if value is None and _optional_int(f) and _tested_unset(text, f.name):
       out.append({(f.name, None): fresh})
+      continue
+    if value is None and _optional_float(f) and _tested_unset(text, f.name):
+      out.append({(f.name, None): _SET_FLOAT})  # jaxrl's `if self.dropout_rate is not None:`
       continue
     inner = [(f.name, None, value)] + [(f.name, a, v) for a, v in _settings(value).items()]
     for field, attr, v in inner:
