@@ -57,12 +57,11 @@ from .trace.tracing.widths import (
   symbolic_widths,
   traced_symbolically,
 )
-from .transforms import layer_subclass, param_override, user_base_class
+from .transforms import inherited_fields, layer_subclass, param_override, user_base_class
 from .transforms.cache_idiom import add_method, size_caches
 from .transforms.computed_params import keep_params
 from .transforms.constant_arrays import as_properties
 from .transforms.custom_collections import declaration
-from .transforms.field_only_subclass import merged_source
 from .transforms.module_globals import read_through_modules
 from .transforms.module_level_lift import is_lifted_user_class, root_notes, user_class
 from .transforms.module_name import keep_name
@@ -487,9 +486,7 @@ def draft(
   written = [HELPERS[h].strip("\n") for h in sorted(ctx.helpers)]
   written += [declaration(col).strip("\n") for col in sorted(ctx.collections)]
   body = "\n\n".join([*written, *(ctx.ported[cls].code.strip("\n") for cls in classes)])
-  homes: list[tuple[str, tp.Mapping[str, object]]] = [
-    (cls.__module__, sources[cls].namespace) for cls in classes
-  ]
+  homes = [home for cls in classes for home in inherited_fields.homes(sources[cls])]
   homes.append(("jax", layer_subclass.NAMESPACE))  # what the ports of flax layers' subclasses read
   header = (
     f'"""NNX port of {root_class.__module__}.{root_class.__qualname__}, '
@@ -552,9 +549,9 @@ def _port_one(src: ClassSource, ctx: Context) -> ClassPort:
   if why is not None:
     return fallback_port(src, why)
   inherited = user_base_class.reason(src.cls)
-  # A subclass that only changes fields was read as its base's source with its own fields
-  # (`transforms/field_only_subclass`): nothing is inherited from a Linen base then.
-  if inherited is not None and merged_source(src.cls, read_class) is None:
+  # A subclass read as one class with its base (`field_only_subclass`, `inherited_fields`):
+  # nothing is inherited from a Linen base then.
+  if inherited is not None and not src.merged:
     return fallback_port(src, inherited)
   helpers = set(ctx.helpers)
   try:

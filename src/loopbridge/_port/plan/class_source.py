@@ -30,6 +30,9 @@ class ClassSource:
   file: str
   first_line: int  # line of the file where `text` starts
   namespace: dict[str, object]
+  # Read as one class with the user Linen base it inherits from (`field_only_subclass`,
+  # `inherited_fields`): its port needs no Linen base.
+  merged: bool = False
 
   def line(self, relative: int) -> int:
     """The file's line number of line `relative` (1-based) of `text`."""

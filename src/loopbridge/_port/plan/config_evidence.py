@@ -12,7 +12,7 @@ import typing as tp
 from flax import linen as nn
 
 from ..trace.trace import Instance, Trace
-from . import passed_values, setup_local_values
+from . import passed_values, setup_local_values, stateless_layers
 from .find_sites import Site
 from .hoist import Hoist, match_child
 from .previous_layer import OUTPUT_WIDTH, list_width
@@ -37,8 +37,10 @@ def alt_made(self: Planner, hoist: Hoist) -> list[Instance]:
 
 
 def _alt_names(self: Planner, site: Site) -> set[tuple[str, ...]]:
-  """The names of what this construction made in the other configurations."""
-  return {tuple(k.path[-1] for k in made) for made in self._made_elsewhere(site) if made}
+  """The names of what this construction made in the other configurations; where none made
+  it, a stateless layer's name as Linen would number it (`stateless_layers`)."""
+  found = {tuple(k.path[-1] for k in made) for made in self._made_elsewhere(site) if made}
+  return found or stateless_layers.untraced_names(self, site)
 
 
 def traced(

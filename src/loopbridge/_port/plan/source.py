@@ -18,9 +18,10 @@ from .class_source import libcst as libcst
 def read_class(cls: type) -> ClassSource:
   """The source of `cls`, or a `PortError` saying why it cannot be read and what to do."""
   from ..transforms.field_only_subclass import merged_source
+  from ..transforms.inherited_fields import inherited_source
   from ..transforms.relative_imports import absolute_imports
 
-  merged = merged_source(cls, read_class)
+  merged = merged_source(cls, read_class) or inherited_source(cls, read_class)
   if merged is not None:
     return absolute_imports(merged)
   try:

@@ -51,7 +51,7 @@ def merged_source(cls: type, read: tp.Callable[[type], ClassSource]) -> ClassSou
   if not isinstance(classdef, c.ClassDef):
     return None
   body: list[tp.Any] = list(classdef.body.body)
-  by_name = {_field_name(s): k for k, s in enumerate(body) if _field_name(s) is not None}
+  by_name = {field_name(s): k for k, s in enumerate(body) if field_name(s) is not None}
   for name, stmt in fields.items():
     at = by_name.get(name)
     # The base's lines keep their numbers (the trace names the lines that built submodules):
@@ -66,10 +66,10 @@ def merged_source(cls: type, read: tp.Callable[[type], ClassSource]) -> ClassSou
   text = tree.with_changes(body=[classdef, *tree.body[1:]]).code
   module = sys.modules.get(cls.__module__)
   namespace = {**(dict(vars(module)) if module is not None else {}), **base_source.namespace}
-  return dataclasses.replace(base_source, cls=cls, text=text, namespace=namespace)
+  return dataclasses.replace(base_source, cls=cls, text=text, namespace=namespace, merged=True)
 
 
-def _field_name(stmt: tp.Any) -> str | None:
+def field_name(stmt: tp.Any) -> str | None:
   c = libcst()
   if isinstance(stmt, c.SimpleStatementLine) and len(stmt.body) == 1:
     small = stmt.body[0]
@@ -78,7 +78,7 @@ def _field_name(stmt: tp.Any) -> str | None:
   return None
 
 
-def _docstring_end(body: list[tp.Any]) -> int:
+def docstring_end(body: list[tp.Any]) -> int:
   """1 where the body opens with a docstring, else 0."""
   c = libcst()
   first: tp.Any = body[0] if body else None
@@ -96,10 +96,10 @@ def _fields(classdef: tp.Any) -> dict[str, tp.Any] | None:
   docstring and fields (a method, an assignment, a nested class)."""
   c = libcst()
   body = list(classdef.body.body)
-  del body[: _docstring_end(body)]
+  del body[: docstring_end(body)]
   fields: dict[str, tp.Any] = {}
   for stmt in body:
-    name = _field_name(stmt)
+    name = field_name(stmt)
     if name is not None:
       fields[name] = stmt
     elif not (
@@ -114,7 +114,7 @@ def _own_docstring(own: tp.Any, body: list[tp.Any]) -> list[tp.Any]:
   lines fill the rest), else with the base's."""
   c = libcst()
   mine = list(own.body.body)
-  if not _docstring_end(mine) or not _docstring_end(body) or len(body) < 2:
+  if not docstring_end(mine) or not docstring_end(body) or len(body) < 2:
     return body
   spare = _height(body[0]) - _height(mine[0])
   if spare < 0:
