@@ -34,6 +34,9 @@ points, 3x3 covariances and 3D view directions by construction) and each case's 
 structure (which optional inputs are given). VQGAN channel counts are multiples of 32 (its
 GroupNorms have 32 groups); multinerf's positional-encoding degrees stay low, since the
 cases' covariances are random (not positive) and a high degree would overflow the encoding.
+rlpd's residual MLP block projects its shortcut in the first sample and takes the identity
+one in the second (input width equal to `features` there).
+
 Left out: wilson1yan/teco (its models package imports `jax.experimental.maps`),
 lindermanlab/S5 and borisdayma/dalle-mini (`jnp.DeviceArray`), patil-suraj/vit-vqgan (a jax
 array as a dataclass default), google/mipnerf (`flax.nn`), google/brax (its package imports
@@ -329,7 +332,7 @@ HOLDOUT_F: list[Case] = [
     first=Setting(dict(features=(4, 6), filters=(2, 1), strides=(2, 1)), args=(Arr((2, 9, 9, 3)),)),
     second=Setting(
       dict(features=(5, 7, 9), filters=(3, 2, 2), strides=(1, 2, 1), padding="SAME"),
-      args=(Arr((1, 12, 10, 4)),),
+      args=(Arr((1, 12, 10, 8)),),
     ),
   ),
   Case(
@@ -365,7 +368,7 @@ HOLDOUT_F: list[Case] = [
         ),
         num=2,
       ),
-      args=(Arr((3, 5)), Arr((3, 2))),
+      args=(Arr((3, 5)), Arr((3, 3))),
     ),
     second=Setting(
       dict(
@@ -375,9 +378,9 @@ HOLDOUT_F: list[Case] = [
             _RLPD_MLP, hidden_dims=(10, 12), activate_final=True, use_layer_norm=True
           ),
         ),
-        num=3,
+        num=7,
       ),
-      args=(Arr((4, 7)), Arr((4, 3))),
+      args=(Arr((4, 9)), Arr((4, 4))),
     ),
   ),
   Case(
@@ -397,29 +400,29 @@ HOLDOUT_F: list[Case] = [
         network_cls=_partial(_RLPD_MLP, hidden_dims=(8,)),
         latent_dim=6,
       ),
-      args=({"pixels": Arr((2, 8, 8, 3, 1)), "state": Arr((2, 4))},),
+      args=({"pixels": Arr((2, 9, 9, 3, 1)), "state": Arr((2, 5))},),
     ),
     second=Setting(
       dict(
         encoder_cls=_partial(
           "rlpd.networks.encoders.d4pg_encoder:D4PGEncoder",
-          features=(5, 7),
+          features=(10, 14),
           filters=(3, 1),
           strides=(1, 2),
         ),
-        network_cls=_partial(_RLPD_MLP, hidden_dims=(10, 9)),
-        latent_dim=11,
+        network_cls=_partial(_RLPD_MLP, hidden_dims=(15, 16)),
+        latent_dim=17,
         stop_gradient=True,
         pixel_keys=("front", "wrist"),
         depth_keys=("front_depth", "wrist_depth"),
       ),
       args=(
         {
-          "front": Arr((1, 9, 9, 3, 2)),
-          "wrist": Arr((1, 7, 7, 3, 2)),
-          "front_depth": Arr((1, 9, 9, 1, 2)),
-          "wrist_depth": Arr((1, 7, 7, 1, 2)),
-          "state": Arr((1, 5)),
+          "front": Arr((1, 12, 12, 7, 2)),
+          "wrist": Arr((1, 13, 13, 7, 2)),
+          "front_depth": Arr((1, 12, 12, 11, 2)),
+          "wrist_depth": Arr((1, 13, 13, 11, 2)),
+          "state": Arr((1, 18)),
         },
       ),
     ),
@@ -445,7 +448,7 @@ HOLDOUT_F: list[Case] = [
       dict(
         depth=4,
         width=12,
-        skips=(1, 3),
+        skips=(2, 3),
         output_channels=5,
         output_init=_init("lecun_normal"),
         hidden_init=_init("he_uniform"),
@@ -474,22 +477,22 @@ HOLDOUT_F: list[Case] = [
         alpha_channels=1,
         skips=(1,),
       ),
-      args=(Arr((2, 3, 4)), Arr((2, 2)), Arr((2, 3)), Arr((2, 5))),
+      args=(Arr((2, 10, 4)), Arr((2, 11)), Arr((2, 7)), Arr((2, 9))),
     ),
     second=Setting(
       dict(
         trunk_depth=3,
-        trunk_width=10,
+        trunk_width=18,
         rgb_branch_depth=2,
-        rgb_branch_width=7,
-        rgb_channels=4,
+        rgb_branch_width=19,
+        rgb_channels=12,
         alpha_branch_depth=1,
-        alpha_branch_width=9,
+        alpha_branch_width=20,
         alpha_channels=2,
         activation=Ref("flax.linen:elu"),
-        skips=(1, 2),
+        skips=(2,),
       ),
-      args=(Arr((1, 4, 6)), Arr((1, 3)), Arr((1, 4)), Arr((1, 2))),
+      args=(Arr((1, 17, 13)), Arr((1, 14)), Arr((1, 15)), Arr((1, 16))),
     ),
   ),
   Case(
@@ -502,10 +505,10 @@ HOLDOUT_F: list[Case] = [
     second=Setting(
       dict(
         num_freqs=3,
-        features=5,
+        features=6,
         depth=3,
         width=12,
-        skips=(1, 2),
+        skips=(2,),
         hidden_init=_init("he_uniform"),
         output_init=_init("lecun_normal"),
       ),
@@ -606,7 +609,7 @@ HOLDOUT_F: list[Case] = [
         roughness_bias=-0.5,
       ),
       args=(None, _gaussians(1, 4), Arr((1, 3))),
-      kwargs=dict(glo_vec=Arr((1, 5))),
+      kwargs=dict(glo_vec=Arr((1, 10))),
     ),
   ),
 ]
