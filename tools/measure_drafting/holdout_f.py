@@ -52,6 +52,8 @@ drafts: `measure.py --cases holdout_f` runs them once, at the end (README.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from cases import Arr, Case, Ints, Obj, Ref, Setting, by_name
 
 VQGAN = ("patil-suraj/vqgan-jax", "10ef240f8ace869e437f3c32d14898f61512db12")
@@ -107,7 +109,7 @@ _VQ_SECOND = dict(
 )
 
 
-def _vq_config(base: dict[str, object], **kw: object) -> Obj:
+def _vq_config(base: Mapping[str, object], **kw: object) -> Obj:
   """A `VQGANConfig` (a `transformers.PretrainedConfig`) with `base`'s fields, `kw` over them."""
   return Obj("vqgan_jax.configuration_vqgan:VQGANConfig", {**base, **kw})
 
