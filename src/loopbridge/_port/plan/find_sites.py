@@ -13,6 +13,7 @@ import functools
 import typing as tp
 
 from ..emit.literals import string_literal
+from .global_partials import global_partial
 from .source import dotted, libcst, resolve
 
 if tp.TYPE_CHECKING:
@@ -225,6 +226,7 @@ def find_sites(
 
   seen_locals: set[tuple[str, str]] = set()
   module.visit(Locals())
+  global_partials: set[tuple[str, str]] = set()
 
   class Visitor(c.CSTVisitor):
     def visit_Attribute(self, node: tp.Any) -> None:
@@ -269,6 +271,11 @@ def find_sites(
         and func.attr.value in fields
         and inline
       )
+      if key is not None and key not in partial_locals and key not in seen_locals:
+        found = global_partial(func.value, namespace)  # `Conv3x3 = partial(nn.Conv, ...)`
+        if found is not None:
+          partial_locals[key] = found
+          global_partials.add(key)
       if (key is not None and key in partial_locals) or factory:
         method, loop, depth, cond, _ = context(node)
         pos = positions[node]
@@ -286,7 +293,7 @@ def find_sites(
         )
         if key in partial_locals:
           site.partial = partial_locals[key][1]
-          site.local_name = func.value
+          site.local_name = None if key in global_partials else func.value
         else:
           site.factory_field = func.attr.value
         site.local = _assigned_local(parent0)
