@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 from flax import nnx
+from symbolic_port_helpers import assert_equal_at
 
 import loopbridge as lb
 from loopbridge._port.plan.values import literal
@@ -232,30 +233,35 @@ def test_a_loop_over_enumerate_keeps_its_tuple_target():
   draft = lb.port.draft(models.EnumeratedWidths(), x)
   assert draft.ok, draft.report()
   assert re.search(
-    r"for layer, \(_?i, f\) in enumerate\(enumerate\(self\.features\)\)", draft.source
+    r"for _?layer, \(_?i, _?f\) in enumerate\(enumerate\(self\.features\)\)", draft.source
   )
   _equal_to_linen(draft, x)
 
 
-def test_a_layer_under_an_if_inside_a_loop_is_built_where_the_if_holds():
+def test_a_layer_under_an_if_inside_a_loop_is_built_where_the_if_holds(tmp_path):
   x = jax.random.normal(jax.random.key(11), (2, 5))
   draft = lb.port.draft(models.NormUnderAnIfInALoop(), x)
   assert draft.ok, draft.report()
   code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")
-  # __init__ replays the loop and its test; the call counts the norms it runs.
-  assert "fori,_finenumerate(self.features):ifi<len(self.features)-1:LayerNorm.append(" in code
+  # __init__ replays the loop and its test; the call counts the norms it runs. Each norm's
+  # width is the loop's own target, which holds at any length of the tuple.
+  assert "fori,finenumerate(self.features):ifi<len(self.features)-1:LayerNorm.append(" in code
+  assert "LayerNorm.append(nnx.LayerNorm(f," in code
   assert "x=self.LayerNorm[layer_](x)layer_+=1" in code
   _equal_to_linen(draft, x)
+  assert_equal_at(draft, tmp_path, models.NormUnderAnIfInALoop(features=(5, 7, 3, 9)), x)
 
 
-def test_nested_loop_lists_under_an_if_and_numbered_past_an_earlier_layer():
+def test_nested_loop_lists_under_an_if_and_numbered_past_an_earlier_layer(tmp_path):
   x = jax.random.normal(jax.random.key(12), (1, 8, 8, 3))
   draft = lb.port.draft(models.DownAndUp(), x)
   assert draft.ok, draft.report()
   code = re.sub(r"\s+", "", draft.source).replace("nnx.List(", "")
   assert "self.Conv_1_to_4=" in code  # Linen's Conv_1 .. Conv_4: the blocks
-  assert "iflevel!=len(self.mults)-1:down.append(nnx.Conv(4,4,(3,3),(2,2)," in code
+  # The downsampling conv's width is the level's `4 * mult`, at any number of levels.
+  assert "iflevel!=len(self.mults)-1:down.append(nnx.Conv(4*mult,4*mult,(3,3),(2,2)," in code
   _equal_to_linen(draft, x)
+  assert_equal_at(draft, tmp_path, models.DownAndUp(mults=(1, 3, 2)), x)
 
 
 def test_a_layer_under_an_if_that_reads_the_call_in_a_loop_is_a_todo():

@@ -92,10 +92,14 @@ def test_tuple_items_and_config_attributes_are_the_widths(tmp_path):
   x = jax.random.normal(jax.random.key(0), (2, 8))
   draft = lb.port.draft(m.Sizes(), x)
   assert draft.ok, draft.report()
-  assert "self.layer_sizes[" in draft.source and "self.config.mlp" in draft.source
-  assert not draft.literals
-  other = m.Sizes(layer_sizes=(5, 7, 3), config=m.Config(mlp=6))
-  assert_equal_at(draft, tmp_path, other, x)
+  # Each layer's input width is the previous layer's output width (the loop's list, then
+  # its last layer), which holds at any length of the tuple; the output width is the config's.
+  assert "Dense[-1].out_features" in draft.source and "self.config.mlp" in draft.source
+  for other in (
+    m.Sizes(layer_sizes=(5, 7, 3), config=m.Config(mlp=6)),
+    m.Sizes(layer_sizes=(5, 7, 3, 9), config=m.Config(mlp=6)),
+  ):
+    assert_equal_at(draft, tmp_path, other, x)
 
 
 @pytest.mark.slow  # a draft and its checks at four configurations

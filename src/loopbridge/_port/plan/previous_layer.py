@@ -17,6 +17,8 @@ import typing as tp
 
 from flax import linen as nn
 
+from .loop_target_width import loop_target_width
+
 if tp.TYPE_CHECKING:
   from ..trace.trace import Instance
   from .hoist import Hoist
@@ -189,4 +191,6 @@ def list_width(
     counted = f"len({list_local(planner, hoist)})"
     if not hoist.counter and (found := previous_setting(planner, hoist, get, name, counted)):
       return found
+  if hoist.counter and (found := loop_target_width(planner, hoist, per, alt_per)) is not None:
+    return found
   return f"{planner.resolver.expr(per, name, alt_per)}[{index}]"
