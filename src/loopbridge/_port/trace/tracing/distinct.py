@@ -57,7 +57,7 @@ def float_settings(module: nn.Module) -> list[tuple[Location, float]]:
   return out
 
 
-def _other_float(value: float) -> float:
+def other_float(value: float) -> float:
   """Another value of a float setting: a probability stays below 1."""
   return value * 1.5 if value >= 1.0 or value * 1.5 < 1.0 else (value + 1.0) / 2
 
@@ -80,7 +80,7 @@ def distinct_values(
     used.add(n)
     values[s.location] = n
   for location, value in float_settings(module):
-    values[location] = _other_float(value)
+    values[location] = other_float(value)
   return values
 
 
@@ -109,7 +109,7 @@ def ordered_values(module: nn.Module, keep: tp.Collection[int] = ()) -> dict[Loc
       return {}
     values[s.location] = power
   for location, value in float_settings(module):
-    values[location] = _other_float(value)
+    values[location] = other_float(value)
   return values
 
 
@@ -142,7 +142,7 @@ def split_values(
     used.add(free[0])
     values[s.location] = free[0]
   for location, value in float_settings(module):
-    values[location] = _other_float(value)
+    values[location] = other_float(value)
   return values
 
 

@@ -1,0 +1,53 @@
+"""A field holding a partial of a class (`base_cls=partial(MLP, hidden=(8, 8))`): what the partial
+binds is a setting of the model that no field of the class holds. The draft is checked at a
+configuration where the partial binds other values, so a port built from the sample's bound
+values is never `ok`: either it is not, or it equals Linen there.
+
+The reference is Linen's own `apply` at the other bound values.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import pytest
+from symbolic_port_helpers import load, port_error_at
+
+import loopbridge as lb
+
+pytest.importorskip("libcst")
+
+SOURCE = """
+from typing import Any, Sequence
+
+import flax.linen as nn
+
+
+class MLP(nn.Module):
+  hidden: Sequence[int]
+
+  @nn.compact
+  def __call__(self, x):
+    for h in self.hidden:
+      x = nn.relu(nn.Dense(h)(x))
+    return x
+
+
+class Critic(nn.Module):
+  base_cls: Any
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(1)(self.base_cls()(x))
+"""
+
+
+def test_a_partial_field_is_checked_at_other_bound_values(tmp_path):
+  m = load(tmp_path, "partial_field_models", SOURCE)
+  x = jax.random.normal(jax.random.key(0), (2, 5))
+  draft = lb.port.draft(m.Critic(base_cls=functools.partial(m.MLP, hidden=(8, 8))), x)
+  assert any("partial in base_cls" in label for label in draft.config_labels)
+  if draft.ok:  # then it must hold where the partial binds other widths
+    other = m.Critic(base_cls=functools.partial(m.MLP, hidden=(5, 7)))
+    assert port_error_at(draft, tmp_path, other, x) <= 1e-4, draft.source
