@@ -1,7 +1,7 @@
 """A field holding a partial of a class (`base_cls=partial(MLP, hidden=(8, 8))`): what the partial
-binds is a setting of the model that no field of the class holds. The draft is checked at a
-configuration where the partial binds other values, so a port built from the sample's bound
-values is never `ok`: either it is not, or it equals Linen there.
+binds is a setting of the model that no field of the class holds. The port keeps the field and
+reads what the partial binds from it; the draft is checked at a configuration where the partial
+binds other values, so a port built from the sample's bound values is never `ok`.
 
 The reference is Linen's own `apply` at the other bound values.
 """
@@ -48,6 +48,11 @@ def test_a_partial_field_is_checked_at_other_bound_values(tmp_path):
   x = jax.random.normal(jax.random.key(0), (2, 5))
   draft = lb.port.draft(m.Critic(base_cls=functools.partial(m.MLP, hidden=(8, 8))), x)
   assert any("partial in base_cls" in label for label in draft.config_labels)
-  if draft.ok:  # then it must hold where the partial binds other widths
-    other = m.Critic(base_cls=functools.partial(m.MLP, hidden=(5, 7)))
+  assert draft.ok, draft.report()
+  # The port keeps the field and reads what the partial binds from it: the MLP's widths, and
+  # the head's input width as the last of them (not the first: the check's other bound values
+  # tell the two apart).
+  assert 'self.base_cls.keywords["hidden"][-1]' in draft.source.replace("'", '"'), draft.source
+  for hidden in ((5, 7), (5, 7, 9), (6,)):
+    other = m.Critic(base_cls=functools.partial(m.MLP, hidden=hidden))
     assert port_error_at(draft, tmp_path, other, x) <= 1e-4, draft.source

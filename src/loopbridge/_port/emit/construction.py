@@ -167,6 +167,12 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
         continue
       if child is not None and f.name in child.dropped:
         continue  # a module factory of a user class: its port builds those layers itself
+      if site.factory_field not in planner.port.dropped and all(
+        f.name in getattr(i.module, site.factory_field).keywords for i in planner.instances
+      ):
+        # A partial of a user class, kept by the port: what it binds, read from it.
+        values[f.name] = f"self.{site.factory_field}.keywords[{f.name!r}]"
+        continue
       default = f.default if f.default is not dataclasses.MISSING else None
       kids = [k for ks in hoist.children.values() for k in ks]
       if layer is not None and f.name in layer.call_time and site.outer_call is not None:
@@ -453,6 +459,15 @@ def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
     keyword = arg.keyword.value if arg.keyword is not None else None
     if keyword is not None and keyword != "name" and keyword not in child_port.dropped:
       parts.append(f"{keyword}={values[keyword]}")
+  named = {f for f, _ in zip(fields, positional)} | {
+    a.keyword.value for a in site.node.args if a.keyword is not None
+  }
+  # What a partial binds (a module-level partial, or one a field holds): by keyword.
+  parts += [
+    f"{f}={values[f]}"
+    for f in fields
+    if f in values and f not in named and f not in child_port.dropped
+  ]
   for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
     # An instance without a value never reads the argument (say, the input width of a layer
     # it does not build: the added bool that guards it is False there): None.

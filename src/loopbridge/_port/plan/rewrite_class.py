@@ -19,7 +19,7 @@ from ..transforms import flag_remat, keyword_dicts
 from ..transforms.call_filled_locals import filled_during_call
 from ..transforms.cell_carry import is_detached, plan_detached
 from ..transforms.chosen_class import Choice, plan_chosen_class
-from ..transforms.factory_fields import factory_class
+from ..transforms.factory_fields import drop_factory_field, factory_class
 from ..transforms.mixin_config import WHY as CONFIG_WHY
 from ..transforms.mixin_config import mirrored_fields
 from ..transforms.never_called import plan_never_called
@@ -338,7 +338,7 @@ class Planner:
         )
         return
       site.target = made.pop()
-      self.port.dropped.add(site.factory_field)
+      drop_factory_field(self, site.factory_field)
     cls = tp.cast(type, site.target)
     if cls in standard_layers.TABLE and plan_never_called(self, site, cls):
       return

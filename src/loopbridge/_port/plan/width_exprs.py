@@ -19,6 +19,7 @@ from flax import linen as nn
 
 from ..emit.literals import literal
 from ..trace import config_objects
+from ..transforms.factory_fields import partial_of_user_class
 
 Atom = tuple[str, tp.Callable[[object], object]]
 
@@ -56,7 +57,27 @@ def atoms(module: object, kind: tp.Callable[[object], bool] = _int) -> list[Atom
       out += _config_reads(f.name, value, names, kind)
     elif (found := config_objects.settings(value)) is not None:  # HF's PretrainedConfig
       out += _config_reads(f.name, value, list(found), kind)
+    elif partial_of_user_class(value):  # kept by the port (`factory_fields`)
+      out += _partial_reads(f.name, tp.cast(tp.Any, value).keywords, kind)
   return out
+
+
+def _partial_reads(field: str, keywords: dict, kind: tp.Callable[[object], bool]) -> list[Atom]:
+  """`self.base_cls.keywords['width']`, and the first and last item of a bound tuple (the
+  input and output widths of the MLP it builds)."""
+  out: list[Atom] = []
+  for k, v in keywords.items():
+    read = f"self.{field}.keywords[{k!r}]"
+    get = lambda m, f=field, k=k: getattr(getattr(m, f, None), "keywords", {}).get(k)  # noqa: E731
+    if kind(v):
+      out.append((read, get))
+    elif isinstance(v, tuple) and v and all(kind(x) for x in v):
+      out += [(f"{read}[{i}]", lambda m, g=get, i=i: _item(g(m), i)) for i in (0, -1)]
+  return out
+
+
+def _item(value: object, i: int) -> object:
+  return value[i] if isinstance(value, tuple) and value else None
 
 
 def _config_reads(

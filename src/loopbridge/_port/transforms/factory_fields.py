@@ -51,3 +51,25 @@ def factory_class(value: object) -> type | None:
 
   func = value.func if isinstance(value, functools.partial) else value
   return func if isinstance(func, type) and issubclass(func, nn.Module) else None
+
+
+def partial_of_user_class(value: object) -> bool:
+  """A `functools.partial` of a user-written Linen class binding keywords (rlpd-style
+  `base_cls=partial(MLP, hidden_dims=(256, 256))`)."""
+  import functools
+
+  cls = factory_class(value)
+  return (
+    isinstance(value, functools.partial)
+    and cls is not None
+    and not cls.__module__.startswith("flax.")
+    and bool(value.keywords)
+  )
+
+
+def drop_factory_field(planner: tp.Any, field: str) -> None:
+  """The port drops a field holding a module factory (it builds the factory's port itself),
+  but keeps one holding a partial of a user class in every instance: the port reads what the
+  partial binds from it (`self.base_cls.keywords['hidden_dims']`), at any configuration."""
+  if not all(partial_of_user_class(getattr(i.module, field, None)) for i in planner.instances):
+    planner.port.dropped.add(field)
