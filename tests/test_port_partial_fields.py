@@ -34,6 +34,16 @@ class MLP(nn.Module):
     return x
 
 
+class Block(nn.Module):
+  features: int
+  norm: Any
+
+  @nn.compact
+  def __call__(self, x):
+    x = self.norm(name="bn")(nn.Dense(self.features)(x))
+    return nn.relu(self.norm(scale_init=nn.initializers.ones, name="bn2")(x))
+
+
 class Critic(nn.Module):
   base_cls: Any
 
@@ -56,3 +66,19 @@ def test_a_partial_field_is_checked_at_other_bound_values(tmp_path):
   for hidden in ((5, 7), (5, 7, 9), (6,)):
     other = m.Critic(base_cls=functools.partial(m.MLP, hidden=hidden))
     assert port_error_at(draft, tmp_path, other, x) <= 1e-4, draft.source
+
+
+def test_a_flax_layer_partial_field_passes_on_whatever_it_binds(tmp_path):
+  """`norm=partial(nn.BatchNorm, use_running_average=True)` in the sample: the port's norms
+  run on the running averages there, and take the momentum and epsilon another partial binds
+  (no configuration the draft traced binds them)."""
+  from flax import linen as nn
+
+  m = load(tmp_path, "partial_field_models", SOURCE)
+  x = jax.random.normal(jax.random.key(0), (4, 5))
+  norm = functools.partial(nn.BatchNorm, use_running_average=True)
+  draft = lb.port.draft(m.Block(features=6, norm=norm), x)
+  assert draft.ok, draft.report()
+  wide = functools.partial(nn.BatchNorm, use_running_average=True, epsilon=0.5, momentum=0.8)
+  other = m.Block(features=7, norm=wide)
+  assert port_error_at(draft, tmp_path, other, x) <= 1e-4, draft.source

@@ -22,6 +22,7 @@ from ..transforms import (
 )
 from ..transforms.attention_widths import untaken_width
 from ..transforms.call_time_args import call_time_setting, sizes_nothing
+from ..transforms.factory_fields import BOUND, bound_keywords
 from ..transforms.norm_feature_axes import batch_norm_refused
 from .literals import literal
 
@@ -167,11 +168,9 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
         continue
       if child is not None and f.name in child.dropped:
         continue  # a module factory of a user class: its port builds those layers itself
-      if site.factory_field not in planner.port.dropped and all(
-        f.name in getattr(i.module, site.factory_field).keywords for i in planner.instances
-      ):
-        # A partial of a user class, kept by the port: what it binds, read from it.
-        values[f.name] = f"self.{site.factory_field}.keywords[{f.name!r}]"
+      if site.factory_field not in planner.port.dropped:
+        # A partial kept by the port: whatever it binds, passed on from it (`BOUND`).
+        values[BOUND] = site.factory_field
         continue
       default = f.default if f.default is not dataclasses.MISSING else None
       kids = [k for ks in hoist.children.values() for k in ks]
@@ -299,7 +298,7 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
         f"nn.{layer_name(hoist)} runs at the width of what it is given, not at its {field}=",
       )
   for field, code in values.items():
-    if field in layer.consumed or field in overridden or field == CHOSEN:
+    if field in layer.consumed or field in overridden or field in (CHOSEN, BOUND):
       continue
     if field in layer.translated:
       how = layer.translated[field]
@@ -331,6 +330,10 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     chosen, why = _chosen_for_layer(layer, hoist, values[CHOSEN], params, args, widths_seen)
     if chosen is None:
       return None, why
+  bound = None
+  if BOUND in values:
+    written = {*args, *widths_seen, "rngs"}
+    bound = bound_keywords(planner, values[BOUND], layer.renames, written)
   if "rngs" in known:
     args["rngs"] = "rngs"
   missing = [
@@ -374,8 +377,7 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
     else:
       positional = False
       parts.append(f"{p.name}={args[p.name]}")
-  if chosen is not None:
-    parts.append(chosen)
+  parts += [p for p in (chosen, bound) if p is not None]
   hoist.post = []
   if layer.nnx_name == "MultiHeadAttention" and index is None:
     kids = [k[0] for k in hoist.children.values() if k]
@@ -462,11 +464,14 @@ def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
   named = {f for f, _ in zip(fields, positional)} | {
     a.keyword.value for a in site.node.args if a.keyword is not None
   }
+  if BOUND in values:  # a kept partial's keywords, passed on whole
+    written = named | set(child_port.resolver.extras) | {"rngs"}
+    parts.append(bound_keywords(planner, values[BOUND], {}, written))
   # What a partial binds (a module-level partial, or one a field holds): by keyword.
   parts += [
     f"{f}={values[f]}"
     for f in fields
-    if f in values and f not in named and f not in child_port.dropped
+    if f in values and f not in named and f not in child_port.dropped and f != BOUND
   ]
   for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
     # An instance without a value never reads the argument (say, the input width of a layer

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import typing as tp
 
-from ..transforms import flag_remat, partitioned_inits
+from ..transforms import factory_fields, flag_remat, partitioned_inits
 
 GRU_CELL = '''
 class LinenGRUCell(nnx.Module):
@@ -88,6 +88,7 @@ HELPERS = {
   "NeverCalled": NEVER_CALLED,
   partitioned_inits.HELPER: partitioned_inits.SOURCE,
   flag_remat.HELPER: flag_remat.SOURCE,
+  factory_fields.HELPER: factory_fields.SOURCE,
 }
 """Helper class (or function) name -> its source (formatted with the draft)."""
 

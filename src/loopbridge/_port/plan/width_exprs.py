@@ -19,7 +19,7 @@ from flax import linen as nn
 
 from ..emit.literals import literal
 from ..trace import config_objects
-from ..transforms.factory_fields import partial_of_user_class
+from ..transforms.factory_fields import is_root, kept_partial
 
 Atom = tuple[str, tp.Callable[[object], object]]
 
@@ -57,7 +57,7 @@ def atoms(module: object, kind: tp.Callable[[object], bool] = _int) -> list[Atom
       out += _config_reads(f.name, value, names, kind)
     elif (found := config_objects.settings(value)) is not None:  # HF's PretrainedConfig
       out += _config_reads(f.name, value, list(found), kind)
-    elif partial_of_user_class(value):  # kept by the port (`factory_fields`)
+    elif kept_partial(value) and is_root(module):  # kept (`factory_fields`)
       out += _partial_reads(f.name, tp.cast(tp.Any, value).keywords, kind)
   return out
 

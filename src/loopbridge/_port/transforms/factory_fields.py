@@ -53,23 +53,53 @@ def factory_class(value: object) -> type | None:
   return func if isinstance(func, type) and issubclass(func, nn.Module) else None
 
 
-def partial_of_user_class(value: object) -> bool:
-  """A `functools.partial` of a user-written Linen class binding keywords (rlpd-style
-  `base_cls=partial(MLP, hidden_dims=(256, 256))`)."""
+def is_root(module: object) -> bool:
+  """The module no other module holds (the drafted root)."""
+  from flax import linen as nn
+
+  return not isinstance(getattr(module, "parent", None), nn.Module)
+
+
+def kept_partial(value: object) -> bool:
+  """A `functools.partial` of a Linen class binding keywords (rlpd-style `base_cls=partial(MLP,
+  hidden_dims=(256, 256))`, a ResNet's `norm=partial(nn.BatchNorm, use_running_average=True)`)."""
   import functools
 
-  cls = factory_class(value)
   return (
     isinstance(value, functools.partial)
-    and cls is not None
-    and not cls.__module__.startswith("flax.")
+    and factory_class(value) is not None
     and bool(value.keywords)
   )
 
 
 def drop_factory_field(planner: tp.Any, field: str) -> None:
   """The port drops a field holding a module factory (it builds the factory's port itself),
-  but keeps one holding a partial of a user class in every instance: the port reads what the
-  partial binds from it (`self.base_cls.keywords['hidden_dims']`), at any configuration."""
-  if not all(partial_of_user_class(getattr(i.module, field, None)) for i in planner.instances):
+  but the drafted root keeps one holding a partial: the port reads what the partial binds
+  from it (`self.base_cls.keywords['hidden_dims']`, `self.norm.keywords['momentum']`, a flag
+  such as `use_running_average` given to the NNX layer when built), at any configuration. (A
+  class below the root is handed its factories by a parent, which may build them in its call,
+  where `__init__` cannot: its port takes what its parent's port passes.)"""
+  values = [getattr(i.module, field, None) for i in planner.instances]
+  if not (planner.resolver.root and all(map(kept_partial, values))):
     planner.port.dropped.add(field)
+
+
+# The helper a port calls to pass what a kept partial binds (`drop_factory_field`).
+HELPER = "linen_keywords"
+SOURCE = '''
+def linen_keywords(bound, renames, written):
+  """What a Linen partial binds, as the NNX constructor's keywords: each renamed where NNX
+  spells it otherwise, those the port writes itself left out."""
+  named = {renames.get(k, k): v for k, v in bound.items()}
+  return {k: v for k, v in named.items() if k not in written}
+'''
+
+# The `values` key (`emit/construction`) of a kept partial's keywords, passed as `**`.
+BOUND = "**bound"
+
+
+def bound_keywords(planner: tp.Any, field: str, renames: tp.Mapping[str, str], written) -> str:
+  """`**linen_keywords(self.norm.keywords, {...}, (...))`: every keyword the partial in `field`
+  binds at any configuration, not only those the sample's binds."""
+  planner.ctx.helpers.add(HELPER)
+  return f"**{HELPER}(self.{field}.keywords, {dict(renames)!r}, {tuple(sorted(written))!r})"
