@@ -8,8 +8,9 @@ Linen base. The base's statements are put above the subclass's lines (the source
 moved up by as many), so the subclass's own lines keep the numbers the trace gave its calls.
 
 Only where the subclass writes every method the base builds layers in (`setup`, `__call__`,
-any `@nn.compact` one) that it uses: an inherited method that builds layers would sit at other
-lines than the trace saw, and pairs with nothing (a TODO, never a wrong port).
+any `@nn.compact` one) and calls none through `super()`: an inherited method that builds layers
+would sit at other lines than the trace saw, and pairs with nothing (the subclass stays one
+TODO, `user_base_class`).
 
 Hook: `source.read_class`.
 """
@@ -75,6 +76,8 @@ def inherited_source(cls: type, read: tp.Callable[[type], ClassSource]) -> Class
   base_def: tp.Any = base_tree.body[0]
   if not isinstance(base_def, c.ClassDef):
     return None
+  if "super(" in own_tree.code:
+    return None  # it runs the base's methods too: they would sit at other lines than traced
   mine = list(own.body.body)
   own_fields = {n for s in mine if (n := field_name(s)) is not None}
   own_methods = {n for s in mine if (n := _method_name(s)) is not None}
