@@ -22,14 +22,22 @@ from flax import linen as nn
 from ..plan.class_source import ClassSource, libcst
 
 
-def merged_source(cls: type, read: tp.Callable[[type], ClassSource]) -> ClassSource | None:
-  """The source `cls` runs (its base's, with its own fields), or None where `cls` is not a
-  field-only subclass of one user Linen class."""
+def single_user_base(cls: type) -> type | None:
+  """The one base of `cls`, where it is a user-written Linen class (not flax's), else None."""
   bases = [b for b in cls.__bases__ if b is not object]
   if len(bases) != 1 or not issubclass(cls, nn.Module):
     return None
   base = bases[0]
   if base is nn.Module or not issubclass(base, nn.Module) or base.__module__.startswith("flax."):
+    return None
+  return base
+
+
+def merged_source(cls: type, read: tp.Callable[[type], ClassSource]) -> ClassSource | None:
+  """The source `cls` runs (its base's, with its own fields), or None where `cls` is not a
+  field-only subclass of one user Linen class."""
+  base = single_user_base(cls)
+  if base is None:
     return None
   try:
     lines, _ = inspect.getsourcelines(cls)

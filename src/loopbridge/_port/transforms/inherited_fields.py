@@ -26,17 +26,7 @@ from flax import linen as nn
 
 from ..plan.class_source import ClassSource, libcst
 from ..plan.source import dotted
-from .field_only_subclass import docstring_end, field_name
-
-
-def _user_base(cls: type) -> type | None:
-  bases = [b for b in cls.__bases__ if b is not object]
-  if len(bases) != 1 or not issubclass(cls, nn.Module):
-    return None
-  base = bases[0]
-  if base is nn.Module or not issubclass(base, nn.Module) or base.__module__.startswith("flax."):
-    return None
-  return base
+from .field_only_subclass import docstring_end, field_name, single_user_base
 
 
 def _method_name(stmt: tp.Any) -> str | None:
@@ -56,7 +46,7 @@ def _builds(stmt: tp.Any) -> bool:
 def inherited_source(cls: type, read: tp.Callable[[type], ClassSource]) -> ClassSource | None:
   """The source `cls` runs as one class (its base's fields and methods, then its own body),
   or None where `cls` is not such a subclass of one user Linen class."""
-  base = _user_base(cls)
+  base = single_user_base(cls)
   if base is None:
     return None
   try:
