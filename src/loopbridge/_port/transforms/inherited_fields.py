@@ -25,7 +25,6 @@ import typing as tp
 from flax import linen as nn
 
 from ..plan.class_source import ClassSource, libcst
-from ..plan.source import dotted
 from .field_only_subclass import docstring_end, field_name, single_user_base
 
 
@@ -34,12 +33,21 @@ def _method_name(stmt: tp.Any) -> str | None:
   return stmt.name.value if isinstance(stmt, c.FunctionDef) else None
 
 
+def _last_name(node: tp.Any) -> str | None:
+  """`compact` of `nn.compact` or `compact` (read here, not through `plan.source`, which reads
+  this module)."""
+  c = libcst()
+  if isinstance(node, c.Attribute):
+    return node.attr.value
+  return node.value if isinstance(node, c.Name) else None
+
+
 def _builds(stmt: tp.Any) -> bool:
   """A method Linen builds layers in: `setup`, `__call__`, or one under `@nn.compact`."""
   c = libcst()
   if not isinstance(stmt, c.FunctionDef):
     return False
-  compact = any(dotted(d.decorator) in ("nn.compact", "compact") for d in stmt.decorators)
+  compact = any(_last_name(d.decorator) == "compact" for d in stmt.decorators)
   return compact or stmt.name.value in ("setup", "__call__")
 
 
