@@ -102,7 +102,13 @@ def _x(*shape):
       (2, 5),
     ),
     ("Stack", dict(dims=(6, 6)), [dict(dims=(5, 7, 9)), dict(dims=(4,))], (2, 5)),
-    ("Convs", dict(channels=[4, 4]), [dict(channels=[3, 5, 7], classes=2)], (1, 6, 6, 2)),
+    pytest.param(
+      "Convs",
+      dict(channels=[4, 4]),
+      [dict(channels=[3, 5, 7], classes=2)],
+      (1, 6, 6, 2),
+      marks=pytest.mark.slow,  # convolutions at five configurations
+    ),
   ],
 )
 def test_a_width_tuple_of_another_length_builds_and_computes_linen(
@@ -116,7 +122,7 @@ def test_a_width_tuple_of_another_length_builds_and_computes_linen(
     assert_equal_at(draft, tmp_path, cls(**fields), _x(*shape))
 
 
-def test_a_width_only_a_position_explains_is_not_ok(models, tmp_path):
+def test_a_width_read_from_a_fixed_position_holds_at_a_longer_tuple(models, tmp_path):
   """`self.hidden[1]` (the second item, not the last) is right at any length: the check at a
   longer tuple passes and the draft is `ok` and equal to Linen there."""
   source = """
