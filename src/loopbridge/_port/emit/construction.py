@@ -160,7 +160,10 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
       settings.append((attr, planner.rewrite_expr(code)))
     else:
       values[field] = planner.traced(hoist, partial(_field_of, cls, field), field, index)
-  if site.factory_field is not None:
+  if site.factory_field is not None and site.factory_field not in planner.port.dropped:
+    # A partial the port keeps: whatever it binds, passed on from it (`BOUND`).
+    values[BOUND] = site.factory_field
+  elif site.factory_field is not None:
     # `self.conv(8)` with `conv = partial(nn.Conv, use_bias=False)`: what the partial binds is
     # read from the submodule the trace saw.
     for f in dataclasses.fields(cls):
@@ -168,10 +171,6 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
         continue
       if child is not None and f.name in child.dropped:
         continue  # a module factory of a user class: its port builds those layers itself
-      if site.factory_field not in planner.port.dropped:
-        # A partial kept by the port: whatever it binds, passed on from it (`BOUND`).
-        values[BOUND] = site.factory_field
-        continue
       default = f.default if f.default is not dataclasses.MISSING else None
       kids = [k for ks in hoist.children.values() for k in ks]
       if layer is not None and f.name in layer.call_time and site.outer_call is not None:
@@ -471,7 +470,7 @@ def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
   parts += [
     f"{f}={values[f]}"
     for f in fields
-    if f in values and f not in named and f not in child_port.dropped and f != BOUND
+    if f in values and f not in named and f not in child_port.dropped
   ]
   for extra in tp.cast(tp.Any, child_port.resolver).extras.values():
     # An instance without a value never reads the argument (say, the input width of a layer

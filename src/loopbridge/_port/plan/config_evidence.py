@@ -270,12 +270,13 @@ def alt_lists(
     for p in parents if m is not None else ():
       assert m is not None
       n = int(m.group(2))
-      layers = []
       if by_line:
         layers = self.made_by(hoist.site, parents[p], t)
-      while not by_line and (*p, named(n)) in t.instances and (cap is None or len(layers) < cap):
-        layers.append(t.instances[(*p, named(n))])
-        n += 1
+      else:
+        layers = []
+        while (*p, named(n)) in t.instances and (cap is None or len(layers) < cap):
+          layers.append(t.instances[(*p, named(n))])
+          n += 1
       try:
         found[p] = tuple(get(k) for k in layers)
       except Exception:  # a derived configuration is evidence, not a must

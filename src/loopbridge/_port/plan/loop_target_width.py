@@ -89,16 +89,14 @@ def loop_target_width(
       samples.append((inst.module, envs, layers))
   if not samples or not samples[0][1]:
     return None
-  module, envs, _ = samples[0]
+  # Each sample's candidates by their text (the targets, and settings, are each instance's).
+  tables = [(dict(_candidates(envs[0], m)), envs, layers) for m, envs, layers in samples]
   matched = [
     text
-    for text, get in _candidates(envs[0], module)
+    for text in tables[0][0]
     if all(
-      all(c_get(e) == v for e, v in zip(es, vs))
-      for m, es, vs in samples
-      for c_text, c_get in _candidates(es[0], m)
-      if c_text == text
+      text in table and all(table[text](e) == v for e, v in zip(envs, layers))
+      for table, envs, layers in tables
     )
-    and all(any(c_text == text for c_text, _ in _candidates(es[0], m)) for m, es, _ in samples)
   ]
   return matched[0] if len(matched) == 1 else None

@@ -17,11 +17,11 @@ import typing as tp
 
 from flax import linen as nn
 
+from .hoist import Hoist, list_local
 from .loop_target_width import loop_target_width
 
 if tp.TYPE_CHECKING:
   from ..trace.trace import Instance
-  from .hoist import Hoist
 
 # The planner (`rewrite_class.Planner`), passed in; typed loosely so this module stays below it.
 Planner = tp.Any
@@ -186,8 +186,6 @@ def list_width(
     return found
   if index is not None and index.isidentifier() and hoist.site.loop is not None:
     # A loop appends one layer per pass (`write_class`): its index is the list's length.
-    from .hoist import list_local
-
     counted = f"len({list_local(planner, hoist)})"
     if not hoist.counter and (found := previous_setting(planner, hoist, get, name, counted)):
       return found

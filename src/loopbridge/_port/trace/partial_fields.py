@@ -20,26 +20,18 @@ from flax import linen as nn
 
 from ..records import Call
 from .trace import Trace, trace
-from .tracing.distinct import other_float
+from .tracing.distinct import fresh_width, input_sizes, other_float
 from .tracing.settings import settings
-
-
-def _fresh(used: set[int]) -> int:
-  n = max([*used, 2]) + 1
-  while n in used:
-    n += 1
-  used.add(n)
-  return n
 
 
 def _other(value: object, used: set[int]) -> object:
   """Another value of a bound setting; the value itself where it is none (a flag, a name)."""
   if type(value) is int and value >= 2:
-    return _fresh(used)
+    return fresh_width(used)
   if type(value) is float and value != 0.0:
     return other_float(value)
   if isinstance(value, tuple) and value and all(type(v) is int for v in value):
-    return tuple(_fresh(used) if v >= 2 else v for v in value)
+    return tuple(fresh_width(used) if v >= 2 else v for v in value)
   return value
 
 
@@ -48,11 +40,7 @@ def partial_field_configs(
 ) -> list[tuple[nn.Module, Trace, str]]:
   """(module, trace, what changed) of the configuration with every field's partial binding
   other values, where there is one and Linen runs it; else []."""
-  import jax
-
-  used = {s.value for s in settings(module)}
-  leaves = jax.tree.leaves((sample.args, dict(sample.kwargs)))
-  used |= {int(n) for a in leaves if hasattr(a, "shape") and hasattr(a, "dtype") for n in a.shape}
+  used = {s.value for s in settings(module)} | input_sizes(sample)
   changed: dict[str, object] = {}
   for f in dataclasses.fields(module):
     value = getattr(module, f.name, None)

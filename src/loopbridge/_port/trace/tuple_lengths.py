@@ -19,7 +19,8 @@ from flax import linen as nn
 
 from ..records import Call
 from .trace import Trace, trace
-from .tracing.settings import Location, settings, with_values
+from .tracing.distinct import fresh_width, input_sizes
+from .tracing.settings import Location, read, settings, with_values
 
 # At most this many longer configurations are traced (each one abstract init), and kept.
 MAX_TRIES = 4
@@ -40,8 +41,6 @@ def _width_tuple(value: object) -> bool:
 def width_tuples(module: nn.Module) -> dict[Location, tuple[int, ...] | list[int]]:
   """Each tuple or list of integer settings of `module` (by where it is), as `settings` finds
   their items: a field's, a config object's, nested."""
-  from .tracing.settings import read
-
   found: dict[Location, tp.Any] = {}
   for s in settings(module):
     if not s.location or s.location[-1][0] != "item" or not isinstance(s.location[-1][1], int):
@@ -56,19 +55,6 @@ def width_tuples(module: nn.Module) -> dict[Location, tuple[int, ...] | list[int
     if _width_tuple(value):
       found[where] = value
   return found
-
-
-def _fresh(module: nn.Module, sample: Call) -> int:
-  """A width no setting and no input size has."""
-  import jax
-
-  used = {s.value for s in settings(module)}
-  leaves = jax.tree.leaves((sample.args, dict(sample.kwargs)))
-  used |= {int(n) for a in leaves if hasattr(a, "shape") and hasattr(a, "dtype") for n in a.shape}
-  n = max([*used, 2]) + 1
-  while n in used:
-    n += 1
-  return n
 
 
 def _longer(value: tp.Any, item: int) -> tp.Any:
@@ -95,12 +81,13 @@ def tuple_length_configs(
   tuples = width_tuples(module)
   if not tuples:
     return []
-  fresh = _fresh(module, sample)
+  fresh = fresh_width({s.value for s in settings(module)} | input_sizes(sample))
   longer = {where: _longer(v, fresh) for where, v in tuples.items()}
   tries = [longer] + ([{w: v} for w, v in longer.items()] if len(longer) > 1 else [])
   out: list[tuple[nn.Module, Trace, str]] = []
   kept = 0
   call = [(sample.method, sample.args, dict(sample.kwargs))]
+  first_scaled = lambda m: scaled(m)[:1]  # noqa: E731
   for change in tries[:MAX_TRIES]:
     if kept >= MAX_KEPT:
       break
@@ -111,7 +98,6 @@ def tuple_length_configs(
       continue
     kept += 1
     what = ", ".join(_describe(w, v) for w, v in change.items()) + " (a tuple one item longer)"
-    first_scaled = lambda m: scaled(m)[:1]  # noqa: E731
     out += variants(other, got, what, sample, streams, first_index + len(out), first_scaled)
     if change is longer:
       break  # all at once ran: each alone adds nothing

@@ -70,8 +70,8 @@ def inherited_source(cls: type, read: tp.Callable[[type], ClassSource]) -> Class
   own: tp.Any = own_tree.body[0]
   if not isinstance(own, c.ClassDef) or own.decorators:
     return None
-  base_tree: tp.Any = read(base).tree()
-  base_def: tp.Any = base_tree.body[0]
+  base_source = read(base)
+  base_def: tp.Any = base_source.tree().body[0]
   if not isinstance(base_def, c.ClassDef):
     return None
   if "super(" in own_tree.code:
@@ -83,20 +83,20 @@ def inherited_source(cls: type, read: tp.Callable[[type], ClassSource]) -> Class
     return None  # fields only: `field_only_subclass`'s
   theirs = list(base_def.body.body)
   del theirs[: docstring_end(theirs)]
+  if own_fields & {n for s in theirs if (n := field_name(s)) is not None}:
+    # A field the subclass redefines keeps the base's place in Linen's dataclass (the order
+    # of its constructor's arguments), which the subclass's lines cannot give it.
+    return None
   kept: list[tp.Any] = []
   for stmt in theirs:
     name = field_name(stmt) or _method_name(stmt)
     if name is None:
       return None  # an assignment or a nested class of the base: not read as fields
-    if name in own_fields or name in own_methods:
+    if name in own_methods:
       continue
     if _builds(stmt):
       return None  # an inherited method that builds layers: its lines would not pair
     kept.append(stmt)
-  if own_fields & {n for s in theirs if (n := field_name(s)) is not None}:
-    # A field the subclass redefines keeps the base's place in Linen's dataclass (the order
-    # of its constructor's arguments), which the subclass's lines cannot give it.
-    return None
   inserted = c.Module(body=kept).code if kept else ""
   height = inserted.count("\n")
   at = docstring_end(mine)
@@ -109,7 +109,7 @@ def inherited_source(cls: type, read: tp.Callable[[type], ClassSource]) -> Class
   )
   text = own_tree.with_changes(body=[classdef, *own_tree.body[1:]]).code
   module = sys.modules.get(cls.__module__)
-  namespace = {**read(base).namespace, **(dict(vars(module)) if module is not None else {})}
+  namespace = {**base_source.namespace, **(dict(vars(module)) if module is not None else {})}
   # The subclass's lines keep their numbers: the inserted ones sit above its first line.
   return ClassSource(cls, text, file, first - height, namespace, merged=True)
 

@@ -201,11 +201,20 @@ def describe(module: nn.Module, other: nn.Module) -> str:
 LABEL = "every setting distinct"
 
 
-def _input_sizes(sample: tp.Any) -> set[int]:
+def input_sizes(sample: tp.Any) -> set[int]:
+  """Every axis size of the sample call's arrays."""
   import jax
 
   leaves = jax.tree.leaves((sample.args, dict(sample.kwargs)))
   return {int(n) for a in leaves if hasattr(a, "shape") and hasattr(a, "dtype") for n in a.shape}
+
+
+def fresh_width(used: set[int]) -> int:
+  """A width above every one in `used` (settings, input sizes, those taken before), which it
+  joins."""
+  n = max([*used, 2]) + 1
+  used.add(n)
+  return n
 
 
 def distinct_traces(
@@ -220,7 +229,7 @@ def distinct_traces(
   from ...errors import PortError
   from ..trace import trace
 
-  taken = _input_sizes(sample)
+  taken = input_sizes(sample)
   out: list[tuple[nn.Module, tp.Any, str]] = []
   call = [(sample.method, sample.args, dict(sample.kwargs))]
   for base, note in bases:
