@@ -17,6 +17,7 @@ from .check.failed_line import failure_todo
 from .check.random_draws import explained
 from .check.report import render
 from .check.run_check import convert, exec_source, unique_name
+from .check.setting_sizes import at_setting_sizes
 from .emit.assemble import format_source, imports
 from .emit.safety import (
   class_failed_reason,
@@ -138,6 +139,8 @@ class Draft:
   input_sizes: dict[str, tuple[int | str, int]] = dataclasses.field(
     repr=False, default_factory=dict
   )
+  # Layers built always though under a test of the call's shapes (`plan/shape_guards.py`).
+  shape_guards: tuple[Todo, ...] = dataclasses.field(repr=False, default=())
   # Whether the root has a setting a distinct-valued configuration can change: without one,
   # the sample's configuration is the only one, and its check is the whole evidence.
   has_settings: bool = dataclasses.field(repr=False, default=True)
@@ -514,6 +517,7 @@ def draft(
   result = Draft(
     literals=literals,
     input_sizes=input_axes(ctx, root_class),
+    shape_guards=tuple(t for cls in classes for t in ctx.ported[cls].shape_guards),
     has_settings=bool(settings(linen_module) or float_settings(linen_module)),
     source=text,
     root=root_class.__name__,
@@ -578,7 +582,7 @@ def _check(result: Draft) -> Check:
     if todo is not None:
       object.__setattr__(result, "todos", (*result.todos, todo))
   else:
-    verdict = check_class(result, compare_built(result, *built), *built)
+    verdict = at_setting_sizes(result, check_class(result, compare_built(result, *built), *built))
   if verdict.equal:
     return verdict
   # Unequal because the sample call samples (seq2seq's decoder): said so, with what to check.

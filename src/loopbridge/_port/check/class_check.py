@@ -228,7 +228,7 @@ def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None
   }
   if any(where not in arrays or axis >= arrays[where].ndim for where, axis in sizes.values()):
     return None
-  taken = _ints(result.linen_module) | {int(d) for a in arrays.values() for d in a.shape}
+  taken = int_settings(result.linen_module) | {int(d) for a in arrays.values() for d in a.shape}
 
   def free(size: int, step: int) -> int:
     """The first size after `size`, counting by `step`, that nothing in the sample has."""
@@ -256,7 +256,7 @@ def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None
     renamed = {size: free(size, 1 if step == "one" else size) for size in sorted(old)}
     # The same new size for every axis of one old size (a mask's length follows the ids').
     new = {(w, ax): renamed[int(arrays[w].shape[ax])] for w, ax in sorted(axes, key=str)}
-    call = _with_sizes(sample, new)
+    call = with_sizes(sample, new)
     try:
       jax.eval_shape(
         lambda call=call: nn.Module.init(
@@ -277,7 +277,7 @@ def _label(where: int | str) -> str:
   return f"argument {where}" if isinstance(where, int) else where
 
 
-def _with_sizes(sample: Call, new: dict[tuple[int | str, int], int]) -> Call:
+def with_sizes(sample: Call, new: dict[tuple[int | str, int], int]) -> Call:
   """The sample call with random arrays, each axis in `new` at its new size."""
   keys = iter(jax.random.split(jax.random.key(13), len(sample.args) + len(sample.kwargs)))
 
@@ -295,7 +295,7 @@ def _with_sizes(sample: Call, new: dict[tuple[int | str, int], int]) -> Call:
   )
 
 
-def _ints(module: nn.Module) -> set[int]:
+def int_settings(module: nn.Module) -> set[int]:
   """The integer settings of `module` (fields, and fields of a config object it holds)."""
   from ..trace.tracing.settings import settings
 

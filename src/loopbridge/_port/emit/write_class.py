@@ -12,6 +12,7 @@ from ..plan.class_port import ClassPort, Context
 from ..plan.hoist import Hoist, list_local
 from ..plan.names import available, loop_targets, names_in
 from ..plan.rewrite_class import Planner
+from ..plan.shape_guards import note_shape_guard
 from ..plan.source import ClassSource, dotted, libcst, resolve
 from ..transforms import call_time_args, own_call_subclass
 from ..transforms.factory_fields import signature_and_init
@@ -102,7 +103,9 @@ def _hoisted_lines(planner: Planner, loops: dict[int, tuple[str, str | None]]) -
         block = [f"self.{hoist.attr} = {code}", *hoist.post]
       present = {p: bool(kids) for p, kids in hoist.children.items()}
       cond = planner.guard(site, present, hoist.attr)
-      if cond is not None:
+      if cond is None:
+        note_shape_guard(planner, site)
+      else:
         # Every line of every statement under the guard (a lifted stack's builder is several).
         inner = [ln for statement in block for ln in statement.splitlines()]
         block = [f"if {cond}:\n" + "\n".join(f"{unit}{ln}" for ln in inner)]

@@ -61,6 +61,9 @@ class ClassPort:
   # Setup attributes computed from a param (`self.A = c * self.param("p", ...)`): A -> p,
   # made properties by `computed_params.py`.
   computed: dict[str, str] = dataclasses.field(default_factory=dict)
+  # Layers built always though under a test of the call's shapes (`shape_guards.py`): the
+  # draft's TODOs where the check at input sizes equal to the settings fails.
+  shape_guards: list[Todo] = dataclasses.field(default_factory=list)
 
   def __post_init__(self) -> None:
     if dataclasses.is_dataclass(self.cls):
