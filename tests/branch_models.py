@@ -254,12 +254,12 @@ class ScanBlock(nn.Module):
 
 
 class WeightNormConv(nn.Module):
-  """HF Wav2Vec2's FlaxConvWithWeightNorm: the conv is built and never called (its kernel is
-  read and applied by hand), so no trace gives its input width."""
+  """HF Wav2Vec2's FlaxConvWithWeightNorm: the conv is built and never called (its settings
+  are read, its kernel applied by hand), so no trace gives its input width."""
 
   def setup(self):
     self.conv = nn.Conv(4, kernel_size=(3,), padding="VALID")
-    self.weight_g = self.param("weight_g", nn.initializers.ones, (1, 1, 4))
+    self.weight_g = self.param("weight_g", nn.initializers.ones, (1, 1, self.conv.features))
 
   def __call__(self, x):
     return x.sum(-1, keepdims=True) * self.weight_g

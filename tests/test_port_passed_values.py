@@ -179,10 +179,18 @@ def test_no_proof_no_width(body: str, why: str):
   assert _origin(body) is None, why
 
 
-def test_a_layer_whose_value_no_trace_saw_stays_a_todo():
-  """The Wav2Vec2 case (tests/test_port_branch_configs.py) is a layer never called at all;
-  here it is called on an expression no trace saw: the TODO stays, naming the width."""
+def test_a_layer_whose_value_no_trace_saw_is_built_when_its_width_is_given():
+  """The Wav2Vec2 case (tests/test_port_branch_configs.py) is a layer whose settings are read;
+  here it is only called, on an expression no trace saw: no width is proven, so the port takes
+  it as an argument and builds the layer only where it is given (`unreached_layers.py`)."""
 
-  draft = lb.port.draft(models.NormOnAnExpression(), jax.numpy.ones((2, 3)))
-  (todo,) = draft.todos
-  assert "nnx.LayerNorm needs num_features" in todo.reason
+  x = jax.numpy.ones((2, 3))
+  draft = lb.port.draft(models.NormOnAnExpression(), x)
+  assert draft.ok, draft.report()
+  assert "layer_num_features: int | None = None" in draft.source
+  c = jax.random.normal(jax.random.key(1), (2, 5))
+  module = models.NormOnAnExpression()
+  variables = module.init(jax.random.key(0), x, c)
+  port = _build(draft, "NormOnAnExpression", x_features=3, layer_num_features=9)
+  lb.checkpoint.linen_to_nnx(module, variables, port, x, c)
+  np.testing.assert_allclose(port(x, c), module.apply(variables, x, c), rtol=1e-5, atol=1e-5)

@@ -12,6 +12,7 @@ from flax import nnx
 from .. import _compat
 from .._diagnostics.compare_tolerance import HIGHEST
 from .._diagnostics.compare_tolerance import check_precision as check_precision_of
+from .check.array_sizes import array_sizes, unproven
 from .check.class_check import build_failed, check_class, compare_built
 from .check.failed_line import failure_todo
 from .check.random_draws import explained
@@ -141,6 +142,8 @@ class Draft:
   )
   # Layers built always though under a test of the call's shapes (`plan/shape_guards.py`).
   shape_guards: tuple[Todo, ...] = dataclasses.field(repr=False, default=())
+  # Sizes of the sample's arrays (calls and fields): size -> where (`check/array_sizes.py`).
+  array_sizes: dict[int, str] = dataclasses.field(repr=False, default_factory=dict)
   # Whether the root has a setting a distinct-valued configuration can change: without one,
   # the sample's configuration is the only one, and its check is the whole evidence.
   has_settings: bool = dataclasses.field(repr=False, default=True)
@@ -156,6 +159,7 @@ class Draft:
       and self.check.equal
       and not self.todos
       and (not self.literals or checked or not self.has_settings)
+      and not unproven(self.literals, self.array_sizes)
     )
 
   def build(self, rngs: nnx.Rngs | None = None, config: int = 0) -> nnx.Module:
@@ -234,7 +238,9 @@ class Draft:
     Examples:
       >>> print(draft.report())  # doctest: +SKIP
     """
-    return render(self.root, self.changes, self.todos, self.check, self.check_precision)
+    text = render(self.root, self.changes, self.todos, self.check, self.check_precision)
+    lines = unproven(self.literals, self.array_sizes)
+    return "\n".join([text, *(f"(Not ok: {line}.)" for line in lines)])
 
   def write(self, path: str | os.PathLike[str]) -> str:
     """Write the source to `path`, formatted (when ruff is installed) for where it lands.
@@ -517,6 +523,7 @@ def draft(
   result = Draft(
     literals=literals,
     input_sizes=input_axes(ctx, root_class),
+    array_sizes=array_sizes(linen_module, all_calls),
     shape_guards=tuple(t for cls in classes for t in ctx.ported[cls].shape_guards),
     has_settings=bool(settings(linen_module) or float_settings(linen_module)),
     source=text,

@@ -7,7 +7,7 @@ import inspect
 import typing as tp
 from functools import partial
 
-from ..plan import standard_layers
+from ..plan import standard_layers, unreached_layers
 from ..plan.find_sites import Site
 from ..plan.hoist import Hoist, match_child
 from ..plan.names import available, loop_targets, names_in
@@ -357,6 +357,9 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
           "that value; translated, not checked (no traced call reached the layer)",
         )
     missing = [n for n in missing if n not in passed]
+  added = unreached_layers.optional_widths(planner, hoist, missing) if missing else {}
+  args.update(added)
+  missing = [n for n in missing if n not in added]
   if missing:
     # HF Wav2Vec2's weight-normed conv is never called (its kernel is read and applied by
     # hand): no trace gives the width NNX needs at construction.
@@ -387,7 +390,8 @@ def _standard(planner, hoist, layer, values, index) -> tuple[str | None, str]:
       planner.ctx.caches.setdefault(planner.port.cls, []).append((hoist.attr, "attention"))
   if layer.helper:
     planner.ctx.helpers.add(layer.nnx_name)
-  return f"{layer.code_name}({', '.join(parts)})", ""
+  code = f"{layer.code_name}({', '.join(parts)})"
+  return (unreached_layers.when_given(code, added) if added else code), ""
 
 
 def _chosen_for_layer(layer, hoist, code, params, args, widths) -> tuple[str | None, str]:
@@ -476,7 +480,8 @@ def _user_class(planner, hoist, cls, values, index, chosen: str | None) -> str:
     # An instance without a value never reads the argument (say, the input width of a layer
     # it does not build: the added bool that guards it is False there): None.
     code = planner.traced(hoist, lambda k, e=extra: e.value_of(k), extra.name, index)
-    parts.append(f"{extra.name}={code}")
+    if code != extra.default:  # a width left at None leaves its layer unbuilt: not written
+      parts.append(f"{extra.name}={code}")
   if chosen is not None:
     parts.append(chosen)
   parts.append("rngs=rngs")

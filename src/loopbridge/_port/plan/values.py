@@ -44,7 +44,10 @@ class Extra:
     return text if self.default is None else f"{text} = {self.default}"
 
   def annotation(self) -> str:
-    sample = next(iter([*self.values.values(), *(v for d in self.alt for v in d.values())]))
+    seen = [*self.values.values(), *(v for d in self.alt for v in d.values())]
+    if self.default == "None" and all(v is None for v in seen):
+      return "int | None"  # a width given only to build a layer no call reached
+    sample = next(iter(seen))
     return type(sample).__name__ if isinstance(sample, (bool, int, float, tuple)) else "object"
 
 
