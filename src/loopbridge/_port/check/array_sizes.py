@@ -1,11 +1,13 @@
-"""Widths written as literals that equal a size of the sample's arrays.
+"""Widths written as literals that equal a size of an array no check resizes.
 
 A width matched by value is checked at configurations where every setting differs
-(`tracing/distinct.py`); those change settings, never the sizes of the arrays the model is
-given or holds. evojax's attention neuron reads `nn.Dense(...)(self.pos_em)`: the input width is
-the table's last axis (5), which no setting changes, so the literal 5 passed every check and the
-port was wrong for another table. A literal equal to such a size is not proven by those checks:
-the draft is not `ok`, and the report names the literal and the array it may come from.
+(`tracing/distinct.py`), and the port at another size of each input array's axes the draft
+reads (`class_check._other_input_size`). Neither changes an array a field holds or one nested
+in an argument (a tuple of LSTM states). evojax's attention neuron reads
+`nn.Dense(...)(self.pos_em)`: the input width is the table's last axis (5), so the literal 5
+passed every check and the port was wrong for another table. A literal equal to the size of
+such an array is not proven by those checks: the draft is not `ok`, and the report names the
+literal and the arrays of that size.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from ..records import Call
 
 def array_sizes(module: nn.Module, calls: tp.Sequence[Call]) -> dict[int, str]:
   """{size: where it is (at most three places)} for every axis (of size 2 or more) of the
-  arrays the calls pass and the module's fields hold."""
+  arrays the module's fields hold and those nested in the calls' arguments (an argument that
+  is itself an array has its sizes checked at others)."""
   places: dict[int, list[str]] = {}
 
-  def add(value: object, where: str) -> None:
+  def add(value: object, where: str, nested_only: bool = False) -> None:
     for path, leaf in jax.tree_util.tree_leaves_with_path(value):
-      if isinstance(leaf, (jax.Array, np.ndarray)):
+      if isinstance(leaf, (jax.Array, np.ndarray)) and (path or not nested_only):
         for axis, size in enumerate(leaf.shape):
           if int(size) >= 2:
             places.setdefault(int(size), []).append(
@@ -36,9 +39,9 @@ def array_sizes(module: nn.Module, calls: tp.Sequence[Call]) -> dict[int, str]:
 
   for call in calls:
     for i, arg in enumerate(call.args):
-      add(arg, f"argument {i}")
+      add(arg, f"argument {i}", nested_only=True)
     for name, arg in call.kwargs.items():
-      add(arg, f"argument {name}")
+      add(arg, f"argument {name}", nested_only=True)
   if dataclasses.is_dataclass(module):
     for f in dataclasses.fields(module):
       value = getattr(module, f.name, None)
