@@ -142,8 +142,10 @@ class Draft:
   )
   # Layers built always though under a test of the call's shapes (`plan/shape_guards.py`).
   shape_guards: tuple[Todo, ...] = dataclasses.field(repr=False, default=())
-  # Sizes of the sample's arrays (calls and fields): size -> where (`check/array_sizes.py`).
+  # Sizes of arrays no check resizes: size -> where; the widths the symbolic trace found
+  # constant (`check/array_sizes.py`).
   array_sizes: dict[int, str] = dataclasses.field(repr=False, default_factory=dict)
+  constants: tuple[ByValue, ...] = dataclasses.field(repr=False, default=())
   # Whether the root has a setting a distinct-valued configuration can change: without one,
   # the sample's configuration is the only one, and its check is the whole evidence.
   has_settings: bool = dataclasses.field(repr=False, default=True)
@@ -159,7 +161,7 @@ class Draft:
       and self.check.equal
       and not self.todos
       and (not self.literals or checked or not self.has_settings)
-      and not unproven(self.literals, self.array_sizes)
+      and not unproven((*self.literals, *self.constants), self.array_sizes)
     )
 
   def build(self, rngs: nnx.Rngs | None = None, config: int = 0) -> nnx.Module:
@@ -239,7 +241,7 @@ class Draft:
       >>> print(draft.report())  # doctest: +SKIP
     """
     text = render(self.root, self.changes, self.todos, self.check, self.check_precision)
-    lines = unproven(self.literals, self.array_sizes)
+    lines = unproven((*self.literals, *self.constants), self.array_sizes)
     return "\n".join([text, *(f"(Not ok: {line}.)" for line in lines)])
 
   def write(self, path: str | os.PathLike[str]) -> str:
@@ -524,6 +526,7 @@ def draft(
     literals=literals,
     input_sizes=input_axes(ctx, root_class),
     array_sizes=array_sizes(linen_module, all_calls),
+    constants=by_value(ctx, classes, "constants"),
     shape_guards=tuple(t for cls in classes for t in ctx.ported[cls].shape_guards),
     has_settings=bool(settings(linen_module) or float_settings(linen_module)),
     source=text,

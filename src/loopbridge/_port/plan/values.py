@@ -79,6 +79,9 @@ class Resolver:
     # (hint, expression written, sample value) of each width the symbolic trace did not
     # decide: matched by value, so right only where a check at other values says so.
     self.by_value: list[tuple[str, str, object]] = []
+    # (hint, number, number) of each width the symbolic trace found constant: no setting or
+    # input size moves it, yet an array a field holds may (`check/array_sizes.py`).
+    self.constants: list[tuple[str, str, object]] = []
 
   def expr(
     self,
@@ -95,6 +98,8 @@ class Resolver:
     if found == PASSED:
       return self._added(values, hint, alt_values)
     if found is not None:
+      if found.isdigit():
+        self.constants.append((hint, found, int(found)))
       return found
     concrete = list(alt_values)
     if self.symbolic is not None and self.symbolic.index < len(concrete):

@@ -251,18 +251,22 @@ def _why(resolver: Resolver) -> str:
   )
 
 
-def by_value(ctx: tp.Any, classes: tp.Sequence[type]) -> tuple[ByValue, ...]:
-  """Every width of the drafted classes matched by value."""
+def by_value(
+  ctx: tp.Any, classes: tp.Sequence[type], kind: str = "by_value"
+) -> tuple[ByValue, ...]:
+  """Every width of the drafted classes matched by value (`kind="constants"`: every width
+  the symbolic trace found constant)."""
   out: list[ByValue] = []
   for cls in classes:
     resolver = ctx.ported[cls].resolver
     if resolver is None:
       continue
     seen: set[tuple[str, str]] = set()
-    for hint, text, value in resolver.by_value:
+    for hint, text, value in getattr(resolver, kind):
       if (hint, text) not in seen:
         seen.add((hint, text))
-        out.append(ByValue(cls.__name__, hint, text, value, _why(resolver)))
+        why = _why(resolver) if kind == "by_value" else "constant in the symbolic trace"
+        out.append(ByValue(cls.__name__, hint, text, value, why))
   return tuple(out)
 
 
