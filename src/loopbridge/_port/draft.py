@@ -59,8 +59,14 @@ from .trace.tracing.widths import (
   symbolic_widths,
   traced_symbolically,
 )
-from .transforms import inherited_fields, layer_subclass, param_override, user_base_class
-from .transforms.cache_idiom import add_method, size_caches
+from .transforms import (
+  inherited_fields,
+  layer_subclass,
+  never_called,
+  param_override,
+  user_base_class,
+)
+from .transforms.cache_idiom import add_method, cache_shapes, size_caches
 from .transforms.computed_params import keep_params
 from .transforms.constant_arrays import as_properties
 from .transforms.custom_collections import declaration
@@ -273,7 +279,7 @@ def _port_all(
 ) -> Context:
   """Port every class (children first) with the traces as evidence."""
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
-  ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, _cache_shapes(variables))
+  ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, cache_shapes(variables))
   ctx.alt_traces = list(alt_traces)
   if symbolic is not None:  # the last trace the widths read (`tracing/widths.py`)
     ctx.symbolic = symbolic_widths(symbolic, ctx.alt_traces)
@@ -290,11 +296,17 @@ def _port_all(
 
 
 def _work_left(ctx: Context | None, classes: list[type] | None) -> bool:
-  """A TODO, or a construction no trace made, in any class ported."""
+  """A TODO, a construction no trace made, or a stand-in for a layer no trace called
+  (`never_called.py`), in any class ported."""
   if ctx is None or classes is None:
     return False
   ports = [ctx.ported[cls] for cls in classes]
-  return any(p.todos or (p.resolver is not None and p.resolver.untraced) for p in ports)
+  return any(
+    p.todos
+    or (p.resolver is not None and p.resolver.untraced)
+    or any(ch.why == never_called.WHY for ch in p.changes)
+    for p in ports
+  )
 
 
 def _user_classes(root: nn.Module, traces) -> list[type]:
@@ -321,20 +333,6 @@ def _read_sources(
       if cls in required:
         raise
   return [cls for cls in classes if cls in sources], sources
-
-
-def _cache_shapes(
-  variables: tp.Mapping[str, object] | None,
-) -> dict[tuple[str, ...], dict[str, tuple[int, ...]]]:
-  """Module path -> {name: shape} of the `cache` collection of the user's variables."""
-  from flax.traverse_util import flatten_dict
-
-  cache = (variables or {}).get("cache")
-  found: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = {}
-  if isinstance(cache, tp.Mapping):
-    for path, value in flatten_dict(dict(cache)).items():
-      found.setdefault(tuple(path[:-1]), {})[path[-1]] = tuple(getattr(value, "shape", ()))
-  return found
 
 
 def _opaque_insides(traced) -> tuple[str, ...]:

@@ -303,25 +303,31 @@ def int_settings(module: nn.Module) -> set[int]:
 
 
 def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
-  """The port built with another input size (`x_features=...`) against Linen there."""
-  found = _other_input_size(result) if verdict.equal else None
-  if found is None:
-    return verdict
-  call, kwargs, what = found
-  where = f"an input of another size ({what})"
-  try:
-    resized = dataclasses.replace(result, init_kwargs={**result.init_kwargs, **kwargs})
-    more = at_config(
-      result.linen_module,
-      resized.build(),
-      call,
-      result.source,
-      result.unpaired,
-      result.check_precision,
-    )
-  except Exception as e:  # reported as the check's verdict
-    more = build_failed(e)
-  return merged(verdict, more, where)
+  """The port built with another input size (`x_features=...`) against Linen there: at the
+  user's configuration, then at each branch configuration the check runs (a layer only a
+  branch builds has its input width from that branch's traces alone, at the sample's size)."""
+  labels = result.config_labels or ("",) * len(result.configs)
+  at = [(result.linen_module, result.init_kwargs, "")]
+  at += [
+    (result.configs[k][0], result.configs[k][1], f", at {labels[k]}")
+    for k in _branch_checks(labels)
+  ]
+  for module, init_kwargs, suffix in at:
+    here = dataclasses.replace(result, linen_module=module, init_kwargs=init_kwargs)
+    found = _other_input_size(here) if verdict.equal else None
+    if found is None:
+      continue
+    call, kwargs, what = found
+    where = f"an input of another size ({what}{suffix})"
+    try:
+      resized = dataclasses.replace(here, init_kwargs={**init_kwargs, **kwargs})
+      more = at_config(
+        module, resized.build(), call, result.source, result.unpaired, result.check_precision
+      )
+    except Exception as e:  # reported as the check's verdict
+      more = build_failed(e)
+    verdict = merged(verdict, more, where)
+  return verdict
 
 
 def _describe(module: nn.Module, other: nn.Module) -> str:

@@ -105,8 +105,10 @@ def construction(planner: Planner, hoist: Hoist, index: str | None) -> tuple[str
   aliases = planner.aliases.get(site.method, {})
   extra = loop_targets(site.loop) | planner.comprehension_targets(site) | set(aliases)
   extra |= planner.scope_names.get(id(site.node), set())
-  if site.method == "setup" and site.loop is None and site.comp is None:
-    # Setup's body runs in `__init__` as written: its locals are there at the construction.
+  if site.method == "setup" and site.comp is None:
+    # Setup's body runs in `__init__` as written, its loops too: its locals are there at the
+    # construction, with the value Linen's setup gave them (vqgan-jax's `block_in`, rebound
+    # after each block).
     extra |= planner.setup_locals
   ns = planner.init_namespace
   values: dict[str, str] = {}

@@ -168,7 +168,9 @@ class Resolver:
             )
           )
         if text is not None:
-          return text
+          # The root's input size where it equals the width in every configuration that built
+          # it (all at the sample's input): the check runs the port there at another size.
+          return self._input_size(alt_values) or text
       text = literal(distinct[0]) if same and not from_input and self.root else None
       if text is not None:
         if (local := proven()) is not None:
@@ -191,6 +193,24 @@ class Resolver:
     if (local := proven()) is not None:
       return local
     return self._added(values, hint, alt_values if full_alts is None else full_alts)
+
+  def _input_size(self, alt_values: tp.Sequence[tp.Mapping[tuple[str, ...], object]]) -> str | None:
+    """The root's input-size argument (`x_features`) equal to `alt_values` wherever they hold
+    a value, or None."""
+    if not self.root or not any(alt_values):
+      return None
+    for extra in self.extras.values():
+      if (
+        extra.default is not None
+        and extra.default != "None"
+        and all(
+          k < len(extra.alt) and extra.alt[k].get(path, _MISSING) == v
+          for k, found in enumerate(alt_values)
+          for path, v in found.items()
+        )
+      ):
+        return extra.name
+    return None
 
   def add_extra(
     self,

@@ -76,3 +76,15 @@ def size_caches(
   if keys:
     key = tp.cast(tp.Any, keys[0])
     init_cache(tuple(key.shape)[:-2], dtype=key.dtype)
+
+
+def cache_shapes(
+  variables: tp.Mapping[str, object] | None,
+) -> dict[tuple[str, ...], dict[str, tuple[int, ...]]]:
+  """Module path -> {name: shape} of the `cache` collection of the user's variables."""
+  cache = (variables or {}).get("cache")
+  found: dict[tuple[str, ...], dict[str, tuple[int, ...]]] = {}
+  if isinstance(cache, tp.Mapping):
+    for path, value in flatten_dict(dict(cache)).items():
+      found.setdefault(tuple(path[:-1]), {})[path[-1]] = tuple(getattr(value, "shape", ()))
+  return found

@@ -95,6 +95,7 @@ def plan_never_called(planner: tp.Any, site: tp.Any, cls: type) -> bool:
     not _one_setup_attribute(site)
     or (standard_layers.is_linen_layer(cls) and cls not in standard_layers.TABLE)
     or any(planner.made_by(site, inst, planner.trace) for inst in planner.instances)
+    or any(planner._made_elsewhere(site))  # another configuration called it: ported from there
     or not only_called_under_settings(planner, site.setup_attr)
   ):
     return False
