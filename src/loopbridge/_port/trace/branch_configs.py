@@ -76,9 +76,11 @@ def _compared(text: str, name: str) -> list[str]:
 
 
 def _optional_int(f: dataclasses.Field) -> bool:
-  """A field annotated `Optional[int]` / `int | None` (a string under postponed annotations)."""
+  """A field annotated `Optional[int]` / `int | None` (a string under postponed annotations),
+  or `int` with a None default (vqgan-jax's `out_channels: int = None`)."""
   words = set(re.findall(r"\w+", str(f.type)))
-  return "int" in words and ("Optional" in words or "None" in words) and "float" not in words
+  optional = "Optional" in words or "None" in words or f.default is None
+  return "int" in words and optional and "float" not in words
 
 
 def _optional_float(f: dataclasses.Field) -> bool:
@@ -174,9 +176,9 @@ def optional_configs(
   scaled: tp.Callable[[nn.Module], list[nn.Module]],
 ) -> list[tuple[nn.Module, Trace, str]]:
   """Each configuration with an optional width flipped (`optional_changes`), or a flag or a
-  compared string changed (`changes`), whose trace makes the same variables, some of another
-  shape (score_sde's `bias=False` embeds two widths, not three; one that makes other
-  variables is `branch_configs`'): (module, trace, what changed), at the user's numbers and
+  compared string changed (`changes`), whose trace makes variables the sample's makes too,
+  some of another shape (score_sde's `bias=False` embeds two widths, not three; one that makes
+  only other variables is `branch_configs`'): (module, trace, what changed), at the user's numbers and
   at each scaled one, as `branch_configs` returns them.
   Its widths are evidence, and the check runs the port there, so a width written from the
   sample's side of a test is never `ok` unless it holds on the other side too."""
@@ -195,8 +197,9 @@ def optional_configs(
     except Exception:  # a setting the model refuses: no evidence
       continue
     found = _shapes(got)
-    if found.keys() != shapes.keys() or found == shapes:
-      continue  # the same widths, or other variables: `branch_configs`' to find
+    common = found.keys() & shapes.keys()
+    if not common or all(found[k] == shapes[k] for k in common):
+      continue  # the same widths, or only other variables: `branch_configs`' to find
     kept += 1
     what = ", ".join(_describe(k, v) for k, v in change.items())
     out += variants(other, got, what, sample, streams, first_index + len(out), scaled)
