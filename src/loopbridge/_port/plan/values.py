@@ -13,7 +13,7 @@ import typing as tp
 
 from ..emit.literals import literal
 from ..trace.trace import Instance
-from ..trace.tracing.widths import PASSED, SymbolicWidths, symbolic_width
+from ..trace.tracing.widths import PASSED, SymbolicWidths, add_inputs, symbolic_width
 from .width_exprs import explain
 
 _MISSING = object()
@@ -210,7 +210,19 @@ class Resolver:
         )
       ):
         return extra.name
-    return None
+    # One not added yet (the param built before the layer that reads it): the one root input
+    # axis of that size, where no other has it (several: no evidence which).
+    seen = {v for found in alt_values for v in found.values()}
+    view = self.symbolic
+    if view is None or len(seen) != 1:
+      return None
+    size = seen.pop()
+    axes = [n for s, n in view.inputs.items() if view.found.symbols[s].value == size]
+    same = [s for s in view.found.symbols.values() if getattr(s, "value", None) == size]
+    if len(axes) != 1 or len(same) != 1:
+      return None  # several axes, or a setting, of that size: no evidence which
+    add_inputs(self, view, axes[0], len(alt_values))
+    return axes[0] if axes[0] in self.extras else None
 
   def add_extra(
     self,

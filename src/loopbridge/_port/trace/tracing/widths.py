@@ -112,7 +112,7 @@ def symbolic_width(
     # A width read from the root's input (`x.shape[-1]`): a constructor argument, as NNX
     # layers take their input width when built; the sample's number would be silently wrong
     # for an input of another size.
-    _add_inputs(resolver, view, text, len(alt_values))
+    add_inputs(resolver, view, text, len(alt_values))
   return text
 
 
@@ -154,7 +154,7 @@ def _input_symbols(view: SymbolicWidths) -> list[tuple[object, str]]:
   return [(by_name[s], n) for s, n in view.inputs.items()]
 
 
-def _add_inputs(resolver: Resolver, view: SymbolicWidths, text: str, alts: int) -> None:
+def add_inputs(resolver: Resolver, view: SymbolicWidths, text: str, alts: int) -> None:
   """The root arguments `text` reads for input axes: each an added argument of the root."""
   found = view.found
   for symbol, name in view.inputs.items():
