@@ -178,8 +178,8 @@ def optional_configs(
   """Each configuration with an optional width flipped (`optional_changes`), or a flag or a
   compared string changed (`changes`), whose trace makes variables the sample's makes too,
   some of another shape (score_sde's `bias=False` embeds two widths, not three; one that makes
-  only other variables is `branch_configs`'): (module, trace, what changed), at the user's numbers and
-  at each scaled one, as `branch_configs` returns them.
+  only other variables is `branch_configs`'): (module, trace, what changed), at the user's
+  numbers and at each scaled one, as `branch_configs` returns them.
   Its widths are evidence, and the check runs the port there, so a width written from the
   sample's side of a test is never `ok` unless it holds on the other side too."""
   text = "\n".join(s.text for s in sources.values())
