@@ -311,6 +311,7 @@ def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
   at += [
     (result.configs[k][0], result.configs[k][1], f", at {labels[k]}")
     for k in _branch_checks(labels)
+    if not labels[k].startswith("every setting distinct")  # evidence, not a branch's side
   ]
   for module, init_kwargs, suffix in at:
     here = dataclasses.replace(result, linen_module=module, init_kwargs=init_kwargs)
