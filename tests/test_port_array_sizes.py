@@ -43,7 +43,8 @@ def test_a_width_from_a_fields_array_is_not_ok_as_a_literal(models):
   table = np.ones((6, 5), np.float32)
   x = jax.random.normal(jax.random.key(0), (3, 7))
   draft = lb.port.draft(models.Queries(4, table), x)
-  assert draft.check is not None and draft.check.equal  # equal at the sample: not the point
+  # Not `ok` for the literal alone (the report says so), whatever the check found (flax 0.10's
+  # NNX refuses an array attribute; newer ones hold it, and the port is equal at the sample).
   assert not draft.ok
   assert "Dense_0_in_features is written 5" in draft.report()
   assert "(field table axis 1) no check changed" in draft.report()
