@@ -132,6 +132,29 @@ def at_config(
   return run_check(linen_module, variables, port, (sample,), source, unpaired, precision)
 
 
+def checked_at(
+  result: tp.Any, module: nn.Module, build: tp.Callable[[], nnx.Module], call: Call
+) -> Check:
+  """The port `build` makes against `module` on `call`; a port that does not build or convert
+  is the check's verdict, not an exception."""
+  try:
+    port = build()
+    return at_config(module, port, call, result.source, result.unpaired, result.check_precision)
+  except Exception as e:  # reported as the check's verdict
+    return build_failed(e)
+
+
+def inits_in_linen(module: nn.Module, call: Call) -> bool:
+  """Whether Linen's `init` of `module` runs on `call` (shapes only)."""
+  try:
+    jax.eval_shape(
+      lambda: nn.Module.init(module, rng_streams(()), *call.args, method=call.method, **call.kwargs)
+    )
+  except Exception:  # a size the model does not take
+    return False
+  return True
+
+
 def merged(first: Check, more: Check, where: str) -> Check:
   """The verdict of both checks (`where` says which inputs or configuration the second ran)."""
   reports = (*first.reports, *more.reports)
@@ -178,17 +201,7 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
     other, _ = result.configs[k]
     described = labels[k] or _describe(result.linen_module, other)
     where = f"another configuration ({described})"
-    try:
-      more = at_config(
-        other,
-        result.build(config=k + 1),
-        sample,
-        result.source,
-        result.unpaired,
-        result.check_precision,
-      )
-    except Exception as e:  # reported as the check's verdict
-      more = build_failed(e)
+    more = checked_at(result, other, lambda k=k: result.build(config=k + 1), sample)
     verdict = merged(verdict, more, where)
   return _at_other_input_size(result, verdict)
 
@@ -257,14 +270,8 @@ def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None
     # The same new size for every axis of one old size (a mask's length follows the ids').
     new = {(w, ax): renamed[int(arrays[w].shape[ax])] for w, ax in sorted(axes, key=str)}
     call = with_sizes(sample, new)
-    try:
-      jax.eval_shape(
-        lambda call=call: nn.Module.init(
-          result.linen_module, rng_streams(()), *call.args, method=call.method, **call.kwargs
-        )
-      )
-    except Exception:  # a size the model does not take is not checked
-      continue
+    if not inits_in_linen(result.linen_module, call):
+      continue  # a size the model does not take is not checked
     kwargs = {name: new[(w, ax)] for name, (w, ax) in sizes.items()}
     what = ", ".join(f"{name}={v}" for name, v in kwargs.items()) or ", ".join(
       f"{_label(w)}.shape[{ax}]={v}" for (w, ax), v in new.items()
@@ -320,14 +327,8 @@ def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
       continue
     call, kwargs, what = found
     where = f"an input of another size ({what}{suffix})"
-    try:
-      resized = dataclasses.replace(here, init_kwargs={**init_kwargs, **kwargs})
-      more = at_config(
-        module, resized.build(), call, result.source, result.unpaired, result.check_precision
-      )
-    except Exception as e:  # reported as the check's verdict
-      more = build_failed(e)
-    verdict = merged(verdict, more, where)
+    resized = dataclasses.replace(here, init_kwargs={**init_kwargs, **kwargs})
+    verdict = merged(verdict, checked_at(result, module, resized.build, call), where)
   return verdict
 
 

@@ -14,11 +14,9 @@ import typing as tp
 
 import jax
 import numpy as np
-from flax import linen as nn
 
-from ..records import Call, Check
-from ..trace.trace import rng_streams
-from .class_check import at_config, build_failed, int_settings, merged, with_sizes
+from ..records import Check
+from .class_check import checked_at, inits_in_linen, int_settings, merged, with_sizes
 
 # At most this many sizes are checked (each builds and runs the port once).
 MAX_CHECKS = 4
@@ -46,34 +44,14 @@ def at_setting_sizes(result: tp.Any, verdict: Check) -> Check:
       if checks >= MAX_CHECKS or size == old or not 0 < size <= MAX_SIZE:
         continue
       call = with_sizes(sample, {(where, axis): size})
-      if not _runs_in_linen(result.linen_module, call):
+      if not inits_in_linen(result.linen_module, call):
         continue  # a size the model does not take is not checked
       checks += 1
       where_text = f"an input of a setting's size ({name}={size})"
-      try:
-        resized = dataclasses.replace(result, init_kwargs={**result.init_kwargs, name: size})
-        more = at_config(
-          result.linen_module,
-          resized.build(),
-          call,
-          result.source,
-          result.unpaired,
-          result.check_precision,
-        )
-      except Exception as e:  # reported as the check's verdict
-        more = build_failed(e)
+      resized = dataclasses.replace(result, init_kwargs={**result.init_kwargs, name: size})
+      more = checked_at(result, result.linen_module, resized.build, call)
       verdict = merged(verdict, more, where_text)
       if not verdict.equal:
         object.__setattr__(result, "todos", (*result.todos, *guards))
         return verdict
   return verdict
-
-
-def _runs_in_linen(module: nn.Module, call: Call) -> bool:
-  try:
-    jax.eval_shape(
-      lambda: nn.Module.init(module, rng_streams(()), *call.args, method=call.method, **call.kwargs)
-    )
-  except Exception:
-    return False
-  return True
