@@ -3,7 +3,7 @@
     python tools/measure_drafting/export_checkouts.py --mirror MIRROR --dest DEST [--cases SET]
 
 SET is `holdout` (the default), `holdout_b`, `holdout_c`, `holdout_d`, `holdout_e`,
-`holdout_f` or `tuning`.
+`holdout_f`, `holdout_g` or `tuning`.
 
 MIRROR holds one bare git directory per repository, `MIRROR/owner+name/repo` (or
 `MIRROR/owner+name` itself); each case's commit is exported with `git archive`.
@@ -59,7 +59,16 @@ def main() -> int:
   parser.add_argument(
     "--cases",
     default="holdout",
-    choices=("holdout", "holdout_b", "holdout_c", "holdout_d", "holdout_e", "holdout_f", "tuning"),
+    choices=(
+      "holdout",
+      "holdout_b",
+      "holdout_c",
+      "holdout_d",
+      "holdout_e",
+      "holdout_f",
+      "holdout_g",
+      "tuning",
+    ),
   )
   ns = parser.parse_args()
   case_set = importlib.import_module(ns.cases)

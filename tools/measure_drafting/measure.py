@@ -14,6 +14,7 @@ output). Writes a markdown table and a JSON file.
     python tools/measure_drafting/measure.py --cases holdout_d --checkouts /tmp/checkouts
     python tools/measure_drafting/measure.py --cases holdout_e --checkouts /tmp/checkouts
     python tools/measure_drafting/measure.py --cases holdout_f --checkouts /tmp/checkouts
+    python tools/measure_drafting/measure.py --cases holdout_g --checkouts /tmp/checkouts
     python tools/measure_drafting/measure.py --validate ...   # Linen only: no drafting
 
 The loopbridge measured is the one under `--loopbridge-src` (default: this checkout's `src`).
@@ -55,6 +56,7 @@ CASE_SETS = (
   "holdout_d",
   "holdout_e",
   "holdout_f",
+  "holdout_g",
   "tuning",
   "enumerate_hf",
 )
