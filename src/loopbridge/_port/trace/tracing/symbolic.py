@@ -92,7 +92,9 @@ def input_axes(sample: Call) -> list[InputAxis]:
 # How a candidate enters one trial: its own symbol ("own"), the symbol of an equal-valued
 # candidate ("share"), its own symbol times another candidate's symbol ("times"), times
 # another candidate's value, that candidate staying concrete ("scaled"), or times a number
-# ("multiple": an input width as a multiple of its own size, which an attention's heads divide).
+# ("multiple": an input width as a multiple of its own size, which an attention's heads divide),
+# or an input axis as that many times an equal-or-smaller setting's symbol as at the sample
+# ("per": a block adding its input to a layer `2 * self.b` wide).
 Plan = tuple[str, int | None]
 # Candidates (indices) tied to one symbol.
 Unit = tuple[int, ...]
@@ -110,7 +112,7 @@ def _trial(
   """One abstract init with the planned candidates symbolic (raises what the init raises)."""
   from jax import export
 
-  names = [f"_s{i}" for i in sorted(plans) if plans[i][0] != "share"]
+  names = [f"_s{i}" for i in sorted(plans) if plans[i][0] not in ("share", "per")]
   made = export.symbolic_shape(", ".join(names)) if names else ()
   symbol = dict(zip(names, made))
   bound: dict[Candidate, object] = {}
@@ -126,8 +128,12 @@ def _trial(
     elif kind == "multiple":
       bound[candidates[i]] = tp.cast(int, other) * symbol[f"_s{i}"]
   for i, (kind, other) in plans.items():
+    partner = candidates[tp.cast(int, other)] if kind in ("share", "per") else None
     if kind == "share":
-      bound[candidates[i]] = bound[candidates[tp.cast(int, other)]]
+      bound[candidates[i]] = bound[tp.cast(Candidate, partner)]
+    elif kind == "per":  # an input axis as many times a setting as at the sample
+      ratio = candidates[i].value // tp.cast(Candidate, partner).value
+      bound[candidates[i]] = ratio * tp.cast(tp.Any, bound[tp.cast(Candidate, partner)])
   values = {c.location: v for c, v in bound.items() if isinstance(c, Setting)}
   symbolic_module = with_values(module, values) if values else module.clone(parent=None)
   args = list(sample.args)
@@ -259,11 +265,13 @@ def symbolic_trace(
       else:
         settled.append(first)
     # Once every setting that stays concrete is known, each is tried once more as a multiple
-    # of another one's value (`dim` tried before `n_heads` was found concrete).
+    # of another one's value (`dim` tried before `n_heads` was found concrete), else of its own.
     for index in list(settled):
       if trials >= MAX_TRIALS:
         break
       plan = _scaled(candidates, index, kept, attempt, settled)
+      if plan is None and isinstance(candidates[index], Setting) and trials < MAX_TRIALS:
+        plan = _own_multiple(candidates, index, kept, attempt)
       if plan is not None:
         kept, last = plan
         settled.remove(index)
@@ -304,8 +312,8 @@ def _alternative(
   """The plans that let a candidate failing with a symbol of its own be symbolic: tied to an
   equal-valued candidate (an input axis the model asserts equal to a setting), or a multiple of
   a smaller setting it divides (`qkv_features` of `num_heads`), that setting's symbol or, where
-  it was found to stay concrete (`settled`), its value; an input axis, else, a multiple of its
-  own size."""
+  it was found to stay concrete (`settled`), its value, or the input axes that follow it; an
+  input axis, else, a multiple of its own size."""
   value = candidates[index].value
   usable = [j for j in range(len(candidates)) if j != index and kept.get(j, ("own",))[0] == "own"]
   partners = [j for j in usable if candidates[j].value == value]
@@ -313,6 +321,14 @@ def _alternative(
   partners.sort(key=lambda j: (not isinstance(candidates[j], InputAxis), j not in kept))
   for j in partners[:3]:
     plans: dict[int, Plan] = {**kept, j: ("own", None), index: ("share", j)}
+    result = attempt(plans)
+    if result is not None:
+      return plans, result
+  # Tied to an input axis that a model also divides (channels a group norm's groups divide,
+  # the residual adding the input): both a multiple of their size, which meets every such
+  # check the sample meets.
+  for j in [j for j in partners[:3] if isinstance(candidates[j], InputAxis)][:1]:
+    plans = {**kept, j: ("multiple", value), index: ("share", j)}
     result = attempt(plans)
     if result is not None:
       return plans, result
@@ -330,14 +346,57 @@ def _alternative(
       result = attempt(plans)
       if result is not None:
         return plans, result
-    return _scaled(candidates, index, kept, attempt, settled)
-  # An input width a model checks against a number it holds (`features % num_heads == 0`, the
-  # heads a literal): a multiple of its own size meets every such check the sample meets.
-  if value >= 2:
-    plans = {**kept, index: ("multiple", value)}
-    result = attempt(plans)
-    if result is not None:
-      return plans, result
+    plan = _scaled(candidates, index, kept, attempt, settled)
+    if plan is not None:
+      return plan
+    return _tied_axes(candidates, index, kept, attempt)
+  return _own_multiple(candidates, index, kept, attempt)
+
+
+def _own_multiple(
+  candidates: list[Candidate],
+  index: int,
+  kept: dict[int, Plan],
+  attempt: tp.Callable[[dict[int, Plan]], tp.Any],
+) -> tuple[dict[int, Plan], tp.Any] | None:
+  """A multiple of its own value, which meets every divisibility check the sample meets: an
+  input width a model checks against a number it holds (`features % num_heads == 0`, the heads
+  a literal), a setting a number the source writes divides (`GroupNorm(num_groups=32)` of `ch`
+  channels; tried last, as it holds only at multiples of the sample's value)."""
+  plans = {**kept, index: ("multiple", candidates[index].value)}
+  result = attempt(plans)
+  return (plans, result) if result is not None else None
+
+
+def _tied_axes(
+  candidates: list[Candidate],
+  index: int,
+  kept: dict[int, Plan],
+  attempt: tp.Callable[[dict[int, Plan]], tp.Any],
+) -> tuple[dict[int, Plan], tp.Any] | None:
+  """A setting the input's width must follow (`x + nn.Dense(2 * self.b)(h)`): the input axes
+  of a multiple of its value, kept concrete so far, as that many times its symbol (the setting
+  a symbol of its own, or a multiple of its value where a number the source writes divides
+  it)."""
+  value = candidates[index].value
+  sizes = sorted(
+    {
+      c.value
+      for j, c in enumerate(candidates)
+      if isinstance(c, InputAxis) and j not in kept and c.value > value and c.value % value == 0
+    }
+  )
+  for size in sizes[:2]:
+    axes = [
+      j
+      for j, c in enumerate(candidates)
+      if isinstance(c, InputAxis) and c.value == size and j not in kept
+    ]
+    for own in (("own", None), ("multiple", value)):
+      plans: dict[int, Plan] = {**kept, index: own, **dict.fromkeys(axes, ("per", index))}
+      result = attempt(plans)
+      if result is not None:
+        return plans, result
   return None
 
 
