@@ -19,6 +19,7 @@ from .check.random_draws import explained
 from .check.report import render
 from .check.run_check import convert, exec_source, unique_name
 from .check.setting_sizes import at_setting_sizes
+from .check.tied_sizes import at_tied_sizes
 from .emit.assemble import format_source, imports
 from .emit.safety import (
   class_failed_reason,
@@ -590,7 +591,8 @@ def _check(result: Draft) -> Check:
     if todo is not None:
       object.__setattr__(result, "todos", (*result.todos, todo))
   else:
-    verdict = at_setting_sizes(result, check_class(result, compare_built(result, *built), *built))
+    verdict = check_class(result, compare_built(result, *built), *built)
+    verdict = at_tied_sizes(result, at_setting_sizes(result, verdict))
   if verdict.equal:
     return verdict
   # Unequal because the sample call samples (seq2seq's decoder): said so, with what to check.

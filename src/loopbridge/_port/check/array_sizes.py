@@ -2,7 +2,7 @@
 
 A width matched by value is checked at configurations where every setting differs
 (`tracing/distinct.py`), and the port at another size of each input array's axes the draft
-reads (`class_check._other_input_size`). Neither changes an array a field holds or one nested
+reads (`class_check.other_input_size`). Neither changes an array a field holds or one nested
 in an argument (a tuple of LSTM states). evojax's attention neuron reads
 `nn.Dense(...)(self.pos_em)`: the input width is the table's last axis (5), so the literal 5
 passed every check and the port was wrong for another table. A literal equal to the size of

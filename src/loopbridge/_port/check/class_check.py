@@ -203,7 +203,7 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
     where = f"another configuration ({described})"
     more = checked_at(result, other, lambda k=k: result.build(config=k + 1), sample)
     verdict = merged(verdict, more, where)
-  return _at_other_input_size(result, verdict)
+  return _atother_input_size(result, verdict)
 
 
 def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
@@ -218,7 +218,7 @@ def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
   return out
 
 
-def _other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None:
+def other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None:
   """The sample call at other input sizes, the root's size arguments there (`x_features`), and
   what changed; None when nothing changes or Linen does not run at those sizes.
 
@@ -309,7 +309,7 @@ def int_settings(module: nn.Module) -> set[int]:
   return {s.value for s in settings(module)}
 
 
-def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
+def _atother_input_size(result: tp.Any, verdict: Check) -> Check:
   """The port built with another input size (`x_features=...`) against Linen there: at the
   user's configuration, then at each branch configuration the check runs (a layer only a
   branch builds has its input width from that branch's traces alone, at the sample's size)."""
@@ -322,7 +322,7 @@ def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
   ]
   for module, init_kwargs, suffix in at:
     here = dataclasses.replace(result, linen_module=module, init_kwargs=init_kwargs)
-    found = _other_input_size(here) if verdict.equal else None
+    found = other_input_size(here) if verdict.equal else None
     if found is None:
       continue
     call, kwargs, what = found
