@@ -246,6 +246,14 @@ class Resolver:
         not any(alt_values) or _same_alts(extra.alt, alt_values)
       ):
         return extra.name
+    for extra in self.extras.values():
+      # A layer only some instances build (a shortcut under `in != out`) whose width is
+      # another argument's wherever it is built, in every configuration: that argument.
+      if _covered(extra.values, values) and (
+        not any(alt_values)
+        or all(_covered(a, b) for a, b in zip(extra.alt, alt_values, strict=False))
+      ):
+        return extra.name
     name = hint
     n = 1
     while name in self.extras or name in self.fields:
@@ -266,6 +274,18 @@ class Resolver:
     for alts, found in zip(self.alts, alt_values):
       out += [(alts[p].module, v) for p, v in found.items() if p in alts]
     return out
+
+
+def _covered(
+  wider: tp.Mapping[tuple[str, ...], object], values: tp.Mapping[tuple[str, ...], object]
+) -> bool:
+  """Whether `wider` holds each value of `values` (None: an instance that builds no such
+  layer) at its path, `values` having one at least."""
+  found = {p: v for p, v in values.items() if v is not None}
+  try:
+    return bool(found) and all(p in wider and wider[p] == v for p, v in found.items())
+  except Exception:  # symbols that cannot be compared: not the same argument
+    return False
 
 
 def _same_alts(
