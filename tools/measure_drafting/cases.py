@@ -16,6 +16,18 @@ import typing as tp
 
 import numpy as np
 
+# The sets of cases pinned to repositories at commits (each a module of this folder).
+PINNED_SETS = (
+  "holdout",
+  "holdout_b",
+  "holdout_c",
+  "holdout_d",
+  "holdout_e",
+  "holdout_f",
+  "holdout_g",
+  "tuning",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Arr:

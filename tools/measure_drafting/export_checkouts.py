@@ -19,6 +19,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from cases import PINNED_SETS
+
 
 def git_dir(mirror: str, checkout_dir: str) -> str:
   for candidate in (os.path.join(mirror, checkout_dir, "repo"), os.path.join(mirror, checkout_dir)):
@@ -59,16 +61,7 @@ def main() -> int:
   parser.add_argument(
     "--cases",
     default="holdout",
-    choices=(
-      "holdout",
-      "holdout_b",
-      "holdout_c",
-      "holdout_d",
-      "holdout_e",
-      "holdout_f",
-      "holdout_g",
-      "tuning",
-    ),
+    choices=PINNED_SETS,
   )
   ns = parser.parse_args()
   case_set = importlib.import_module(ns.cases)

@@ -49,17 +49,7 @@ ATOL = 1e-5
 # one-initialized param (a last norm's zero scale) would otherwise hide a wrong port.
 JITTER = 0.05
 RESULT_TAG = "MEASURE-RESULT "
-CASE_SETS = (
-  "holdout",
-  "holdout_b",
-  "holdout_c",
-  "holdout_d",
-  "holdout_e",
-  "holdout_f",
-  "holdout_g",
-  "tuning",
-  "enumerate_hf",
-)
+CASE_SETS = (*cases_lib.PINNED_SETS, "enumerate_hf")
 
 
 class Mismatch(Exception):

@@ -203,7 +203,7 @@ def check_class(result: tp.Any, first: Check, port: nnx.Module, variables: tp.An
     where = f"another configuration ({described})"
     more = checked_at(result, other, lambda k=k: result.build(config=k + 1), sample)
     verdict = merged(verdict, more, where)
-  return _atother_input_size(result, verdict)
+  return _at_other_input_size(result, verdict)
 
 
 def _branch_checks(labels: tp.Sequence[str]) -> list[int]:
@@ -235,10 +235,7 @@ def other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None:
     # A port handed in (`lb.port.PortOf`) is built with its own instance's input widths,
     # which another input size changes and the draft cannot say: not checked.
     return None
-  arrays = {
-    **{i: a for i, a in enumerate(sample.args) if isinstance(a, (jax.Array, np.ndarray))},
-    **{k: a for k, a in sample.kwargs.items() if isinstance(a, (jax.Array, np.ndarray))},
-  }
+  arrays = call_arrays(sample)
   if any(where not in arrays or axis >= arrays[where].ndim for where, axis in sizes.values()):
     return None
   taken = int_settings(result.linen_module) | {int(d) for a in arrays.values() for d in a.shape}
@@ -274,13 +271,22 @@ def other_input_size(result: tp.Any) -> tuple[Call, dict[str, int], str] | None:
       continue  # a size the model does not take is not checked
     kwargs = {name: new[(w, ax)] for name, (w, ax) in sizes.items()}
     what = ", ".join(f"{name}={v}" for name, v in kwargs.items()) or ", ".join(
-      f"{_label(w)}.shape[{ax}]={v}" for (w, ax), v in new.items()
+      f"{argument_label(w)}.shape[{ax}]={v}" for (w, ax), v in new.items()
     )
     return call, kwargs, what
   return None
 
 
-def _label(where: int | str) -> str:
+def call_arrays(call: Call) -> dict[int | str, tp.Any]:
+  """The call's array arguments, by position or keyword."""
+  return {
+    **{i: a for i, a in enumerate(call.args) if isinstance(a, (jax.Array, np.ndarray))},
+    **{k: a for k, a in call.kwargs.items() if isinstance(a, (jax.Array, np.ndarray))},
+  }
+
+
+def argument_label(where: int | str) -> str:
+  """`argument 0` or the keyword: where an array of the sample call is."""
   return f"argument {where}" if isinstance(where, int) else where
 
 
@@ -309,7 +315,7 @@ def int_settings(module: nn.Module) -> set[int]:
   return {s.value for s in settings(module)}
 
 
-def _atother_input_size(result: tp.Any, verdict: Check) -> Check:
+def _at_other_input_size(result: tp.Any, verdict: Check) -> Check:
   """The port built with another input size (`x_features=...`) against Linen there: at the
   user's configuration, then at each branch configuration the check runs (a layer only a
   branch builds has its input width from that branch's traces alone, at the sample's size)."""

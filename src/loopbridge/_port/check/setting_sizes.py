@@ -12,11 +12,15 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
-import jax
-import numpy as np
-
 from ..records import Check
-from .class_check import checked_at, inits_in_linen, int_settings, merged, with_sizes
+from .class_check import (
+  call_arrays,
+  checked_at,
+  inits_in_linen,
+  int_settings,
+  merged,
+  with_sizes,
+)
 
 # At most this many sizes are checked (each builds and runs the port once).
 MAX_CHECKS = 4
@@ -31,10 +35,7 @@ def at_setting_sizes(result: tp.Any, verdict: Check) -> Check:
   if not guards or not verdict.equal:
     return verdict
   sample = result.calls[0]
-  arrays = {
-    **{i: a for i, a in enumerate(sample.args) if isinstance(a, (jax.Array, np.ndarray))},
-    **{k: a for k, a in sample.kwargs.items() if isinstance(a, (jax.Array, np.ndarray))},
-  }
+  arrays = call_arrays(sample)
   checks = 0
   for name, (where, axis) in result.input_sizes.items():
     if where not in arrays or axis >= arrays[where].ndim:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import typing as tp
 
-import jax
-import numpy as np
-
 from ..records import Call, Check, PortOf
 from ..trace.tracing.settings import Setting, settings, with_values
 from .class_check import (
+  argument_label,
+  call_arrays,
   checked_at,
   inits_in_linen,
   int_settings,
@@ -32,13 +31,6 @@ from .class_check import (
 # this many of those are checked (each builds, converts and runs the port once).
 MAX_TRIES = 6
 MAX_CHECKS = 2
-
-
-def _arrays(call: Call) -> dict[int | str, tp.Any]:
-  return {
-    **{i: a for i, a in enumerate(call.args) if isinstance(a, (jax.Array, np.ndarray))},
-    **{k: a for k, a in call.kwargs.items() if isinstance(a, (jax.Array, np.ndarray))},
-  }
 
 
 def _new_size(value: int, taken: set[int]) -> int:
@@ -57,7 +49,7 @@ def _plans(
   of that value together, the non-batch axes of that size as many times the new value as they
   were the old one."""
   sample: Call = result.calls[0]
-  arrays = _arrays(sample)
+  arrays = call_arrays(sample)
   found = settings(result.linen_module)
   taken = int_settings(result.linen_module) | {int(d) for a in arrays.values() for d in a.shape}
   axes: dict[int, list[tuple[int | str, int]]] = {}
@@ -119,7 +111,7 @@ def at_tied_sizes(result: tp.Any, verdict: Check) -> Check:
     checks += 1
     changed = ", ".join(
       [f"{s.source('')[1:]}={new}" for s in group]
-      + [f"{_label(w)}.shape[{ax}]={n}" for (w, ax), n in sizes.items()]
+      + [f"{argument_label(w)}.shape[{ax}]={n}" for (w, ax), n in sizes.items()]
     )
     where = f"a setting changed with the input axes that follow it ({changed})"
     resized = dataclasses.replace(result, linen_module=other, init_kwargs=kwargs)
@@ -127,7 +119,3 @@ def at_tied_sizes(result: tp.Any, verdict: Check) -> Check:
     if not verdict.equal:
       return verdict
   return verdict
-
-
-def _label(where: int | str) -> str:
-  return f"argument {where}" if isinstance(where, int) else where

@@ -128,12 +128,14 @@ def _trial(
     elif kind == "multiple":
       bound[candidates[i]] = tp.cast(int, other) * symbol[f"_s{i}"]
   for i, (kind, other) in plans.items():
-    partner = candidates[tp.cast(int, other)] if kind in ("share", "per") else None
-    if kind == "share":
-      bound[candidates[i]] = bound[tp.cast(Candidate, partner)]
-    elif kind == "per":  # an input axis as many times a setting as at the sample
-      ratio = candidates[i].value // tp.cast(Candidate, partner).value
-      bound[candidates[i]] = ratio * tp.cast(tp.Any, bound[tp.cast(Candidate, partner)])
+    if kind not in ("share", "per"):
+      continue
+    partner = candidates[tp.cast(int, other)]
+    shared: tp.Any = bound[partner]
+    # "per": an input axis as many times the setting as at the sample
+    bound[candidates[i]] = (
+      shared if kind == "share" else candidates[i].value // partner.value * shared
+    )
   values = {c.location: v for c, v in bound.items() if isinstance(c, Setting)}
   symbolic_module = with_values(module, values) if values else module.clone(parent=None)
   args = list(sample.args)
