@@ -1,8 +1,8 @@
 """The configurations on the other side of a test the sources make: an optional width flipped,
 a flag changed (`branch_configs.optional_configs`), each tuple of widths one item longer
-(`tuple_lengths`), what a field's partial binds changed (`partial_fields`). Each is evidence
-for the widths and a configuration the check runs the port at; one whose label another kind
-already traced is not traced twice."""
+(`tuple_lengths`), a loop's count of 1 set to 2 (`loop_counts`), what a field's partial binds
+changed (`partial_fields`). Each is evidence for the widths and a configuration the check runs
+the port at; one whose label another kind already traced is not traced twice."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from flax import linen as nn
 from ..plan.source import ClassSource
 from ..records import Call
 from .branch_configs import optional_configs
+from .loop_counts import loop_count_configs
 from .partial_fields import partial_field_configs
 from .trace import Trace
 from .tuple_lengths import tuple_length_configs
@@ -35,5 +36,8 @@ def other_sides(
     if b[2] not in done
   ]
   out += tuple_length_configs(module, sample, streams, first_index + len(out), scaled)
+  out += loop_count_configs(
+    module, sources.values(), sample, streams, first_index + len(out), scaled
+  )
   out += partial_field_configs(module, sample, streams, first_index + len(out))
   return out

@@ -59,22 +59,30 @@ def _config_attrs(value: object) -> list[str] | None:
   return None
 
 
-def _walk(value: object, at: Location, out: list[Setting], seen: set[int]) -> None:
+def _walk(
+  value: object,
+  at: Location,
+  out: list[Setting],
+  seen: set[int],
+  candidate: tp.Callable[[object], bool] = _candidate,
+) -> None:
   if len(at) > _MAX_DEPTH or id(value) in seen:
     return
-  if _candidate(value):
+  if candidate(value):
     out.append(Setting(at, tp.cast(int, value)))
+    return
+  if type(value) is int:
     return
   if isinstance(value, (tuple, list)):
     seen = seen | {id(value)}
     for i, item in enumerate(value):
-      _walk(item, (*at, ("item", i)), out, seen)
+      _walk(item, (*at, ("item", i)), out, seen, candidate)
     return
   if isinstance(value, dict):
     seen = seen | {id(value)}
     for k, item in value.items():
       if isinstance(k, (str, int)):
-        _walk(item, (*at, ("item", k)), out, seen)
+        _walk(item, (*at, ("item", k)), out, seen, candidate)
     return
   attrs = _config_attrs(value)
   if attrs is not None:
@@ -84,16 +92,19 @@ def _walk(value: object, at: Location, out: list[Setting], seen: set[int]) -> No
         item = getattr(value, name)
       except Exception:  # a property that fails: no setting there
         continue
-      _walk(item, (*at, ("attr", name)), out, seen)
+      _walk(item, (*at, ("attr", name)), out, seen, candidate)
 
 
-def settings(module: nn.Module) -> list[Setting]:
-  """Every integer setting of `module`'s fields (but `parent` and `name`)."""
+def settings(
+  module: nn.Module, candidate: tp.Callable[[object], bool] = _candidate
+) -> list[Setting]:
+  """Every integer setting of `module`'s fields (but `parent` and `name`); `candidate` says
+  which integers count (by default widths, counts and lengths: 2 and above)."""
   out: list[Setting] = []
   for f in dataclasses.fields(module):
     if f.name in ("parent", "name"):
       continue
-    _walk(getattr(module, f.name, None), (("attr", f.name),), out, set())
+    _walk(getattr(module, f.name, None), (("attr", f.name),), out, set(), candidate)
   return out
 
 
