@@ -48,6 +48,7 @@ from .trace.branch_configs import branch_configs
 from .trace.configs import derived, literal_notes, other_configs
 from .trace.other_sides import other_sides
 from .trace.trace import rng_streams, trace
+from .trace.tracing.branch_symbolic import at_branches
 from .trace.tracing.distinct import add_distinct, float_settings
 from .trace.tracing.settings import settings
 from .trace.tracing.widths import (
@@ -439,15 +440,13 @@ def draft(
   labels += add_distinct(linen_module, bases, all_calls[0], streams, others)
   ctx = classes = sources = None
   required = set(_user_classes(linen_module, [traced]))  # the sample call's: each must read
-  # First the classes the traces saw. Where that leaves work undone, the settings the
-  # sources read are changed one at a time (`branch_configs.py`): first for classes no trace
-  # saw; then, if TODOs or untraced constructions remain, for any submodule or variable the
-  # user's configuration does not make; the classes are ported again with that evidence.
+  # The classes the traces saw; where work is left, settings the sources read are changed one
+  # at a time (`branch_configs.py`): for classes no trace saw, then (TODOs or untraced
+  # constructions left) for submodules or variables the user's configuration does not make.
   for mode in ("classes", "paths"):
     if mode == "paths" and (configs is not None or not _work_left(ctx, classes)):
       break
-    # A class only another configuration builds (one the user passes as `configs=` to reach
-    # it, or a scaled one) is drafted from that configuration's trace.
+    # A class only another configuration (`configs=`, scaled) builds is drafted from its trace.
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), {}, required
     )
@@ -484,6 +483,7 @@ def draft(
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
     )
+    symbolic = at_branches(symbolic, linen_module, branches, all_calls[0], streams)
     ctx = _port_all(classes, sources, traced, [t for _, t in others], variables, symbolic)
   assert ctx is not None and classes is not None and sources is not None
   lift_todos, lift_changes = root_notes(

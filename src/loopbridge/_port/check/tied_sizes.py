@@ -6,7 +6,10 @@ changes its channels alone, is refused, so neither the derived configurations no
 another input size ever tell a width written `self.config.ch` (or `x_features`) from the
 sample's number. Changed together (an axis twice the setting's value twice the new one),
 Linen runs, and the port is checked there. Only where the check at another input size found
-no size Linen takes (`class_check.other_input_size`).
+no size Linen takes (`class_check.other_input_size`). Also at each configuration on the other
+side of a test (gemma's `Block` builds a norm of the input's width only
+`if self.use_post_attn_norm`): a width only that configuration builds is traced at the sample's
+sizes alone there, where a setting and the input axis it equals cannot be told apart.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from .class_check import (
 # this many of those are checked (each builds, converts and runs the port once).
 MAX_TRIES = 6
 MAX_CHECKS = 2
+# Of the branch configurations, at most this many are checked so (one check each).
+MAX_BRANCHES = 3
 
 
 def _new_size(value: int, taken: set[int]) -> int:
@@ -87,23 +92,55 @@ def _port_kwargs(
   return kwargs
 
 
+def _branches(result: tp.Any) -> list[tuple[tp.Any, str]]:
+  """(module, label) of each configuration on the other side of a test the draft traced (a
+  flag flipped, a tuple one item longer: `trace/other_sides.py`) at the user's numbers: a layer
+  only such a configuration builds has widths the sample's configuration never checks."""
+  labels: tp.Sequence[str] = result.config_labels or ("",) * len(result.configs)
+  return [
+    (module, label)
+    for (module, _), label in zip(result.configs, labels, strict=False)
+    if label and "scaled" not in label and not label.startswith("every setting distinct")
+  ][:MAX_BRANCHES]
+
+
 def at_tied_sizes(result: tp.Any, verdict: Check) -> Check:
   """`verdict`, merged with the port's check where a setting and the input axes that follow it
-  change together (only where the draft was equal so far)."""
+  change together (only where the draft was equal so far): at the sample's configuration, then
+  at each branch configuration (`_branches`)."""
   if not verdict.equal or other_input_size(result) is not None:
     return verdict
+  plans = _plans(result)
+  bases = [(result.linen_module, "", MAX_CHECKS), *((m, lab, 1) for m, lab in _branches(result))]
+  for base, label, max_checks in bases:
+    verdict, known = _at(result, base, label, plans, max_checks, verdict)
+    if not known or not verdict.equal:
+      return verdict
+  return verdict
+
+
+def _at(
+  result: tp.Any,
+  base: tp.Any,
+  label: str,
+  plans: list[tuple[list[Setting], int, dict[tuple[int | str, int], int]]],
+  max_checks: int,
+  verdict: Check,
+) -> tuple[Check, bool]:
+  """`verdict` merged with the checks of `plans` applied to `base` (at most `max_checks`), and
+  False where the port's arguments there are unknown (no check can run)."""
   sample: Call = result.calls[0]
   tries = checks = 0
-  for group, new, sizes in _plans(result):
-    if tries >= MAX_TRIES or checks >= MAX_CHECKS:
+  for group, new, sizes in plans:
+    if tries >= MAX_TRIES or checks >= max_checks:
       break
     try:
-      other = with_values(result.linen_module, {s.location: new for s in group}, strict=True)
+      other = with_values(base, {s.location: new for s in group}, strict=True)
     except Exception:  # a config object that refuses the value: no configuration to check
       continue
     kwargs = _port_kwargs(result, other, sizes)
     if kwargs is None:
-      return verdict
+      return verdict, False
     tries += 1
     call = with_sizes(sample, sizes)
     if not inits_in_linen(other, call):
@@ -113,9 +150,10 @@ def at_tied_sizes(result: tp.Any, verdict: Check) -> Check:
       [f"{s.source('')[1:]}={new}" for s in group]
       + [f"{argument_label(w)}.shape[{ax}]={n}" for (w, ax), n in sizes.items()]
     )
-    where = f"a setting changed with the input axes that follow it ({changed})"
+    at = f", at {label}" if label else ""
+    where = f"a setting changed with the input axes that follow it ({changed}{at})"
     resized = dataclasses.replace(result, linen_module=other, init_kwargs=kwargs)
     verdict = merged(verdict, checked_at(result, other, resized.build, call), where)
     if not verdict.equal:
-      return verdict
-  return verdict
+      return verdict, True
+  return verdict, True

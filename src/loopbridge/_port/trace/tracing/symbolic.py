@@ -72,6 +72,9 @@ class Symbolic:
   divisors: dict[str, Candidate] = dataclasses.field(default_factory=dict)
   # symbol name of a multiple of a number -> that number (a setting kept concrete's value)
   factors: dict[str, int] = dataclasses.field(default_factory=dict)
+  # the candidates and how each symbolic one entered the trial that made `trace`
+  candidates: tuple[Candidate, ...] = ()
+  plans: dict[int, Plan] = dataclasses.field(default_factory=dict)
 
   def concrete_settings(self) -> list[Setting]:
     return [c for c in self.concrete if isinstance(c, Setting)]
@@ -301,7 +304,27 @@ def symbolic_trace(
     elif kind == "multiple":
       factors[name] = tp.cast(int, other)
       sizes[name] = c.value // factors[name]
-  return Symbolic(traced, symbols, bound, concrete, sizes, divisors, factors)
+  return Symbolic(
+    traced, symbols, bound, concrete, sizes, divisors, factors, tuple(candidates), dict(kept)
+  )
+
+
+def retraced(
+  found: Symbolic, module: nn.Module, sample: Call, streams: tp.Iterable[str]
+) -> Symbolic | None:
+  """`found`'s trial made again at `module`, another configuration with the same integer
+  settings (a flag flipped): its trace, or None where the settings differ or it fails."""
+  candidates = [*input_axes(sample), *settings(module)]
+  if tuple(candidates) != found.candidates or not found.plans:
+    return None
+  config = next(iter(found.trace.instances.values())).config if found.trace.instances else 0
+  try:
+    traced, symbols, bound = _trial(
+      module, sample, streams, candidates, found.plans, config, user_modules(module)
+    )
+  except Exception:  # the flipped flag reads a setting as a number: no symbolic trace there
+    return None
+  return dataclasses.replace(found, trace=traced, symbols=symbols, bound=bound)
 
 
 def _alternative(

@@ -77,9 +77,15 @@ def symbolic_width(
   """The expression of `values` from the symbolic trace; `PASSED` when the class cannot say it
   (its parent passes it); None when the trace does not decide (matched by value)."""
   view = resolver.symbolic
-  if view is None or view.index >= len(alt_values) or not values:
+  if view is None or view.index >= len(alt_values):
     return None
   symbolic = alt_values[view.index]
+  if not values:
+    # Made only at a branch configuration, where the symbolic trace was made too
+    # (`branch_symbolic.py`): its value at the sample's numbers is what that trace says.
+    values = {p: value_at(s, view.found.sample) for p, s in symbolic.items() if has_symbols(s)}
+    if not values:
+      return None
   instances = resolver.alts[view.index]
   texts: list[str] | None = None  # the writings every instance so far agrees on
   passed = False
