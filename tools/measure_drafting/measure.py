@@ -404,6 +404,10 @@ def run_case(case: cases_lib.Case, validate: bool) -> dict[str, tp.Any]:
     result["todos"] = len(draft.todos)
     result["todo_lines"] = [_todo_line(t) for t in draft.todos][:20]
     result["check_equal"] = None if draft.check is None else bool(draft.check.equal)
+    drafts_dir = os.environ.get("MEASURE_DRAFTS")
+    if drafts_dir:  # the draft and its report, to read after the run
+      with open(os.path.join(drafts_dir, f"{case.name}.py"), "w") as f:
+        f.write(draft.source + "\n# " + draft.report().replace("\n", "\n# ") + "\n")
     try:
       source_module = _import_source(draft.source, f"measured_port_{case.name}")
     except Exception as e:
@@ -472,6 +476,9 @@ def _run_subprocess(name: str, ns: argparse.Namespace) -> dict[str, tp.Any]:
   env["MEASURE_CHECKOUTS"] = os.path.abspath(ns.checkouts) if ns.checkouts else ""
   env["MEASURE_LOOPBRIDGE_SRC"] = os.path.abspath(ns.loopbridge_src)
   env.setdefault("JAX_PLATFORMS", "cpu")
+  if ns.drafts:
+    os.makedirs(ns.drafts, exist_ok=True)
+    env["MEASURE_DRAFTS"] = os.path.abspath(ns.drafts)
   env["PYTHONWARNINGS"] = "ignore"
   cmd = [ns.python, os.path.abspath(__file__), "--worker", name, "--cases", ns.cases]
   if ns.validate:
@@ -568,6 +575,7 @@ def main(argv: list[str] | None = None, default_cases: str = "holdout") -> int:
   parser.add_argument("--timeout", type=int, default=900, help="seconds per case")
   parser.add_argument("--out", help="write OUT.json and OUT.md")
   parser.add_argument("--validate", action="store_true", help="Linen only: no drafting")
+  parser.add_argument("--drafts", help="write each draft and its report to DRAFTS/<case>.py")
   ns = parser.parse_args(argv)
   case_set = _load_case_set(ns.cases)
   names = list(case_set.names())
