@@ -25,6 +25,7 @@ PINNED_SETS = (
   "holdout_e",
   "holdout_f",
   "holdout_g",
+  "holdout_h",
   "tuning",
 )
 

@@ -3,7 +3,7 @@
     python tools/measure_drafting/export_checkouts.py --mirror MIRROR --dest DEST [--cases SET]
 
 SET is `holdout` (the default), `holdout_b`, `holdout_c`, `holdout_d`, `holdout_e`,
-`holdout_f`, `holdout_g` or `tuning`.
+`holdout_f`, `holdout_g`, `holdout_h` or `tuning`.
 
 MIRROR holds one bare git directory per repository, `MIRROR/owner+name/repo` (or
 `MIRROR/owner+name` itself); each case's commit is exported with `git archive`.
