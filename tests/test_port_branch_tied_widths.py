@@ -92,3 +92,14 @@ def test_the_tied_check_at_the_branch_refuses_the_samples_number(models, draft):
   verdict = tied_sizes.at_tied_sizes(result, dataclasses.replace(draft.check, equal=True))
   assert not verdict.equal
   assert any("at use_post_norm=True" in c for c in verdict.checked), verdict.checked
+
+
+def test_a_branch_only_width_matched_by_value_is_named(models, monkeypatch):
+  """Without the symbolic trace at the branch, the norm's width is matched by value: the
+  draft names it among its literals, with the sample's number, and is not `ok`."""
+  import loopbridge._port.draft as draft_module
+
+  monkeypatch.setattr(draft_module, "at_branches", lambda view, *args: view)
+  found = lb.port.draft(models.Block(8, 12, False), _x(8))
+  assert [(b.hint, b.expression) for b in found.literals] == [("post_scale_shape", "(8,)")]
+  assert not found.ok

@@ -105,9 +105,11 @@ class Resolver:
     if self.symbolic is not None and self.symbolic.index < len(concrete):
       concrete[self.symbolic.index] = {}  # symbols are no values to match
     text = self.matched(values, hint, concrete, from_input, fallback, alt_values)
-    # An added argument is the parent's to pass (its own expression is recorded there).
-    if text not in self.extras and values and all(_width_like(v) for v in values.values()):
-      self.by_value.append((hint, text, next(iter(values.values()))))
+    # An added argument is the parent's to pass (its own expression is recorded there). A
+    # construction only another configuration makes (a branch) is named by its value there.
+    seen = values or next((d for d in concrete if d), {})
+    if text not in self.extras and seen and all(_width_like(v) for v in seen.values()):
+      self.by_value.append((hint, text, next(iter(seen.values()))))
     return text
 
   def matched(
