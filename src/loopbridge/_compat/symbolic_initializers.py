@@ -15,6 +15,9 @@ of an empty tuple is the float `1.0`, which turns a symbol times it into a trace
 kept the sample's width. Inside `symbolic_safe_initializers()` that module's `np.prod` is an
 integer product and its `int` lets a symbol through; concrete shapes flatten as before.
 
+A symbol raised to a float power (an attention's `head_dim ** -0.5`) is a traced float array
+inside `symbolic_safe_initializers()`, not an error: a scale, whose value the trace never reads.
+
 An initializer that needs numbers (`orthogonal`'s QR decomposition, jaxrl's default kernel
 init) makes a param of a symbolic shape as zeros of that shape inside
 `symbolic_safe_initializers()`; a concrete shape, or another failure, is left to raise.
@@ -33,8 +36,44 @@ import numpy as np
 def symbolic_safe_initializers() -> tp.Iterator[None]:
   from flax.linen import linear  # DenseGeneral's module
 
-  with _symbolic_safe_fans(), _symbolic_safe_params(), symbolic_safe_modules([linear]):
+  with (
+    _symbolic_safe_fans(),
+    _symbolic_safe_params(),
+    _symbolic_float_powers(),
+    symbolic_safe_modules([linear]),
+  ):
     yield
+
+
+@contextlib.contextmanager
+def _symbolic_float_powers() -> tp.Iterator[None]:
+  """A symbol raised to a float (`(self.dim // self.num_heads) ** -0.5`, an attention's
+  scale) is the traced float array of its value raised so: a value, never a shape, and one no
+  shape can be made of (a shape from it fails as before). jax raises for any non-integer
+  power of a symbolic dimension, so a setting an attention scales by could not be a symbol."""
+  try:
+    from jax._src.export import shape_poly
+  except ImportError:  # nothing to make safe on a JAX without that module
+    yield
+    return
+  dim = getattr(shape_poly, "_DimExpr", None)
+  real = getattr(dim, "__pow__", None)
+  if dim is None or real is None:
+    yield
+    return
+
+  def power(self: tp.Any, exponent: tp.Any) -> tp.Any:
+    if isinstance(exponent, (int, np.integer)) or hasattr(exponent, "_sorted_terms"):
+      return real(self, exponent)
+    import jax.numpy as jnp
+
+    return jnp.asarray(self, dtype=jnp.float32) ** exponent
+
+  dim.__pow__ = power
+  try:
+    yield
+  finally:
+    dim.__pow__ = real
 
 
 def _symbolic(shape: object) -> bool:
