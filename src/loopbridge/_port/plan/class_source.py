@@ -33,9 +33,14 @@ class ClassSource:
   # Read as one class with the user Linen base it inherits from (`field_only_subclass`,
   # `inherited_fields`): its port needs no Linen base.
   merged: bool = False
+  # Where a transform wrote lines the file does not have (`comprehension_loops`): the file's
+  # relative line of each line of `text`, by its position.
+  line_origin: tuple[int, ...] | None = None
 
   def line(self, relative: int) -> int:
     """The file's line number of line `relative` (1-based) of `text`."""
+    if self.line_origin is not None and 1 <= relative <= len(self.line_origin):
+      relative = self.line_origin[relative - 1]
     return self.first_line + relative - 1
 
   def tree(self) -> cst.Module:

@@ -19,11 +19,12 @@ def read_class(cls: type) -> ClassSource:
   """The source of `cls`, or a `PortError` saying why it cannot be read and what to do."""
   from ..transforms.field_only_subclass import merged_source
   from ..transforms.inherited_fields import inherited_source
+  from ..transforms.comprehension_loops import comprehension_loops
   from ..transforms.relative_imports import absolute_imports
 
   merged = merged_source(cls, read_class) or inherited_source(cls, read_class)
   if merged is not None:
-    return absolute_imports(merged)
+    return comprehension_loops(absolute_imports(merged))
   try:
     lines, first = inspect.getsourcelines(cls)
     file = inspect.getsourcefile(cls) or "<unknown>"
@@ -31,7 +32,8 @@ def read_class(cls: type) -> ClassSource:
     raise PortError(no_source(cls, str(e))) from e
   module = sys.modules.get(cls.__module__)
   namespace = dict(vars(module)) if module is not None else {}
-  return absolute_imports(ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace))
+  src = ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace)
+  return comprehension_loops(absolute_imports(src))
 
 
 def dotted(node: tp.Any) -> str | None:
