@@ -52,6 +52,11 @@ def atoms(module: object, kind: tp.Callable[[object], bool] = _int) -> list[Atom
     value = getattr(module, f.name, None)
     if kind(value):
       out.append((f"self.{f.name}", lambda m, n=f.name: getattr(m, n, None)))
+    elif _items(value, kind):  # a tuple of widths: its first and last (a stack's in and out)
+      out += [
+        (f"self.{f.name}[{i}]", lambda m, n=f.name, i=i: _item(getattr(m, n, None), i))
+        for i in (0, -1)
+      ]
     elif dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
       names = [g.name for g in dataclasses.fields(value)]
       out += _config_reads(f.name, value, names, kind)
@@ -71,13 +76,23 @@ def _partial_reads(field: str, keywords: dict, kind: tp.Callable[[object], bool]
     get = lambda m, f=field, k=k: getattr(getattr(m, f, None), "keywords", {}).get(k)  # noqa: E731
     if kind(v):
       out.append((read, get))
-    elif isinstance(v, tuple) and v and all(kind(x) for x in v):
+    elif _items(v, kind):
       out += [(f"{read}[{i}]", lambda m, g=get, i=i: _item(g(m), i)) for i in (0, -1)]
   return out
 
 
 def _item(value: object, i: int) -> object:
-  return value[i] if isinstance(value, tuple) and value else None
+  return value[i] if isinstance(value, (tuple, list)) and value else None
+
+
+def _items(value: object, kind: tp.Callable[[object], bool]) -> bool:
+  """A tuple or list of what `kind` accepts (not a NamedTuple, whose items are named)."""
+  return (
+    isinstance(value, (tuple, list))
+    and not hasattr(value, "_fields")
+    and bool(value)
+    and all(kind(x) for x in value)
+  )
 
 
 def _config_reads(
