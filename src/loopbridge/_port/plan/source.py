@@ -17,9 +17,9 @@ from .class_source import libcst as libcst
 
 def read_class(cls: type) -> ClassSource:
   """The source of `cls`, or a `PortError` saying why it cannot be read and what to do."""
+  from ..transforms.comprehension_loops import comprehension_loops
   from ..transforms.field_only_subclass import merged_source
   from ..transforms.inherited_fields import inherited_source
-  from ..transforms.comprehension_loops import comprehension_loops
   from ..transforms.relative_imports import absolute_imports
 
   merged = merged_source(cls, read_class) or inherited_source(cls, read_class)
