@@ -3,6 +3,7 @@ bias, Dinov2's SwiGLU MLP, Wav2Vec2's layer-norm feature extractor) are drafted 
 configurations that take the branch, and the port is checked there against Linen's apply."""
 
 import dataclasses
+import re
 
 import jax
 import numpy as np
@@ -66,6 +67,27 @@ def test_the_branch_classes_widths_are_expressions_not_the_traced_numbers(draft)
   np.testing.assert_allclose(port(_x()), module.apply(variables, _x()), rtol=1e-5, atol=1e-5)
 
 
+def test_a_class_built_in_place_of_another_reads_the_tied_input_width(draft):
+  """LayerNormConv is built at `extract` in place of GroupNormConv only where `config.norm ==
+  "layer"`; its input width is the input's channels, which Linen ties to
+  `config.num_channels` (the block checks them). Read from the symbolic trace made at that
+  branch, it is the setting, not the sample's 3, and the port computes Linen where both are 6."""
+  body = draft.source.split("class LayerNormConv", 1)[1].split("\nclass ", 1)[0]
+  assert "nnx.Linear(self.config.num_channels, self.config.hidden" in body, body
+  assert any("at config.norm='layer'" in c for c in draft.check.checked), draft.check.checked
+  config = models.Config(num_channels=6, norm="layer")
+  x = jax.random.normal(jax.random.key(1), (2, 5, 6))
+  module = models.Block(config)
+  variables = module.init(jax.random.key(3), x)
+  namespace = {}
+  exec(compile(draft.source, "port.py", "exec"), namespace)
+  from flax import nnx
+
+  port = namespace["Block"](config, rngs=nnx.Rngs(0))
+  lb.checkpoint.linen_to_nnx(module, variables, port, x)
+  np.testing.assert_allclose(port(x), module.apply(variables, x), rtol=1e-5, atol=1e-5)
+
+
 def test_the_check_runs_the_port_at_each_branch_configuration(draft):
   assert set(draft.config_labels) >= {
     "config.use_bias_table=True",
@@ -102,7 +124,13 @@ def test_a_branch_width_that_is_a_setup_local_is_that_local_and_checked_there():
   assert "config.use_gated_mlp=True, scaled" in draft.config_labels
   # A setup local assigned twice is read as written (it runs in __init__ in the same order).
   assert "nnx.Linear(self.config.hidden, 2 * hidden" in draft.source
-  assert "nnx.Linear(hidden, self.config.hidden" in draft.source, draft.source
+  # The second layer's input width: that local, or the expression the symbolic trace made at
+  # the branch gives for it (the same number at every `hidden`).
+  assert re.search(
+    r"nnx\.Linear\(\s*(hidden|8 \* \(\(8 \* self\.config\.hidden // 3 \+ 7\) // 8\)),"
+    r"\s*self\.config\.hidden",
+    draft.source,
+  ), draft.source
   # No literal kept. The widths of the branch the sample does not build are matched by value
   # (the symbolic trace follows the sample's branches) and named so: checked at the branch's
   # configurations, not a kept literal.

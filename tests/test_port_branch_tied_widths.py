@@ -99,7 +99,7 @@ def test_a_branch_only_width_matched_by_value_is_named(models, monkeypatch):
   draft names it among its literals, with the sample's number, and is not `ok`."""
   import loopbridge._port.draft as draft_module
 
-  monkeypatch.setattr(draft_module, "at_branches", lambda view, *args: view)
+  monkeypatch.setattr(draft_module, "at_branches", lambda view, *args: (view, []))
   found = lb.port.draft(models.Block(8, 12, False), _x(8))
   assert [(b.hint, b.expression) for b in found.literals] == [("post_scale_shape", "(8,)")]
   assert not found.ok

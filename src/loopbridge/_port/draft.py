@@ -48,7 +48,7 @@ from .trace.branch_configs import branch_configs
 from .trace.configs import derived, literal_notes, other_configs
 from .trace.other_sides import other_sides
 from .trace.trace import rng_streams, trace
-from .trace.tracing.branch_symbolic import at_branches
+from .trace.tracing.branch_symbolic import at_branches, class_view
 from .trace.tracing.distinct import add_distinct, float_settings
 from .trace.tracing.settings import settings
 from .trace.tracing.widths import (
@@ -278,15 +278,18 @@ def _port_all(
   alt_traces: list,
   variables: tp.Mapping[str, object] | None,
   symbolic: SymbolicWidths | None = None,
+  extra: tp.Sequence[tp.Any] = (),
 ) -> Context:
-  """Port every class (children first) with the traces as evidence."""
+  """Port every class (children first) with the traces as evidence (`extra`: the symbolic
+  traces made at branch configurations, `branch_symbolic.class_view`)."""
   linen_names = {n for src in sources.values() for n, v in src.namespace.items() if v is nn}
   ctx = Context(traced, hasattr(nnx, "List"), {}, linen_names, cache_shapes(variables))
   ctx.alt_traces = list(alt_traces)
   if symbolic is not None:  # the last trace the widths read (`tracing/widths.py`)
     ctx.symbolic = symbolic_widths(symbolic, ctx.alt_traces)
   for cls in classes:
-    ctx.ported[cls] = _port_one(sources[cls], ctx)
+    with class_view(ctx, cls, extra):
+      ctx.ported[cls] = _port_one(sources[cls], ctx)
     if ctx.caches.get(cls):
       ctx.ported[cls].code = add_method(ctx.ported[cls].code, ctx.caches[cls])
     hidden = shadowing(ctx.ported[cls].field_names())
@@ -302,12 +305,11 @@ def _work_left(ctx: Context | None, classes: list[type] | None) -> bool:
   (`never_called.py`), in any class ported."""
   if ctx is None or classes is None:
     return False
-  ports = [ctx.ported[cls] for cls in classes]
   return any(
     p.todos
     or (p.resolver is not None and p.resolver.untraced)
     or any(ch.why == never_called.WHY for ch in p.changes)
-    for p in ports
+    for p in (ctx.ported[cls] for cls in classes)
   )
 
 
@@ -339,8 +341,6 @@ def _read_sources(
 
 def _opaque_insides(traced) -> tuple[str, ...]:
   """Module paths inside layers whose NNX counterpart is built otherwise (compared as a whole)."""
-  from .plan.standard_layers import lookup
-
   opaque = [p for p, i in traced.instances.items() if (m := lookup(i.cls)) and m.opaque]
   return tuple(
     "/".join(p)
@@ -483,8 +483,8 @@ def draft(
     classes, sources = _read_sources(
       _user_classes(linen_module, [traced, *(t for _, t in others)]), sources, required
     )
-    symbolic = at_branches(symbolic, linen_module, branches, all_calls[0], streams)
-    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables, symbolic)
+    symbolic, extra = at_branches(symbolic, linen_module, branches, all_calls[0], streams)
+    ctx = _port_all(classes, sources, traced, [t for _, t in others], variables, symbolic, extra)
   assert ctx is not None and classes is not None and sources is not None
   lift_todos, lift_changes = root_notes(
     type(linen_module), root_source.file, root_source.first_line
