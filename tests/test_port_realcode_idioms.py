@@ -395,28 +395,14 @@ def test_a_layer_only_another_configuration_builds_is_sized_and_checked_there():
   np.testing.assert_allclose(port(x), linen.apply(variables, x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-  "causal",
-  [
-    pytest.param(
-      False,
-      marks=pytest.mark.xfail(
-        strict=True,
-        reason="T5CrossPart is built only where causal=True, so the symbolic trace never sees "
-        "it and its input width stays the sample's 8; the residual ties features to the input "
-        "width, so Linen refuses every distinct-valued configuration: the width is named in "
-        "the report and the draft is not ok (a symbolic trace of branch configurations would "
-        "decide it)",
-      ),
-    ),
-    True,
-  ],
-)
+@pytest.mark.parametrize("causal", [False, True])
 def test_a_tuple_of_layers_grown_by_plus_equals_in_setup_hf_t5(causal: bool):
   """Each `+=` construction is paired as setup's one construction of its class (its name
   comes from a counter the trace cannot read); the tuple is an nnx.List where flax has one
   (flax 0.12 refuses a tuple of modules as static data). Before: two TODOs and a port that
-  did not build."""
+  did not build. At causal=False, T5CrossPart is built only where causal=True: its input
+  width, which the residual ties to `features`, is read from the symbolic trace made at that
+  branch (before, the sample's 8, and the draft was not ok)."""
   x = jax.random.normal(jax.random.key(0), (2, 8))
   draft = lb.port.draft(models.TupleGrownInSetup(causal=causal), x)
   assert draft.ok, draft.report()

@@ -45,3 +45,14 @@ class ClassSource:
 
   def tree(self) -> cst.Module:
     return libcst().parse_module(self.text)
+
+
+def dotted(node: tp.Any) -> str | None:
+  """`a.b.c` for a chain of names and attributes, else None."""
+  c = libcst()
+  if isinstance(node, c.Name):
+    return node.value
+  if isinstance(node, c.Attribute):
+    base = dotted(node.value)
+    return None if base is None else f"{base}.{node.attr.value}"
+  return None

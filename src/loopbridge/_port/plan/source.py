@@ -12,6 +12,7 @@ from ..errors import PortError, no_source
 # The class's text and the lazy libcst import live in `class_source`, which the transforms that
 # `read_class` calls import too (from here they would be an import cycle).
 from .class_source import ClassSource as ClassSource
+from .class_source import dotted as dotted
 from .class_source import libcst as libcst
 
 
@@ -34,17 +35,6 @@ def read_class(cls: type) -> ClassSource:
   namespace = dict(vars(module)) if module is not None else {}
   src = ClassSource(cls, textwrap.dedent("".join(lines)), file, first, namespace)
   return comprehension_loops(absolute_imports(src))
-
-
-def dotted(node: tp.Any) -> str | None:
-  """`a.b.c` for a chain of names and attributes, else None."""
-  c = libcst()
-  if isinstance(node, c.Name):
-    return node.value
-  if isinstance(node, c.Attribute):
-    base = dotted(node.value)
-    return None if base is None else f"{base}.{node.attr.value}"
-  return None
 
 
 def resolve(name: str | None, namespace: tp.Mapping[str, object]) -> object:

@@ -9,9 +9,9 @@ builds the same list:
 
 A comprehension cannot name the layer before the one it builds, and each layer's input width is
 that layer's output: the loop can (`layers[-1].out_features`, `setup_lists.py`), and Linen
-names and builds the layers alike. Only a comprehension whose element is a call, with one `for`
-and no `if`, assigned alone in `setup`'s own body; one over `range(...)` is left as written
-(`setup_lists.py` reads it by its index).
+names and builds the layers alike. Only a comprehension whose element is a call with no
+`name=`, with one `for` and no `if`, assigned alone in `setup`'s own body; one over
+`range(...)` is left as written (`setup_lists.py` reads it by its index).
 
 Hook: `source.read_class`. The text gains lines; `ClassSource.line` maps each back to the
 comprehension's (the report names the lines of the file).
@@ -23,8 +23,7 @@ import dataclasses
 import re
 import typing as tp
 
-from ..plan.class_source import ClassSource, libcst
-from ..plan.source import dotted
+from ..plan.class_source import ClassSource, dotted, libcst
 
 
 def _rewritable(statement: tp.Any) -> tuple[tp.Any, tp.Any] | None:
@@ -39,6 +38,8 @@ def _rewritable(statement: tp.Any) -> tuple[tp.Any, tp.Any] | None:
   target = assign.targets[0].target
   if not isinstance(comp, c.ListComp) or not isinstance(comp.elt, c.Call):
     return None
+  if any(a.keyword is not None and a.keyword.value == "name" for a in comp.elt.args):
+    return None  # layers named by the loop: `setup_lists.py` pairs them by name, or says why not
   loop = comp.for_in
   if loop.inner_for_in is not None or loop.ifs or loop.asynchronous is not None:
     return None
