@@ -460,9 +460,7 @@ HOLDOUT_H: list[Case] = [
     cls="Deepspeech",
     kind="whole model (DeepSpeech: mel front end, subsampling, LSTM and MLP loops; config)",
     first=Setting(
-      dict(
-        config=_deepspeech(vocab_size=11, encoder_dim=8, num_lstm_layers=1, num_ffn_layers=1)
-      ),
+      dict(config=_deepspeech(vocab_size=11, encoder_dim=8, num_lstm_layers=1, num_ffn_layers=1)),
       args=(Arr((2, 2000)), _no_pads(2, 2000)),
       kwargs=dict(train=False),
     ),
@@ -650,7 +648,10 @@ HOLDOUT_H: list[Case] = [
     kind="recommender (residual bottom and top MLPs from tuple widths, one embedding table)",
     first=Setting(
       dict(
-        vocab_size=50, num_dense_features=5, mlp_bottom_dims=(8, 8), mlp_top_dims=(12, 12, 1),
+        vocab_size=50,
+        num_dense_features=5,
+        mlp_bottom_dims=(8, 8),
+        mlp_top_dims=(12, 12, 1),
         embed_dim=4,
       ),
       args=(Ints((2, 31), high=50, dtype="float32"),),
@@ -676,7 +677,10 @@ HOLDOUT_H: list[Case] = [
     kind="recommender (DLRM: bottom MLP, embedding table, dot interactions, top MLP)",
     first=Setting(
       dict(
-        vocab_size=50, num_dense_features=5, mlp_bottom_dims=(8, 4), mlp_top_dims=(12, 6, 1),
+        vocab_size=50,
+        num_dense_features=5,
+        mlp_bottom_dims=(8, 4),
+        mlp_top_dims=(12, 6, 1),
         embed_dim=4,
       ),
       args=(Ints((2, 31), high=50, dtype="float32"),),
@@ -704,8 +708,9 @@ HOLDOUT_H: list[Case] = [
     cls="GNN",
     kind="GNN (jraph graph network: embedders, message-passing MLPs, a global decoder)",
     first=Setting(
-      dict(num_outputs=3, latent_dim=8, hidden_dims=(6,), dropout_rate=0.0,
-           num_message_passing_steps=1),
+      dict(
+        num_outputs=3, latent_dim=8, hidden_dims=(6,), dropout_rate=0.0, num_message_passing_steps=1
+      ),
       args=(_graph([3, 2], [0, 1, 2, 3, 4], [1, 2, 0, 4, 3], 5, 4),),
       kwargs=dict(train=False),
     ),
