@@ -87,6 +87,7 @@ def test_a_count_of_one_a_range_reads_is_found(models):
 def test_the_loop_of_one_layer_ports_at_other_depths(models, tmp_path, depth, hidden, width):
   draft = lb.port.draft(models.MLP(6, 5, 1), _x(4))
   assert draft.ok, draft.report()
+  assert draft.check is not None
   assert any("depth=2" in c for c in draft.check.checked), draft.check.checked
   kwargs = {"inputs_features": width}
   other = models.MLP(hidden, 3, depth)
