@@ -237,6 +237,41 @@ def variants(
   return out
 
 
+def each_change(
+  module: nn.Module,
+  changes: tp.Sequence[tp.Mapping[tp.Any, object]],
+  describe: tp.Callable[[tp.Mapping[tp.Any, object]], str],
+  sample: Call,
+  streams: tp.Iterable[str],
+  first_index: int,
+  scaled: tp.Callable[[nn.Module], list[nn.Module]],
+  max_kept: int,
+) -> list[tuple[nn.Module, Trace, str]]:
+  """`variants` of each change (settings by location) Linen runs, at most `max_kept` of them,
+  each at its first scaled configuration too; the first change is all of them at once, and
+  where it runs the rest (each alone) add nothing."""
+  from .tracing.settings import with_values
+
+  out: list[tuple[nn.Module, Trace, str]] = []
+  kept = 0
+  call = [(sample.method, sample.args, dict(sample.kwargs))]
+  first_scaled = lambda m: scaled(m)[:1]  # noqa: E731
+  for n, change in enumerate(changes):
+    if kept >= max_kept:
+      break
+    try:
+      other = with_values(module, change, strict=True)
+      got = trace(other, call, streams, 0)
+    except Exception:  # a change Linen refuses (tied to another setting): no evidence
+      continue
+    kept += 1
+    what = describe(change)
+    out += variants(other, got, what, sample, streams, first_index + len(out), first_scaled)
+    if n == 0:
+      break  # all at once ran: each alone adds nothing
+  return out
+
+
 def _shapes(traced: Trace) -> dict[tuple[object, ...], object]:
   """Every variable's shape, by (path, collection, name)."""
   return {

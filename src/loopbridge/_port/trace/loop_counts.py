@@ -22,8 +22,8 @@ from flax import linen as nn
 
 from ..plan.source import ClassSource
 from ..records import Call
-from .trace import Trace, trace
-from .tracing.settings import Location, Setting, settings, with_values
+from .trace import Trace
+from .tracing.settings import Location, Setting, settings
 
 # At most this many configurations are traced (each one abstract init), and kept.
 MAX_TRIES = 3
@@ -66,30 +66,19 @@ def loop_count_configs(
   """(module, trace, what changed) of each configuration with loop counts of 1 set to 2 that
   Linen runs: all of them at once, else each alone; then each kept one at its first scaled
   configuration (`scaled`), as `branch_configs` returns a change and its variants."""
-  from .branch_configs import variants
+  from .branch_configs import each_change
 
   counts = loop_counts(module, sources)
   if not counts:
     return []
   every: dict[Location, object] = {s.location: 2 for s in counts}
   tries = [every] + ([{s.location: 2} for s in counts] if len(counts) > 1 else [])
-  out: list[tuple[nn.Module, Trace, str]] = []
-  kept = 0
-  call = [(sample.method, sample.args, dict(sample.kwargs))]
-  first_scaled = lambda m: scaled(m)[:1]  # noqa: E731
   by_location = {s.location: s for s in counts}
-  for change in tries[:MAX_TRIES]:
-    if kept >= MAX_KEPT:
-      break
-    try:
-      other = with_values(module, change, strict=True)
-      got = trace(other, call, streams, 0)
-    except Exception:  # a count Linen refuses (tied to another setting): no evidence
-      continue
-    kept += 1
-    what = ", ".join(f"{by_location[w].source('')[1:]}=2" for w in change)
-    what += " (a loop's count of 1 set to 2)"
-    out += variants(other, got, what, sample, streams, first_index + len(out), first_scaled)
-    if change is every:
-      break  # all at once ran: each alone adds nothing
-  return out
+
+  def describe(change: tp.Mapping[Location, object]) -> str:
+    named = ", ".join(f"{by_location[w].source('')[1:]}=2" for w in change)
+    return f"{named} (a loop's count of 1 set to 2)"
+
+  return each_change(
+    module, tries[:MAX_TRIES], describe, sample, streams, first_index, scaled, MAX_KEPT
+  )

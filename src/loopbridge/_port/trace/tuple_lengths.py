@@ -18,9 +18,9 @@ import typing as tp
 from flax import linen as nn
 
 from ..records import Call
-from .trace import Trace, trace
+from .trace import Trace
 from .tracing.distinct import fresh_width, input_sizes
-from .tracing.settings import Location, read, settings, with_values
+from .tracing.settings import Location, read, settings
 
 # At most this many longer configurations are traced (each one abstract init), and kept.
 MAX_TRIES = 4
@@ -76,7 +76,7 @@ def tuple_length_configs(
   """(module, trace, what changed) of each configuration with tuples of widths one item longer
   that Linen runs: all of them at once, else each alone; then each kept one at its first scaled
   configuration (`scaled`), as `branch_configs` returns a change and its variants."""
-  from .branch_configs import variants
+  from .branch_configs import each_change
 
   tuples = width_tuples(module)
   if not tuples:
@@ -84,21 +84,10 @@ def tuple_length_configs(
   fresh = fresh_width({s.value for s in settings(module)} | input_sizes(sample))
   longer = {where: _longer(v, fresh) for where, v in tuples.items()}
   tries = [longer] + ([{w: v} for w, v in longer.items()] if len(longer) > 1 else [])
-  out: list[tuple[nn.Module, Trace, str]] = []
-  kept = 0
-  call = [(sample.method, sample.args, dict(sample.kwargs))]
-  first_scaled = lambda m: scaled(m)[:1]  # noqa: E731
-  for change in tries[:MAX_TRIES]:
-    if kept >= MAX_KEPT:
-      break
-    try:
-      other = with_values(module, change, strict=True)
-      got = trace(other, call, streams, 0)
-    except Exception:  # a length Linen refuses (zipped with another tuple): no evidence
-      continue
-    kept += 1
-    what = ", ".join(_describe(w, v) for w, v in change.items()) + " (a tuple one item longer)"
-    out += variants(other, got, what, sample, streams, first_index + len(out), first_scaled)
-    if change is longer:
-      break  # all at once ran: each alone adds nothing
-  return out
+
+  def describe(change: tp.Mapping[Location, object]) -> str:
+    return ", ".join(_describe(w, v) for w, v in change.items()) + " (a tuple one item longer)"
+
+  return each_change(
+    module, tries[:MAX_TRIES], describe, sample, streams, first_index, scaled, MAX_KEPT
+  )
